@@ -1,0 +1,3 @@
+from tpuserve.cli import main
+
+main()

@@ -1,0 +1,189 @@
+"""What vLLM serves and how: the one place that turns serving options into `vllm serve` arguments.
+
+The stack's startup script, the local Docker target and the tests all call `vllm_serve_args`, so the flags a
+user reviews in `pulumi preview` are the flags the server runs with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MODEL = "google/gemma-4-E2B-it"
+DEFAULT_PORT = 8000
+CONTAINER_NAME = "vllm"
+TEXT_ONLY = "text-only"
+
+# `--kv-cache-dtype` choices of vLLM 0.32 (tests/e2e checks them against vLLM's own CacheDType).
+KV_CACHE_DTYPES = (
+    "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+    "fp8_per_token_head", "int4_per_token_head", "int8_per_token_head",
+)
+
+# Model ids known not to load on the TPU backend, with the reason users get.
+KNOWN_BROKEN_ON_TPU = (
+    (re.compile(r"gemma-4-e2b.*-qat-(w4a16-ct|q4_0-unquantized)", re.IGNORECASE),
+     "Gemma 4 E2B QAT checkpoints do not load on TPU: the KV-shared layers lack k_norm weights "
+     "(vllm-project/tpu-inference#3225)"),
+)
+
+
+class ConfigError(ValueError):
+    """A bad setting; `key` is the stack config key (or CLI option) to fix."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+def setting(key: str, doc: str, default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
+    """A dataclass field that also records its stack config key and description (Pulumi.yaml is made from them)."""
+    if isinstance(default, (list, dict, tuple)) and "default_factory" not in kwargs:
+        kwargs["default_factory"] = (lambda value=default: type(value)(value))
+        default = dataclasses.MISSING
+    return field(default=default, metadata={"key": key, "doc": doc}, **kwargs)
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """Serving options of one deployment; field metadata names the stack config key of each."""
+
+    model: str = setting("model", "Hugging Face model id served by vLLM.", DEFAULT_MODEL)
+    image: str = setting("containerImage", "vLLM TPU container image; pin a digest (image@sha256:...) for "
+                         "reproducible boots.", "vllm/vllm-tpu:nightly")
+    max_model_len: int = setting("maxModelLen", "vLLM --max-model-len: longest prompt + completion in tokens.", 65536)
+    gpu_memory_utilization: float = setting(
+        "gpuMemoryUtilization", "vLLM --gpu-memory-utilization: share of HBM vLLM may use, in (0, 1].", 0.9)
+    max_num_batched_tokens: int = setting(
+        "maxNumBatchedTokens", "vLLM --max-num-batched-tokens: tokens per scheduler step.", 4096)
+    enable_auto_tool_choice: bool = setting(
+        "enableAutoToolChoice", "vLLM --enable-auto-tool-choice (needs toolCallParser).", True)
+    tool_call_parser: str = setting("toolCallParser", "vLLM --tool-call-parser; empty for none.", "gemma4")
+    reasoning_parser: str = setting("reasoningParser", "vLLM --reasoning-parser; empty for none. With a reasoning "
+                                    "parser, JSON-schema output is enforced only when enable_thinking is on.", "gemma4")
+    mm_limits: Mapping[str, int] | None = setting(
+        "multimodalLimits", f"'{TEXT_ONLY}', or a JSON object of per-prompt item limits for vLLM "
+        "--limit-mm-per-prompt, e.g. {\"image\":4,\"audio\":1}.", None)
+    kv_cache_dtype: str = setting("kvCacheDtype", "vLLM --kv-cache-dtype (auto = model dtype).", "auto")
+    extra_args: tuple[str, ...] = setting(
+        "extraArgs", "Further `vllm serve` arguments; may not repeat an option that has its own key.", ())
+    allow_known_broken_model: bool = setting(
+        "allowKnownBrokenModel", "Deploy a model/backend pair known not to load (e.g. Gemma 4 E2B QAT on TPU).",
+        False)
+    port: int = DEFAULT_PORT
+    host: str = "0.0.0.0"
+
+    def validate(self, backend: str = "tpu") -> ServingConfig:
+        """Raise ConfigError naming the offending key; return self so calls chain."""
+        if not self.model.strip():
+            raise ConfigError("model", "must name a model")
+        if self.max_model_len <= 0:
+            raise ConfigError("maxModelLen", f"must be a positive integer, got {self.max_model_len}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError("gpuMemoryUtilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_num_batched_tokens <= 0:
+            raise ConfigError("maxNumBatchedTokens", f"must be a positive integer, got {self.max_num_batched_tokens}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError("kvCacheDtype", f"{self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ConfigError("enableAutoToolChoice", "--enable-auto-tool-choice needs toolCallParser to be set")
+        if self.mm_limits is not None:
+            check_mm_limits(self.mm_limits)
+        check_extra_args(self.extra_args)
+        if backend == "tpu" and not self.allow_known_broken_model:
+            for pattern, reason in KNOWN_BROKEN_ON_TPU:
+                if pattern.search(self.model):
+                    raise ConfigError("model", f"{self.model!r}: {reason}. Set allowKnownBrokenModel to deploy "
+                                      "it anyway.")
+        return self
+
+
+def parse_mm_limits(value: Any) -> Mapping[str, int] | None:
+    """Read the multimodalLimits setting: 'text-only', a JSON object string, or an object."""
+    if value is None or value == TEXT_ONLY:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ConfigError("multimodalLimits", f"not '{TEXT_ONLY}' and not valid JSON ({err.msg}): {value!r}")
+    return check_mm_limits(value)
+
+
+def check_mm_limits(value: Any) -> Mapping[str, int]:
+    if not isinstance(value, Mapping) or not value:
+        raise ConfigError("multimodalLimits", f"must be a non-empty mapping of modality to count, got {value!r}")
+    for modality, count in value.items():
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ConfigError("multimodalLimits", f"limit for {modality!r} must be a non-negative integer, "
+                              f"got {count!r}")
+    return dict(value)
+
+
+def option_name(arg: str) -> str | None:
+    """Canonical vLLM option name of an argument ('--max_model_len=5' -> '--max-model-len'); None for a value."""
+    if not arg.startswith("--"):
+        return None
+    name = arg.split("=", 1)[0].replace("_", "-")
+    return "--" + name[len("--no-"):] if name.startswith("--no-") else name
+
+
+# Options that have their own setting; `extraArgs` may not set them a second time.
+FIRST_CLASS_OPTIONS = {
+    "--model": "model", "--host": "(fixed)", "--port": "(fixed)", "--max-model-len": "maxModelLen",
+    "--gpu-memory-utilization": "gpuMemoryUtilization", "--device-memory-utilization": "gpuMemoryUtilization",
+    "--max-num-batched-tokens": "maxNumBatchedTokens", "--enable-auto-tool-choice": "enableAutoToolChoice",
+    "--tool-call-parser": "toolCallParser", "--reasoning-parser": "reasoningParser",
+    "--limit-mm-per-prompt": "multimodalLimits", "--language-model-only": "multimodalLimits",
+    "--kv-cache-dtype": "kvCacheDtype",
+}
+
+
+def check_extra_args(extra_args: tuple[str, ...]) -> None:
+    for arg in extra_args:
+        if not isinstance(arg, str):
+            raise ConfigError("extraArgs", f"every entry must be a string, got {arg!r}")
+        name = option_name(arg)
+        if name in FIRST_CLASS_OPTIONS:
+            raise ConfigError("extraArgs", f"{arg!r} repeats {name}, which is set by "
+                              f"{FIRST_CLASS_OPTIONS[name]}; set it there instead")
+
+
+def vllm_serve_args(cfg: ServingConfig) -> list[str]:
+    """The arguments that follow `vllm serve` (model first), in a stable order."""
+    args = [cfg.model, "--host", cfg.host, "--port", str(cfg.port),
+            "--max-model-len", str(cfg.max_model_len),
+            "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
+            "--max-num-batched-tokens", str(cfg.max_num_batched_tokens)]
+    if cfg.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", cfg.kv_cache_dtype]
+    if cfg.enable_auto_tool_choice:
+        args.append("--enable-auto-tool-choice")
+    if cfg.tool_call_parser:
+        args += ["--tool-call-parser", cfg.tool_call_parser]
+    if cfg.reasoning_parser:
+        args += ["--reasoning-parser", cfg.reasoning_parser]
+    if cfg.mm_limits is None:
+        args.append("--language-model-only")
+    else:
+        args += ["--limit-mm-per-prompt", json.dumps(dict(cfg.mm_limits), separators=(",", ":"))]
+    return args + list(cfg.extra_args)
+
+
+def tpu_container_run_args(cfg: ServingConfig, config_hash: str) -> list[str]:
+    """`docker run` arguments on the TPU VM. HF_TOKEN is passed by name only, so its value is never in an argv."""
+    return ["run", "--detach", "--name", CONTAINER_NAME, "--privileged", "--net=host", "--shm-size", "10gb",
+            "-v", "/dev/shm:/dev/shm", "-e", "HF_HOME=/dev/shm", "-e", "HF_TOKEN",
+            "--label", f"tpu-serve.config-hash={config_hash}",
+            cfg.image, "vllm", "serve", *vllm_serve_args(cfg)]
+
+
+def config_hash(cfg: ServingConfig) -> str:
+    """Short digest of what is served; the VM reports it and the readiness gate re-runs when it changes."""
+    payload = json.dumps([cfg.image, vllm_serve_args(cfg)], separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
