@@ -1,0 +1,89 @@
+"""A small HTTP server on 127.0.0.1 for tests: routes map (method, path) to handlers; every request is recorded."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+
+@dataclass
+class Request:
+    method: str
+    path: str  # without the query string
+    query: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class Response:
+    status: int = 200
+    body: bytes | str | dict | list = b""
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def encoded(self) -> tuple[bytes, str]:
+        if isinstance(self.body, (dict, list)):
+            return json.dumps(self.body).encode(), "application/json"
+        if isinstance(self.body, str):
+            return self.body.encode(), "text/plain; charset=utf-8"
+        return self.body, "application/octet-stream"
+
+
+Handler = Callable[[Request], Response]
+
+
+class FakeServer:
+    """Use as a context manager; `routes[(METHOD, path)] = handler`. Unrouted requests get 404."""
+
+    def __init__(self, routes: dict[tuple[str, str], Handler] | None = None):
+        self.routes: dict[tuple[str, str], Handler] = dict(routes or {})
+        self.requests: list[Request] = []
+        fake = self
+
+        class _Handler(BaseHTTPRequestHandler):
+            def _serve(self) -> None:
+                parts = urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                request = Request(self.command, parts.path, parts.query, dict(self.headers.items()),
+                                  self.rfile.read(length) if length else b"")
+                fake.requests.append(request)
+                handler = fake.routes.get((self.command, parts.path))
+                response = handler(request) if handler else Response(404, {"error": f"no route {parts.path}"})
+                body, content_type = response.encoded()
+                self.send_response(response.status)
+                self.send_header("Content-Type", response.headers.get("Content-Type", content_type))
+                for name, value in response.headers.items():
+                    if name != "Content-Type":
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _serve
+
+            def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self) -> FakeServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
