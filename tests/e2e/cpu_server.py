@@ -1,0 +1,102 @@
+"""Start and stop a real `vllm serve` on 127.0.0.1 for the e2e tier.
+
+The server gets its own process group (vLLM forks an engine-core process), so stopping it kills the whole group by
+PID and nothing outlives the session. Its output goes to a log file whose tail is shown when it fails to come up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from tpuserve.serving import ServingConfig, vllm_serve_args
+
+HEALTH_TIMEOUT_S = 240.0
+STOP_GRACE_S = 15.0
+LOG_TAIL_LINES = 60
+# Offline and quiet: no hub downloads, no usage reports, a 1 GiB KV cache that fits the CI machine.
+SERVER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+              "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    """A live `vllm serve`: `url` has no /v1; `model` is the served model name clients send."""
+
+    url: str
+    model: str
+    model_dir: Path
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cpu_serving_config(model_dir: Path, served_name: str, port: int, **overrides: object) -> ServingConfig:
+    """The dev stack's serving options with the TPU-only ones swapped for what the CPU backend runs."""
+    extra_args = ("--dtype", "float32", "--enforce-eager", "--served-model-name", served_name)
+    extra_args += tuple(overrides.pop("extra_args", ()))  # type: ignore[arg-type]
+    cfg = dataclasses.replace(ServingConfig(), model=str(model_dir), max_model_len=1024, host="127.0.0.1",
+                              port=port, extra_args=extra_args, **overrides)
+    return cfg.validate(backend="cpu")
+
+
+def log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    if not log_path.exists():
+        return "(no log written)"
+    return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def start_server(vllm_bin: Path, cfg: ServingConfig, served_name: str, log_path: Path) -> RunningServer:
+    argv = [str(vllm_bin), "serve", *vllm_serve_args(cfg)]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env={**os.environ, **SERVER_ENV}, start_new_session=True)
+    return RunningServer(f"http://{cfg.host}:{cfg.port}", served_name, Path(cfg.model), argv, log_path, process)
+
+
+def wait_healthy(server: RunningServer, timeout_s: float = HEALTH_TIMEOUT_S, interval_s: float = 0.1) -> float:
+    """Wall-clock time (time.time()) of the first 200 from /health; raise with the log tail if the server exits or
+    the time runs out."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with {server.process.returncode} before /health answered:\n"
+                               f"{log_tail(server.log_path)}")
+        try:
+            if requests.get(f"{server.url}/health", timeout=2).status_code == 200:
+                return time.time()
+        except requests.ConnectionError:
+            pass
+        time.sleep(interval_s)
+    raise TimeoutError(f"vllm serve /health not 200 after {timeout_s:.0f} s:\n{log_tail(server.log_path)}")
+
+
+def stop_server(server: RunningServer) -> None:
+    """SIGTERM the server's process group, SIGKILL it if it lingers."""
+    if server.process.poll() is not None:
+        return
+    pgid = os.getpgid(server.process.pid)
+    os.killpg(pgid, signal.SIGTERM)
+    try:
+        server.process.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(pgid, signal.SIGKILL)  # engine-core children may outlive the API process
+    except ProcessLookupError:
+        pass
+    server.process.wait()
