@@ -1,0 +1,1 @@
+"""The tpu-serve Pulumi components: one ComponentResource per concern."""

@@ -1,0 +1,286 @@
+"""Typed stack configuration: read once, validated before any resource is declared.
+
+Every setting is a dataclass field whose metadata holds its stack config key and description; `Pulumi.yaml`'s
+`config:` block is generated from these fields (`python -m components.config`), so defaults live only here and in
+`tpuserve.serving.ServingConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tpuserve.serving import TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting
+
+PROJECT_NAME = "tpu-serve"
+MIN_BOOT_DISK_GB = 200
+MAX_RUN_SECONDS = 7 * 24 * 3600
+# Zones with TPU v6e capacity (cloud.google.com/tpu/docs/regions-zones); extend as Google adds zones.
+V6E_ZONES = (
+    "us-central1-b", "us-east1-d", "us-east4-a", "us-east4-b", "us-east5-a", "us-east5-b", "us-east5-c",
+    "us-west1-c", "europe-west4-a", "asia-northeast1-b", "southamerica-west1-a",
+)
+V6E_MACHINE_TYPE = re.compile(r"^ct6e-standard-(1|4|8)t$")
+ZONE_FORMAT = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$")
+LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
+DURATION_PART = re.compile(r"(\d+)([dhms])")
+SECONDS_PER_UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """One environment's settings. `hf_token` is the only secret and never leaves Pulumi's secret handling."""
+
+    project: str = setting("project", "GCP project id that owns every resource.")
+    zone: str = setting("zone", "Zone of the TPU VM; must offer TPU v6e.", "us-east5-b")
+    region: str = setting("region", "Region for Cloud NAT; empty = the zone's region (must match it).", "")
+    machine_type: str = setting("machineType", "TPU v6e machine type (ct6e-standard-1t = one chip).",
+                                "ct6e-standard-1t")
+    boot_image: str = setting(
+        "bootImage", "Boot image or image family path.",
+        "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e")
+    boot_disk_gb: int = setting("bootDiskSizeGb", f"Boot disk size in GB (at least {MIN_BOOT_DISK_GB}).",
+                                MIN_BOOT_DISK_GB)
+    boot_disk_type: str = setting("bootDiskType", "Boot disk type; v6e supports only Hyperdisk.",
+                                  "hyperdisk-balanced")
+    max_run_duration: str = setting("maxRunDuration", "Flex-start run limit, e.g. 4h or 1d12h (at most 7d); "
+                                    "the VM is deleted when it ends.", "4h")
+    hf_token_secret_id: str = setting(
+        "hfTokenSecretId", "Existing Secret Manager secret holding the Hugging Face token (id or "
+        "projects/P/secrets/S). Alternative to hfToken.", "")
+    hf_token: Any = setting("hfToken", "Hugging Face token; the stack stores it in a new Secret Manager secret. "
+                            "Set with `pulumi config set --secret hfToken`.", None, repr=False)
+    network: str = setting("network", "VPC network name.", "default")
+    subnetwork: str = setting("subnetwork", "Subnetwork name; empty = the network's default for the region.", "")
+    external_ip: bool = setting("externalIp", "Give the VM an external IP (then no Cloud NAT is made).", False)
+    create_cloud_nat: bool = setting("createCloudNat", "Create a Cloud Router + NAT for egress; turn off when the "
+                                     "VPC already has NAT in the region.", True)
+    labels: Mapping[str, str] = setting("labels", "Extra labels on every resource that takes labels.", {})
+    price_per_chip_hour: float = setting("pricePerChipHour", "USD per chip-hour, for cost outputs.", 1.35)
+    readiness_timeout: str = setting("readinessTimeout", "How long `pulumi up` waits for the model to answer.",
+                                     "25m")
+    serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
+
+    @property
+    def effective_region(self) -> str:
+        return self.region or self.zone.rsplit("-", 1)[0]
+
+    @property
+    def chips(self) -> int:
+        return int(V6E_MACHINE_TYPE.match(self.machine_type).group(1))
+
+    @property
+    def max_run_seconds(self) -> int:
+        return parse_duration("maxRunDuration", self.max_run_duration)
+
+    @property
+    def readiness_timeout_seconds(self) -> int:
+        return parse_duration("readinessTimeout", self.readiness_timeout)
+
+    @property
+    def worst_case_cost_usd(self) -> float:
+        """What one full flex-start run costs if nobody destroys the stack earlier."""
+        return round(self.max_run_seconds / 3600 * self.chips * self.price_per_chip_hour, 2)
+
+    def validate(self) -> StackConfig:
+        if not self.project:
+            raise ConfigError("project", "is required: pulumi config set project <gcp-project-id>")
+        if not ZONE_FORMAT.match(self.zone):
+            raise ConfigError("zone", f"{self.zone!r} is not a zone name like us-east5-b")
+        if self.zone not in V6E_ZONES:
+            raise ConfigError("zone", f"{self.zone!r} has no TPU v6e; use one of {', '.join(V6E_ZONES)}")
+        if self.region and self.region != self.zone.rsplit("-", 1)[0]:
+            raise ConfigError("region", f"{self.region!r} does not contain zone {self.zone!r}")
+        if not V6E_MACHINE_TYPE.match(self.machine_type):
+            raise ConfigError("machineType", f"{self.machine_type!r} is not a TPU v6e machine type "
+                              "(ct6e-standard-1t, -4t or -8t)")
+        if self.boot_disk_gb < MIN_BOOT_DISK_GB:
+            raise ConfigError("bootDiskSizeGb", f"must be at least {MIN_BOOT_DISK_GB}, got {self.boot_disk_gb}")
+        if not self.boot_disk_type.startswith("hyperdisk-"):
+            raise ConfigError("bootDiskType", f"{self.boot_disk_type!r}: TPU v6e VMs support only Hyperdisk "
+                              "(e.g. hyperdisk-balanced)")
+        if self.max_run_seconds > MAX_RUN_SECONDS:
+            raise ConfigError("maxRunDuration", f"{self.max_run_duration!r} exceeds the flex-start limit of 7d")
+        self.readiness_timeout_seconds  # noqa: B018 - parses, raising ConfigError on a bad value
+        if bool(self.hf_token_secret_id) == (self.hf_token is not None):
+            raise ConfigError("hfTokenSecretId", "set exactly one of hfTokenSecretId (an existing secret) or "
+                              "hfToken (pulumi config set --secret hfToken ...)")
+        if self.hf_token_secret_id and not re.match(r"^(projects/[^/]+/secrets/)?[A-Za-z0-9_-]{1,255}$",
+                                                    self.hf_token_secret_id):
+            raise ConfigError("hfTokenSecretId", f"{self.hf_token_secret_id!r} is not a secret id or "
+                              "projects/P/secrets/S")
+        for key, value in self.labels.items():
+            if not LABEL_KEY.match(str(key)) or not LABEL_VALUE.match(str(value)):
+                raise ConfigError("labels", f"{key}={value!r}: keys and values must be lowercase letters, digits, "
+                                  "_ or -, at most 63 chars (keys start with a letter)")
+        if self.price_per_chip_hour < 0:
+            raise ConfigError("pricePerChipHour", f"must not be negative, got {self.price_per_chip_hour}")
+        self.serving.validate(backend="tpu")
+        return self
+
+
+def parse_duration(key: str, text: str) -> int:
+    """'4h' -> 14400, '1d12h' -> 129600; the error names the key."""
+    if not text or DURATION_PART.sub("", text) or not DURATION_PART.search(text):
+        raise ConfigError(key, f"{text!r} is not a duration like 4h, 90m or 1d12h")
+    seconds = sum(int(n) * SECONDS_PER_UNIT[unit] for n, unit in DURATION_PART.findall(text))
+    if seconds <= 0:
+        raise ConfigError(key, f"{text!r} must be longer than zero")
+    return seconds
+
+
+def _parse_int(key: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(key, f"expected an integer, got {raw!r}") from None
+
+
+def _parse_float(key: str, raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(key, f"expected a number, got {raw!r}") from None
+
+
+def _parse_bool(key: str, raw: str) -> bool:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    raise ConfigError(key, f"expected true or false, got {raw!r}")
+
+
+def _parse_json(expected: type) -> Callable[[str, str], Any]:
+    def parse(key: str, raw: str) -> Any:
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            raise ConfigError(key, f"expected a JSON {expected.__name__}, got {raw!r}") from None
+        if not isinstance(value, expected):
+            raise ConfigError(key, f"expected a {expected.__name__}, got {value!r}")
+        return tuple(value) if expected is list else value
+    return parse
+
+
+def _parser_for(f: dataclasses.Field) -> Callable[[str, str], Any]:
+    """Pick the parser from the field's default, so adding a setting needs no parser table."""
+    if f.metadata["key"] == "multimodalLimits":
+        return lambda key, raw: parse_mm_limits(raw)
+    default = f.default if f.default is not dataclasses.MISSING else (
+        f.default_factory() if f.default_factory is not dataclasses.MISSING else "")
+    if isinstance(default, bool):
+        return _parse_bool
+    if isinstance(default, int):
+        return _parse_int
+    if isinstance(default, float):
+        return _parse_float
+    if isinstance(default, tuple):
+        return _parse_json(list)
+    if isinstance(default, Mapping):
+        return _parse_json(dict)
+    return lambda key, raw: raw
+
+
+def _settings(cls: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if "key" in f.metadata]
+
+
+def all_settings() -> list[dataclasses.Field]:
+    return _settings(StackConfig) + _settings(ServingConfig)
+
+
+def build_stack_config(raw: Mapping[str, Any]) -> StackConfig:
+    """Turn raw config values (strings as Pulumi returns them; the token may be an Output) into a valid StackConfig."""
+    known = {f.metadata["key"] for f in all_settings()}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown setting; known settings are {', '.join(sorted(known))}")
+
+    def values(cls: type) -> dict[str, Any]:
+        out = {}
+        for f in _settings(cls):
+            value = raw.get(f.metadata["key"])
+            if value is None:
+                continue
+            out[f.name] = value if f.name == "hf_token" else _parser_for(f)(f.metadata["key"], value)
+        return out
+
+    return StackConfig(**values(StackConfig), serving=ServingConfig(**values(ServingConfig))).validate()
+
+
+def load_stack_config() -> StackConfig:
+    """Read the `tpu-serve:` namespace of the current stack's config."""
+    import pulumi
+
+    config = pulumi.Config(PROJECT_NAME)
+    raw: dict[str, Any] = {key: config.get(key) for key in _configured_keys() if key != "hfToken"}
+    token = config.get_secret("hfToken")
+    if token is not None:
+        raw["hfToken"] = token
+    return build_stack_config(raw)
+
+
+def _configured_keys() -> list[str]:
+    """Keys set under our namespace, unknown ones included, so a typo is an error instead of a silent default.
+    The SDK exposes no public listing; these are the two places it reads config from."""
+    from pulumi.runtime import config as runtime_config
+
+    prefix = f"{PROJECT_NAME}:"
+    keys = set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env())
+    return sorted(key[len(prefix):] for key in keys if key.startswith(prefix))
+
+
+def pulumi_yaml_config() -> dict[str, dict[str, Any]]:
+    """The `config:` block of Pulumi.yaml, derived from the settings (Pulumi's schema knows only
+    string/integer/boolean/array: decimals are declared as strings, objects are documented but not typed)."""
+    block: dict[str, dict[str, Any]] = {}
+    for f in all_settings():
+        key, doc = f.metadata["key"], f.metadata["doc"]
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        if key in ("labels", "hfToken"):
+            continue  # an object, and an optional secret: the schema can declare neither (see PULUMI_YAML_HEAD)
+        entry: dict[str, Any] = {}
+        if key == "multimodalLimits":
+            entry = {"type": "string", "default": TEXT_ONLY}
+        elif isinstance(default, bool):
+            entry = {"type": "boolean", "default": default}
+        elif isinstance(default, int):
+            entry = {"type": "integer", "default": default}
+        elif isinstance(default, float):
+            entry = {"type": "string", "default": str(default)}
+        elif isinstance(default, tuple):
+            entry = {"type": "array", "items": {"type": "string"}, "default": list(default)}
+        else:
+            entry = {"type": "string"} | ({} if default is dataclasses.MISSING else {"default": default})
+        block[key] = {**entry, "description": doc}
+    return block
+
+
+PULUMI_YAML_HEAD = f"""\
+# Generated by `python -m components.config > Pulumi.yaml` from components/config.py and tpuserve/serving.py;
+# edit those, not this file (tests/test_config.py fails when it is stale).
+# Also read, but not declarable in Pulumi's schema: `hfToken` (an optional secret: pulumi config set --secret
+# hfToken hf_...) and `labels` (an object: pulumi config set --path 'labels.team' ml-platform).
+name: {PROJECT_NAME}
+description: vLLM on a flex-start Cloud TPU v6e VM, gated on the model really answering.
+runtime:
+  name: python
+  options:
+    toolchain: pip
+    virtualenv: .venv
+"""
+
+
+def render_pulumi_yaml() -> str:
+    import yaml
+
+    return PULUMI_YAML_HEAD + yaml.safe_dump({"config": pulumi_yaml_config()}, sort_keys=False, width=120)
+
+
+if __name__ == "__main__":
+    print(render_pulumi_yaml(), end="")

@@ -1,0 +1,90 @@
+"""The whole deployment: identity, network, the flex-start VM and its readiness gate."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+
+import pulumi
+
+from components.config import PROJECT_NAME, StackConfig
+from components.identity import ServingIdentity, ServingIdentityArgs
+from components.instance import FlexStartTpuVm, FlexStartTpuVmArgs
+from components.network import ServingNetwork, ServingNetworkArgs
+from components.readiness import ReadinessGate, ReadinessGateArgs
+from components.startup_script import render_startup_script
+from tpuserve.serving import config_hash, vllm_serve_args
+
+
+def base_name(stack: str) -> str:
+    """`tpu-serve-<stack>` in the character set every GCP resource name accepts."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", stack.lower()).strip("-") or "stack"
+    return f"{PROJECT_NAME}-{slug}"[:40].rstrip("-")
+
+
+def stack_labels(stack: str, extra: dict[str, str]) -> dict[str, str]:
+    slug = re.sub(r"[^a-z0-9_-]+", "-", stack.lower())[:63]
+    return {"app": PROJECT_NAME, "stack": slug, "managed-by": "pulumi", **extra}
+
+
+def expiry(creation_timestamp: str, seconds: int) -> str:
+    return (datetime.fromisoformat(creation_timestamp) + timedelta(seconds=seconds)).isoformat()
+
+
+class TpuServeDeployment(pulumi.ComponentResource):
+    """Everything one stack creates. Attributes are the stack outputs `__main__.py` exports."""
+
+    def __init__(self, name: str, cfg: StackConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpuserve:index:Deployment", name, None, opts)
+        base = base_name(stack)
+        labels = stack_labels(stack, dict(cfg.labels))
+        child = pulumi.ResourceOptions(parent=self)
+        serving_hash = config_hash(cfg.serving)
+
+        identity = ServingIdentity(base, ServingIdentityArgs(
+            project=cfg.project, account_id=base[:30].rstrip("-"), existing_secret=cfg.hf_token_secret_id,
+            hf_token=cfg.hf_token, new_secret_id=f"{base}-hf-token", labels=labels), opts=child)
+        network = ServingNetwork(base, ServingNetworkArgs(
+            project=cfg.project, region=cfg.effective_region, network=cfg.network, target_tag=base,
+            create_nat=cfg.create_cloud_nat and not cfg.external_ip), opts=child)
+        vm = FlexStartTpuVm(base, FlexStartTpuVmArgs(
+            project=cfg.project, zone=cfg.zone, machine_type=cfg.machine_type, boot_image=cfg.boot_image,
+            boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type, max_run_seconds=cfg.max_run_seconds,
+            network=cfg.network, subnetwork=cfg.subnetwork, external_ip=cfg.external_ip,
+            service_account_email=identity.email,
+            startup_script=identity.secret_name.apply(lambda secret: render_startup_script(cfg.serving, secret)),
+            network_tag=base, labels=labels),
+            # The VM needs its token grant and its egress before the startup script runs.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[identity, network]))
+        gate = ReadinessGate(f"{base}-ready", ReadinessGateArgs(
+            instance_name=vm.name, instance_id=vm.instance_id, zone=cfg.zone, project=cfg.project,
+            timeout_s=cfg.readiness_timeout_seconds, config_hash=serving_hash), opts=child)
+
+        self.instance_name = vm.name
+        self.internal_ip = vm.internal_ip
+        self.endpoint = pulumi.Output.concat("http://", vm.internal_ip, f":{cfg.serving.port}/v1")
+        self.iap_tunnel_command = vm.name.apply(
+            lambda vm_name: f"gcloud compute start-iap-tunnel {vm_name} {cfg.serving.port} "
+                            f"--local-host-port=localhost:{cfg.serving.port} --zone={cfg.zone} --project={cfg.project}")
+        self.ssh_command = vm.name.apply(
+            lambda vm_name: f"gcloud compute ssh {vm_name} --zone={cfg.zone} --project={cfg.project} "
+                            "--tunnel-through-iap")
+        self.expected_expiry = vm.creation_timestamp.apply(lambda ts: expiry(ts, cfg.max_run_seconds))
+        self.boot_timeline = gate.timeline
+        self.outputs = {
+            "instanceName": self.instance_name,
+            "zone": cfg.zone,
+            "project": cfg.project,
+            "internalIp": self.internal_ip,
+            "endpoint": self.endpoint,
+            "iapTunnelCommand": self.iap_tunnel_command,
+            "sshCommand": self.ssh_command,
+            "model": cfg.serving.model,
+            "vllmArgs": vllm_serve_args(cfg.serving),
+            "configHash": serving_hash,
+            "maxRunSeconds": cfg.max_run_seconds,
+            "worstCaseCostUsd": cfg.worst_case_cost_usd,
+            "expectedExpiry": self.expected_expiry,
+            "bootTimeline": self.boot_timeline,
+        }
+        self.register_outputs(self.outputs)

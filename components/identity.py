@@ -1,0 +1,68 @@
+"""Who the VM is: a dedicated service account that may read exactly one secret, the Hugging Face token."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pulumi
+from pulumi_gcp import projects, secretmanager, serviceaccount
+
+SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
+# Ops Agent / docker logging need these; both are write-only roles.
+PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
+
+
+@dataclass(frozen=True)
+class ServingIdentityArgs:
+    project: str
+    account_id: str
+    # Either an existing secret (short id or projects/P/secrets/S), or a token from which a secret is created.
+    existing_secret: str = ""
+    hf_token: pulumi.Input[str] | None = None
+    new_secret_id: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+class ServingIdentity(pulumi.ComponentResource):
+    """A service account with no keys, `secretAccessor` on the token secret only (a secret-level binding), and
+    log/metric writer on the project. The default compute service account is never used."""
+
+    email: pulumi.Output[str]
+    secret_name: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ServingIdentityArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpuserve:gcp:ServingIdentity", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        account = serviceaccount.Account(
+            f"{name}-sa", project=args.project, account_id=args.account_id,
+            display_name="tpu-serve vLLM VM", description="Runs one tpu-serve TPU VM; reads only its HF token secret.",
+            opts=child)
+        member = account.email.apply(lambda email: f"serviceAccount:{email}")
+
+        if args.hf_token is not None:
+            secret = secretmanager.Secret(
+                f"{name}-hf-token", project=args.project, secret_id=args.new_secret_id,
+                replication=secretmanager.SecretReplicationArgs(auto=secretmanager.SecretReplicationAutoArgs()),
+                labels=dict(args.labels), opts=child)
+            secretmanager.SecretVersion(
+                f"{name}-hf-token-version", secret=secret.id, secret_data=pulumi.Output.secret(args.hf_token),
+                opts=pulumi.ResourceOptions(parent=self, additional_secret_outputs=["secret_data"]))
+            self.secret_name = pulumi.Output.concat("projects/", args.project, "/secrets/", secret.secret_id)
+        else:
+            self.secret_name = pulumi.Output.from_input(full_secret_name(args.project, args.existing_secret))
+
+        secretmanager.SecretIamMember(
+            f"{name}-hf-token-reader", project=args.project, secret_id=self.secret_name,
+            role=SECRET_ACCESSOR, member=member, opts=child)
+        for role in PROJECT_ROLES:
+            projects.IAMMember(f"{name}-{role.split('/')[1]}", project=args.project, role=role, member=member,
+                               opts=child)
+
+        self.email = account.email
+        self.register_outputs({"email": self.email, "secretName": self.secret_name})
+
+
+def full_secret_name(project: str, secret: str) -> str:
+    return secret if secret.startswith("projects/") else f"projects/{project}/secrets/{secret}"

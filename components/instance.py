@@ -1,0 +1,82 @@
+"""The flex-start TPU v6e VM that runs vLLM."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pulumi
+from pulumi_gcp import compute
+
+# Flex-start waits for capacity inside the insert operation; give it far longer than the default 20 min.
+CREATE_TIMEOUT = "90m"
+
+
+@dataclass(frozen=True)
+class FlexStartTpuVmArgs:
+    project: str
+    zone: str
+    machine_type: str
+    boot_image: str
+    boot_disk_gb: int
+    boot_disk_type: str
+    max_run_seconds: int
+    network: str
+    subnetwork: str
+    external_ip: bool
+    service_account_email: pulumi.Input[str]
+    startup_script: pulumi.Input[str]
+    network_tag: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+class FlexStartTpuVm(pulumi.ComponentResource):
+    """A FLEX_START Compute Engine VM: deleted when its max run duration ends, never restarted, no reservation.
+
+    The startup script is `metadata_startup_script`, so a serving change replaces the VM (a flex-start VM is
+    cattle: a fresh boot is the only way its new script runs). pulumi-gcp 10.2 exposes no request-valid-for
+    duration: an unfulfilled request waits until CREATE_TIMEOUT."""
+
+    name: pulumi.Output[str]
+    instance_id: pulumi.Output[str]
+    internal_ip: pulumi.Output[str]
+    creation_timestamp: pulumi.Output[str]
+
+    def __init__(self, name: str, args: FlexStartTpuVmArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpuserve:gcp:FlexStartTpuVm", name, None, opts)
+        instance = compute.Instance(
+            name,
+            name=name,
+            project=args.project,
+            zone=args.zone,
+            machine_type=args.machine_type,
+            boot_disk=compute.InstanceBootDiskArgs(
+                auto_delete=True,
+                initialize_params=compute.InstanceBootDiskInitializeParamsArgs(
+                    image=args.boot_image, size=args.boot_disk_gb, type=args.boot_disk_type,
+                    labels=dict(args.labels))),
+            network_interfaces=[compute.InstanceNetworkInterfaceArgs(
+                network=args.network, subnetwork=args.subnetwork or None,
+                # An empty access config asks for an ephemeral external IP; none means no external IP.
+                access_configs=[compute.InstanceNetworkInterfaceAccessConfigArgs()] if args.external_ip else None)],
+            service_account=compute.InstanceServiceAccountArgs(
+                email=args.service_account_email, scopes=["https://www.googleapis.com/auth/cloud-platform"]),
+            scheduling=compute.InstanceSchedulingArgs(
+                provisioning_model="FLEX_START",
+                max_run_duration=compute.InstanceSchedulingMaxRunDurationArgs(seconds=args.max_run_seconds),
+                instance_termination_action="DELETE",
+                on_host_maintenance="TERMINATE",
+                automatic_restart=False),
+            reservation_affinity=compute.InstanceReservationAffinityArgs(type="NO_RESERVATION"),
+            metadata={"enable-guest-attributes": "TRUE", "enable-oslogin": "TRUE"},
+            metadata_startup_script=args.startup_script,
+            tags=[args.network_tag],
+            labels=dict(args.labels),
+            deletion_protection=False,
+            opts=pulumi.ResourceOptions(parent=self, custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT)))
+
+        self.name = instance.name
+        self.instance_id = instance.instance_id
+        self.internal_ip = instance.network_interfaces.apply(lambda nics: nics[0].network_ip)
+        self.creation_timestamp = instance.creation_timestamp
+        self.register_outputs({"name": self.name, "internalIp": self.internal_ip})

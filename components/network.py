@@ -1,0 +1,47 @@
+"""How the VM is reached and how it reaches out: IAP-only ingress, Cloud NAT egress."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+from pulumi_gcp import compute
+
+IAP_SOURCE_RANGE = "35.235.240.0/20"  # Google's Identity-Aware Proxy TCP forwarding range
+INGRESS_PORTS = ("22", "8000")
+
+
+@dataclass(frozen=True)
+class ServingNetworkArgs:
+    project: str
+    region: str
+    network: str
+    target_tag: str
+    create_nat: bool
+
+
+class ServingNetwork(pulumi.ComponentResource):
+    """Firewall admitting only IAP on ssh and the vLLM port, to the VM's tag alone; Router + NAT so a VM without an
+    external IP can pull the image and the weights."""
+
+    def __init__(self, name: str, args: ServingNetworkArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpuserve:gcp:ServingNetwork", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        self.firewall = compute.Firewall(
+            f"{name}-allow-iap", project=args.project, network=args.network, direction="INGRESS",
+            description="tpu-serve: ssh and vLLM through IAP TCP forwarding only",
+            source_ranges=[IAP_SOURCE_RANGE], target_tags=[args.target_tag],
+            allows=[compute.FirewallAllowArgs(protocol="tcp", ports=list(INGRESS_PORTS))], opts=child)
+
+        self.nat: compute.RouterNat | None = None
+        if args.create_nat:
+            router = compute.Router(f"{name}-router", project=args.project, region=args.region,
+                                    network=args.network, opts=child)
+            self.nat = compute.RouterNat(
+                f"{name}-nat", project=args.project, region=args.region, router=router.name,
+                nat_ip_allocate_option="AUTO_ONLY",
+                source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
+                log_config=compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"), opts=child)
+
+        self.register_outputs({"firewall": self.firewall.name})

@@ -1,0 +1,62 @@
+"""Renders the VM startup script from templates/startup.sh.j2; every interpolated value is shell-quoted."""
+
+from __future__ import annotations
+
+import base64
+import shlex
+import struct
+import zlib
+from pathlib import Path
+
+import jinja2
+
+from tpuserve.serving import CONTAINER_NAME, ServingConfig, config_hash, tpu_container_run_args
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+GUEST_ATTRIBUTE_NAMESPACE = "tpu-serve"
+METADATA_URL = "http://metadata.google.internal"
+SECRET_MANAGER_URL = "https://secretmanager.googleapis.com"
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, autoescape=False,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters["shquote"] = lambda value: shlex.quote(str(value))
+    env.filters["shwords"] = lambda values: " ".join(shlex.quote(str(v)) for v in values)
+    return env
+
+
+def solid_png_data_uri(rgb: tuple[int, int, int], size: int = 8) -> str:
+    """A size x size single-colour PNG as a data URI: the smallest valid image to warm up the vision path."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(b"\x00" + bytes(rgb) * size for _ in range(size))
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def render_startup_script(serving: ServingConfig, secret_name: str, *, metadata_url: str = METADATA_URL,
+                          secret_manager_url: str = SECRET_MANAGER_URL, server_url: str | None = None,
+                          ready_timeout_s: int = 3600, retry_delay_s: int = 10, poll_s: int = 10) -> str:
+    """The script for one serving config; the URLs and delays are parameters so tests can run it on loopback."""
+    digest = config_hash(serving)
+    return _environment().get_template("startup.sh.j2").render(
+        metadata_url=metadata_url,
+        secret_manager_url=secret_manager_url,
+        secret_name=secret_name,
+        image=serving.image,
+        config_hash=digest,
+        model=serving.model,
+        server_url=server_url or f"http://127.0.0.1:{serving.port}",
+        container_name=CONTAINER_NAME,
+        guest_namespace=GUEST_ATTRIBUTE_NAMESPACE,
+        ready_timeout_s=ready_timeout_s,
+        retry_delay_s=retry_delay_s,
+        poll_s=poll_s,
+        warmup_image="" if serving.mm_limits is None or not serving.mm_limits.get("image")
+        else solid_png_data_uri((200, 30, 30)),
+        docker_run_args=tpu_container_run_args(serving, digest),
+    )

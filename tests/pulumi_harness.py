@@ -1,0 +1,97 @@
+"""Runs the real `__main__.py` under Pulumi mocks and returns every resource's inputs and the stack outputs.
+
+Mocks are process-global, so each run installs its own fresh mocks (never at import time). Inputs arrive with
+the engine's camelCase names and integers as floats; outputs a real provider computes are filled in below,
+or inputs derived from them would silently be dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = "tpu-serve"
+VM_IP = "10.150.0.7"
+VM_CREATED = "2026-11-29T02:00:00.000-08:00"
+GATE_STDOUT = ("stage pulling-image\nstage serving\n"
+               '{"ready": true, "elapsed_s": 561.0, "stages": {"pulling-image": 301, "loading-model": 240}, '
+               '"reason": null}\n')
+
+
+@dataclass
+class Resource:
+    type: str
+    name: str
+    inputs: dict[str, Any]
+    custom: bool
+
+
+@dataclass
+class StackRun:
+    resources: list[Resource]
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+    def of_type(self, type_token: str) -> list[Resource]:
+        return [r for r in self.resources if r.type == type_token]
+
+    def one(self, type_token: str) -> Resource:
+        found = self.of_type(type_token)
+        assert len(found) == 1, f"expected one {type_token}, found {[r.name for r in found]}"
+        return found[0]
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    def __init__(self) -> None:
+        self.resources: list[Resource] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        self.resources.append(Resource(args.typ, args.name, dict(args.inputs), args.custom))
+        outputs = dict(args.inputs)
+        if args.typ == "gcp:serviceaccount/account:Account":
+            outputs["email"] = f"{args.inputs['accountId']}@{args.inputs['project']}.iam.gserviceaccount.com"
+        elif args.typ == "gcp:compute/instance:Instance":
+            outputs["networkInterfaces"] = [{**args.inputs["networkInterfaces"][0], "networkIp": VM_IP}]
+            outputs["creationTimestamp"] = VM_CREATED
+            outputs["instanceId"] = "4242424242"
+        elif args.typ == "command:local:Command":
+            outputs["stdout"] = GATE_STDOUT
+        return f"{args.name}-id", outputs
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+        return {}
+
+
+def run_stack(config: dict[str, Any], stack: str = "dev") -> StackRun:
+    """Run __main__.py with `config` (keys without the `tpu-serve:` prefix; objects as JSON) as stack `stack`."""
+    mocks = RecordingMocks()
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
+    pulumi.runtime.set_all_config(
+        {f"{PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in config.items()},
+        [f"{PROJECT}:hfToken"])
+    run = StackRun(mocks.resources)
+
+    @pulumi.runtime.test
+    def program() -> pulumi.Output:
+        deployment = runpy.run_path(str(ROOT / "__main__.py"))["deployment"]
+        keys = list(deployment.outputs)
+        return pulumi.Output.all(*deployment.outputs.values()).apply(
+            lambda values: run.outputs.update(zip(keys, values)))
+
+    program()
+    return run
+
+
+def stack_file_config(stack: str) -> dict[str, Any]:
+    """The `tpu-serve:` settings of Pulumi.<stack>.yaml, as run_stack takes them."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / f"Pulumi.{stack}.yaml").read_text())
+    prefix = f"{PROJECT}:"
+    return {k[len(prefix):]: v if isinstance(v, str) else json.dumps(v)
+            for k, v in data["config"].items() if k.startswith(prefix)}
