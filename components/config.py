@@ -17,6 +17,7 @@ from typing import Any
 from tpuserve.serving import TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting
 
 PROJECT_NAME = "tpu-serve"
+TARGETS = ("gcp", "local")
 MIN_BOOT_DISK_GB = 200
 MAX_RUN_SECONDS = 7 * 24 * 3600
 # Zones with TPU v6e capacity (cloud.google.com/tpu/docs/regions-zones); extend as Google adds zones.
@@ -36,7 +37,8 @@ SECONDS_PER_UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 class StackConfig:
     """One environment's settings. `hf_token` is the only secret and never leaves Pulumi's secret handling."""
 
-    project: str = setting("project", "GCP project id that owns every resource.")
+    target: str = setting("target", "Where to serve: gcp (a flex-start TPU VM) or local (a Docker host).", "gcp")
+    project: str = setting("project", "GCP project id that owns every resource (target gcp).", "")
     zone: str = setting("zone", "Zone of the TPU VM; must offer TPU v6e.", "us-east5-b")
     region: str = setting("region", "Region for Cloud NAT; empty = the zone's region (must match it).", "")
     machine_type: str = setting("machineType", "TPU v6e machine type (ct6e-standard-1t = one chip).",
@@ -88,6 +90,21 @@ class StackConfig:
         return round(self.max_run_seconds / 3600 * self.chips * self.price_per_chip_hour, 2)
 
     def validate(self) -> StackConfig:
+        if self.target not in TARGETS:
+            raise ConfigError("target", f"{self.target!r} is not one of {', '.join(TARGETS)}")
+        if self.target == "gcp":
+            self._validate_gcp()
+        for key, value in self.labels.items():
+            if not LABEL_KEY.match(str(key)) or not LABEL_VALUE.match(str(value)):
+                raise ConfigError("labels", f"{key}={value!r}: keys and values must be lowercase letters, digits, "
+                                  "_ or -, at most 63 chars (keys start with a letter)")
+        if self.price_per_chip_hour < 0:
+            raise ConfigError("pricePerChipHour", f"must not be negative, got {self.price_per_chip_hour}")
+        self.readiness_timeout_seconds  # noqa: B018 - parses, raising ConfigError on a bad value
+        self.serving.validate(backend="tpu" if self.target == "gcp" else self.target)
+        return self
+
+    def _validate_gcp(self) -> None:
         if not self.project:
             raise ConfigError("project", "is required: pulumi config set project <gcp-project-id>")
         if not ZONE_FORMAT.match(self.zone):
@@ -106,7 +123,6 @@ class StackConfig:
                               "(e.g. hyperdisk-balanced)")
         if self.max_run_seconds > MAX_RUN_SECONDS:
             raise ConfigError("maxRunDuration", f"{self.max_run_duration!r} exceeds the flex-start limit of 7d")
-        self.readiness_timeout_seconds  # noqa: B018 - parses, raising ConfigError on a bad value
         if bool(self.hf_token_secret_id) == (self.hf_token is not None):
             raise ConfigError("hfTokenSecretId", "set exactly one of hfTokenSecretId (an existing secret) or "
                               "hfToken (pulumi config set --secret hfToken ...)")
@@ -114,14 +130,6 @@ class StackConfig:
                                                     self.hf_token_secret_id):
             raise ConfigError("hfTokenSecretId", f"{self.hf_token_secret_id!r} is not a secret id or "
                               "projects/P/secrets/S")
-        for key, value in self.labels.items():
-            if not LABEL_KEY.match(str(key)) or not LABEL_VALUE.match(str(value)):
-                raise ConfigError("labels", f"{key}={value!r}: keys and values must be lowercase letters, digits, "
-                                  "_ or -, at most 63 chars (keys start with a letter)")
-        if self.price_per_chip_hour < 0:
-            raise ConfigError("pricePerChipHour", f"must not be negative, got {self.price_per_chip_hour}")
-        self.serving.validate(backend="tpu")
-        return self
 
 
 def parse_duration(key: str, text: str) -> int:
