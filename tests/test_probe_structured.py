@@ -1,0 +1,51 @@
+"""Structured-output probe against the fake OpenAI server (tests/fake_openai.py): enforced, ignored, and a
+reasoning parser that keeps a thinking answer in reasoning_content."""
+
+from __future__ import annotations
+
+from tests.fake_openai import FAKE_MODEL, FakeOpenAI
+from tests.httpfake import FakeServer, Response
+from tpuserve.client import ChatClient
+from tpuserve.probe import FAIL, NOT_ENFORCED, PASS, enforcement_summary, run_structured
+
+OFF, ON, OBJECT = "json_schema, thinking off", "json_schema, thinking on", "json_object"
+
+
+def probe(structured: str) -> tuple[dict[str, str], list, FakeOpenAI]:
+    with FakeOpenAI(structured=structured) as fake:
+        results = run_structured(ChatClient(fake.url, FAKE_MODEL))
+    return {r.scenario: r.verdict for r in results}, results, fake
+
+
+def test_an_enforcing_server_passes_all_three() -> None:
+    verdicts, results, fake = probe("enforced")
+    assert verdicts == {OFF: PASS, ON: PASS, OBJECT: PASS}
+    bodies = fake.chat_bodies()
+    assert [b["chat_template_kwargs"]["enable_thinking"] for b in bodies] == [False, True, False]
+    assert [b["response_format"]["type"] for b in bodies] == ["json_schema", "json_schema", "json_object"]
+    assert enforcement_summary(results) == (f"schema enforced with: {OFF}, {ON}, {OBJECT}; not enforced with: none")
+
+
+def test_a_server_that_ignores_response_format_is_not_enforced_not_an_error() -> None:
+    verdicts, results, _ = probe("ignored")
+    assert verdicts == {OFF: NOT_ENFORCED, ON: NOT_ENFORCED, OBJECT: NOT_ENFORCED}
+    assert all("Sure!" in r.evidence["response"]["content"] for r in results)
+
+
+def test_reasoning_parser_with_thinking_on_is_the_silent_skip() -> None:
+    verdicts, results, _ = probe("reasoning-parser")
+    assert verdicts == {OFF: PASS, ON: NOT_ENFORCED, OBJECT: PASS}
+    thinking = next(r for r in results if r.scenario == ON)
+    assert "reasoning_content" in thinking.reason
+    assert thinking.evidence["response"]["reasoning_content"].startswith("thought")
+    assert enforcement_summary(results) == f"schema enforced with: {OFF}, {OBJECT}; not enforced with: {ON}"
+
+
+def test_a_server_error_is_a_fail_distinct_from_not_enforced() -> None:
+    routes = {("POST", "/v1/chat/completions"):
+              lambda request: Response(500, {"error": {"message": "EngineCore died", "code": 500}})}
+    with FakeServer(routes) as fake:
+        results = run_structured(ChatClient(fake.url, "m"))
+    assert {r.verdict for r in results} == {FAIL}
+    assert all("HTTP 500: EngineCore died" in r.reason for r in results)
+    assert enforcement_summary(results) == ""

@@ -1,0 +1,85 @@
+"""Vision probe against the fake OpenAI server (tests/fake_openai.py), and the shipped probe images themselves."""
+
+from __future__ import annotations
+
+import base64
+import struct
+import zlib
+from importlib import resources
+
+import pytest
+
+from tests.fake_openai import BOOT_422_MESSAGE, FAKE_MODEL, FakeOpenAI, completion
+from tests.httpfake import Response
+from tpuserve.client import ChatClient
+from tpuserve.probe import FAIL, IMAGE_DIR, PASS, SKIPPED, VISION_SCENARIOS, image_data_uri, run_vision
+
+
+def decode_rgb_png(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Width, height and rows of an 8-bit RGB PNG without filters (how the probe images are written)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    chunks, offset = {}, 8
+    while offset < len(data):
+        (length,), kind = struct.unpack(">I", data[offset:offset + 4]), data[offset + 4:offset + 8]
+        chunks[kind] = chunks.get(kind, b"") + data[offset + 8:offset + 8 + length]
+        offset += 12 + length
+    width, height, depth, color_type = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    assert (depth, color_type) == (8, 2)
+    raw, stride = zlib.decompress(chunks[b"IDAT"]), 1 + 3 * width
+    rows = [raw[y * stride:(y + 1) * stride] for y in range(height)]
+    assert all(row[0] == 0 for row in rows)
+    return width, height, [row[1:] for row in rows]
+
+
+def colored_runs(row: bytes) -> list[tuple[int, int, int]]:
+    """Colors of the non-white runs along one pixel row, left to right."""
+    pixels = [tuple(row[i:i + 3]) for i in range(0, len(row), 3)]
+    runs = []
+    for previous, pixel in zip([(255, 255, 255)] + pixels, pixels):
+        if pixel != (255, 255, 255) and pixel != previous:
+            runs.append(pixel)
+    return runs
+
+
+@pytest.mark.parametrize("scenario, image, question, answers", VISION_SCENARIOS)
+def test_each_image_holds_what_its_question_expects(scenario: str, image: str, question: str,
+                                                    answers: tuple[str, ...]) -> None:
+    width, height, rows = decode_rgb_png(resources.files("tpuserve").joinpath(IMAGE_DIR, image).read_bytes())
+    runs = colored_runs(rows[height // 2])
+    assert len(set(runs)) == len(runs)  # distinct colors, so counting squares is unambiguous
+    if "count" in scenario:
+        assert str(len(runs)) in answers
+    else:
+        assert len(runs) == 1 and runs[0][0] > 200 and max(runs[0][1:]) < 60 and "red" in answers
+
+
+def test_images_are_sent_as_base64_data_uris() -> None:
+    uri = image_data_uri("squares-3.png")
+    assert uri.startswith("data:image/png;base64,")
+    assert base64.b64decode(uri.split(",", 1)[1])[:4] == b"\x89PNG"
+
+
+def test_a_capable_server_passes_and_the_boot_422_is_retried_once_and_reported() -> None:
+    with FakeOpenAI(vision="422-then-200") as fake:
+        results = run_vision(ChatClient(fake.url, FAKE_MODEL))
+    assert [r.verdict for r in results] == [PASS, PASS, PASS]
+    assert len(fake.chat_bodies()) == len(VISION_SCENARIOS) + 1
+    assert "first attempt HTTP 422" in results[0].reason and BOOT_422_MESSAGE in results[0].reason
+    assert all(not r.evidence["retry"] for r in results[1:])
+
+
+def test_a_text_only_server_is_skipped_with_the_reason_after_one_request() -> None:
+    with FakeOpenAI(vision="text-only") as fake:
+        results = run_vision(ChatClient(fake.url, FAKE_MODEL))
+    assert [r.verdict for r in results] == [SKIPPED] * len(VISION_SCENARIOS)
+    assert all(r.reason.startswith("server is text-only: ") and "not a multimodal model" in r.reason
+               for r in results)
+    assert len(fake.chat_bodies()) == 1
+
+
+def test_a_wrong_answer_fails_with_what_was_said() -> None:
+    with FakeOpenAI() as fake:
+        fake.routes[("POST", "/v1/chat/completions")] = lambda request: Response(200, completion("Blue."))
+        results = run_vision(ChatClient(fake.url, FAKE_MODEL))
+    assert [r.verdict for r in results] == [FAIL] * len(VISION_SCENARIOS)
+    assert "answered 'Blue.'" in results[0].reason and "expected one of ['3', 'three']" in results[0].reason

@@ -1,0 +1,199 @@
+"""A small client for an OpenAI-compatible chat endpoint (vLLM), and structured output you can trust.
+
+vLLM answers 200 even when it did not apply a `response_format` schema: with a reasoning parser the grammar starts
+only after the model ends its reasoning, and a model that never does returns free text. `ChatClient.structured`
+therefore validates every answer with `jsonschema` and raises `SchemaNotEnforced` instead of returning junk.
+
+    from tpuserve.client import ChatClient
+    client = ChatClient("http://10.0.0.5:8000", "google/gemma-4-E2B-it")
+    verdict = client.structured([{"role": "user", "content": "Is water wet?"}], schema)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+import requests
+
+API_KEY_ENV = "TPUSERVE_API_KEY"
+DEFAULT_TIMEOUT_S = 120.0
+# Fields where vLLM's reasoning parsers put the reasoning text (the name changed across vLLM versions).
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+
+
+def api_base(url: str) -> str:
+    """The OpenAI base URL of a server: 'http://h:8000', 'http://h:8000/' and 'http://h:8000/v1' all give '.../v1'."""
+    root = url.rstrip("/")
+    return root if root.endswith("/v1") else f"{root}/v1"
+
+
+class EndpointError(RuntimeError):
+    """The server answered with an HTTP error (a model or server error, not a schema problem)."""
+
+    def __init__(self, status: int, message: str, latency_s: float):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+        self.latency_s = latency_s
+
+
+class StructuredOutputError(ValueError):
+    """A 200 answer that is not the JSON that was asked for; `text` is what came back, from `field`."""
+
+    def __init__(self, message: str, reply: ChatReply, field: str, text: str):
+        super().__init__(message)
+        self.reply = reply
+        self.field = field
+        self.text = text
+
+
+class SchemaNotEnforced(StructuredOutputError):
+    """The server returned 200 but did not constrain the output to the schema (the silent skip)."""
+
+
+class OutputTruncated(StructuredOutputError):
+    """The output hit max_tokens while still a valid JSON prefix: the schema may be enforced but the answer is cut."""
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """One 200 chat completion and how long it took."""
+
+    body: dict[str, Any]
+    latency_s: float
+
+    @property
+    def message(self) -> dict[str, Any]:
+        return self.body["choices"][0]["message"]
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.body["choices"][0].get("finish_reason")
+
+    @property
+    def content(self) -> str:
+        return self.message.get("content") or ""
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return self.message.get("tool_calls") or []
+
+    def answer(self) -> tuple[str, str]:
+        """(field, text): the content, or the reasoning text when a reasoning parser left the content empty."""
+        if self.content.strip():
+            return "content", self.content
+        for field in REASONING_FIELDS:
+            if (self.message.get(field) or "").strip():
+                return field, self.message[field]
+        return "content", ""
+
+
+def error_message(response: requests.Response) -> str:
+    """The human part of an OpenAI-style error body, or the raw text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text.strip()[:500]
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(error, dict):
+        return str(error.get("message") or error.get("detail") or error)
+    return str(error)
+
+
+def looks_cut_off(text: str) -> bool:
+    """True when `text` is invalid JSON only because it ends too early (a prefix a grammar could have produced)."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as err:
+        return err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string")
+    return False
+
+
+def validated_json(reply: ChatReply, schema: dict[str, Any]) -> Any:
+    """The answer's JSON if it conforms to `schema`; otherwise raise SchemaNotEnforced or OutputTruncated."""
+    field, text = reply.answer()
+    where = "" if field == "content" else f" (the answer was in {field!r}: a reasoning parser took it)"
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as err:
+        if reply.finish_reason == "length" and looks_cut_off(text):
+            raise OutputTruncated(f"output hit max_tokens before the JSON closed{where}", reply, field, text)
+        raise SchemaNotEnforced(f"schema not enforced: the 200 answer is not JSON ({err.msg} at char {err.pos})"
+                                f"{where}", reply, field, text) from err
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(document), key=lambda e: list(e.path))
+    if errors:
+        location = "/".join(map(str, errors[0].path)) or "(root)"
+        raise SchemaNotEnforced(f"schema not enforced: the 200 answer is JSON that breaks the schema at "
+                                f"{location}: {errors[0].message}{where}", reply, field, text)
+    return document
+
+
+def response_format(schema: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    """`json_schema` mode for a schema, `json_object` mode for None."""
+    if schema is None:
+        return {"type": "json_object"}
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+class ChatClient:
+    """Chat completions against one served model. `url` may end in /v1 or not; the key defaults to $TPUSERVE_API_KEY."""
+
+    def __init__(self, url: str, model: str, api_key: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 session: requests.Session | None = None):
+        self.base = api_base(url)
+        self.model = model
+        self.timeout_s = timeout_s
+        self.session = session or requests.Session()
+        key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        if key:
+            self.session.headers["Authorization"] = f"Bearer {key}"
+
+    def chat(self, messages: list[dict[str, Any]], **params: Any) -> ChatReply:
+        """POST /chat/completions; raise EndpointError on any non-200 answer."""
+        payload = {"model": self.model, "messages": messages, **params}
+        started = time.monotonic()
+        response = self.session.post(f"{self.base}/chat/completions", json=payload, timeout=self.timeout_s)
+        latency_s = time.monotonic() - started
+        if response.status_code != 200:
+            raise EndpointError(response.status_code, error_message(response), latency_s)
+        return ChatReply(response.json(), latency_s)
+
+    def structured(self, messages: list[dict[str, Any]], schema: dict[str, Any] | None, *, name: str = "answer",
+                   thinking: bool | None = None, **params: Any) -> Any:
+        """Ask for JSON (`json_schema` mode, or `json_object` mode when schema is None) and return it validated.
+
+        `thinking` sets chat_template_kwargs.enable_thinking when not None. Raises EndpointError, SchemaNotEnforced
+        or OutputTruncated, never returns unvalidated output.
+        """
+        return validated_json(self.structured_reply(messages, schema, name=name, thinking=thinking, **params),
+                              ANY_OBJECT_SCHEMA if schema is None else schema)
+
+    def structured_reply(self, messages: list[dict[str, Any]], schema: dict[str, Any] | None, *,
+                         name: str = "answer", thinking: bool | None = None, **params: Any) -> ChatReply:
+        """The raw reply to a structured-output request (for callers that report on it, like the probes)."""
+        if schema is not None:
+            jsonschema.Draft202012Validator.check_schema(schema)
+        if thinking is not None:
+            params["chat_template_kwargs"] = {**params.get("chat_template_kwargs", {}), "enable_thinking": thinking}
+        return self.chat(messages, response_format=response_format(schema, name), **params)
+
+    def models(self) -> list[str]:
+        """Ids the server serves (GET /models)."""
+        response = self.session.get(f"{self.base}/models", timeout=self.timeout_s)
+        if response.status_code != 200:
+            raise EndpointError(response.status_code, error_message(response), 0.0)
+        return [entry["id"] for entry in response.json().get("data", [])]
+
+
+def served_model(url: str, api_key: str | None = None) -> str:
+    """The first model id a server serves: what `--model` defaults to."""
+    models = ChatClient(url, "", api_key=api_key, timeout_s=10).models()
+    if not models:
+        raise EndpointError(200, f"{api_base(url)}/models lists no model", 0.0)
+    return models[0]

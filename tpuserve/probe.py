@@ -1,0 +1,549 @@
+"""`tpuserve probe`: which capabilities really work on a deployment, with the evidence.
+
+Each scenario ends in a verdict — pass, fail, skipped (with the reason) or, for structured output, "schema not
+enforced" (a 200 whose content ignores the schema: the silent skip) — plus its latency and request/response excerpts.
+Exit code: 0 whenever the probe ran, whatever the verdicts (it is a report); with `--strict`, 1 when any scenario
+failed or was not enforced (skipped scenarios never fail a run). An unreachable server or bad option is an error.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import click
+import jsonschema
+import requests
+
+from tpuserve.client import (ANY_OBJECT_SCHEMA, API_KEY_ENV, ChatClient, ChatReply, EndpointError, OutputTruncated,
+                             SchemaNotEnforced, served_model, validated_json)
+
+PASS, FAIL, SKIPPED, NOT_ENFORCED = "pass", "fail", "skipped", "schema not enforced"
+EXCERPT_CHARS = 300
+
+# ---------------------------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class ScenarioResult:
+    probe: str
+    scenario: str
+    verdict: str
+    reason: str
+    latency_s: float | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + f"… (+{len(text) - limit} chars)"
+
+
+def reply_evidence(reply: ChatReply) -> dict[str, Any]:
+    """What came back, short enough to print: finish reason, content, reasoning and tool calls."""
+    evidence: dict[str, Any] = {"finish_reason": reply.finish_reason, "content": excerpt(reply.content)}
+    field_name, text = reply.answer()
+    if field_name != "content":
+        evidence[field_name] = excerpt(text)
+    if reply.tool_calls:
+        evidence["tool_calls"] = [{"name": call["function"]["name"], "arguments": excerpt(call["function"]["arguments"])}
+                                  for call in reply.tool_calls]
+    return evidence
+
+
+def error_result(probe: str, scenario: str, err: Exception, request: dict[str, Any]) -> ScenarioResult:
+    """A server error or timeout: an honest fail with the server's words, never a crash."""
+    if isinstance(err, EndpointError):
+        return ScenarioResult(probe, scenario, FAIL, f"server error: {err}", err.latency_s,
+                              {"request": request, "status": err.status})
+    return ScenarioResult(probe, scenario, FAIL, f"no answer: {type(err).__name__}: {err}", None,
+                          {"request": request})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tools
+
+WEATHER_TOOL: dict[str, Any] = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city.",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"], "properties": {
+        "city": {"type": "string", "minLength": 1, "description": "City name, e.g. Paris"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}
+CURRENCY_TOOL: dict[str, Any] = {"type": "function", "function": {
+    "name": "convert_currency", "description": "Convert an amount of money between two currencies.",
+    "parameters": {"type": "object", "additionalProperties": False,
+                   "required": ["amount", "from_currency", "to_currency"], "properties": {
+                       "amount": {"type": "number", "exclusiveMinimum": 0},
+                       "from_currency": {"type": "string", "pattern": "^[A-Z]{3}$", "description": "ISO 4217 code"},
+                       "to_currency": {"type": "string", "pattern": "^[A-Z]{3}$", "description": "ISO 4217 code"}}}}}
+TOOLS = [WEATHER_TOOL, CURRENCY_TOOL]
+TOOL_SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+TOOLS_MAX_TOKENS = 200
+# vLLM's words when the server was started without --enable-auto-tool-choice / a tool-call parser.
+TOOLS_DISABLED = re.compile(r"tool.?choice|tool.?call.?parser|tools? (are|is) not supported", re.IGNORECASE)
+
+WEATHER_CALL_ID = "call_weather_paris"
+WEATHER_RESULT = {"city": "Paris", "temperature": 18, "unit": "celsius", "conditions": "sunny"}
+
+
+class InvalidToolCall(ValueError):
+    pass
+
+
+def parse_tool_call(call: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(tool name, arguments) of one call, the arguments checked against the tool's JSON schema."""
+    name = call.get("function", {}).get("name", "")
+    if name not in TOOL_SCHEMAS:
+        raise InvalidToolCall(f"called unknown tool {name!r}")
+    try:
+        arguments = json.loads(call["function"].get("arguments") or "{}")
+    except json.JSONDecodeError as err:
+        raise InvalidToolCall(f"{name}: arguments are not JSON ({err.msg})") from err
+    try:
+        jsonschema.validate(arguments, TOOL_SCHEMAS[name])
+    except jsonschema.ValidationError as err:
+        raise InvalidToolCall(f"{name}: arguments break the tool schema: {err.message}") from err
+    return name, arguments
+
+
+def weather_cities(reply: ChatReply) -> list[str]:
+    """Lower-cased cities of the reply's get_weather calls; InvalidToolCall for any malformed or other call."""
+    cities = []
+    for call in reply.tool_calls:
+        name, arguments = parse_tool_call(call)
+        if name != "get_weather":
+            raise InvalidToolCall(f"called {name} where get_weather was needed")
+        cities.append(arguments["city"].strip().lower())
+    return cities
+
+
+def judge_weather_calls(reply: ChatReply, expected: set[str]) -> tuple[str, str]:
+    """Pass when the turn holds exactly one valid get_weather call per expected city."""
+    if not reply.tool_calls:
+        return FAIL, f"no tool call (answered in text: {excerpt(reply.content, 80)!r})"
+    try:
+        cities = weather_cities(reply)
+    except InvalidToolCall as err:
+        return FAIL, str(err)
+    if sorted(cities) != sorted(expected):
+        return FAIL, f"get_weather called for {cities}, expected {sorted(expected)}"
+    return PASS, f"{len(cities)} valid get_weather call(s): {', '.join(cities)}"
+
+
+def judge_text(reply: ChatReply, must_contain: str = "", must_not_call: bool = True) -> tuple[str, str]:
+    """Pass when the model answered in text (containing `must_contain`) without calling a tool."""
+    if must_not_call and reply.tool_calls:
+        names = [call.get("function", {}).get("name") for call in reply.tool_calls]
+        return FAIL, f"called {names} where a text answer was expected"
+    if not reply.content.strip():
+        return FAIL, "empty text answer"
+    if must_contain and must_contain not in reply.content:
+        return FAIL, f"answer lacks {must_contain!r}: {excerpt(reply.content, 80)!r}"
+    return PASS, f"answered in text: {excerpt(reply.content, 80)!r}"
+
+
+def user(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+SYNTHESIS_MESSAGES = [
+    *user("What is the weather in Paris right now?"),
+    {"role": "assistant", "content": None, "tool_calls": [{"id": WEATHER_CALL_ID, "type": "function", "function": {
+        "name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
+    {"role": "tool", "tool_call_id": WEATHER_CALL_ID, "name": "get_weather", "content": json.dumps(WEATHER_RESULT)},
+]
+
+ToolJudge = Callable[[ChatReply], tuple[str, str]]
+TOOL_SCENARIOS: list[tuple[str, list[dict[str, Any]], ToolJudge]] = [
+    ("simple call", user("What is the weather in Paris right now?"),
+     lambda reply: judge_weather_calls(reply, {"paris"})),
+    ("result synthesis", SYNTHESIS_MESSAGES, lambda reply: judge_text(reply, must_contain="18")),
+    ("no-tool restraint", user("In one sentence: why is the sky blue?"), judge_text),
+    ("parallel calls", user("What is the weather in Paris and in Tokyo? Check both cities at once."),
+     lambda reply: judge_weather_calls(reply, {"paris", "tokyo"})),
+    ("underspecified", user("Please convert some money for me."), lambda reply: judge_text(reply, must_contain="?")),
+]
+
+
+def run_tools(client: ChatClient) -> list[ScenarioResult]:
+    results = []
+    for scenario, messages, judge in TOOL_SCENARIOS:
+        request = {"last_message": messages[-1], "tools": list(TOOL_SCHEMAS), "temperature": 0}
+        try:
+            reply = client.chat(messages, tools=TOOLS, tool_choice="auto", temperature=0,
+                                max_tokens=TOOLS_MAX_TOKENS)
+        except EndpointError as err:
+            if err.status == 400 and TOOLS_DISABLED.search(err.message):
+                skipped = f"tool calling is off on this server: {err.message}"
+                return [ScenarioResult("tools", name, SKIPPED, skipped) for name, _, _ in TOOL_SCENARIOS]
+            results.append(error_result("tools", scenario, err, request))
+            continue
+        except requests.Timeout as err:
+            results.append(error_result("tools", scenario, err, request))
+            continue
+        verdict, reason = judge(reply)
+        results.append(ScenarioResult("tools", scenario, verdict, reason, reply.latency_s,
+                                      {"request": request, "response": reply_evidence(reply)}))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Structured output
+
+# Enum and boolean fields only, no free strings: an enforced grammar then yields a short, finite document even from
+# a model with random weights, so "not valid" can only mean "not enforced".
+ANSWER_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False, "required": ["answer", "confident"],
+    "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}, "confident": {"type": "boolean"}}}
+STRUCTURED_PROMPT = user('Is the sky blue on a clear day? Reply with JSON: {"answer": "yes" or "no", '
+                         '"confident": true or false}.')
+STRUCTURED_MAX_TOKENS = 256
+# (scenario, schema or None for json_object mode, enable_thinking)
+STRUCTURED_SCENARIOS: list[tuple[str, dict[str, Any] | None, bool]] = [
+    ("json_schema, thinking off", ANSWER_SCHEMA, False),
+    ("json_schema, thinking on", ANSWER_SCHEMA, True),
+    ("json_object", None, False),
+]
+
+
+def run_structured(client: ChatClient) -> list[ScenarioResult]:
+    results = []
+    for scenario, schema, thinking in STRUCTURED_SCENARIOS:
+        request = {"response_format": "json_object" if schema is None else "json_schema",
+                   "chat_template_kwargs": {"enable_thinking": thinking}, "last_message": STRUCTURED_PROMPT[-1]}
+        try:
+            reply = client.structured_reply(STRUCTURED_PROMPT, schema, thinking=thinking, temperature=0,
+                                            max_tokens=STRUCTURED_MAX_TOKENS)
+        except (EndpointError, requests.Timeout) as err:
+            results.append(error_result("structured", scenario, err, request))
+            continue
+        evidence = {"request": request, "response": reply_evidence(reply)}
+        try:
+            document = validated_json(reply, ANY_OBJECT_SCHEMA if schema is None else schema)
+        except SchemaNotEnforced as err:
+            results.append(ScenarioResult("structured", scenario, NOT_ENFORCED, str(err), reply.latency_s, evidence))
+        except OutputTruncated as err:
+            results.append(ScenarioResult("structured", scenario, FAIL, str(err), reply.latency_s, evidence))
+        else:
+            results.append(ScenarioResult("structured", scenario, PASS, f"enforced: {json.dumps(document)[:80]}",
+                                          reply.latency_s, evidence))
+    return results
+
+
+def enforcement_summary(results: list[ScenarioResult]) -> str:
+    """One line naming the configurations that enforced the schema and those that did not."""
+    structured = [r for r in results if r.probe == "structured"]
+    enforced = [r.scenario for r in structured if r.verdict == PASS]
+    not_enforced = [r.scenario for r in structured if r.verdict == NOT_ENFORCED]
+    if not enforced and not not_enforced:
+        return ""
+    return (f"schema enforced with: {', '.join(enforced) or 'none'}; "
+            f"not enforced with: {', '.join(not_enforced) or 'none'}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Vision
+
+IMAGE_DIR = "data/probe-images"
+# (scenario, image file, question, accepted answers: any one found as a word in the reply passes)
+VISION_SCENARIOS: list[tuple[str, str, str, tuple[str, ...]]] = [
+    ("count 3 squares", "squares-3.png", "How many colored squares are in this image? Answer with one number.",
+     ("3", "three")),
+    ("count 5 squares", "squares-5.png", "How many colored squares are in this image? Answer with one number.",
+     ("5", "five")),
+    ("describe color", "red-square.png", "What color is the square in this image? Answer with one word.", ("red",)),
+]
+VISION_MAX_TOKENS = 32
+# How vLLM refuses images on a text-only deployment (a text-only model, or --language-model-only / a 0 image limit).
+TEXT_ONLY_ERROR = re.compile(r"multi-?modal|at most 0 image|limit.mm.per.prompt|language.model.only|"
+                             r"image.{0,40}not (be )?supported|does not support (image|vision)", re.IGNORECASE)
+
+
+def image_data_uri(name: str) -> str:
+    """A shipped probe image as a base64 data URI (external image URLs make probes flaky)."""
+    data = resources.files("tpuserve").joinpath(IMAGE_DIR, name).read_bytes()
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def image_messages(image: str, question: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_data_uri(image)}},
+                                         {"type": "text", "text": question}]}]
+
+
+def chat_retrying_422(client: ChatClient, messages: list[dict[str, Any]], **params: Any) -> tuple[ChatReply, str]:
+    """A 422 right after boot is common for the first multimodal request: retry once, and say so."""
+    try:
+        return client.chat(messages, **params), ""
+    except EndpointError as err:
+        if err.status != 422:
+            raise
+        return client.chat(messages, **params), f"first attempt HTTP 422 ({excerpt(err.message, 120)}), retried"
+
+
+def mentions_any(text: str, answers: tuple[str, ...]) -> bool:
+    words = set(re.findall(r"[a-z0-9]+", text.lower()))
+    return any(answer in words for answer in answers)
+
+
+def run_vision(client: ChatClient) -> list[ScenarioResult]:
+    results: list[ScenarioResult] = []
+    for index, (scenario, image, question, answers) in enumerate(VISION_SCENARIOS):
+        request = {"image": f"{image} (data URI)", "question": question, "temperature": 0}
+        try:
+            reply, retry_note = chat_retrying_422(client, image_messages(image, question), temperature=0,
+                                                  max_tokens=VISION_MAX_TOKENS)
+        except EndpointError as err:
+            if err.status in (400, 422) and TEXT_ONLY_ERROR.search(err.message):
+                reason = f"server is text-only: {excerpt(err.message, 160)}"
+                results.append(ScenarioResult("vision", scenario, SKIPPED, reason, err.latency_s,
+                                              {"request": request, "status": err.status}))
+                return results + [ScenarioResult("vision", name, SKIPPED, reason)
+                                  for name, *_ in VISION_SCENARIOS[index + 1:]]
+            results.append(error_result("vision", scenario, err, request))
+            continue
+        except requests.Timeout as err:
+            results.append(error_result("vision", scenario, err, request))
+            continue
+        passed = mentions_any(reply.content, answers)
+        reason = (f"answered {excerpt(reply.content.strip(), 60)!r}"
+                  + ("" if passed else f", expected one of {list(answers)}")
+                  + (f"; {retry_note}" if retry_note else ""))
+        results.append(ScenarioResult("vision", scenario, PASS if passed else FAIL, reason, reply.latency_s,
+                                      {"request": request, "response": reply_evidence(reply), "retry": retry_note}))
+    return results
+
+
+PROBES: dict[str, Callable[[ChatClient], list[ScenarioResult]]] = {
+    "tools": run_tools, "structured": run_structured, "vision": run_vision}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# KV-cache comparison
+
+# Greedy prompts whose answers differ visibly when the KV cache loses precision (long, structured, exact).
+KV_PROMPTS: dict[str, str] = {
+    "explanation": "Explain in three sentences how a hash table finds a value.",
+    "code": "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "listing": "List the twelve months of the year, one per line.",
+    "translation": "Translate into French: The old cat sleeps on the warm windowsill every afternoon.",
+    "arithmetic": "What is 17 multiplied by 23? Show each step.",
+    "summarization": ("Summarize in one sentence: The city council met on Tuesday to discuss the new bicycle lanes. "
+                      "After two hours of debate, members voted seven to two to build lanes on three main streets, "
+                      "starting next spring, paid for by a state transport grant."),
+}
+KV_MAX_TOKENS = 128
+KV_SEED = 0
+RUN_FILE = "run.json"
+CONTEXT_BYTES = 24
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    prompt: str
+    identical: bool
+    first_difference: int | None  # byte offset of the first differing byte (UTF-8), None when identical
+    bytes_a: int
+    bytes_b: int
+    context_a: str = ""  # the text from the first difference on, a few bytes of it
+    context_b: str = ""
+
+
+def greedy_outputs(client: ChatClient, max_tokens: int = KV_MAX_TOKENS) -> dict[str, str]:
+    """The answer to every KV prompt at temperature 0 (fixed seed), keyed by prompt name."""
+    return {name: client.chat(user(prompt), temperature=0, seed=KV_SEED, max_tokens=max_tokens).content
+            for name, prompt in KV_PROMPTS.items()}
+
+
+def save_outputs(directory: Path, outputs: dict[str, str], run: dict[str, Any]) -> None:
+    """One `<prompt>.txt` per answer (diffable by hand) plus run.json with the parameters."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in outputs.items():
+        (directory / f"{name}.txt").write_text(text, encoding="utf-8")
+    (directory / RUN_FILE).write_text(json.dumps({**run, "prompts": KV_PROMPTS}, indent=2) + "\n")
+
+
+def load_outputs(directory: Path) -> dict[str, str]:
+    missing = [name for name in KV_PROMPTS if not (directory / f"{name}.txt").is_file()]
+    if missing:
+        raise click.BadParameter(f"{directory} lacks {', '.join(f'{name}.txt' for name in missing)}")
+    return {name: (directory / f"{name}.txt").read_text(encoding="utf-8") for name in KV_PROMPTS}
+
+
+def first_difference(a: bytes, b: bytes) -> int | None:
+    """Offset of the first differing byte; the shorter length when one is a prefix of the other; None if equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def context_after(data: bytes, offset: int, length: int = CONTEXT_BYTES) -> str:
+    return data[offset:offset + length].decode("utf-8", errors="replace")
+
+
+def compare_outputs(a: dict[str, str], b: dict[str, str]) -> list[OutputComparison]:
+    comparisons = []
+    for name in KV_PROMPTS:
+        bytes_a, bytes_b = a[name].encode(), b[name].encode()
+        offset = first_difference(bytes_a, bytes_b)
+        if offset is None:
+            comparisons.append(OutputComparison(name, True, None, len(bytes_a), len(bytes_b)))
+            continue
+        comparisons.append(OutputComparison(name, False, offset, len(bytes_a), len(bytes_b),
+                                            context_after(bytes_a, offset), context_after(bytes_b, offset)))
+    return comparisons
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line
+
+VERDICT_STYLE = {PASS: "green", FAIL: "red", SKIPPED: "yellow", NOT_ENFORCED: "bold red"}
+
+
+def make_client(url: str, model: str | None, api_key_env: str, timeout: float) -> ChatClient:
+    api_key = os.environ.get(api_key_env)
+    try:
+        return ChatClient(url, model or served_model(url, api_key), api_key=api_key, timeout_s=timeout)
+    except (requests.ConnectionError, EndpointError) as err:
+        raise click.ClickException(f"--url {url}: cannot list the served models ({err}); pass --model or check "
+                                   "the URL") from err
+
+
+def print_results(results: list[ScenarioResult], as_json: bool) -> None:
+    summary = enforcement_summary(results)
+    if as_json:
+        click.echo(json.dumps({"results": [asdict(r) for r in results], "structured_summary": summary}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("probe", "scenario", "verdict", "latency", "reason")
+    for r in results:
+        latency = "-" if r.latency_s is None else f"{r.latency_s:.2f} s"
+        table.add_row(r.probe, r.scenario, f"[{VERDICT_STYLE[r.verdict]}]{r.verdict}[/]", latency, r.reason)
+    console = Console()
+    console.print(table)
+    if summary:
+        console.print(summary)
+
+
+def failed(results: list[ScenarioResult]) -> bool:
+    return any(r.verdict in (FAIL, NOT_ENFORCED) for r in results)
+
+
+@click.group()
+def probe() -> None:
+    """Probe a deployment's capabilities: tools, structured output, vision; compare KV-cache settings.
+
+    Exit 0 when the probe ran, whatever the verdicts; with --strict, 1 when a scenario failed or a schema was not
+    enforced (skipped never fails).
+    """
+
+
+def endpoint_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The options every capability probe takes."""
+    options = [
+        click.option("--url", required=True, help="Server URL, with or without /v1."),
+        click.option("--model", help="Served model name; default: the first one the server lists."),
+        click.option("--api-key-env", default=API_KEY_ENV, show_default=True,
+                     help="Environment variable holding the API key (keys never go on the command line)."),
+        click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(min=1),
+                     help="Seconds per request."),
+        click.option("--json", "as_json", is_flag=True, help="Print machine-readable results."),
+        click.option("--strict", is_flag=True, help="Exit 1 when any scenario failed or was not enforced."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def add_probe_command(name: str, probe_names: list[str], help_text: str) -> None:
+    @probe.command(name, help=help_text)
+    @endpoint_options
+    def command(url: str, model: str | None, api_key_env: str, timeout: float, as_json: bool, strict: bool) -> None:
+        client = make_client(url, model, api_key_env, timeout)
+        try:
+            results = [result for probe_name in probe_names for result in PROBES[probe_name](client)]
+        except requests.ConnectionError as err:
+            raise click.ClickException(f"--url {url}: connection lost during the probe ({err})") from err
+        print_results(results, as_json)
+        if strict and failed(results):
+            raise SystemExit(1)
+
+
+add_probe_command("tools", ["tools"], "Tool calling: simple call, result synthesis, restraint, parallel calls, "
+                  "underspecified request; arguments validated against each tool's schema.")
+add_probe_command("structured", ["structured"], "Structured output: json_schema with thinking off and on, "
+                  "json_object; reports whether the server enforced the schema.")
+add_probe_command("vision", ["vision"], "Vision: count and describe shipped images sent as data URIs.")
+add_probe_command("all", list(PROBES), "Every capability probe: tools, structured, vision.")
+
+
+def side_outputs(side: str, url: str | None, directory: Path | None, model: str | None, api_key_env: str,
+                 timeout: float, max_tokens: int, save_dir: Path | None) -> dict[str, str]:
+    """One side of a comparison: run the prompts against --a/--b, or read --a-dir/--b-dir."""
+    if directory is not None:
+        return load_outputs(directory)
+    client = make_client(url, model, api_key_env, timeout)
+    try:
+        outputs = greedy_outputs(client, max_tokens)
+    except requests.ConnectionError as err:
+        raise click.ClickException(f"--{side} {url}: connection lost ({err})") from err
+    except EndpointError as err:
+        raise click.ClickException(f"--{side} {url}: {err}") from err
+    if save_dir is not None:
+        save_outputs(save_dir / side, outputs, {"url": url, "model": client.model, "max_tokens": max_tokens,
+                                                "temperature": 0, "seed": KV_SEED})
+    return outputs
+
+
+@probe.command("kv-compare")
+@click.option("--a", "url_a", help="URL of deployment A (e.g. bf16 KV cache).")
+@click.option("--a-dir", type=click.Path(file_okay=False, path_type=Path), help="Saved outputs of A (see --save).")
+@click.option("--b", "url_b", help="URL of deployment B (e.g. fp8 KV cache).")
+@click.option("--b-dir", type=click.Path(file_okay=False, path_type=Path), help="Saved outputs of B.")
+@click.option("--model", help="Served model name on both; default: the first each server lists.")
+@click.option("--max-tokens", default=KV_MAX_TOKENS, show_default=True, type=click.IntRange(min=1))
+@click.option("--save", "save_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Also write the outputs fetched from URLs to DIR/a and DIR/b.")
+@click.option("--api-key-env", default=API_KEY_ENV, show_default=True, help="Environment variable holding the key.")
+@click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(min=1), help="Seconds per request.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable results.")
+@click.option("--strict", is_flag=True, help="Exit 1 unless every output is byte-identical.")
+def kv_compare(url_a: str | None, a_dir: Path | None, url_b: str | None, b_dir: Path | None, model: str | None,
+               max_tokens: int, save_dir: Path | None, api_key_env: str, timeout: float, as_json: bool,
+               strict: bool) -> None:
+    """Greedy answers to fixed prompts on two deployments (or saved runs): byte-identical or first difference."""
+    for side, url, directory in (("a", url_a, a_dir), ("b", url_b, b_dir)):
+        if (url is None) == (directory is None):
+            raise click.UsageError(f"give exactly one of --{side} URL or --{side}-dir DIR")
+    outputs_a = side_outputs("a", url_a, a_dir, model, api_key_env, timeout, max_tokens, save_dir)
+    outputs_b = side_outputs("b", url_b, b_dir, model, api_key_env, timeout, max_tokens, save_dir)
+    comparisons = compare_outputs(outputs_a, outputs_b)
+    identical = sum(c.identical for c in comparisons)
+    if as_json:
+        click.echo(json.dumps({"identical": identical, "total": len(comparisons),
+                               "comparisons": [asdict(c) for c in comparisons]}, indent=2))
+    else:
+        print_comparisons(comparisons, identical)
+    if strict and identical < len(comparisons):
+        raise SystemExit(1)
+
+
+def print_comparisons(comparisons: list[OutputComparison], identical: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("prompt", "identical", "first diff (byte)", "bytes A/B", "A from there", "B from there")
+    for c in comparisons:
+        table.add_row(c.prompt, "[green]yes[/]" if c.identical else "[red]no[/]",
+                      "-" if c.first_difference is None else str(c.first_difference), f"{c.bytes_a}/{c.bytes_b}",
+                      repr(c.context_a) if c.context_a else "", repr(c.context_b) if c.context_b else "")
+    console = Console()
+    console.print(table)
+    console.print(f"byte-identical: {identical}/{len(comparisons)}")
