@@ -1,0 +1,128 @@
+"""Unit tests of `bench report` on recorded result files shaped like `vllm bench serve --save-result` (no server)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tpuserve import benchreport
+from tpuserve.bench import bench
+from tpuserve.benchreport import ReportError, compare_rows, report_rows
+
+
+def vllm_result(concurrency: int, output_tok_s: float, median_tpot_ms: float, **overrides: object) -> dict:
+    """The fields `vllm bench serve` 0.32 saves (a subset; the report must ignore the others)."""
+    return {
+        "date": "20261129-104500", "backend": "openai", "model_id": "tiny", "num_prompts": 12,
+        "request_rate": "inf", "burstiness": 1.0, "max_concurrency": concurrency, "duration": 3.2, "completed": 12,
+        "failed": 0, "total_input_tokens": 768, "total_output_tokens": 192,
+        "request_throughput": output_tok_s / 128, "output_throughput": output_tok_s,
+        "total_token_throughput": output_tok_s * 9, "median_ttft_ms": 150.0, "p99_ttft_ms": 400.0,
+        "mean_ttft_ms": 170.0, "median_tpot_ms": median_tpot_ms, "p99_tpot_ms": median_tpot_ms * 2, **overrides,
+    }
+
+
+def write_sweep(directory: Path, *results: dict) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for result in results:
+        (directory / f"c{result['max_concurrency']}.json").write_text(json.dumps(result))
+    (directory / "sweep.json").write_text(json.dumps({"tool": "tpuserve bench sweep", "runs": []}))
+    return directory
+
+
+@pytest.fixture
+def sweep_dir(tmp_path: Path) -> Path:
+    return write_sweep(tmp_path / "a", vllm_result(8, 320.0, 20.0), vllm_result(1, 64.0, 12.5))
+
+
+def test_rows_follow_the_reference_columns(sweep_dir: Path):
+    one, eight = report_rows(sweep_dir, price_per_hour=1.35)
+    assert (one.concurrency, eight.concurrency) == (1, 8)  # sorted, sweep.json skipped
+    # Per-stream = 1000 / median TPOT: 1000 / 12.5 = 80, 1000 / 20 = 50 tok/s.
+    assert (one.per_stream_tok_s, eight.per_stream_tok_s) == (80.0, 50.0)
+    # $ / M = 1.35 / (tok/s × 3600) × 1e6: 1.35 / 230,400 × 1e6 = 5.859375; 1.35 / 1,152,000 × 1e6 = 1.171875.
+    assert one.usd_per_m_output == pytest.approx(5.859375)
+    assert eight.usd_per_m_output == pytest.approx(1.171875)
+    # The rest are vLLM's own fields, unchanged.
+    assert (eight.requests_per_s, eight.output_tok_s, eight.total_tok_s) == (2.5, 320.0, 2880.0)
+    assert (eight.ttft_median_ms, eight.ttft_p99_ms, eight.tpot_median_ms) == (150.0, 400.0, 20.0)
+
+
+def test_duplicate_level_is_an_error_naming_both_files(sweep_dir: Path):
+    (sweep_dir / "again.json").write_text(json.dumps(vllm_result(8, 300.0, 21.0)))
+    with pytest.raises(ReportError, match="again.json and c8.json both measure concurrency 8"):
+        report_rows(sweep_dir, 1.35)
+
+
+def test_result_without_max_concurrency_names_the_file(tmp_path: Path):
+    (tmp_path / "unbounded.json").write_text(json.dumps(vllm_result(4, 100.0, 10.0, max_concurrency=None)))
+    with pytest.raises(ReportError, match=r"unbounded.json: missing max_concurrency"):
+        report_rows(tmp_path, 1.35)
+
+
+def test_directory_without_results(tmp_path: Path):
+    (tmp_path / "sweep.json").write_text("{}")
+    with pytest.raises(ReportError, match="no `vllm bench serve` result JSON"):
+        report_rows(tmp_path, 1.35)
+
+
+def test_comparison_ratios_are_candidate_over_baseline(sweep_dir: Path, tmp_path: Path):
+    candidate = write_sweep(tmp_path / "b", vllm_result(8, 480.0, 25.0), vllm_result(64, 900.0, 40.0))
+    comparisons = compare_rows(report_rows(sweep_dir, 1.35), report_rows(candidate, 1.35))
+    assert {item.concurrency for item in comparisons} == {8}  # only the level both measured
+    by_metric = {item.metric: item for item in comparisons}
+    assert by_metric["Output tok/s"].ratio == pytest.approx(480 / 320)  # 1.5
+    assert by_metric["TPOT med (ms)"].ratio == pytest.approx(25 / 20)  # 1.25
+    # 1.35 / (480 × 3600) × 1e6 = 0.78125 vs 1.171875: ratio 2/3, the inverse of the throughput gain.
+    assert by_metric["$ / M output tokens"].candidate == pytest.approx(0.78125)
+    assert by_metric["$ / M output tokens"].ratio == pytest.approx(2 / 3)
+
+
+def test_comparison_without_common_levels(sweep_dir: Path, tmp_path: Path):
+    other = write_sweep(tmp_path / "b", vllm_result(2, 100.0, 10.0))
+    with pytest.raises(ReportError, match="share no concurrency level"):
+        compare_rows(report_rows(sweep_dir, 1.35), report_rows(other, 1.35))
+
+
+def test_markdown_table(sweep_dir: Path):
+    rows = report_rows(sweep_dir, 1.35)
+    headers = [header for _, header, _ in benchreport.COLUMNS]
+    text = benchreport.markdown_table(headers, [benchreport.row_cells(row) for row in rows])
+    lines = text.splitlines()
+    assert lines[0] == ("| Concurrency | Req/s | Output tok/s | Total tok/s | TTFT med (ms) | TTFT p99 (ms) | "
+                        "TPOT med (ms) | Per-stream tok/s | $ / M output tokens |")
+    assert lines[3] == "| 8 | 2.50 | 320.0 | 2880.0 | 150.0 | 400.0 | 20.00 | 50.0 | 1.172 |"
+
+
+def test_cli_json_and_table(sweep_dir: Path):
+    runner = CliRunner()
+    as_json = runner.invoke(bench, ["report", str(sweep_dir), "--format", "json", "--price-per-hour", "2.7"])
+    assert as_json.exit_code == 0, as_json.output
+    rows = json.loads(as_json.stdout)
+    # Doubling the price doubles $ / M: 2 × 5.859375.
+    assert [row["usd_per_m_output"] for row in rows] == pytest.approx([11.71875, 2.34375])
+    table = runner.invoke(bench, ["report", str(sweep_dir)], env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    assert "Per-stream tok/s" in table.stdout and "5.859" in table.stdout
+
+
+def test_cli_reports_bad_directory_as_a_usage_error(tmp_path: Path):
+    result = CliRunner().invoke(bench, ["report", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "no `vllm bench serve` result JSON" in result.output
+
+
+def test_plot_is_a_png_of_sensible_size(sweep_dir: Path, tmp_path: Path):
+    candidate = write_sweep(tmp_path / "b", vllm_result(8, 480.0, 25.0), vllm_result(1, 70.0, 12.0))
+    png = tmp_path / "plot.png"
+    result = CliRunner().invoke(bench, ["report", str(sweep_dir), str(candidate), "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (960, 600)  # 8 × 5 inches at 120 dpi
+    assert 10_000 < len(data) < 1_000_000

@@ -1,0 +1,74 @@
+"""Unit tests of `tpuserve cost`: hand-checked numbers, operating points from recorded sweep files (no server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tpuserve.cost import breakeven_output_tok_s, cold_start_usd, cost, session
+
+
+def test_breakeven_against_the_default_api_price():
+    # $1.35/h = $0.000375/s; at $0.40 per million tokens that buys 0.000375 / 0.40 × 1e6 = 937.5 tokens/s.
+    assert breakeven_output_tok_s(1.35, 0.40) == pytest.approx(937.5)
+    # A 4× cheaper API needs 4× the throughput to match.
+    assert breakeven_output_tok_s(1.35, 0.10) == pytest.approx(3750.0)
+
+
+def test_cold_start_costs_its_billed_minutes():
+    assert cold_start_usd(1.35, 10) == pytest.approx(0.225)  # 1.35 × 10 / 60
+
+
+def test_session_yield_and_cost():
+    result = session(price_per_hour=1.35, api_usd_per_m=0.40, hours=4, cold_start_min=10, output_tok_s=1500)
+    # 4 h billed = $5.40; 3 h 50 min serving × 1,500 tok/s × 3,600 s/h = 20,700,000 tokens.
+    assert result.usd == pytest.approx(5.40)
+    assert result.serving_hours == pytest.approx(4 - 1 / 6)
+    assert result.output_tokens == pytest.approx(20_700_000)
+    # $5.40 / 20.7 M = $0.26087 / M; the API would charge 20.7 × 0.40 = $8.28, a $2.88 saving.
+    assert result.usd_per_m_output == pytest.approx(5.40 / 20.7)
+    assert result.api_usd == pytest.approx(8.28)
+    assert result.saving_usd == pytest.approx(2.88)
+
+
+def test_session_shorter_than_the_cold_start_yields_nothing():
+    result = session(1.35, 0.40, hours=0.1, cold_start_min=10, output_tok_s=1000)
+    assert result.output_tokens == 0 and result.usd_per_m_output == float("inf")
+
+
+def write_result(directory: Path, concurrency: int, output_tok_s: float) -> None:
+    directory.mkdir(exist_ok=True)
+    (directory / f"c{concurrency}.json").write_text(json.dumps({
+        "max_concurrency": concurrency, "request_throughput": 1.0, "output_throughput": output_tok_s,
+        "total_token_throughput": output_tok_s * 2, "median_ttft_ms": 100.0, "p99_ttft_ms": 200.0,
+        "median_tpot_ms": 10.0}))
+
+
+def test_cli_takes_the_best_level_of_a_sweep(tmp_path: Path):
+    write_result(tmp_path, 8, 400.0)
+    write_result(tmp_path, 64, 2000.0)
+    result = CliRunner().invoke(cost, ["--report", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    # Best level is 64 at 2,000 tok/s: 2,000 × 3,600 × (4 − 1/6) h = 27.6 M tokens for $5.40 → $0.196 / M;
+    # the API would charge 27.6 × 0.40 = $11.04, a $5.64 saving.
+    assert "concurrency 64" in result.output
+    assert "27.60 M output tokens = $0.196 / M" in result.output
+    assert "saving $5.64" in result.output
+
+
+def test_cli_named_level_must_have_been_measured(tmp_path: Path):
+    write_result(tmp_path, 8, 400.0)
+    result = CliRunner().invoke(cost, ["--report", str(tmp_path), "--concurrency", "16"])
+    assert result.exit_code == 2
+    assert "--concurrency" in result.output and "measured: 8" in result.output
+
+
+def test_cli_without_operating_point_prints_breakeven_and_cold_start_only():
+    result = CliRunner().invoke(cost, ["--api-price-per-m", "0.10", "--cold-start-min", "20"])
+    assert result.exit_code == 0, result.output
+    assert "3,750.0 output tok/s" in result.output
+    assert "$0.450" in result.output  # 1.35 × 20 / 60
+    assert "Session" not in result.output

@@ -1,0 +1,110 @@
+"""`tpuserve cost`: when does an hourly-billed TPU beat a per-token API, and what does a session cost?"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from tpuserve import benchreport
+
+
+def breakeven_output_tok_s(price_per_hour: float, api_usd_per_m: float) -> float:
+    """Sustained output tok/s at which an hour of the machine costs what the API charges for the same tokens."""
+    return price_per_hour / 3600 / api_usd_per_m * 1e6
+
+
+def cold_start_usd(price_per_hour: float, cold_start_min: float) -> float:
+    """Billed minutes before the first token: the VM runs while the image pulls and the model compiles."""
+    return price_per_hour * cold_start_min / 60
+
+
+@dataclass(frozen=True)
+class Session:
+    """A billed session of `hours`, of which the cold start serves nothing, at a steady output rate."""
+
+    hours: float
+    serving_hours: float
+    output_tok_s: float
+    output_tokens: float
+    usd: float
+    usd_per_m_output: float
+    api_usd: float
+
+    @property
+    def saving_usd(self) -> float:
+        return self.api_usd - self.usd
+
+
+def session(price_per_hour: float, api_usd_per_m: float, hours: float, cold_start_min: float,
+            output_tok_s: float) -> Session:
+    serving_hours = max(hours - cold_start_min / 60, 0.0)
+    output_tokens = output_tok_s * 3600 * serving_hours
+    usd = price_per_hour * hours
+    return Session(
+        hours=hours,
+        serving_hours=serving_hours,
+        output_tok_s=output_tok_s,
+        output_tokens=output_tokens,
+        usd=usd,
+        usd_per_m_output=usd / output_tokens * 1e6 if output_tokens else float("inf"),
+        api_usd=output_tokens / 1e6 * api_usd_per_m,
+    )
+
+
+def operating_point(rows: list[benchreport.BenchRow], concurrency: int | None) -> benchreport.BenchRow:
+    """The requested level, or by default the one with the highest output throughput."""
+    if concurrency is None:
+        return max(rows, key=lambda row: row.output_tok_s)
+    for row in rows:
+        if row.concurrency == concurrency:
+            return row
+    measured = ", ".join(str(row.concurrency) for row in rows)
+    raise click.BadParameter(f"{concurrency} was not measured (measured: {measured})", param_hint="--concurrency")
+
+
+@click.command()
+@click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True), default=1.35, show_default=True,
+              help="$ per hour of the machine (v6e-1 flex-start).")
+@click.option("--api-price-per-m", type=click.FloatRange(min=0, min_open=True), default=0.40, show_default=True,
+              help="The API's $ per million output tokens to compare with.")
+@click.option("--cold-start-min", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Billed minutes from create to first token.")
+@click.option("--session-h", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
+              help="Billed hours of one session, cold start included.")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
+              help="A `tpuserve bench sweep` directory to take the operating point from.")
+@click.option("--concurrency", type=int, help="Operating point's level in --report (default: best output tok/s).")
+@click.option("--output-tok-s", type=click.FloatRange(min=0, min_open=True),
+              help="Operating point given directly instead of --report.")
+def cost(price_per_hour: float, api_price_per_m: float, cold_start_min: float, session_h: float,
+         report_dir: Path | None, concurrency: int | None, output_tok_s: float | None) -> None:
+    """Breakeven throughput against an API price, the cost of a cold start, and what a session yields."""
+    if report_dir and output_tok_s:
+        raise click.BadParameter("give --report or --output-tok-s, not both", param_hint="--output-tok-s")
+    if concurrency is not None and not report_dir:
+        raise click.BadParameter("needs --report", param_hint="--concurrency")
+    breakeven = breakeven_output_tok_s(price_per_hour, api_price_per_m)
+    click.echo(f"Breakeven vs ${api_price_per_m:g}/M: {breakeven:,.1f} output tok/s sustained at ${price_per_hour:g}/h")
+    click.echo(f"One cold start ({cold_start_min:g} min): ${cold_start_usd(price_per_hour, cold_start_min):.3f}")
+    label = f"--output-tok-s {output_tok_s:g}" if output_tok_s else None
+    if report_dir:
+        try:
+            rows = benchreport.report_rows(report_dir, price_per_hour)
+        except benchreport.ReportError as error:
+            raise click.ClickException(str(error)) from error
+        point = operating_point(rows, concurrency)
+        output_tok_s, label = point.output_tok_s, f"concurrency {point.concurrency} of {report_dir}"
+    if output_tok_s:
+        echo_session(session(price_per_hour, api_price_per_m, session_h, cold_start_min, output_tok_s), label,
+                     breakeven)
+
+
+def echo_session(result: Session, label: str | None, breakeven: float) -> None:
+    verdict = "beats" if result.output_tok_s > breakeven else "does not beat"
+    click.echo(f"Session of {result.hours:g} h at {result.output_tok_s:,.1f} output tok/s ({label}):")
+    click.echo(f"  cost ${result.usd:.2f}; {result.serving_hours:g} h serving yields "
+               f"{result.output_tokens / 1e6:,.2f} M output tokens = ${result.usd_per_m_output:.3f} / M")
+    click.echo(f"  the API would charge ${result.api_usd:.2f} for them: saving ${result.saving_usd:.2f} "
+               f"(this rate {verdict} breakeven)")
