@@ -8,6 +8,8 @@ import click
 
 # name -> "module:attribute" of a click command; each module imports heavy libraries inside its commands only.
 SUBCOMMANDS: dict[str, str] = {
+    "bench": "tpuserve.bench:bench",
+    "cost": "tpuserve.cost:cost",
     "plan": "tpuserve.plan:plan",
     "probe": "tpuserve.probe:probe",
 }
