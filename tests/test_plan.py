@@ -70,6 +70,30 @@ def test_nested_and_flat_configs_agree():
     assert kv_layers({"text_config": text}) == kv_layers(dict(text))
 
 
+def test_transformers5_per_layer_config_matches_global_head_dim():
+    # transformers 5 saves Gemma 4 configs with per_layer_config overrides instead of global_head_dim.
+    text = dict(E2B["config"]["text_config"])
+    del text["global_head_dim"]
+    text["per_layer_config"] = {str(index): {"head_dim": 512} for index in range(4, 35, 5)}
+    assert kv_layers(text) == kv_layers(E2B["config"])
+
+
+def test_tiny_test_model_config():
+    # The e2e tier's tiny Gemma 4 as transformers 5.19 saves it (flat, per_layer_config).
+    config = {"model_type": "gemma4_text", "num_hidden_layers": 2, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 32, "hidden_size": 64, "sliding_window": 128,
+              "num_kv_shared_layers": 0, "layer_types": ["sliding_attention", "full_attention"],
+              "per_layer_config": {"1": {"head_dim": 64}}}
+    result = make_plan(config, Budget(1.0, 1.0, 0.0, "bf16", 1024, 16, 256))
+    # bf16: sliding 2 × 1 × 32 × 2 B = 128 B; full 2 × 1 × 64 × 2 B = 256 B; 384 B per token.
+    assert result.kv_bytes_per_token == 384
+    # 1 GiB / 384 B = 2,796,202 tokens. Per 1,024-token context: full 1,024 × 256 B = 262,144 B; sliding keeps
+    # min(127 + 256, 1024) = 383 → 24 blocks of 16 + 1 = 25 blocks = 400 tokens × 128 B = 51,200 B; 313,344 B.
+    assert result.resident_tokens == 2_796_202
+    assert result.context_bytes == 313_344
+    assert result.contexts == 2**30 // 313_344  # 3,426
+
+
 def test_k_eq_v_full_layers_use_global_kv_heads():
     config = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
               "global_head_dim": 128, "num_global_key_value_heads": 1, "attention_k_eq_v": True,

@@ -2,8 +2,9 @@
 
 Which layers hold KV and how big it is follows the model's HF config the way vLLM builds its KV cache:
 - layers in the last `num_kv_shared_layers` reuse an earlier layer's KV and hold none (Gemma 3n/4);
-- `full_attention` layers use `global_head_dim` when the config has one, and `num_global_key_value_heads`
-  when `attention_k_eq_v` is set (Gemma 4); `sliding_attention` layers use `head_dim`;
+- a layer's entry in `per_layer_config` (how transformers 5 saves Gemma 4) overrides `head_dim` and
+  `num_key_value_heads`; without one, `full_attention` layers use `global_head_dim` when the config has one,
+  and `num_global_key_value_heads` when `attention_k_eq_v` is set (older Gemma 4 configs); others use `head_dim`;
 - a sliding layer keeps at most `sliding_window - 1 + max_num_batched_tokens` tokens per request, rounded up to
   blocks plus one (vLLM's `SlidingWindowSpec.max_admission_blocks_per_request`); a full layer keeps every token.
 A config without `layer_types` is taken as all full attention, which can only overestimate memory.
@@ -83,14 +84,19 @@ def kv_layers(config: Mapping[str, Any]) -> list[KvLayer]:
     shared = text.get("num_kv_shared_layers") or 0
     if not 0 <= shared < num_layers:
         raise ConfigError("--config num_kv_shared_layers", f"{shared} is not in [0, {num_layers})")
+    overrides = text.get("per_layer_config") or {}
     layers = []
     for index, kind in enumerate(layer_types[: num_layers - shared]):
-        if kind == FULL:
-            layers.append(KvLayer(index, kind, full_kv_heads, full_head_dim, None))
-        elif kind == SLIDING:
-            layers.append(KvLayer(index, kind, kv_heads, head_dim, required_int(text, "sliding_window")))
-        else:
+        if kind not in (FULL, SLIDING):
             raise ConfigError(f"--config layer_types[{index}]", f"{kind!r} is not {FULL} or {SLIDING}")
+        full = kind == FULL
+        override = overrides.get(str(index)) or overrides.get(index) or {}
+        layers.append(KvLayer(
+            index, kind,
+            kv_heads=override.get("num_key_value_heads") or (full_kv_heads if full else kv_heads),
+            head_dim=override.get("head_dim") or (full_head_dim if full else head_dim),
+            window=None if full else required_int(text, "sliding_window"),
+        ))
     return layers
 
 
