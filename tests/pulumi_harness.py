@@ -67,9 +67,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return {}
 
 
-def run_stack(config: dict[str, Any], stack: str = "dev") -> StackRun:
+def run_stack(config: dict[str, Any], stack: str = "dev", mocks: RecordingMocks | None = None) -> StackRun:
     """Run __main__.py with `config` (keys without the `tpu-serve:` prefix; objects as JSON) as stack `stack`."""
-    mocks = RecordingMocks()
+    mocks = mocks or RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
     pulumi.runtime.set_all_config(
         {f"{PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in config.items()},

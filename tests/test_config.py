@@ -1,0 +1,107 @@
+"""Stack config: Pulumi.yaml matches the typed settings, and every bad value is refused before any resource exists."""
+
+import pytest
+import yaml
+
+from components.config import ConfigError, build_stack_config, parse_duration, pulumi_yaml_config, render_pulumi_yaml
+from pulumi_harness import ROOT, RecordingMocks, run_stack, stack_file_config
+
+VALID = {"project": "p-1", "hfTokenSecretId": "hf-token"}
+
+
+def test_pulumi_yaml_is_generated_from_the_settings():
+    assert (ROOT / "Pulumi.yaml").read_text() == render_pulumi_yaml(), \
+        "Pulumi.yaml is stale: run `python -m components.config > Pulumi.yaml`"
+
+
+def test_pulumi_yaml_declares_only_types_pulumi_knows_with_matching_defaults():
+    python_types = {"string": str, "integer": int, "boolean": bool, "array": list}
+    for key, entry in pulumi_yaml_config().items():
+        assert entry["type"] in python_types, key
+        assert entry["description"], key
+        if "default" in entry:
+            assert type(entry["default"]) is python_types[entry["type"]], key
+
+
+def test_declared_defaults_build_the_same_config_as_no_config():
+    """What the Pulumi CLI injects from Pulumi.yaml must mean exactly what the Python defaults mean."""
+    declared = {k: (yaml.safe_dump(e["default"], default_flow_style=True).strip() if e["type"] == "array"
+                    else str(e["default"]).lower() if e["type"] == "boolean" else str(e["default"]))
+                for k, e in pulumi_yaml_config().items() if "default" in e}
+    assert build_stack_config({**declared, **VALID}) == build_stack_config(VALID)
+
+
+def test_stack_files_are_valid_configs():
+    for stack in ("dev", "prod"):
+        cfg = build_stack_config(stack_file_config(stack))
+        assert cfg.labels["env"] == stack
+    assert build_stack_config(stack_file_config("dev")).serving.mm_limits is None
+    assert build_stack_config(stack_file_config("prod")).serving.mm_limits == {"image": 4, "audio": 1}
+
+
+@pytest.mark.parametrize("text, seconds", [("4h", 14400), ("90m", 5400), ("1d12h", 129600), ("3600s", 3600)])
+def test_durations(text, seconds):
+    assert parse_duration("maxRunDuration", text) == seconds
+
+
+BAD = [
+    ({"zone": "us-east5"}, "zone"),
+    ({"zone": "us-west2-a"}, "zone"),
+    ({"region": "us-east1"}, "region"),
+    ({"project": ""}, "project"),
+    ({"target": "aws"}, "target"),
+    ({"machineType": "n2-standard-8"}, "machineType"),
+    ({"bootDiskSizeGb": "100"}, "bootDiskSizeGb"),
+    ({"bootDiskSizeGb": "lots"}, "bootDiskSizeGb"),
+    ({"bootDiskType": "pd-balanced"}, "bootDiskType"),
+    ({"maxRunDuration": "8d"}, "maxRunDuration"),
+    ({"maxRunDuration": "forever"}, "maxRunDuration"),
+    ({"readinessTimeout": "soon"}, "readinessTimeout"),
+    ({"hfTokenSecretId": ""}, "hfTokenSecretId"),
+    ({"hfToken": "hf_both"}, "hfTokenSecretId"),
+    ({"hfTokenSecretId": "projects/p/secrets/"}, "hfTokenSecretId"),
+    ({"labels": '{"Team": "ml"}'}, "labels"),
+    ({"labels": '["env"]'}, "labels"),
+    ({"pricePerChipHour": "cheap"}, "pricePerChipHour"),
+    ({"externalIp": "yes"}, "externalIp"),
+    ({"maxModelLen": "big"}, "maxModelLen"),
+    ({"gpuMemoryUtilization": "1.5"}, "gpuMemoryUtilization"),
+    ({"multimodalLimits": "{not json"}, "multimodalLimits"),
+    ({"multimodalLimits": '{"image": -1}'}, "multimodalLimits"),
+    ({"kvCacheDtype": "fp4"}, "kvCacheDtype"),
+    ({"toolCallParser": ""}, "enableAutoToolChoice"),
+    ({"extraArgs": '["--max-model-len=1024"]'}, "extraArgs"),
+    ({"extraArgs": '"--seed 1"'}, "extraArgs"),
+    ({"model": "google/gemma-4-E2B-it-qat-w4a16-ct"}, "model"),
+    ({"maxModelLength": "1024"}, "maxModelLength"),
+]
+
+
+@pytest.mark.parametrize("override, key", BAD, ids=[f"{k}-{i}" for i, (_, k) in enumerate(BAD)])
+def test_bad_config_names_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        build_stack_config({**VALID, **override})
+    assert err.value.key == key
+    assert str(err.value).startswith(f"{key}: ")
+
+
+def test_known_broken_model_deploys_with_the_explicit_override():
+    cfg = build_stack_config({**VALID, "model": "google/gemma-4-E2B-it-qat-w4a16-ct", "allowKnownBrokenModel": "true"})
+    assert cfg.serving.model.endswith("-qat-w4a16-ct")
+
+
+def test_bad_config_creates_nothing():
+    mocks = RecordingMocks()
+    with pytest.raises(ConfigError, match="^bootDiskSizeGb"):
+        run_stack({**VALID, "bootDiskSizeGb": "100"}, mocks=mocks)
+    assert mocks.resources == []
+    run_stack(VALID, mocks=mocks)  # the same harness does record a valid stack
+    assert mocks.resources
+
+
+def test_costs_and_limits_derive_from_the_settings():
+    cfg = build_stack_config({**VALID, "machineType": "ct6e-standard-4t", "maxRunDuration": "1d",
+                              "pricePerChipHour": "2.0"})
+    assert cfg.chips == 4 and cfg.max_run_seconds == 86400
+    assert cfg.worst_case_cost_usd == 24 * 4 * 2.0
+    assert cfg.effective_region == "us-east5"

@@ -1,0 +1,97 @@
+"""The one `vllm serve` argv builder and the serving-option checks (pure functions, no server)."""
+
+import dataclasses
+
+import pytest
+
+from tpuserve.serving import (
+    ConfigError, ServingConfig, config_hash, option_name, parse_mm_limits, tpu_container_run_args, vllm_serve_args,
+)
+
+
+def test_default_args_are_the_reference_deployment_flags():
+    assert vllm_serve_args(ServingConfig()) == [
+        "google/gemma-4-E2B-it", "--host", "0.0.0.0", "--port", "8000",
+        "--max-model-len", "65536", "--gpu-memory-utilization", "0.9", "--max-num-batched-tokens", "4096",
+        "--enable-auto-tool-choice", "--tool-call-parser", "gemma4", "--reasoning-parser", "gemma4",
+        "--language-model-only",
+    ]
+
+
+def test_vision_limits_are_compact_json_and_replace_text_only():
+    args = vllm_serve_args(ServingConfig(mm_limits={"image": 4, "audio": 1}))
+    assert "--language-model-only" not in args
+    assert args[args.index("--limit-mm-per-prompt") + 1] == '{"image":4,"audio":1}'
+
+
+def test_optional_flags_appear_only_when_set_and_extra_args_come_last():
+    cfg = ServingConfig(kv_cache_dtype="fp8", tool_call_parser="", enable_auto_tool_choice=False,
+                        reasoning_parser="", extra_args=("--seed", "7"))
+    args = vllm_serve_args(cfg)
+    assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
+    assert not {"--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser"} & set(args)
+    assert args[-2:] == ["--seed", "7"]
+
+
+def test_container_gets_the_token_by_name_only_and_the_reference_runtime_flags():
+    run = tpu_container_run_args(ServingConfig(), "abc123")
+    assert run[run.index("HF_TOKEN") - 1] == "-e" and not any(a.startswith("HF_TOKEN=") for a in run)
+    for flag in ("--privileged", "--net=host", "HF_HOME=/dev/shm", "/dev/shm:/dev/shm", "tpu-serve.config-hash=abc123"):
+        assert flag in run
+    assert run[run.index("--shm-size") + 1] == "10gb"
+    image_at = run.index("vllm/vllm-tpu:nightly")
+    assert run[image_at + 1:image_at + 3] == ["vllm", "serve"]
+    assert run[image_at + 3:] == vllm_serve_args(ServingConfig())
+
+
+def test_config_hash_follows_every_served_option():
+    base = ServingConfig()
+    variants = [dataclasses.replace(base, image="vllm/vllm-tpu@sha256:00"), dataclasses.replace(base, max_model_len=4096),
+                dataclasses.replace(base, mm_limits={"image": 1}), dataclasses.replace(base, extra_args=("--seed", "1"))]
+    hashes = {config_hash(base)} | {config_hash(v) for v in variants}
+    assert len(hashes) == 1 + len(variants)
+    assert config_hash(ServingConfig()) == config_hash(base)
+
+
+@pytest.mark.parametrize("arg, name", [("--max_model_len=5", "--max-model-len"), ("--no-enable-auto-tool-choice",
+                                       "--enable-auto-tool-choice"), ("7", None), ("--seed", "--seed")])
+def test_option_name_normalises_spellings(arg, name):
+    assert option_name(arg) == name
+
+
+@pytest.mark.parametrize("changes, key", [
+    ({"max_model_len": 0}, "maxModelLen"),
+    ({"gpu_memory_utilization": 1.2}, "gpuMemoryUtilization"),
+    ({"max_num_batched_tokens": -1}, "maxNumBatchedTokens"),
+    ({"kv_cache_dtype": "fp4"}, "kvCacheDtype"),
+    ({"tool_call_parser": ""}, "enableAutoToolChoice"),
+    ({"extra_args": ("--max_model_len", "1024")}, "extraArgs"),
+    ({"extra_args": ("--device-memory-utilization=0.5",)}, "extraArgs"),
+    ({"extra_args": ("--no-enable-auto-tool-choice",)}, "extraArgs"),
+    ({"model": "google/gemma-4-E2B-it-qat-w4a16-ct"}, "model"),
+    ({"model": "google/gemma-4-e2b-it-qat-q4_0-unquantized"}, "model"),
+])
+def test_bad_serving_options_name_their_key(changes, key):
+    with pytest.raises(ConfigError) as err:
+        dataclasses.replace(ServingConfig(), **changes).validate()
+    assert err.value.key == key and str(err.value).startswith(f"{key}: ")
+
+
+def test_known_broken_model_names_the_upstream_issue_and_can_be_overridden():
+    broken = ServingConfig(model="google/gemma-4-E2B-it-qat-w4a16-ct")
+    with pytest.raises(ConfigError, match="tpu-inference#3225"):
+        broken.validate()
+    dataclasses.replace(broken, allow_known_broken_model=True).validate()
+    broken.validate(backend="local")  # the TPU-only breakage does not apply elsewhere
+
+
+@pytest.mark.parametrize("raw, expected", [("text-only", None), ('{"image":4,"audio":1}', {"image": 4, "audio": 1}),
+                                           ({"image": 0}, {"image": 0})])
+def test_mm_limits_parse(raw, expected):
+    assert parse_mm_limits(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["{image: 4}", '["image"]', '{"image": -1}', '{"image": 1.5}', '{"image": true}', "{}"])
+def test_bad_mm_limits_name_the_key(raw):
+    with pytest.raises(ConfigError, match="^multimodalLimits: "):
+        parse_mm_limits(raw)
