@@ -10,6 +10,7 @@ import click
 SUBCOMMANDS: dict[str, str] = {
     "bench": "tpuserve.bench:bench",
     "cost": "tpuserve.cost:cost",
+    "gate": "tpuserve.gate:gate",
     "plan": "tpuserve.plan:plan",
     "probe": "tpuserve.probe:probe",
 }

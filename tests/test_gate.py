@@ -1,0 +1,311 @@
+"""`tpuserve gate` verdict logic against fake servers (tests/httpfake.FakeServer on 127.0.0.1): a lying OpenAI
+server, one that never comes up, and a fake Compute API replaying recorded guest-attribute sequences.
+The real-vLLM checks live in tests/e2e/test_gate_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import click
+import pytest
+import requests
+from click.testing import CliRunner
+
+from tests.e2e.cpu_server import free_port
+from tests.httpfake import FakeServer, Request, Response
+from tpuserve import gate as gate_module
+from tpuserve import gce
+from tpuserve.gate import (BootStatus, ConsoleReporter, boot_timeline, gate, parse_smoke, read_boot, server_root,
+                           watch_instance, watch_url)
+from tpuserve.gce import ComputeClient, Instance
+
+MODEL = "google/gemma-4-E2B-it"
+VM = Instance("demo-project", "us-east5-b", "tpu-serve-vm")
+VM_PATH = "/compute/v1/projects/demo-project/zones/us-east5-b/instances/tpu-serve-vm"
+FAST = {"timeout_s": 3.0, "interval_s": 0.02}
+
+# Recorded from a flex-start boot: (stage, unix seconds it began).
+RECORDED_BOOT = [("installing-docker", 1795900000), ("pulling-image", 1795900041), ("fetching-token", 1795900188),
+                 ("starting-server", 1795900190), ("loading-model", 1795900197), ("serving", 1795900512)]
+FAILED_REASON = "docker pull vllm/vllm-tpu@sha256:0123: manifest unknown"
+SERIAL_LINES = [f"startup-script: line {n}" for n in range(1, 51)]
+
+
+def chat_body(content: str | None) -> dict:
+    return {"object": "chat.completion", "model": MODEL,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "length"}]}
+
+
+def openai_routes(completion: Response, models: tuple[str, ...] = (MODEL,)) -> dict:
+    return {("GET", "/health"): lambda request: Response(200),
+            ("GET", "/v1/models"): lambda request: Response(200, {"object": "list", "data": [
+                {"id": name, "object": "model"} for name in models]}),
+            ("POST", "/v1/chat/completions"): lambda request: completion}
+
+
+def stage_snapshots(recorded: list[tuple[str, int]], **final: str) -> list[dict[str, str]]:
+    """What the VM's guest attributes look like after each recorded stage (plus `final` keys on the last one)."""
+    snapshots, attributes = [], {"config-hash": "abc123"}
+    for stage, began in recorded:
+        attributes = {**attributes, "stage": stage, f"at-{stage}": str(began)}
+        snapshots.append(attributes)
+    snapshots[-1] = {**snapshots[-1], **final}
+    return snapshots
+
+
+def replaying_compute(snapshots: list[dict[str, str]], not_yet: int = 1) -> FakeServer:
+    """A Compute API that answers 404 `not_yet` times (VM booting), then one snapshot per poll, the last forever."""
+    replies: Iterator[dict[str, str]] = iter([{}] * not_yet + snapshots)
+    last: list[dict[str, str]] = [{}]
+
+    def guest_attributes(request: Request) -> Response:
+        last[0] = next(replies, last[0])
+        if not last[0]:
+            return Response(404, {"error": {"code": 404, "message": "not found"}})
+        return Response(200, {"queryValue": {"items": [
+            {"namespace": "tpu-serve", "key": key, "value": value} for key, value in last[0].items()]}})
+
+    return FakeServer({("GET", f"{VM_PATH}/getGuestAttributes"): guest_attributes,
+                       ("GET", f"{VM_PATH}/serialPort"): lambda request: Response(
+                           200, {"contents": "\n".join(SERIAL_LINES) + "\n"})})
+
+
+class RecordingReporter:
+    def __init__(self) -> None:
+        self.stages: list[str] = []
+        self.waits: list[tuple[str, str]] = []
+
+    def stage(self, name: str, at_s: float) -> None:
+        self.stages.append(name)
+
+    def waiting(self, stage: str, detail: str) -> None:
+        self.waits.append((stage, detail))
+
+
+# --- URL mode -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("url", ["http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/"])
+def test_server_root_drops_the_openai_suffix(url: str):
+    assert server_root(url) == "http://h:8000"
+
+
+def test_an_honest_server_is_ready_after_health_models_and_a_completion_in_that_order():
+    reporter = RecordingReporter()
+    with FakeServer(openai_routes(Response(200, chat_body("Hello")))) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url + "/v1", MODEL, reporter=reporter, **FAST)
+    assert verdict.ready and verdict.reason is None
+    assert list(verdict.stages) == reporter.stages == ["health", "models", "completion"]
+    assert list(verdict.stages.values()) == sorted(verdict.stages.values())
+    assert [(r.method, r.path) for r in fake.requests] == [
+        ("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions")]
+    sent = fake.requests[-1].json()
+    assert sent["model"] == MODEL and 0 < sent["max_tokens"] <= 16
+
+
+@pytest.mark.parametrize("completion, why", [
+    (Response(500, {"error": {"message": "EngineCore died"}}), "HTTP 500"),
+    (Response(200, chat_body("")), "empty content"),
+    (Response(200, chat_body(None)), "empty content"),
+    (Response(200, {"choices": []}), "without a message"),
+], ids=["500", "empty", "null", "no-choices"])
+def test_a_server_lying_with_200_on_health_and_models_is_not_ready(completion: Response, why: str):
+    with FakeServer(openai_routes(completion)) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, timeout_s=0.5, interval_s=0.05)
+    assert not verdict.ready
+    assert "stage completion" in verdict.reason and why in verdict.reason
+    assert list(verdict.stages) == ["health", "models"]
+    assert sum(r.path == "/v1/chat/completions" for r in fake.requests) > 1  # it kept trying until the timeout
+
+
+def test_a_model_missing_from_v1_models_keeps_the_gate_in_the_models_stage():
+    with FakeServer(openai_routes(Response(200, chat_body("Hi")), models=("other/model",))) as fake, \
+            requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.05)
+    assert not verdict.ready and "stage models" in verdict.reason and "other/model" in verdict.reason
+
+
+def test_a_server_that_never_comes_up_times_out_naming_the_health_stage():
+    started = time.monotonic()
+    with requests.Session() as http:
+        verdict = watch_url(http, f"http://127.0.0.1:{free_port()}", MODEL, timeout_s=0.5, interval_s=0.05)
+    assert not verdict.ready and verdict.stages == {}
+    assert verdict.reason.startswith("timed out after 0.5 s in stage health")
+    assert time.monotonic() - started < 2
+
+
+def test_health_turning_200_late_is_followed_promptly():
+    turns_healthy_at = time.monotonic() + 0.4
+    routes = openai_routes(Response(200, chat_body("Hi")))
+    routes[("GET", "/health")] = lambda request: Response(200 if time.monotonic() >= turns_healthy_at else 503)
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, **FAST)
+        lag = time.monotonic() - turns_healthy_at
+    print(f"ready {lag:.3f} s after /health turned 200 (interval {FAST['interval_s']} s)")
+    assert verdict.ready and verdict.stages["health"] >= 0.35
+
+
+def test_smoke_checks_send_tools_and_an_image_after_the_completion():
+    with FakeServer(openai_routes(Response(200, chat_body("Hi")))) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, smoke=["tools", "vision"], **FAST)
+    assert verdict.ready and list(verdict.stages)[-2:] == ["smoke-tools", "smoke-vision"]
+    tools_request, vision_request = [r.json() for r in fake.requests[-2:]]
+    assert tools_request["tools"][0]["function"]["name"]
+    image_part = vision_request["messages"][0]["content"][1]
+    assert image_part["image_url"]["url"].startswith("data:image/png;base64,")
+
+
+def test_a_vision_server_that_keeps_rejecting_images_fails_the_vision_smoke():
+    def chat(request: Request) -> Response:
+        has_image = isinstance(request.json()["messages"][0]["content"], list)
+        return Response(422, {"error": {"message": "bad image"}}) if has_image else Response(200, chat_body("Hi"))
+
+    routes = openai_routes(Response(200))
+    routes[("POST", "/v1/chat/completions")] = chat
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, smoke=["vision"], timeout_s=0.4, interval_s=0.05)
+    assert not verdict.ready and "stage smoke-vision" in verdict.reason and "HTTP 422" in verdict.reason
+
+
+def test_parse_smoke_names_the_option_on_a_typo():
+    assert parse_smoke("tools, vision") == ["tools", "vision"]
+    assert parse_smoke("") == []
+    with pytest.raises(click.BadParameter, match="unknown check tool") as raised:
+        parse_smoke("tool")
+    assert raised.value.param_hint == "--smoke"
+
+
+# --- instance mode: plain functions -----------------------------------------------------------------------------
+
+def test_boot_timeline_orders_stages_by_when_they_began_from_the_first():
+    attributes = {"stage": "pulling-image", "at-pulling-image": "1041", "at-installing-docker": "1000",
+                  "config-hash": "abc", "at-broken": "12x"}
+    assert boot_timeline(attributes) == {"installing-docker": 0.0, "pulling-image": 41.0}
+
+
+def test_read_boot_names_the_stage_a_failure_happened_in():
+    failed = stage_snapshots(RECORDED_BOOT[:2] + [("failed", 1795900100)], reason=FAILED_REASON)[-1]
+    assert read_boot(failed) == BootStatus("failed", done=True, detail=f"boot failed during pulling-image: "
+                                                                       f"{FAILED_REASON}")
+    assert read_boot({}) == BootStatus("booting", done=False, detail="no guest attributes yet")
+    assert read_boot({"stage": "loading-model"}).done is False
+
+
+def test_serving_counts_only_with_the_expected_config_hash():
+    serving = stage_snapshots(RECORDED_BOOT)[-1]
+    assert read_boot(serving).ready
+    assert read_boot(serving, expected_config_hash="abc123").ready
+    stale = read_boot(serving, expected_config_hash="fff999")
+    assert not stale.done and "fff999" in stale.detail
+
+
+# --- instance mode: replaying a fake Compute API ----------------------------------------------------------------
+
+def test_a_recorded_boot_to_serving_is_ready_with_the_vms_timeline():
+    reporter = RecordingReporter()
+    with replaying_compute(stage_snapshots(RECORDED_BOOT)) as fake, requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, reporter=reporter, **FAST)
+    assert verdict.ready and verdict.reason is None
+    assert reporter.stages == [stage for stage, _ in RECORDED_BOOT]
+    assert verdict.stages == {stage: began - RECORDED_BOOT[0][1] for stage, began in RECORDED_BOOT}
+    assert ("booting", "no guest attributes yet") in reporter.waits
+
+
+def test_a_recorded_boot_ending_in_failed_stops_at_once_with_reason_and_serial_tail():
+    snapshots = stage_snapshots(RECORDED_BOOT[:2] + [("failed", 1795900100)], reason=FAILED_REASON)
+    with replaying_compute(snapshots) as fake, requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=60, interval_s=0.02)
+    assert not verdict.ready and FAILED_REASON in verdict.reason
+    assert verdict.elapsed_s < 5
+    assert verdict.serial_tail.splitlines() == SERIAL_LINES[-gate_module.SERIAL_TAIL_LINES:]
+
+
+def test_a_vm_stuck_loading_times_out_naming_that_stage():
+    with replaying_compute(stage_snapshots(RECORDED_BOOT[:5])) as fake, requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=0.3, interval_s=0.02)
+    assert not verdict.ready and verdict.reason.startswith("timed out after 0.3 s in stage loading-model")
+
+
+def test_permission_denied_fails_at_once_instead_of_waiting_out_the_timeout():
+    denied = Response(403, {"error": {"code": 403, "message": "Permission 'compute.instances.get' denied"}})
+    with FakeServer({("GET", f"{VM_PATH}/getGuestAttributes"): lambda request: denied}) as fake, \
+            requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=30, interval_s=0.02)
+    assert not verdict.ready and "403" in verdict.reason and verdict.elapsed_s < 1
+
+
+# --- the command ------------------------------------------------------------------------------------------------
+
+def run_gate(*args: str) -> tuple[int, list[str], str]:
+    result = CliRunner().invoke(gate, list(args))
+    return result.exit_code, result.stdout.splitlines(), result.stderr
+
+
+def test_url_mode_ends_stdout_with_one_json_verdict_and_exits_zero_when_ready():
+    with FakeServer(openai_routes(Response(200, chat_body("Hello")))) as fake:
+        code, stdout, stderr = run_gate("--url", fake.url, "--model", MODEL, "--interval", "0.05")
+    assert code == 0 and len(stdout) == 1
+    verdict = json.loads(stdout[-1])
+    assert verdict["ready"] is True and verdict["reason"] is None
+    assert list(verdict["stages"]) == ["health", "models", "completion"] and verdict["elapsed_s"] >= 0
+    assert "boot timeline" in stderr and "completion" in stderr
+
+
+def test_url_mode_exits_non_zero_on_a_lying_server():
+    with FakeServer(openai_routes(Response(500, {"error": {"message": "boom"}}))) as fake:
+        code, stdout, _ = run_gate("--url", fake.url, "--model", MODEL, "--timeout", "0.3", "--interval", "0.05")
+    assert code == 1 and json.loads(stdout[-1])["ready"] is False
+
+
+def test_instance_mode_fails_in_under_five_seconds_with_reason_and_serial_tail(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(gce, "adc_session", requests.Session)  # no credentials here; the fake needs none
+    snapshots = stage_snapshots(RECORDED_BOOT[:2] + [("failed", 1795900100)], reason=FAILED_REASON)
+    started = time.monotonic()
+    with replaying_compute(snapshots) as fake:
+        code, stdout, stderr = run_gate("--instance", VM.name, "--zone", VM.zone, "--project", VM.project,
+                                        "--compute-url", fake.url, "--interval", "0.05")
+    took = time.monotonic() - started
+    print(f"failed boot reported in {took:.2f} s")
+    assert code == 1 and took < 5
+    verdict = json.loads(stdout[-1])
+    assert not verdict["ready"] and FAILED_REASON in verdict["reason"]
+    assert list(verdict["stages"]) == ["installing-docker", "pulling-image", "failed"]
+    assert SERIAL_LINES[-1] in stderr and SERIAL_LINES[-30] in stderr and SERIAL_LINES[-31] not in stderr
+
+
+def test_instance_mode_passes_a_recorded_boot_to_serving(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(gce, "adc_session", requests.Session)
+    with replaying_compute(stage_snapshots(RECORDED_BOOT)) as fake:
+        code, stdout, _ = run_gate("--instance", VM.name, "--zone", VM.zone, "--project", VM.project,
+                                   "--compute-url", fake.url, "--interval", "0.02", "--config-hash", "abc123")
+    assert code == 0
+    assert json.loads(stdout[-1])["stages"]["serving"] == RECORDED_BOOT[-1][1] - RECORDED_BOOT[0][1]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "exactly one of --url"),
+    (["--url", "http://h", "--instance", "vm"], "exactly one of --url"),
+    (["--url", "http://h"], "--url needs --model"),
+    (["--instance", "vm", "--zone", "z"], "--instance needs --project"),
+    (["--instance", "vm", "--zone", "z", "--project", "p", "--smoke", "tools"], "--smoke works with --url only"),
+    (["--url", "http://h", "--model", "m", "--smoke", "toolz"], "--smoke"),
+    (["--url", "http://h", "--model", "m", "--timeout", "0"], "--timeout"),
+])
+def test_bad_options_are_usage_errors_naming_the_option(args: list[str], message: str):
+    code, _, stderr = run_gate(*args)
+    assert code == 2 and message in stderr
+
+
+def test_console_reporter_prints_each_stage_as_it_arrives():
+    from rich.console import Console
+
+    console = Console(record=True, width=100)
+    with console.status("x") as status:
+        reporter = ConsoleReporter(console, status)
+        reporter.stage("pulling-image", 41.0)
+        reporter.waiting("loading-model", "in loading-model")
+        live_line = str(status.status)
+    printed = console.export_text()
+    assert "pulling-image" in printed and "41.0 s" in printed
+    assert live_line.startswith("loading-model: in loading-model")

@@ -1,0 +1,401 @@
+"""`tpuserve gate`: wait until a deployment really serves, and say where the boot time went.
+
+A VM shows RUNNING long before vLLM answers, and `/health` says 200 before the model can complete a request, so
+"ready" here means every stage passed in order:
+- URL mode: `/health` is 200, `/v1/models` lists the model, one chat completion of a few tokens returns content
+  (then the optional `--smoke` checks: a request with tools, a request with an image).
+- Instance mode: the VM's startup script, which runs those same checks locally, reports `serving` in its guest
+  attributes (namespace `tpu-serve`: `stage`, `at-<stage>` = unix seconds the stage began, `reason` when failed,
+  `config-hash`). A `failed` stage ends the wait at once with the reason and the serial console's last lines.
+Human output goes to stderr; stdout gets exactly one JSON line, the verdict, which the stack's readiness gate parses.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import click
+import requests
+
+from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
+
+GUEST_NAMESPACE = "tpu-serve"
+SERVING, FAILED, BOOTING = "serving", "failed", "booting"
+DEFAULT_TIMEOUT_S = 1500.0
+DEFAULT_INTERVAL_S = 1.0
+REQUEST_TIMEOUT_S = 60.0
+SERIAL_TAIL_LINES = 30
+COMPLETION_MAX_TOKENS = 8
+AUTH_STATUSES = (401, 403)
+
+
+@dataclass(frozen=True)
+class Check:
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`stages` maps each stage reached to seconds since the timeline began (URL mode: the gate's start; instance
+    mode: the VM's first reported stage)."""
+
+    ready: bool
+    elapsed_s: float
+    stages: dict[str, float]
+    reason: str | None = None
+    serial_tail: str = ""  # a failed VM's last console lines: for people, not part of the JSON line
+
+    def json_line(self) -> str:
+        return json.dumps({"ready": self.ready, "elapsed_s": round(self.elapsed_s, 3),
+                           "stages": {name: round(at, 3) for name, at in self.stages.items()},
+                           "reason": self.reason})
+
+
+class Reporter(Protocol):
+    def stage(self, name: str, at_s: float) -> None:
+        """A stage was reached `at_s` seconds into the timeline."""
+
+    def waiting(self, stage: str, detail: str) -> None:
+        """Still in `stage`; `detail` says what the last look found."""
+
+
+class SilentReporter:
+    def stage(self, name: str, at_s: float) -> None:
+        pass
+
+    def waiting(self, stage: str, detail: str) -> None:
+        pass
+
+
+@dataclass
+class Deadline:
+    timeout_s: float
+    started: float = field(default_factory=time.monotonic)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def remaining(self) -> float:
+        return self.timeout_s - self.elapsed()
+
+    def pause(self, interval_s: float) -> None:
+        time.sleep(max(0.0, min(interval_s, self.remaining())))
+
+
+# --- URL mode -------------------------------------------------------------------------------------------------
+
+def server_root(url: str) -> str:
+    """'http://h:8000', 'http://h:8000/' and 'http://h:8000/v1' all give 'http://h:8000'."""
+    root = url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+def answer(response: requests.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def chat_message(body: Any) -> dict[str, Any]:
+    """The first choice's message of a chat completion body, or {} when the body has none."""
+    try:
+        message = body["choices"][0]["message"]
+    except (KeyError, IndexError, TypeError):
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
+def post_chat(http: requests.Session, root: str, payload: dict[str, Any],
+              timeout_s: float) -> tuple[dict[str, Any], Check | None]:
+    """POST a chat completion; the message, or a failed Check when the server did not answer 200 with one."""
+    response = http.post(f"{root}/v1/chat/completions", json=payload, timeout=timeout_s)
+    if response.status_code != 200:
+        return {}, Check(False, f"chat completion answered HTTP {response.status_code}: {response.text[:200]}")
+    message = chat_message(answer(response))
+    if not message:
+        return {}, Check(False, "chat completion answered 200 without a message")
+    return message, None
+
+
+def check_health(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
+    status = http.get(f"{root}/health", timeout=timeout_s).status_code
+    return Check(status == 200, f"/health answered HTTP {status}")
+
+
+def check_models(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
+    response = http.get(f"{root}/v1/models", timeout=timeout_s)
+    if response.status_code != 200:
+        return Check(False, f"/v1/models answered HTTP {response.status_code}")
+    body = answer(response)
+    entries = body.get("data") if isinstance(body, dict) else None
+    listed = [entry.get("id") for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
+    return Check(model in listed, f"/v1/models lists {listed or 'nothing'}, not {model!r}")
+
+
+def check_completion(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
+    message, failed = post_chat(http, root, {"model": model, "max_tokens": COMPLETION_MAX_TOKENS,
+                                             "messages": [{"role": "user", "content": "Say hello."}]}, timeout_s)
+    if failed:
+        return failed
+    return Check(bool(message.get("content")), "chat completion returned empty content")
+
+
+def check_tools(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
+    tool = {"type": "function", "function": {
+        "name": "get_time", "description": "Current time in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    message, failed = post_chat(http, root, {
+        "model": model, "max_tokens": COMPLETION_MAX_TOKENS, "tools": [tool], "tool_choice": "auto",
+        "messages": [{"role": "user", "content": "What time is it in Paris?"}]}, timeout_s)
+    if failed:
+        return failed
+    return Check(bool(message.get("content") or message.get("tool_calls")),
+                 "request with tools returned neither content nor tool calls")
+
+
+def check_vision(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
+    from tpuserve.probe import image_data_uri
+
+    content = [{"type": "text", "text": "What colour is this?"},
+               {"type": "image_url", "image_url": {"url": image_data_uri("red-square.png")}}]
+    message, failed = post_chat(http, root, {"model": model, "max_tokens": COMPLETION_MAX_TOKENS,
+                                             "messages": [{"role": "user", "content": content}]}, timeout_s)
+    if failed:
+        return failed
+    return Check(bool(message.get("content")), "request with an image returned empty content")
+
+
+UrlCheck = Callable[[requests.Session, str, str, float], Check]
+URL_CHECKS: dict[str, UrlCheck] = {"health": check_health, "models": check_models, "completion": check_completion}
+SMOKE_CHECKS: dict[str, UrlCheck] = {"tools": check_tools, "vision": check_vision}
+
+
+def parse_smoke(value: str) -> list[str]:
+    """'tools,vision' -> ['tools', 'vision']; an unknown name raises naming --smoke."""
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SMOKE_CHECKS]
+    if unknown:
+        raise click.BadParameter(f"unknown check {', '.join(unknown)}; choose from {', '.join(SMOKE_CHECKS)}",
+                                 param_hint="--smoke")
+    return names
+
+
+def url_stages(smoke: Sequence[str]) -> list[tuple[str, UrlCheck]]:
+    return [*URL_CHECKS.items(), *((f"smoke-{name}", SMOKE_CHECKS[name]) for name in smoke)]
+
+
+def run_check(check: UrlCheck, http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
+    try:
+        return check(http, root, model, timeout_s)
+    except requests.RequestException as err:
+        return Check(False, f"no answer ({type(err).__name__})")
+
+
+def watch_url(http: requests.Session, url: str, model: str, smoke: Sequence[str] = (),
+              timeout_s: float = DEFAULT_TIMEOUT_S, interval_s: float = DEFAULT_INTERVAL_S,
+              reporter: Reporter = SilentReporter()) -> Verdict:
+    """Pass each stage in order, polling the current one every `interval_s`; ready when the last one passes."""
+    deadline, root, stages = Deadline(timeout_s), server_root(url), {}
+    for name, check in url_stages(smoke):
+        detail = "not tried"
+        while True:
+            if deadline.remaining() <= 0:
+                return Verdict(False, deadline.elapsed(), stages,
+                               f"timed out after {timeout_s:g} s in stage {name}: {detail}")
+            result = run_check(check, http, root, model, min(deadline.remaining(), REQUEST_TIMEOUT_S))
+            if result.ok:
+                stages[name] = deadline.elapsed()
+                reporter.stage(name, stages[name])
+                break
+            if deadline.remaining() > 0 or detail == "not tried":  # a request cut by the deadline tells nothing
+                detail = result.detail
+            reporter.waiting(name, detail)
+            deadline.pause(interval_s)
+    return Verdict(True, deadline.elapsed(), stages)
+
+
+# --- instance mode --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BootStatus:
+    """One look at the guest attributes: the stage, whether the wait is over, and why (not) ready."""
+
+    stage: str
+    done: bool
+    ready: bool = False
+    detail: str = ""
+
+
+def boot_timeline(attributes: Mapping[str, str]) -> dict[str, float]:
+    """stage -> seconds since the first stage began, in boot order, from the `at-<stage>` attributes."""
+    began = {}
+    for key, value in attributes.items():
+        if key.startswith("at-"):
+            try:
+                began[key[len("at-"):]] = float(value)
+            except ValueError:
+                continue  # a half-written value; the next poll reads it whole
+    if not began:
+        return {}
+    first = min(began.values())
+    return {stage: at - first for stage, at in sorted(began.items(), key=lambda item: item[1])}
+
+
+def read_boot(attributes: Mapping[str, str], expected_config_hash: str | None = None) -> BootStatus:
+    stage = attributes.get("stage") or BOOTING
+    if stage == FAILED:
+        before = [name for name in boot_timeline(attributes) if name != FAILED]
+        where = f" during {before[-1]}" if before else ""
+        reason = attributes.get("reason") or "no reason given"
+        return BootStatus(stage, done=True, detail=f"boot failed{where}: {reason}")
+    if stage == SERVING:
+        served = attributes.get("config-hash")
+        if expected_config_hash and served != expected_config_hash:
+            return BootStatus(stage, done=False, detail=f"serves config {served}, waiting for {expected_config_hash}")
+        return BootStatus(stage, done=True, ready=True)
+    return BootStatus(stage, done=False, detail="no guest attributes yet" if stage == BOOTING else f"in {stage}")
+
+
+def serial_tail(compute: ComputeClient, instance: Instance, lines: int = SERIAL_TAIL_LINES) -> str:
+    try:
+        return "\n".join(compute.serial_output(instance).splitlines()[-lines:])
+    except (ComputeApiError, requests.RequestException) as err:
+        return f"(serial console unavailable: {err})"
+
+
+def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float = DEFAULT_TIMEOUT_S,
+                   interval_s: float = DEFAULT_INTERVAL_S, expected_config_hash: str | None = None,
+                   reporter: Reporter = SilentReporter()) -> Verdict:
+    """Follow the VM's reported stages until `serving` (ready), `failed` (at once, with the console tail) or the
+    timeout (naming the stage it was stuck in)."""
+    deadline, status, timeline = Deadline(timeout_s), BootStatus(BOOTING, done=False, detail="not read yet"), {}
+    while deadline.remaining() > 0:
+        try:
+            attributes = compute.guest_attributes(instance, GUEST_NAMESPACE)
+        except ComputeApiError as err:
+            if err.status in AUTH_STATUSES:
+                return Verdict(False, deadline.elapsed(), timeline, str(err))
+            status = BootStatus(status.stage, done=False, detail=str(err))
+        except requests.RequestException as err:
+            status = BootStatus(status.stage, done=False, detail=f"Compute API unreachable ({type(err).__name__})")
+        else:
+            for name, at in boot_timeline(attributes).items():
+                if name not in timeline:
+                    timeline[name] = at
+                    reporter.stage(name, at)
+            status = read_boot(attributes, expected_config_hash)
+            if status.done:
+                tail = "" if status.ready else serial_tail(compute, instance)
+                return Verdict(status.ready, deadline.elapsed(), timeline, status.detail or None, tail)
+        reporter.waiting(status.stage, status.detail)
+        deadline.pause(interval_s)
+    return Verdict(False, deadline.elapsed(), timeline,
+                   f"timed out after {timeout_s:g} s in stage {status.stage}: {status.detail}")
+
+
+# --- command --------------------------------------------------------------------------------------------------
+
+class ConsoleReporter:
+    """Prints each stage as it arrives and keeps one live status line (rich) for the stage being waited in."""
+
+    def __init__(self, console: Any, status: Any):
+        self.console = console
+        self.status = status
+        self.started = time.monotonic()
+
+    def stage(self, name: str, at_s: float) -> None:
+        self.console.print(f"[green]✓[/] {name:<18} at {at_s:7.1f} s")
+
+    def waiting(self, stage: str, detail: str) -> None:
+        self.status.update(f"{stage}: {detail} ({time.monotonic() - self.started:.0f} s)")
+
+
+def print_timeline(console: Any, verdict: Verdict) -> None:
+    from rich.table import Table
+
+    if not verdict.stages:
+        console.print("boot timeline: no stage reached")
+        return
+    table = Table("stage", "at (s)", "took (s)", title="boot timeline", title_justify="left")
+    entries = list(verdict.stages.items())
+    for index, (name, at) in enumerate(entries):
+        took = f"{entries[index + 1][1] - at:.1f}" if index + 1 < len(entries) else ""
+        table.add_row(name, f"{at:.1f}", took)
+    console.print(table)
+
+
+def check_mode(url: str | None, model: str | None, instance: str | None, zone: str | None,
+               project: str | None, smoke: str) -> None:
+    """Exactly one of --url / --instance, with the options that mode needs."""
+    if bool(url) == bool(instance):
+        raise click.UsageError("give exactly one of --url (a server) or --instance (a VM)")
+    if url and not model:
+        raise click.UsageError("--url needs --model (the served model name)")
+    if instance:
+        missing = [option for option, value in (("--zone", zone), ("--project", project)) if not value]
+        if missing:
+            raise click.UsageError(f"--instance needs {' and '.join(missing)}")
+        if smoke:
+            raise click.UsageError("--smoke works with --url only (the VM runs its own checks)")
+
+
+@click.command()
+@click.option("--url", help="Server root, e.g. http://10.0.0.5:8000 (a trailing /v1 is fine).")
+@click.option("--model", help="Served model name the server must list and complete with (URL mode).")
+@click.option("--smoke", default="", help="Extra checks after the completion, comma-separated: tools,vision.")
+@click.option("--instance", help="VM name whose guest attributes to follow (instance mode).")
+@click.option("--zone", help="Zone of --instance.")
+@click.option("--project", help="Project of --instance.")
+@click.option("--config-hash", help="Instance mode: accept `serving` only with this serving-config hash.")
+@click.option("--compute-url", default=COMPUTE_URL, show_default=True, help="Compute API root (tests use a fake).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_S,
+              show_default=True, help="Seconds to wait in all.")
+@click.option("--interval", "interval_s", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_INTERVAL_S,
+              show_default=True, help="Seconds between polls.")
+def gate(url: str | None, model: str | None, smoke: str, instance: str | None, zone: str | None,
+         project: str | None, config_hash: str | None, compute_url: str, timeout_s: float,
+         interval_s: float) -> None:
+    """Wait until a deployment really serves; exit 0 only then. The last stdout line is the JSON verdict."""
+    from rich.console import Console
+
+    check_mode(url, model, instance, zone, project, smoke)
+    smoke_checks = parse_smoke(smoke)
+    console = Console(stderr=True)
+    with console.status("starting") as status:
+        reporter = ConsoleReporter(console, status)
+        if url:
+            with requests.Session() as http:
+                verdict = watch_url(http, url, str(model), smoke_checks, timeout_s, interval_s, reporter)
+        else:
+            verdict = gate_instance(Instance(str(project), str(zone), str(instance)), compute_url, timeout_s,
+                                    interval_s, config_hash, reporter)
+    print_timeline(console, verdict)
+    if verdict.serial_tail:
+        console.print(f"[bold]serial console, last {SERIAL_TAIL_LINES} lines:[/]")
+        console.print(verdict.serial_tail, markup=False, highlight=False)
+    console.print("[green]ready[/]" if verdict.ready else f"[red]not ready:[/] {verdict.reason}")
+    click.echo(verdict.json_line())
+    raise SystemExit(0 if verdict.ready else 1)
+
+
+def gate_instance(instance: Instance, compute_url: str, timeout_s: float, interval_s: float,
+                  config_hash: str | None, reporter: Reporter) -> Verdict:
+    """Instance mode with application-default credentials; missing credentials are a verdict, not a traceback."""
+    from google.auth.exceptions import DefaultCredentialsError
+
+    from tpuserve.gce import adc_session
+
+    try:
+        session = adc_session()
+    except DefaultCredentialsError as err:
+        return Verdict(False, 0.0, {}, f"no Google application-default credentials ({err}); run "
+                       "`gcloud auth application-default login`")
+    with session:
+        return watch_instance(ComputeClient(session, compute_url), instance, timeout_s, interval_s, config_hash,
+                              reporter)

@@ -1,0 +1,81 @@
+"""A small Compute Engine API client: what the readiness gate reads about one VM.
+
+Only two calls: the guest attributes the VM's startup script writes (its boot stage), and the serial console
+(the last lines explain a failed boot). The base URL is a parameter so tests point it at a fake on 127.0.0.1;
+the session is too, so tests pass a plain `requests.Session` where real runs use application-default credentials.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import requests
+
+COMPUTE_URL = "https://compute.googleapis.com"
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class ComputeApiError(RuntimeError):
+    """The Compute API answered with an HTTP error other than 'no guest attributes yet'."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"Compute API HTTP {status}: {message}")
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Instance:
+    project: str
+    zone: str
+    name: str
+
+    @property
+    def path(self) -> str:
+        return f"/compute/v1/projects/{self.project}/zones/{self.zone}/instances/{self.name}"
+
+
+def adc_session() -> requests.Session:
+    """A session authorized with application-default credentials (raises DefaultCredentialsError without any)."""
+    import google.auth
+    from google.auth.transport.requests import AuthorizedSession
+
+    credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    return AuthorizedSession(credentials)
+
+
+def error_message(response: requests.Response) -> str:
+    """The API's own error message when the body is a Google error object, else the start of the body."""
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:200]
+
+
+class ComputeClient:
+    def __init__(self, session: requests.Session, base_url: str = COMPUTE_URL,
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def _get(self, instance: Instance, method: str, params: dict[str, str]) -> requests.Response:
+        return self.session.get(f"{self.base_url}{instance.path}/{method}", params=params, timeout=self.timeout_s)
+
+    def guest_attributes(self, instance: Instance, namespace: str) -> dict[str, str]:
+        """key -> value of the instance's guest attributes in `namespace`; empty while the VM has written none
+        (the API answers 404 until the first one exists)."""
+        response = self._get(instance, "getGuestAttributes", {"queryPath": f"{namespace}/"})
+        if response.status_code == 404:
+            return {}
+        if not response.ok:
+            raise ComputeApiError(response.status_code, error_message(response))
+        items = response.json().get("queryValue", {}).get("items", [])
+        return {item["key"]: item.get("value", "") for item in items if item.get("namespace") == namespace}
+
+    def serial_output(self, instance: Instance, port: int = 1) -> str:
+        """Everything the serial port still buffers (the API keeps the last ~1 MB)."""
+        response = self._get(instance, "serialPort", {"port": str(port)})
+        if not response.ok:
+            raise ComputeApiError(response.status_code, error_message(response))
+        return str(response.json().get("contents", ""))
