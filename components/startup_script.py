@@ -18,7 +18,7 @@ METADATA_URL = "http://metadata.google.internal"
 SECRET_MANAGER_URL = "https://secretmanager.googleapis.com"
 
 
-def _environment() -> jinja2.Environment:
+def template_environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False,
                              trim_blocks=True, lstrip_blocks=True)
@@ -43,7 +43,7 @@ def render_startup_script(serving: ServingConfig, secret_name: str, *, metadata_
                           ready_timeout_s: int = 3600, retry_delay_s: int = 10, poll_s: int = 10) -> str:
     """The script for one serving config; the URLs and delays are parameters so tests can run it on loopback."""
     digest = config_hash(serving)
-    return _environment().get_template("startup.sh.j2").render(
+    return template_environment().get_template("startup.sh.j2").render(
         metadata_url=metadata_url,
         secret_manager_url=secret_manager_url,
         secret_name=secret_name,

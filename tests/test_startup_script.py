@@ -1,0 +1,301 @@
+"""The VM startup script: rendered for dev and prod, linted, and run for real in a sandbox.
+
+The sandbox is a FakeServer on 127.0.0.1 playing the metadata server, Secret Manager and the local vLLM server,
+plus PATH shims for docker, apt-get and systemctl (and a recording wrapper around the real curl) that log their
+argv and whether HF_TOKEN is in their environment.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import pytest
+
+from components.startup_script import render_startup_script, template_environment
+from httpfake import FakeServer, Request, Response
+from tpuserve.serving import ServingConfig, config_hash
+
+SECRET = "projects/p-1/secrets/hf-token"
+CANARY = "hf_CANARY_d0n0tl3ak_7f3a9c"
+ACCESS_TOKEN = "ya29.ACCESS-canary-5be1"
+MODEL = ServingConfig().model
+STAGES_IN_ORDER = ["installing-docker", "pulling-image", "fetching-token", "starting-server", "loading-model",
+                   "serving"]
+GUEST_KEYS = ["stage", "reason", "config-hash"] + [f"at-{s}" for s in STAGES_IN_ORDER + ["failed"]]
+VISION = ServingConfig(mm_limits={"image": 4, "audio": 1})
+
+SHIM = r'''#!/usr/bin/env python3
+"""Stand-in for docker / apt-get / systemctl / curl: records argv and HF_TOKEN, then behaves just enough."""
+import json, os, pathlib, sys
+
+state = pathlib.Path(os.environ["SHIM_STATE"])
+name = pathlib.Path(sys.argv[0]).name
+args = sys.argv[1:]
+with open(state / "calls.jsonl", "a") as log:
+    log.write(json.dumps({"cmd": name, "argv": args, "hf_token": os.environ.get("HF_TOKEN")}) + "\n")
+
+def counter(file):  # a file holding how many more times something fails
+    path = state / file
+    left = int(path.read_text()) if path.exists() else 0
+    if left > 0:
+        path.write_text(str(left - 1))
+    return left > 0
+
+container = state / "container.json"
+if name == "curl":
+    os.execv(os.environ["REAL_CURL"], ["curl", *args])
+elif name == "apt-get" and args[:1] == ["install"]:
+    (pathlib.Path(sys.argv[0]).parent / "docker").symlink_to(pathlib.Path(sys.argv[0]).resolve())
+elif name == "docker":
+    if args[0] == "pull":
+        sys.exit(1 if counter("pull_failures") else 0)
+    if args[0] == "inspect":
+        if not container.exists():
+            sys.exit(1)
+        info = json.loads(container.read_text())
+        print(json.dumps(info["labels"], separators=(",", ":")) if "Labels" in args[2] else
+              str(info["running"]).lower())
+    elif args[0] == "run":
+        labels = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--label")
+        container.write_text(json.dumps({"labels": labels, "running": not (state / "crash").exists()}))
+        print("c0ffee")
+    elif args[0] == "rm":
+        container.unlink(missing_ok=True)
+    elif args[0] == "logs":
+        print("RuntimeError: model weights failed to load\nengine core exited")
+'''
+
+
+@dataclass
+class Sandbox:
+    """What one run of the script did."""
+
+    returncode: int
+    output: str
+    script: str
+    calls: list[dict]
+    requests: list[Request]
+
+    def guest_attributes(self) -> list[tuple[str, str]]:
+        prefix = "/computeMetadata/v1/instance/guest-attributes/tpu-serve/"
+        return [(r.path[len(prefix):], r.body.decode()) for r in self.requests
+                if r.method == "PUT" and r.path.startswith(prefix)]
+
+    def stages(self) -> list[str]:
+        return [value for key, value in self.guest_attributes() if key == "stage"]
+
+    def calls_of(self, cmd: str, verb: str | None = None) -> list[dict]:
+        return [c for c in self.calls if c["cmd"] == cmd and (verb is None or c["argv"][:1] == [verb])]
+
+    def requests_to(self, suffix: str) -> list[Request]:
+        return [r for r in self.requests if r.path.endswith(suffix)]
+
+
+def secret_response(status: int) -> Response:
+    if status == 200:
+        return Response(200, {"name": f"{SECRET}/versions/3",
+                              "payload": {"data": base64.b64encode(CANARY.encode()).decode()}})
+    return Response(status, {"error": {"code": status, "message": "nope"}})
+
+
+def completion(content: str | None) -> Response:
+    return Response(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]})
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+    """Returns run(serving, secret_statuses=[...], ...) -> Sandbox; each knob scripts one failure mode."""
+
+    def run(serving: ServingConfig = ServingConfig(), *, secret_statuses=(200,), pull_failures=0,
+            docker_installed=True, container_crashes=False, health_ok=True, completion_content="ready",
+            image_statuses=(200,), existing_container: dict | None = None, rerun_in: Path | None = None) -> Sandbox:
+        home = rerun_in or tmp_path
+        state, shims = home / "state", home / "shims"
+        if rerun_in is None:
+            state.mkdir()
+            shims.mkdir()
+            (shims / "shim.py").write_text(SHIM)
+            (shims / "shim.py").chmod(0o755)
+            for cmd in ["apt-get", "systemctl", "curl"] + (["docker"] if docker_installed else []):
+                (shims / cmd).symlink_to(shims / "shim.py")
+        (state / "calls.jsonl").write_text("")
+        (state / "pull_failures").write_text(str(pull_failures))
+        if container_crashes:
+            (state / "crash").write_text("")
+        if existing_container is not None:
+            (state / "container.json").write_text(json.dumps(existing_container))
+
+        secret_replies = list(secret_statuses)
+        image_replies = list(image_statuses)
+
+        def chat(request: Request) -> Response:
+            content = request.json()["messages"][0]["content"]
+            if isinstance(content, list):  # the multimodal warm-up
+                status = image_replies.pop(0) if image_replies else 200
+                return completion("red") if status == 200 else Response(status, {"error": "warming up"})
+            return completion(completion_content)
+
+        routes = {
+            ("GET", "/computeMetadata/v1/instance/service-accounts/default/token"):
+                lambda r: Response(200, {"access_token": ACCESS_TOKEN, "expires_in": 3599, "token_type": "Bearer"})
+                if r.headers.get("Metadata-Flavor") == "Google" else Response(403, "missing Metadata-Flavor"),
+            ("GET", f"/v1/{SECRET}/versions/latest:access"):
+                lambda r: secret_response(secret_replies.pop(0) if secret_replies else 200)
+                if r.headers.get("Authorization") == f"Bearer {ACCESS_TOKEN}" else Response(401, "no bearer"),
+            ("GET", "/health"): lambda r: Response(200 if health_ok else 503, ""),
+            ("GET", "/v1/models"): lambda r: Response(200, {"object": "list", "data": [{"id": MODEL}]}),
+            ("POST", "/v1/chat/completions"): chat,
+        }
+        for key in GUEST_KEYS:
+            routes[("PUT", f"/computeMetadata/v1/instance/guest-attributes/tpu-serve/{key}")] = \
+                lambda r: Response(200, "")
+        with FakeServer(routes) as fake:
+            script = render_startup_script(serving, SECRET, metadata_url=fake.url, secret_manager_url=fake.url,
+                                           server_url=fake.url, ready_timeout_s=3, retry_delay_s=0, poll_s=0)
+            (home / "startup.sh").write_text(script)
+            env = {"PATH": f"{shims}:{Path(sys.executable).parent}:/usr/bin:/bin", "SHIM_STATE": str(state),
+                   "REAL_CURL": shutil.which("curl"), "HOME": str(home), "LANG": "C.UTF-8"}
+            done = subprocess.run(["bash", str(home / "startup.sh")], env=env, capture_output=True, text=True,
+                                  timeout=60)
+        calls = [json.loads(line) for line in (state / "calls.jsonl").read_text().splitlines()]
+        return Sandbox(done.returncode, done.stdout + done.stderr, script, calls, fake.requests)
+
+    return run
+
+
+def assert_token_contained(box: Sandbox) -> None:
+    """The token reaches `docker run` through its environment and goes nowhere else."""
+    assert [c for c in box.calls if c["hf_token"]] == [c for c in box.calls_of("docker", "run")]
+    assert all(c["hf_token"] == CANARY for c in box.calls_of("docker", "run"))
+    everything_else = json.dumps([c["argv"] for c in box.calls]) + box.output + box.script + json.dumps(
+        box.guest_attributes()) + "".join(r.body.decode() + json.dumps(r.headers) for r in box.requests)
+    assert CANARY not in everything_else
+    assert ACCESS_TOKEN not in json.dumps([c["argv"] for c in box.calls_of("curl")]) + box.output
+
+
+@pytest.mark.parametrize("serving", [ServingConfig(), VISION], ids=["dev", "prod"])
+def test_rendered_script_passes_shellcheck_and_bash_n(tmp_path, serving):
+    path = tmp_path / "startup.sh"
+    path.write_text(render_startup_script(serving, SECRET))
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    shellcheck = Path(sys.executable).parent / "shellcheck"
+    done = subprocess.run([str(shellcheck), "--severity=style", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
+
+
+def test_template_refuses_undefined_values():
+    with pytest.raises(jinja2.UndefinedError, match="is undefined"):
+        template_environment().get_template("startup.sh.j2").render()
+
+
+def test_boot_reaches_serving_with_the_token_only_in_the_container_env(sandbox):
+    box = sandbox()
+    assert box.returncode == 0, box.output
+    assert box.stages() == STAGES_IN_ORDER
+    assert ("config-hash", config_hash(ServingConfig())) in box.guest_attributes()
+    at = {k[3:]: int(v) for k, v in box.guest_attributes() if k.startswith("at-")}
+    assert list(at) == STAGES_IN_ORDER and sorted(at.values()) == list(at.values())
+    [run] = box.calls_of("docker", "run")
+    assert run["argv"][run["argv"].index("-e") + 1:][:3] == ["HF_HOME=/dev/shm", "-e", "HF_TOKEN"]
+    assert box.calls_of("apt-get") == []  # docker was already there
+    assert "could not write guest attribute" not in box.output
+    assert_token_contained(box)
+
+
+def test_transient_failures_are_retried(sandbox):
+    box = sandbox(pull_failures=2, secret_statuses=(503, 200))
+    assert box.returncode == 0, box.output
+    assert len(box.calls_of("docker", "pull")) == 3
+    assert len(box.requests_to("latest:access")) == 2
+    assert box.stages()[-1] == "serving"
+    assert_token_contained(box)
+
+
+def test_a_refused_secret_fails_at_once_with_the_reason(sandbox):
+    box = sandbox(secret_statuses=(403,))
+    assert box.returncode != 0
+    assert len(box.requests_to("latest:access")) == 1
+    assert box.stages()[-1] == "failed"
+    [reason] = [v for k, v in box.guest_attributes() if k == "reason"]
+    assert "HTTP 403" in reason and SECRET in reason and "secretAccessor" in reason
+    assert box.calls_of("docker", "run") == []
+    assert_token_contained(box)
+
+
+def test_docker_is_installed_only_when_missing(sandbox):
+    box = sandbox(docker_installed=False)
+    assert box.returncode == 0, box.output
+    assert [c["argv"][:1] for c in box.calls_of("apt-get")] == [["update"], ["install"]]
+    assert "docker.io" in box.calls_of("apt-get", "install")[0]["argv"]
+
+
+def test_running_again_keeps_a_container_that_serves_this_config(sandbox, tmp_path):
+    first = sandbox()
+    assert first.returncode == 0, first.output
+    again = sandbox(rerun_in=tmp_path)
+    assert again.returncode == 0, again.output
+    assert again.calls_of("docker", "pull") == [] and again.calls_of("docker", "run") == []
+    assert again.requests_to("latest:access") == []
+    assert again.stages() == ["installing-docker", "loading-model", "serving"]
+
+
+def test_a_container_from_another_config_is_replaced(sandbox):
+    box = sandbox(existing_container={"labels": {"tpu-serve.config-hash": "old"}, "running": True})
+    assert box.returncode == 0, box.output
+    assert len(box.calls_of("docker", "run")) == 1 and box.calls_of("docker", "rm")
+
+
+def test_a_crashed_container_fails_fast_with_its_last_log_lines(sandbox):
+    box = sandbox(container_crashes=True, health_ok=False)
+    assert box.returncode != 0
+    [reason] = [v for k, v in box.guest_attributes() if k == "reason"]
+    assert "exited" in reason and "model weights failed to load" in reason
+
+
+def test_a_server_that_answers_health_but_not_completions_is_not_serving(sandbox):
+    box = sandbox(completion_content="")
+    assert box.returncode != 0
+    assert box.stages()[-1] == "failed" and "serving" not in box.stages()
+
+
+def test_vision_warm_up_retries_the_first_422_once(sandbox):
+    box = sandbox(VISION, image_statuses=(422, 200))
+    assert box.returncode == 0, box.output
+    image_posts = [r for r in box.requests_to("/chat/completions") if isinstance(r.json()["messages"][0]["content"],
+                                                                                 list)]
+    assert len(image_posts) == 2
+    url = image_posts[0].json()["messages"][0]["content"][0]["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+
+
+def test_vision_warm_up_failing_twice_fails_the_boot(sandbox):
+    box = sandbox(VISION, image_statuses=(422, 422))
+    assert box.returncode != 0 and "warm-up" in box.output
+
+
+def test_text_only_sends_no_image(sandbox):
+    box = sandbox()
+    assert all(isinstance(r.json()["messages"][0]["content"], str) for r in box.requests_to("/chat/completions"))
+
+
+def test_hostile_values_stay_data(sandbox, tmp_path):
+    marker = tmp_path / "pwned"
+    hostile = ServingConfig(image=f"img'; touch {marker}; echo '", extra_args=("--seed", f"$(touch {marker})"))
+    box = sandbox(hostile)
+    assert box.returncode == 0, box.output
+    assert not marker.exists()
+    [run] = box.calls_of("docker", "run")
+    assert run["argv"][-2:] == ["--seed", f"$(touch {marker})"]
+
+
+def test_script_is_quiet_about_trace_mode(sandbox):
+    """`set -x` would print every expanded command (and with it the token) to the serial console."""
+    box = sandbox()
+    assert "set -x" not in box.script and "+ HF_TOKEN" not in box.output
