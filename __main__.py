@@ -1,10 +1,13 @@
-"""tpu-serve: vLLM on a flex-start Cloud TPU v6e VM. Reads config, builds the deployment, exports its outputs."""
+"""tpu-serve: vLLM on a flex-start Cloud TPU v6e VM, or on a local Docker host (target local). Reads config, builds
+the deployment for the target, exports its outputs."""
 
 import pulumi
 
 from components.config import load_stack_config
 from components.deployment import TpuServeDeployment
+from components.local import LocalVllm
 
-deployment = TpuServeDeployment("tpu-serve", load_stack_config(), pulumi.get_stack())
+cfg = load_stack_config()
+deployment = (LocalVllm if cfg.target == "local" else TpuServeDeployment)("tpu-serve", cfg, pulumi.get_stack())
 for key, value in deployment.outputs.items():
     pulumi.export(key, value)

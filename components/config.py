@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ V6E_ZONES = (
     "us-west1-c", "europe-west4-a", "asia-northeast1-b", "southamerica-west1-a",
 )
 V6E_MACHINE_TYPE = re.compile(r"^ct6e-standard-(1|4|8)t$")
+DOCKER_GPUS = re.compile(r"^(all|[1-9][0-9]*|device=[0-9]+(,[0-9]+)*)?$")
 ZONE_FORMAT = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$")
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -66,6 +68,11 @@ class StackConfig:
     price_per_chip_hour: float = setting("pricePerChipHour", "USD per chip-hour, for cost outputs.", 1.35)
     readiness_timeout: str = setting("readinessTimeout", "How long `pulumi up` waits for the model to answer.",
                                      "25m")
+    local_gpus: str = setting("localGpus", "Target local: GPUs for the container, as docker --gpus takes them "
+                              "(all, 2, device=0,1); empty for none.", "all")
+    local_model_cache: str = setting("localModelCache", "Target local: host Hugging Face cache mounted into the "
+                                     "container, so weights download once.", "~/.cache/huggingface")
+    local_port: int = setting("localPort", "Target local: port on 127.0.0.1 that publishes vLLM.", 8000)
     serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
 
     @property
@@ -85,6 +92,10 @@ class StackConfig:
         return parse_duration("readinessTimeout", self.readiness_timeout)
 
     @property
+    def local_model_cache_path(self) -> str:
+        return os.path.expanduser(self.local_model_cache)
+
+    @property
     def worst_case_cost_usd(self) -> float:
         """What one full flex-start run costs if nobody destroys the stack earlier."""
         return round(self.max_run_seconds / 3600 * self.chips * self.price_per_chip_hour, 2)
@@ -94,6 +105,8 @@ class StackConfig:
             raise ConfigError("target", f"{self.target!r} is not one of {', '.join(TARGETS)}")
         if self.target == "gcp":
             self._validate_gcp()
+        else:
+            self._validate_local()
         for key, value in self.labels.items():
             if not LABEL_KEY.match(str(key)) or not LABEL_VALUE.match(str(value)):
                 raise ConfigError("labels", f"{key}={value!r}: keys and values must be lowercase letters, digits, "
@@ -130,6 +143,19 @@ class StackConfig:
                                                     self.hf_token_secret_id):
             raise ConfigError("hfTokenSecretId", f"{self.hf_token_secret_id!r} is not a secret id or "
                               "projects/P/secrets/S")
+
+    def _validate_local(self) -> None:
+        if "vllm-tpu" in self.serving.image:
+            raise ConfigError("containerImage", f"{self.serving.image!r} needs a TPU host; target local runs the vLLM "
+                              "OpenAI image, e.g. vllm/vllm-openai:v0.32.0")
+        if not DOCKER_GPUS.match(self.local_gpus):
+            raise ConfigError("localGpus", f"{self.local_gpus!r} is not a docker --gpus value (all, 2, device=0,1) "
+                              "or empty")
+        if not 1 <= self.local_port <= 65535:
+            raise ConfigError("localPort", f"must be a TCP port (1-65535), got {self.local_port}")
+        if not os.path.isabs(self.local_model_cache_path):
+            raise ConfigError("localModelCache", f"{self.local_model_cache!r} must be an absolute path or start "
+                              "with ~")
 
 
 def parse_duration(key: str, text: str) -> int:

@@ -11,7 +11,7 @@ from components.config import PROJECT_NAME, StackConfig
 from components.identity import ServingIdentity, ServingIdentityArgs
 from components.instance import FlexStartTpuVm, FlexStartTpuVmArgs
 from components.network import ServingNetwork, ServingNetworkArgs
-from components.readiness import ReadinessGate, ReadinessGateArgs
+from components.readiness import ReadinessGate, ReadinessGateArgs, instance_target
 from components.startup_script import render_startup_script
 from tpuserve.serving import config_hash, vllm_serve_args
 
@@ -57,8 +57,8 @@ class TpuServeDeployment(pulumi.ComponentResource):
             # The VM needs its token grant and its egress before the startup script runs.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[identity, network]))
         gate = ReadinessGate(f"{base}-ready", ReadinessGateArgs(
-            instance_name=vm.name, instance_id=vm.instance_id, zone=cfg.zone, project=cfg.project,
-            timeout_s=cfg.readiness_timeout_seconds, config_hash=serving_hash), opts=child)
+            target=vm.name.apply(lambda vm_name: instance_target(vm_name, cfg.zone, cfg.project)),
+            timeout_s=cfg.readiness_timeout_seconds, triggers=[vm.instance_id, serving_hash]), opts=child)
 
         self.instance_name = vm.name
         self.internal_ip = vm.internal_ip
@@ -72,6 +72,7 @@ class TpuServeDeployment(pulumi.ComponentResource):
         self.expected_expiry = vm.creation_timestamp.apply(lambda ts: expiry(ts, cfg.max_run_seconds))
         self.boot_timeline = gate.timeline
         self.outputs = {
+            "target": cfg.target,
             "instanceName": self.instance_name,
             "zone": cfg.zone,
             "project": cfg.project,

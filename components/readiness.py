@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,16 +18,25 @@ GATE_PYTHON = '"${TPUSERVE_PYTHON:-.venv/bin/python}"'
 
 @dataclass(frozen=True)
 class ReadinessGateArgs:
-    instance_name: pulumi.Input[str]
-    instance_id: pulumi.Input[str]
-    zone: str
-    project: str
+    # The `tpuserve gate` options naming what to wait for: instance_target(...) or url_target(...).
+    target: pulumi.Input[Sequence[str]]
     timeout_s: int
-    config_hash: str
+    # The gate re-runs when any of these changes (the VM or container id, the serving-config hash).
+    triggers: Sequence[pulumi.Input[str]]
 
 
-def gate_command(instance: str, zone: str, project: str, timeout_s: int) -> str:
-    args = ["gate", "--instance", instance, "--zone", zone, "--project", project, "--timeout", str(timeout_s)]
+def instance_target(instance: str, zone: str, project: str) -> list[str]:
+    """Follow a VM's guest attributes through the Compute API."""
+    return ["--instance", instance, "--zone", zone, "--project", project]
+
+
+def url_target(url: str, model: str) -> list[str]:
+    """Poll an OpenAI-compatible server directly until `model` completes."""
+    return ["--url", url, "--model", model]
+
+
+def gate_command(target: Sequence[str], timeout_s: int) -> str:
+    args = ["gate", *target, "--timeout", str(timeout_s)]
     return f"{GATE_PYTHON} -m tpuserve " + " ".join(shlex.quote(a) for a in args)
 
 
@@ -37,20 +47,19 @@ def last_json_line(stdout: str) -> dict[str, Any]:
 
 
 class ReadinessGate(pulumi.ComponentResource):
-    """Runs `tpuserve gate --instance ...` (a local command: it polls the VM's guest attributes through the Compute
-    API until the VM reports `serving`, or fails at once with the reason). Re-runs when the VM is replaced or the
-    serving config changes. A local command rather than a dynamic provider: its progress streams into `pulumi up`,
-    and the gate is the same CLI users run by hand."""
+    """Runs `tpuserve gate` as a local command: in instance mode it polls the VM's guest attributes through the
+    Compute API until the VM reports `serving` (or fails at once with the reason); in URL mode it polls the server
+    itself. Re-runs when a trigger (the VM or container, the serving config) changes. A local command rather than
+    a dynamic provider: its progress streams into `pulumi up`, and the gate is the same CLI users run by hand."""
 
     timeline: pulumi.Output[dict[str, Any]]
 
     def __init__(self, name: str, args: ReadinessGateArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("tpuserve:gcp:ReadinessGate", name, None, opts)
+        super().__init__("tpuserve:index:ReadinessGate", name, None, opts)
         command = local.Command(
             name,
-            create=pulumi.Output.from_input(args.instance_name).apply(
-                lambda instance: gate_command(instance, args.zone, args.project, args.timeout_s)),
-            triggers=[args.instance_id, args.config_hash],
+            create=pulumi.Output.from_input(args.target).apply(lambda target: gate_command(target, args.timeout_s)),
+            triggers=list(args.triggers),
             opts=pulumi.ResourceOptions(parent=self, custom_timeouts=pulumi.CustomTimeouts(
                 create=f"{args.timeout_s + 120}s", update=f"{args.timeout_s + 120}s")))
         self.timeline = command.stdout.apply(last_json_line)

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "tpu-serve"
 VM_IP = "10.150.0.7"
 VM_CREATED = "2026-11-29T02:00:00.000-08:00"
+LOCAL_IMAGE_ID = "sha256:5e1f0c0ffee"
 GATE_STDOUT = ("stage pulling-image\nstage serving\n"
                '{"ready": true, "elapsed_s": 561.0, "stages": {"pulling-image": 301, "loading-model": 240}, '
                '"reason": null}\n')
@@ -59,6 +60,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
             outputs["networkInterfaces"] = [{**args.inputs["networkInterfaces"][0], "networkIp": VM_IP}]
             outputs["creationTimestamp"] = VM_CREATED
             outputs["instanceId"] = "4242424242"
+        elif args.typ == "docker:index/remoteImage:RemoteImage":
+            outputs["imageId"] = LOCAL_IMAGE_ID
         elif args.typ == "command:local:Command":
             outputs["stdout"] = GATE_STDOUT
         return f"{args.name}-id", outputs

@@ -1,0 +1,73 @@
+"""The `local` target: the same `vllm serve` flags in the vLLM OpenAI container on your own Docker host."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_docker as docker
+
+from components.config import StackConfig
+from components.deployment import base_name, stack_labels
+from components.readiness import ReadinessGate, ReadinessGateArgs, url_target
+from tpuserve.serving import config_hash, vllm_serve_args
+
+CONTAINER_HF_CACHE = "/root/.cache/huggingface"
+LOOPBACK = "127.0.0.1"
+SHM_SIZE_MB = 10 * 1024  # vLLM's workers share tensors through /dev/shm; Docker's 64 MB default is too small
+
+
+def container_envs(hf_token: pulumi.Input[str] | None) -> pulumi.Input[list[str]]:
+    """HF_TOKEN only when a token is configured; the env list is then a secret like the token itself."""
+    if hf_token is None:
+        return []
+    return pulumi.Output.secret(hf_token).apply(lambda token: [f"HF_TOKEN={token}"])
+
+
+def docker_labels(labels: dict[str, str]) -> list[docker.ContainerLabelArgs]:
+    return [docker.ContainerLabelArgs(label=key, value=value) for key, value in sorted(labels.items())]
+
+
+class LocalVllm(pulumi.ComponentResource):
+    """Pulls the image, runs `vllm serve <vllm_serve_args>` (the image's entrypoint) with the model cache mounted and
+    the port published on 127.0.0.1 only, then waits in `tpuserve gate --url` until the model answers. Attributes
+    mirror TpuServeDeployment where the two targets overlap, so `outputs` is what `__main__.py` exports."""
+
+    def __init__(self, name: str, cfg: StackConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpuserve:docker:LocalVllm", name, None, opts)
+        base = base_name(stack)
+        serving_hash = config_hash(cfg.serving)
+        labels = {**stack_labels(stack, dict(cfg.labels)), "tpu-serve.config-hash": serving_hash}
+
+        image = docker.RemoteImage(base, name=cfg.serving.image, keep_locally=True,
+                                   opts=pulumi.ResourceOptions(parent=self))
+        container = docker.Container(
+            base,
+            name=base,
+            image=image.image_id,
+            command=vllm_serve_args(cfg.serving),
+            gpus=cfg.local_gpus or None,
+            shm_size=SHM_SIZE_MB,
+            volumes=[docker.ContainerVolumeArgs(host_path=cfg.local_model_cache_path,
+                                                container_path=CONTAINER_HF_CACHE)],
+            ports=[docker.ContainerPortArgs(internal=cfg.serving.port, external=cfg.local_port, ip=LOOPBACK)],
+            envs=container_envs(cfg.hf_token),
+            labels=docker_labels(labels),
+            opts=pulumi.ResourceOptions(parent=self))
+
+        server_url = f"http://{LOOPBACK}:{cfg.local_port}"
+        gate = ReadinessGate(f"{base}-ready", ReadinessGateArgs(
+            target=url_target(server_url, cfg.serving.model), timeout_s=cfg.readiness_timeout_seconds,
+            triggers=[container.id, serving_hash]), opts=pulumi.ResourceOptions(parent=self))
+
+        self.endpoint = f"{server_url}/v1"
+        self.boot_timeline = gate.timeline
+        self.outputs: dict[str, Any] = {
+            "target": cfg.target,
+            "endpoint": self.endpoint,
+            "model": cfg.serving.model,
+            "vllmArgs": vllm_serve_args(cfg.serving),
+            "configHash": serving_hash,
+            "bootTimeline": self.boot_timeline,
+        }
+        self.register_outputs(self.outputs)
