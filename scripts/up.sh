@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Sets up .venv and runs `pulumi up` for one stack. State goes to a local file backend (.pulumi-state/) unless
+# PULUMI_BACKEND_URL says otherwise (Pulumi Cloud, gs://bucket, ...).
+# Usage: scripts/up.sh [STACK] [pulumi up flags...]   (STACK defaults to dev)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stack=${1:-dev}
+shift || true
+
+command -v pulumi >/dev/null || { echo "pulumi CLI not found: https://www.pulumi.com/docs/install/" >&2; exit 1; }
+scripts/bootstrap.sh stack
+
+export PULUMI_BACKEND_URL=${PULUMI_BACKEND_URL:-file://$PWD/.pulumi-state}
+if [[ $PULUMI_BACKEND_URL == file://* ]]; then
+  mkdir -p "${PULUMI_BACKEND_URL#file://}"
+fi
+pulumi stack select --create "$stack"
+pulumi up --stack "$stack" "$@"
