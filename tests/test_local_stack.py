@@ -76,7 +76,8 @@ def test_hf_token_is_passed_as_env_only_when_set(local_run: StackRun) -> None:
     assert local_run.one(CONTAINER).inputs.get("envs", []) == []
     with_token = run_stack(local_config(hfToken="hf_local_secret"), "local")
     envs = with_token.one(CONTAINER).inputs["envs"]
-    assert envs == {_special_sig_key: _special_secret_sig, "value": ["HF_TOKEN=hf_local_secret"]}  # stays a Pulumi secret
+    # The env list stays a Pulumi secret, like the token it carries.
+    assert envs == {_special_sig_key: _special_secret_sig, "value": ["HF_TOKEN=hf_local_secret"]}
     assert "hf_local_secret" not in with_token.one(CONTAINER).inputs["command"]
 
 

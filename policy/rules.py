@@ -1,0 +1,213 @@
+"""The tpu-serve policy rules, importable without starting a policy server (the pack is built in __main__.py).
+
+Each rule reads the engine's camelCase resource inputs. A stack opts out of a default only through the policy
+config file passed with `--policy-pack-config` (policy/config/<stack>.json), so loosening a rule is a reviewed
+change to this directory, never a side effect of stack config. Values still unknown during a preview raise inside
+`props` and the engine skips the rule for that resource; it runs again with known values during `up`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from pulumi_policy import (
+    EnforcementLevel,
+    PolicyConfigSchema,
+    ReportViolation,
+    ResourceValidationArgs,
+    ResourceValidationPolicy,
+)
+
+IAP_SOURCE_RANGE = "35.235.240.0/20"  # Google's Identity-Aware Proxy TCP forwarding range
+MAX_FLEX_START_RUN_SECONDS = 7 * 24 * 3600
+MIN_BOOT_DISK_GB = 200
+DEFAULT_COMPUTE_SA = re.compile(r"-compute@developer\.gserviceaccount\.com$")
+BROAD_PROJECT_ROLES = ("roles/owner", "roles/editor")
+SECRET_MANAGER_ROLES = "roles/secretmanager."
+APP_LABEL = "tpu-serve"
+
+FIREWALL = "gcp:compute/firewall:Firewall"
+INSTANCE = "gcp:compute/instance:Instance"
+PROJECT_IAM_MEMBER = "gcp:projects/iAMMember:IAMMember"
+PROJECT_IAM_BINDING = "gcp:projects/iAMBinding:IAMBinding"
+PROJECT_IAM_POLICY = "gcp:projects/iAMPolicy:IAMPolicy"
+# GCP types a tpu-serve stack may declare that take `labels` (tests/test_policy.py checks this against pulumi-gcp).
+LABELLED_TYPES = frozenset({
+    INSTANCE,
+    "gcp:compute/disk:Disk",
+    "gcp:compute/address:Address",
+    "gcp:compute/instanceTemplate:InstanceTemplate",
+    "gcp:secretmanager/secret:Secret",
+    "gcp:storage/bucket:Bucket",
+    "gcp:tpu/v2Vm:V2Vm",
+})
+
+Validator = Callable[[ResourceValidationArgs, ReportViolation], None]
+
+
+def stack_of(urn: str) -> str:
+    """`urn:pulumi:<stack>::<project>::<type>::<name>` -> stack."""
+    return urn.split("::", 1)[0].split(":", 2)[2]
+
+
+def expected_labels(stack: str) -> dict[str, str]:
+    """The labels components/deployment.py `stack_labels` puts on every labelled resource of `stack`."""
+    return {"app": APP_LABEL, "stack": re.sub(r"[^a-z0-9_-]+", "-", stack.lower())[:63], "managed-by": "pulumi"}
+
+
+def only(*types: str) -> Callable[[Validator], Validator]:
+    """Run the validator for these resource types only."""
+    def wrap(validate: Validator) -> Validator:
+        def validate_if_matching(args: ResourceValidationArgs, report: ReportViolation) -> None:
+            if args.resource_type in types:
+                validate(args, report)
+        return validate_if_matching
+    return wrap
+
+
+def _outside(source: str, allowed: Iterable[str]) -> bool:
+    try:
+        network = ipaddress.ip_network(source, strict=False)
+    except ValueError:
+        return True
+    return not any(network.version == ipaddress.ip_network(a).version and network.subnet_of(ipaddress.ip_network(a))
+                   for a in allowed)
+
+
+@only(FIREWALL)
+def check_firewall_sources(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if args.props.get("direction", "INGRESS") != "INGRESS":
+        return
+    allowed = args.get_config().get("allowedSourceRanges", [IAP_SOURCE_RANGE])
+    sources = args.props.get("sourceRanges") or []
+    if not sources:
+        report("ingress rule without sourceRanges: GCP then admits every source (0.0.0.0/0) or whole VM tags; "
+               f"set sourceRanges to {IAP_SOURCE_RANGE} (IAP)", None)
+    for source in sources:
+        if _outside(source, allowed):
+            report(f"source range {source} is outside the allowed ranges {', '.join(allowed)}; reach the VM "
+                   "through IAP, or list the range in allowedSourceRanges of this stack's policy config", None)
+    for key in ("sourceTags", "sourceServiceAccounts"):
+        if args.props.get(key):
+            report(f"{key} admits traffic from other VMs; only the allowed source ranges may reach the VM", None)
+
+
+@only(INSTANCE)
+def check_no_external_ip(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if args.get_config().get("allowExternalIp", False):
+        return
+    for index, nic in enumerate(args.props.get("networkInterfaces") or []):
+        for key in ("accessConfigs", "ipv6AccessConfigs"):
+            if nic.get(key):
+                report(f"networkInterfaces[{index}].{key} gives the VM an external IP; use IAP and Cloud NAT, or "
+                       "set allowExternalIp in this stack's policy config", None)
+
+
+@only(INSTANCE)
+def check_flex_start_limits(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    scheduling = args.props.get("scheduling") or {}
+    if scheduling.get("provisioningModel") != "FLEX_START":
+        return
+    seconds = (scheduling.get("maxRunDuration") or {}).get("seconds")
+    if seconds is None:
+        report("FLEX_START VM without scheduling.maxRunDuration: it would run (and bill) until someone deletes it",
+               None)
+    elif float(seconds) > MAX_FLEX_START_RUN_SECONDS:
+        report(f"scheduling.maxRunDuration of {float(seconds):.0f}s exceeds the 7-day limit "
+               f"({MAX_FLEX_START_RUN_SECONDS}s)", None)
+    if scheduling.get("instanceTerminationAction") != "DELETE":
+        report("FLEX_START VM must have scheduling.instanceTerminationAction DELETE, so nothing outlives the run",
+               None)
+    if scheduling.get("automaticRestart") is not False:
+        report("FLEX_START VM must set scheduling.automaticRestart false (GCE defaults it to true)", None)
+
+
+@only(INSTANCE)
+def check_boot_disk_size(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    boot_disk = args.props.get("bootDisk") or {}
+    if boot_disk.get("source"):
+        return  # an existing disk: its size is that disk's own input
+    size = (boot_disk.get("initializeParams") or {}).get("size")
+    if size is None or float(size) < MIN_BOOT_DISK_GB:
+        report(f"bootDisk.initializeParams.size is {size}; the vLLM image and weights need at least "
+               f"{MIN_BOOT_DISK_GB} GB", None)
+
+
+@only(INSTANCE)
+def check_vm_service_account(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    account = args.props.get("serviceAccount")
+    if account is None:
+        return  # no identity at all: nothing to over-grant
+    email = account.get("email") or ""
+    if not email or email == "default" or DEFAULT_COMPUTE_SA.search(email):
+        report(f"serviceAccount.email {email or '(empty: the default)'} is the default compute service account, "
+               "which holds Editor in most projects; run the VM as its own service account", None)
+
+
+def _project_grants(args: ResourceValidationArgs) -> list[str]:
+    """The roles a project-level IAM resource grants (the members are not needed to judge them)."""
+    if args.resource_type == PROJECT_IAM_POLICY:
+        policy = json.loads(args.props.get("policyData") or "{}")
+        return [binding.get("role", "") for binding in policy.get("bindings", [])]
+    return [args.props.get("role") or ""]
+
+
+@only(PROJECT_IAM_MEMBER, PROJECT_IAM_BINDING, PROJECT_IAM_POLICY)
+def check_project_iam(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    for role in _project_grants(args):
+        if role in BROAD_PROJECT_ROLES:
+            report(f"project-level {role} is not granted by this stack; grant a narrow role instead", None)
+        elif role.startswith(SECRET_MANAGER_ROLES):
+            report(f"project-level {role} opens every secret in the project; bind it on the one secret "
+                   "(secretmanager.SecretIamMember)", None)
+
+
+def _missing_labels(labels: Mapping[str, Any] | None, expected: Mapping[str, str]) -> list[str]:
+    labels = labels or {}
+    return [f"{key}={value}" for key, value in expected.items() if labels.get(key) != value]
+
+
+def check_stack_labels(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if not args.resource_type.startswith("gcp:"):
+        return
+    expected = expected_labels(stack_of(args.urn))
+    places: dict[str, Mapping[str, Any] | None] = {}
+    if args.resource_type in LABELLED_TYPES or "labels" in args.props:
+        places["labels"] = args.props.get("labels")
+    initialize_params = (args.props.get("bootDisk") or {}).get("initializeParams")
+    if args.resource_type == INSTANCE and initialize_params is not None:
+        places["bootDisk.initializeParams.labels"] = initialize_params.get("labels")
+    for where, labels in places.items():
+        missing = _missing_labels(labels, expected)
+        if missing:
+            report(f"{where} lacks the stack labels {', '.join(missing)}", None)
+
+
+def _policy(name: str, description: str, validate: Validator,
+            config: dict[str, dict[str, Any]] | None = None) -> ResourceValidationPolicy:
+    return ResourceValidationPolicy(
+        name=name, description=description, validate=validate, enforcement_level=EnforcementLevel.MANDATORY,
+        config_schema=PolicyConfigSchema(properties=config) if config else None)
+
+
+POLICIES = [
+    _policy("firewall-iap-sources-only", "Ingress firewall sources are limited to the IAP range.",
+            check_firewall_sources,
+            {"allowedSourceRanges": {"type": "array", "items": {"type": "string"}, "default": [IAP_SOURCE_RANGE],
+                                     "description": "CIDR ranges an ingress rule may admit."}}),
+    _policy("no-external-ip", "VMs get no external IP unless the stack opts in.", check_no_external_ip,
+            {"allowExternalIp": {"type": "boolean", "default": False,
+                                 "description": "This stack's VMs may have an external IP."}}),
+    _policy("flex-start-run-limits", "FLEX_START VMs run at most 7 days, are deleted at the end, never restart.",
+            check_flex_start_limits),
+    _policy("boot-disk-min-size", f"Boot disks are at least {MIN_BOOT_DISK_GB} GB.", check_boot_disk_size),
+    _policy("dedicated-vm-service-account", "VMs do not run as the default compute service account.",
+            check_vm_service_account),
+    _policy("no-broad-project-iam", "No project-level owner/editor or Secret Manager grants.", check_project_iam),
+    _policy("stack-labels", "Every labelled GCP resource carries app, stack and managed-by labels.",
+            check_stack_labels),
+]
