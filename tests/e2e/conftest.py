@@ -19,12 +19,14 @@ Servers run with HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1, are reused for the s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,13 +47,19 @@ PLAIN_STRUCTURED_OUTPUTS = '{"backend":"xgrammar","disable_any_whitespace":true}
 
 @dataclass
 class BootWatch:
-    """A server's boot as seen from outside: a gate started with it, and when /health first answered 200."""
+    """A server's boot as seen from outside: when /health first answered 200 (polled every 0.1 s), and a
+    `tpuserve gate --url` (default options) started together with the server."""
 
     server: RunningServer
     gate: subprocess.Popen
-    gate_started_at: float  # time.time() just before the gate started
     gate_stdout: Path  # ends with the gate's JSON verdict
     healthy_at: float | None = None  # time.time() of the first 200 from /health
+    gate_exited_at: float | None = None  # time.time() when the gate process ended
+
+    def follow_gate(self) -> None:
+        """Record when the gate exits (runs on a thread, so the time is exact whenever the test looks)."""
+        self.gate.wait()
+        self.gate_exited_at = time.time()
 
 
 @pytest.fixture(scope="session")
@@ -88,6 +96,7 @@ def tiny_model_dir(vllm_python: Path) -> Path:
     return model_dir
 
 
+@contextlib.contextmanager
 def serve(vllm_bin: Path, model_dir: Path, log_dir: Path, **overrides: object) -> Iterator[RunningServer]:
     cfg = cpu_server.cpu_serving_config(model_dir, SERVED_MODEL_NAME, cpu_server.free_port(), **overrides)
     server = cpu_server.start_server(vllm_bin, cfg, SERVED_MODEL_NAME, log_dir / "vllm-serve.log")
@@ -104,14 +113,13 @@ def wait_healthy_or_fail(server: RunningServer) -> float:
         pytest.fail(str(err), pytrace=False)
 
 
-def start_gate(server: RunningServer, stdout_path: Path) -> tuple[subprocess.Popen, float]:
-    started_at = time.time()
-    with stdout_path.open("wb") as out:
-        process = subprocess.Popen(
+def start_gate(server: RunningServer, log_dir: Path) -> subprocess.Popen:
+    """`tpuserve gate --url` with its default options: JSON verdict to gate.out, human output to gate.err."""
+    with (log_dir / "gate.out").open("wb") as out, (log_dir / "gate.err").open("wb") as err:
+        return subprocess.Popen(
             [sys.executable, "-m", "tpuserve", "gate", "--url", server.url, "--model", server.model,
-             "--timeout", str(cpu_server.HEALTH_TIMEOUT_S + 30), "--interval", "0.2"],
-            stdout=out, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=REPO)
-    return process, started_at
+             "--timeout", str(cpu_server.HEALTH_TIMEOUT_S + 30)],
+            stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=REPO)
 
 
 @pytest.fixture(scope="session")
@@ -119,16 +127,16 @@ def vllm_boot_watch(vllm_bin: Path, tiny_model_dir: Path, tmp_path_factory: pyte
                     ) -> Iterator[BootWatch]:
     """Starts the dev-config server and, at the same moment, a `tpuserve gate --url` watching it boot."""
     log_dir = tmp_path_factory.mktemp("vllm-server")
-    for server in serve(vllm_bin, tiny_model_dir, log_dir):
-        gate, gate_started_at = start_gate(server, log_dir / "gate.out")
-        watch = BootWatch(server, gate, gate_started_at, log_dir / "gate.out")
+    with serve(vllm_bin, tiny_model_dir, log_dir) as server:
+        watch = BootWatch(server, start_gate(server, log_dir), log_dir / "gate.out")
+        threading.Thread(target=watch.follow_gate, daemon=True).start()
         try:
             watch.healthy_at = wait_healthy_or_fail(server)
             yield watch
         finally:
-            if gate.poll() is None:
-                gate.kill()
-            gate.wait()
+            if watch.gate.poll() is None:
+                watch.gate.kill()
+            watch.gate.wait()
 
 
 @pytest.fixture(scope="session")
@@ -140,7 +148,7 @@ def vllm_server(vllm_boot_watch: BootWatch) -> RunningServer:
 def vllm_server_plain(vllm_bin: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
                       ) -> Iterator[RunningServer]:
     log_dir = tmp_path_factory.mktemp("vllm-server-plain")
-    for server in serve(vllm_bin, tiny_model_dir, log_dir, reasoning_parser="",
-                        extra_args=("--structured-outputs-config", PLAIN_STRUCTURED_OUTPUTS)):
+    with serve(vllm_bin, tiny_model_dir, log_dir, reasoning_parser="",
+               extra_args=("--structured-outputs-config", PLAIN_STRUCTURED_OUTPUTS)) as server:
         wait_healthy_or_fail(server)
         yield server

@@ -1,0 +1,78 @@
+"""Real vLLM (its CLI parser and registries, no server): the argv `vllm_serve_args` builds for the dev and prod
+stacks is accepted by `vllm serve`'s own parser and means what we intended, and the parser names and KV cache
+dtypes we allow exist in vLLM 0.32. One subprocess of the vLLM venv does every check (vllm_argcheck.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.config import build_stack_config
+from tests.pulumi_harness import stack_file_config
+from tpuserve.serving import KV_CACHE_DTYPES, ServingConfig, vllm_serve_args
+
+pytestmark = pytest.mark.e2e
+
+ARGCHECK = Path(__file__).with_name("vllm_argcheck.py")
+STACKS = ("dev", "prod")
+# A control the parser must reject, so a check that accepted everything would fail this module.
+BROKEN_ARGV = ["google/gemma-4-E2B-it", "--max-model-len", "lots"]
+
+
+def stack_serving(stack: str) -> ServingConfig:
+    return build_stack_config(stack_file_config(stack)).validate().serving
+
+
+@pytest.fixture(scope="module")
+def vllm_verdict(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    argvs = {stack: vllm_serve_args(stack_serving(stack)) for stack in STACKS} | {"broken": BROKEN_ARGV}
+    out = tmp_path_factory.mktemp("argcheck") / "verdict.json"
+    subprocess.run([str(vllm_python), str(ARGCHECK), str(out)], input=json.dumps({"argvs": argvs}), text=True,
+                   check=True, capture_output=True, timeout=180)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_vllm_serve_parser_accepts_the_stack_argv_and_reads_it_as_meant(vllm_verdict: dict[str, Any], stack: str):
+    cfg = stack_serving(stack)
+    checked = vllm_verdict["configs"][stack]
+    assert checked["error"] is None, checked["error"]
+    parsed = checked["parsed"]
+    assert parsed["model_tag"] == cfg.model
+    assert (parsed["host"], parsed["port"]) == (cfg.host, cfg.port)
+    assert parsed["max_model_len"] == cfg.max_model_len
+    assert parsed["gpu_memory_utilization"] == cfg.gpu_memory_utilization
+    assert parsed["max_num_batched_tokens"] == cfg.max_num_batched_tokens
+    assert parsed["enable_auto_tool_choice"] is cfg.enable_auto_tool_choice
+    assert (parsed["tool_call_parser"], parsed["reasoning_parser"]) == (cfg.tool_call_parser, cfg.reasoning_parser)
+    assert parsed["kv_cache_dtype"] == cfg.kv_cache_dtype
+    if cfg.mm_limits is None:
+        assert parsed["language_model_only"] is True
+    else:
+        assert parsed["limit_mm_per_prompt"] == dict(cfg.mm_limits) and not parsed["language_model_only"]
+
+
+def test_prod_enables_vision_and_dev_is_text_only():
+    assert stack_serving("dev").mm_limits is None
+    assert stack_serving("prod").mm_limits == {"image": 4, "audio": 1}
+
+
+def test_the_parser_check_rejects_a_broken_argv(vllm_verdict: dict[str, Any]):
+    assert "--max-model-len" in vllm_verdict["configs"]["broken"]["error"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_parser_names_exist_in_vllms_registries(vllm_verdict: dict[str, Any], stack: str):
+    cfg = stack_serving(stack)
+    assert cfg.tool_call_parser in vllm_verdict["tool_call_parsers"]
+    assert cfg.reasoning_parser in vllm_verdict["reasoning_parsers"]
+
+
+def test_allowed_kv_cache_dtypes_are_vllms(vllm_verdict: dict[str, Any]):
+    unknown = set(KV_CACHE_DTYPES) - set(vllm_verdict["cache_dtypes"])
+    print(f"{len(KV_CACHE_DTYPES)} allowed KV cache dtypes, vLLM 0.32 knows {len(vllm_verdict['cache_dtypes'])}")
+    assert not unknown, f"tpuserve.serving.KV_CACHE_DTYPES has dtypes vLLM 0.32 does not: {sorted(unknown)}"
