@@ -75,11 +75,12 @@ def test_comparison_ratios_are_candidate_over_baseline(sweep_dir: Path, tmp_path
     comparisons = compare_rows(report_rows(sweep_dir, 1.35), report_rows(candidate, 1.35))
     assert {item.concurrency for item in comparisons} == {8}  # only the level both measured
     by_metric = {item.metric: item for item in comparisons}
-    assert by_metric["Output tok/s"].ratio == pytest.approx(480 / 320)  # 1.5
-    assert by_metric["TPOT med (ms)"].ratio == pytest.approx(25 / 20)  # 1.25
+    assert by_metric["output_tok_s"].ratio == pytest.approx(480 / 320)  # 1.5
+    assert by_metric["tpot_median_ms"].ratio == pytest.approx(25 / 20)  # 1.25
     # 1.35 / (480 × 3600) × 1e6 = 0.78125 vs 1.171875: ratio 2/3, the inverse of the throughput gain.
-    assert by_metric["$ / M output tokens"].candidate == pytest.approx(0.78125)
-    assert by_metric["$ / M output tokens"].ratio == pytest.approx(2 / 3)
+    assert by_metric["usd_per_m_output"].candidate == pytest.approx(0.78125)
+    assert by_metric["usd_per_m_output"].ratio == pytest.approx(2 / 3)
+    assert benchreport.comparison_cells(by_metric["output_tok_s"]) == ["8", "Output tok/s", "320.0", "480.0", "1.500"]
 
 
 def test_comparison_without_common_levels(sweep_dir: Path, tmp_path: Path):

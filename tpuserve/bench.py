@@ -9,13 +9,13 @@ Two places to measure from:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import shutil
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ def base_url(url: str) -> str:
     return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Workload:
     """What every level sends: the random dataset, fixed lengths (EOS ignored, so output length is exact)."""
 
@@ -81,7 +81,7 @@ def bench_serve_args(vllm_bin: str, workload: Workload, concurrency: int, result
     return args
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RemoteTarget:
     """A VM reached through IAP ssh, running the server in a Docker container."""
 
@@ -218,24 +218,31 @@ def sweep(url: str | None, model: str, tokenizer: str | None, levels: list[int],
     workload = Workload(url or f"http://127.0.0.1:{DEFAULT_PORT}", model, tokenizer, input_len, output_len,
                         num_prompts)
     target = RemoteTarget(vm, zone, project, container) if vm else None
-    manifest: dict[str, Any] = {
-        "tool": "tpuserve bench sweep",
-        "mode": "remote" if target else "local",
-        "remote": {"vm": vm, "zone": zone, "project": project, "container": container} if target else None,
-        "started_at": now(),
-        "finished_at": None,
-        "vllm_version": container_version(target) if target else server_version(workload.url),
-        "model": model,
-        "parameters": {"url": workload.url, "tokenizer": tokenizer, "concurrency": levels, "input_len": input_len,
-                       "output_len": output_len, "num_prompts": num_prompts, "dataset": "random"},
-        "stack_outputs": outputs,
-        "runs": [],
-    }
+    manifest = start_manifest(workload, levels, target, outputs)
     remote_dir = f"{REMOTE_RESULT_ROOT}/{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
     run_levels(levels, workload, out, manifest, vllm_bin, target, remote_dir)
     manifest["finished_at"] = now()
     write_manifest(out, manifest)
     click.echo(f"{len(levels)} levels saved in {out}; `tpuserve bench report {out}` prints the table.")
+
+
+def start_manifest(workload: Workload, levels: list[int], target: RemoteTarget | None,
+                   stack_outputs: dict[str, Any] | None) -> dict[str, Any]:
+    """What sweep.json records before the first run: where, what, with which vLLM (the server's own version)."""
+    return {
+        "tool": "tpuserve bench sweep",
+        "mode": "remote" if target else "local",
+        "remote": dataclasses.asdict(target) if target else None,
+        "started_at": now(),
+        "finished_at": None,
+        "vllm_version": container_version(target) if target else server_version(workload.url),
+        "model": workload.model,
+        "parameters": {"url": workload.url, "tokenizer": workload.tokenizer, "concurrency": levels,
+                       "input_len": workload.input_len, "output_len": workload.output_len,
+                       "num_prompts": workload.num_prompts, "dataset": "random"},
+        "stack_outputs": stack_outputs,
+        "runs": [],
+    }
 
 
 def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
@@ -317,8 +324,7 @@ def print_rows(rows: list[benchreport.BenchRow], output_format: str, title: str)
 
 def print_comparisons(comparisons: list[benchreport.Comparison], output_format: str, title: str) -> None:
     headers = ["Concurrency", "Metric", "Baseline", "Candidate", "Ratio"]
-    cells = [[str(item.concurrency), item.metric, f"{item.baseline:.2f}", f"{item.candidate:.2f}",
-              f"{item.ratio:.3f}" if item.ratio is not None else "n/a"] for item in comparisons]
+    cells = [benchreport.comparison_cells(item) for item in comparisons]
     if output_format == "json":
         click.echo(json.dumps(benchreport.comparisons_as_json(comparisons), indent=2))
     elif output_format == "markdown":

@@ -116,7 +116,7 @@ def report_rows(directory: Path, price_per_hour: float) -> list[BenchRow]:
 
 @dataclass(frozen=True)
 class Comparison:
-    """One metric at one concurrency in two runs; ratio is candidate / baseline."""
+    """One metric (a BenchRow attribute) at one concurrency in two runs; ratio is candidate / baseline."""
 
     concurrency: int
     metric: str
@@ -134,16 +134,25 @@ def compare_rows(baseline: list[BenchRow], candidate: list[BenchRow]) -> list[Co
     comparisons = []
     for base in common:
         other = by_level[base.concurrency]
-        for attribute, header, _ in METRICS:
+        for attribute, _, _ in METRICS:
             a, b = getattr(base, attribute), getattr(other, attribute)
             ratio = b / a if a and math.isfinite(a) and math.isfinite(b) else None
-            comparisons.append(Comparison(base.concurrency, header, a, b, ratio))
+            comparisons.append(Comparison(base.concurrency, attribute, a, b, ratio))
     return comparisons
 
 
 def format_cell(attribute: str, value: float) -> str:
     template = next(fmt for name, _, fmt in COLUMNS if name == attribute)
     return template.format(value) if math.isfinite(value) else "∞"
+
+
+def header_of(attribute: str) -> str:
+    return next(header for name, header, _ in COLUMNS if name == attribute)
+
+
+def comparison_cells(item: Comparison) -> list[str]:
+    return [str(item.concurrency), header_of(item.metric), format_cell(item.metric, item.baseline),
+            format_cell(item.metric, item.candidate), f"{item.ratio:.3f}" if item.ratio is not None else "n/a"]
 
 
 def row_cells(row: BenchRow) -> list[str]:

@@ -1,0 +1,100 @@
+"""`tpuserve bench sweep` + `report` against the real CPU vLLM server (tiny random-weight Gemma 4 from
+tests/e2e/conftest.py): small lengths (64 in / 16 out), three levels, 8 prompts each."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from benchmarks.sweep_overhead import describe, measure
+from tpuserve.bench import bench
+from tpuserve.benchreport import report_rows
+from tpuserve.plan import kv_layers, presets
+
+pytestmark = pytest.mark.e2e
+
+LEVELS = "1,2,4"
+
+
+def test_sweep_report_and_overhead(vllm_server, vllm_bin: Path, tmp_path: Path) -> None:
+    rounds = measure(["--url", vllm_server.url, "--model", vllm_server.model, "--tokenizer",
+                      str(vllm_server.model_dir), "--vllm-bin", str(vllm_bin), "--concurrency", LEVELS,
+                      "--input-len", "64", "--output-len", "16", "--num-prompts", "8"], tmp_path, rounds=2)
+    for number, result in enumerate(rounds, start=1):
+        print(f"\nround {number} ({'sweep' if number == 1 else 'direct'} first): {describe(result)}")
+    ratio = sum(r.sweep_s for r in rounds) / sum(r.direct_s for r in rounds)
+    print(f"both rounds: sweep / direct = {ratio:.3f} (issue target: within 5%)")
+    first = rounds[0]
+
+    manifest = json.loads((first.sweep_dir / "sweep.json").read_text())
+    assert manifest["vllm_version"].startswith("0.32.0")  # from the server's GET /version
+    assert [run["concurrency"] for run in manifest["runs"]] == [1, 2, 4]
+
+    # The report's numbers are the saved JSON's fields (derived columns from them).
+    rows = report_rows(first.sweep_dir, price_per_hour=1.35)
+    for row in rows:
+        saved = json.loads((first.sweep_dir / row.source).read_text())
+        assert saved["completed"] == 8 and saved["failed"] == 0
+        assert saved["total_output_tokens"] == 8 * 16  # --ignore-eos: every request gives all 16 tokens
+        assert row.concurrency == saved["max_concurrency"]
+        assert (row.requests_per_s, row.output_tok_s, row.total_tok_s) == (
+            saved["request_throughput"], saved["output_throughput"], saved["total_token_throughput"])
+        assert (row.ttft_median_ms, row.ttft_p99_ms, row.tpot_median_ms) == (
+            saved["median_ttft_ms"], saved["p99_ttft_ms"], saved["median_tpot_ms"])
+        assert row.per_stream_tok_s == 1000 / saved["median_tpot_ms"]
+        assert row.usd_per_m_output == 1.35 / (saved["output_throughput"] * 3600) * 1e6
+
+    runner = CliRunner()
+    table = runner.invoke(bench, ["report", str(first.sweep_dir)], env={"COLUMNS": "160"})
+    print(table.stdout)
+    markdown = runner.invoke(bench, ["report", str(first.sweep_dir), "--format", "markdown"])
+    print(markdown.stdout)
+    png = tmp_path / "sweep.png"
+    compared = runner.invoke(bench, ["report", str(first.direct_dir), str(first.sweep_dir), "--plot", str(png)],
+                             env={"COLUMNS": "160"})
+    print(compared.stdout)
+    assert table.exit_code == markdown.exit_code == compared.exit_code == 0
+    width, height = struct.unpack(">II", png.read_bytes()[16:24])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (width, height) == (960, 600)
+
+
+# Which layers hold KV and their (KV heads, head dim), as transformers itself resolves a config.
+TRANSFORMERS_LAYERS = """
+import json, sys
+from transformers import AutoConfig
+text = AutoConfig.from_pretrained(sys.argv[1]).get_text_config()
+holding = text.num_hidden_layers - (getattr(text, "num_kv_shared_layers", 0) or 0)
+print(json.dumps([[text.layer_types[i], text.per_layer_config[i].num_key_value_heads,
+                   text.per_layer_config[i].head_dim] for i in range(holding)]))
+"""
+
+
+def transformers_layers(vllm_python: Path, model_dir: Path) -> list[list]:
+    completed = subprocess.run([str(vllm_python), "-c", TRANSFORMERS_LAYERS, str(model_dir)], check=True,
+                               capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return json.loads(completed.stdout)
+
+
+def planned_layers(config: dict) -> list[list]:
+    return [[layer.kind, layer.kv_heads, layer.head_dim] for layer in kv_layers(config)]
+
+
+def test_plan_agrees_with_transformers_on_the_tiny_model(vllm_python: Path, tiny_model_dir: Path) -> None:
+    """The served model's config as transformers 5 saved it (flat, per_layer_config)."""
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert planned_layers(config) == transformers_layers(vllm_python, tiny_model_dir)
+
+
+def test_plan_agrees_with_transformers_on_the_e2b_preset(vllm_python: Path, tmp_path: Path) -> None:
+    """The preset (nested text_config, global_head_dim) loaded by transformers' Gemma4Config."""
+    config = presets()["google/gemma-4-E2B-it"]["config"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    expected = transformers_layers(vllm_python, tmp_path)
+    assert len(expected) == 15
+    assert planned_layers(config) == expected
