@@ -9,7 +9,9 @@ import copy
 import dataclasses
 import inspect
 import json
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -229,4 +231,48 @@ def test_labelled_types_table_matches_pulumi_gcp(captured: dict[str, Captured]) 
 def test_pack_entry_point_is_the_only_policy_pack_construction() -> None:
     sources = {path.name: path.read_text() for path in Path(rules.__file__).parent.glob("*.py")}
     assert [name for name, text in sources.items() if "PolicyPack(" in text] == ["__main__.py"]
-    assert "rules.POLICIES" in sources["__main__.py"] or "import POLICIES" in sources["__main__.py"]
+
+
+@pytest.fixture(scope="module")
+def analyzer() -> Iterator[Any]:
+    """The pack started as the engine starts it (its __main__.py prints the gRPC port), with a client stub."""
+    import grpc
+    from pulumi.runtime.proto import analyzer_pb2_grpc
+
+    with subprocess.Popen([sys.executable, "-u", "__main__.py"], cwd=ROOT / "policy",
+                          stdout=subprocess.PIPE) as pack:
+        try:
+            port = int(pack.stdout.readline())
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                yield analyzer_pb2_grpc.AnalyzerStub(channel)
+        finally:
+            pack.terminate()
+
+
+def test_pack_serves_the_rules_over_the_analyzer_protocol(captured: dict[str, Captured], analyzer: Any) -> None:
+    """Real gRPC round trips into the pack: the engine's view of the same rules and of the stack's policy config."""
+    from google.protobuf import empty_pb2, json_format, struct_pb2
+    from pulumi.runtime.proto import analyzer_pb2
+
+    info = analyzer.GetAnalyzerInfo(empty_pb2.Empty())
+    assert {p.name for p in info.policies} == {p.name for p in rules.POLICIES}
+    assert {p.enforcementLevel for p in info.policies} == {analyzer_pb2.MANDATORY}
+
+    def diagnostics(resource: Resource, props: dict[str, Any]) -> set[str]:
+        request = analyzer_pb2.AnalyzeRequest(
+            type=resource.type, urn=f"urn:pulumi:dev::{PROJECT}::{resource.type}::{resource.name}",
+            name=resource.name, properties=json_format.ParseDict(props, struct_pb2.Struct()))
+        return {d.policyName for d in analyzer.Analyze(request).diagnostics}
+
+    vm = captured["dev"].one(INSTANCE)
+    unsafe = copy.deepcopy(vm.inputs)
+    set_path("networkInterfaces.0.accessConfigs", [{}])(unsafe)
+    set_path("scheduling.automaticRestart", True)(unsafe)
+    assert diagnostics(vm, vm.inputs) == set()
+    assert diagnostics(vm, unsafe) == {"no-external-ip", "flex-start-run-limits"}
+
+    opt_in = {"no-external-ip": analyzer_pb2.PolicyConfig(
+        enforcementLevel=analyzer_pb2.MANDATORY,
+        properties=json_format.ParseDict({"allowExternalIp": True}, struct_pb2.Struct()))}
+    analyzer.Configure(analyzer_pb2.ConfigureAnalyzerRequest(policyConfig=opt_in))
+    assert diagnostics(vm, unsafe) == {"flex-start-run-limits"}
