@@ -43,11 +43,22 @@ def test_a_200_with_free_text_raises_schema_not_enforced() -> None:
     assert caught.value.text.startswith("Sure!")
 
 
-def test_an_answer_left_in_reasoning_content_is_named_in_the_error() -> None:
-    with FakeOpenAI(structured="reasoning-parser") as fake, pytest.raises(SchemaNotEnforced) as caught:
+def test_the_silent_skip_of_a_reasoning_parser_server_raises_schema_not_enforced() -> None:
+    with FakeOpenAI(structured="reasoning-parser") as fake, pytest.raises(SchemaNotEnforced, match="not JSON"):
         ChatClient(fake.url, FAKE_MODEL).structured(PROMPT, ANSWER_SCHEMA, thinking=True)
+
+
+def test_free_text_left_in_reasoning_content_is_named_in_the_error() -> None:
+    reply = ChatReply(completion(None, reasoning="let me think: yes"), 0.1)
+    with pytest.raises(SchemaNotEnforced, match="'reasoning_content'") as caught:
+        validated_json(reply, ANSWER_SCHEMA)
     assert caught.value.field == "reasoning_content"
-    assert "reasoning_content" in str(caught.value)
+
+
+def test_reasoning_cut_by_max_tokens_asks_for_a_bigger_budget() -> None:
+    reply = ChatReply(completion(None, reasoning="still thinking", finish_reason="length"), 0.1)
+    with pytest.raises(OutputTruncated, match="raise max_tokens"):
+        validated_json(reply, ANSWER_SCHEMA)
 
 
 def test_json_that_breaks_the_schema_names_the_field() -> None:

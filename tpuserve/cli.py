@@ -10,7 +10,10 @@ import click
 SUBCOMMANDS: dict[str, str] = {
     "bench": "tpuserve.bench:bench",
     "cost": "tpuserve.cost:cost",
+    "diagnose": "tpuserve.logs:diagnose",
     "gate": "tpuserve.gate:gate",
+    "litellm": "tpuserve.litellm_config:litellm",
+    "logs": "tpuserve.logs:logs",
     "plan": "tpuserve.plan:plan",
     "probe": "tpuserve.probe:probe",
 }

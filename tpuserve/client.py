@@ -84,14 +84,21 @@ class ChatReply:
     def tool_calls(self) -> list[dict[str, Any]]:
         return self.message.get("tool_calls") or []
 
+    @property
+    def reasoning(self) -> str:
+        return next((self.message[f] for f in REASONING_FIELDS if (self.message.get(f) or "").strip()), "")
+
+    @property
+    def full_text(self) -> str:
+        """Reasoning then content: everything the model generated, however a reasoning parser split it."""
+        return self.reasoning + self.content
+
     def answer(self) -> tuple[str, str]:
         """(field, text): the content, or the reasoning text when a reasoning parser left the content empty."""
         if self.content.strip():
             return "content", self.content
-        for field in REASONING_FIELDS:
-            if (self.message.get(field) or "").strip():
-                return field, self.message[field]
-        return "content", ""
+        field = next((f for f in REASONING_FIELDS if (self.message.get(f) or "").strip()), None)
+        return (field, self.message[field]) if field else ("content", "")
 
 
 def error_message(response: requests.Response) -> str:
@@ -119,6 +126,9 @@ def validated_json(reply: ChatReply, schema: dict[str, Any]) -> Any:
     """The answer's JSON if it conforms to `schema`; otherwise raise SchemaNotEnforced or OutputTruncated."""
     field, text = reply.answer()
     where = "" if field == "content" else f" (the answer was in {field!r}: a reasoning parser took it)"
+    if field != "content" and reply.finish_reason == "length":
+        raise OutputTruncated("the reasoning did not end within max_tokens (the schema applies after it): "
+                              "raise max_tokens", reply, field, text)
     try:
         document = json.loads(text)
     except json.JSONDecodeError as err:

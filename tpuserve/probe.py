@@ -43,7 +43,9 @@ class ScenarioResult:
 
 
 def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
-    return text if len(text) <= limit else text[:limit] + f"… (+{len(text) - limit} chars)"
+    """The start of `text` with control characters escaped (random-weight output is full of them)."""
+    shown = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in text[:limit])
+    return shown if len(text) <= limit else shown + f"… (+{len(text) - limit} chars)"
 
 
 def reply_evidence(reply: ChatReply) -> dict[str, Any]:
@@ -171,13 +173,13 @@ TOOL_SCENARIOS: list[tuple[str, list[dict[str, Any]], ToolJudge]] = [
 ]
 
 
-def run_tools(client: ChatClient) -> list[ScenarioResult]:
+def run_tools(client: ChatClient, max_tokens: int | None = None) -> list[ScenarioResult]:
     results = []
     for scenario, messages, judge in TOOL_SCENARIOS:
         request = {"last_message": messages[-1], "tools": list(TOOL_SCHEMAS), "temperature": 0}
         try:
             reply = client.chat(messages, tools=TOOLS, tool_choice="auto", temperature=0,
-                                max_tokens=TOOLS_MAX_TOKENS)
+                                max_tokens=max_tokens or TOOLS_MAX_TOKENS)
         except EndpointError as err:
             if err.status == 400 and TOOLS_DISABLED.search(err.message):
                 skipped = f"tool calling is off on this server: {err.message}"
@@ -203,7 +205,7 @@ ANSWER_SCHEMA: dict[str, Any] = {
     "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}, "confident": {"type": "boolean"}}}
 STRUCTURED_PROMPT = user('Is the sky blue on a clear day? Reply with JSON: {"answer": "yes" or "no", '
                          '"confident": true or false}.')
-STRUCTURED_MAX_TOKENS = 256
+STRUCTURED_MAX_TOKENS = 512  # room for a real model's reasoning before the JSON
 # (scenario, schema or None for json_object mode, enable_thinking)
 STRUCTURED_SCENARIOS: list[tuple[str, dict[str, Any] | None, bool]] = [
     ("json_schema, thinking off", ANSWER_SCHEMA, False),
@@ -212,14 +214,14 @@ STRUCTURED_SCENARIOS: list[tuple[str, dict[str, Any] | None, bool]] = [
 ]
 
 
-def run_structured(client: ChatClient) -> list[ScenarioResult]:
+def run_structured(client: ChatClient, max_tokens: int | None = None) -> list[ScenarioResult]:
     results = []
     for scenario, schema, thinking in STRUCTURED_SCENARIOS:
         request = {"response_format": "json_object" if schema is None else "json_schema",
                    "chat_template_kwargs": {"enable_thinking": thinking}, "last_message": STRUCTURED_PROMPT[-1]}
         try:
             reply = client.structured_reply(STRUCTURED_PROMPT, schema, thinking=thinking, temperature=0,
-                                            max_tokens=STRUCTURED_MAX_TOKENS)
+                                            max_tokens=max_tokens or STRUCTURED_MAX_TOKENS)
         except (EndpointError, requests.Timeout) as err:
             results.append(error_result("structured", scenario, err, request))
             continue
@@ -291,13 +293,13 @@ def mentions_any(text: str, answers: tuple[str, ...]) -> bool:
     return any(answer in words for answer in answers)
 
 
-def run_vision(client: ChatClient) -> list[ScenarioResult]:
+def run_vision(client: ChatClient, max_tokens: int | None = None) -> list[ScenarioResult]:
     results: list[ScenarioResult] = []
     for index, (scenario, image, question, answers) in enumerate(VISION_SCENARIOS):
         request = {"image": f"{image} (data URI)", "question": question, "temperature": 0}
         try:
             reply, retry_note = chat_retrying_422(client, image_messages(image, question), temperature=0,
-                                                  max_tokens=VISION_MAX_TOKENS)
+                                                  max_tokens=max_tokens or VISION_MAX_TOKENS)
         except EndpointError as err:
             if err.status in (400, 422) and TEXT_ONLY_ERROR.search(err.message):
                 reason = f"server is text-only: {excerpt(err.message, 160)}"
@@ -319,7 +321,7 @@ def run_vision(client: ChatClient) -> list[ScenarioResult]:
     return results
 
 
-PROBES: dict[str, Callable[[ChatClient], list[ScenarioResult]]] = {
+PROBES: dict[str, Callable[[ChatClient, int | None], list[ScenarioResult]]] = {
     "tools": run_tools, "structured": run_structured, "vision": run_vision}
 
 
@@ -356,7 +358,7 @@ class OutputComparison:
 
 def greedy_outputs(client: ChatClient, max_tokens: int = KV_MAX_TOKENS) -> dict[str, str]:
     """The answer to every KV prompt at temperature 0 (fixed seed), keyed by prompt name."""
-    return {name: client.chat(user(prompt), temperature=0, seed=KV_SEED, max_tokens=max_tokens).content
+    return {name: client.chat(user(prompt), temperature=0, seed=KV_SEED, max_tokens=max_tokens).full_text
             for name, prompt in KV_PROMPTS.items()}
 
 
@@ -454,6 +456,8 @@ def endpoint_options(command: Callable[..., None]) -> Callable[..., None]:
                      help="Environment variable holding the API key (keys never go on the command line)."),
         click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(min=1),
                      help="Seconds per request."),
+        click.option("--max-tokens", type=click.IntRange(min=1), help=f"Token budget per answer (default: tools "
+                     f"{TOOLS_MAX_TOKENS}, structured {STRUCTURED_MAX_TOKENS}, vision {VISION_MAX_TOKENS})."),
         click.option("--json", "as_json", is_flag=True, help="Print machine-readable results."),
         click.option("--strict", is_flag=True, help="Exit 1 when any scenario failed or was not enforced."),
     ]
@@ -465,10 +469,11 @@ def endpoint_options(command: Callable[..., None]) -> Callable[..., None]:
 def add_probe_command(name: str, probe_names: list[str], help_text: str) -> None:
     @probe.command(name, help=help_text)
     @endpoint_options
-    def command(url: str, model: str | None, api_key_env: str, timeout: float, as_json: bool, strict: bool) -> None:
+    def command(url: str, model: str | None, api_key_env: str, timeout: float, max_tokens: int | None,
+                as_json: bool, strict: bool) -> None:
         client = make_client(url, model, api_key_env, timeout)
         try:
-            results = [result for probe_name in probe_names for result in PROBES[probe_name](client)]
+            results = [result for probe_name in probe_names for result in PROBES[probe_name](client, max_tokens)]
         except requests.ConnectionError as err:
             raise click.ClickException(f"--url {url}: connection lost during the probe ({err})") from err
         print_results(results, as_json)

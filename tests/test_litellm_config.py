@@ -1,0 +1,77 @@
+"""`tpuserve litellm`: the generated proxy config, and the real `litellm` library routing through it to the fake
+OpenAI server (tests/fake_openai.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from tests.fake_openai import FAKE_MODEL, FakeOpenAI
+from tpuserve.cli import main
+from tpuserve.litellm_config import litellm_config
+from tpuserve.serving import ConfigError
+
+
+def generate(*args: str) -> dict:
+    result = CliRunner().invoke(main, ["litellm", *args])
+    assert result.exit_code == 0, result.output
+    return yaml.safe_load(result.output)
+
+
+def test_every_alias_maps_to_the_served_model_with_keys_by_reference_only() -> None:
+    config = generate("--url", "http://10.0.0.5:8000", "--model", "google/gemma-4-E2B-it",
+                      "--alias", "gemini-2.0-flash", "--alias", "gpt-4o-mini")
+    assert [entry["model_name"] for entry in config["model_list"]] == ["gemini-2.0-flash", "gpt-4o-mini"]
+    for entry in config["model_list"]:
+        assert entry["litellm_params"] == {"model": "openai/google/gemma-4-E2B-it",
+                                           "api_base": "http://10.0.0.5:8000/v1",
+                                           "api_key": "os.environ/TPUSERVE_API_KEY"}
+    assert config["general_settings"] == {"master_key": "os.environ/LITELLM_MASTER_KEY"}
+
+
+def test_endpoint_and_model_come_from_saved_stack_outputs(tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"endpoint": "http://10.1.2.3:8000/v1", "model": "google/gemma-4-E2B-it",
+                                   "zone": "us-east5-b"}))
+    config = generate("--stack-outputs", str(outputs), "--alias", "gemini-2.0-flash")
+    assert config["model_list"][0]["litellm_params"]["api_base"] == "http://10.1.2.3:8000/v1"
+    assert config["model_list"][0]["litellm_params"]["model"] == "openai/google/gemma-4-E2B-it"
+
+
+@pytest.mark.parametrize("kwargs, key, message", [
+    ({"aliases": []}, "--alias", "at least one"),
+    ({"aliases": ["a", "b", "a"]}, "--alias", "repeated: a"),
+    ({"api_key_env": "my-key"}, "--api-key-env", "not an environment variable name"),
+    ({"master_key_env": "sk-1234"}, "--master-key-env", "not an environment variable name"),
+    ({"served_model": ""}, "--model", "must name"),
+])
+def test_bad_input_names_the_option(kwargs: dict, key: str, message: str) -> None:
+    arguments = {"url": "http://h:8000", "served_model": "m", "aliases": ["gemini-2.0-flash"], **kwargs}
+    with pytest.raises(ConfigError, match=message) as caught:
+        litellm_config(**arguments)
+    assert caught.value.key == key
+
+
+def test_without_url_or_stack_the_command_says_what_to_give() -> None:
+    result = CliRunner().invoke(main, ["litellm", "--alias", "gemini-2.0-flash"])
+    assert result.exit_code == 2 and "give --url and --model" in result.output
+
+
+def test_a_litellm_router_built_from_the_file_completes_through_the_alias(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    monkeypatch.setenv("TPUSERVE_API_KEY", "canary-key-for-the-fake")
+    import litellm
+
+    with FakeOpenAI() as fake:
+        config = generate("--url", fake.url, "--model", FAKE_MODEL, "--alias", "gemini-2.0-flash")
+        router = litellm.Router(model_list=config["model_list"])
+        response = router.completion(model="gemini-2.0-flash", messages=[{"role": "user", "content": "Hi there"}])
+    assert response.choices[0].message.content == "Answer to: Hi there"
+    sent = fake.requests[-1]
+    assert sent.path == "/v1/chat/completions" and sent.json()["model"] == FAKE_MODEL
+    assert {k.lower(): v for k, v in sent.headers.items()}["authorization"] == "Bearer canary-key-for-the-fake"

@@ -1,0 +1,169 @@
+"""`tpuserve logs` / `diagnose`: a fake Compute API and a fake diagnosing model (tests/httpfake.FakeServer,
+tests/fake_openai.py), a PATH-shim `gcloud` that records its argv, and the redaction function."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import requests
+from click.testing import CliRunner
+
+from tests.fake_openai import FAKE_MODEL, FakeOpenAI
+from tests.httpfake import FakeServer, Request, Response
+from tpuserve.cli import main
+from tpuserve.logs import REDACTED, diagnosis_messages, docker_logs_argv, redact, relevant_excerpt
+
+INSTANCE_PATH = "/compute/v1/projects/proj-1/zones/us-east5-b/instances/tpu-serve-dev"
+VM = ["--instance", "tpu-serve-dev", "--zone", "us-east5-b", "--project", "proj-1"]
+HF_CANARY = "hf_CanaryTokenAbCdEf0123456789xyz"
+OAUTH_CANARY = "ya29.a0AfB_byCanaryAccessToken-0123456789"
+KEY_CANARY = "Zq7Kx2Lm9Pw4Rt6Yv8Bn3Cd5Fg1Hj0QsTuVwXy"  # 40 mixed-case alphanumerics, like an API key
+SERIAL = "\n".join([f"boot line {i}" for i in range(300)]
+                   + ["tpu-serve: stage pulling-image", "docker: Error response from daemon: manifest unknown"])
+
+
+@pytest.mark.parametrize("secret", [
+    HF_CANARY, OAUTH_CANARY, KEY_CANARY, "AIzaSyA1234567890abcdefghijklmnopqrstuvw", "sk-proj-abcdefghijklmnop1234",
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "1//0gCanaryRefreshToken_abcdefghijkl"])
+def test_token_like_strings_are_redacted(secret: str) -> None:
+    redacted = redact(f"line with {secret} inside")
+    assert secret not in redacted and REDACTED in redacted and redacted.startswith("line with ")
+
+
+@pytest.mark.parametrize("line, kept", [
+    ("Authorization: Bearer abc.def-ghi_jkl", "Authorization: "),
+    ("HF_TOKEN=abcdef123 vllm serve", " vllm serve"),
+    ('{"api_key": "plainvalue"}', '{"api_key": "'),
+    ("password: hunter2", "password: "),
+])
+def test_name_value_secrets_keep_the_name_and_lose_the_value(line: str, kept: str) -> None:
+    redacted = redact(line)
+    assert kept in redacted and REDACTED in redacted
+    assert not any(value in redacted for value in ("abc.def-ghi_jkl", "abcdef123", "plainvalue", "hunter2"))
+
+
+def test_ordinary_log_lines_and_digests_survive() -> None:
+    text = ("INFO 11-29 vllm serve google/gemma-4-E2B-it --max-model-len 65536\n"
+            "image vllm/vllm-tpu@sha256:0f3c2a9d4b5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8\n"
+            "stage fetching-token failed: PERMISSION_DENIED on secret hf-token")
+    assert redact(text) == text
+
+
+def test_excerpt_keeps_the_tail_and_earlier_errors_with_context() -> None:
+    lines = [f"line {i}" for i in range(1000)]
+    lines[100] = "RuntimeError: TPU not found"
+    excerpt = relevant_excerpt("\n".join(lines), tail_lines=10, context=1).splitlines()
+    assert excerpt == ["line 99", "RuntimeError: TPU not found", "line 101", "…"] + [f"line {i}" for i in
+                                                                                      range(990, 1000)]
+    assert relevant_excerpt("x" * 50_000, max_chars=1000) == "…" + "x" * 1000
+
+
+def test_the_whole_diagnosis_request_is_redacted() -> None:
+    messages = diagnosis_messages(f"token {HF_CANARY}", "failed", f"bad key {KEY_CANARY}")
+    assert HF_CANARY not in json.dumps(messages) and KEY_CANARY not in json.dumps(messages)
+    assert "Readiness gate stage: failed" in messages[1]["content"]
+
+
+def test_diagnose_a_log_file_never_sends_the_canaries(tmp_path: Path) -> None:
+    log = tmp_path / "boot.log"
+    log.write_text(f"{SERIAL}\nexport HF_TOKEN={HF_CANARY}\ncurl -H 'Authorization: Bearer {OAUTH_CANARY}'\n"
+                   f"using key {KEY_CANARY}\n")
+    with FakeOpenAI(reply_text=lambda prompt: "Cause: the image tag does not exist.") as fake:
+        result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--stage", "pulling-image",
+                                           "--reason", "docker pull failed", "--url", fake.url])
+    assert result.exit_code == 0, result.output
+    assert "Cause: the image tag does not exist." in result.output
+    sent = b"".join(request.body for request in fake.requests)
+    assert sent and not any(canary.encode() in sent for canary in (HF_CANARY, OAUTH_CANARY, KEY_CANARY))
+    user_turn = fake.chat_bodies()[0]["messages"][1]["content"]
+    assert "manifest unknown" in user_turn and "Readiness gate stage: pulling-image" in user_turn
+    assert fake.chat_bodies()[0]["model"] == FAKE_MODEL and fake.chat_bodies()[0]["temperature"] == 0
+
+
+def test_dry_run_prints_the_redacted_request_and_sends_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "boot.log"
+    log.write_text(f"token={HF_CANARY}\nfatal: out of memory\n")
+    result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--dry-run"])
+    assert result.exit_code == 0 and "fatal: out of memory" in result.output and HF_CANARY not in result.output
+
+
+def fake_compute(stage: str, reason: str) -> FakeServer:
+    def guest_attributes(request: Request) -> Response:
+        items = [{"namespace": "tpu-serve", "key": "stage", "value": stage},
+                 {"namespace": "tpu-serve", "key": "reason", "value": reason}]
+        return Response(200, {"queryPath": "tpu-serve/", "queryValue": {"items": items}})
+
+    return FakeServer({("GET", f"{INSTANCE_PATH}/serialPort"): lambda request: Response(200, {"contents": SERIAL}),
+                       ("GET", f"{INSTANCE_PATH}/getGuestAttributes"): guest_attributes})
+
+
+@pytest.fixture
+def no_adc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain sessions instead of application-default credentials (the fakes need no auth)."""
+    monkeypatch.setattr("tpuserve.gce.adc_session", requests.Session)
+
+
+def test_diagnose_a_vm_reads_serial_console_and_gate_stage(no_adc: None) -> None:
+    with fake_compute("failed", f"docker pull failed (token {HF_CANARY})") as compute, FakeOpenAI() as model:
+        result = CliRunner().invoke(main, ["diagnose", *VM, "--compute-url", compute.url, "--url", model.url])
+    assert result.exit_code == 0, result.output
+    user_turn = model.chat_bodies()[0]["messages"][1]["content"]
+    assert "Readiness gate stage: failed" in user_turn and "manifest unknown" in user_turn
+    assert HF_CANARY not in user_turn and REDACTED in user_turn
+    assert compute.requests[0].query == "queryPath=tpu-serve%2F"
+
+
+def test_logs_serial_prints_the_last_lines(no_adc: None) -> None:
+    with fake_compute("serving", "") as compute:
+        result = CliRunner().invoke(main, ["logs", *VM, "--source", "serial", "--tail", "2",
+                                                           "--compute-url", compute.url])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == SERIAL.splitlines()[-2:]
+    assert compute.requests[0].path == f"{INSTANCE_PATH}/serialPort" and compute.requests[0].query == "port=1"
+
+
+@pytest.fixture
+def gcloud_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `gcloud` first on PATH that records its argv (one per line) and prints a log line."""
+    argv_file = tmp_path / "gcloud-argv"
+    shim = tmp_path / "bin" / "gcloud"
+    shim.parent.mkdir()
+    shim.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {argv_file}\necho 'INFO vllm: Uvicorn running'\n")
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
+    return argv_file
+
+
+@pytest.mark.parametrize("extra, follow", [([], False), (["--follow"], True)])
+def test_logs_docker_runs_docker_logs_over_iap_ssh(gcloud_shim: Path, capfd: pytest.CaptureFixture[str],
+                                                   extra: list[str], follow: bool) -> None:
+    result = CliRunner().invoke(main, ["logs", *VM, "--source", "docker", "--tail", "50", *extra])
+    assert result.exit_code == 0, result.output
+    assert gcloud_shim.read_text().splitlines() == docker_logs_argv("tpu-serve-dev", "us-east5-b", "proj-1", 50,
+                                                                    follow)[1:]
+    assert "Uvicorn running" in capfd.readouterr().out
+
+
+def test_docker_logs_argv_is_iap_ssh_to_the_vllm_container() -> None:
+    assert docker_logs_argv("vm", "z", "p", 10, True) == [
+        "gcloud", "compute", "ssh", "vm", "--zone", "z", "--project", "p", "--tunnel-through-iap", "--",
+        "sudo", "docker", "logs", "--tail", "10", "--follow", "vllm"]
+
+
+def test_logs_take_the_vm_from_saved_stack_outputs(gcloud_shim: Path, tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"instanceName": "vm-from-stack", "zone": "europe-west4-a", "project": "p2"}))
+    result = CliRunner().invoke(main, ["logs", "--stack-outputs", str(outputs), "--source", "docker"])
+    assert result.exit_code == 0, result.output
+    assert gcloud_shim.read_text().splitlines()[2:7] == ["vm-from-stack", "--zone", "europe-west4-a", "--project",
+                                                         "p2"]
+
+
+def test_logs_without_a_vm_names_the_missing_options() -> None:
+    result = CliRunner().invoke(main, ["logs", "--instance", "vm"])
+    assert result.exit_code == 2 and "missing --zone, --project" in result.output

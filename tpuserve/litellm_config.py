@@ -1,0 +1,81 @@
+"""`tpuserve litellm`: a LiteLLM proxy config that serves the deployment under familiar model names.
+
+Tools that only speak to hosted models (Gemini-CLI-style clients, OpenAI SDK apps) can then point at the LiteLLM
+proxy and ask for e.g. `gemini-2.0-flash`; the proxy forwards to vLLM's OpenAI-compatible API. Keys are never
+written into the file: LiteLLM resolves `os.environ/NAME` references when it loads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from tpuserve.client import API_KEY_ENV, api_base
+from tpuserve.serving import ConfigError
+
+MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
+ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+
+def env_reference(option: str, name: str) -> str:
+    """`os.environ/NAME`, LiteLLM's way to read a secret from the environment at load time."""
+    if not name or not set(name) <= ENV_NAME_CHARS or name[0].isdigit():
+        raise ConfigError(option, f"{name!r} is not an environment variable name (A-Z, 0-9, _)")
+    return f"os.environ/{name}"
+
+
+def litellm_config(url: str, served_model: str, aliases: Sequence[str], api_key_env: str = API_KEY_ENV,
+                   master_key_env: str = MASTER_KEY_ENV) -> dict[str, Any]:
+    """The proxy config: every alias routes to the served model through LiteLLM's OpenAI-compatible provider."""
+    if not aliases:
+        raise ConfigError("--alias", "give at least one model name to serve, e.g. --alias gemini-2.0-flash")
+    duplicates = sorted({alias for alias in aliases if list(aliases).count(alias) > 1})
+    if duplicates:
+        raise ConfigError("--alias", f"repeated: {', '.join(duplicates)}")
+    if not served_model:
+        raise ConfigError("--model", "must name the served model")
+    params = {"model": f"openai/{served_model}", "api_base": api_base(url),
+              "api_key": env_reference("--api-key-env", api_key_env)}
+    return {"model_list": [{"model_name": alias, "litellm_params": dict(params)} for alias in aliases],
+            "general_settings": {"master_key": env_reference("--master-key-env", master_key_env)}}
+
+
+def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
+    """(endpoint URL, model) from the stack outputs `endpoint` and `model`."""
+    missing = [key for key in ("endpoint", "model") if not outputs.get(key)]
+    if missing:
+        raise ConfigError("--stack", f"stack outputs lack {', '.join(missing)}")
+    return str(outputs["endpoint"]), str(outputs["model"])
+
+
+@click.command()
+@click.option("--url", help="Server URL, with or without /v1 (default: the stack's `endpoint` output).")
+@click.option("--model", help="Served model name (default: the stack's `model` output).")
+@click.option("--stack", help="Pulumi stack whose `endpoint` and `model` outputs to use.")
+@click.option("--stack-outputs", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="`pulumi stack output --json` saved to a file, instead of --stack.")
+@click.option("--alias", "aliases", multiple=True, required=True,
+              help="Model name clients ask for, e.g. gemini-2.0-flash; repeatable.")
+@click.option("--api-key-env", default=API_KEY_ENV, show_default=True,
+              help="Environment variable LiteLLM reads the endpoint's key from (any value if vLLM has no key).")
+@click.option("--master-key-env", default=MASTER_KEY_ENV, show_default=True,
+              help="Environment variable holding the key clients must present to the proxy.")
+def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None,
+            aliases: tuple[str, ...], api_key_env: str, master_key_env: str) -> None:
+    """Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`)."""
+    if url is None or model is None:
+        if stack is None and stack_outputs is None:
+            raise click.UsageError("give --url and --model, or --stack / --stack-outputs to read them from")
+        from tpuserve.logs import read_stack_outputs
+
+        stack_url, stack_model = endpoint_from_outputs(read_stack_outputs(stack, stack_outputs))
+        url, model = url or stack_url, model or stack_model
+    try:
+        config = litellm_config(url, model, aliases, api_key_env, master_key_env)
+    except ConfigError as err:
+        raise click.UsageError(str(err)) from err
+    click.echo(yaml.safe_dump(config, sort_keys=False), nl=False)

@@ -1,0 +1,272 @@
+"""`tpuserve logs` and `tpuserve diagnose`: what the VM said, and a model's reading of why a deployment failed.
+
+`logs` prints the serial console (Compute API; the startup script logs every boot stage there) and the vLLM
+container's output (`docker logs vllm` over IAP ssh). `diagnose` sends the relevant excerpt of those logs, with the
+readiness gate's stage and reason, to an OpenAI-compatible model and prints its short diagnosis. Everything sent is
+passed through `redact` first, so tokens and keys in the logs never leave the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tpuserve.client import API_KEY_ENV
+from tpuserve.serving import CONTAINER_NAME
+
+DEFAULT_TAIL = 200
+EXCERPT_TAIL_LINES = 60
+EXCERPT_CONTEXT_LINES = 2
+EXCERPT_MAX_CHARS = 12_000
+DIAGNOSIS_MAX_TOKENS = 300
+REDACTED = "[REDACTED]"
+
+# Anything that looks like a credential. Order matters: specific formats first, then `name=value` pairs, then
+# long mixed-case alphanumerics (hex digests such as image sha256s are all one case and survive).
+REDACTIONS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.DOTALL), REDACTED),
+    (re.compile(r"\bhf_[A-Za-z0-9]{10,}"), REDACTED),  # Hugging Face tokens
+    (re.compile(r"\bya29\.[A-Za-z0-9._\-]+"), REDACTED),  # Google OAuth access tokens
+    (re.compile(r"\b1//[A-Za-z0-9_\-]{20,}"), REDACTED),  # Google OAuth refresh tokens
+    (re.compile(r"\bAIza[A-Za-z0-9_\-]{30,}"), REDACTED),  # Google API keys
+    (re.compile(r"\b(?:sk|pk|rk)-[A-Za-z0-9_\-]{16,}"), REDACTED),  # OpenAI/LiteLLM-style keys
+    (re.compile(r"\beyJ[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]*"), REDACTED),  # JWTs
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{8,}"), rf"\1 {REDACTED}"),
+    (re.compile(r"(?i)((?:api[_-]?key|access[_-]?token|auth[_-]?token|token|secret|password|passwd|"
+                r"authorization|private[_-]?key)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;]+"), rf"\1{REDACTED}"),
+    (re.compile(r"\b(?=[A-Za-z0-9_\-]*[0-9])(?=[A-Za-z0-9_\-]*[a-z])(?=[A-Za-z0-9_\-]*[A-Z])[A-Za-z0-9_\-]{32,}"),
+     REDACTED),
+]
+# Lines worth showing a model even when they are far from the end of the log.
+NOTABLE_LINE = re.compile(r"(?i)error|exception|traceback|failed|fatal|killed|out of memory|\boom\b|"
+                          r"resource_exhausted|denied|forbidden|unauthori[sz]ed|not found|timed? ?out|stage")
+
+DIAGNOSIS_SYSTEM_PROMPT = (
+    "You diagnose failed deployments of vLLM on a Google Cloud TPU VM (startup script -> docker -> vllm serve). "
+    "Answer in at most five short lines: the most likely cause, the log line that shows it, and the fix. "
+    "If the logs do not show the cause, say so and name what to check next.")
+
+
+def redact(text: str) -> str:
+    """`text` with everything token- or key-like replaced by [REDACTED]."""
+    for pattern, replacement in REDACTIONS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def relevant_excerpt(log: str, tail_lines: int = EXCERPT_TAIL_LINES, context: int = EXCERPT_CONTEXT_LINES,
+                     max_chars: int = EXCERPT_MAX_CHARS) -> str:
+    """The last `tail_lines` lines plus notable earlier lines (errors, stages) with context, gaps marked '…'.
+
+    Capped at `max_chars`, keeping the end: a failed boot explains itself last.
+    """
+    lines = log.splitlines()
+    keep = set(range(max(0, len(lines) - tail_lines), len(lines)))
+    for index, line in enumerate(lines):
+        if NOTABLE_LINE.search(line):
+            keep.update(range(max(0, index - context), min(len(lines), index + context + 1)))
+    excerpt: list[str] = []
+    for index in sorted(keep):
+        if excerpt and index - 1 not in keep:
+            excerpt.append("…")
+        excerpt.append(lines[index])
+    text = "\n".join(excerpt)
+    return text if len(text) <= max_chars else "…" + text[-max_chars:]
+
+
+def diagnosis_messages(log_excerpt: str, stage: str | None, reason: str | None) -> list[dict[str, str]]:
+    """The chat sent to the diagnosing model; redacted as a whole, so no field can leak a token."""
+    report = (f"Readiness gate stage: {stage or 'unknown'}\nGate reason: {reason or 'none given'}\n\n"
+              f"Log excerpt:\n{log_excerpt}")
+    return [{"role": "system", "content": DIAGNOSIS_SYSTEM_PROMPT}, {"role": "user", "content": redact(report)}]
+
+
+def docker_logs_argv(name: str, zone: str, project: str, tail: int, follow: bool) -> list[str]:
+    """`docker logs` of the vLLM container through an IAP ssh tunnel (the VM has no external IP)."""
+    return ["gcloud", "compute", "ssh", name, "--zone", zone, "--project", project, "--tunnel-through-iap", "--",
+            "sudo", "docker", "logs", "--tail", str(tail), *(["--follow"] if follow else []), CONTAINER_NAME]
+
+
+def tail_lines(text: str, count: int) -> str:
+    return "\n".join(text.splitlines()[-count:])
+
+
+def read_stack_outputs(stack: str | None, outputs_file: Path | None) -> dict[str, Any]:
+    """A stack's outputs: `pulumi stack output --json` saved in a file, or run for `stack`."""
+    from tpuserve.serving import ConfigError
+    from tpuserve.stack import stack_outputs
+
+    if outputs_file is None:
+        try:
+            return stack_outputs(str(stack))
+        except ConfigError as err:
+            raise click.ClickException(str(err)) from err
+    try:
+        outputs = json.loads(outputs_file.read_text())
+    except json.JSONDecodeError as err:
+        raise click.BadParameter(f"{outputs_file}: not JSON ({err.msg})", param_hint="--stack-outputs") from err
+    if not isinstance(outputs, dict):
+        raise click.BadParameter(f"{outputs_file}: a JSON object of stack outputs expected",
+                                 param_hint="--stack-outputs")
+    return outputs
+
+
+def resolve_instance(instance: str | None, zone: str | None, project: str | None, stack: str | None,
+                     stack_outputs: Path | None) -> Any:
+    """The VM from --instance/--zone/--project, filled in from the stack outputs where not given."""
+    from tpuserve.gce import Instance
+
+    if stack is not None or stack_outputs is not None:
+        outputs = read_stack_outputs(stack, stack_outputs)
+        instance = instance or outputs.get("instanceName")
+        zone, project = zone or outputs.get("zone"), project or outputs.get("project")
+    missing = [option for option, value in (("--instance", instance), ("--zone", zone), ("--project", project))
+               if not value]
+    if missing:
+        raise click.UsageError(f"missing {', '.join(missing)} (or give --stack / --stack-outputs)")
+    return Instance(str(project), str(zone), str(instance))
+
+
+def compute_client(compute_url: str) -> Any:
+    """A Compute API client with application-default credentials."""
+    from google.auth.exceptions import DefaultCredentialsError
+
+    from tpuserve.gce import ComputeClient, adc_session
+
+    try:
+        return ComputeClient(adc_session(), compute_url)
+    except DefaultCredentialsError as err:
+        raise click.ClickException(f"no Google application-default credentials ({err}); run "
+                                   "`gcloud auth application-default login`") from err
+
+
+def instance_options(command: Any) -> Any:
+    """Options that name the VM, directly or through the stack's outputs."""
+    from tpuserve.gce import COMPUTE_URL
+
+    options = [
+        click.option("--stack", help="Pulumi stack whose outputs name the VM (runs `pulumi stack output`)."),
+        click.option("--stack-outputs", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="`pulumi stack output --json` saved to a file, instead of --stack."),
+        click.option("--instance", help="VM name."),
+        click.option("--zone", help="Zone of the VM."),
+        click.option("--project", help="Project of the VM."),
+        click.option("--compute-url", default=COMPUTE_URL, show_default=True, help="Compute API root."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@click.command()
+@instance_options
+@click.option("--source", type=click.Choice(["serial", "docker", "both"]), default="both", show_default=True,
+              help="Serial console (Compute API), `docker logs vllm` (IAP ssh), or both.")
+@click.option("--tail", default=DEFAULT_TAIL, show_default=True, type=click.IntRange(min=1),
+              help="Lines from the end of each log.")
+@click.option("--follow", is_flag=True, help="Keep streaming `docker logs` (implies --source docker).")
+def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zone: str | None,
+         project: str | None, compute_url: str, source: str, tail: int, follow: bool) -> None:
+    """Print the VM's serial console and the vLLM container's logs."""
+    from tpuserve.gce import ComputeApiError
+
+    vm = resolve_instance(instance, zone, project, stack, stack_outputs)
+    if follow:
+        source = "docker"
+    if source in ("serial", "both"):
+        try:
+            serial = compute_client(compute_url).serial_output(vm)
+        except ComputeApiError as err:
+            raise click.ClickException(f"serial console of {vm.name}: {err}") from err
+        click.echo(f"== serial console of {vm.name} (last {tail} lines) ==", err=True)
+        click.echo(tail_lines(serial, tail))
+    if source in ("docker", "both"):
+        click.echo(f"== docker logs {CONTAINER_NAME} on {vm.name} ==", err=True)
+        try:
+            code = subprocess.run(docker_logs_argv(vm.name, vm.zone, vm.project, tail, follow)).returncode
+        except FileNotFoundError as err:
+            raise click.ClickException("gcloud not found: install the Google Cloud CLI for `docker logs`") from err
+        if code != 0:
+            raise click.ClickException(f"`gcloud compute ssh` exited with {code}")
+
+
+def boot_report(vm: Any, compute_url: str) -> tuple[str, str | None, str | None]:
+    """(serial console, gate stage, gate reason) of a VM, from the Compute API."""
+    from tpuserve.gate import GUEST_NAMESPACE
+
+    compute = compute_client(compute_url)
+    attributes = compute.guest_attributes(vm, GUEST_NAMESPACE)
+    return compute.serial_output(vm), attributes.get("stage"), attributes.get("reason")
+
+
+@click.command()
+@instance_options
+@click.option("--log-file", "log_files", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Diagnose this saved log instead of fetching the VM's (repeatable).")
+@click.option("--stage", help="The gate's last stage (default: the VM's guest attribute).")
+@click.option("--reason", help="The gate's failure reason (default: the VM's guest attribute).")
+@click.option("--url", help="OpenAI-compatible endpoint that diagnoses (default: the stack's `endpoint`).")
+@click.option("--model", help="Model to ask (default: the first the endpoint lists).")
+@click.option("--api-key-env", default=API_KEY_ENV, show_default=True,
+              help="Environment variable holding the diagnosing endpoint's key.")
+@click.option("--dry-run", is_flag=True, help="Print the redacted request instead of sending it.")
+def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None, zone: str | None,
+             project: str | None, compute_url: str, log_files: Sequence[Path], stage: str | None,
+             reason: str | None, url: str | None, model: str | None, api_key_env: str, dry_run: bool) -> None:
+    """Ask a model why a deployment failed, from its logs and the gate's stage and reason (tokens redacted)."""
+    if log_files:
+        log = "\n".join(path.read_text(errors="replace") for path in log_files)
+    else:
+        from tpuserve.gce import ComputeApiError
+
+        vm = resolve_instance(instance, zone, project, stack, stack_outputs)
+        try:
+            log, vm_stage, vm_reason = boot_report(vm, compute_url)
+        except ComputeApiError as err:
+            raise click.ClickException(f"{vm.name}: {err}") from err
+        stage, reason = stage or vm_stage, reason or vm_reason
+    messages = diagnosis_messages(relevant_excerpt(log), stage, reason)
+    if dry_run:
+        click.echo(messages[1]["content"])
+        return
+    click.echo(ask_for_diagnosis(messages, url, model, api_key_env, stack, stack_outputs))
+
+
+def ask_for_diagnosis(messages: list[dict[str, str]], url: str | None, model: str | None, api_key_env: str,
+                      stack: str | None, stack_outputs: Path | None) -> str:
+    """The model's answer. Without --url the deployment itself answers, reached through the stack's endpoint
+    (an IAP tunnel for a gcp stack, open only while asking)."""
+    if url is not None:
+        return chat_for_diagnosis(messages, url, model, api_key_env)
+    if stack is None and stack_outputs is None:
+        raise click.UsageError("give --url of the diagnosing endpoint (or --stack to ask the deployment)")
+    from tpuserve.serving import ConfigError
+    from tpuserve.stack import TunnelError, endpoint_for
+
+    try:
+        with endpoint_for(read_stack_outputs(stack, stack_outputs)) as endpoint:
+            return chat_for_diagnosis(messages, endpoint, model, api_key_env)
+    except (ConfigError, TunnelError) as err:
+        raise click.ClickException(f"cannot reach the deployment to ask it ({err}); give --url") from err
+
+
+def chat_for_diagnosis(messages: list[dict[str, str]], url: str, model: str | None, api_key_env: str) -> str:
+    import os
+
+    import requests
+
+    from tpuserve.client import ChatClient, EndpointError, served_model
+
+    api_key = os.environ.get(api_key_env)
+    try:
+        client = ChatClient(url, model or served_model(url, api_key), api_key=api_key)
+        reply = client.chat(messages, temperature=0, max_tokens=DIAGNOSIS_MAX_TOKENS)
+    except (requests.RequestException, EndpointError) as err:
+        raise click.ClickException(f"--url {url}: the diagnosing endpoint failed: {err}") from err
+    return reply.answer()[1].strip() or "(the model returned an empty answer)"
