@@ -85,7 +85,7 @@ def check_firewall_sources(args: ResourceValidationArgs, report: ReportViolation
     allowed = args.get_config().get("allowedSourceRanges", [IAP_SOURCE_RANGE])
     sources = args.props.get("sourceRanges") or []
     if not sources:
-        report("ingress rule without sourceRanges: GCP then admits every source (0.0.0.0/0) or whole VM tags; "
+        report("ingress rule without sourceRanges (with no source tags either, GCP admits 0.0.0.0/0); "
                f"set sourceRanges to {IAP_SOURCE_RANGE} (IAP)", None)
     for source in sources:
         if _outside(source, allowed):
