@@ -26,7 +26,7 @@ from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 GUEST_NAMESPACE = "tpu-serve"
 SERVING, FAILED, BOOTING = "serving", "failed", "booting"
 DEFAULT_TIMEOUT_S = 1500.0
-DEFAULT_INTERVAL_S = 1.0
+DEFAULT_INTERVAL_S = 0.5
 REQUEST_TIMEOUT_S = 60.0
 SERIAL_TAIL_LINES = 30
 COMPLETION_MAX_TOKENS = 8

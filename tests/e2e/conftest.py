@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,7 +98,7 @@ def tiny_model_dir(vllm_python: Path) -> Path:
 
 
 @contextlib.contextmanager
-def serve(vllm_bin: Path, model_dir: Path, log_dir: Path, **overrides: object) -> Iterator[RunningServer]:
+def serve(vllm_bin: Path, model_dir: Path, log_dir: Path, **overrides: Any) -> Iterator[RunningServer]:
     cfg = cpu_server.cpu_serving_config(model_dir, SERVED_MODEL_NAME, cpu_server.free_port(), **overrides)
     server = cpu_server.start_server(vllm_bin, cfg, SERVED_MODEL_NAME, log_dir / "vllm-serve.log")
     try:

@@ -14,6 +14,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -45,12 +46,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def cpu_serving_config(model_dir: Path, served_name: str, port: int, **overrides: object) -> ServingConfig:
+def cpu_serving_config(model_dir: Path, served_name: str, port: int, extra_args: tuple[str, ...] = (),
+                       **overrides: Any) -> ServingConfig:
     """The dev stack's serving options with the TPU-only ones swapped for what the CPU backend runs."""
-    extra_args = ("--dtype", "float32", "--enforce-eager", "--served-model-name", served_name)
-    extra_args += tuple(overrides.pop("extra_args", ()))  # type: ignore[arg-type]
+    cpu_args = ("--dtype", "float32", "--enforce-eager", "--served-model-name", served_name)
     cfg = dataclasses.replace(ServingConfig(), model=str(model_dir), max_model_len=1024, host="127.0.0.1",
-                              port=port, extra_args=extra_args, **overrides)
+                              port=port, extra_args=cpu_args + extra_args, **overrides)
     return cfg.validate(backend="cpu")
 
 
