@@ -83,3 +83,13 @@ def test_a_wrong_answer_fails_with_what_was_said() -> None:
         results = run_vision(ChatClient(fake.url, FAKE_MODEL))
     assert [r.verdict for r in results] == [FAIL] * len(VISION_SCENARIOS)
     assert "answered 'Blue.'" in results[0].reason and "expected one of ['3', 'three']" in results[0].reason
+
+
+def test_a_422_that_persists_after_the_retry_is_a_fail_not_a_skip() -> None:
+    with FakeOpenAI() as fake:
+        fake.routes[("POST", "/v1/chat/completions")] = lambda request: Response(
+            422, {"error": {"message": BOOT_422_MESSAGE, "code": 422}})
+        results = run_vision(ChatClient(fake.url, FAKE_MODEL))
+    assert [r.verdict for r in results] == [FAIL] * len(VISION_SCENARIOS)
+    assert results[0].reason == f"server error: HTTP 422: {BOOT_422_MESSAGE}"
+    assert len(fake.requests) == 2 * len(VISION_SCENARIOS)

@@ -27,6 +27,7 @@ from tpuserve.client import (ANY_OBJECT_SCHEMA, API_KEY_ENV, ChatClient, ChatRep
 
 PASS, FAIL, SKIPPED, NOT_ENFORCED = "pass", "fail", "skipped", "schema not enforced"
 EXCERPT_CHARS = 300
+TABLE_REASON_CHARS = 120
 
 # ---------------------------------------------------------------------------------------------------------------
 # Results
@@ -198,8 +199,9 @@ def run_tools(client: ChatClient, max_tokens: int | None = None) -> list[Scenari
 # ---------------------------------------------------------------------------------------------------------------
 # Structured output
 
-# Enum and boolean fields only, no free strings: an enforced grammar then yields a short, finite document even from
-# a model with random weights, so "not valid" can only mean "not enforced".
+# Enum and boolean fields only, no free strings: an enforced grammar then leaves a model (even one with random
+# weights) a single short document, so free text means "not enforced". A grammar that allows free whitespace
+# still lets a weak model pad until max_tokens: that is reported as a truncation fail, not as "not enforced".
 ANSWER_SCHEMA: dict[str, Any] = {
     "type": "object", "additionalProperties": False, "required": ["answer", "confident"],
     "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}, "confident": {"type": "boolean"}}}
@@ -263,7 +265,7 @@ VISION_SCENARIOS: list[tuple[str, str, str, tuple[str, ...]]] = [
 ]
 VISION_MAX_TOKENS = 32
 # How vLLM refuses images on a text-only deployment (a text-only model, or --language-model-only / a 0 image limit).
-TEXT_ONLY_ERROR = re.compile(r"multi-?modal|at most 0 image|limit.mm.per.prompt|language.model.only|"
+TEXT_ONLY_ERROR = re.compile(r"not a multi-?modal model|at most 0 image|limit.mm.per.prompt|language.model.only|"
                              r"image.{0,40}not (be )?supported|does not support (image|vision)", re.IGNORECASE)
 
 
@@ -423,15 +425,21 @@ def print_results(results: list[ScenarioResult], as_json: bool) -> None:
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table("probe", "scenario", "verdict", "latency", "reason")
-    for r in results:
-        latency = "-" if r.latency_s is None else f"{r.latency_s:.2f} s"
-        table.add_row(r.probe, r.scenario, f"[{VERDICT_STYLE[r.verdict]}]{r.verdict}[/]", latency, r.reason)
     console = Console()
-    console.print(table)
+    for probe_name in dict.fromkeys(r.probe for r in results):
+        table = Table(title=probe_name, title_justify="left")
+        for column in ("scenario", "verdict", "latency"):
+            table.add_column(column, no_wrap=True)
+        table.add_column("reason (--json has the evidence)")
+        for r in (r for r in results if r.probe == probe_name):
+            latency = "-" if r.latency_s is None else f"{r.latency_s:.2f} s"
+            table.add_row(r.scenario, Text(r.verdict, style=VERDICT_STYLE[r.verdict]), latency,
+                          Text(excerpt(r.reason, TABLE_REASON_CHARS)))  # Text: reasons are not markup
+        console.print(table)
     if summary:
-        console.print(summary)
+        console.print(summary, markup=False)
 
 
 def failed(results: list[ScenarioResult]) -> bool:
