@@ -57,7 +57,7 @@ class TpuServeDeployment(pulumi.ComponentResource):
             # The VM needs its token grant and its egress before the startup script runs.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[identity, network]))
         gate = ReadinessGate(f"{base}-ready", ReadinessGateArgs(
-            target=vm.name.apply(lambda vm_name: instance_target(vm_name, cfg.zone, cfg.project)),
+            target=vm.name.apply(lambda vm_name: instance_target(vm_name, cfg.zone, cfg.project, serving_hash)),
             timeout_s=cfg.readiness_timeout_seconds, triggers=[vm.instance_id, serving_hash]), opts=child)
 
         self.instance_name = vm.name

@@ -25,9 +25,9 @@ class ReadinessGateArgs:
     triggers: Sequence[pulumi.Input[str]]
 
 
-def instance_target(instance: str, zone: str, project: str) -> list[str]:
-    """Follow a VM's guest attributes through the Compute API."""
-    return ["--instance", instance, "--zone", zone, "--project", project]
+def instance_target(instance: str, zone: str, project: str, config_hash: str) -> list[str]:
+    """Follow a VM's guest attributes through the Compute API; `serving` counts only for this serving config."""
+    return ["--instance", instance, "--zone", zone, "--project", project, "--config-hash", config_hash]
 
 
 def url_target(url: str, model: str) -> list[str]:

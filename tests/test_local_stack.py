@@ -108,15 +108,6 @@ def test_outputs(local_run: StackRun) -> None:
     }
 
 
-def test_gcp_stack_gate_stays_in_instance_mode() -> None:
-    """The gate was generalised for URL mode; the TPU stack must still follow its VM."""
-    run = run_stack(stack_file_config("dev"), "dev")
-    cfg = build_stack_config(stack_file_config("dev"))
-    assert gate_argv(run) == ["gate", "--instance", run.outputs["instanceName"], "--zone", cfg.zone,
-                              "--project", cfg.project, "--timeout", str(cfg.readiness_timeout_seconds)]
-    assert run.outputs["target"] == "gcp"
-
-
 @pytest.mark.parametrize(("key", "value"), [
     ("localGpus", "everything"),
     ("localPort", "70000"),

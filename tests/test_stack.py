@@ -98,8 +98,8 @@ def test_readiness_gate_watches_this_vm_and_reruns_on_change(stack_run):
     stack, run = stack_run
     gate = run.one("command:local:Command").inputs
     project = stack_file_config(stack)["project"]
-    assert f"-m tpuserve gate --instance tpu-serve-{stack} --zone us-east5-b --project {project} --timeout 1500" \
-        in gate["create"]
+    assert gate["create"].endswith(f"-m tpuserve gate --instance tpu-serve-{stack} --zone us-east5-b --project "
+                                   f"{project} --config-hash {run.outputs['configHash']} --timeout 1500")
     assert gate["triggers"] == ["4242424242", run.outputs["configHash"]]
 
 
