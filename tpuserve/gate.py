@@ -322,7 +322,10 @@ def print_timeline(console: Any, verdict: Verdict) -> None:
     if not verdict.stages:
         console.print("boot timeline: no stage reached")
         return
-    table = Table("stage", "at (s)", "took (s)", title="boot timeline", title_justify="left")
+    table = Table(title="boot timeline", title_justify="left")
+    table.add_column("stage")
+    table.add_column("at (s)", justify="right")
+    table.add_column("took (s)", justify="right")
     entries = list(verdict.stages.items())
     for index, (name, at) in enumerate(entries):
         took = f"{entries[index + 1][1] - at:.1f}" if index + 1 < len(entries) else ""
