@@ -70,16 +70,18 @@ def start_server(vllm_bin: Path, cfg: ServingConfig, served_name: str, log_path:
 
 
 def wait_healthy(server: RunningServer, timeout_s: float = HEALTH_TIMEOUT_S, interval_s: float = 0.1) -> float:
-    """Wall-clock time (time.time()) of the first 200 from /health; raise with the log tail if the server exits or
-    the time runs out."""
+    """When /health first answered 200: time.time() just before sending the request that got it (the poll before,
+    `interval_s` earlier, did not), so a slow response does not make the server look later than it was. Raises with
+    the log tail if the server exits or the time runs out."""
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         if server.process.poll() is not None:
             raise RuntimeError(f"vllm serve exited with {server.process.returncode} before /health answered:\n"
                                f"{log_tail(server.log_path)}")
+        sent_at = time.time()
         try:
             if requests.get(f"{server.url}/health", timeout=2).status_code == 200:
-                return time.time()
+                return sent_at
         except requests.ConnectionError:
             pass
         time.sleep(interval_s)
