@@ -125,5 +125,5 @@ def test_plot_is_a_png_of_sensible_size(sweep_dir: Path, tmp_path: Path):
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
     width, height = struct.unpack(">II", data[16:24])
-    assert (width, height) == (960, 600)  # 8 × 5 inches at 120 dpi
+    assert (width, height) == (800, 900)  # 8 × 9 inches at 100 dpi
     assert 10_000 < len(data) < 1_000_000

@@ -208,7 +208,14 @@ def bench() -> None:
 def sweep(url: str | None, model: str, tokenizer: str | None, levels: list[int], input_len: int, output_len: int,
           num_prompts: int, out: Path, vllm_bin: str, vm: str | None, zone: str | None, project: str | None,
           container: str, stack_outputs: Path | None) -> None:
-    """Run `vllm bench serve` (random dataset) once per concurrency level and save every result in --out."""
+    """Run `vllm bench serve` (random dataset) once per concurrency level and save every result in --out.
+
+    \b
+    Local (default): this machine's vLLM measures --url, network included: what a client sees.
+    --remote VM: runs inside the VM's container over IAP ssh and copies the results back, so TTFT is the
+    server's own and not the tunnel's: use it to measure the deployment itself.
+    Beside the results, sweep.json records the commands, vLLM version, model, parameters and times.
+    """
     if url is None and vm is None:
         raise click.BadParameter("required unless --remote is given", param_hint="--url")
     outputs = load_stack_outputs(stack_outputs)
@@ -298,7 +305,7 @@ def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, pl
     if len(dirs) > 2:
         raise click.BadParameter("one DIR to report, two to compare", param_hint="DIRS")
     try:
-        runs = {str(directory): benchreport.report_rows(directory, price_per_hour) for directory in dirs}
+        runs = {run_label(directory, dirs): benchreport.report_rows(directory, price_per_hour) for directory in dirs}
         comparisons = benchreport.compare_rows(*runs.values()) if len(dirs) == 2 else None
     except benchreport.ReportError as error:
         raise click.ClickException(str(error)) from error
@@ -309,6 +316,12 @@ def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, pl
     if plot:
         benchreport.plot_runs(runs, plot)
         click.echo(f"plot written to {plot}", err=True)
+
+
+def run_label(directory: Path, dirs: tuple[Path, ...]) -> str:
+    """The directory's name, or its whole path when the names alone would not tell the runs apart."""
+    names = [path.resolve().name for path in dirs]
+    return directory.resolve().name if len(set(names)) == len(names) else str(directory)
 
 
 def print_rows(rows: list[benchreport.BenchRow], output_format: str, title: str) -> None:

@@ -174,33 +174,27 @@ def comparisons_as_json(comparisons: list[Comparison]) -> list[dict[str, Any]]:
 
 
 def plot_runs(runs: dict[str, list[BenchRow]], path: Path) -> None:
-    """Throughput (aggregate and per stream) and TTFT p99 against concurrency, one line style per run."""
+    """Output tok/s, per-stream tok/s and TTFT p99 against concurrency, one panel each so no metric's scale hides
+    another's, one colour per run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, throughput_axis = plt.subplots(figsize=(8, 5), dpi=120)
-    latency_axis = throughput_axis.twinx()
-    for index, (label, rows) in enumerate(runs.items()):
-        color = f"C{index}"
-        levels = [row.concurrency for row in rows]
-        throughput_axis.plot(levels, [row.output_tok_s for row in rows], "o-", color=color,
-                             label=f"{label} output tok/s")
-        throughput_axis.plot(levels, [row.per_stream_tok_s for row in rows], "s--", color=color,
-                             label=f"{label} per-stream tok/s")
-        latency_axis.plot(levels, [row.ttft_p99_ms for row in rows], "^:", color=color,
-                          label=f"{label} TTFT p99 (ms)")
-    throughput_axis.set_xscale("log", base=2)
+    panels = (("output_tok_s", "Output tok/s"), ("per_stream_tok_s", "Per-stream tok/s"),
+              ("ttft_p99_ms", "TTFT p99 (ms)"))
+    figure, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(8, 9), dpi=100)
+    for (attribute, title), axis in zip(panels, axes):
+        for label, rows in runs.items():
+            axis.plot([row.concurrency for row in rows], [getattr(row, attribute) for row in rows], "o-",
+                      label=label)
+        axis.set_ylabel(title)
+        axis.grid(True, alpha=0.3)
     levels = sorted({row.concurrency for rows in runs.values() for row in rows})
-    throughput_axis.set_xticks(levels, [str(level) for level in levels])
-    throughput_axis.set_xlabel("Concurrency")
-    throughput_axis.set_ylabel("tokens / s")
-    latency_axis.set_ylabel("TTFT p99 (ms)")
-    lines = throughput_axis.get_legend_handles_labels()
-    more = latency_axis.get_legend_handles_labels()
-    throughput_axis.legend(lines[0] + more[0], lines[1] + more[1], loc="upper left", fontsize="small")
-    throughput_axis.grid(True, alpha=0.3)
+    axes[-1].set_xscale("log", base=2)
+    axes[-1].set_xticks(levels, [str(level) for level in levels])
+    axes[-1].set_xlabel("Concurrency")
+    axes[0].legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path, format="png")
     plt.close(figure)

@@ -61,7 +61,7 @@ def test_sweep_report_and_overhead(vllm_server, vllm_bin: Path, tmp_path: Path) 
     print(compared.stdout)
     assert table.exit_code == markdown.exit_code == compared.exit_code == 0
     width, height = struct.unpack(">II", png.read_bytes()[16:24])
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (width, height) == (960, 600)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (width, height) == (800, 900)
 
 
 # Which layers hold KV and their (KV heads, head dim), as transformers itself resolves a config.
