@@ -73,6 +73,12 @@ def test_a_json_prefix_cut_by_max_tokens_is_truncation_not_a_skipped_schema() ->
         validated_json(reply, ANSWER_SCHEMA)
 
 
+def test_whitespace_padding_points_at_disable_any_whitespace() -> None:
+    reply = ChatReply(completion('{"answer":  \t\t\r\r\r\r\r\r\r\r\r\r\r\r\t ', finish_reason="length"), 0.1)
+    with pytest.raises(OutputTruncated, match="mostly whitespace.*disable_any_whitespace"):
+        validated_json(reply, ANSWER_SCHEMA)
+
+
 @pytest.mark.parametrize("text, cut", [('{"a": [1, 2', True), ('{"a": "unterminated', True), ("{", True),
                                        ("hello", False), ('{"a" x}', False), ('{"a": 1} trailing', False)])
 def test_looks_cut_off(text: str, cut: bool) -> None:

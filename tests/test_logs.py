@@ -92,6 +92,14 @@ def test_dry_run_prints_the_redacted_request_and_sends_nothing(tmp_path: Path) -
     assert result.exit_code == 0 and "fatal: out of memory" in result.output and HF_CANARY not in result.output
 
 
+def test_max_chars_bounds_the_excerpt_for_small_context_models(tmp_path: Path) -> None:
+    log = tmp_path / "boot.log"
+    log.write_text("\n".join(f"ERROR line {i}" for i in range(2000)))
+    result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--max-chars", "500", "--dry-run"])
+    excerpt = result.output.split("Log excerpt:\n", 1)[1].rstrip("\n")
+    assert result.exit_code == 0 and len(excerpt) == 501 and excerpt.endswith("ERROR line 1999")
+
+
 def fake_compute(stage: str, reason: str) -> FakeServer:
     def guest_attributes(request: Request) -> Response:
         items = [{"namespace": "tpu-serve", "key": "stage", "value": stage},

@@ -72,10 +72,10 @@ def test_probe_all_json_and_strict_exit_codes() -> None:
     assert relaxed.exit_code == 0, relaxed.output
     report = json.loads(relaxed.output)
     verdicts = {(r["probe"], r["scenario"]): r["verdict"] for r in report["results"]}
-    assert verdicts[("structured", "json_schema, thinking on")] == "schema not enforced"
+    assert verdicts[("structured", "json_schema thinking=on")] == "schema not enforced"
     assert verdicts[("tools", "simple call")] == "pass"
     assert verdicts[("vision", "count 3 squares")] == "skipped"
-    assert "not enforced with: json_schema, thinking on" in report["structured_summary"]
+    assert "not enforced with: json_schema thinking=on" in report["structured_summary"]
     assert strict.exit_code == 1
     assert "not enforced with:" in strict.output
 

@@ -8,7 +8,7 @@ from tests.httpfake import FakeServer, Response
 from tpuserve.client import ChatClient
 from tpuserve.probe import FAIL, NOT_ENFORCED, PASS, enforcement_summary, run_structured
 
-OFF, ON, OBJECT = "json_schema, thinking off", "json_schema, thinking on", "json_object"
+OFF, ON, OBJECT = "json_schema thinking=off", "json_schema thinking=on", "json_object"
 
 
 def probe(structured: str) -> tuple[dict[str, str], list, FakeOpenAI]:

@@ -122,6 +122,14 @@ def looks_cut_off(text: str) -> bool:
     return False
 
 
+def padding_hint(text: str) -> str:
+    """Why a constrained answer never closed, when it is mostly whitespace (the grammar allowed any)."""
+    if sum(ch.isspace() for ch in text) * 2 <= len(text):
+        return ""
+    return ("; it is mostly whitespace: serve with --structured-outputs-config "
+            "'{\"disable_any_whitespace\": true}'")
+
+
 def validated_json(reply: ChatReply, schema: dict[str, Any]) -> Any:
     """The answer's JSON if it conforms to `schema`; otherwise raise SchemaNotEnforced or OutputTruncated."""
     field, text = reply.answer()
@@ -133,7 +141,8 @@ def validated_json(reply: ChatReply, schema: dict[str, Any]) -> Any:
         document = json.loads(text)
     except json.JSONDecodeError as err:
         if reply.finish_reason == "length" and looks_cut_off(text):
-            raise OutputTruncated(f"output hit max_tokens before the JSON closed{where}", reply, field, text)
+            raise OutputTruncated(f"output hit max_tokens before the JSON closed{where}{padding_hint(text)}",
+                                  reply, field, text)
         raise SchemaNotEnforced(f"schema not enforced: the 200 answer is not JSON ({err.msg} at char {err.pos})"
                                 f"{where}", reply, field, text) from err
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(document), key=lambda e: list(e.path))

@@ -215,10 +215,13 @@ def boot_report(vm: Any, compute_url: str) -> tuple[str, str | None, str | None]
 @click.option("--model", help="Model to ask (default: the first the endpoint lists).")
 @click.option("--api-key-env", default=API_KEY_ENV, show_default=True,
               help="Environment variable holding the diagnosing endpoint's key.")
+@click.option("--max-chars", default=EXCERPT_MAX_CHARS, show_default=True, type=click.IntRange(min=200),
+              help="Size of the log excerpt sent (fit it to the model's context).")
 @click.option("--dry-run", is_flag=True, help="Print the redacted request instead of sending it.")
 def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None, zone: str | None,
              project: str | None, compute_url: str, log_files: Sequence[Path], stage: str | None,
-             reason: str | None, url: str | None, model: str | None, api_key_env: str, dry_run: bool) -> None:
+             reason: str | None, url: str | None, model: str | None, api_key_env: str, max_chars: int,
+             dry_run: bool) -> None:
     """Ask a model why a deployment failed, from its logs and the gate's stage and reason (tokens redacted)."""
     if log_files:
         log = "\n".join(path.read_text(errors="replace") for path in log_files)
@@ -231,7 +234,7 @@ def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None
         except ComputeApiError as err:
             raise click.ClickException(f"{vm.name}: {err}") from err
         stage, reason = stage or vm_stage, reason or vm_reason
-    messages = diagnosis_messages(relevant_excerpt(log), stage, reason)
+    messages = diagnosis_messages(relevant_excerpt(log, max_chars=max_chars), stage, reason)
     if dry_run:
         click.echo(messages[1]["content"])
         return

@@ -27,7 +27,6 @@ from tpuserve.client import (ANY_OBJECT_SCHEMA, API_KEY_ENV, ChatClient, ChatRep
 
 PASS, FAIL, SKIPPED, NOT_ENFORCED = "pass", "fail", "skipped", "schema not enforced"
 EXCERPT_CHARS = 300
-TABLE_REASON_CHARS = 120
 
 # ---------------------------------------------------------------------------------------------------------------
 # Results
@@ -129,7 +128,7 @@ def weather_cities(reply: ChatReply) -> list[str]:
 def judge_weather_calls(reply: ChatReply, expected: set[str]) -> tuple[str, str]:
     """Pass when the turn holds exactly one valid get_weather call per expected city."""
     if not reply.tool_calls:
-        return FAIL, f"no tool call (answered in text: {excerpt(reply.content, 80)!r})"
+        return FAIL, f"no tool call (answered in text: '{excerpt(reply.content, 80)}')"
     try:
         cities = weather_cities(reply)
     except InvalidToolCall as err:
@@ -147,8 +146,8 @@ def judge_text(reply: ChatReply, must_contain: str = "", must_not_call: bool = T
     if not reply.content.strip():
         return FAIL, "empty text answer"
     if must_contain and must_contain not in reply.content:
-        return FAIL, f"answer lacks {must_contain!r}: {excerpt(reply.content, 80)!r}"
-    return PASS, f"answered in text: {excerpt(reply.content, 80)!r}"
+        return FAIL, f"answer lacks {must_contain!r}: '{excerpt(reply.content, 80)}'"
+    return PASS, f"answered in text: '{excerpt(reply.content, 80)}'"
 
 
 def user(text: str) -> list[dict[str, Any]]:
@@ -210,8 +209,8 @@ STRUCTURED_PROMPT = user('Is the sky blue on a clear day? Reply with JSON: {"ans
 STRUCTURED_MAX_TOKENS = 512  # room for a real model's reasoning before the JSON
 # (scenario, schema or None for json_object mode, enable_thinking)
 STRUCTURED_SCENARIOS: list[tuple[str, dict[str, Any] | None, bool]] = [
-    ("json_schema, thinking off", ANSWER_SCHEMA, False),
-    ("json_schema, thinking on", ANSWER_SCHEMA, True),
+    ("json_schema thinking=off", ANSWER_SCHEMA, False),
+    ("json_schema thinking=on", ANSWER_SCHEMA, True),
     ("json_object", None, False),
 ]
 
@@ -315,7 +314,7 @@ def run_vision(client: ChatClient, max_tokens: int | None = None) -> list[Scenar
             results.append(error_result("vision", scenario, err, request))
             continue
         passed = mentions_any(reply.content, answers)
-        reason = (f"answered {excerpt(reply.content.strip(), 60)!r}"
+        reason = (f"answered '{excerpt(reply.content.strip(), 60)}'"
                   + ("" if passed else f", expected one of {list(answers)}")
                   + (f"; {retry_note}" if retry_note else ""))
         results.append(ScenarioResult("vision", scenario, PASS if passed else FAIL, reason, reply.latency_s,
@@ -436,7 +435,7 @@ def print_results(results: list[ScenarioResult], as_json: bool) -> None:
         for r in (r for r in results if r.probe == probe_name):
             latency = "-" if r.latency_s is None else f"{r.latency_s:.2f} s"
             table.add_row(r.scenario, Text(r.verdict, style=VERDICT_STYLE[r.verdict]), latency,
-                          Text(excerpt(r.reason, TABLE_REASON_CHARS)))  # Text: reasons are not markup
+                          Text(r.reason))  # Text: a reason quoting model output is not markup
         console.print(table)
     if summary:
         console.print(summary, markup=False)

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 STRUCTURED_BUDGET = 64
-OFF, ON, OBJECT = "json_schema, thinking off", "json_schema, thinking on", "json_object"
+OFF, ON, OBJECT = "json_schema thinking=off", "json_schema thinking=on", "json_object"
 
 
 def verdicts(results: list[ScenarioResult]) -> dict[str, str]:
