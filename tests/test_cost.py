@@ -64,6 +64,15 @@ def test_cli_named_level_must_have_been_measured(tmp_path: Path):
     result = CliRunner().invoke(cost, ["--report", str(tmp_path), "--concurrency", "16"])
     assert result.exit_code == 2
     assert "--concurrency" in result.output and "measured: 8" in result.output
+    assert "Breakeven" not in result.output  # nothing printed before the error
+
+
+def test_cli_says_when_the_session_loses_to_the_api(tmp_path: Path):
+    write_result(tmp_path, 8, 400.0)
+    result = CliRunner().invoke(cost, ["--report", str(tmp_path)])
+    # 400 × 3,600 × 3.8333 h = 5.52 M tokens; the API charges 5.52 × 0.40 = $2.208 against $5.40: $3.19 more.
+    assert "below breakeven" in result.output
+    assert "$3.19 more than the API" in result.output
 
 
 def test_cli_without_operating_point_prints_breakeven_and_cold_start_only():

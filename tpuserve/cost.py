@@ -85,9 +85,6 @@ def cost(price_per_hour: float, api_price_per_m: float, cold_start_min: float, s
         raise click.BadParameter("give --report or --output-tok-s, not both", param_hint="--output-tok-s")
     if concurrency is not None and not report_dir:
         raise click.BadParameter("needs --report", param_hint="--concurrency")
-    breakeven = breakeven_output_tok_s(price_per_hour, api_price_per_m)
-    click.echo(f"Breakeven vs ${api_price_per_m:g}/M: {breakeven:,.1f} output tok/s sustained at ${price_per_hour:g}/h")
-    click.echo(f"One cold start ({cold_start_min:g} min): ${cold_start_usd(price_per_hour, cold_start_min):.3f}")
     label = f"--output-tok-s {output_tok_s:g}" if output_tok_s else None
     if report_dir:
         try:
@@ -96,15 +93,20 @@ def cost(price_per_hour: float, api_price_per_m: float, cold_start_min: float, s
             raise click.ClickException(str(error)) from error
         point = operating_point(rows, concurrency)
         output_tok_s, label = point.output_tok_s, f"concurrency {point.concurrency} of {report_dir}"
+    breakeven = breakeven_output_tok_s(price_per_hour, api_price_per_m)
+    click.echo(f"Breakeven vs ${api_price_per_m:g}/M: {breakeven:,.1f} output tok/s sustained at ${price_per_hour:g}/h")
+    click.echo(f"One cold start ({cold_start_min:g} min): ${cold_start_usd(price_per_hour, cold_start_min):.3f}")
     if output_tok_s:
         echo_session(session(price_per_hour, api_price_per_m, session_h, cold_start_min, output_tok_s), label,
                      breakeven)
 
 
 def echo_session(result: Session, label: str | None, breakeven: float) -> None:
-    verdict = "beats" if result.output_tok_s > breakeven else "does not beat"
-    click.echo(f"Session of {result.hours:g} h at {result.output_tok_s:,.1f} output tok/s ({label}):")
-    click.echo(f"  cost ${result.usd:.2f}; {result.serving_hours:g} h serving yields "
+    verdict = "above" if result.output_tok_s > breakeven else "below"
+    outcome = (f"saving ${result.saving_usd:.2f}" if result.saving_usd >= 0
+               else f"${-result.saving_usd:.2f} more than the API")
+    click.echo(f"Session of {result.hours:g} h at {result.output_tok_s:,.1f} output tok/s ({label}, {verdict} "
+               "breakeven):")
+    click.echo(f"  cost ${result.usd:.2f}; {result.serving_hours:.2f} h serving after the cold start yields "
                f"{result.output_tokens / 1e6:,.2f} M output tokens = ${result.usd_per_m_output:.3f} / M")
-    click.echo(f"  the API would charge ${result.api_usd:.2f} for them: saving ${result.saving_usd:.2f} "
-               f"(this rate {verdict} breakeven)")
+    click.echo(f"  the API would charge ${result.api_usd:.2f} for them: {outcome}")
