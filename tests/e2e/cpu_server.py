@@ -40,6 +40,23 @@ class RunningServer:
     process: subprocess.Popen
 
 
+@dataclass
+class BootWatch:
+    """A server's boot as seen from outside: when /health first answered 200 (polled every 0.1 s), and a
+    `tpuserve gate --url` (default options) started together with the server."""
+
+    server: RunningServer
+    gate: subprocess.Popen
+    gate_stdout: Path  # ends with the gate's JSON verdict
+    healthy_at: float | None = None  # time.time() of the first 200 from /health
+    gate_exited_at: float | None = None  # time.time() when the gate process ended
+
+    def follow_gate(self) -> None:
+        """Record when the gate exits (runs on a thread, so the time is exact whenever the test looks)."""
+        self.gate.wait()
+        self.gate_exited_at = time.time()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -7,15 +7,16 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import REPO, BootWatch
-from tests.e2e.cpu_server import RunningServer
+from tests.e2e.cpu_server import BootWatch, RunningServer
 
 pytestmark = pytest.mark.e2e
 
+REPO = Path(__file__).resolve().parents[2]
 READY_LAG_LIMIT_S = 2.0  # issue #3: ready within 2 s of /health first answering 200
 
 
