@@ -175,3 +175,14 @@ def test_logs_take_the_vm_from_saved_stack_outputs(gcloud_shim: Path, tmp_path: 
 def test_logs_without_a_vm_names_the_missing_options() -> None:
     result = CliRunner().invoke(main, ["logs", "--instance", "vm"])
     assert result.exit_code == 2 and "missing --zone, --project" in result.output
+
+
+def test_without_url_the_deployment_itself_diagnoses(tmp_path: Path) -> None:
+    log = tmp_path / "boot.log"
+    log.write_text("ERROR: vllm exited with 1\n")
+    outputs = tmp_path / "outputs.json"
+    with FakeOpenAI(reply_text=lambda prompt: "Cause: vLLM crashed.") as deployment:
+        outputs.write_text(json.dumps({"target": "local", "endpoint": f"{deployment.url}/v1"}))
+        result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--stack-outputs", str(outputs)])
+    assert result.exit_code == 0, result.output
+    assert "Cause: vLLM crashed." in result.output and len(deployment.chat_bodies()) == 1

@@ -9,16 +9,22 @@ passed through `redact` first, so tokens and keys in the logs never leave the ma
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
+import requests
 
-from tpuserve.client import API_KEY_ENV
-from tpuserve.serving import CONTAINER_NAME
+from tpuserve import gce
+from tpuserve import stack as pulumi_stack
+from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError, served_model
+from tpuserve.gate import GUEST_NAMESPACE
+from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
+from tpuserve.serving import CONTAINER_NAME, ConfigError
 
 DEFAULT_TAIL = 200
 EXCERPT_TAIL_LINES = 60
@@ -99,12 +105,9 @@ def tail_lines(text: str, count: int) -> str:
 
 def read_stack_outputs(stack: str | None, outputs_file: Path | None) -> dict[str, Any]:
     """A stack's outputs: `pulumi stack output --json` saved in a file, or run for `stack`."""
-    from tpuserve.serving import ConfigError
-    from tpuserve.stack import stack_outputs
-
     if outputs_file is None:
         try:
-            return stack_outputs(str(stack))
+            return pulumi_stack.stack_outputs(str(stack))
         except ConfigError as err:
             raise click.ClickException(str(err)) from err
     try:
@@ -118,10 +121,8 @@ def read_stack_outputs(stack: str | None, outputs_file: Path | None) -> dict[str
 
 
 def resolve_instance(instance: str | None, zone: str | None, project: str | None, stack: str | None,
-                     stack_outputs: Path | None) -> Any:
+                     stack_outputs: Path | None) -> Instance:
     """The VM from --instance/--zone/--project, filled in from the stack outputs where not given."""
-    from tpuserve.gce import Instance
-
     if stack is not None or stack_outputs is not None:
         outputs = read_stack_outputs(stack, stack_outputs)
         instance = instance or outputs.get("instanceName")
@@ -133,23 +134,19 @@ def resolve_instance(instance: str | None, zone: str | None, project: str | None
     return Instance(str(project), str(zone), str(instance))
 
 
-def compute_client(compute_url: str) -> Any:
+def compute_client(compute_url: str) -> ComputeClient:
     """A Compute API client with application-default credentials."""
     from google.auth.exceptions import DefaultCredentialsError
 
-    from tpuserve.gce import ComputeClient, adc_session
-
     try:
-        return ComputeClient(adc_session(), compute_url)
+        return ComputeClient(gce.adc_session(), compute_url)
     except DefaultCredentialsError as err:
         raise click.ClickException(f"no Google application-default credentials ({err}); run "
                                    "`gcloud auth application-default login`") from err
 
 
-def instance_options(command: Any) -> Any:
+def instance_options(command: Callable[..., None]) -> Callable[..., None]:
     """Options that name the VM, directly or through the stack's outputs."""
-    from tpuserve.gce import COMPUTE_URL
-
     options = [
         click.option("--stack", help="Pulumi stack whose outputs name the VM (runs `pulumi stack output`)."),
         click.option("--stack-outputs", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -174,8 +171,6 @@ def instance_options(command: Any) -> Any:
 def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zone: str | None,
          project: str | None, compute_url: str, source: str, tail: int, follow: bool) -> None:
     """Print the VM's serial console and the vLLM container's logs."""
-    from tpuserve.gce import ComputeApiError
-
     vm = resolve_instance(instance, zone, project, stack, stack_outputs)
     if follow:
         source = "docker"
@@ -196,10 +191,8 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
             raise click.ClickException(f"`gcloud compute ssh` exited with {code}")
 
 
-def boot_report(vm: Any, compute_url: str) -> tuple[str, str | None, str | None]:
+def boot_report(vm: Instance, compute_url: str) -> tuple[str, str | None, str | None]:
     """(serial console, gate stage, gate reason) of a VM, from the Compute API."""
-    from tpuserve.gate import GUEST_NAMESPACE
-
     compute = compute_client(compute_url)
     attributes = compute.guest_attributes(vm, GUEST_NAMESPACE)
     return compute.serial_output(vm), attributes.get("stage"), attributes.get("reason")
@@ -226,8 +219,6 @@ def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None
     if log_files:
         log = "\n".join(path.read_text(errors="replace") for path in log_files)
     else:
-        from tpuserve.gce import ComputeApiError
-
         vm = resolve_instance(instance, zone, project, stack, stack_outputs)
         try:
             log, vm_stage, vm_reason = boot_report(vm, compute_url)
@@ -249,23 +240,14 @@ def ask_for_diagnosis(messages: list[dict[str, str]], url: str | None, model: st
         return chat_for_diagnosis(messages, url, model, api_key_env)
     if stack is None and stack_outputs is None:
         raise click.UsageError("give --url of the diagnosing endpoint (or --stack to ask the deployment)")
-    from tpuserve.serving import ConfigError
-    from tpuserve.stack import TunnelError, endpoint_for
-
     try:
-        with endpoint_for(read_stack_outputs(stack, stack_outputs)) as endpoint:
+        with pulumi_stack.endpoint_for(read_stack_outputs(stack, stack_outputs)) as endpoint:
             return chat_for_diagnosis(messages, endpoint, model, api_key_env)
-    except (ConfigError, TunnelError) as err:
+    except (ConfigError, pulumi_stack.TunnelError) as err:
         raise click.ClickException(f"cannot reach the deployment to ask it ({err}); give --url") from err
 
 
 def chat_for_diagnosis(messages: list[dict[str, str]], url: str, model: str | None, api_key_env: str) -> str:
-    import os
-
-    import requests
-
-    from tpuserve.client import ChatClient, EndpointError, served_model
-
     api_key = os.environ.get(api_key_env)
     try:
         client = ChatClient(url, model or served_model(url, api_key), api_key=api_key)
