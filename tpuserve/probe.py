@@ -138,9 +138,9 @@ def judge_weather_calls(reply: ChatReply, expected: set[str]) -> tuple[str, str]
     return PASS, f"{len(cities)} valid get_weather call(s): {', '.join(cities)}"
 
 
-def judge_text(reply: ChatReply, must_contain: str = "", must_not_call: bool = True) -> tuple[str, str]:
+def judge_text(reply: ChatReply, must_contain: str = "") -> tuple[str, str]:
     """Pass when the model answered in text (containing `must_contain`) without calling a tool."""
-    if must_not_call and reply.tool_calls:
+    if reply.tool_calls:
         names = [call.get("function", {}).get("name") for call in reply.tool_calls]
         return FAIL, f"called {names} where a text answer was expected"
     if not reply.content.strip():
