@@ -6,6 +6,7 @@ PID and nothing outlives the session. Its output goes to a log file whose tail i
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import signal
@@ -23,6 +24,7 @@ from tpuserve.serving import ServingConfig, vllm_serve_args
 HEALTH_TIMEOUT_S = 240.0
 STOP_GRACE_S = 15.0
 LOG_TAIL_LINES = 60
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # Offline and quiet: no hub downloads, no usage reports, a 1 GiB KV cache that fits the CI machine.
 SERVER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
@@ -78,11 +80,19 @@ def log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def terminate_with_parent() -> None:
+    """Runs in the server process before exec: the kernel sends it SIGTERM when the test process dies, even by
+    SIGKILL (Linux prctl PR_SET_PDEATHSIG). A started vLLM then shuts down with its engine; one still loading
+    ignores SIGTERM (measured), which is why stop_server follows up with SIGKILL to the group."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def start_server(vllm_bin: Path, cfg: ServingConfig, served_name: str, log_path: Path) -> RunningServer:
     argv = [str(vllm_bin), "serve", *vllm_serve_args(cfg)]
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, **SERVER_ENV}, start_new_session=True)
+                                   env={**os.environ, **SERVER_ENV}, start_new_session=True,
+                                   preexec_fn=terminate_with_parent)
     return RunningServer(f"http://{cfg.host}:{cfg.port}", served_name, Path(cfg.model), argv, log_path, process)
 
 
