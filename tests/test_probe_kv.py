@@ -14,7 +14,7 @@ from tpuserve.probe import KV_PROMPTS, compare_outputs, first_difference, load_o
 
 
 @pytest.mark.parametrize("a, b, offset", [(b"same", b"same", None), (b"abcd", b"abXd", 2), (b"abc", b"abcdef", 3),
-                                          ("café".encode(), "cafe".encode(), 3)])
+                                          ("café".encode(), b"cafe", 3)])
 def test_first_difference_is_a_byte_offset(a: bytes, b: bytes, offset: int | None) -> None:
     assert first_difference(a, b) == offset
 

@@ -35,7 +35,7 @@ def colored_runs(row: bytes) -> list[tuple[int, int, int]]:
     """Colors of the non-white runs along one pixel row, left to right."""
     pixels = [tuple(row[i:i + 3]) for i in range(0, len(row), 3)]
     runs = []
-    for previous, pixel in zip([(255, 255, 255)] + pixels, pixels):
+    for previous, pixel in zip([(255, 255, 255)] + pixels[:-1], pixels, strict=True):
         if pixel != (255, 255, 255) and pixel != previous:
             runs.append(pixel)
     return runs

@@ -142,7 +142,7 @@ def validated_json(reply: ChatReply, schema: dict[str, Any]) -> Any:
     except json.JSONDecodeError as err:
         if reply.finish_reason == "length" and looks_cut_off(text):
             raise OutputTruncated(f"output hit max_tokens before the JSON closed{where}{padding_hint(text)}",
-                                  reply, field, text)
+                                  reply, field, text) from err
         raise SchemaNotEnforced(f"schema not enforced: the 200 answer is not JSON ({err.msg} at char {err.pos})"
                                 f"{where}", reply, field, text) from err
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(document), key=lambda e: list(e.path))

@@ -55,8 +55,8 @@ def reply_evidence(reply: ChatReply) -> dict[str, Any]:
     if field_name != "content":
         evidence[field_name] = excerpt(text)
     if reply.tool_calls:
-        evidence["tool_calls"] = [{"name": call["function"]["name"], "arguments": excerpt(call["function"]["arguments"])}
-                                  for call in reply.tool_calls]
+        evidence["tool_calls"] = [{"name": call["function"]["name"],
+                                   "arguments": excerpt(call["function"]["arguments"])} for call in reply.tool_calls]
     return evidence
 
 
@@ -382,7 +382,7 @@ def first_difference(a: bytes, b: bytes) -> int | None:
     """Offset of the first differing byte; the shorter length when one is a prefix of the other; None if equal."""
     if a == b:
         return None
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def context_after(data: bytes, offset: int, length: int = CONTEXT_BYTES) -> str:
