@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import base64
 import shlex
-import struct
-import zlib
 from pathlib import Path
 
 import jinja2
 
+from tpuserve.probe import image_data_uri
 from tpuserve.serving import CONTAINER_NAME, ServingConfig, config_hash, tpu_container_run_args
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 GUEST_ATTRIBUTE_NAMESPACE = "tpu-serve"
 METADATA_URL = "http://metadata.google.internal"
 SECRET_MANAGER_URL = "https://secretmanager.googleapis.com"
+WARMUP_IMAGE = "red-square.png"  # one of the shipped probe images, sent once after boot when images are enabled
 
 
 def template_environment() -> jinja2.Environment:
@@ -25,17 +24,6 @@ def template_environment() -> jinja2.Environment:
     env.filters["shquote"] = lambda value: shlex.quote(str(value))
     env.filters["shwords"] = lambda values: " ".join(shlex.quote(str(v)) for v in values)
     return env
-
-
-def solid_png_data_uri(rgb: tuple[int, int, int], size: int = 8) -> str:
-    """A size x size single-colour PNG as a data URI: the smallest valid image to warm up the vision path."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    rows = b"".join(b"\x00" + bytes(rgb) * size for _ in range(size))
-    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 2, 0, 0, 0))
-           + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
-    return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
 def render_startup_script(serving: ServingConfig, secret_name: str, *, metadata_url: str = METADATA_URL,
@@ -57,6 +45,6 @@ def render_startup_script(serving: ServingConfig, secret_name: str, *, metadata_
         retry_delay_s=retry_delay_s,
         poll_s=poll_s,
         warmup_image="" if serving.mm_limits is None or not serving.mm_limits.get("image")
-        else solid_png_data_uri((200, 30, 30)),
+        else image_data_uri(WARMUP_IMAGE),
         docker_run_args=tpu_container_run_args(serving, digest),
     )
