@@ -20,8 +20,9 @@ PROJECT = "tpu-serve"
 VM_IP = "10.150.0.7"
 VM_CREATED = "2026-11-29T02:00:00.000-08:00"
 LOCAL_IMAGE_ID = "sha256:5e1f0c0ffee"
-GATE_STDOUT = ("stage pulling-image\nstage serving\n"
-               '{"ready": true, "elapsed_s": 561.0, "stages": {"pulling-image": 301, "loading-model": 240}, '
+# `tpuserve gate` prints exactly one JSON line on stdout; stages map to seconds since the VM's first stage.
+GATE_STDOUT = ('{"ready": true, "elapsed_s": 650.4, "stages": {"installing-docker": 0, "pulling-image": 21, '
+               '"fetching-token": 318, "starting-server": 319, "loading-model": 321, "serving": 650}, '
                '"reason": null}\n')
 
 
