@@ -13,7 +13,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from httpfake import FakeServer, Response
+from tests.httpfake import FakeServer, Response
 from tpuserve.bench import bench, parse_levels
 from tpuserve.benchreport import report_rows
 

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from components.config import ConfigError, build_stack_config, parse_duration, pulumi_yaml_config, render_pulumi_yaml
-from pulumi_harness import ROOT, RecordingMocks, run_stack, stack_file_config
+from tests.pulumi_harness import ROOT, RecordingMocks, run_stack, stack_file_config
 
 VALID = {"project": "p-1", "hfTokenSecretId": "hf-token"}
 

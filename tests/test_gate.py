@@ -17,8 +17,9 @@ from tests.e2e.cpu_server import free_port
 from tests.httpfake import FakeServer, Request, Response
 from tpuserve import gate as gate_module
 from tpuserve import gce
-from tpuserve.gate import (BootStatus, ConsoleReporter, boot_timeline, gate, parse_smoke, read_boot, server_root,
+from tpuserve.gate import (BootStatus, ConsoleReporter, boot_timeline, gate, parse_smoke, read_boot,
                            watch_instance, watch_url)
+from tpuserve.client import server_root
 from tpuserve.gce import ComputeClient, Instance
 
 MODEL = "google/gemma-4-E2B-it"

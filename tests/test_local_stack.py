@@ -13,7 +13,7 @@ from pulumi.runtime.rpc import _special_secret_sig, _special_sig_key
 
 from components.config import build_stack_config
 from components.readiness import last_json_line
-from pulumi_harness import GATE_STDOUT, LOCAL_IMAGE_ID, StackRun, run_stack, stack_file_config
+from tests.pulumi_harness import GATE_STDOUT, LOCAL_IMAGE_ID, StackRun, run_stack, stack_file_config
 from tpuserve.serving import ConfigError, config_hash, vllm_serve_args
 
 CONTAINER = "docker:index/container:Container"

@@ -27,7 +27,7 @@ from pulumi_policy import (
 
 from components.deployment import stack_labels
 from policy import rules
-from pulumi_harness import ROOT, PROJECT, Resource, run_stack, stack_file_config
+from tests.pulumi_harness import ROOT, PROJECT, Resource, run_stack, stack_file_config
 
 POLICY_CONFIG_DIR = ROOT / "policy" / "config"
 STACKS = ("dev", "prod")

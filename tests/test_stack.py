@@ -8,7 +8,7 @@ import pytest
 import yaml
 from pulumi.runtime import rpc
 
-from pulumi_harness import GATE_STDOUT, ROOT, VM_IP, run_stack, stack_file_config
+from tests.pulumi_harness import GATE_STDOUT, ROOT, VM_IP, run_stack, stack_file_config
 from tpuserve.serving import ServingConfig, config_hash, parse_mm_limits, vllm_serve_args
 
 INSTANCE = "gcp:compute/instance:Instance"

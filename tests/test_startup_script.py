@@ -19,7 +19,7 @@ import jinja2
 import pytest
 
 from components.startup_script import render_startup_script, template_environment
-from httpfake import FakeServer, Request, Response
+from tests.httpfake import FakeServer, Request, Response
 from tpuserve.serving import ServingConfig, config_hash
 
 SECRET = "projects/p-1/secrets/hf-token"

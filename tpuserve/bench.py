@@ -23,7 +23,9 @@ from typing import Any
 import click
 
 from tpuserve import benchreport
+from tpuserve.client import server_root
 from tpuserve.serving import CONTAINER_NAME, DEFAULT_PORT
+from tpuserve.stack import read_outputs, served_endpoint, stack_options
 
 DEFAULT_LEVELS = "1,8,32,64,100"
 # Where results land inside the container in --remote mode before they are copied back.
@@ -40,12 +42,6 @@ def parse_levels(text: str) -> list[int]:
     if not levels or min(levels) < 1 or len(set(levels)) != len(levels):
         raise click.BadParameter(f"{text!r}: distinct positive integers expected", param_hint="--concurrency")
     return levels
-
-
-def base_url(url: str) -> str:
-    """The server root that `vllm bench serve --base-url` appends `/v1/completions` to."""
-    root = url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +62,7 @@ def bench_serve_args(vllm_bin: str, workload: Workload, concurrency: int, result
     args = [
         vllm_bin, "bench", "serve",
         "--backend", "openai", "--endpoint", "/v1/completions",
-        "--base-url", base_url(workload.url),
+        "--base-url", server_root(workload.url),
         "--model", workload.model,
         "--dataset-name", "random",
         "--random-input-len", str(workload.input_len),
@@ -114,7 +110,7 @@ def server_version(url: str) -> str | None:
     import requests
 
     try:
-        response = requests.get(f"{base_url(url)}/version", timeout=5)
+        response = requests.get(f"{server_root(url)}/version", timeout=5)
         response.raise_for_status()
         return response.json().get("version")
     except (requests.RequestException, ValueError):
@@ -136,19 +132,6 @@ def resolve_executable(name: str) -> str:
         raise click.BadParameter(f"{name!r} is not an executable on PATH (install vLLM or pass its path)",
                                  param_hint="--vllm-bin")
     return path
-
-
-def load_stack_outputs(path: Path | None) -> dict[str, Any] | None:
-    if path is None:
-        return None
-    try:
-        outputs = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise click.BadParameter(f"{path}: {error}", param_hint="--stack-outputs") from error
-    if not isinstance(outputs, dict):
-        raise click.BadParameter(f"{path}: a JSON object expected (`pulumi stack output --json`)",
-                                 param_hint="--stack-outputs")
-    return outputs
 
 
 def run_logged(argv: list[str], log_path: Path) -> int:
@@ -189,7 +172,7 @@ def bench() -> None:
 @bench.command()
 @click.option("--url", help="Server root, e.g. http://127.0.0.1:8000. Default with --remote: the container's "
               f"own http://127.0.0.1:{DEFAULT_PORT}.")
-@click.option("--model", required=True, help="Model name the server serves (sent in requests).")
+@click.option("--model", help="Model name the server serves (sent in requests); default: the stack's model.")
 @click.option("--tokenizer", help="Tokenizer id or local directory, if --model is not one (offline: a directory).")
 @click.option("--concurrency", "levels", default=DEFAULT_LEVELS, show_default=True, callback=lambda c, p, v:
               parse_levels(v), help="Comma-separated --max-concurrency levels, one `vllm bench serve` run each.")
@@ -203,28 +186,40 @@ def bench() -> None:
 @click.option("--zone", help="The VM's zone (--remote).")
 @click.option("--project", help="The VM's project (--remote).")
 @click.option("--container", default=CONTAINER_NAME, show_default=True, help="The server's container (--remote).")
-@click.option("--stack-outputs", type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="`pulumi stack output --json` saved to a file; recorded in sweep.json.")
-def sweep(url: str | None, model: str, tokenizer: str | None, levels: list[int], input_len: int, output_len: int,
-          num_prompts: int, out: Path, vllm_bin: str, vm: str | None, zone: str | None, project: str | None,
-          container: str, stack_outputs: Path | None) -> None:
+@stack_options
+def sweep(url: str | None, model: str | None, tokenizer: str | None, levels: list[int], input_len: int,
+          output_len: int, num_prompts: int, out: Path, vllm_bin: str, vm: str | None, zone: str | None,
+          project: str | None, container: str, stack: str | None, stack_outputs: Path | None) -> None:
     """Run `vllm bench serve` (random dataset) once per concurrency level and save every result in --out.
 
     \b
     Local (default): this machine's vLLM measures --url, network included: what a client sees.
     --remote VM: runs inside the VM's container over IAP ssh and copies the results back, so TTFT is the
     server's own and not the tunnel's: use it to measure the deployment itself.
-    Beside the results, sweep.json records the commands, vLLM version, model, parameters and times.
+    Beside the results, sweep.json records the commands, vLLM version, model, parameters, times and the stack's
+    outputs. With --stack, local mode reaches a gcp stack through an IAP tunnel; --remote takes its zone and project.
     """
-    if url is None and vm is None:
-        raise click.BadParameter("required unless --remote is given", param_hint="--url")
-    outputs = load_stack_outputs(stack_outputs)
+    outputs = read_outputs(stack, stack_outputs)
+    if outputs is not None and vm is not None:
+        zone, project = zone or outputs.get("zone"), project or outputs.get("project")
+    if url is None and vm is None and outputs is None:
+        raise click.BadParameter("required unless --remote or --stack is given", param_hint="--url")
+    model = model or (outputs or {}).get("model")
+    if not model:
+        raise click.BadParameter("required (or give --stack)", param_hint="--model")
     if vm is None:
         vllm_bin = resolve_executable(vllm_bin)
+    with served_endpoint(None if vm else url, model, None if vm else outputs) as (served_url, _):
+        run_sweep(served_url or url, model, tokenizer, levels, input_len, output_len, num_prompts, out, vllm_bin,
+                  RemoteTarget(vm, zone, project, container) if vm else None, outputs)
+
+
+def run_sweep(url: str | None, model: str, tokenizer: str | None, levels: list[int], input_len: int,
+              output_len: int, num_prompts: int, out: Path, vllm_bin: str, target: RemoteTarget | None,
+              outputs: dict[str, Any] | None) -> None:
     ensure_fresh_out(out)
     workload = Workload(url or f"http://127.0.0.1:{DEFAULT_PORT}", model, tokenizer, input_len, output_len,
                         num_prompts)
-    target = RemoteTarget(vm, zone, project, container) if vm else None
     manifest = start_manifest(workload, levels, target, outputs)
     remote_dir = f"{REMOTE_RESULT_ROOT}/{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
     run_levels(levels, workload, out, manifest, vllm_bin, target, remote_dir)

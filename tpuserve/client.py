@@ -27,10 +27,14 @@ REASONING_FIELDS = ("reasoning_content", "reasoning")
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
+def server_root(url: str) -> str:
+    """'http://h:8000', 'http://h:8000/' and 'http://h:8000/v1' all give 'http://h:8000'."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
 def api_base(url: str) -> str:
     """The OpenAI base URL of a server: 'http://h:8000', 'http://h:8000/' and 'http://h:8000/v1' all give '.../v1'."""
-    root = url.rstrip("/")
-    return root if root.endswith("/v1") else f"{root}/v1"
+    return f"{server_root(url)}/v1"
 
 
 class EndpointError(RuntimeError):

@@ -16,12 +16,15 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import click
 import requests
 
+from tpuserve.client import server_root
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
+from tpuserve.stack import read_outputs, stack_options
 
 GUEST_NAMESPACE = "tpu-serve"
 SERVING, FAILED, BOOTING = "serving", "failed", "booting"
@@ -88,12 +91,6 @@ class Deadline:
 
 
 # --- URL mode -------------------------------------------------------------------------------------------------
-
-def server_root(url: str) -> str:
-    """'http://h:8000', 'http://h:8000/' and 'http://h:8000/v1' all give 'http://h:8000'."""
-    root = url.rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
-
 
 def answer(response: requests.Response) -> Any:
     try:
@@ -361,12 +358,23 @@ def check_mode(url: str | None, model: str | None, instance: str | None, zone: s
               show_default=True, help="Seconds to wait in all.")
 @click.option("--interval", "interval_s", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_INTERVAL_S,
               show_default=True, help="Seconds between polls.")
+@stack_options
 def gate(url: str | None, model: str | None, smoke: str, instance: str | None, zone: str | None,
          project: str | None, config_hash: str | None, compute_url: str, timeout_s: float,
-         interval_s: float) -> None:
-    """Wait until a deployment really serves; exit 0 only then. The last stdout line is the JSON verdict."""
+         interval_s: float, stack: str | None, stack_outputs: Path | None) -> None:
+    """Wait until a deployment really serves; exit 0 only then. The last stdout line is the JSON verdict.
+
+    With --stack, a gcp stack is followed through its VM's guest attributes (no tunnel needed) and a local
+    stack through its URL."""
     from rich.console import Console
 
+    outputs = read_outputs(stack, stack_outputs)
+    if outputs is not None and not (url or instance):
+        if outputs.get("target") == "local":
+            url, model = outputs.get("endpoint"), model or outputs.get("model")
+        else:
+            instance, zone, project = outputs.get("instanceName"), outputs.get("zone"), outputs.get("project")
+            config_hash = config_hash or outputs.get("configHash")
     check_mode(url, model, instance, zone, project, smoke)
     smoke_checks = parse_smoke(smoke)
     console = Console(stderr=True)

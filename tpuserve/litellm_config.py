@@ -16,6 +16,7 @@ import yaml
 
 from tpuserve.client import API_KEY_ENV, api_base
 from tpuserve.serving import ConfigError
+from tpuserve.stack import read_outputs, stack_options
 
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
@@ -55,9 +56,7 @@ def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
 @click.command()
 @click.option("--url", help="Server URL, with or without /v1 (default: the stack's `endpoint` output).")
 @click.option("--model", help="Served model name (default: the stack's `model` output).")
-@click.option("--stack", help="Pulumi stack whose `endpoint` and `model` outputs to use.")
-@click.option("--stack-outputs", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="`pulumi stack output --json` saved to a file, instead of --stack.")
+@stack_options
 @click.option("--alias", "aliases", multiple=True, required=True,
               help="Model name clients ask for, e.g. gemini-2.0-flash; repeatable.")
 @click.option("--api-key-env", default=API_KEY_ENV, show_default=True,
@@ -68,11 +67,10 @@ def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs
             aliases: tuple[str, ...], api_key_env: str, master_key_env: str) -> None:
     """Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`)."""
     if url is None or model is None:
-        if stack is None and stack_outputs is None:
+        outputs = read_outputs(stack, stack_outputs)
+        if outputs is None:
             raise click.UsageError("give --url and --model, or --stack / --stack-outputs to read them from")
-        from tpuserve.logs import read_stack_outputs
-
-        stack_url, stack_model = endpoint_from_outputs(read_stack_outputs(stack, stack_outputs))
+        stack_url, stack_model = endpoint_from_outputs(outputs)
         url, model = url or stack_url, model or stack_model
     try:
         config = litellm_config(url, model, aliases, api_key_env, master_key_env)

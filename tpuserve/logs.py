@@ -8,13 +8,11 @@ passed through `redact` first, so tokens and keys in the logs never leave the ma
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import click
 import requests
@@ -24,7 +22,7 @@ from tpuserve import stack as pulumi_stack
 from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError, served_model
 from tpuserve.gate import GUEST_NAMESPACE
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
-from tpuserve.serving import CONTAINER_NAME, ConfigError
+from tpuserve.serving import CONTAINER_NAME
 
 DEFAULT_TAIL = 200
 EXCERPT_TAIL_LINES = 60
@@ -103,28 +101,11 @@ def tail_lines(text: str, count: int) -> str:
     return "\n".join(text.splitlines()[-count:])
 
 
-def read_stack_outputs(stack: str | None, outputs_file: Path | None) -> dict[str, Any]:
-    """A stack's outputs: `pulumi stack output --json` saved in a file, or run for `stack`."""
-    if outputs_file is None:
-        try:
-            return pulumi_stack.stack_outputs(str(stack))
-        except ConfigError as err:
-            raise click.ClickException(str(err)) from err
-    try:
-        outputs = json.loads(outputs_file.read_text())
-    except json.JSONDecodeError as err:
-        raise click.BadParameter(f"{outputs_file}: not JSON ({err.msg})", param_hint="--stack-outputs") from err
-    if not isinstance(outputs, dict):
-        raise click.BadParameter(f"{outputs_file}: a JSON object of stack outputs expected",
-                                 param_hint="--stack-outputs")
-    return outputs
-
-
 def resolve_instance(instance: str | None, zone: str | None, project: str | None, stack: str | None,
                      stack_outputs: Path | None) -> Instance:
     """The VM from --instance/--zone/--project, filled in from the stack outputs where not given."""
-    if stack is not None or stack_outputs is not None:
-        outputs = read_stack_outputs(stack, stack_outputs)
+    outputs = pulumi_stack.read_outputs(stack, stack_outputs)
+    if outputs is not None:
         instance = instance or outputs.get("instanceName")
         zone, project = zone or outputs.get("zone"), project or outputs.get("project")
     missing = [option for option, value in (("--instance", instance), ("--zone", zone), ("--project", project))
@@ -148,9 +129,7 @@ def compute_client(compute_url: str) -> ComputeClient:
 def instance_options(command: Callable[..., None]) -> Callable[..., None]:
     """Options that name the VM, directly or through the stack's outputs."""
     options = [
-        click.option("--stack", help="Pulumi stack whose outputs name the VM (runs `pulumi stack output`)."),
-        click.option("--stack-outputs", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                     help="`pulumi stack output --json` saved to a file, instead of --stack."),
+        pulumi_stack.stack_options,
         click.option("--instance", help="VM name."),
         click.option("--zone", help="Zone of the VM."),
         click.option("--project", help="Project of the VM."),
@@ -236,15 +215,11 @@ def ask_for_diagnosis(messages: list[dict[str, str]], url: str | None, model: st
                       stack: str | None, stack_outputs: Path | None) -> str:
     """The model's answer. Without --url the deployment itself answers, reached through the stack's endpoint
     (an IAP tunnel for a gcp stack, open only while asking)."""
-    if url is not None:
-        return chat_for_diagnosis(messages, url, model, api_key_env)
-    if stack is None and stack_outputs is None:
+    outputs = None if url else pulumi_stack.read_outputs(stack, stack_outputs)
+    if url is None and outputs is None:
         raise click.UsageError("give --url of the diagnosing endpoint (or --stack to ask the deployment)")
-    try:
-        with pulumi_stack.endpoint_for(read_stack_outputs(stack, stack_outputs)) as endpoint:
-            return chat_for_diagnosis(messages, endpoint, model, api_key_env)
-    except (ConfigError, pulumi_stack.TunnelError) as err:
-        raise click.ClickException(f"cannot reach the deployment to ask it ({err}); give --url") from err
+    with pulumi_stack.served_endpoint(url, model, outputs) as (endpoint, served_name):
+        return chat_for_diagnosis(messages, str(endpoint), served_name, api_key_env)
 
 
 def chat_for_diagnosis(messages: list[dict[str, str]], url: str, model: str | None, api_key_env: str) -> str:

@@ -22,8 +22,18 @@ import click
 import jsonschema
 import requests
 
-from tpuserve.client import (ANY_OBJECT_SCHEMA, API_KEY_ENV, ChatClient, ChatReply, EndpointError, OutputTruncated,
-                             SchemaNotEnforced, served_model, validated_json)
+from tpuserve.client import (
+    ANY_OBJECT_SCHEMA,
+    API_KEY_ENV,
+    ChatClient,
+    ChatReply,
+    EndpointError,
+    OutputTruncated,
+    SchemaNotEnforced,
+    served_model,
+    validated_json,
+)
+from tpuserve.stack import read_outputs, served_endpoint, stack_options
 
 PASS, FAIL, SKIPPED, NOT_ENFORCED = "pass", "fail", "skipped", "schema not enforced"
 EXCERPT_CHARS = 300
@@ -457,8 +467,10 @@ def probe() -> None:
 def endpoint_options(command: Callable[..., None]) -> Callable[..., None]:
     """The options every capability probe takes."""
     options = [
-        click.option("--url", required=True, help="Server URL, with or without /v1."),
-        click.option("--model", help="Served model name; default: the first one the server lists."),
+        click.option("--url", help="Server URL, with or without /v1 (or give --stack)."),
+        click.option("--model", help="Served model name; default: the stack's model, else the first one the "
+                     "server lists."),
+        stack_options,
         click.option("--api-key-env", default=API_KEY_ENV, show_default=True,
                      help="Environment variable holding the API key (keys never go on the command line)."),
         click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(min=1),
@@ -476,13 +488,17 @@ def endpoint_options(command: Callable[..., None]) -> Callable[..., None]:
 def add_probe_command(name: str, probe_names: list[str], help_text: str) -> None:
     @probe.command(name, help=help_text)
     @endpoint_options
-    def command(url: str, model: str | None, api_key_env: str, timeout: float, max_tokens: int | None,
-                as_json: bool, strict: bool) -> None:
-        client = make_client(url, model, api_key_env, timeout)
-        try:
-            results = [result for probe_name in probe_names for result in PROBES[probe_name](client, max_tokens)]
-        except requests.ConnectionError as err:
-            raise click.ClickException(f"--url {url}: connection lost during the probe ({err})") from err
+    def command(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None, api_key_env: str,
+                timeout: float, max_tokens: int | None, as_json: bool, strict: bool) -> None:
+        outputs = read_outputs(stack, stack_outputs)
+        if url is None and outputs is None:
+            raise click.UsageError("give --url, or --stack / --stack-outputs")
+        with served_endpoint(url, model, outputs) as (url, model):
+            client = make_client(str(url), model, api_key_env, timeout)
+            try:
+                results = [result for name in probe_names for result in PROBES[name](client, max_tokens)]
+            except requests.ConnectionError as err:
+                raise click.ClickException(f"--url {url}: connection lost during the probe ({err})") from err
         print_results(results, as_json)
         if strict and failed(results):
             raise SystemExit(1)

@@ -12,11 +12,13 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
+
+import click
 
 from tpuserve.serving import ConfigError
 
@@ -115,3 +117,48 @@ def endpoint_for(outputs: Mapping[str, Any]) -> Iterator[str]:
     else:
         raise ConfigError(OPTION, f"stack outputs have target {target!r}; expected gcp or local (redeploy the "
                           "stack with this version of tpu-serve)")
+
+
+def stack_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--stack NAME` and `--stack-outputs FILE`: name the deployment by its Pulumi stack instead of its address."""
+    command = click.option("--stack-outputs", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                           help="`pulumi stack output --json` saved to a file, instead of --stack.")(command)
+    return click.option("--stack", help="Pulumi stack of the deployment (runs `pulumi stack output --json` "
+                        "in the current directory).")(command)
+
+
+def read_outputs(stack: str | None, outputs_file: Path | None) -> dict[str, Any] | None:
+    """The outputs named by --stack or --stack-outputs; None when neither was given."""
+    if stack and outputs_file:
+        raise click.UsageError("give --stack or --stack-outputs, not both")
+    if outputs_file is not None:
+        try:
+            outputs = json.loads(outputs_file.read_text())
+        except json.JSONDecodeError as err:
+            raise click.BadParameter(f"{outputs_file}: not JSON ({err.msg})", param_hint="--stack-outputs") from err
+        if not isinstance(outputs, dict):
+            raise click.BadParameter(f"{outputs_file}: a JSON object of stack outputs expected",
+                                     param_hint="--stack-outputs")
+        return outputs
+    if stack:
+        try:
+            return stack_outputs(stack)
+        except ConfigError as err:
+            raise click.ClickException(str(err)) from err
+    return None
+
+
+@contextmanager
+def served_endpoint(url: str | None, model: str | None,
+                    outputs: Mapping[str, Any] | None) -> Iterator[tuple[str | None, str | None]]:
+    """(URL, model): --url/--model as given, else the stack's endpoint (through an IAP tunnel while the
+    block runs) and its model."""
+    if url or outputs is None:
+        yield url, model
+        return
+    with ExitStack() as exits:
+        try:
+            endpoint = exits.enter_context(endpoint_for(outputs))
+        except (ConfigError, TunnelError) as err:
+            raise click.ClickException(str(err)) from err
+        yield endpoint, model or outputs.get("model")
