@@ -15,17 +15,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tpuserve.facts import PRICE_PER_CHIP_HOUR, READY_TIMEOUT_S
 from tpuserve.serving import TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting
 
 PROJECT_NAME = "tpu-serve"
 TARGETS = ("gcp", "local")
 MIN_BOOT_DISK_GB = 200
 MAX_RUN_SECONDS = 7 * 24 * 3600
-# Zones with TPU v6e capacity (cloud.google.com/tpu/docs/regions-zones); extend as Google adds zones.
-V6E_ZONES = (
-    "us-central1-b", "us-east1-d", "us-east4-a", "us-east4-b", "us-east5-a", "us-east5-b", "us-east5-c",
-    "us-west1-c", "europe-west4-a", "asia-northeast1-b", "southamerica-west1-a",
-)
+# Multi-tenant zones with TPU v6e (https://cloud.google.com/tpu/docs/regions-zones); extend as Google adds zones.
+V6E_ZONES = ("us-central1-b", "us-central1-ai1a", "us-east1-d", "us-east5-a", "us-east5-b", "us-south1-ai1b",
+             "europe-west4-a", "asia-northeast1-b")
 V6E_MACHINE_TYPE = re.compile(r"^ct6e-standard-(1|4|8)t$")
 DOCKER_GPUS = re.compile(r"^(all|[1-9][0-9]*|device=[0-9]+(,[0-9]+)*)?$")
 ZONE_FORMAT = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$")
@@ -65,9 +64,10 @@ class StackConfig:
     create_cloud_nat: bool = setting("createCloudNat", "Create a Cloud Router + NAT for egress; turn off when the "
                                      "VPC already has NAT in the region.", True)
     labels: Mapping[str, str] = setting("labels", "Extra labels on every resource that takes labels.", {})
-    price_per_chip_hour: float = setting("pricePerChipHour", "USD per chip-hour, for cost outputs.", 1.35)
+    price_per_chip_hour: float = setting("pricePerChipHour", "USD per chip-hour, for cost outputs.",
+                                         PRICE_PER_CHIP_HOUR)
     readiness_timeout: str = setting("readinessTimeout", "How long `pulumi up` waits for the model to answer.",
-                                     "25m")
+                                     f"{READY_TIMEOUT_S // 60}m")
     local_gpus: str = setting("localGpus", "Target local: GPUs for the container, as docker --gpus takes them "
                               "(all, 2, device=0,1); empty for none.", "all")
     local_model_cache: str = setting("localModelCache", "Target local: host Hugging Face cache mounted into the "
@@ -123,7 +123,8 @@ class StackConfig:
         if not ZONE_FORMAT.match(self.zone):
             raise ConfigError("zone", f"{self.zone!r} is not a zone name like us-east5-b")
         if self.zone not in V6E_ZONES:
-            raise ConfigError("zone", f"{self.zone!r} has no TPU v6e; use one of {', '.join(V6E_ZONES)}")
+            raise ConfigError("zone", f"{self.zone!r} has no TPU v6e; use one of {', '.join(V6E_ZONES)} (if "
+                              "Google has added it, add it to V6E_ZONES in components/config.py)")
         if self.region and self.region != self.zone.rsplit("-", 1)[0]:
             raise ConfigError("region", f"{self.region!r} does not contain zone {self.zone!r}")
         if not V6E_MACHINE_TYPE.match(self.machine_type):
@@ -145,6 +146,9 @@ class StackConfig:
                               "projects/P/secrets/S")
 
     def _validate_local(self) -> None:
+        if self.hf_token_secret_id:
+            raise ConfigError("hfTokenSecretId", "target local cannot read Secret Manager; set hfToken (pulumi "
+                              "config set --secret hfToken ...) or nothing for a public model")
         if "vllm-tpu" in self.serving.image:
             raise ConfigError("containerImage", f"{self.serving.image!r} needs a TPU host; target local runs the vLLM "
                               "OpenAI image, e.g. vllm/vllm-openai:v0.32.0")

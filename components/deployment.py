@@ -52,7 +52,8 @@ class TpuServeDeployment(pulumi.ComponentResource):
             boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type, max_run_seconds=cfg.max_run_seconds,
             network=cfg.network, subnetwork=cfg.subnetwork, external_ip=cfg.external_ip,
             service_account_email=identity.email,
-            startup_script=identity.secret_name.apply(lambda secret: render_startup_script(cfg.serving, secret)),
+            startup_script=identity.secret_name.apply(lambda secret: render_startup_script(
+                cfg.serving, secret, ready_timeout_s=cfg.readiness_timeout_seconds)),
             network_tag=base, labels=labels),
             # The VM needs its token grant and its egress before the startup script runs.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[identity, network]))

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_gcp import compute
 
+from tpuserve.serving import DEFAULT_PORT
+
 IAP_SOURCE_RANGE = "35.235.240.0/20"  # Google's Identity-Aware Proxy TCP forwarding range
-INGRESS_PORTS = ("22", "8000")
+INGRESS_PORTS = ("22", str(DEFAULT_PORT))  # ssh, and vLLM's OpenAI API
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from pathlib import Path
 import jinja2
 
 from tpuserve.probe import image_data_uri
+from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE
 from tpuserve.serving import CONTAINER_NAME, ServingConfig, config_hash, tpu_container_run_args
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
-GUEST_ATTRIBUTE_NAMESPACE = "tpu-serve"
 METADATA_URL = "http://metadata.google.internal"
 SECRET_MANAGER_URL = "https://secretmanager.googleapis.com"
 WARMUP_IMAGE = "red-square.png"  # one of the shipped probe images, sent once after boot when images are enabled

@@ -85,6 +85,21 @@ def test_bad_config_names_the_key(override, key):
     assert str(err.value).startswith(f"{key}: ")
 
 
+def test_a_misspelt_key_in_the_stack_config_is_an_error_not_a_silent_default():
+    """Goes through the program's real config reader (Pulumi's runtime config), not build_stack_config alone."""
+    mocks = RecordingMocks()
+    with pytest.raises(ConfigError, match="^maxModelLength: unknown setting"):
+        run_stack({**VALID, "maxModelLength": "1024"}, mocks=mocks)
+    assert mocks.resources == []
+
+
+def test_local_target_refuses_a_secret_manager_token():
+    with pytest.raises(ConfigError) as err:
+        build_stack_config({"target": "local", "containerImage": "vllm/vllm-openai:v0.32.0",
+                            "hfTokenSecretId": "hf-token"})
+    assert err.value.key == "hfTokenSecretId"
+
+
 def test_known_broken_model_deploys_with_the_explicit_override():
     cfg = build_stack_config({**VALID, "model": "google/gemma-4-E2B-it-qat-w4a16-ct", "allowKnownBrokenModel": "true"})
     assert cfg.serving.model.endswith("-qat-w4a16-ct")

@@ -1,0 +1,14 @@
+"""Facts the stack, the VM's startup script and the toolkit must agree on; each is stated once, here."""
+
+# The VM writes its boot progress as guest attributes under this namespace; the gate and `diagnose` read them.
+GUEST_ATTRIBUTE_NAMESPACE = "tpu-serve"
+# Boot stages in the order the startup script reaches them; `failed` can follow any of them.
+BOOT_STAGES = ("installing-docker", "pulling-image", "fetching-token", "starting-server", "loading-model", "serving")
+FAILED_STAGE = "failed"
+
+# How long `pulumi up` (and `tpuserve gate`) waits for the model to answer: a cold start takes 8.5-10.5 min.
+READY_TIMEOUT_S = 25 * 60
+# Flex-start price of one TPU v6e chip-hour in USD (reference deployment).
+PRICE_PER_CHIP_HOUR = 1.35
+# HBM vLLM can address on one v6e chip (32 GB nominal).
+V6E_HBM_GIB = 31.24
