@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jinja2
 
-from tpuserve.probe import image_data_uri
+from tpuserve.images import image_data_uri
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE
 from tpuserve.serving import CONTAINER_NAME, ServingConfig, config_hash, tpu_container_run_args
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tests.httpfake import FakeServer, Request, Response
-from tpuserve.probe import image_data_uri
+from tpuserve.images import image_data_uri
 
 FAKE_MODEL = "fake/gemma-4-E2B-it"
 TEXT_ONLY_MESSAGE = "gemma4 is not a multimodal model; image inputs are not supported"  # vLLM-style 400 message

@@ -21,6 +21,7 @@ from tpuserve.gate import (BootStatus, ConsoleReporter, boot_timeline, gate, par
                            watch_instance, watch_url)
 from tpuserve.client import server_root
 from tpuserve.gce import ComputeClient, Instance
+from tpuserve.images import image_data_uri
 
 MODEL = "google/gemma-4-E2B-it"
 VM = Instance("demo-project", "us-east5-b", "tpu-serve-vm")
@@ -153,8 +154,8 @@ def test_smoke_checks_send_tools_and_an_image_after_the_completion():
     assert verdict.ready and list(verdict.stages)[-2:] == ["smoke-tools", "smoke-vision"]
     tools_request, vision_request = [r.json() for r in fake.requests[-2:]]
     assert tools_request["tools"][0]["function"]["name"]
-    image_part = vision_request["messages"][0]["content"][1]
-    assert image_part["image_url"]["url"].startswith("data:image/png;base64,")
+    image_parts = [part for part in vision_request["messages"][0]["content"] if part["type"] == "image_url"]
+    assert image_parts[0]["image_url"]["url"] == image_data_uri("red-square.png")
 
 
 def test_a_vision_server_that_keeps_rejecting_images_fails_the_vision_smoke():

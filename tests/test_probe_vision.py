@@ -12,7 +12,8 @@ import pytest
 from tests.fake_openai import BOOT_422_MESSAGE, FAKE_MODEL, FakeOpenAI, completion
 from tests.httpfake import Response
 from tpuserve.client import ChatClient
-from tpuserve.probe import FAIL, IMAGE_DIR, PASS, SKIPPED, VISION_SCENARIOS, image_data_uri, run_vision
+from tpuserve.images import IMAGE_DIR, image_data_uri
+from tpuserve.probe import FAIL, PASS, SKIPPED, VISION_SCENARIOS, run_vision
 
 
 def decode_rgb_png(data: bytes) -> tuple[int, int, list[bytes]]:

@@ -23,6 +23,7 @@ import click
 import requests
 
 from tpuserve.client import server_root
+from tpuserve.images import image_messages
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.stack import read_outputs, stack_options
 
@@ -157,12 +158,9 @@ def check_tools(http: requests.Session, root: str, model: str, timeout_s: float)
 
 
 def check_vision(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
-    from tpuserve.probe import image_data_uri
-
-    content = [{"type": "text", "text": "What colour is this?"},
-               {"type": "image_url", "image_url": {"url": image_data_uri("red-square.png")}}]
     message, failed = post_chat(http, root, {"model": model, "max_tokens": COMPLETION_MAX_TOKENS,
-                                             "messages": [{"role": "user", "content": content}]}, timeout_s)
+                                             "messages": image_messages("red-square.png", "What colour is this?")},
+                                timeout_s)
     if failed:
         return failed
     return Check(bool(message.get("content")), "request with an image returned empty content")
@@ -400,7 +398,8 @@ def gate_instance(instance: Instance, compute_url: str, timeout_s: float, interv
     """Instance mode with application-default credentials; missing credentials are a verdict, not a traceback."""
     from google.auth.exceptions import DefaultCredentialsError
 
-    from tpuserve.gce import adc_session
+    from tpuserve.images import image_messages
+from tpuserve.gce import adc_session
 
     try:
         session = adc_session()

@@ -8,13 +8,11 @@ failed or was not enforced (skipped scenarios never fail a run). An unreachable 
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ from tpuserve.client import (
     served_model,
     validated_json,
 )
+from tpuserve.images import image_messages
 from tpuserve.stack import read_outputs, served_endpoint, stack_options
 
 PASS, FAIL, SKIPPED, NOT_ENFORCED = "pass", "fail", "skipped", "schema not enforced"
@@ -263,7 +262,6 @@ def enforcement_summary(results: list[ScenarioResult]) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Vision
 
-IMAGE_DIR = "data/probe-images"
 # (scenario, image file, question, accepted answers: any one found as a word in the reply passes)
 VISION_SCENARIOS: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("count 3 squares", "squares-3.png", "How many colored squares are in this image? Answer with one number.",
@@ -276,17 +274,6 @@ VISION_MAX_TOKENS = 32
 # How vLLM refuses images on a text-only deployment (a text-only model, or --language-model-only / a 0 image limit).
 TEXT_ONLY_ERROR = re.compile(r"not a multi-?modal model|at most 0 image|limit.mm.per.prompt|language.model.only|"
                              r"image.{0,40}not (be )?supported|does not support (image|vision)", re.IGNORECASE)
-
-
-def image_data_uri(name: str) -> str:
-    """A shipped probe image as a base64 data URI (external image URLs make probes flaky)."""
-    data = resources.files("tpuserve").joinpath(IMAGE_DIR, name).read_bytes()
-    return "data:image/png;base64," + base64.b64encode(data).decode()
-
-
-def image_messages(image: str, question: str) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_data_uri(image)}},
-                                         {"type": "text", "text": question}]}]
 
 
 def chat_retrying_422(client: ChatClient, messages: list[dict[str, Any]], **params: Any) -> tuple[ChatReply, str]:
