@@ -23,8 +23,8 @@ import click
 import requests
 
 from tpuserve.client import server_root
-from tpuserve.images import image_messages
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
+from tpuserve.images import image_messages
 from tpuserve.stack import read_outputs, stack_options
 
 GUEST_NAMESPACE = "tpu-serve"
@@ -398,8 +398,7 @@ def gate_instance(instance: Instance, compute_url: str, timeout_s: float, interv
     """Instance mode with application-default credentials; missing credentials are a verdict, not a traceback."""
     from google.auth.exceptions import DefaultCredentialsError
 
-    from tpuserve.images import image_messages
-from tpuserve.gce import adc_session
+    from tpuserve.gce import adc_session
 
     try:
         session = adc_session()
