@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
 import requests
 
 API_KEY_ENV = "TPUSERVE_API_KEY"
@@ -38,7 +37,8 @@ def api_base(url: str) -> str:
 
 
 class EndpointError(RuntimeError):
-    """The server answered with an HTTP error (a model or server error, not a schema problem)."""
+    """The server answered with an HTTP error, or a 200 that is no chat completion (a model or server error, not a
+    schema problem)."""
 
     def __init__(self, status: int, message: str, latency_s: float):
         super().__init__(f"HTTP {status}: {message}")
@@ -117,6 +117,21 @@ def error_message(response: requests.Response) -> str:
     return str(error)
 
 
+def json_or_none(response: requests.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def has_message(body: Any) -> bool:
+    """Whether a chat completion body has the first choice's message that ChatReply reads."""
+    try:
+        return isinstance(body["choices"][0]["message"], dict)
+    except (KeyError, IndexError, TypeError):
+        return False
+
+
 def looks_cut_off(text: str) -> bool:
     """True when `text` is invalid JSON only because it ends too early (a prefix a grammar could have produced)."""
     try:
@@ -149,6 +164,8 @@ def validated_json(reply: ChatReply, schema: dict[str, Any]) -> Any:
                                   reply, field, text) from err
         raise SchemaNotEnforced(f"schema not enforced: the 200 answer is not JSON ({err.msg} at char {err.pos})"
                                 f"{where}", reply, field, text) from err
+    import jsonschema
+
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(document), key=lambda e: list(e.path))
     if errors:
         location = "/".join(map(str, errors[0].path)) or "(root)"
@@ -185,7 +202,10 @@ class ChatClient:
         latency_s = time.monotonic() - started
         if response.status_code != 200:
             raise EndpointError(response.status_code, error_message(response), latency_s)
-        return ChatReply(response.json(), latency_s)
+        body = json_or_none(response)
+        if not has_message(body):
+            raise EndpointError(200, f"a body without a message: {response.text[:200]}", latency_s)
+        return ChatReply(body, latency_s)
 
     def structured(self, messages: list[dict[str, Any]], schema: dict[str, Any] | None, *, name: str = "answer",
                    thinking: bool | None = None, **params: Any) -> Any:
@@ -201,6 +221,8 @@ class ChatClient:
                          name: str = "answer", thinking: bool | None = None, **params: Any) -> ChatReply:
         """The raw reply to a structured-output request (for callers that report on it, like the probes)."""
         if schema is not None:
+            import jsonschema
+
             jsonschema.Draft202012Validator.check_schema(schema)
         if thinking is not None:
             params["chat_template_kwargs"] = {**params.get("chat_template_kwargs", {}), "enable_thinking": thinking}

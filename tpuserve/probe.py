@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import jsonschema
 import requests
 
 from tpuserve.client import (
@@ -116,6 +115,8 @@ def parse_tool_call(call: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         arguments = json.loads(call["function"].get("arguments") or "{}")
     except json.JSONDecodeError as err:
         raise InvalidToolCall(f"{name}: arguments are not JSON ({err.msg})") from err
+    import jsonschema
+
     try:
         jsonschema.validate(arguments, TOOL_SCHEMAS[name])
     except jsonschema.ValidationError as err:
