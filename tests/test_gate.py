@@ -5,6 +5,7 @@ The real-vLLM checks live in tests/e2e/test_gate_e2e.py."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 
@@ -57,8 +58,9 @@ def stage_snapshots(recorded: list[tuple[str, int]], **final: str) -> list[dict[
     return snapshots
 
 
-def replaying_compute(snapshots: list[dict[str, str]], not_yet: int = 1) -> FakeServer:
-    """A Compute API that answers 404 `not_yet` times (VM booting), then one snapshot per poll, the last forever."""
+def replaying_compute(snapshots: list[dict[str, str]], not_yet: int = 1, vm_status: str = "RUNNING") -> FakeServer:
+    """A Compute API that answers 404 `not_yet` times (VM booting), then one snapshot per poll, the last forever;
+    the instance itself reports `vm_status`."""
     replies: Iterator[dict[str, str]] = iter([{}] * not_yet + snapshots)
     last: list[dict[str, str]] = [{}]
 
@@ -70,8 +72,16 @@ def replaying_compute(snapshots: list[dict[str, str]], not_yet: int = 1) -> Fake
             {"namespace": "tpu-serve", "key": key, "value": value} for key, value in last[0].items()]}})
 
     return FakeServer({("GET", f"{VM_PATH}/getGuestAttributes"): guest_attributes,
+                       ("GET", VM_PATH): lambda request: Response(200, instance_body(vm_status)),
                        ("GET", f"{VM_PATH}/serialPort"): lambda request: Response(
                            200, {"contents": "\n".join(SERIAL_LINES) + "\n"})})
+
+
+def instance_body(status: str) -> dict:
+    return {"kind": "compute#instance", "name": VM.name, "status": status}
+
+
+NOT_FOUND = Response(404, {"error": {"code": 404, "message": f"The resource '{VM_PATH}' was not found"}})
 
 
 class RecordingReporter:
@@ -119,6 +129,15 @@ def test_a_server_lying_with_200_on_health_and_models_is_not_ready(completion: R
     assert "stage completion" in verdict.reason and why in verdict.reason
     assert list(verdict.stages) == ["health", "models"]
     assert sum(r.path == "/v1/chat/completions" for r in fake.requests) > 1  # it kept trying until the timeout
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_a_completion_whose_text_a_reasoning_parser_moved_counts(field: str):
+    body = chat_body(None)
+    body["choices"][0]["message"][field] = "The user greets me"
+    with FakeServer(openai_routes(Response(200, body))) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, **FAST)
+    assert verdict.ready and "completion" in verdict.stages
 
 
 def test_a_model_missing_from_v1_models_keeps_the_gate_in_the_models_stage():
@@ -237,6 +256,53 @@ def test_permission_denied_fails_at_once_instead_of_waiting_out_the_timeout():
     assert not verdict.ready and "403" in verdict.reason and verdict.elapsed_s < 1
 
 
+def test_a_deleted_vm_fails_at_once_instead_of_waiting_out_the_timeout():
+    routes = {("GET", f"{VM_PATH}/getGuestAttributes"): lambda request: NOT_FOUND,
+              ("GET", VM_PATH): lambda request: NOT_FOUND}
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=30, interval_s=0.02)
+    assert not verdict.ready and verdict.elapsed_s < 1
+    assert verdict.reason.startswith("instance not found: deleted, or flex-start max run ended?")
+
+
+def test_a_vm_deleted_mid_boot_keeps_its_timeline_and_fails_at_once():
+    reporter = RecordingReporter()
+    with replaying_compute(stage_snapshots(RECORDED_BOOT[:3])) as fake, requests.Session() as http:
+        client = ComputeClient(http, fake.url)
+        deleted = threading.Timer(0.3, lambda: fake.routes.update({
+            ("GET", f"{VM_PATH}/getGuestAttributes"): lambda request: NOT_FOUND,
+            ("GET", VM_PATH): lambda request: NOT_FOUND}))
+        deleted.start()
+        verdict = watch_instance(client, VM, timeout_s=30, interval_s=0.02, reporter=reporter)
+    assert not verdict.ready and "instance not found" in verdict.reason and verdict.elapsed_s < 2
+    assert list(verdict.stages) == [stage for stage, _ in RECORDED_BOOT[:3]]
+
+
+@pytest.mark.parametrize("vm_status", sorted(gate_module.STOPPED_STATUSES))
+def test_a_stopped_vm_fails_at_once_naming_its_status(vm_status: str):
+    with replaying_compute([], not_yet=1, vm_status=vm_status) as fake, requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=30, interval_s=0.02)
+    assert not verdict.ready and verdict.elapsed_s < 1 and f"instance is {vm_status}" in verdict.reason
+
+
+@pytest.mark.parametrize("vm_status", ["PROVISIONING", "STAGING", "RUNNING"])
+def test_a_vm_still_starting_without_attributes_is_waited_for(vm_status: str):
+    reporter = RecordingReporter()
+    with replaying_compute([], not_yet=1, vm_status=vm_status) as fake, requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=0.3, interval_s=0.02,
+                                 reporter=reporter)
+    assert not verdict.ready and verdict.reason.startswith("timed out after 0.3 s in stage booting")
+    assert len(reporter.waits) > 2
+
+
+def test_a_bad_zone_fails_at_once_like_a_permission_error():
+    bad_zone = Response(400, {"error": {"code": 400, "message": "Invalid value for field 'zone': 'us-east5-z'"}})
+    with FakeServer({("GET", f"{VM_PATH}/getGuestAttributes"): lambda request: bad_zone}) as fake, \
+            requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=30, interval_s=0.02)
+    assert not verdict.ready and "400" in verdict.reason and "zone" in verdict.reason and verdict.elapsed_s < 1
+
+
 # --- the command ------------------------------------------------------------------------------------------------
 
 def run_gate(*args: str) -> tuple[int, list[str], str]:
@@ -293,10 +359,30 @@ def test_instance_mode_passes_a_recorded_boot_to_serving(monkeypatch: pytest.Mon
     (["--instance", "vm", "--zone", "z", "--project", "p", "--smoke", "tools"], "--smoke works with --url only"),
     (["--url", "http://h", "--model", "m", "--smoke", "toolz"], "--smoke"),
     (["--url", "http://h", "--model", "m", "--timeout", "0"], "--timeout"),
+    (["--url", "http://h", "--model", "m", "--config-hash", "abc"], "--config-hash works with --instance only"),
 ])
 def test_bad_options_are_usage_errors_naming_the_option(args: list[str], message: str):
     code, _, stderr = run_gate(*args)
     assert code == 2 and message in stderr
+
+
+@pytest.mark.parametrize("mode, args, expected", [
+    ("url", ["--url", "http://h", "--model", "m"], 0.5),  # the 2 s lag target
+    ("instance", ["--instance", "vm", "--zone", "z", "--project", "p"], 3.0),  # ~500 Compute API GETs in 25 min
+    ("url", ["--url", "http://h", "--model", "m", "--interval", "7"], 7.0),
+    ("instance", ["--instance", "vm", "--zone", "z", "--project", "p", "--interval", "7"], 7.0),
+])
+def test_the_poll_interval_defaults_per_mode_and_interval_overrides(monkeypatch: pytest.MonkeyPatch, mode: str,
+                                                                   args: list[str], expected: float):
+    intervals: list[float] = []
+
+    def watch(*positional: object) -> gate_module.Verdict:
+        intervals.append(positional[5] if mode == "url" else positional[3])
+        return gate_module.Verdict(True, 0.0, {})
+
+    monkeypatch.setattr(gate_module, "watch_url" if mode == "url" else "gate_instance", watch)
+    code, _, _ = run_gate(*args)
+    assert code == 0 and intervals == [expected]
 
 
 def test_console_reporter_prints_each_stage_as_it_arrives():

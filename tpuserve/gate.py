@@ -6,7 +6,8 @@ A VM shows RUNNING long before vLLM answers, and `/health` says 200 before the m
   (then the optional `--smoke` checks: a request with tools, a request with an image).
 - Instance mode: the VM's startup script, which runs those same checks locally, reports `serving` in its guest
   attributes (namespace `tpu-serve`: `stage`, `at-<stage>` = unix seconds the stage began, `reason` when failed,
-  `config-hash`). A `failed` stage ends the wait at once with the reason and the serial console's last lines.
+  `config-hash`). A `failed` stage ends the wait at once with the reason and the serial console's last lines; so
+  does a VM that is gone or stopped (flex-start ends a VM at its max run duration).
 Human output goes to stderr; stdout gets exactly one JSON line, the verdict, which the stack's readiness gate parses.
 """
 
@@ -22,19 +23,22 @@ from typing import Any, Protocol
 import click
 import requests
 
-from tpuserve.client import server_root
+from tpuserve.client import ChatClient, ChatReply, EndpointError, json_or_none, server_root
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.images import image_messages
+from tpuserve.facts import BOOT_STAGES, FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S
 from tpuserve.stack import read_outputs, stack_options
 
-GUEST_NAMESPACE = "tpu-serve"
-SERVING, FAILED, BOOTING = "serving", "failed", "booting"
-DEFAULT_TIMEOUT_S = 1500.0
-DEFAULT_INTERVAL_S = 0.5
+SERVING, BOOTING = BOOT_STAGES[-1], "booting"
+URL_INTERVAL_S = 0.5  # a stage passed shows up within the 2 s lag target
+INSTANCE_INTERVAL_S = 3.0  # each poll is a Compute API call: ~500 per 25-minute wait, not ~3000
 REQUEST_TIMEOUT_S = 60.0
 SERIAL_TAIL_LINES = 30
 COMPLETION_MAX_TOKENS = 8
-AUTH_STATUSES = (401, 403)
+# Compute API answers no amount of waiting changes: a bad zone/project, missing credentials or permission.
+FATAL_API_STATUSES = (400, 401, 403)
+# Instance statuses from which the VM will not reach `serving` by itself.
+STOPPED_STATUSES = frozenset({"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"})
 
 
 @dataclass(frozen=True)
@@ -93,32 +97,24 @@ class Deadline:
 
 # --- URL mode -------------------------------------------------------------------------------------------------
 
-def answer(response: requests.Response) -> Any:
+class NotReady(Exception):
+    """The current stage's check failed; the message says what the server answered."""
+
+
+def ask(http: requests.Session, root: str, model: str, timeout_s: float, messages: list[dict[str, Any]],
+        **params: Any) -> ChatReply:
+    """One short chat completion; NotReady unless the server answers 200 with a message."""
+    client = ChatClient(root, model, timeout_s=timeout_s, session=http)
     try:
-        return response.json()
-    except ValueError:
-        return None
+        return client.chat(messages, max_tokens=COMPLETION_MAX_TOKENS, **params)
+    except EndpointError as err:
+        raise NotReady(f"chat completion answered {err}") from err
 
 
-def chat_message(body: Any) -> dict[str, Any]:
-    """The first choice's message of a chat completion body, or {} when the body has none."""
-    try:
-        message = body["choices"][0]["message"]
-    except (KeyError, IndexError, TypeError):
-        return {}
-    return message if isinstance(message, dict) else {}
-
-
-def post_chat(http: requests.Session, root: str, payload: dict[str, Any],
-              timeout_s: float) -> tuple[dict[str, Any], Check | None]:
-    """POST a chat completion; the message, or a failed Check when the server did not answer 200 with one."""
-    response = http.post(f"{root}/v1/chat/completions", json=payload, timeout=timeout_s)
-    if response.status_code != 200:
-        return {}, Check(False, f"chat completion answered HTTP {response.status_code}: {response.text[:200]}")
-    message = chat_message(answer(response))
-    if not message:
-        return {}, Check(False, "chat completion answered 200 without a message")
-    return message, None
+def generated_text(reply: ChatReply) -> bool:
+    """Whether the model generated anything: content, or the reasoning field a reasoning parser moved it to
+    (the rule the VM's startup script applies too)."""
+    return bool(reply.content.strip() or reply.reasoning)
 
 
 def check_health(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
@@ -130,40 +126,30 @@ def check_models(http: requests.Session, root: str, model: str, timeout_s: float
     response = http.get(f"{root}/v1/models", timeout=timeout_s)
     if response.status_code != 200:
         return Check(False, f"/v1/models answered HTTP {response.status_code}")
-    body = answer(response)
+    body = json_or_none(response)
     entries = body.get("data") if isinstance(body, dict) else None
     listed = [entry.get("id") for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
     return Check(model in listed, f"/v1/models lists {listed or 'nothing'}, not {model!r}")
 
 
 def check_completion(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
-    message, failed = post_chat(http, root, {"model": model, "max_tokens": COMPLETION_MAX_TOKENS,
-                                             "messages": [{"role": "user", "content": "Say hello."}]}, timeout_s)
-    if failed:
-        return failed
-    return Check(bool(message.get("content")), "chat completion returned empty content")
+    reply = ask(http, root, model, timeout_s, [{"role": "user", "content": "Say hello."}])
+    return Check(generated_text(reply), "chat completion returned empty content and no reasoning")
 
 
 def check_tools(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
     tool = {"type": "function", "function": {
         "name": "get_time", "description": "Current time in a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-    message, failed = post_chat(http, root, {
-        "model": model, "max_tokens": COMPLETION_MAX_TOKENS, "tools": [tool], "tool_choice": "auto",
-        "messages": [{"role": "user", "content": "What time is it in Paris?"}]}, timeout_s)
-    if failed:
-        return failed
-    return Check(bool(message.get("content") or message.get("tool_calls")),
-                 "request with tools returned neither content nor tool calls")
+    reply = ask(http, root, model, timeout_s, [{"role": "user", "content": "What time is it in Paris?"}],
+                tools=[tool], tool_choice="auto")
+    return Check(generated_text(reply) or bool(reply.tool_calls),
+                 "request with tools returned neither text nor tool calls")
 
 
 def check_vision(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
-    message, failed = post_chat(http, root, {"model": model, "max_tokens": COMPLETION_MAX_TOKENS,
-                                             "messages": image_messages("red-square.png", "What colour is this?")},
-                                timeout_s)
-    if failed:
-        return failed
-    return Check(bool(message.get("content")), "request with an image returned empty content")
+    reply = ask(http, root, model, timeout_s, image_messages("red-square.png", "What colour is this?"))
+    return Check(generated_text(reply), "request with an image returned empty content and no reasoning")
 
 
 UrlCheck = Callable[[requests.Session, str, str, float], Check]
@@ -188,12 +174,14 @@ def url_stages(smoke: Sequence[str]) -> list[tuple[str, UrlCheck]]:
 def run_check(check: UrlCheck, http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
     try:
         return check(http, root, model, timeout_s)
+    except NotReady as err:
+        return Check(False, str(err))
     except requests.RequestException as err:
         return Check(False, f"no answer ({type(err).__name__})")
 
 
 def watch_url(http: requests.Session, url: str, model: str, smoke: Sequence[str] = (),
-              timeout_s: float = DEFAULT_TIMEOUT_S, interval_s: float = DEFAULT_INTERVAL_S,
+              timeout_s: float = READY_TIMEOUT_S, interval_s: float = URL_INTERVAL_S,
               reporter: Reporter = SilentReporter()) -> Verdict:
     """Pass each stage in order, polling the current one every `interval_s`; ready when the last one passes."""
     deadline, root, stages = Deadline(timeout_s), server_root(url), {}
@@ -244,8 +232,8 @@ def boot_timeline(attributes: Mapping[str, str]) -> dict[str, float]:
 
 def read_boot(attributes: Mapping[str, str], expected_config_hash: str | None = None) -> BootStatus:
     stage = attributes.get("stage") or BOOTING
-    if stage == FAILED:
-        before = [name for name in boot_timeline(attributes) if name != FAILED]
+    if stage == FAILED_STAGE:
+        before = [name for name in boot_timeline(attributes) if name != FAILED_STAGE]
         where = f" during {before[-1]}" if before else ""
         reason = attributes.get("reason") or "no reason given"
         return BootStatus(stage, done=True, detail=f"boot failed{where}: {reason}")
@@ -264,30 +252,48 @@ def serial_tail(compute: ComputeClient, instance: Instance, lines: int = SERIAL_
         return f"(serial console unavailable: {err})"
 
 
-def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float = DEFAULT_TIMEOUT_S,
-                   interval_s: float = DEFAULT_INTERVAL_S, expected_config_hash: str | None = None,
+def vm_stopped(compute: ComputeClient, instance: Instance) -> str | None:
+    """Why the VM will never report `serving` (deleted or stopped), or None while it exists and runs."""
+    try:
+        status = compute.instance_status(instance)
+    except ComputeApiError as err:
+        if err.status == 404:
+            return f"instance not found: deleted, or flex-start max run ended? ({instance.name})"
+        raise
+    return f"instance is {status}: it stopped before serving" if status in STOPPED_STATUSES else None
+
+
+def look(compute: ComputeClient, instance: Instance, last: BootStatus,
+         expected_config_hash: str | None) -> tuple[dict[str, str], BootStatus]:
+    """One poll: the guest attributes and what they mean. Without attributes (the API answers 404 both before the
+    first stage and once the VM is gone) the instance itself says whether to keep waiting."""
+    try:
+        attributes = compute.guest_attributes(instance, GUEST_ATTRIBUTE_NAMESPACE)
+        stopped = None if attributes else vm_stopped(compute, instance)
+    except ComputeApiError as err:
+        return {}, BootStatus(last.stage, done=err.status in FATAL_API_STATUSES, detail=str(err))
+    except requests.RequestException as err:
+        return {}, BootStatus(last.stage, done=False, detail=f"Compute API unreachable ({type(err).__name__})")
+    if stopped:
+        return attributes, BootStatus(last.stage, done=True, detail=stopped)
+    return attributes, read_boot(attributes, expected_config_hash)
+
+
+def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float = READY_TIMEOUT_S,
+                   interval_s: float = INSTANCE_INTERVAL_S, expected_config_hash: str | None = None,
                    reporter: Reporter = SilentReporter()) -> Verdict:
-    """Follow the VM's reported stages until `serving` (ready), `failed` (at once, with the console tail) or the
-    timeout (naming the stage it was stuck in)."""
+    """Follow the VM's reported stages until `serving` (ready), `failed` (at once, with the console tail), a VM
+    that is gone or stopped, an API error waiting cannot fix (both at once), or the timeout (naming the stage)."""
     deadline, status, timeline = Deadline(timeout_s), BootStatus(BOOTING, done=False, detail="not read yet"), {}
     while deadline.remaining() > 0:
-        try:
-            attributes = compute.guest_attributes(instance, GUEST_NAMESPACE)
-        except ComputeApiError as err:
-            if err.status in AUTH_STATUSES:
-                return Verdict(False, deadline.elapsed(), timeline, str(err))
-            status = BootStatus(status.stage, done=False, detail=str(err))
-        except requests.RequestException as err:
-            status = BootStatus(status.stage, done=False, detail=f"Compute API unreachable ({type(err).__name__})")
-        else:
-            for name, at in boot_timeline(attributes).items():
-                if name not in timeline:
-                    timeline[name] = at
-                    reporter.stage(name, at)
-            status = read_boot(attributes, expected_config_hash)
-            if status.done:
-                tail = "" if status.ready else serial_tail(compute, instance)
-                return Verdict(status.ready, deadline.elapsed(), timeline, status.detail or None, tail)
+        attributes, status = look(compute, instance, status, expected_config_hash)
+        for name, at in boot_timeline(attributes).items():
+            if name not in timeline:
+                timeline[name] = at
+                reporter.stage(name, at)
+        if status.done:
+            tail = serial_tail(compute, instance) if status.stage == FAILED_STAGE else ""
+            return Verdict(status.ready, deadline.elapsed(), timeline, status.detail or None, tail)
         reporter.waiting(status.stage, status.detail)
         deadline.pause(interval_s)
     return Verdict(False, deadline.elapsed(), timeline,
@@ -329,12 +335,14 @@ def print_timeline(console: Any, verdict: Verdict) -> None:
 
 
 def check_mode(url: str | None, model: str | None, instance: str | None, zone: str | None,
-               project: str | None, smoke: str) -> None:
+               project: str | None, smoke: str, config_hash: str | None) -> None:
     """Exactly one of --url / --instance, with the options that mode needs."""
     if bool(url) == bool(instance):
         raise click.UsageError("give exactly one of --url (a server) or --instance (a VM)")
     if url and not model:
         raise click.UsageError("--url needs --model (the served model name)")
+    if url and config_hash:
+        raise click.UsageError("--config-hash works with --instance only (a server's URL does not report it)")
     if instance:
         missing = [option for option, value in (("--zone", zone), ("--project", project)) if not value]
         if missing:
@@ -352,14 +360,15 @@ def check_mode(url: str | None, model: str | None, instance: str | None, zone: s
 @click.option("--project", help="Project of --instance.")
 @click.option("--config-hash", help="Instance mode: accept `serving` only with this serving-config hash.")
 @click.option("--compute-url", default=COMPUTE_URL, show_default=True, help="Compute API root (tests use a fake).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_TIMEOUT_S,
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=READY_TIMEOUT_S,
               show_default=True, help="Seconds to wait in all.")
-@click.option("--interval", "interval_s", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_INTERVAL_S,
-              show_default=True, help="Seconds between polls.")
+@click.option("--interval", "interval_s", type=click.FloatRange(min=0, min_open=True),
+              help=f"Seconds between polls [default: {URL_INTERVAL_S:g} with --url, {INSTANCE_INTERVAL_S:g} with "
+              "--instance (each poll is a Compute API call)].")
 @stack_options
 def gate(url: str | None, model: str | None, smoke: str, instance: str | None, zone: str | None,
          project: str | None, config_hash: str | None, compute_url: str, timeout_s: float,
-         interval_s: float, stack: str | None, stack_outputs: Path | None) -> None:
+         interval_s: float | None, stack: str | None, stack_outputs: Path | None) -> None:
     """Wait until a deployment really serves; exit 0 only then. The last stdout line is the JSON verdict.
 
     With --stack, a gcp stack is followed through its VM's guest attributes (no tunnel needed) and a local
@@ -373,17 +382,18 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
         else:
             instance, zone, project = outputs.get("instanceName"), outputs.get("zone"), outputs.get("project")
             config_hash = config_hash or outputs.get("configHash")
-    check_mode(url, model, instance, zone, project, smoke)
+    check_mode(url, model, instance, zone, project, smoke, config_hash)
     smoke_checks = parse_smoke(smoke)
     console = Console(stderr=True)
     with console.status("starting") as status:
         reporter = ConsoleReporter(console, status)
         if url:
             with requests.Session() as http:
-                verdict = watch_url(http, url, str(model), smoke_checks, timeout_s, interval_s, reporter)
+                verdict = watch_url(http, url, str(model), smoke_checks, timeout_s, interval_s or URL_INTERVAL_S,
+                                    reporter)
         else:
             verdict = gate_instance(Instance(str(project), str(zone), str(instance)), compute_url, timeout_s,
-                                    interval_s, config_hash, reporter)
+                                    interval_s or INSTANCE_INTERVAL_S, config_hash, reporter)
     print_timeline(console, verdict)
     if verdict.serial_tail:
         console.print(f"[bold]serial console, last {SERIAL_TAIL_LINES} lines:[/]")

@@ -1,7 +1,7 @@
 """A small Compute Engine API client: what the readiness gate reads about one VM.
 
-Only two calls: the guest attributes the VM's startup script writes (its boot stage), and the serial console
-(the last lines explain a failed boot). The base URL is a parameter so tests point it at a fake on 127.0.0.1;
+Three calls: the guest attributes the VM's startup script writes (its boot stage), the instance's own status
+(whether it still exists and runs), and the serial console (the last lines explain a failed boot). The base URL is a parameter so tests point it at a fake on 127.0.0.1;
 the session is too, so tests pass a plain `requests.Session` where real runs use application-default credentials.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import requests
+
+from tpuserve.client import error_message
 
 COMPUTE_URL = "https://compute.googleapis.com"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -44,14 +46,6 @@ def adc_session() -> requests.Session:
     return AuthorizedSession(credentials)
 
 
-def error_message(response: requests.Response) -> str:
-    """The API's own error message when the body is a Google error object, else the start of the body."""
-    try:
-        return str(response.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return response.text[:200]
-
-
 class ComputeClient:
     def __init__(self, session: requests.Session, base_url: str = COMPUTE_URL,
                  timeout_s: float = DEFAULT_TIMEOUT_S):
@@ -59,8 +53,16 @@ class ComputeClient:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
 
-    def _get(self, instance: Instance, method: str, params: dict[str, str]) -> requests.Response:
-        return self.session.get(f"{self.base_url}{instance.path}/{method}", params=params, timeout=self.timeout_s)
+    def _get(self, instance: Instance, method: str = "", params: dict[str, str] | None = None) -> requests.Response:
+        path = f"{instance.path}/{method}" if method else instance.path
+        return self.session.get(f"{self.base_url}{path}", params=params, timeout=self.timeout_s)
+
+    def instance_status(self, instance: Instance) -> str:
+        """The VM's lifecycle status (PROVISIONING, RUNNING, TERMINATED, ...); a deleted VM raises with status 404."""
+        response = self._get(instance)
+        if not response.ok:
+            raise ComputeApiError(response.status_code, error_message(response))
+        return str(response.json().get("status", ""))
 
     def guest_attributes(self, instance: Instance, namespace: str) -> dict[str, str]:
         """key -> value of the instance's guest attributes in `namespace`; empty while the VM has written none
