@@ -35,12 +35,16 @@ with open(os.path.join(value("--result-dir"), value("--result-filename")), "w") 
                "median_ttft_ms": 100.0, "p99_ttft_ms": 150.0, "median_tpot_ms": 20.0}, out)
 """
 
-# gcloud shim: records argv; answers the version probe and `cat` of a result, accepts `bench serve`.
+# gcloud shim: records argv; like the VM, refuses docker without sudo (OS Login users are not in the docker group);
+# answers the version probe and `cat` of a result, accepts `bench serve`.
 FAKE_GCLOUD = """
 import json, os, re, shlex, sys
 with open(os.environ["FAKE_LOG"], "a") as log:
     log.write(json.dumps(sys.argv) + "\\n")
 inner = shlex.split(sys.argv[sys.argv.index("--command") + 1])
+if inner[:2] != ["sudo", "docker"]:
+    sys.exit("permission denied while trying to connect to the Docker daemon socket")
+inner = inner[1:]
 if "importlib.metadata" in inner[-1]:
     print("0.32.0+tpu")
 elif inner[3:5] == ["cat", inner[4]]:
@@ -142,13 +146,14 @@ def test_remote_sweep_runs_inside_the_container_over_iap_and_copies_results_back
     assert all(argv[1:9] == ["compute", "ssh", "tpu-serve-dev", "--zone", "us-east5-b", "--project", "proj",
                              "--tunnel-through-iap"] and argv[9] == "--command" for argv in calls)
     inner = [shlex.split(argv[10]) for argv in calls]
-    assert inner[0][:4] == ["docker", "exec", "vllm", "python3"]  # version probe
+    # docker runs under sudo: on the VM, OS Login users are not in the docker group
+    assert inner[0][:5] == ["sudo", "docker", "exec", "vllm", "python3"]  # version probe
     bench_1, fetch_1, bench_4, fetch_4 = inner[1:]
-    assert bench_1[:6] == ["docker", "exec", "vllm", "vllm", "bench", "serve"]
+    assert bench_1[:7] == ["sudo", "docker", "exec", "vllm", "vllm", "bench", "serve"]
     assert bench_1[bench_1.index("--base-url") + 1] == "http://127.0.0.1:8000"  # the container's own server
     remote_dir = bench_1[bench_1.index("--result-dir") + 1]
     assert remote_dir.startswith("/tmp/tpuserve-bench/")
-    assert fetch_1 == ["docker", "exec", "vllm", "cat", f"{remote_dir}/c1.json"]
+    assert fetch_1 == ["sudo", "docker", "exec", "vllm", "cat", f"{remote_dir}/c1.json"]
     assert bench_4[bench_4.index("--max-concurrency") + 1] == "4"
     assert fetch_4[-1] == f"{remote_dir}/c4.json"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from click.testing import CliRunner
 from tests.fake_openai import FAKE_MODEL, FakeOpenAI
 from tests.httpfake import FakeServer, Request, Response
 from tpuserve.cli import main
+from tpuserve.gce import Instance
 from tpuserve.logs import REDACTED, diagnosis_messages, docker_logs_argv, redact, relevant_excerpt
 
 INSTANCE_PATH = "/compute/v1/projects/proj-1/zones/us-east5-b/instances/tpu-serve-dev"
@@ -60,7 +62,7 @@ def test_excerpt_keeps_the_tail_and_earlier_errors_with_context() -> None:
     excerpt = relevant_excerpt("\n".join(lines), tail_lines=10, context=1).splitlines()
     assert excerpt == ["line 99", "RuntimeError: TPU not found", "line 101", "…"] + [f"line {i}" for i in
                                                                                       range(990, 1000)]
-    assert relevant_excerpt("x" * 50_000, max_chars=1000) == "…" + "x" * 1000
+    assert relevant_excerpt("x" * 50_000, max_chars=1000) == "…" + "x" * 1000  # one line longer than the cap
 
 
 def test_the_whole_diagnosis_request_is_redacted() -> None:
@@ -97,7 +99,20 @@ def test_max_chars_bounds_the_excerpt_for_small_context_models(tmp_path: Path) -
     log.write_text("\n".join(f"ERROR line {i}" for i in range(2000)))
     result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--max-chars", "500", "--dry-run"])
     excerpt = result.output.split("Log excerpt:\n", 1)[1].rstrip("\n")
-    assert result.exit_code == 0 and len(excerpt) == 501 and excerpt.endswith("ERROR line 1999")
+    assert result.exit_code == 0 and 480 < len(excerpt) <= len("…\n") + 500
+    shown = excerpt.splitlines()
+    assert shown[0] == "…" and shown[1:] == [f"ERROR line {i}" for i in range(2000 - len(shown) + 1, 2000)]
+
+
+def test_a_token_straddling_the_cut_never_leaks_its_tail(tmp_path: Path) -> None:
+    token = "hf_abcdefghij0123456789klmnop"  # one case: only the hf_ prefix marks it as a token
+    log = tmp_path / "boot.log"
+    log.write_text("\n".join(["boot"] * 5 + [f"auth {token}", "y" * 180]))
+    # 200 chars from the end fall inside the token: cut first, and the tail would no longer look like one.
+    assert "hf_" not in log.read_text()[-200:] and token[-16:] in log.read_text()[-200:]
+    result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--max-chars", "200", "--dry-run"])
+    assert result.exit_code == 0 and token[-8:] not in result.output
+    assert f"auth {REDACTED}" in result.output.splitlines()
 
 
 def fake_compute(stage: str, reason: str) -> FakeServer:
@@ -152,15 +167,16 @@ def test_logs_docker_runs_docker_logs_over_iap_ssh(gcloud_shim: Path, capfd: pyt
                                                    extra: list[str], follow: bool) -> None:
     result = CliRunner().invoke(main, ["logs", *VM, "--source", "docker", "--tail", "50", *extra])
     assert result.exit_code == 0, result.output
-    assert gcloud_shim.read_text().splitlines() == docker_logs_argv("tpu-serve-dev", "us-east5-b", "proj-1", 50,
-                                                                    follow)[1:]
+    vm = Instance("proj-1", "us-east5-b", "tpu-serve-dev")
+    assert gcloud_shim.read_text().splitlines() == docker_logs_argv(vm, 50, follow)[1:]
     assert "Uvicorn running" in capfd.readouterr().out
 
 
-def test_docker_logs_argv_is_iap_ssh_to_the_vllm_container() -> None:
-    assert docker_logs_argv("vm", "z", "p", 10, True) == [
-        "gcloud", "compute", "ssh", "vm", "--zone", "z", "--project", "p", "--tunnel-through-iap", "--",
-        "sudo", "docker", "logs", "--tail", "10", "--follow", "vllm"]
+def test_docker_logs_argv_is_sudo_docker_logs_over_iap_ssh() -> None:
+    argv = docker_logs_argv(Instance("p", "z", "vm"), 10, True)
+    assert argv[:-1] == ["gcloud", "compute", "ssh", "vm", "--zone", "z", "--project", "p", "--tunnel-through-iap",
+                         "--command"]
+    assert shlex.split(argv[-1]) == ["sudo", "docker", "logs", "--tail", "10", "--follow", "vllm"]
 
 
 def test_logs_take_the_vm_from_saved_stack_outputs(gcloud_shim: Path, tmp_path: Path) -> None:

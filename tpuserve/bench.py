@@ -26,6 +26,7 @@ from tpuserve import benchreport
 from tpuserve.client import server_root
 from tpuserve.serving import CONTAINER_NAME, DEFAULT_PORT
 from tpuserve.stack import read_outputs, served_endpoint, stack_options
+from tpuserve.vmssh import docker_over_iap
 
 DEFAULT_LEVELS = "1,8,32,64,100"
 # Where results land inside the container in --remote mode before they are copied back.
@@ -87,14 +88,8 @@ class RemoteTarget:
     container: str = CONTAINER_NAME
 
     def ssh(self, container_argv: Sequence[str]) -> list[str]:
-        """gcloud argv that runs `container_argv` inside the container; one quoted --command survives the shell."""
-        args = ["gcloud", "compute", "ssh", self.vm]
-        if self.zone:
-            args += ["--zone", self.zone]
-        if self.project:
-            args += ["--project", self.project]
-        return [*args, "--tunnel-through-iap", "--command",
-                shlex.join(["docker", "exec", self.container, *container_argv])]
+        """gcloud argv that runs `container_argv` inside the container."""
+        return docker_over_iap(self.vm, self.zone, self.project, ["exec", self.container, *container_argv])
 
 
 def result_filename(concurrency: int) -> str:

@@ -1,7 +1,7 @@
 """`tpuserve logs` and `tpuserve diagnose`: what the VM said, and a model's reading of why a deployment failed.
 
 `logs` prints the serial console (Compute API; the startup script logs every boot stage there) and the vLLM
-container's output (`docker logs vllm` over IAP ssh). `diagnose` sends the relevant excerpt of those logs, with the
+container's output (`sudo docker logs vllm` over IAP ssh). `diagnose` sends the relevant excerpt of those logs, with the
 readiness gate's stage and reason, to an OpenAI-compatible model and prints its short diagnosis. Everything sent is
 passed through `redact` first, so tokens and keys in the logs never leave the machine.
 """
@@ -20,9 +20,10 @@ import requests
 from tpuserve import gce
 from tpuserve import stack as pulumi_stack
 from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError, served_model
-from tpuserve.gate import GUEST_NAMESPACE
+from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.serving import CONTAINER_NAME
+from tpuserve.vmssh import docker_over_iap
 
 DEFAULT_TAIL = 200
 EXCERPT_TAIL_LINES = 60
@@ -68,7 +69,8 @@ def relevant_excerpt(log: str, tail_lines: int = EXCERPT_TAIL_LINES, context: in
                      max_chars: int = EXCERPT_MAX_CHARS) -> str:
     """The last `tail_lines` lines plus notable earlier lines (errors, stages) with context, gaps marked '…'.
 
-    Capped at `max_chars`, keeping the end: a failed boot explains itself last.
+    Capped at `max_chars` in whole lines, keeping the end: a failed boot explains itself last. Redact before
+    calling: a cut through a token would leave a tail no pattern recognises.
     """
     lines = log.splitlines()
     keep = set(range(max(0, len(lines) - tail_lines), len(lines)))
@@ -80,8 +82,22 @@ def relevant_excerpt(log: str, tail_lines: int = EXCERPT_TAIL_LINES, context: in
         if excerpt and index - 1 not in keep:
             excerpt.append("…")
         excerpt.append(lines[index])
-    text = "\n".join(excerpt)
-    return text if len(text) <= max_chars else "…" + text[-max_chars:]
+    return last_lines_within("\n".join(excerpt), max_chars)
+
+
+def last_lines_within(text: str, max_chars: int) -> str:
+    """The end of `text` in whole lines, at most `max_chars` of them after a '…' line; one over-long last line is
+    cut to its end."""
+    if len(text) <= max_chars:
+        return text
+    kept: list[str] = []
+    size = 0
+    for line in reversed(text.splitlines()):
+        size += len(line) + 1
+        if size > max_chars:
+            break
+        kept.append(line)
+    return "\n".join(["…", *reversed(kept)]) if kept else "…" + text[-max_chars:]
 
 
 def diagnosis_messages(log_excerpt: str, stage: str | None, reason: str | None) -> list[dict[str, str]]:
@@ -91,10 +107,10 @@ def diagnosis_messages(log_excerpt: str, stage: str | None, reason: str | None) 
     return [{"role": "system", "content": DIAGNOSIS_SYSTEM_PROMPT}, {"role": "user", "content": redact(report)}]
 
 
-def docker_logs_argv(name: str, zone: str, project: str, tail: int, follow: bool) -> list[str]:
-    """`docker logs` of the vLLM container through an IAP ssh tunnel (the VM has no external IP)."""
-    return ["gcloud", "compute", "ssh", name, "--zone", zone, "--project", project, "--tunnel-through-iap", "--",
-            "sudo", "docker", "logs", "--tail", str(tail), *(["--follow"] if follow else []), CONTAINER_NAME]
+def docker_logs_argv(vm: Instance, tail: int, follow: bool) -> list[str]:
+    """`docker logs` of the vLLM container on the VM."""
+    return docker_over_iap(vm.name, vm.zone, vm.project,
+                           ["logs", "--tail", str(tail), *(["--follow"] if follow else []), CONTAINER_NAME])
 
 
 def tail_lines(text: str, count: int) -> str:
@@ -163,7 +179,7 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
     if source in ("docker", "both"):
         click.echo(f"== docker logs {CONTAINER_NAME} on {vm.name} ==", err=True)
         try:
-            code = subprocess.run(docker_logs_argv(vm.name, vm.zone, vm.project, tail, follow)).returncode
+            code = subprocess.run(docker_logs_argv(vm, tail, follow)).returncode
         except FileNotFoundError as err:
             raise click.ClickException("gcloud not found: install the Google Cloud CLI for `docker logs`") from err
         if code != 0:
@@ -173,7 +189,7 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
 def boot_report(vm: Instance, compute_url: str) -> tuple[str, str | None, str | None]:
     """(serial console, gate stage, gate reason) of a VM, from the Compute API."""
     compute = compute_client(compute_url)
-    attributes = compute.guest_attributes(vm, GUEST_NAMESPACE)
+    attributes = compute.guest_attributes(vm, GUEST_ATTRIBUTE_NAMESPACE)
     return compute.serial_output(vm), attributes.get("stage"), attributes.get("reason")
 
 
@@ -204,7 +220,7 @@ def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None
         except ComputeApiError as err:
             raise click.ClickException(f"{vm.name}: {err}") from err
         stage, reason = stage or vm_stage, reason or vm_reason
-    messages = diagnosis_messages(relevant_excerpt(log, max_chars=max_chars), stage, reason)
+    messages = diagnosis_messages(relevant_excerpt(redact(log), max_chars=max_chars), stage, reason)
     if dry_run:
         click.echo(messages[1]["content"])
         return
