@@ -111,6 +111,27 @@ def test_cli_json_and_table(sweep_dir: Path):
     assert "Per-stream tok/s" in table.stdout and "5.859" in table.stdout
 
 
+def strict_json(text: str) -> object:
+    """json.loads that refuses Infinity/NaN, as every non-Python JSON parser does."""
+    def refuse(constant: str) -> object:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_output_stays_strict_json_when_tpot_and_throughput_are_zero(sweep_dir: Path, tmp_path: Path):
+    stalled = write_sweep(tmp_path / "stalled", vllm_result(1, 0.0, 0.0))
+    single = CliRunner().invoke(bench, ["report", str(stalled), "--format", "json"])
+    assert single.exit_code == 0, single.output
+    (row,) = strict_json(single.stdout)
+    assert row["per_stream_tok_s"] is None and row["usd_per_m_output"] is None and row["concurrency"] == 1
+    compared = CliRunner().invoke(bench, ["report", str(sweep_dir), str(stalled), "--format", "json"])
+    assert compared.exit_code == 0, compared.output
+    per_stream = next(item for item in strict_json(compared.stdout) if item["metric"] == "per_stream_tok_s")
+    assert per_stream["baseline"] == pytest.approx(80.0) and per_stream["candidate"] is None
+    assert per_stream["ratio"] is None
+
+
 def test_cli_reports_bad_directory_as_a_usage_error(tmp_path: Path):
     result = CliRunner().invoke(bench, ["report", str(tmp_path)])
     assert result.exit_code == 1

@@ -24,6 +24,7 @@ import click
 
 from tpuserve import benchreport
 from tpuserve.client import server_root
+from tpuserve.facts import PRICE_PER_CHIP_HOUR
 from tpuserve.serving import CONTAINER_NAME, DEFAULT_PORT
 from tpuserve.stack import read_outputs, served_endpoint, stack_options
 from tpuserve.vmssh import docker_over_iap
@@ -285,8 +286,9 @@ def run_level(level: int, workload: Workload, out: Path, vllm_bin: str, target: 
 
 @bench.command()
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True, path_type=Path))
-@click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True), default=1.35, show_default=True,
-              help="$ per hour of the machine, for the $ / M output tokens column.")
+@click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True), default=PRICE_PER_CHIP_HOUR,
+              show_default=True, help="$ per hour of the machine (default: one v6e chip, flex-start), for the "
+              "$ / M output tokens column.")
 @click.option("--format", "output_format", type=click.Choice(["table", "markdown", "json"]), default="table",
               show_default=True)
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Also write a PNG plot here.")
@@ -300,9 +302,12 @@ def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, pl
     except benchreport.ReportError as error:
         raise click.ClickException(str(error)) from error
     if comparisons is None:
-        print_rows(next(iter(runs.values())), output_format, title=f"{dirs[0]} at ${price_per_hour:g}/h")
+        rows = next(iter(runs.values()))
+        print_table(f"{dirs[0]} at ${price_per_hour:g}/h", [header for _, header, _ in benchreport.COLUMNS], rows,
+                    [benchreport.row_cells(row) for row in rows], output_format)
     else:
-        print_comparisons(comparisons, output_format, title=f"{dirs[1]} / {dirs[0]}")
+        print_table(f"{dirs[1]} / {dirs[0]}", benchreport.COMPARISON_HEADERS, comparisons,
+                    [benchreport.comparison_cells(item) for item in comparisons], output_format)
     if plot:
         benchreport.plot_runs(runs, plot)
         click.echo(f"plot written to {plot}", err=True)
@@ -314,22 +319,11 @@ def run_label(directory: Path, dirs: tuple[Path, ...]) -> str:
     return directory.resolve().name if len(set(names)) == len(names) else str(directory)
 
 
-def print_rows(rows: list[benchreport.BenchRow], output_format: str, title: str) -> None:
-    headers = [header for _, header, _ in benchreport.COLUMNS]
-    cells = [benchreport.row_cells(row) for row in rows]
+def print_table(title: str, headers: list[str], records: list[benchreport.BenchRow] | list[benchreport.Comparison],
+                cells: list[list[str]], output_format: str) -> None:
+    """`records` as JSON (null where a value is not finite), or their `cells` as markdown or a rich table."""
     if output_format == "json":
-        click.echo(json.dumps(benchreport.rows_as_json(rows), indent=2))
-    elif output_format == "markdown":
-        click.echo(benchreport.markdown_table(headers, cells))
-    else:
-        print_rich_table(title, headers, cells)
-
-
-def print_comparisons(comparisons: list[benchreport.Comparison], output_format: str, title: str) -> None:
-    headers = ["Concurrency", "Metric", "Baseline", "Candidate", "Ratio"]
-    cells = [benchreport.comparison_cells(item) for item in comparisons]
-    if output_format == "json":
-        click.echo(json.dumps(benchreport.comparisons_as_json(comparisons), indent=2))
+        click.echo(json.dumps([benchreport.json_record(record) for record in records], indent=2, allow_nan=False))
     elif output_format == "markdown":
         click.echo(benchreport.markdown_table(headers, cells))
     else:

@@ -165,12 +165,13 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def rows_as_json(rows: list[BenchRow]) -> list[dict[str, Any]]:
-    return [asdict(row) for row in rows]
+def json_record(record: BenchRow | Comparison) -> dict[str, Any]:
+    """The record as strict JSON allows it: a value that is not finite (from a zero TPOT or throughput) is null."""
+    return {key: None if isinstance(value, float) and not math.isfinite(value) else value
+            for key, value in asdict(record).items()}
 
 
-def comparisons_as_json(comparisons: list[Comparison]) -> list[dict[str, Any]]:
-    return [asdict(comparison) for comparison in comparisons]
+COMPARISON_HEADERS = ["Concurrency", "Metric", "Baseline", "Candidate", "Ratio"]
 
 
 def plot_runs(runs: dict[str, list[BenchRow]], path: Path) -> None:

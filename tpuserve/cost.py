@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from tpuserve import benchreport
+from tpuserve.facts import PRICE_PER_CHIP_HOUR
 
 
 def breakeven_output_tok_s(price_per_hour: float, api_usd_per_m: float) -> float:
@@ -65,8 +66,8 @@ def operating_point(rows: list[benchreport.BenchRow], concurrency: int | None) -
 
 
 @click.command()
-@click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True), default=1.35, show_default=True,
-              help="$ per hour of the machine (v6e-1 flex-start).")
+@click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True), default=PRICE_PER_CHIP_HOUR,
+              show_default=True, help="$ per hour of the machine (default: v6e-1, flex-start).")
 @click.option("--api-price-per-m", type=click.FloatRange(min=0, min_open=True), default=0.40, show_default=True,
               help="The API's $ per million output tokens to compare with.")
 @click.option("--cold-start-min", type=click.FloatRange(min=0), default=10.0, show_default=True,
