@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +145,30 @@ def test_cli_unknown_model_without_config_names_the_option():
     result = CliRunner().invoke(plan, ["--model", "someone/else"])
     assert result.exit_code != 0
     assert "--config" in result.output and "someone/else" in result.output
+
+
+STACK_DEFAULTS_CHANGED = """
+import dataclasses, json
+from click.testing import CliRunner
+import tpuserve.facts, tpuserve.serving
+
+@dataclasses.dataclass(frozen=True)
+class Changed(tpuserve.serving.ServingConfig):
+    max_model_len: int = 8192
+    gpu_memory_utilization: float = 0.8
+    max_num_batched_tokens: int = 2048
+
+tpuserve.serving.ServingConfig = Changed
+tpuserve.facts.V6E_HBM_GIB = 16.0
+from tpuserve.plan import plan
+print(json.dumps(json.loads(CliRunner().invoke(plan, ["--format", "json"]).stdout)["budget"]))
+"""
+
+
+def test_defaults_follow_the_stacks_serving_config_and_the_chip_fact():
+    """Changed in one place (ServingConfig, tpuserve.facts), the plan's defaults change with them."""
+    completed = subprocess.run([sys.executable, "-c", STACK_DEFAULTS_CHANGED], capture_output=True, text=True,
+                               check=True)
+    budget = json.loads(completed.stdout)
+    assert (budget["max_model_len"], budget["utilization"], budget["max_num_batched_tokens"], budget["hbm_gib"]) == (
+        8192, 0.8, 2048, 16.0)

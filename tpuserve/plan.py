@@ -25,11 +25,14 @@ from typing import Any
 
 import click
 
-from tpuserve.serving import DEFAULT_MODEL, ConfigError
+from tpuserve.facts import V6E_HBM_GIB
+from tpuserve.serving import DEFAULT_MODEL, ConfigError, ServingConfig
 
 GIB = 2**30
 KV_DTYPE_BYTES = {"bf16": 2, "fp8": 1}
 FULL, SLIDING = "full_attention", "sliding_attention"
+# The stack's serving defaults: a plan without options describes what a default deployment runs.
+SERVED = ServingConfig()
 
 
 @dataclass(frozen=True)
@@ -224,17 +227,20 @@ def plan_lines(plan: Plan) -> list[tuple[str, str]]:
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model id (selects the built-in preset).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="The model's HF config.json (text config nested or flat) instead of the preset.")
-@click.option("--hbm-gib", type=click.FloatRange(min=0, min_open=True), default=31.24, show_default=True,
-              help="Usable HBM per chip (v6e: 31.24 GiB).")
-@click.option("--utilization", type=click.FloatRange(min=0, max=1, min_open=True), default=0.9, show_default=True,
-              help="vLLM --gpu-memory-utilization.")
+@click.option("--hbm-gib", type=click.FloatRange(min=0, min_open=True), default=V6E_HBM_GIB, show_default=True,
+              help="Usable HBM per chip (default: v6e).")
+@click.option("--utilization", type=click.FloatRange(min=0, max=1, min_open=True),
+              default=SERVED.gpu_memory_utilization, show_default=True,
+              help="vLLM --gpu-memory-utilization (default: the stack's).")
 @click.option("--weights-gib", type=click.FloatRange(min=0), help="Weights size (default: the checkpoint's "
               "safetensors beside --config, else the preset's).")
 @click.option("--kv-dtype", type=click.Choice(sorted(KV_DTYPE_BYTES)), default="bf16", show_default=True)
-@click.option("--max-model-len", type=click.IntRange(min=1), default=65536, show_default=True)
+@click.option("--max-model-len", type=click.IntRange(min=1), default=SERVED.max_model_len, show_default=True,
+              help="vLLM --max-model-len (default: the stack's).")
 @click.option("--block-size", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
-              help="vLLM --max-num-batched-tokens: how far past its window a sliding layer holds KV.")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=SERVED.max_num_batched_tokens,
+              show_default=True, help="vLLM --max-num-batched-tokens: how far past its window a sliding layer holds "
+              "KV (default: the stack's).")
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def plan(model: str, config_path: Path | None, hbm_gib: float, utilization: float, weights_gib: float | None,
          kv_dtype: str, max_model_len: int, block_size: int, max_num_batched_tokens: int,
