@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,19 @@ def test_cli_without_operating_point_prints_breakeven_and_cold_start_only():
     assert "3,750.0 output tok/s" in result.output
     assert "$0.450" in result.output  # 1.35 × 20 / 60
     assert "Session" not in result.output
+
+
+PRICE_CHANGED = """
+import json
+import tpuserve.facts
+tpuserve.facts.PRICE_PER_CHIP_HOUR = 2.5
+from tpuserve.bench import report
+from tpuserve.cost import cost
+print(json.dumps([next(p.default for p in command.params if p.name == "price_per_hour") for command in (cost, report)]))
+"""
+
+
+def test_cost_and_bench_report_price_a_chip_hour_from_tpuserve_facts():
+    """Changed in tpuserve.facts, both price defaults change with it."""
+    completed = subprocess.run([sys.executable, "-c", PRICE_CHANGED], capture_output=True, text=True, check=True)
+    assert json.loads(completed.stdout) == [2.5, 2.5]

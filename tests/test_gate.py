@@ -5,6 +5,8 @@ The real-vLLM checks live in tests/e2e/test_gate_e2e.py."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -383,6 +385,22 @@ def test_the_poll_interval_defaults_per_mode_and_interval_overrides(monkeypatch:
     monkeypatch.setattr(gate_module, "watch_url" if mode == "url" else "gate_instance", watch)
     code, _, _ = run_gate(*args)
     assert code == 0 and intervals == [expected]
+
+
+FACTS_CHANGED = """
+import inspect, json
+import tpuserve.facts
+tpuserve.facts.READY_TIMEOUT_S = 99.0
+from tpuserve.gate import gate, watch_instance, watch_url
+print(json.dumps([next(p.default for p in gate.params if p.name == "timeout_s"),
+                  *(inspect.signature(f).parameters["timeout_s"].default for f in (watch_url, watch_instance))]))
+"""
+
+
+def test_the_default_timeout_is_the_stacks_ready_timeout():
+    """Changed in tpuserve.facts, every gate timeout default changes with it."""
+    completed = subprocess.run([sys.executable, "-c", FACTS_CHANGED], capture_output=True, text=True, check=True)
+    assert json.loads(completed.stdout) == [99.0, 99.0, 99.0]
 
 
 def test_console_reporter_prints_each_stage_as_it_arrives():
