@@ -1,0 +1,44 @@
+"""The lazy `tpuserve` group: `--help` lists every command without importing one (a subprocess, no server)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import click
+import pytest
+
+from tpuserve.cli import SUBCOMMANDS, main
+
+HEAVY = ("requests", "jsonschema", "rich", "matplotlib", "google", "yaml", "jinja2")
+
+
+def imported_modules(*args: str) -> set[str]:
+    """Every module `python -m tpuserve ARGS` imports, from `-X importtime`'s report on stderr."""
+    completed = subprocess.run([sys.executable, "-X", "importtime", "-m", "tpuserve", *args], capture_output=True,
+                               text=True, check=True)
+    return {match.group(1) for match in re.finditer(r"^import time:.*\|\s*(\S+)$", completed.stderr, re.MULTILINE)}
+
+
+def test_help_lists_every_command_and_imports_no_command_module_nor_heavy_library():
+    modules = imported_modules("--help")
+    assert "click" in modules  # the report was parsed
+    assert sorted(name for name in modules if name.split(".")[0] in HEAVY) == []
+    assert sorted(name for name in modules if name.startswith("tpuserve.")) == ["tpuserve.cli"]
+
+
+def test_help_shows_each_commands_short_help_cut_to_the_width():
+    help_text = subprocess.run([sys.executable, "-m", "tpuserve", "--help"], capture_output=True, text=True,
+                               check=True).stdout
+    listed = dict(re.findall(r"^  (\w+)\s+(.+)$", help_text.split("Commands:")[1], re.MULTILINE))
+    assert sorted(listed) == sorted(SUBCOMMANDS)
+    for name, (_, short_help) in SUBCOMMANDS.items():
+        assert short_help.startswith(listed[name].removesuffix("...")), name
+
+
+@pytest.mark.parametrize("name", sorted(SUBCOMMANDS))
+def test_listed_help_is_the_commands_own_short_help(name: str):
+    command = main.get_command(click.Context(main), name)
+    assert command is not None and command.name == name
+    assert SUBCOMMANDS[name][1] == command.get_short_help_str(limit=1000)
