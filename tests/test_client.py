@@ -119,7 +119,7 @@ def test_served_model_is_the_first_listed() -> None:
                                                                                           "text"])
 def test_a_200_that_is_no_chat_completion_is_an_endpoint_error(body: object):
     """Recorded-shape fake: a proxy or broken server answering 200 without choices[0].message."""
-    with FakeServer({("POST", "/v1/chat/completions"): lambda request: Response(200, body)}) as fake:
-        with pytest.raises(EndpointError, match="without a message") as raised:
-            ChatClient(fake.url, "m").chat([{"role": "user", "content": "hi"}])
+    with FakeServer({("POST", "/v1/chat/completions"): lambda request: Response(200, body)}) as fake, \
+            pytest.raises(EndpointError, match="without a message") as raised:
+        ChatClient(fake.url, "m").chat([{"role": "user", "content": "hi"}])
     assert raised.value.status == 200

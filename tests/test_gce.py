@@ -41,9 +41,9 @@ def test_no_guest_attributes_yet_is_an_empty_mapping_not_an_error():
 
 def test_an_api_error_carries_the_status_and_googles_message():
     denied = Response(403, {"error": {"code": 403, "message": "Required 'compute.instances.getGuestAttributes'"}})
-    with FakeServer({("GET", f"{VM_PATH}/getGuestAttributes"): lambda request: denied}) as fake:
-        with pytest.raises(ComputeApiError, match="compute.instances.getGuestAttributes") as raised:
-            client(fake).guest_attributes(VM, "tpu-serve")
+    with FakeServer({("GET", f"{VM_PATH}/getGuestAttributes"): lambda request: denied}) as fake, \
+            pytest.raises(ComputeApiError, match="compute.instances.getGuestAttributes") as raised:
+        client(fake).guest_attributes(VM, "tpu-serve")
     assert raised.value.status == 403
 
 
@@ -56,9 +56,9 @@ def test_instance_status_reads_the_instance_resource():
 
 def test_a_deleted_instance_raises_with_status_404():
     gone = Response(404, {"error": {"code": 404, "message": f"The resource '{VM_PATH}' was not found"}})
-    with FakeServer({("GET", VM_PATH): lambda request: gone}) as fake:
-        with pytest.raises(ComputeApiError, match="was not found") as raised:
-            client(fake).instance_status(VM)
+    with FakeServer({("GET", VM_PATH): lambda request: gone}) as fake, \
+            pytest.raises(ComputeApiError, match="was not found") as raised:
+        client(fake).instance_status(VM)
     assert raised.value.status == 404
 
 

@@ -115,7 +115,8 @@ def server_version(url: str) -> str | None:
 
 def container_version(target: RemoteTarget) -> str | None:
     """vLLM's version in the container, read from package metadata (importing vllm would take seconds)."""
-    completed = subprocess.run(target.ssh(["python3", "-c", VERSION_PROBE]), capture_output=True, text=True)
+    completed = subprocess.run(target.ssh(["python3", "-c", VERSION_PROBE]), capture_output=True, text=True,
+                               check=False)
     if completed.returncode != 0:
         return None
     return completed.stdout.strip() or None
@@ -135,11 +136,11 @@ def run_logged(argv: list[str], log_path: Path) -> int:
     with log_path.open("w") as log:
         log.write(shlex.join(argv) + "\n")
         log.flush()
-        return subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT).returncode
+        return subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
 
 
 def fetch_remote_result(target: RemoteTarget, remote_path: str, local_path: Path) -> None:
-    completed = subprocess.run(target.ssh(["cat", remote_path]), capture_output=True, text=True)
+    completed = subprocess.run(target.ssh(["cat", remote_path]), capture_output=True, text=True, check=False)
     if completed.returncode != 0:
         raise click.ClickException(f"copying {remote_path} back from {target.vm} failed: {completed.stderr.strip()}")
     try:

@@ -6,6 +6,7 @@ re-priced or compared long after the VM is gone.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -107,7 +108,7 @@ def report_rows(directory: Path, price_per_hour: float) -> list[BenchRow]:
     """One row per concurrency level, ascending; two results for one level are an error, not an average."""
     rows = sorted((row_from_result(path, result, price_per_hour) for path, result in load_results(directory)),
                   key=lambda row: row.concurrency)
-    for previous, current in zip(rows, rows[1:]):
+    for previous, current in itertools.pairwise(rows):
         if previous.concurrency == current.concurrency:
             raise ReportError(f"{directory}: {previous.source} and {current.source} both measure concurrency "
                               f"{current.concurrency}; move one out")

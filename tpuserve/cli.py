@@ -14,8 +14,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
               "Measure an endpoint with `vllm bench serve` and report throughput, latency and $ per million tokens."),
     "cost": ("tpuserve.cost:cost",
              "Breakeven throughput against an API price, the cost of a cold start, and what a session yields."),
-    "diagnose": ("tpuserve.logs:diagnose", "Ask a model why a deployment failed, from its logs and the gate's stage "
-                 "and reason (tokens redacted)."),
+    "diagnose": ("tpuserve.logs:diagnose", ("Ask a model why a deployment failed, from its logs and the gate's "
+                                            "stage and reason (tokens redacted).")),
     "gate": ("tpuserve.gate:gate", "Wait until a deployment really serves; exit 0 only then."),
     "litellm": ("tpuserve.litellm_config:litellm",
                 "Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`)."),

@@ -24,9 +24,9 @@ import click
 import requests
 
 from tpuserve.client import ChatClient, ChatReply, EndpointError, json_or_none, server_root
+from tpuserve.facts import BOOT_STAGES, FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.images import image_messages
-from tpuserve.facts import BOOT_STAGES, FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S
 from tpuserve.stack import read_outputs, stack_options
 
 SERVING, BOOTING = BOOT_STAGES[-1], "booting"
@@ -78,6 +78,9 @@ class SilentReporter:
 
     def waiting(self, stage: str, detail: str) -> None:
         pass
+
+
+SILENT = SilentReporter()
 
 
 @dataclass
@@ -182,7 +185,7 @@ def run_check(check: UrlCheck, http: requests.Session, root: str, model: str, ti
 
 def watch_url(http: requests.Session, url: str, model: str, smoke: Sequence[str] = (),
               timeout_s: float = READY_TIMEOUT_S, interval_s: float = URL_INTERVAL_S,
-              reporter: Reporter = SilentReporter()) -> Verdict:
+              reporter: Reporter = SILENT) -> Verdict:
     """Pass each stage in order, polling the current one every `interval_s`; ready when the last one passes."""
     deadline, root, stages = Deadline(timeout_s), server_root(url), {}
     for name, check in url_stages(smoke):
@@ -281,7 +284,7 @@ def look(compute: ComputeClient, instance: Instance, last: BootStatus,
 
 def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float = READY_TIMEOUT_S,
                    interval_s: float = INSTANCE_INTERVAL_S, expected_config_hash: str | None = None,
-                   reporter: Reporter = SilentReporter()) -> Verdict:
+                   reporter: Reporter = SILENT) -> Verdict:
     """Follow the VM's reported stages until `serving` (ready), `failed` (at once, with the console tail), a VM
     that is gone or stopped, an API error waiting cannot fix (both at once), or the timeout (naming the stage)."""
     deadline, status, timeline = Deadline(timeout_s), BootStatus(BOOTING, done=False, detail="not read yet"), {}

@@ -1,8 +1,9 @@
 """A small Compute Engine API client: what the readiness gate reads about one VM.
 
 Three calls: the guest attributes the VM's startup script writes (its boot stage), the instance's own status
-(whether it still exists and runs), and the serial console (the last lines explain a failed boot). The base URL is a parameter so tests point it at a fake on 127.0.0.1;
-the session is too, so tests pass a plain `requests.Session` where real runs use application-default credentials.
+(whether it still exists and runs), and the serial console (the last lines explain a failed boot). The base URL is
+a parameter so tests point it at a fake on 127.0.0.1; the session is too, so tests pass a plain `requests.Session`
+where real runs use application-default credentials.
 """
 
 from __future__ import annotations

@@ -159,7 +159,7 @@ def instance_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.command()
 @instance_options
 @click.option("--source", type=click.Choice(["serial", "docker", "both"]), default="both", show_default=True,
-              help="Serial console (Compute API), `docker logs vllm` (IAP ssh), or both.")
+              help="Serial console (Compute API), `sudo docker logs vllm` (IAP ssh), or both.")
 @click.option("--tail", default=DEFAULT_TAIL, show_default=True, type=click.IntRange(min=1),
               help="Lines from the end of each log.")
 @click.option("--follow", is_flag=True, help="Keep streaming `docker logs` (implies --source docker).")
@@ -179,7 +179,7 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
     if source in ("docker", "both"):
         click.echo(f"== docker logs {CONTAINER_NAME} on {vm.name} ==", err=True)
         try:
-            code = subprocess.run(docker_logs_argv(vm, tail, follow)).returncode
+            code = subprocess.run(docker_logs_argv(vm, tail, follow), check=False).returncode
         except FileNotFoundError as err:
             raise click.ClickException("gcloud not found: install the Google Cloud CLI for `docker logs`") from err
         if code != 0:
