@@ -45,7 +45,7 @@ def colored_runs(row: bytes) -> list[tuple[int, int, int]]:
 @pytest.mark.parametrize("scenario, image, question, answers", VISION_SCENARIOS)
 def test_each_image_holds_what_its_question_expects(scenario: str, image: str, question: str,
                                                     answers: tuple[str, ...]) -> None:
-    width, height, rows = decode_rgb_png(resources.files("tpuserve").joinpath(IMAGE_DIR, image).read_bytes())
+    _, height, rows = decode_rgb_png(resources.files("tpuserve").joinpath(IMAGE_DIR, image).read_bytes())
     runs = colored_runs(rows[height // 2])
     assert len(set(runs)) == len(runs)  # distinct colors, so counting squares is unambiguous
     if "count" in scenario:

@@ -214,12 +214,12 @@ def plan_lines(plan: Plan) -> list[tuple[str, str]]:
         ("KV layers", f"{len(plan.layers)} of {plan.num_layers} ({shared} reuse another layer's KV)"),
         *(("", line) for line in describe_layers(plan.layers)),
         ("KV per token", f"{plan.kv_bytes_per_token / 1024:g} KiB ({budget.kv_dtype}, every KV layer)"),
-        ("KV budget", f"{budget.hbm_gib:g} GiB × {budget.utilization:g} − {budget.weights_gib:.2f} GiB weights = "
-                      f"{budget.kv_bytes / GIB:.2f} GiB"),
+        ("KV budget", (f"{budget.hbm_gib:g} GiB × {budget.utilization:g} − {budget.weights_gib:.2f} GiB weights = "
+                       f"{budget.kv_bytes / GIB:.2f} GiB")),
         ("Resident KV tokens", f"{plan.resident_tokens:,} ({plan.blocks:,} blocks of {budget.block_size})"),
         (f"One {budget.max_model_len:,}-token context", f"{plan.context_bytes / 2**20:,.1f} MiB"),
-        ("Full-length contexts that fit", f"{plan.contexts:,} ({plan.contexts_if_windows_kept_all:,} if sliding "
-                                          "layers kept every token)"),
+        ("Full-length contexts that fit", (f"{plan.contexts:,} ({plan.contexts_if_windows_kept_all:,} if sliding "
+                                           "layers kept every token)")),
     ]
 
 

@@ -481,12 +481,12 @@ def add_probe_command(name: str, probe_names: list[str], help_text: str) -> None
         outputs = read_outputs(stack, stack_outputs)
         if url is None and outputs is None:
             raise click.UsageError("give --url, or --stack / --stack-outputs")
-        with served_endpoint(url, model, outputs) as (url, model):
-            client = make_client(str(url), model, api_key_env, timeout)
+        with served_endpoint(url, model, outputs) as (endpoint, served_name):
+            client = make_client(str(endpoint), served_name, api_key_env, timeout)
             try:
                 results = [result for name in probe_names for result in PROBES[name](client, max_tokens)]
             except requests.ConnectionError as err:
-                raise click.ClickException(f"--url {url}: connection lost during the probe ({err})") from err
+                raise click.ClickException(f"--url {endpoint}: connection lost during the probe ({err})") from err
         print_results(results, as_json)
         if strict and failed(results):
             raise SystemExit(1)
