@@ -422,3 +422,11 @@ def test_console_reporter_prints_each_stage_as_it_arrives():
     printed = console.export_text()
     assert "pulling-image" in printed and "41.0 s" in printed
     assert live_line.startswith("loading-model: in loading-model")
+
+
+def test_the_gate_sends_no_api_key_even_when_one_is_in_the_environment(monkeypatch: pytest.MonkeyPatch):
+    """Every stage goes the same way: a key on the completion alone would let /v1/models and the chat disagree."""
+    monkeypatch.setenv("TPUSERVE_API_KEY", "sk-not-for-the-gate-0123456789")
+    with FakeServer(openai_routes(Response(200, chat_body("Hi")))) as fake, requests.Session() as http:
+        assert watch_url(http, fake.url, MODEL, **FAST).ready
+    assert [r.headers.get("Authorization") for r in fake.requests] == [None] * 3

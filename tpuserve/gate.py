@@ -2,11 +2,12 @@
 
 A VM shows RUNNING long before vLLM answers, and `/health` says 200 before the model can complete a request, so
 "ready" here means every stage passed in order:
-- URL mode: `/health` is 200, `/v1/models` lists the model, one chat completion of a few tokens returns content
-  (then the optional `--smoke` checks: a request with tools, a request with an image).
+- URL mode: `/health` is 200, `/v1/models` lists the model, one chat completion of a few tokens returns text:
+  content, or reasoning when a reasoning parser took the first tokens (then the optional `--smoke` checks: a
+  request with tools, a request with an image).
 - Instance mode: the VM's startup script, which runs those same checks locally, reports `serving` in its guest
-  attributes (namespace `tpu-serve`: `stage`, `at-<stage>` = unix seconds the stage began, `reason` when failed,
-  `config-hash`). A `failed` stage ends the wait at once with the reason and the serial console's last lines; so
+  attributes (namespace `facts.GUEST_ATTRIBUTE_NAMESPACE`: `stage`, `at-<stage>` = unix seconds the stage began,
+  `reason` when failed, `config-hash`). A `failed` stage ends the wait at once with the reason and the serial console's last lines; so
   does a VM that is gone or stopped (flex-start ends a VM at its max run duration).
 Human output goes to stderr; stdout gets exactly one JSON line, the verdict, which the stack's readiness gate parses.
 """
@@ -106,15 +107,16 @@ class NotReady(Exception):
 
 def ask(http: requests.Session, root: str, model: str, timeout_s: float, messages: list[dict[str, Any]],
         **params: Any) -> ChatReply:
-    """One short chat completion; NotReady unless the server answers 200 with a message."""
-    client = ChatClient(root, model, timeout_s=timeout_s, session=http)
+    """One short chat completion; NotReady unless the server answers 200 with a message. Like /health and
+    /v1/models, it goes without an API key."""
+    client = ChatClient(root, model, api_key="", timeout_s=timeout_s, session=http)
     try:
         return client.chat(messages, max_tokens=COMPLETION_MAX_TOKENS, **params)
     except EndpointError as err:
         raise NotReady(f"chat completion answered {err}") from err
 
 
-def generated_text(reply: ChatReply) -> bool:
+def has_text(reply: ChatReply) -> bool:
     """Whether the model generated anything: content, or the reasoning field a reasoning parser moved it to
     (the rule the VM's startup script applies too)."""
     return bool(reply.content.strip() or reply.reasoning)
@@ -137,7 +139,7 @@ def check_models(http: requests.Session, root: str, model: str, timeout_s: float
 
 def check_completion(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
     reply = ask(http, root, model, timeout_s, [{"role": "user", "content": "Say hello."}])
-    return Check(generated_text(reply), "chat completion returned empty content and no reasoning")
+    return Check(has_text(reply), "chat completion returned empty content and no reasoning")
 
 
 def check_tools(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
@@ -146,13 +148,13 @@ def check_tools(http: requests.Session, root: str, model: str, timeout_s: float)
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
     reply = ask(http, root, model, timeout_s, [{"role": "user", "content": "What time is it in Paris?"}],
                 tools=[tool], tool_choice="auto")
-    return Check(generated_text(reply) or bool(reply.tool_calls),
+    return Check(has_text(reply) or bool(reply.tool_calls),
                  "request with tools returned neither text nor tool calls")
 
 
 def check_vision(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
     reply = ask(http, root, model, timeout_s, image_messages("red-square.png", "What colour is this?"))
-    return Check(generated_text(reply), "request with an image returned empty content and no reasoning")
+    return Check(has_text(reply), "request with an image returned empty content and no reasoning")
 
 
 UrlCheck = Callable[[requests.Session, str, str, float], Check]
