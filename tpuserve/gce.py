@@ -60,25 +60,24 @@ class ComputeClient:
 
     def instance_status(self, instance: Instance) -> str:
         """The VM's lifecycle status (PROVISIONING, RUNNING, TERMINATED, ...); a deleted VM raises with status 404."""
-        response = self._get(instance)
-        if not response.ok:
-            raise ComputeApiError(response.status_code, error_message(response))
-        return str(response.json().get("status", ""))
+        return str(ok(self._get(instance)).json().get("status", ""))
 
     def guest_attributes(self, instance: Instance, namespace: str) -> dict[str, str]:
-        """key -> value of the instance's guest attributes in `namespace`; empty while the VM has written none
-        (the API answers 404 until the first one exists)."""
+        """key -> value of the instance's guest attributes in `namespace`; empty while there are none (the API
+        answers 404 until the VM writes the first one, and again once the VM is gone)."""
         response = self._get(instance, "getGuestAttributes", {"queryPath": f"{namespace}/"})
         if response.status_code == 404:
             return {}
-        if not response.ok:
-            raise ComputeApiError(response.status_code, error_message(response))
-        items = response.json().get("queryValue", {}).get("items", [])
+        items = ok(response).json().get("queryValue", {}).get("items", [])
         return {item["key"]: item.get("value", "") for item in items if item.get("namespace") == namespace}
 
     def serial_output(self, instance: Instance, port: int = 1) -> str:
         """Everything the serial port still buffers (the API keeps the last ~1 MB)."""
-        response = self._get(instance, "serialPort", {"port": str(port)})
-        if not response.ok:
-            raise ComputeApiError(response.status_code, error_message(response))
-        return str(response.json().get("contents", ""))
+        return str(ok(self._get(instance, "serialPort", {"port": str(port)})).json().get("contents", ""))
+
+
+def ok(response: requests.Response) -> requests.Response:
+    """The response, or ComputeApiError with the API's own message when it is an HTTP error."""
+    if not response.ok:
+        raise ComputeApiError(response.status_code, error_message(response))
+    return response
