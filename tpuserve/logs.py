@@ -86,8 +86,8 @@ def relevant_excerpt(log: str, tail_lines: int = EXCERPT_TAIL_LINES, context: in
 
 
 def last_lines_within(text: str, max_chars: int) -> str:
-    """The end of `text` in whole lines, at most `max_chars` of them after a '…' line; one over-long last line is
-    cut to its end."""
+    """The end of `text` as whole lines of `max_chars` characters at most, after a '…' line; a last line longer
+    than that alone is cut to its end."""
     if len(text) <= max_chars:
         return text
     kept: list[str] = []
