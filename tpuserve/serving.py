@@ -28,8 +28,8 @@ KV_CACHE_DTYPES = (
 # Model ids known not to load on the TPU backend, with the reason users get.
 KNOWN_BROKEN_ON_TPU = (
     (re.compile(r"gemma-4-e2b.*-qat-(w4a16-ct|q4_0-unquantized)", re.IGNORECASE),
-     "Gemma 4 E2B QAT checkpoints do not load on TPU: the KV-shared layers lack k_norm weights "
-     "(vllm-project/tpu-inference#3225)"),
+     ("Gemma 4 E2B QAT checkpoints do not load on TPU: the KV-shared layers lack k_norm weights "
+      "(vllm-project/tpu-inference#3225)")),
 )
 
 
