@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuserve.facts import PRICE_PER_CHIP_HOUR, READY_TIMEOUT_S
-from tpuserve.serving import TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting
+from tpuserve.serving import DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting
 
 PROJECT_NAME = "tpu-serve"
 TARGETS = ("gcp", "local")
@@ -72,7 +72,7 @@ class StackConfig:
                               "(all, 2, device=0,1); empty for none.", "all")
     local_model_cache: str = setting("localModelCache", "Target local: host Hugging Face cache mounted into the "
                                      "container, so weights download once.", "~/.cache/huggingface")
-    local_port: int = setting("localPort", "Target local: port on 127.0.0.1 that publishes vLLM.", 8000)
+    local_port: int = setting("localPort", "Target local: port on 127.0.0.1 that publishes vLLM.", DEFAULT_PORT)
     serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
 
     @property
@@ -204,12 +204,18 @@ def _parse_json(expected: type) -> Callable[[str, str], Any]:
     return parse
 
 
+def field_default(f: dataclasses.Field) -> Any:
+    """The field's default value, or dataclasses.MISSING for a required setting."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
 def _parser_for(f: dataclasses.Field) -> Callable[[str, str], Any]:
     """Pick the parser from the field's default, so adding a setting needs no parser table."""
     if f.metadata["key"] == "multimodalLimits":
         return lambda key, raw: parse_mm_limits(raw)
-    default = f.default if f.default is not dataclasses.MISSING else (
-        f.default_factory() if f.default_factory is not dataclasses.MISSING else "")
+    default = field_default(f)
     if isinstance(default, bool):
         return _parse_bool
     if isinstance(default, int):
@@ -278,8 +284,7 @@ def pulumi_yaml_config() -> dict[str, dict[str, Any]]:
     block: dict[str, dict[str, Any]] = {}
     for f in all_settings():
         key, doc = f.metadata["key"], f.metadata["doc"]
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        default = field_default(f)
         if key in ("labels", "hfToken"):
             continue  # an object, and an optional secret: the schema can declare neither (see PULUMI_YAML_HEAD)
         entry: dict[str, Any] = {}

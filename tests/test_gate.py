@@ -16,7 +16,7 @@ import pytest
 import requests
 from click.testing import CliRunner
 
-from tests.e2e.cpu_server import free_port
+from tpuserve.stack import free_local_port
 from tests.httpfake import FakeServer, Request, Response
 from tpuserve import gate as gate_module
 from tpuserve import gce
@@ -152,7 +152,7 @@ def test_a_model_missing_from_v1_models_keeps_the_gate_in_the_models_stage():
 def test_a_server_that_never_comes_up_times_out_naming_the_health_stage():
     started = time.monotonic()
     with requests.Session() as http:
-        verdict = watch_url(http, f"http://127.0.0.1:{free_port()}", MODEL, timeout_s=0.5, interval_s=0.05)
+        verdict = watch_url(http, f"http://127.0.0.1:{free_local_port()}", MODEL, timeout_s=0.5, interval_s=0.05)
     assert not verdict.ready and verdict.stages == {}
     assert verdict.reason.startswith("timed out after 0.5 s in stage health")
     assert time.monotonic() - started < 2
@@ -430,3 +430,13 @@ def test_the_gate_sends_no_api_key_even_when_one_is_in_the_environment(monkeypat
     with FakeServer(openai_routes(Response(200, chat_body("Hi")))) as fake, requests.Session() as http:
         assert watch_url(http, fake.url, MODEL, **FAST).ready
     assert [r.headers.get("Authorization") for r in fake.requests] == [None] * 3
+
+
+def test_instance_mode_without_credentials_is_a_verdict_not_a_traceback(monkeypatch: pytest.MonkeyPatch):
+    def no_credentials() -> requests.Session:
+        raise gce.MissingCredentials("no Google application-default credentials; run `gcloud auth "
+                                     "application-default login`")
+
+    monkeypatch.setattr(gce, "adc_session", no_credentials)
+    code, stdout, _ = run_gate("--instance", VM.name, "--zone", VM.zone, "--project", VM.project)
+    assert code == 1 and "application-default login" in json.loads(stdout[-1])["reason"]

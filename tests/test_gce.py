@@ -85,3 +85,15 @@ def test_adc_session_asks_for_the_cloud_platform_scope(monkeypatch: pytest.Monke
     session = gce.adc_session()
     assert asked == [[gce.CLOUD_PLATFORM_SCOPE]]
     assert isinstance(session.credentials, AnonymousCredentials)
+
+
+def test_missing_credentials_say_how_to_log_in(monkeypatch):
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    def no_credentials(**kwargs):
+        raise DefaultCredentialsError("Your default credentials were not found.")
+
+    monkeypatch.setattr(google.auth, "default", no_credentials)
+    with pytest.raises(gce.MissingCredentials, match="gcloud auth application-default login"):
+        gce.adc_session()

@@ -411,15 +411,12 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
 def gate_instance(instance: Instance, compute_url: str, timeout_s: float, interval_s: float,
                   config_hash: str | None, reporter: Reporter) -> Verdict:
     """Instance mode with application-default credentials; missing credentials are a verdict, not a traceback."""
-    from google.auth.exceptions import DefaultCredentialsError
-
-    from tpuserve.gce import adc_session
+    from tpuserve.gce import MissingCredentials, adc_session
 
     try:
         session = adc_session()
-    except DefaultCredentialsError as err:
-        return Verdict(False, 0.0, {}, f"no Google application-default credentials ({err}); run "
-                       "`gcloud auth application-default login`")
+    except MissingCredentials as err:
+        return Verdict(False, 0.0, {}, str(err))
     with session:
         return watch_instance(ComputeClient(session, compute_url), instance, timeout_s, interval_s, config_hash,
                               reporter)

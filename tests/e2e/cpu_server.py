@@ -10,7 +10,6 @@ import ctypes
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -57,12 +56,6 @@ class BootWatch:
         """Record when the gate exits (runs on a thread, so the time is exact whenever the test looks)."""
         self.gate.wait()
         self.gate_exited_at = time.time()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def cpu_serving_config(model_dir: Path, served_name: str, port: int, extra_args: tuple[str, ...] = (),
