@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from tests.httpfake import FakeServer, Response
-from tpuserve.bench import bench, parse_levels
-from tpuserve.benchreport import report_rows
+from tpuserve.measure.bench import bench, parse_levels
+from tpuserve.measure.benchreport import report_rows
 
 # Records its argv, then writes a result file the way `vllm bench serve --save-result` does.
 FAKE_VLLM = """

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tpuserve import benchreport
-from tpuserve.bench import bench
-from tpuserve.benchreport import ReportError, compare_rows, report_rows
+from tpuserve.measure import benchreport
+from tpuserve.measure.bench import bench
+from tpuserve.measure.benchreport import ReportError, compare_rows, report_rows
 
 
 def vllm_result(concurrency: int, output_tok_s: float, median_tpot_ms: float, **overrides: object) -> dict:

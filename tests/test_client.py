@@ -9,7 +9,7 @@ from tests.fake_openai import FAKE_MODEL, FakeOpenAI, completion
 from tests.httpfake import FakeServer, Response
 from tpuserve.client import (ChatClient, ChatReply, EndpointError, OutputTruncated, SchemaNotEnforced, api_base,
                              looks_cut_off, served_model, validated_json)
-from tpuserve.probe import ANSWER_SCHEMA
+from tpuserve.measure.probe import ANSWER_SCHEMA
 
 PROMPT = [{"role": "user", "content": "Is the sky blue?"}]
 

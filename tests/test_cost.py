@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tpuserve.cost import breakeven_output_tok_s, cold_start_usd, cost, session
+from tpuserve.measure.cost import breakeven_output_tok_s, cold_start_usd, cost, session
 
 
 def test_breakeven_against_the_default_api_price():
@@ -89,8 +89,8 @@ PRICE_CHANGED = """
 import json
 import tpuserve.facts
 tpuserve.facts.PRICE_PER_CHIP_HOUR = 2.5
-from tpuserve.bench import report
-from tpuserve.cost import cost
+from tpuserve.measure.bench import report
+from tpuserve.measure.cost import cost
 print(json.dumps([next(p.default for p in command.params if p.name == "price_per_hour") for command in (cost, report)]))
 """
 

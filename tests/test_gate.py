@@ -16,14 +16,14 @@ import pytest
 import requests
 from click.testing import CliRunner
 
-from tpuserve.stack import free_local_port
+from tpuserve.deploy.stack import free_local_port
 from tests.httpfake import FakeServer, Request, Response
-from tpuserve import gate as gate_module
-from tpuserve import gce
+from tpuserve.observe import gate as gate_module
+from tpuserve.deploy import gce
 from tpuserve.client import server_root
-from tpuserve.gate import (BootStatus, ConsoleReporter, boot_timeline, gate, parse_smoke, read_boot, watch_instance,
+from tpuserve.observe.gate import (BootStatus, ConsoleReporter, boot_timeline, gate, parse_smoke, read_boot, watch_instance,
                            watch_url)
-from tpuserve.gce import ComputeClient, Instance
+from tpuserve.deploy.gce import ComputeClient, Instance
 from tpuserve.images import image_data_uri
 
 MODEL = "google/gemma-4-E2B-it"
@@ -398,7 +398,7 @@ FACTS_CHANGED = """
 import inspect, json
 import tpuserve.facts
 tpuserve.facts.READY_TIMEOUT_S = 99.0
-from tpuserve.gate import gate, watch_instance, watch_url
+from tpuserve.observe.gate import gate, watch_instance, watch_url
 print(json.dumps([next(p.default for p in gate.params if p.name == "timeout_s"),
                   *(inspect.signature(f).parameters["timeout_s"].default for f in (watch_url, watch_instance))]))
 """

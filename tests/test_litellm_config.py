@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from tests.fake_openai import FAKE_MODEL, FakeOpenAI
 from tpuserve.cli import main
-from tpuserve.litellm_config import litellm_config
+from tpuserve.deploy.litellm_config import litellm_config
 from tpuserve.serving import ConfigError
 
 

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from tests.fake_openai import FAKE_MODEL, FakeOpenAI
 from tests.httpfake import FakeServer, Request, Response
 from tpuserve.cli import main
-from tpuserve.gce import Instance
-from tpuserve.logs import REDACTED, diagnosis_messages, docker_logs_argv, redact, relevant_excerpt
+from tpuserve.deploy.gce import Instance
+from tpuserve.observe.logs import REDACTED, diagnosis_messages, docker_logs_argv, redact, relevant_excerpt
 
 INSTANCE_PATH = "/compute/v1/projects/proj-1/zones/us-east5-b/instances/tpu-serve-dev"
 VM = ["--instance", "tpu-serve-dev", "--zone", "us-east5-b", "--project", "proj-1"]
@@ -128,7 +128,7 @@ def fake_compute(stage: str, reason: str) -> FakeServer:
 @pytest.fixture
 def no_adc(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plain sessions instead of application-default credentials (the fakes need no auth)."""
-    monkeypatch.setattr("tpuserve.gce.adc_session", requests.Session)
+    monkeypatch.setattr("tpuserve.deploy.gce.adc_session", requests.Session)
 
 
 def test_diagnose_a_vm_reads_serial_console_and_gate_stage(no_adc: None) -> None:

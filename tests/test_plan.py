@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tpuserve.plan import GIB, Budget, KvLayer, kv_layers, make_plan, plan, presets
+from tpuserve.measure.plan import GIB, Budget, KvLayer, kv_layers, make_plan, plan, presets
 from tpuserve.serving import ConfigError
 
 E2B = presets()["google/gemma-4-E2B-it"]
@@ -160,7 +160,7 @@ class Changed(tpuserve.serving.ServingConfig):
 
 tpuserve.serving.ServingConfig = Changed
 tpuserve.facts.V6E_HBM_GIB = 16.0
-from tpuserve.plan import plan
+from tpuserve.measure.plan import plan
 print(json.dumps(json.loads(CliRunner().invoke(plan, ["--format", "json"]).stdout)["budget"]))
 """
 

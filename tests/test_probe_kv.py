@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from tests.fake_openai import FAKE_MODEL, FakeOpenAI
 from tpuserve.cli import main
-from tpuserve.probe import KV_PROMPTS, compare_outputs, first_difference, load_outputs, save_outputs
+from tpuserve.measure.probe import KV_PROMPTS, compare_outputs, first_difference, load_outputs, save_outputs
 
 
 @pytest.mark.parametrize("a, b, offset", [(b"same", b"same", None), (b"abcd", b"abXd", 2), (b"abc", b"abcdef", 3),

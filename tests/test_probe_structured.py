@@ -6,7 +6,7 @@ from __future__ import annotations
 from tests.fake_openai import FAKE_MODEL, FakeOpenAI
 from tests.httpfake import FakeServer, Response
 from tpuserve.client import ChatClient
-from tpuserve.probe import FAIL, NOT_ENFORCED, PASS, enforcement_summary, run_structured
+from tpuserve.measure.probe import FAIL, NOT_ENFORCED, PASS, enforcement_summary, run_structured
 
 OFF, ON, OBJECT = "json_schema thinking=off", "json_schema thinking=on", "json_object"
 

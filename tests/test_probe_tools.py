@@ -8,7 +8,7 @@ import pytest
 
 from tests.fake_openai import FAKE_MODEL, FakeOpenAI, completion, tool_call
 from tpuserve.client import ChatClient, ChatReply
-from tpuserve.probe import FAIL, PASS, SKIPPED, InvalidToolCall, judge_weather_calls, parse_tool_call, run_tools
+from tpuserve.measure.probe import FAIL, PASS, SKIPPED, InvalidToolCall, judge_weather_calls, parse_tool_call, run_tools
 
 
 def verdicts(results: list) -> dict[str, str]:

@@ -13,7 +13,7 @@ from tests.fake_openai import BOOT_422_MESSAGE, FAKE_MODEL, FakeOpenAI, completi
 from tests.httpfake import Response
 from tpuserve.client import ChatClient
 from tpuserve.images import IMAGE_DIR, image_data_uri
-from tpuserve.probe import FAIL, PASS, SKIPPED, VISION_SCENARIOS, run_vision
+from tpuserve.measure.probe import FAIL, PASS, SKIPPED, VISION_SCENARIOS, run_vision
 
 
 def decode_rgb_png(data: bytes) -> tuple[int, int, list[bytes]]:

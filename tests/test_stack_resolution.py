@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from tpuserve import stack
+from tpuserve.deploy import stack
 from tpuserve.serving import ConfigError
 
 GCP_OUTPUTS = {"target": "gcp", "instanceName": "tpu-serve-dev", "zone": "us-east5-b", "project": "my-ml-sandbox",

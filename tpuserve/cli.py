@@ -10,19 +10,19 @@ import click
 # commands imports none of them (tests/test_cli.py keeps it equal to each command's own); each module imports
 # heavy libraries inside its commands only.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "bench": ("tpuserve.bench:bench",
+    "bench": ("tpuserve.measure.bench:bench",
               "Measure an endpoint with `vllm bench serve` and report throughput, latency and $ per million tokens."),
-    "cost": ("tpuserve.cost:cost",
+    "cost": ("tpuserve.measure.cost:cost",
              "Breakeven throughput against an API price, the cost of a cold start, and what a session yields."),
-    "diagnose": ("tpuserve.logs:diagnose", ("Ask a model why a deployment failed, from its logs and the gate's "
+    "diagnose": ("tpuserve.observe.logs:diagnose", ("Ask a model why a deployment failed, from its logs and the gate's "
                                             "stage and reason (tokens redacted).")),
-    "gate": ("tpuserve.gate:gate", "Wait until a deployment really serves; exit 0 only then."),
-    "litellm": ("tpuserve.litellm_config:litellm",
+    "gate": ("tpuserve.observe.gate:gate", "Wait until a deployment really serves; exit 0 only then."),
+    "litellm": ("tpuserve.deploy.litellm_config:litellm",
                 "Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`)."),
-    "logs": ("tpuserve.logs:logs", "Print the VM's serial console and the vLLM container's logs."),
-    "plan": ("tpuserve.plan:plan",
+    "logs": ("tpuserve.observe.logs:logs", "Print the VM's serial console and the vLLM container's logs."),
+    "plan": ("tpuserve.measure.plan:plan",
              "KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM."),
-    "probe": ("tpuserve.probe:probe",
+    "probe": ("tpuserve.measure.probe:probe",
               "Probe a deployment's capabilities: tools, structured output, vision; compare KV-cache settings."),
 }
 

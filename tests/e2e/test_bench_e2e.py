@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from benchmarks.sweep_overhead import describe, measure
-from tpuserve.bench import bench
-from tpuserve.benchreport import report_rows
-from tpuserve.plan import kv_layers, presets
+from tpuserve.measure.bench import bench
+from tpuserve.measure.benchreport import report_rows
+from tpuserve.measure.plan import kv_layers, presets
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tpuserve.client import ChatClient
-from tpuserve.probe import FAIL, NOT_ENFORCED, PASS, SKIPPED, ScenarioResult, run_structured, run_tools, run_vision
+from tpuserve.measure.probe import FAIL, NOT_ENFORCED, PASS, SKIPPED, ScenarioResult, run_structured, run_tools, run_vision
 
 pytestmark = pytest.mark.e2e
 

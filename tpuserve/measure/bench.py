@@ -22,12 +22,12 @@ from typing import Any
 
 import click
 
-from tpuserve import benchreport
+from tpuserve.measure import benchreport
 from tpuserve.client import server_root
 from tpuserve.facts import PRICE_PER_CHIP_HOUR
 from tpuserve.serving import CONTAINER_NAME, DEFAULT_PORT
-from tpuserve.stack import read_outputs, served_endpoint, stack_options
-from tpuserve.vmssh import docker_over_iap
+from tpuserve.deploy.stack import read_outputs, served_endpoint, stack_options
+from tpuserve.deploy.vmssh import docker_over_iap
 
 DEFAULT_LEVELS = "1,8,32,64,100"
 # Where results land inside the container in --remote mode before they are copied back.

@@ -17,13 +17,13 @@ from pathlib import Path
 import click
 import requests
 
-from tpuserve import gce
-from tpuserve import stack as pulumi_stack
+from tpuserve.deploy import gce
+from tpuserve.deploy import stack as pulumi_stack
 from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError, served_model
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE
-from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
+from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.serving import CONTAINER_NAME
-from tpuserve.vmssh import docker_over_iap
+from tpuserve.deploy.vmssh import docker_over_iap
 
 DEFAULT_TAIL = 200
 EXCERPT_TAIL_LINES = 60

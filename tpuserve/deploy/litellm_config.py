@@ -16,7 +16,7 @@ import yaml
 
 from tpuserve.client import API_KEY_ENV, api_base
 from tpuserve.serving import ConfigError
-from tpuserve.stack import read_outputs, stack_options
+from tpuserve.deploy.stack import read_outputs, stack_options
 
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from tpuserve import benchreport
+from tpuserve.measure import benchreport
 from tpuserve.facts import PRICE_PER_CHIP_HOUR
 
 

@@ -31,7 +31,7 @@ from tpuserve.client import (
     validated_json,
 )
 from tpuserve.images import image_messages
-from tpuserve.stack import read_outputs, served_endpoint, stack_options
+from tpuserve.deploy.stack import read_outputs, served_endpoint, stack_options
 
 PASS, FAIL, SKIPPED, NOT_ENFORCED = "pass", "fail", "skipped", "schema not enforced"
 EXCERPT_CHARS = 300

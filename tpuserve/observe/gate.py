@@ -26,9 +26,9 @@ import requests
 
 from tpuserve.client import ChatClient, ChatReply, EndpointError, json_or_none, server_root
 from tpuserve.facts import BOOT_STAGES, FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S
-from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
+from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.images import image_messages
-from tpuserve.stack import read_outputs, stack_options
+from tpuserve.deploy.stack import read_outputs, stack_options
 
 SERVING, BOOTING = BOOT_STAGES[-1], "booting"
 URL_INTERVAL_S = 0.5  # a stage passed shows up within the 2 s lag target
@@ -411,7 +411,7 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
 def gate_instance(instance: Instance, compute_url: str, timeout_s: float, interval_s: float,
                   config_hash: str | None, reporter: Reporter) -> Verdict:
     """Instance mode with application-default credentials; missing credentials are a verdict, not a traceback."""
-    from tpuserve.gce import MissingCredentials, adc_session
+    from tpuserve.deploy.gce import MissingCredentials, adc_session
 
     try:
         session = adc_session()

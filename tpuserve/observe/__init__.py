@@ -1,0 +1,1 @@
+"""Watching a deployment: the readiness gate, logs and diagnosis. Imports core and deploy/."""
