@@ -1,18 +1,40 @@
 #!/usr/bin/env bash
-# Sets up .venv and runs `pulumi up` for one stack. State goes to a local file backend (.pulumi-state/) unless
-# PULUMI_BACKEND_URL says otherwise (Pulumi Cloud, gs://bucket, ...).
+# Sets up everything `pulumi up` needs on a fresh machine, then runs it for one stack: .venv, the Pulumi CLI
+# (scripts/install-pulumi.sh installs the pinned one into .tools/pulumi/ unless a recent enough one is on PATH), the
+# state backend and the stack, and for a gcp stack a Google login and a project. State goes to a local file backend
+# (.pulumi-state/) unless PULUMI_BACKEND_URL says otherwise (Pulumi Cloud, gs://bucket, ...).
 # Usage: scripts/up.sh [STACK] [pulumi up flags...]   (STACK defaults to dev)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stack=${1:-dev}
 shift || true
 
-command -v pulumi >/dev/null || { echo "pulumi CLI not found: https://www.pulumi.com/docs/install/" >&2; exit 1; }
 scripts/bootstrap.sh stack
+pulumi_dir=$(scripts/install-pulumi.sh)
+export PATH="$pulumi_dir:$PATH"
 
-export PULUMI_BACKEND_URL=${PULUMI_BACKEND_URL:-file://$PWD/.pulumi-state}
+backend_hint=
+if [[ -z ${PULUMI_BACKEND_URL:-} ]]; then
+  export PULUMI_BACKEND_URL=file://$PWD/.pulumi-state
+  backend_hint="PULUMI_BACKEND_URL=$PULUMI_BACKEND_URL "
+fi
 if [[ $PULUMI_BACKEND_URL == file://* ]]; then
   mkdir -p "${PULUMI_BACKEND_URL#file://}"
 fi
 pulumi stack select --create "$stack"
+
+# A gcp stack (the default target) needs a Google login and a project; say how to get them before the provider fails.
+target=$(pulumi config get target --stack "$stack" 2>/dev/null) || target=
+if [[ ${target:-gcp} == gcp ]]; then
+  .venv/bin/python -m tpuserve.deploy.adc_check
+  project=$(pulumi config get project --stack "$stack" 2>/dev/null) || project=
+  if [[ -z $project ]]; then
+    pulumi_cmd=pulumi
+    [[ $pulumi_dir == "$PWD"/.tools/* ]] && pulumi_cmd=${pulumi_dir#"$PWD"/}/pulumi
+    echo "error: stack $stack names no GCP project: run" \
+      "\`${backend_hint}${pulumi_cmd} config set -s $stack project YOUR_PROJECT_ID\`" >&2
+    exit 1
+  fi
+fi
+
 pulumi up --stack "$stack" "$@"

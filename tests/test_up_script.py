@@ -1,0 +1,136 @@
+"""scripts/up.sh end to end on a fresh "clone": the real script and installer, a fake `pulumi` (on PATH, or inside
+the fake release the installer downloads from 127.0.0.1), the real credential check (tpuserve.deploy.adc_check)
+reading stub credential files, and a stand-in for scripts/bootstrap.sh (the venv is this checkout's).
+
+Credentials never reach Google: google.auth only reads the file GOOGLE_APPLICATION_CREDENTIALS names (an
+authorized_user file in the shape `gcloud auth application-default login` writes, never refreshed here), the
+metadata server check is off (NO_GCE_CHECK) and points at a closed port on 127.0.0.1, and a fake gcloud fails.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.pulumi_release import ROOT, Clone, Release, fake_pulumi
+
+PIN = "3.272.0"
+
+
+@pytest.fixture
+def clone(tmp_path: Path) -> Clone:
+    clone = Clone(tmp_path)
+    clone.pin(PIN)
+    (clone.root / ".venv").symlink_to(ROOT / ".venv")
+    (clone.root / "scripts" / "bootstrap.sh").write_text('#!/bin/sh\necho "bootstrap $*" >>"$PULUMI_LOG"\n')
+    (clone.root / "scripts" / "bootstrap.sh").chmod(0o755)
+    clone.put_on_path("gcloud", '#!/bin/sh\necho "gcloud must not run in tests: $*" >&2\nexit 1\n')
+    adc = tmp_path / "application_default_credentials.json"
+    adc.write_text(json.dumps({"type": "authorized_user", "client_id": "stub.apps.googleusercontent.com",
+                               "client_secret": "stub-secret", "refresh_token": "stub-refresh-token"}))
+    (tmp_path / "gcloud-config").mkdir()
+    clone.env.update({"GOOGLE_APPLICATION_CREDENTIALS": str(adc), "CLOUDSDK_CONFIG": str(tmp_path / "gcloud-config"),
+                      "NO_GCE_CHECK": "true", "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9",
+                      "PULUMI_CONFIG_PASSPHRASE": "test"})
+    return clone
+
+
+def no_credentials(clone: Clone) -> None:
+    del clone.env["GOOGLE_APPLICATION_CREDENTIALS"]  # and CLOUDSDK_CONFIG is an empty directory: never logged in
+
+
+def commands(clone: Clone) -> list[str]:
+    """The fake pulumi's calls without the backend column."""
+    return [line.split(" | ")[0] for line in clone.pulumi_calls()]
+
+
+def test_a_ready_machine_goes_from_setup_to_pulumi_up(clone: Clone):
+    clone.put_on_path("pulumi", fake_pulumi("3.250.0"))
+
+    result = clone.run("up.sh", "dev", "--yes", env={"FAKE_PROJECT": "my-gcp-project"})
+
+    assert result.returncode == 0, result.stderr
+    assert commands(clone) == [
+        "bootstrap stack",
+        "stack select --create dev",
+        "config get target --stack dev",
+        "config get project --stack dev",
+        "up --stack dev --yes",
+    ]
+    backend = f"file://{clone.root}/.pulumi-state"
+    assert all(line.endswith(f" | {backend}") for line in clone.pulumi_calls()[1:])
+    assert (clone.root / ".pulumi-state").is_dir()
+    assert result.requests == []  # the CLI on PATH is recent enough
+
+
+def test_a_fresh_machine_gets_the_pinned_cli_and_runs_it(clone: Clone):
+    result = clone.run("up.sh", "dev", release=Release.build(PIN), env={"FAKE_PROJECT": "my-gcp-project"})
+
+    assert result.returncode == 0, result.stderr
+    assert [request.path for request in result.requests] == ["/releases/sdk/pulumi-3.272.0-checksums.txt",
+                                                              "/releases/sdk/pulumi-v3.272.0-linux-x64.tar.gz"]
+    assert commands(clone)[-1] == "up --stack dev"  # run by the downloaded CLI (it writes the same log)
+
+    again = clone.run("up.sh", "dev", release=Release.build(PIN), env={"FAKE_PROJECT": "my-gcp-project"})
+    assert again.returncode == 0, again.stderr
+    assert again.requests == []
+
+
+def test_a_failed_install_stops_before_any_pulumi_command(clone: Clone):
+    release = Release.build(PIN)
+    release.archives.clear()
+
+    result = clone.run("up.sh", "dev", release=release)
+
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1].startswith("install-pulumi: could not download ")
+    assert commands(clone) == ["bootstrap stack"]
+
+
+def test_missing_credentials_stop_before_pulumi_up_and_say_how_to_log_in(clone: Clone):
+    clone.put_on_path("pulumi", fake_pulumi(PIN))
+    no_credentials(clone)
+
+    result = clone.run("up.sh", "dev", env={"FAKE_PROJECT": "my-gcp-project"})
+
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 2, result.stderr  # the installer's "using pulumi ..." and the one error line
+    assert lines[-1].startswith("error: no Google application-default credentials (")
+    assert lines[-1].endswith("; run `gcloud auth application-default login`")
+    assert "Traceback" not in result.stderr
+    assert not any(command.startswith("up ") for command in commands(clone))
+
+
+def test_a_stack_without_a_project_says_the_exact_command(clone: Clone):
+    clone.put_on_path("pulumi", fake_pulumi(PIN))
+
+    result = clone.run("up.sh", "staging")
+
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "error: stack staging names no GCP project: run "
+        f"`PULUMI_BACKEND_URL=file://{clone.root}/.pulumi-state pulumi config set -s staging project YOUR_PROJECT_ID`")
+    assert commands(clone)[-1] == "config get project --stack staging"
+
+
+def test_the_project_hint_names_the_installed_cli_and_leaves_a_chosen_backend_alone(clone: Clone):
+    result = clone.run("up.sh", "dev", release=Release.build(PIN), env={"PULUMI_BACKEND_URL": "gs://my-state"})
+
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "error: stack dev names no GCP project: run "
+        "`.tools/pulumi/bin/pulumi config set -s dev project YOUR_PROJECT_ID`")
+    assert clone.pulumi_calls()[1] == "stack select --create dev | gs://my-state"
+
+
+def test_a_local_stack_needs_neither_google_credentials_nor_a_project(clone: Clone):
+    clone.put_on_path("pulumi", fake_pulumi(PIN))
+    no_credentials(clone)
+
+    result = clone.run("up.sh", "local", env={"FAKE_TARGET": "local"})
+
+    assert result.returncode == 0, result.stderr
+    assert commands(clone)[-2:] == ["config get target --stack local", "up --stack local"]

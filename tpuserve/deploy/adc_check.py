@@ -1,0 +1,31 @@
+"""`python -m tpuserve.deploy.adc_check`: exit 0 when Google application-default credentials exist; otherwise print
+the fix on one line and exit 1.
+
+scripts/up.sh runs it before `pulumi up`, so a missing login stops there instead of inside the GCP provider. The
+check is `gce.adc_session`, the one every tpuserve command makes: nothing is sent to Google (a session is built, no
+token is fetched).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from tpuserve.deploy import gce
+
+
+def main() -> int:
+    # google.auth logs a warning for each place it looked; without a handler Python prints them to stderr, which
+    # would bury the one line that says what to do.
+    logging.getLogger("google.auth").addHandler(logging.NullHandler())
+    logging.getLogger("google.auth").propagate = False
+    try:
+        gce.adc_session()
+    except gce.MissingCredentials as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
