@@ -111,3 +111,18 @@ def test_missing_kubectl_is_a_config_error(shims: Path) -> None:
 def test_served_endpoint_uses_the_stack_model(shims: Path) -> None:
     with stack.served_endpoint(None, None, GKE_OUTPUTS) as (url, model):
         assert url.startswith("http://localhost:") and model == "google/gemma-4-E2B-it"
+
+
+def test_gate_with_a_gke_stack_says_how_to_check_it(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from tpuserve.observe.gate import gate
+
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({**GKE_OUTPUTS, "portForwardCommand": "kubectl port-forward --namespace tpu-serve "
+                                                                        "service/vllm 8000:8000"}))
+    result = CliRunner().invoke(gate, ["--stack-outputs", str(outputs)])
+    assert result.exit_code == 2
+    assert ("stack runs on GKE, whose readiness is its pods' probe: run `kubectl port-forward --namespace tpu-serve "
+            "service/vllm 8000:8000`, then gate --url http://localhost:8000 --model google/gemma-4-E2B-it") in \
+        " ".join(result.output.split())
