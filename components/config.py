@@ -19,7 +19,8 @@ from tpuserve.facts import PRICE_PER_CHIP_HOUR, READY_TIMEOUT_S
 from tpuserve.serving import DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting
 
 PROJECT_NAME = "tpu-serve"
-TARGETS = ("gcp", "local")
+TARGETS = ("gcp", "local", "gke")
+TPU_TARGETS = ("gcp", "gke")  # targets that run vLLM on TPU v6e and share the gcp settings and rules
 MIN_BOOT_DISK_GB = 200
 MAX_RUN_SECONDS = 7 * 24 * 3600
 # Multi-tenant zones with TPU v6e (https://cloud.google.com/tpu/docs/regions-zones); extend as Google adds zones.
@@ -32,13 +33,17 @@ LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 DURATION_PART = re.compile(r"(\d+)([dhms])")
 SECONDS_PER_UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+GKE_CLUSTER_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC 1123 label
+GKE_MAX_NODES = 64  # a bound on cost mistakes, not a GKE limit: 64 ct6e-standard-8t nodes are $691/h at $1.35
 
 
 @dataclass(frozen=True)
 class StackConfig:
     """One environment's settings. `hf_token` is the only secret and never leaves Pulumi's secret handling."""
 
-    target: str = setting("target", "Where to serve: gcp (a flex-start TPU VM) or local (a Docker host).", "gcp")
+    target: str = setting("target", "Where to serve: gcp (a flex-start TPU VM), gke (a flex-start TPU node pool "
+                          "on GKE) or local (a Docker host).", "gcp")
     project: str = setting("project", "GCP project id that owns every resource (target gcp).", "")
     zone: str = setting("zone", "Zone of the TPU VM; must offer TPU v6e.", "us-east5-b")
     region: str = setting("region", "Region for Cloud NAT; empty = the zone's region (must match it).", "")
@@ -73,6 +78,18 @@ class StackConfig:
     local_model_cache: str = setting("localModelCache", "Target local: host Hugging Face cache mounted into the "
                                      "container, so weights download once.", "~/.cache/huggingface")
     local_port: int = setting("localPort", "Target local: port on 127.0.0.1 that publishes vLLM.", DEFAULT_PORT)
+    # Target gke (components/gke.py, components/k8s_serving.py); zone, machineType, maxRunDuration, bootDisk*,
+    # network, hfToken* and labels mean the same as for gcp, applied to the TPU node pool and the pods.
+    gke_cluster: str = setting("gkeCluster", "Target gke: name of an existing GKE Standard cluster (Workload Identity "
+                               "on) to add the TPU node pool to; empty = create a regional cluster tpu-serve-<stack>.",
+                               "")
+    gke_cluster_location: str = setting("gkeClusterLocation", "Target gke: location (region or zone) of gkeCluster; "
+                                        "empty = the zone's region.", "")
+    gke_max_nodes: int = setting("gkeMaxNodes", "Target gke: most flex-start TPU nodes (one vLLM replica each) the "
+                                 "node pool scales up to.", 2)
+    gke_min_replicas: int = setting("gkeMinReplicas", "Target gke: fewest vLLM replicas the autoscaler keeps; 0 parks "
+                                    "the deployment so the TPU node pool scales to zero.", 1)
+    gke_namespace: str = setting("gkeNamespace", "Target gke: Kubernetes namespace of the deployment.", "tpu-serve")
     serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
 
     @property
@@ -103,10 +120,12 @@ class StackConfig:
     def validate(self) -> StackConfig:
         if self.target not in TARGETS:
             raise ConfigError("target", f"{self.target!r} is not one of {', '.join(TARGETS)}")
-        if self.target == "gcp":
+        if self.target in TPU_TARGETS:
             self._validate_gcp()
         else:
             self._validate_local()
+        if self.target == "gke":
+            self._validate_gke()
         for key, value in self.labels.items():
             if not LABEL_KEY.match(str(key)) or not LABEL_VALUE.match(str(value)):
                 raise ConfigError("labels", f"{key}={value!r}: keys and values must be lowercase letters, digits, "
@@ -114,7 +133,7 @@ class StackConfig:
         if self.price_per_chip_hour < 0:
             raise ConfigError("pricePerChipHour", f"must not be negative, got {self.price_per_chip_hour}")
         self.readiness_timeout_seconds  # noqa: B018 - parses, raising ConfigError on a bad value
-        self.serving.validate(backend="tpu" if self.target == "gcp" else self.target)
+        self.serving.validate(backend="tpu" if self.target in TPU_TARGETS else self.target)
         return self
 
     def _validate_gcp(self) -> None:
@@ -144,6 +163,29 @@ class StackConfig:
                                                     self.hf_token_secret_id):
             raise ConfigError("hfTokenSecretId", f"{self.hf_token_secret_id!r} is not a secret id or "
                               "projects/P/secrets/S")
+
+    def _validate_gke(self) -> None:
+        if self.gke_cluster and not GKE_CLUSTER_NAME.match(self.gke_cluster):
+            raise ConfigError("gkeCluster", f"{self.gke_cluster!r} is not a GKE cluster name (lowercase letters, "
+                              "digits and -, at most 40 characters, starting with a letter)")
+        region = self.zone.rsplit("-", 1)[0]
+        if self.gke_cluster_location and self.gke_cluster_location not in (region, self.zone):
+            raise ConfigError("gkeClusterLocation", f"{self.gke_cluster_location!r}: the TPU nodes run in zone "
+                              f"{self.zone!r}, so the cluster must be regional in {region} or zonal in {self.zone}")
+        if self.gke_cluster_location and not self.gke_cluster:
+            raise ConfigError("gkeClusterLocation", "applies to an existing cluster only; set gkeCluster too, or "
+                              "leave it empty (a new cluster is regional in the zone's region)")
+        if not 1 <= self.gke_max_nodes <= GKE_MAX_NODES:
+            raise ConfigError("gkeMaxNodes", f"must be between 1 and {GKE_MAX_NODES}, got {self.gke_max_nodes}")
+        if not 0 <= self.gke_min_replicas <= self.gke_max_nodes:
+            raise ConfigError("gkeMinReplicas", f"must be between 0 and gkeMaxNodes ({self.gke_max_nodes}), got "
+                              f"{self.gke_min_replicas}")
+        if not K8S_NAME.match(self.gke_namespace):
+            raise ConfigError("gkeNamespace", f"{self.gke_namespace!r} is not a Kubernetes namespace name "
+                              "(lowercase letters, digits and -, at most 63 characters)")
+        if self.readiness_timeout_seconds < READY_TIMEOUT_S:
+            raise ConfigError("readinessTimeout", f"{self.readiness_timeout!r}: on gke it is the pods' startup "
+                              f"probe budget and must cover a cold compile: at least {READY_TIMEOUT_S // 60}m")
 
     def _validate_local(self) -> None:
         if self.hf_token_secret_id:

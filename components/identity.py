@@ -22,6 +22,10 @@ class ServingIdentityArgs:
     hf_token: pulumi.Input[str] | None = None
     new_secret_id: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Project-level write roles; a GKE pod needs none (its node ships its logs and metrics).
+    project_roles: tuple[str, ...] = PROJECT_ROLES
+    display_name: str = "tpu-serve vLLM VM"
+    description: str = "Runs one tpu-serve TPU VM; reads only its HF token secret."
 
 
 class ServingIdentity(pulumi.ComponentResource):
@@ -37,7 +41,7 @@ class ServingIdentity(pulumi.ComponentResource):
 
         account = serviceaccount.Account(
             f"{name}-sa", project=args.project, account_id=args.account_id,
-            display_name="tpu-serve vLLM VM", description="Runs one tpu-serve TPU VM; reads only its HF token secret.",
+            display_name=args.display_name, description=args.description,
             opts=child)
         member = account.email.apply(lambda email: f"serviceAccount:{email}")
 
@@ -56,7 +60,7 @@ class ServingIdentity(pulumi.ComponentResource):
         secretmanager.SecretIamMember(
             f"{name}-hf-token-reader", project=args.project, secret_id=self.secret_name,
             role=SECRET_ACCESSOR, member=member, opts=child)
-        for role in PROJECT_ROLES:
+        for role in args.project_roles:
             projects.IAMMember(f"{name}-{role.split('/')[1]}", project=args.project, role=role, member=member,
                                opts=child)
 

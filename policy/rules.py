@@ -35,6 +35,8 @@ INSTANCE = "gcp:compute/instance:Instance"
 PROJECT_IAM_MEMBER = "gcp:projects/iAMMember:IAMMember"
 PROJECT_IAM_BINDING = "gcp:projects/iAMBinding:IAMBinding"
 PROJECT_IAM_POLICY = "gcp:projects/iAMPolicy:IAMPolicy"
+GKE_CLUSTER = "gcp:container/cluster:Cluster"
+GKE_NODE_POOL = "gcp:container/nodePool:NodePool"
 # GCP types a tpu-serve stack may declare that take `labels` (tests/test_policy.py checks this against pulumi-gcp).
 LABELLED_TYPES = frozenset({
     INSTANCE,
@@ -166,6 +168,74 @@ def check_project_iam(args: ResourceValidationArgs, report: ReportViolation) -> 
                    "(secretmanager.SecretIamMember)", None)
 
 
+# --- GKE (target gke) --------------------------------------------------------------------------------------------
+
+def _run_seconds(duration: Any) -> float | None:
+    """GKE's "<seconds>s" duration ("86400s") as seconds; None when it is not one."""
+    text = str(duration or "")
+    try:
+        return float(text[:-1]) if text.endswith("s") else None
+    except ValueError:
+        return None
+
+
+@only(GKE_CLUSTER, GKE_NODE_POOL)
+def check_gke_private_nodes(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if args.resource_type == GKE_CLUSTER:
+        if (args.props.get("privateClusterConfig") or {}).get("enablePrivateNodes") is not True:
+            report("privateClusterConfig.enablePrivateNodes is not true: nodes would get external IPs; use private "
+                   "nodes and Cloud NAT", None)
+    elif (args.props.get("networkConfig") or {}).get("enablePrivateNodes") is not True:
+        report("networkConfig.enablePrivateNodes is not true: this pool's nodes could get external IPs (they follow "
+               "the cluster's default); set it on the pool", None)
+
+
+@only(GKE_CLUSTER, GKE_NODE_POOL)
+def check_gke_node_service_account(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    # A cluster always creates its default pool (even when removeDefaultNodePool deletes it right after), so a
+    # cluster's nodeConfig is checked like a pool's.
+    email = (args.props.get("nodeConfig") or {}).get("serviceAccount") or ""
+    if not email or email == "default" or DEFAULT_COMPUTE_SA.search(email):
+        report(f"nodeConfig.serviceAccount {email or '(empty: the default)'} is the default compute service "
+               "account, which holds Editor in most projects; run the nodes as their own service account "
+               "(roles/container.defaultNodeServiceAccount)", None)
+
+
+@only(GKE_CLUSTER, GKE_NODE_POOL)
+def check_gke_workload_identity(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    if args.resource_type == GKE_CLUSTER:
+        pool = (args.props.get("workloadIdentityConfig") or {}).get("workloadPool")
+        expected = f"{args.props.get('project')}.svc.id.goog"
+        if pool != expected:
+            report(f"workloadIdentityConfig.workloadPool is {pool!r}, not {expected!r}: without Workload Identity "
+                   "pods use the node's identity", None)
+    mode = ((args.props.get("nodeConfig") or {}).get("workloadMetadataConfig") or {}).get("mode")
+    if mode != "GKE_METADATA":
+        report(f"nodeConfig.workloadMetadataConfig.mode is {mode!r}, not 'GKE_METADATA': pods could reach the "
+               "node's service account through the metadata server", None)
+
+
+@only(GKE_NODE_POOL)
+def check_gke_flex_start_pool(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    node_config = args.props.get("nodeConfig") or {}
+    if node_config.get("flexStart") is not True:
+        return
+    seconds = _run_seconds(node_config.get("maxRunDuration"))
+    if seconds is None:
+        report("flex-start node pool without nodeConfig.maxRunDuration (\"<seconds>s\"): nodes would run (and bill) "
+               "for the 7-day maximum", None)
+    elif seconds > MAX_FLEX_START_RUN_SECONDS:
+        report(f"nodeConfig.maxRunDuration of {seconds:.0f}s exceeds the 7-day limit ({MAX_FLEX_START_RUN_SECONDS}s)",
+               None)
+    if (args.props.get("management") or {}).get("autoRepair") is not False:
+        report("flex-start node pool must set management.autoRepair false (flex-start does not work with "
+               "auto-repair; GKE defaults it to true)", None)
+    affinity = (node_config.get("reservationAffinity") or {}).get("consumeReservationType")
+    if affinity != "NO_RESERVATION":
+        report(f"flex-start node pool must set nodeConfig.reservationAffinity.consumeReservationType "
+               f"NO_RESERVATION, not {affinity!r}", None)
+
+
 def _missing_labels(labels: Mapping[str, Any] | None, expected: Mapping[str, str]) -> list[str]:
     labels = labels or {}
     return [f"{key}={value}" for key, value in expected.items() if labels.get(key) != value]
@@ -181,6 +251,10 @@ def check_stack_labels(args: ResourceValidationArgs, report: ReportViolation) ->
     initialize_params = (args.props.get("bootDisk") or {}).get("initializeParams")
     if args.resource_type == INSTANCE and initialize_params is not None:
         places["bootDisk.initializeParams.labels"] = initialize_params.get("labels")
+    if args.resource_type == GKE_CLUSTER:  # GKE names its GCE labels resourceLabels
+        places["resourceLabels"] = args.props.get("resourceLabels")
+    if args.resource_type in (GKE_CLUSTER, GKE_NODE_POOL) and args.props.get("nodeConfig") is not None:
+        places["nodeConfig.resourceLabels"] = args.props["nodeConfig"].get("resourceLabels")
     for where, labels in places.items():
         missing = _missing_labels(labels, expected)
         if missing:
@@ -210,4 +284,11 @@ POLICIES = [
     _policy("no-broad-project-iam", "No project-level owner/editor or Secret Manager grants.", check_project_iam),
     _policy("stack-labels", "Every labelled GCP resource carries app, stack and managed-by labels.",
             check_stack_labels),
+    _policy("gke-private-nodes", "GKE clusters and node pools have private nodes only.", check_gke_private_nodes),
+    _policy("gke-dedicated-node-service-account", "GKE nodes do not run as the default compute service account.",
+            check_gke_node_service_account),
+    _policy("gke-workload-identity", "GKE clusters have Workload Identity; nodes serve pods GKE_METADATA only.",
+            check_gke_workload_identity),
+    _policy("gke-flex-start-node-pool", "Flex-start node pools run at most 7 days, without auto-repair or a "
+            "reservation.", check_gke_flex_start_pool),
 ]

@@ -20,6 +20,9 @@ PROJECT = "tpu-serve"
 VM_IP = "10.150.0.7"
 VM_CREATED = "2026-11-29T02:00:00.000-08:00"
 LOCAL_IMAGE_ID = "sha256:5e1f0c0ffee"
+# A GKE control plane as the provider reports it (documentation address range; nothing is ever contacted).
+CLUSTER_ENDPOINT = "203.0.113.10"
+CLUSTER_CA = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCmZha2UKLS0tLS1FTkQgQ0VSVElGSUNBVEUtLS0tLQo="
 # `tpuserve gate` prints exactly one JSON line on stdout; stages map to seconds since the VM's first stage.
 GATE_STDOUT = ('{"ready": true, "elapsed_s": 650.4, "stages": {"installing-docker": 0, "pulling-image": 21, '
                '"fetching-token": 318, "starting-server": 319, "loading-model": 321, "serving": 650}, '
@@ -49,8 +52,11 @@ class StackRun:
 
 
 class RecordingMocks(pulumi.runtime.Mocks):
-    def __init__(self) -> None:
+    def __init__(self, clusters: dict[str, dict[str, Any]] | None = None) -> None:
         self.resources: list[Resource] = []
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        # Existing GKE clusters the getCluster invoke finds, by name (the shape of container.GetClusterResult).
+        self.clusters = clusters or {}
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         self.resources.append(Resource(args.typ, args.name, dict(args.inputs), args.custom))
@@ -65,9 +71,14 @@ class RecordingMocks(pulumi.runtime.Mocks):
             outputs["imageId"] = LOCAL_IMAGE_ID
         elif args.typ == "command:local:Command":
             outputs["stdout"] = GATE_STDOUT
+        elif args.typ == "gcp:container/cluster:Cluster":
+            outputs.update(endpoint=CLUSTER_ENDPOINT, masterAuth={"clusterCaCertificate": CLUSTER_CA})
         return f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+        self.calls.append((args.token, dict(args.args)))
+        if args.token == "gcp:container/getCluster:getCluster":
+            return self.clusters.get(args.args["name"], {})
         return {}
 
 

@@ -142,7 +142,7 @@ def test_missing_gcloud_names_the_option(shims: Path) -> None:
 
 @pytest.mark.parametrize("outputs", [{"endpoint": "http://x/v1"}, {"target": "azure", "endpoint": "http://x/v1"}])
 def test_unknown_target_names_the_option(outputs: dict[str, Any]) -> None:
-    with pytest.raises(ConfigError, match="expected gcp or local") as err:
+    with pytest.raises(ConfigError, match="expected gcp, gke or local") as err:
         with stack.endpoint_for(outputs):
             pytest.fail("no endpoint for an unknown target")
     assert err.value.key == "--stack"

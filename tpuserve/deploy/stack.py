@@ -7,6 +7,7 @@ as the `with endpoint_for(...)` block; a local stack's endpoint is already on 12
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -106,6 +107,48 @@ def iap_tunnel(outputs: Mapping[str, Any], timeout_s: float = TUNNEL_READY_TIMEO
 
 
 @contextmanager
+def kube_port_forward(outputs: Mapping[str, Any], timeout_s: float = TUNNEL_READY_TIMEOUT_S) -> Iterator[str]:
+    """Reach a gke stack's Service: credentials for its cluster in a throwaway kubeconfig (`gcloud container
+    clusters get-credentials`, so the user's own kubeconfig is never touched), then `kubectl port-forward` to the
+    Service on a free local port for as long as the block runs; yield that endpoint's …/v1 URL."""
+    gcloud, kubectl = shutil.which("gcloud"), shutil.which("kubectl")
+    if gcloud is None or kubectl is None:
+        raise ConfigError(OPTION, f"stack runs on GKE (cluster {outputs['cluster']}): reaching it needs gcloud and "
+                          "kubectl (with gke-gcloud-auth-plugin) on PATH")
+    local_port = free_local_port()
+    with tempfile.TemporaryDirectory(prefix="tpuserve-kube-") as home, tempfile.TemporaryFile() as stderr:
+        env = {**os.environ, "KUBECONFIG": os.path.join(home, "kubeconfig")}
+        credentials = subprocess.run(
+            [gcloud, "container", "clusters", "get-credentials", outputs["cluster"], "--location",
+             outputs["clusterLocation"], "--project", outputs["project"]],
+            env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+        if credentials.returncode != 0:
+            raise TunnelError(f"gcloud container clusters get-credentials exited with {credentials.returncode}: "
+                              f"{credentials.stderr.strip()}")
+        process = subprocess.Popen(
+            [kubectl, "port-forward", "--namespace", outputs["namespace"], "--address", "127.0.0.1",
+             f"service/{outputs['service']}", f"{local_port}:{outputs['port']}"],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while process.poll() is None and time.monotonic() < deadline:
+                try:
+                    socket.create_connection(("127.0.0.1", local_port), timeout=TUNNEL_POLL_S).close()
+                    break
+                except OSError:
+                    time.sleep(TUNNEL_POLL_S)
+            else:
+                stderr.seek(0)
+                why = (f"exited with {process.returncode}" if process.returncode is not None
+                       else f"did not accept connections within {timeout_s:.0f}s")
+                raise TunnelError(f"kubectl port-forward to service/{outputs['service']} {why}: "
+                                  f"{stderr.read().decode(errors='replace').strip()}")
+            yield f"http://localhost:{local_port}/v1"
+        finally:
+            stop(process)
+
+
+@contextmanager
 def endpoint_for(outputs: Mapping[str, Any]) -> Iterator[str]:
     """Yield an OpenAI base URL (…/v1) that reaches the stack's server from this machine while the block runs."""
     target = outputs.get("target")
@@ -114,8 +157,11 @@ def endpoint_for(outputs: Mapping[str, Any]) -> Iterator[str]:
     elif target == "gcp":
         with iap_tunnel(outputs) as endpoint:
             yield endpoint
+    elif target == "gke":
+        with kube_port_forward(outputs) as endpoint:
+            yield endpoint
     else:
-        raise ConfigError(OPTION, f"stack outputs have target {target!r}; expected gcp or local (redeploy the "
+        raise ConfigError(OPTION, f"stack outputs have target {target!r}; expected gcp, gke or local (redeploy the "
                           "stack with this version of tpu-serve)")
 
 

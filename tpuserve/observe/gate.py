@@ -384,6 +384,10 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
     if outputs is not None and not (url or instance):
         if outputs.get("target") == "local":
             url, model = outputs.get("endpoint"), model or outputs.get("model")
+        elif outputs.get("target") == "gke":  # `pulumi up` awaited the Deployment; re-check through a port-forward
+            raise click.UsageError(f"stack runs on GKE, whose readiness is its pods' probe: run "
+                                   f"`{outputs.get('portForwardCommand')}`, then gate --url http://localhost:"
+                                   f"{outputs.get('port')} --model {outputs.get('model')}")
         else:
             instance, zone, project = outputs.get("instanceName"), outputs.get("zone"), outputs.get("project")
             config_hash = config_hash or outputs.get("configHash")

@@ -1,0 +1,75 @@
+"""The `gke` target: the pods' identity, the cluster with its flex-start TPU node pool, and the serving objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+
+from components.config import StackConfig
+from components.deployment import base_name, stack_labels
+from components.gke import GkeTpuCluster, GkeTpuClusterArgs
+from components.identity import ServingIdentity, ServingIdentityArgs
+from components.k8s_serving import SERVICE_ACCOUNT, GkeServing, GkeServingArgs, ServingManifestArgs
+from tpuserve.serving import config_hash, vllm_serve_args
+
+DEPLOYMENT_NAME = "vllm"
+
+
+class GkeTpuServe(pulumi.ComponentResource):
+    """Everything a gke stack declares. `outputs` is what `__main__.py` exports; `tpuserve --stack` reads
+    `cluster`, `clusterLocation`, `namespace`, `service` and `port` to port-forward to the Service."""
+
+    def __init__(self, name: str, cfg: StackConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpuserve:index:GkeDeployment", name, None, opts)
+        base = base_name(stack)
+        labels = stack_labels(stack, dict(cfg.labels))
+        child = pulumi.ResourceOptions(parent=self)
+        serving_hash = config_hash(cfg.serving)
+
+        identity = ServingIdentity(base, ServingIdentityArgs(
+            project=cfg.project, account_id=base[:30].rstrip("-"), existing_secret=cfg.hf_token_secret_id,
+            hf_token=cfg.hf_token, new_secret_id=f"{base}-hf-token", labels=labels, project_roles=(),
+            display_name="tpu-serve vLLM pods (GKE)",
+            description="Workload Identity of tpu-serve's vLLM pods; reads only the HF token secret."), opts=child)
+        cluster = GkeTpuCluster(base, GkeTpuClusterArgs(
+            project=cfg.project, zone=cfg.zone, region=cfg.effective_region, machine_type=cfg.machine_type,
+            chips=cfg.chips, max_nodes=cfg.gke_max_nodes, max_run_seconds=cfg.max_run_seconds,
+            boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type, network=cfg.network,
+            subnetwork=cfg.subnetwork, create_nat=cfg.create_cloud_nat, workload_ksa=(cfg.gke_namespace,
+                                                                                     SERVICE_ACCOUNT),
+            workload_gsa_email=identity.email, existing_cluster=cfg.gke_cluster,
+            existing_location=cfg.gke_cluster_location, labels=labels), opts=child)
+        GkeServing(f"{base}-serving", GkeServingArgs(
+            manifest=ServingManifestArgs(
+                name=DEPLOYMENT_NAME, namespace=cfg.gke_namespace, serving=cfg.serving,
+                secret_name=identity.secret_name, gsa_email=identity.email, chips=cfg.chips,
+                node_labels=cluster.node_labels, min_replicas=cfg.gke_min_replicas, max_replicas=cfg.gke_max_nodes,
+                startup_budget_s=cfg.readiness_timeout_seconds, config_hash=serving_hash, labels=labels),
+            kubeconfig=cluster.kubeconfig, depends_on=(cluster, identity)), opts=child)
+
+        port = cfg.serving.port
+        self.outputs: dict[str, Any] = {
+            "target": cfg.target,
+            "project": cfg.project,
+            "cluster": cluster.cluster_name,
+            "clusterLocation": cluster.location,
+            "zone": cfg.zone,
+            "nodePool": cluster.node_pool.name,
+            "namespace": cfg.gke_namespace,
+            "service": DEPLOYMENT_NAME,
+            "port": port,
+            "endpoint": f"http://{DEPLOYMENT_NAME}.{cfg.gke_namespace}.svc.cluster.local:{port}/v1",
+            "getCredentialsCommand": pulumi.Output.all(cluster.cluster_name, cluster.location).apply(
+                lambda values: f"gcloud container clusters get-credentials {values[0]} --location {values[1]} "
+                               f"--project {cfg.project}"),
+            "portForwardCommand": f"kubectl port-forward --namespace {cfg.gke_namespace} "
+                                  f"service/{DEPLOYMENT_NAME} {port}:{port}",
+            "model": cfg.serving.model,
+            "vllmArgs": vllm_serve_args(cfg.serving),
+            "configHash": serving_hash,
+            "maxRunSeconds": cfg.max_run_seconds,
+            # Every node of the pool busy: the most the TPUs can cost per hour (the cluster fee comes on top).
+            "maxTpuCostPerHourUsd": round(cfg.gke_max_nodes * cfg.chips * cfg.price_per_chip_hour, 2),
+        }
+        self.register_outputs(self.outputs)

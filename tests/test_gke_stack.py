@@ -1,0 +1,250 @@
+"""The `gke` stack under Pulumi mocks: the real `__main__.py` with Pulumi.gke.yaml (compared with
+tests/inventories/gke.yaml) and the variants a user can configure. Mocked: no Pulumi engine, no GCP, no cluster;
+the GKE cluster's endpoint/CA and an existing cluster's getCluster answer come from tests/pulumi_harness.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from pulumi.runtime import rpc
+
+from components.config import build_stack_config
+from tests.pulumi_harness import CLUSTER_CA, CLUSTER_ENDPOINT, ROOT, RecordingMocks, StackRun, run_stack, \
+    stack_file_config
+from tests.test_stack import assert_subset
+from tpuserve.serving import ConfigError, config_hash, vllm_serve_args
+
+CLUSTER = "gcp:container/cluster:Cluster"
+NODE_POOL = "gcp:container/nodePool:NodePool"
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+HPA = "kubernetes:autoscaling/v2:HorizontalPodAutoscaler"
+K8S_PROVIDER = "pulumi:providers:kubernetes"
+EXISTING = {"name": "ml-shared", "location": "us-east5", "endpoint": "203.0.113.20",
+            "masterAuths": [{"clusterCaCertificate": "Q0EtZXhpc3Rpbmc="}],
+            "workloadIdentityConfigs": [{"workloadPool": "my-ml-sandbox.svc.id.goog"}]}
+
+
+def gke_config(**overrides: str) -> dict[str, str]:
+    return {**stack_file_config("gke"), **overrides}
+
+
+@pytest.fixture(scope="module")
+def gke_run() -> StackRun:
+    return run_stack(gke_config(), "gke")
+
+
+def tpu_pool(run: StackRun) -> dict:
+    pools = [r for r in run.of_type(NODE_POOL) if r.name.endswith("-tpu")]
+    assert len(pools) == 1
+    return pools[0].inputs
+
+
+def pod_spec(run: StackRun) -> dict:
+    return run.one(DEPLOYMENT).inputs["spec"]["template"]["spec"]
+
+
+def vllm_container(run: StackRun) -> dict:
+    (container,) = pod_spec(run)["containers"]
+    return container
+
+
+def test_stack_matches_its_inventory(gke_run: StackRun) -> None:
+    inventory = yaml.safe_load((ROOT / "tests" / "inventories" / "gke.yaml").read_text())
+    counts: dict[str, int] = {}
+    for resource in gke_run.resources:
+        counts[resource.type] = counts.get(resource.type, 0) + 1
+    assert counts == inventory["counts"]
+    for type_token, expected in inventory["values"].items():
+        assert_subset(expected, gke_run.one(type_token).inputs, type_token)
+
+
+def test_tpu_node_pool_is_flex_start_from_zero_without_repair_or_reservation(gke_run: StackRun) -> None:
+    pool = tpu_pool(gke_run)
+    node = pool["nodeConfig"]
+    assert node["flexStart"] is True
+    assert node["maxRunDuration"] == "86400s"  # Pulumi.gke.yaml: maxRunDuration 1d
+    assert node["machineType"] == "ct6e-standard-1t"
+    assert node["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
+    assert pool["autoscaling"]["totalMinNodeCount"] == 0 and pool["autoscaling"]["totalMaxNodeCount"] == 2
+    assert pool["initialNodeCount"] == 0
+    assert pool["management"]["autoRepair"] is False
+    assert pool["nodeLocations"] == ["us-east5-b"]
+    assert pool["networkConfig"] == {"enablePrivateNodes": True}
+    assert node["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
+    assert (node["diskType"], node["diskSizeGb"]) == ("hyperdisk-balanced", 200.0)
+
+
+def test_nodes_run_as_their_own_least_privilege_account(gke_run: StackRun) -> None:
+    node_sa = next(r.inputs for r in gke_run.of_type("gcp:serviceaccount/account:Account")
+                   if r.name.endswith("-nodes"))
+    email = f"{node_sa['accountId']}@my-ml-sandbox.iam.gserviceaccount.com"
+    for pool in gke_run.of_type(NODE_POOL):
+        assert pool.inputs["nodeConfig"]["serviceAccount"] == email
+    assert gke_run.one(CLUSTER).inputs["nodeConfig"]["serviceAccount"] == email
+    grants = [(r.inputs["role"], r.inputs["member"]) for r in gke_run.of_type("gcp:projects/iAMMember:IAMMember")]
+    assert grants == [("roles/container.defaultNodeServiceAccount", f"serviceAccount:{email}")]
+
+
+def test_deployment_runs_the_shared_argv_builder_on_every_chip_of_a_flex_start_v6e_node(gke_run: StackRun) -> None:
+    cfg = build_stack_config(gke_config())
+    container = vllm_container(gke_run)
+    assert container["image"] == cfg.serving.image == "vllm/vllm-tpu:nightly"
+    assert container["command"] == ["vllm", "serve"]
+    assert container["args"] == vllm_serve_args(cfg.serving)
+    assert container["resources"] == {"requests": {"google.com/tpu": "1"}, "limits": {"google.com/tpu": "1"}}
+    spec = pod_spec(gke_run)
+    assert spec["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                                    "cloud.google.com/gke-tpu-topology": "1x1",
+                                    "cloud.google.com/gke-flex-start": "true",
+                                    "cloud.google.com/gke-nodepool": tpu_pool(gke_run)["name"]}
+    assert spec["tolerations"] == [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert gke_run.one(DEPLOYMENT).inputs["spec"]["template"]["metadata"]["annotations"][
+        "tpu-serve/config-hash"] == config_hash(cfg.serving)
+
+
+@pytest.mark.parametrize(("machine_type", "chips", "topology"), [("ct6e-standard-4t", "4", "2x2"),
+                                                                 ("ct6e-standard-8t", "8", "2x4")])
+def test_bigger_machines_take_all_their_chips_and_topology(machine_type: str, chips: str, topology: str) -> None:
+    run = run_stack(gke_config(machineType=machine_type), "gke")
+    assert tpu_pool(run)["nodeConfig"]["machineType"] == machine_type
+    assert vllm_container(run)["resources"]["limits"] == {"google.com/tpu": chips}
+    assert pod_spec(run)["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == topology
+    assert run.outputs["maxTpuCostPerHourUsd"] == pytest.approx(2 * int(chips) * 1.35)
+
+
+def test_probes_cover_a_cold_start_and_use_the_gate_rules(gke_run: StackRun) -> None:
+    container = vllm_container(gke_run)
+    startup = container["startupProbe"]
+    assert startup["httpGet"] == {"path": "/health", "port": "http"}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 25 * 60
+    assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    command = container["readinessProbe"]["exec"]["command"]
+    assert command == ["python3", "/opt/tpu-serve/readycheck.py", "--url", "http://127.0.0.1:8000",
+                       "--model", "google/gemma-4-E2B-it", "--timeout", "15"]
+    assert container["readinessProbe"]["timeoutSeconds"] > 3 * 15  # three requests, each up to --timeout
+    scripts = gke_run.one("kubernetes:core/v1:ConfigMap").inputs
+    assert scripts["data"]["readycheck.py"] == (ROOT / "vm" / "readycheck.py").read_text()
+    assert scripts["data"]["hf_token.py"] == (ROOT / "vm" / "hf_token.py").read_text()
+    assert {"name": "scripts", "configMap": {"name": scripts["metadata"]["name"]}} in pod_spec(gke_run)["volumes"]
+
+
+def test_longer_readiness_timeout_lengthens_the_startup_probe() -> None:
+    startup = vllm_container(run_stack(gke_config(readinessTimeout="40m"), "gke"))["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] == 40 * 60
+
+
+def test_token_reaches_the_pod_through_workload_identity_only(gke_run: StackRun) -> None:
+    spec = pod_spec(gke_run)
+    (init,) = spec["initContainers"]
+    assert init["command"] == ["python3", "/opt/tpu-serve/hf_token.py", "--secret",
+                               "projects/my-ml-sandbox/secrets/hf-token", "--out", "/var/run/tpu-serve/hf/token"]
+    assert {"name": "hf-token", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}} in spec["volumes"]
+    assert {"name": "HF_TOKEN_PATH", "value": "/var/run/tpu-serve/hf/token"} in vllm_container(gke_run)["env"]
+    assert not any("HF_TOKEN" == e["name"] for e in vllm_container(gke_run)["env"])
+    assert "envFrom" not in vllm_container(gke_run) and "env" not in init
+    ksa = gke_run.one("kubernetes:core/v1:ServiceAccount").inputs
+    binding = gke_run.one("gcp:serviceaccount/iAMMember:IAMMember").inputs
+    assert spec["serviceAccountName"] == ksa["metadata"]["name"]
+    assert binding["member"] == f"serviceAccount:my-ml-sandbox.svc.id.goog[{ksa['metadata']['namespace']}/" \
+                                f"{ksa['metadata']['name']}]"
+    gsa = ksa["metadata"]["annotations"]["iam.gke.io/gcp-service-account"]
+    assert binding["serviceAccountId"] == f"projects/my-ml-sandbox/serviceAccounts/{gsa}"
+    reader = gke_run.one("gcp:secretmanager/secretIamMember:SecretIamMember").inputs
+    assert reader["member"] == f"serviceAccount:{gsa}"
+
+
+def test_a_token_from_config_stays_a_pulumi_secret_and_out_of_kubernetes() -> None:
+    canary = "hf_CANARYgkeStack0123456789"
+    run = run_stack(gke_config(hfTokenSecretId="", hfToken=canary), "gke")
+    version = run.one("gcp:secretmanager/secretVersion:SecretVersion").inputs
+    assert version["secretData"] == {rpc._special_sig_key: rpc._special_secret_sig, "value": canary}
+    kubernetes = [r for r in run.resources if r.type.startswith("kubernetes:")]
+    assert not [r for r in kubernetes if r.type == "kubernetes:core/v1:Secret"]
+    assert canary not in json.dumps([r.inputs for r in kubernetes]) + json.dumps(run.outputs)
+    (init,) = pod_spec(run)["initContainers"]
+    assert init["command"][3] == "projects/my-ml-sandbox/secrets/tpu-serve-gke-hf-token"
+
+
+def test_kubernetes_provider_reaches_the_new_cluster_with_the_auth_plugin(gke_run: StackRun) -> None:
+    config = json.loads(gke_run.one(K8S_PROVIDER).inputs["kubeconfig"])
+    assert config["clusters"][0]["cluster"] == {"server": f"https://{CLUSTER_ENDPOINT}",
+                                                "certificate-authority-data": CLUSTER_CA}
+    assert config["users"][0]["user"]["exec"]["command"] == "gke-gcloud-auth-plugin"
+
+
+def test_existing_cluster_gets_only_the_node_pool() -> None:
+    mocks = RecordingMocks(clusters={"ml-shared": EXISTING})
+    run = run_stack(gke_config(gkeCluster="ml-shared"), "gke", mocks)
+    assert run.of_type(CLUSTER) == [] and run.of_type("gcp:compute/routerNat:RouterNat") == []
+    assert [r.name for r in run.of_type(NODE_POOL)] == ["tpu-serve-gke-tpu"]
+    assert (tpu_pool(run)["cluster"], tpu_pool(run)["location"]) == ("ml-shared", "us-east5")
+    lookups = [args for token, args in mocks.calls if token == "gcp:container/getCluster:getCluster"]
+    assert lookups == [{"name": "ml-shared", "location": "us-east5", "project": "my-ml-sandbox"}]
+    assert json.loads(run.one(K8S_PROVIDER).inputs["kubeconfig"])["clusters"][0]["cluster"]["server"] == \
+        "https://203.0.113.20"
+    assert run.outputs["cluster"] == "ml-shared"
+
+
+def test_existing_zonal_cluster_location_is_passed_through() -> None:
+    mocks = RecordingMocks(clusters={"ml-shared": {**EXISTING, "location": "us-east5-b"}})
+    run = run_stack(gke_config(gkeCluster="ml-shared", gkeClusterLocation="us-east5-b"), "gke", mocks)
+    assert tpu_pool(run)["location"] == "us-east5-b"
+    assert run.outputs["getCredentialsCommand"] == ("gcloud container clusters get-credentials ml-shared "
+                                                   "--location us-east5-b --project my-ml-sandbox")
+
+
+def test_existing_cluster_without_workload_identity_is_refused() -> None:
+    mocks = RecordingMocks(clusters={"ml-shared": {**EXISTING, "workloadIdentityConfigs": []}})
+    with pytest.raises(Exception, match="gkeCluster: cluster 'ml-shared' has no Workload Identity pool"):
+        run_stack(gke_config(gkeCluster="ml-shared"), "gke", mocks)
+
+
+def test_parked_deployment_has_no_pods_and_no_autoscaler() -> None:
+    run = run_stack(gke_config(gkeMinReplicas="0"), "gke")
+    assert run.one(DEPLOYMENT).inputs["spec"]["replicas"] == 0
+    assert run.of_type(HPA) == []
+    assert tpu_pool(run)["autoscaling"]["totalMinNodeCount"] == 0
+
+
+def test_autoscaler_owns_replicas_when_serving(gke_run: StackRun) -> None:
+    assert "replicas" not in gke_run.one(DEPLOYMENT).inputs["spec"]
+    hpa = gke_run.one(HPA).inputs["spec"]
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (1, 2)
+
+
+def test_outputs(gke_run: StackRun) -> None:
+    cfg = build_stack_config(gke_config())
+    assert gke_run.outputs == {
+        "target": "gke", "project": "my-ml-sandbox", "cluster": "tpu-serve-gke", "clusterLocation": "us-east5",
+        "zone": "us-east5-b", "nodePool": "tpu-serve-gke-tpu", "namespace": "tpu-serve", "service": "vllm",
+        "port": 8000, "endpoint": "http://vllm.tpu-serve.svc.cluster.local:8000/v1",
+        "getCredentialsCommand": "gcloud container clusters get-credentials tpu-serve-gke --location us-east5 "
+                                 "--project my-ml-sandbox",
+        "portForwardCommand": "kubectl port-forward --namespace tpu-serve service/vllm 8000:8000",
+        "model": "google/gemma-4-E2B-it", "vllmArgs": vllm_serve_args(cfg.serving),
+        "configHash": config_hash(cfg.serving), "maxRunSeconds": 86400, "maxTpuCostPerHourUsd": 2.7,
+    }
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    ({"gkeMaxNodes": "0"}, "gkeMaxNodes"),
+    ({"gkeMaxNodes": "65"}, "gkeMaxNodes"),
+    ({"gkeMinReplicas": "3"}, "gkeMinReplicas"),
+    ({"gkeMinReplicas": "-1"}, "gkeMinReplicas"),
+    ({"gkeNamespace": "Serving_NS"}, "gkeNamespace"),
+    ({"gkeCluster": "My_Cluster"}, "gkeCluster"),
+    ({"gkeCluster": "ml", "gkeClusterLocation": "europe-west4"}, "gkeClusterLocation"),
+    ({"gkeClusterLocation": "us-east5"}, "gkeClusterLocation"),
+    ({"readinessTimeout": "10m"}, "readinessTimeout"),
+    ({"machineType": "ct5lp-hightpu-4t"}, "machineType"),
+    ({"maxRunDuration": "8d"}, "maxRunDuration"),
+    ({"project": ""}, "project"),
+    ({"hfTokenSecretId": ""}, "hfTokenSecretId"),
+    ({"containerImage": "vllm/vllm-tpu:nightly", "model": "google/gemma-4-E2B-it-qat-w4a16-ct"}, "model"),
+])
+def test_bad_gke_settings_name_their_key(overrides: dict[str, str], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build_stack_config(gke_config(**overrides))
+    assert err.value.key == key

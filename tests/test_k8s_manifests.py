@@ -1,0 +1,126 @@
+"""Every Kubernetes object the gke stack declares, validated with real validators: the built-in kinds against the
+Kubernetes OpenAPI schemas that `kubernetes-validate` ships (strict: unknown fields are errors), for every minor
+version from GKE_MIN_VERSION (the new cluster's floor, flex-start TPUs' minimum) to the newest the package knows,
+since a release channel upgrades the cluster under the stack; PodMonitoring against the CRD GKE Managed Prometheus
+installs (tests/data/crds/, copied from GoogleCloudPlatform/prometheus-engine with its commit noted).
+
+The objects are taken from what the engine received under mocks, so what is validated is what `pulumi up` sends.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+from kubernetes_validate.utils import all_versions, major_minor
+import pytest
+import yaml
+from packaging.version import Version
+
+from components.gke import GKE_MIN_VERSION
+from tests.pulumi_harness import StackRun, run_stack, stack_file_config
+
+CRD_DIR = Path(__file__).resolve().parent / "data" / "crds"
+# One schema set per minor version (the package ships a plain and a strict directory for each).
+VERSIONS = sorted({major_minor(v) for v in all_versions() if Version(major_minor(v)) >= Version(GKE_MIN_VERSION)},
+                  key=Version)
+
+
+def as_integers(value: Any) -> Any:
+    """The engine sends every number as a float (8000.0); Kubernetes receives them as JSON integers."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: as_integers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_integers(v) for v in value]
+    return value
+
+
+def declared_objects(run: StackRun) -> list[dict[str, Any]]:
+    objects = []
+    for resource in run.resources:
+        if resource.type.startswith("kubernetes:") and resource.custom:
+            obj = as_integers(resource.inputs)
+            assert {"apiVersion", "kind", "metadata"} <= set(obj), resource.type
+            objects.append(obj)
+    return objects
+
+
+@pytest.fixture(scope="module", params=["as-declared", "parked", "4-chip-token-from-config"])
+def objects(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    overrides = {"as-declared": {}, "parked": {"gkeMinReplicas": "0"},
+                 "4-chip-token-from-config": {"machineType": "ct6e-standard-4t", "hfTokenSecretId": "",
+                                              "hfToken": "hf_validate"}}[request.param]
+    return declared_objects(run_stack({**stack_file_config("gke"), **overrides}, "gke"))
+
+
+def pod_monitoring_schema() -> dict[str, Any]:
+    crd = yaml.safe_load((CRD_DIR / "monitoring.googleapis.com_podmonitorings.yaml").read_text())
+    assert crd["spec"]["names"]["kind"] == "PodMonitoring"
+    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    return v1["schema"]["openAPIV3Schema"]
+
+
+# The API server checks `format: duration` with Go's time.ParseDuration ("30s", "1m30s"), not ISO 8601.
+GO_DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
+FORMATS = jsonschema.FormatChecker(formats=())
+FORMATS.checks("duration")(lambda value: not isinstance(value, str) or bool(GO_DURATION.match(value)))
+
+
+def validate_crd(obj: dict[str, Any]) -> None:
+    jsonschema.Draft202012Validator(pod_monitoring_schema(), format_checker=FORMATS).validate(obj)
+
+
+def validate(obj: dict[str, Any], version: str) -> None:
+    if obj["kind"] == "PodMonitoring":
+        validate_crd(obj)
+    else:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_schemas_cover_the_supported_versions() -> None:
+    assert VERSIONS[0] == GKE_MIN_VERSION and len(VERSIONS) >= 2
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_declared_object_is_valid(objects: list[dict[str, Any]], version: str) -> None:
+    kinds = [obj["kind"] for obj in objects]
+    assert {"Namespace", "ServiceAccount", "ConfigMap", "Deployment", "Service", "PodDisruptionBudget",
+            "PodMonitoring"} <= set(kinds)
+    for obj in objects:
+        validate(obj, version)
+
+
+def deployment(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return copy.deepcopy(next(obj for obj in objects if obj["kind"] == "Deployment"))
+
+
+@pytest.mark.parametrize(("mutation", "complaint"), [
+    (lambda d: d["spec"]["template"]["spec"]["containers"][0].update(readinesProbe={}), "readinesProbe"),
+    (lambda d: d["spec"]["template"]["spec"]["containers"][0].pop("name"), "'name' is a required property"),
+    (lambda d: d["spec"]["template"]["spec"]["containers"][0]["ports"][0].update(containerPort="http"), "http"),
+    (lambda d: d["spec"].update(replicas="one"), "one"),
+])
+def test_the_validator_rejects_a_broken_deployment(objects: list[dict[str, Any]], mutation, complaint: str) -> None:
+    broken = deployment(objects)
+    mutation(broken)
+    with pytest.raises(kubernetes_validate.ValidationError, match=complaint):
+        kubernetes_validate.validate(broken, VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize(("mutation", "complaint"), [
+    (lambda spec: spec["endpoints"][0].pop("port"), "'port' is a required property"),
+    (lambda spec: spec.pop("selector"), "'selector' is a required property"),
+    (lambda spec: spec["endpoints"][0].update(interval="often"), "often"),
+])
+def test_the_crd_schema_rejects_a_broken_pod_monitoring(objects: list[dict[str, Any]], mutation,
+                                                         complaint: str) -> None:
+    broken = copy.deepcopy(next(obj for obj in objects if obj["kind"] == "PodMonitoring"))
+    mutation(broken["spec"])
+    with pytest.raises(jsonschema.ValidationError, match=complaint):
+        validate_crd(broken)

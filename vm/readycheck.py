@@ -1,0 +1,115 @@
+"""Is this vLLM server ready? One look, the readiness gate's URL-mode rules, Python's standard library only.
+
+Ready means, in order: `/health` answers 200; `/v1/models` lists the model; a chat completion of a few tokens
+answers 200 with text, in `content` or, when a reasoning parser took the first tokens, in `reasoning_content` /
+`reasoning`. These are the rules of `tpuserve gate --url` (tpuserve/observe/gate.py) and of the VM startup script;
+tests/test_readycheck.py runs this module and the gate side by side on the same servers and requires the same
+verdicts. It imports nothing from tpuserve: it runs inside the serving container (a Kubernetes exec readiness probe
+on the gke target) and on bare VM images.
+
+    python3 readycheck.py --url http://127.0.0.1:8000 --model google/gemma-4-E2B-it [--timeout 10]
+
+Exit 0 when ready, 1 when not; one line on stdout says what was found (the kubelet records it on probe failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+COMPLETION_MAX_TOKENS = 8
+PROMPT = "Say hello."
+REASONING_FIELDS = ("reasoning_content", "reasoning")  # where vLLM's reasoning parsers put the text
+
+
+def _request(url: str, timeout_s: float, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """(HTTP status, parsed JSON body or None). A refused or timed-out connection raises OSError."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - a URL we were given
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, None
+
+
+def _error_text(body: Any) -> str:
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(error, dict):
+        return str(error.get("message") or error.get("detail") or error)[:300]
+    return str(error)[:300]
+
+
+def _has_text(message: dict[str, Any]) -> bool:
+    """Content, or a reasoning field a reasoning parser moved the first tokens to (gate.has_text's rule)."""
+    if (message.get("content") or "").strip():
+        return True
+    return any((message.get(field) or "").strip() for field in REASONING_FIELDS)
+
+
+def _health(root: str, model: str, timeout_s: float) -> tuple[bool, str]:
+    status, _ = _request(f"{root}/health", timeout_s)
+    return status == 200, f"/health answered HTTP {status}"
+
+
+def _models(root: str, model: str, timeout_s: float) -> tuple[bool, str]:
+    status, body = _request(f"{root}/v1/models", timeout_s)
+    if status != 200:
+        return False, f"/v1/models answered HTTP {status}"
+    entries = body.get("data") if isinstance(body, dict) else None
+    listed = [e.get("id") for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+    return model in listed, f"/v1/models lists {listed or 'nothing'}, not {model!r}"
+
+
+def _completion(root: str, model: str, timeout_s: float) -> tuple[bool, str]:
+    status, body = _request(f"{root}/v1/chat/completions", timeout_s, {
+        "model": model, "max_tokens": COMPLETION_MAX_TOKENS,
+        "messages": [{"role": "user", "content": PROMPT}]})
+    if status != 200:
+        return False, f"chat completion answered HTTP {status}: {_error_text(body)}"
+    try:
+        message = body["choices"][0]["message"]
+    except (KeyError, IndexError, TypeError):
+        message = None
+    if not isinstance(message, dict):
+        return False, "chat completion answered HTTP 200 without a message"
+    return _has_text(message), "chat completion returned empty content and no reasoning"
+
+
+STAGES = (("health", _health), ("models", _models), ("completion", _completion))
+
+
+def check(base_url: str, model: str, timeout_s: float = 10.0) -> tuple[bool, str]:
+    """(ready, detail). `base_url` may end in /v1. Stops at the first stage that fails; `detail` names it."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    for name, stage in STAGES:
+        try:
+            ok, detail = stage(root, model, timeout_s)
+        except OSError as err:  # refused, reset, timed out (socket.timeout and URLError are OSErrors)
+            ok, detail = False, f"no answer ({type(getattr(err, 'reason', err)).__name__})"
+        if not ok:
+            return False, f"{name}: {detail}"
+    return True, f"ready: {model} answered at {root}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="One readiness check of a vLLM OpenAI-compatible server.")
+    parser.add_argument("--url", required=True, help="server root or its /v1 base URL")
+    parser.add_argument("--model", required=True, help="the model name the server must list and answer as")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
+    args = parser.parse_args(argv)
+    ok, detail = check(args.url, args.model, args.timeout)
+    print(detail)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
