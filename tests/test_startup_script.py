@@ -270,12 +270,12 @@ def test_a_fresh_grant_refused_three_times_is_waited_out(sandbox):
 
 
 def test_a_grant_that_never_arrives_fails_after_the_window_naming_role_and_account(sandbox):
-    box = sandbox(secret_statuses=(403,), iam_wait_s=1)
+    box = sandbox(secret_statuses=(403,), iam_wait_s=2)
     assert box.returncode != 0
     assert box.stages()[-1] == "failed"
-    assert len(box.requests_to("latest:access")) > 2  # it kept asking for the (shortened) window
+    assert len(box.requests_to("latest:access")) >= 2  # it kept asking for the (shortened) window
     reason = reasons(box)[-1]
-    assert re.match(f"Secret Manager still refuses {SECRET} with HTTP 403 after [12] s: ", reason), reason
+    assert re.match(f"Secret Manager still refuses {SECRET} with HTTP 403 after [2-9] s: ", reason), reason
     assert "grant roles/secretmanager.secretAccessor on it to " + SERVICE_ACCOUNT in reason
     assert box.calls_of("docker", "run") == []
     assert_token_contained(box)
