@@ -206,8 +206,8 @@ def vllm_serve_args(cfg: ServingConfig) -> list[str]:
     if cfg.backend == TPU_BACKEND and any(count > 0 for count in limits.values()):
         # tpu-inference's platform check warns that multimodal models without it hit execution failures
         # (tpu_inference/platforms/tpu_platform.py); the reference deployment passes it. Upstream vLLM needs no
-        # flag: its CUDA/ROCm platforms force it where a model needs it (vllm/platforms/cuda.py,
-        # `is_mm_prefix_lm`), and chunked multimodal input otherwise schedules better.
+        # flag: its CUDA/ROCm platforms turn it on themselves for the models that need it (vllm/platforms/cuda.py,
+        # `is_mm_prefix_lm`) and leave vLLM's default, chunked multimodal input, to the others.
         args.append("--disable-chunked-mm-input")
     return args + list(cfg.extra_args)
 
