@@ -84,7 +84,7 @@ class KvLayer:
     head_dim: int
     window: int | None
 
-    def bytes_per_token(self, dtype_bytes: int, backend: str = GPU, chips: int = 1) -> int:
+    def bytes_per_token(self, dtype_bytes: int, backend: str, chips: int) -> int:
         """K and V of one token in this layer on one chip (or GPU)."""
         if backend == GPU:
             return 2 * max(1, self.kv_heads // chips) * self.head_dim * dtype_bytes
