@@ -22,12 +22,20 @@ PROJECT_NAME = "tpu-serve"
 TARGETS = ("gcp", "local", "gke")
 TPU_TARGETS = ("gcp", "gke")  # targets that run vLLM on TPU v6e and share the gcp settings and rules
 MIN_BOOT_DISK_GB = 200
+# Flex-start's run limits: at least 10 minutes, at most 7 days
+# (https://cloud.google.com/compute/docs/instances/flex-start-vms).
+MIN_RUN_SECONDS = 10 * 60
 MAX_RUN_SECONDS = 7 * 24 * 3600
+# TPU v6e supports Hyperdisk Balanced and Hyperdisk ML only (https://cloud.google.com/tpu/docs/storage-options), and
+# Hyperdisk ML cannot be a boot disk (https://cloud.google.com/compute/docs/disks/hd-types/hyperdisk-ml): one type
+# is left for the boot disk.
+V6E_BOOT_DISK_TYPES = ("hyperdisk-balanced",)
 # Multi-tenant zones with TPU v6e (https://cloud.google.com/tpu/docs/regions-zones); extend as Google adds zones.
 V6E_ZONES = ("us-central1-b", "us-central1-ai1a", "us-east1-d", "us-east5-a", "us-east5-b", "us-south1-ai1b",
              "europe-west4-a", "asia-northeast1-b")
 V6E_MACHINE_TYPE = re.compile(r"^ct6e-standard-(1|4|8)t$")
 DOCKER_GPUS = re.compile(r"^(all|[1-9][0-9]*|device=[0-9]+(,[0-9]+)*)?$")
+LOCAL_BACKEND = "gpu"  # the local target runs upstream vLLM (the vllm/vllm-openai image)
 ZONE_FORMAT = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$")
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
@@ -47,16 +55,16 @@ class StackConfig:
     project: str = setting("project", "GCP project id that owns every resource (target gcp).", "")
     zone: str = setting("zone", "Zone of the TPU VM; must offer TPU v6e.", "us-east5-b")
     region: str = setting("region", "Region for Cloud NAT; empty = the zone's region (must match it).", "")
-    machine_type: str = setting("machineType", "TPU v6e machine type (ct6e-standard-1t = one chip).",
-                                "ct6e-standard-1t")
+    machine_type: str = setting("machineType", "TPU v6e machine type (ct6e-standard-1t = one chip; -4t, -8t serve "
+                                "on 4 or 8 chips with --tensor-parallel-size).", "ct6e-standard-1t")
     boot_image: str = setting(
         "bootImage", "Boot image or image family path.",
         "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e")
     boot_disk_gb: int = setting("bootDiskSizeGb", f"Boot disk size in GB (at least {MIN_BOOT_DISK_GB}).",
                                 MIN_BOOT_DISK_GB)
-    boot_disk_type: str = setting("bootDiskType", "Boot disk type; v6e supports only Hyperdisk.",
+    boot_disk_type: str = setting("bootDiskType", "Boot disk type; a v6e boot disk must be hyperdisk-balanced.",
                                   "hyperdisk-balanced")
-    max_run_duration: str = setting("maxRunDuration", "Flex-start run limit, e.g. 4h or 1d12h (at most 7d); "
+    max_run_duration: str = setting("maxRunDuration", "Flex-start run limit, e.g. 4h or 1d12h (from 10m to 7d); "
                                     "the VM is deleted when it ends.", "4h")
     hf_token_secret_id: str = setting(
         "hfTokenSecretId", "Existing Secret Manager secret holding the Hugging Face token (id or "
@@ -74,7 +82,8 @@ class StackConfig:
     readiness_timeout: str = setting("readinessTimeout", "How long `pulumi up` waits for the model to answer.",
                                      f"{READY_TIMEOUT_S // 60}m")
     local_gpus: str = setting("localGpus", "Target local: GPUs for the container, as docker --gpus takes them "
-                              "(all, 2, device=0,1); empty for none.", "all")
+                              "(all, 2, device=0,1); empty for none. A count or device list also sets "
+                              "--tensor-parallel-size; all serves on one GPU.", "all")
     local_model_cache: str = setting("localModelCache", "Target local: host Hugging Face cache mounted into the "
                                      "container, so weights download once.", "~/.cache/huggingface")
     local_port: int = setting("localPort", "Target local: port on 127.0.0.1 that publishes vLLM.", DEFAULT_PORT)
@@ -91,6 +100,25 @@ class StackConfig:
                                     "the deployment so the TPU node pool scales to zero.", 1)
     gke_namespace: str = setting("gkeNamespace", "Target gke: Kubernetes namespace of the deployment.", "tpu-serve")
     serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
+
+    def __post_init__(self) -> None:
+        # What is served follows where: the backend from the target, the tensor parallel size from the chips, so
+        # no stack can run a 4-chip VM on one chip (tpuserve.serving.vllm_serve_args emits both).
+        object.__setattr__(self, "serving", dataclasses.replace(
+            self.serving, backend="tpu" if self.target in TPU_TARGETS else LOCAL_BACKEND,
+            tensor_parallel_size=self.tensor_parallel_size))
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Chips of the machine type (gcp, gke) or GPUs named by localGpus (local); 1 when neither says."""
+        if self.target in TPU_TARGETS:
+            match = V6E_MACHINE_TYPE.match(self.machine_type)
+            return int(match.group(1)) if match else 1
+        if self.local_gpus.isdigit():
+            return int(self.local_gpus)
+        if self.local_gpus.startswith("device="):
+            return len(self.local_gpus[len("device="):].split(","))
+        return 1
 
     @property
     def effective_region(self) -> str:
@@ -151,11 +179,13 @@ class StackConfig:
                               "(ct6e-standard-1t, -4t or -8t)")
         if self.boot_disk_gb < MIN_BOOT_DISK_GB:
             raise ConfigError("bootDiskSizeGb", f"must be at least {MIN_BOOT_DISK_GB}, got {self.boot_disk_gb}")
-        if not self.boot_disk_type.startswith("hyperdisk-"):
-            raise ConfigError("bootDiskType", f"{self.boot_disk_type!r}: TPU v6e VMs support only Hyperdisk "
-                              "(e.g. hyperdisk-balanced)")
-        if self.max_run_seconds > MAX_RUN_SECONDS:
-            raise ConfigError("maxRunDuration", f"{self.max_run_duration!r} exceeds the flex-start limit of 7d")
+        if self.boot_disk_type not in V6E_BOOT_DISK_TYPES:
+            raise ConfigError("bootDiskType", f"{self.boot_disk_type!r}: a TPU v6e boot disk must be "
+                              f"{' or '.join(V6E_BOOT_DISK_TYPES)} (v6e takes only Hyperdisk Balanced and Hyperdisk "
+                              "ML, and Hyperdisk ML cannot boot)")
+        if not MIN_RUN_SECONDS <= self.max_run_seconds <= MAX_RUN_SECONDS:
+            raise ConfigError("maxRunDuration", f"{self.max_run_duration!r} is outside flex-start's limits: from 10m "
+                              "to 7d")
         if bool(self.hf_token_secret_id) == (self.hf_token is not None):
             raise ConfigError("hfTokenSecretId", "set exactly one of hfTokenSecretId (an existing secret) or "
                               "hfToken (pulumi config set --secret hfToken ...)")

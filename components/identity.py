@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pulumi
 from pulumi_gcp import projects, secretmanager, serviceaccount
 
-SECRET_ACCESSOR = "roles/secretmanager.secretAccessor"
+from tpuserve.facts import SECRET_ACCESSOR_ROLE as SECRET_ACCESSOR
 # Ops Agent / docker logging need these; both are write-only roles.
 PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
 

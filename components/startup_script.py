@@ -7,8 +7,8 @@ from pathlib import Path
 
 import jinja2
 
+from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE, IAM_PROPAGATION_WAIT_S, SECRET_ACCESSOR_ROLE
 from tpuserve.images import image_data_uri
-from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE
 from tpuserve.serving import CONTAINER_NAME, ServingConfig, config_hash, tpu_container_run_args
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -28,7 +28,8 @@ def template_environment() -> jinja2.Environment:
 
 def render_startup_script(serving: ServingConfig, secret_name: str, *, metadata_url: str = METADATA_URL,
                           secret_manager_url: str = SECRET_MANAGER_URL, server_url: str | None = None,
-                          ready_timeout_s: int = 3600, retry_delay_s: int = 10, poll_s: int = 10) -> str:
+                          ready_timeout_s: int = 3600, retry_delay_s: int = 10, poll_s: int = 10,
+                          iam_wait_s: int = IAM_PROPAGATION_WAIT_S, iam_poll_s: float = 15) -> str:
     """The script for one serving config; the URLs and delays are parameters so tests can run it on loopback."""
     digest = config_hash(serving)
     return template_environment().get_template("startup.sh.j2").render(
@@ -44,6 +45,9 @@ def render_startup_script(serving: ServingConfig, secret_name: str, *, metadata_
         ready_timeout_s=ready_timeout_s,
         retry_delay_s=retry_delay_s,
         poll_s=poll_s,
+        iam_wait_s=iam_wait_s,
+        iam_poll_s=iam_poll_s,
+        secret_role=SECRET_ACCESSOR_ROLE,
         warmup_image="" if serving.mm_limits is None or not serving.mm_limits.get("image")
         else image_data_uri(WARMUP_IMAGE),
         docker_run_args=tpu_container_run_args(serving, digest),

@@ -67,7 +67,8 @@ def has_image(body: dict[str, Any]) -> bool:
 
 
 class FakeOpenAI(FakeServer):
-    """A recording fake: `structured` is "enforced", "ignored" or "reasoning-parser"; `vision` is "ok",
+    """A recording fake: `structured` is "enforced", "ignored", "reasoning-parser" (the tiny CPU model: thinking on
+    never ends its reasoning) or "thinking-only" (the real Gemma 4: enforced only with thinking on); `vision` is "ok",
     "422-then-200" or "text-only"; `tools` False answers tool requests like a server without auto tool choice."""
 
     def __init__(self, *, structured: str = "enforced", vision: str = "ok", tools: bool = True,
@@ -101,6 +102,13 @@ class FakeOpenAI(FakeServer):
         thinking = body.get("chat_template_kwargs", {}).get("enable_thinking", False)
         if self.structured == "ignored":
             return Response(200, completion("Sure! The answer is yes, I am confident."))
+        if self.structured == "thinking-only" and not thinking:
+            # Measured on the real Gemma 4 E2B with vLLM's gemma4 reasoning parser (the reference deployment): with
+            # thinking off the reasoning phase never starts or ends, so the grammar is never applied.
+            return Response(200, completion("The sky is blue on a clear day, so the answer is yes."))
+        if self.structured == "thinking-only":
+            return Response(200, completion(json.dumps(document, separators=(",", ":")),
+                                            reasoning="The user asks about the sky. Rayleigh scattering: yes."))
         if self.structured == "reasoning-parser" and thinking:
             # Measured on vLLM 0.32 + gemma4 reasoning parser: the model never ends its reasoning, so the grammar
             # never starts; the parser (no reasoning start token seen) returns the free text as content.

@@ -54,7 +54,11 @@ BAD = [
     ({"bootDiskSizeGb": "100"}, "bootDiskSizeGb"),
     ({"bootDiskSizeGb": "lots"}, "bootDiskSizeGb"),
     ({"bootDiskType": "pd-balanced"}, "bootDiskType"),
+    ({"bootDiskType": "hyperdisk-ml"}, "bootDiskType"),  # v6e takes it, but not as a boot disk
+    ({"bootDiskType": "hyperdisk-extreme"}, "bootDiskType"),
     ({"maxRunDuration": "8d"}, "maxRunDuration"),
+    ({"maxRunDuration": "9m"}, "maxRunDuration"),
+    ({"extraArgs": '["--tensor-parallel-size", "8"]'}, "extraArgs"),
     ({"maxRunDuration": "forever"}, "maxRunDuration"),
     ({"readinessTimeout": "soon"}, "readinessTimeout"),
     ({"hfTokenSecretId": ""}, "hfTokenSecretId"),
@@ -112,6 +116,25 @@ def test_bad_config_creates_nothing():
     assert mocks.resources == []
     run_stack(VALID, mocks=mocks)  # the same harness does record a valid stack
     assert mocks.resources
+
+
+@pytest.mark.parametrize("duration", ["10m", "7d"])
+def test_flex_start_run_limits_are_inclusive(duration):
+    assert build_stack_config({**VALID, "maxRunDuration": duration}).max_run_duration == duration
+
+
+@pytest.mark.parametrize("machine_type, chips", [("ct6e-standard-1t", 1), ("ct6e-standard-4t", 4),
+                                                 ("ct6e-standard-8t", 8)])
+def test_the_served_tensor_parallel_size_is_the_machines_chip_count(machine_type, chips):
+    serving = build_stack_config({**VALID, "machineType": machine_type}).serving
+    assert (serving.backend, serving.tensor_parallel_size) == ("tpu", chips)
+
+
+@pytest.mark.parametrize("gpus, size", [("all", 1), ("", 1), ("2", 2), ("device=0,1,3", 3)])
+def test_the_local_target_shards_over_the_gpus_it_names(gpus, size):
+    serving = build_stack_config({"target": "local", "containerImage": "vllm/vllm-openai:v0.32.0",
+                                  "localGpus": gpus}).serving
+    assert (serving.backend, serving.tensor_parallel_size) == ("gpu", size)
 
 
 def test_costs_and_limits_derive_from_the_settings():

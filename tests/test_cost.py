@@ -85,13 +85,23 @@ def test_cli_without_operating_point_prints_breakeven_and_cold_start_only():
     assert "Session" not in result.output
 
 
+def test_cli_bills_every_chip_of_the_machine():
+    result = CliRunner().invoke(cost, ["--chips", "4", "--cold-start-min", "10"])
+    assert result.exit_code == 0, result.output
+    assert "at $5.4/h" in result.output  # 4 × 1.35
+    assert "$0.900" in result.output  # 5.40 × 10 / 60
+    machine = CliRunner().invoke(cost, ["--chips", "4", "--price-per-hour", "2"])
+    assert "at $2/h" in machine.output  # a whole-machine price wins
+
+
 PRICE_CHANGED = """
 import json
 import tpuserve.facts
 tpuserve.facts.PRICE_PER_CHIP_HOUR = 2.5
 from tpuserve.measure.bench import report
 from tpuserve.measure.cost import cost
-print(json.dumps([next(p.default for p in command.params if p.name == "price_per_hour") for command in (cost, report)]))
+print(json.dumps([next(p.default for p in command.params if p.name == name)
+                  for command, name in ((cost, "price_per_chip_hour"), (report, "price_per_hour"))]))
 """
 
 

@@ -215,6 +215,13 @@ def test_read_boot_names_the_stage_a_failure_happened_in():
     assert read_boot({"stage": "loading-model"}).done is False
 
 
+def test_read_boot_shows_what_a_waiting_vm_says_it_waits_for():
+    waiting = {"stage": "fetching-token", "reason": "waiting for the secret grant to propagate (HTTP 403, 3 min)"}
+    assert read_boot(waiting) == BootStatus("fetching-token", done=False, detail="in fetching-token: waiting for the "
+                                            "secret grant to propagate (HTTP 403, 3 min)")
+    assert read_boot({"stage": "fetching-token", "reason": ""}).detail == "in fetching-token"  # cleared at boot
+
+
 def test_serving_counts_only_with_the_expected_config_hash():
     serving = stage_snapshots(RECORDED_BOOT)[-1]
     assert read_boot(serving).ready

@@ -111,6 +111,10 @@ def test_bigger_machines_take_all_their_chips_and_topology(machine_type: str, ch
     assert tpu_pool(run)["nodeConfig"]["machineType"] == machine_type
     assert vllm_container(run)["resources"]["limits"] == {"google.com/tpu": chips}
     assert pod_spec(run)["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == topology
+    args = vllm_container(run)["args"]
+    # vLLM shards the model over every chip, with the TPU backend's flags (text-only: every limit 0)
+    assert args[args.index("--tensor-parallel-size") + 1] == chips
+    assert args[args.index("--limit-mm-per-prompt") + 1] == '{"image":0,"audio":0,"video":0}'
     assert run.outputs["maxTpuCostPerHourUsd"] == pytest.approx(2 * int(chips) * 1.35)
 
 

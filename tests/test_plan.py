@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,8 +15,10 @@ from tpuserve.measure.plan import GIB, Budget, KvLayer, kv_layers, make_plan, pl
 from tpuserve.serving import ConfigError
 
 E2B = presets()["google/gemma-4-E2B-it"]
-DEFAULT_BUDGET = Budget(hbm_gib=31.24, utilization=0.9, weights_gib=5.1e9 * 2 / GIB, kv_dtype="bf16",
+WEIGHTS_GIB = 5.1e9 * 2 / GIB
+DEFAULT_BUDGET = Budget(hbm_gib=31.24, utilization=0.9, weights_gib=WEIGHTS_GIB, kv_dtype="auto",
                         max_model_len=65536, block_size=128, max_num_batched_tokens=4096)
+GPU_BUDGET = dataclasses.replace(DEFAULT_BUDGET, backend="gpu")
 
 
 def test_e2b_kv_layers_are_the_first_15_with_full_layers_at_double_head_dim():
@@ -28,14 +31,42 @@ def test_e2b_kv_layers_are_the_first_15_with_full_layers_at_double_head_dim():
         ("full_attention", 1, 512, None), ("sliding_attention", 1, 256, 512)}
 
 
-def test_e2b_plan_on_one_v6e_chip():
+def test_e2b_plan_on_one_v6e_chip_is_what_tpu_inference_allocates():
     result = make_plan(E2B["config"], DEFAULT_BUDGET)
+    assert result.kv_dtype == "bfloat16"  # auto = the model's dtype
     # Per token: 12 sliding × 2 (K, V) × 1 head × 256 × 2 B = 12,288 B; 3 full × 2 × 1 × 512 × 2 B = 6,144 B.
     assert result.kv_bytes_per_token == 18_432  # 18 KiB
     # Budget: 31.24 × 0.9 = 28.116 GiB − 9.4995 GiB (5.1e9 params × 2 B) = 18.6165 GiB = 19,989,325,123 B.
     assert result.budget.kv_bytes == 19_989_325_123
-    # 19,989,325,123 // 18,432 = 1,084,490 tokens (18,432 × 1,084,490 = 19,989,319,680); // 128 = 8,472 blocks.
-    assert (result.resident_tokens, result.blocks) == (1_084_490, 8_472)
+    # Blocks of 128 tokens × 18,432 B = 2,359,296 B: 19,989,325,123 // 2,359,296 = 8,472 (× 128 = 1,084,416).
+    assert (result.blocks, result.resident_tokens) == (8_472, 1_084_416)
+    # tpu-inference keeps every token in every KV layer: one 65,536-token context is 65,536 × 18,432 B = 1,152 MiB,
+    # and 19,989,325,123 // 1,207,959,552 = 16 of them fit.
+    assert result.context_bytes == 1_207_959_552
+    assert result.contexts == result.contexts_if_windows_kept_all == 16
+    # Were the sliding windows honoured (as on GPU), 43 would fit.
+    assert result.contexts_if_windows_honoured == 43
+
+
+def test_e2b_plan_agrees_with_the_reference_deployments_allocator():
+    # The reference run on v6e-1 logged 8,713 blocks of 128 (17.02 contexts of 65,536): within 5%.
+    blocks = make_plan(E2B["config"], DEFAULT_BUDGET).blocks
+    assert abs(blocks / 8_713 - 1) < 0.05
+    assert E2B["measured"]["blocks"] == 8_713
+
+
+def test_fp8_saves_nothing_on_tpu_for_one_kv_head():
+    # The kernel packs K and V into 32-bit words: 4 fp8 slots per word, of which one head's K and V fill 2, so
+    # align(2, 4) = 4 slots × 256 × 1 B = 1,024 B per sliding layer, as many as bf16's 2 slots × 256 × 2 B.
+    bf16 = make_plan(E2B["config"], DEFAULT_BUDGET)
+    fp8 = make_plan(E2B["config"], dataclasses.replace(DEFAULT_BUDGET, kv_dtype="fp8"))
+    assert fp8.kv_bytes_per_token == bf16.kv_bytes_per_token == 18_432
+    assert (fp8.blocks, fp8.contexts, fp8.fp8_saves) == (8_472, 16, False)
+
+
+def test_the_gpu_backend_keeps_upstream_vllms_arithmetic():
+    result = make_plan(E2B["config"], GPU_BUDGET)
+    assert result.kv_bytes_per_token == 18_432
     # One 65,536-token request: full layers keep all of it, 3 × 2,048 B × 65,536 = 402,653,184 B. Sliding layers
     # keep min(512 − 1 + 4096, 65536) = 4,607 tokens → 36 blocks + 1 = 37 blocks = 4,736 tokens:
     # 12 × 1,024 B × 4,736 = 58,195,968 B. Sum 460,849,152 B = 439.5 MiB.
@@ -46,11 +77,42 @@ def test_e2b_plan_on_one_v6e_chip():
     assert result.contexts_if_windows_kept_all == 16
 
 
-def test_fp8_halves_kv_per_token():
-    result = make_plan(E2B["config"], Budget(**{**DEFAULT_BUDGET.__dict__, "kv_dtype": "fp8"}))
-    assert result.kv_bytes_per_token == 9_216
+def test_fp8_halves_kv_per_token_on_gpu():
+    result = make_plan(E2B["config"], dataclasses.replace(GPU_BUDGET, kv_dtype="fp8"))
+    assert result.kv_bytes_per_token == 9_216 and result.fp8_saves
     # 460,849,152 / 2 = 230,424,576 B per context → 19,989,325,123 // 230,424,576 = 86.
     assert result.contexts == 86
+
+
+def test_four_chips_replicate_one_kv_head_and_split_the_weights():
+    result = make_plan(E2B["config"], dataclasses.replace(DEFAULT_BUDGET, chips=4))
+    # One KV head is padded to 4 (one per chip): each chip still holds 18 KiB per token.
+    assert result.kv_bytes_per_token == 18_432
+    # Per chip: 31.24 × 0.9 GiB = 30,189,325,123.6 B − 10.2e9 B / 4 = 27,639,325,123 B.
+    assert result.budget.kv_bytes == 27_639_325_123
+    # // 2,359,296 = 11,715 blocks; // 1,207,959,552 = 22 contexts.
+    assert (result.blocks, result.contexts) == (11_715, 22)
+
+
+LLAMA_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
+
+
+@pytest.mark.parametrize("backend, kv_dtype, chips, per_token", [
+    # 8 KV heads × 128 fill whole words: 32 layers × align(16, 2) × 128 × 2 B = 131,072 B, fp8 half of it.
+    ("tpu", "bf16", 1, 131_072), ("tpu", "fp8", 1, 65_536),
+    # Over 4 chips, 2 heads each: 32 × align(4, 2) × 128 × 2 B = 32,768 B; fp8 32 × align(4, 4) × 128 = 16,384 B.
+    ("tpu", "bf16", 4, 32_768), ("tpu", "fp8", 4, 16_384),
+    ("gpu", "bf16", 4, 32_768),
+])
+def test_kv_heads_are_split_over_chips_and_packed_into_words(backend, kv_dtype, chips, per_token):
+    budget = Budget(31.24, 0.9, 15.0, kv_dtype, 8192, 16, 4096, backend, chips)
+    assert make_plan(LLAMA_8B, budget).kv_bytes_per_token == per_token
+
+
+def test_kv_heads_that_cannot_be_split_over_the_chips_name_the_option():
+    with pytest.raises(ConfigError) as raised:
+        make_plan(LLAMA_8B, Budget(31.24, 0.9, 15.0, "bf16", 8192, 16, 4096, "tpu", 3))
+    assert raised.value.key == "--chips"
 
 
 def test_flat_config_without_head_dim_or_layer_types_is_all_full_attention():
@@ -58,12 +120,12 @@ def test_flat_config_without_head_dim_or_layer_types_is_all_full_attention():
     config = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
     layers = kv_layers(config)
     assert len(layers) == 32 and all(layer.window is None and layer.head_dim == 128 for layer in layers)
-    budget = Budget(31.24, 0.9, 15.0, "bf16", 8192, 16, 4096)
+    budget = Budget(31.24, 0.9, 15.0, "bf16", 8192, 16, 4096, "gpu")
     result = make_plan(config, budget)
     assert result.kv_bytes_per_token == 131_072
-    # (28.116 − 15) GiB / 128 KiB = 13.116 × 8,192 = 107,446.3 → 107,446 tokens; 8,192 tokens × 128 KiB = 1 GiB
+    # (28.116 − 15) GiB / (16 × 128 KiB) = 6,715.4 → 6,715 blocks = 107,440 tokens; 8,192 tokens × 128 KiB = 1 GiB
     # per context → 13 fit.
-    assert result.resident_tokens == 107_446
+    assert result.resident_tokens == 107_440
     assert result.contexts == 13
 
 
@@ -86,14 +148,23 @@ def test_tiny_test_model_config():
               "num_key_value_heads": 1, "head_dim": 32, "hidden_size": 64, "sliding_window": 128,
               "num_kv_shared_layers": 0, "layer_types": ["sliding_attention", "full_attention"],
               "per_layer_config": {"1": {"head_dim": 64}}}
-    result = make_plan(config, Budget(1.0, 1.0, 0.0, "bf16", 1024, 16, 256))
+    result = make_plan(config, Budget(1.0, 1.0, 0.0, "bf16", 1024, 16, 256, "gpu"))
     # bf16: sliding 2 × 1 × 32 × 2 B = 128 B; full 2 × 1 × 64 × 2 B = 256 B; 384 B per token.
     assert result.kv_bytes_per_token == 384
-    # 1 GiB / 384 B = 2,796,202 tokens. Per 1,024-token context: full 1,024 × 256 B = 262,144 B; sliding keeps
-    # min(127 + 256, 1024) = 383 → 24 blocks of 16 + 1 = 25 blocks = 400 tokens × 128 B = 51,200 B; 313,344 B.
-    assert result.resident_tokens == 2_796_202
+    # 1 GiB / (16 × 384 B) = 174,762 blocks = 2,796,192 tokens. Per 1,024-token context: full 1,024 × 256 B =
+    # 262,144 B; sliding keeps min(127 + 256, 1024) = 383 → 24 blocks of 16 + 1 = 25 blocks = 400 tokens × 128 B =
+    # 51,200 B; 313,344 B.
+    assert result.resident_tokens == 2_796_192
     assert result.context_bytes == 313_344
     assert result.contexts == 2**30 // 313_344  # 3,426
+
+
+def test_small_heads_are_padded_to_the_tpu_kernels_lanes():
+    config = {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+              "global_head_dim": 64, "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"]}
+    # head_dim 32 is padded to 128 lanes: align(2, 2) × 128 × 2 B = 512 B; head_dim 64 takes the hd64 kernel, K and
+    # V side by side in 128 lanes of align(1, 2) = 2 packed rows: 2 × 128 × 2 B = 512 B. 1,024 B vs 384 B on GPU.
+    assert make_plan(config, Budget(1.0, 1.0, 0.0, "bf16", 1024, 16, 256)).kv_bytes_per_token == 1_024
 
 
 def test_k_eq_v_full_layers_use_global_kv_heads():
@@ -123,11 +194,61 @@ def test_bad_config_names_the_key(change, key):
     assert raised.value.key == key
 
 
-def test_cli_warns_when_one_context_does_not_fit():
-    # 10.6 × 0.9 − 9.4995 = 0.0405 GiB left for KV: less than one 439.5 MiB context.
+def test_cli_default_output_for_the_default_model():
+    result = CliRunner().invoke(plan, [])
+    assert result.exit_code == 0, result.output
+    assert "18 KiB (bfloat16 = auto, the model's dtype" in result.stdout
+    assert "1,084,416 (8,472 blocks of 128)" in result.stdout
+    assert "Full-length contexts that fit │ 16 (43 if sliding layers kept only their" in result.stdout
+    assert "8,713 blocks of 128 (this plan -2.8%)" in result.stdout
+
+
+def test_cli_fp8_on_tpu_prints_the_same_18_kib_and_says_why():
+    result = CliRunner().invoke(plan, ["--kv-dtype", "fp8", "--format", "json"])
+    data = json.loads(result.stdout)
+    assert (data["kv_bytes_per_token"], data["contexts"], data["fp8_saves"]) == (18_432, 16, False)
+    table = CliRunner().invoke(plan, ["--kv-dtype", "fp8"], terminal_width=200).stdout
+    assert "18 KiB (fp8: no smaller than bf16 on TPU" in table
+
+
+def test_cli_gpu_backend_keeps_the_windowed_numbers():
+    data = json.loads(CliRunner().invoke(plan, ["--backend", "gpu", "--format", "json"]).stdout)
+    assert (data["kv_bytes_per_token"], data["context_bytes"], data["contexts"]) == (18_432, 460_849_152, 43)
+    assert data["measured_blocks"] is None  # the measurement was tpu-inference's
+
+
+def test_cli_warns_when_one_context_does_not_fit_and_names_only_fixes_that_help():
+    # 10.6 × 0.9 − 9.4995 = 0.0405 GiB left for KV: less than one 1,152 MiB context.
     result = CliRunner().invoke(plan, ["--hbm-gib", "10.6"])
     assert result.exit_code == 0, result.output
     assert "warning: not even one 65,536-token context fits" in result.stderr
+    # 43,497,000 B // 2,359,296 → 18 blocks of 128 = 2,304 tokens.
+    assert "lower --max-model-len (at most 2,304 tokens fit)" in result.stderr
+    assert "fp8" not in result.stderr  # it would save nothing on TPU for this model
+
+
+def test_cli_weights_that_alone_exceed_hbm_get_only_advice_that_can_help(tmp_path: Path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_8B))
+    result = CliRunner().invoke(plan, ["--config", str(config), "--weights-gib", "140"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith("warning: the weights alone (140.00 GiB per chip) do not fit in the 28.12 GiB")
+    assert "shard them over 8 chips (--chips 8: ct6e-standard-8t)" in result.stderr  # 140 / 4 = 35 > 28.12
+    assert "--max-model-len" not in result.stderr and "fp8" not in result.stderr
+
+
+def test_cli_config_without_model_is_named_by_the_config_and_borrows_no_preset_weights(tmp_path: Path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**LLAMA_8B, "_name_or_path": "meta-llama/Llama-3.1-8B"}))
+    result = CliRunner().invoke(plan, ["--config", str(config), "--weights-gib", "15", "--format", "json"])
+    assert json.loads(result.stdout)["model"] == "meta-llama/Llama-3.1-8B"
+    unnamed = tmp_path / "unnamed.json"
+    unnamed.write_text(json.dumps(LLAMA_8B))
+    result = CliRunner().invoke(plan, ["--config", str(unnamed), "--weights-gib", "15", "--format", "json"])
+    assert json.loads(result.stdout)["model"] == str(unnamed)
+    # Without --weights-gib and no safetensors beside it, the default model's preset weights are not used.
+    result = CliRunner().invoke(plan, ["--config", str(unnamed)])
+    assert result.exit_code == 1 and "--weights-gib" in result.output and "9.50" not in result.output
 
 
 def test_cli_json_for_a_local_checkpoint_reads_weights_from_safetensors(tmp_path: Path):
@@ -157,6 +278,7 @@ class Changed(tpuserve.serving.ServingConfig):
     max_model_len: int = 8192
     gpu_memory_utilization: float = 0.8
     max_num_batched_tokens: int = 2048
+    kv_cache_dtype: str = "fp8"
 
 tpuserve.serving.ServingConfig = Changed
 tpuserve.facts.V6E_HBM_GIB = 16.0
@@ -170,5 +292,5 @@ def test_defaults_follow_the_stacks_serving_config_and_the_chip_fact():
     completed = subprocess.run([sys.executable, "-c", STACK_DEFAULTS_CHANGED], capture_output=True, text=True,
                                check=True)
     budget = json.loads(completed.stdout)
-    assert (budget["max_model_len"], budget["utilization"], budget["max_num_batched_tokens"], budget["hbm_gib"]) == (
-        8192, 0.8, 2048, 16.0)
+    assert (budget["max_model_len"], budget["utilization"], budget["max_num_batched_tokens"], budget["hbm_gib"],
+            budget["kv_dtype"]) == (8192, 0.8, 2048, 16.0, "fp8")

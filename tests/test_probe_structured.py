@@ -6,7 +6,7 @@ from __future__ import annotations
 from tests.fake_openai import FAKE_MODEL, FakeOpenAI
 from tests.httpfake import FakeServer, Response
 from tpuserve.client import ChatClient
-from tpuserve.measure.probe import FAIL, NOT_ENFORCED, PASS, enforcement_summary, run_structured
+from tpuserve.measure.probe import FAIL, NOT_ENFORCED, PASS, enforcement_summary, run_structured, structured_hint
 
 OFF, ON, OBJECT = "json_schema thinking=off", "json_schema thinking=on", "json_object"
 
@@ -39,6 +39,19 @@ def test_reasoning_parser_with_thinking_on_is_the_silent_skip() -> None:
     assert thinking.reason.startswith("schema not enforced: the 200 answer is not JSON")
     assert thinking.evidence["response"]["finish_reason"] == "length"
     assert enforcement_summary(results) == f"schema enforced with: {OFF}, {OBJECT}; not enforced with: {ON}"
+    assert structured_hint(results).startswith("hint: with thinking on the grammar starts only after the reasoning, "
+                                               "and this answer hit max_tokens first: raise --max-tokens")
+
+
+def test_the_real_gemma4_behaviour_enforced_with_thinking_on_only_gets_its_hint() -> None:
+    verdicts, results, _ = probe("thinking-only")
+    assert verdicts == {OFF: NOT_ENFORCED, ON: PASS, OBJECT: NOT_ENFORCED}
+    assert "enforced with enable_thinking on and ignored with it off" in structured_hint(results)
+
+
+def test_no_hint_when_the_schema_is_enforced_or_plainly_ignored() -> None:
+    assert structured_hint(probe("enforced")[1]) == ""
+    assert structured_hint(probe("ignored")[1]) == ""
 
 
 def test_a_server_error_is_a_fail_distinct_from_not_enforced() -> None:

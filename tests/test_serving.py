@@ -13,15 +13,34 @@ def test_default_args_are_the_reference_deployment_flags():
     assert vllm_serve_args(ServingConfig()) == [
         "google/gemma-4-E2B-it", "--host", "0.0.0.0", "--port", "8000",
         "--max-model-len", "65536", "--gpu-memory-utilization", "0.9", "--max-num-batched-tokens", "4096",
+        "--tensor-parallel-size", "1",
         "--enable-auto-tool-choice", "--tool-call-parser", "gemma4", "--reasoning-parser", "gemma4",
-        "--language-model-only",
+        # Text-only as tpu-inference recognises it: every limit 0 (not --language-model-only, which leaves the
+        # limit dict empty and the vision encoder loaded and precompiled).
+        "--limit-mm-per-prompt", '{"image":0,"audio":0,"video":0}',
     ]
 
 
-def test_vision_limits_are_compact_json_and_replace_text_only():
+def test_vision_limits_are_compact_json_and_on_tpu_disable_chunked_mm_input():
     args = vllm_serve_args(ServingConfig(mm_limits={"image": 4, "audio": 1}))
     assert "--language-model-only" not in args
     assert args[args.index("--limit-mm-per-prompt") + 1] == '{"image":4,"audio":1}'
+    assert args.count("--disable-chunked-mm-input") == 1
+
+
+@pytest.mark.parametrize("cfg", [
+    ServingConfig(),  # text-only: nothing multimodal to chunk
+    ServingConfig(mm_limits={"image": 0}),
+    ServingConfig(mm_limits={"image": 4, "audio": 1}, backend="gpu"),  # upstream vLLM decides for itself
+], ids=["text-only", "all-zero", "gpu"])
+def test_chunked_mm_input_is_left_alone_without_multimodal_input_on_tpu(cfg):
+    assert "--disable-chunked-mm-input" not in vllm_serve_args(cfg)
+
+
+@pytest.mark.parametrize("chips", [1, 4, 8])
+def test_tensor_parallel_size_is_the_chip_count(chips):
+    args = vllm_serve_args(ServingConfig(tensor_parallel_size=chips))
+    assert args[args.index("--tensor-parallel-size") + 1] == str(chips)
 
 
 def test_optional_flags_appear_only_when_set_and_extra_args_come_last():
@@ -38,7 +57,8 @@ def test_container_gets_the_token_by_name_only_and_the_reference_runtime_flags()
     assert run[run.index("HF_TOKEN") - 1] == "-e" and not any(a.startswith("HF_TOKEN=") for a in run)
     for flag in ("--privileged", "--net=host", "HF_HOME=/dev/shm", "/dev/shm:/dev/shm", "tpu-serve.config-hash=abc123"):
         assert flag in run
-    assert run[run.index("--shm-size") + 1] == "10gb"
+    assert run[run.index("/dev/shm:/dev/shm") - 1] == "-v"
+    assert "--shm-size" not in run  # the host's /dev/shm is bind-mounted: Docker would ignore a size
     image_at = run.index("vllm/vllm-tpu:nightly")
     assert run[image_at + 1:image_at + 3] == ["vllm", "serve"]
     assert run[image_at + 3:] == vllm_serve_args(ServingConfig())
@@ -46,15 +66,17 @@ def test_container_gets_the_token_by_name_only_and_the_reference_runtime_flags()
 
 def test_config_hash_follows_every_served_option():
     base = ServingConfig()
-    variants = [dataclasses.replace(base, image="vllm/vllm-tpu@sha256:00"), dataclasses.replace(base, max_model_len=4096),
-                dataclasses.replace(base, mm_limits={"image": 1}), dataclasses.replace(base, extra_args=("--seed", "1"))]
+    variants = [dataclasses.replace(base, image="vllm/vllm-tpu@sha256:00"),
+                dataclasses.replace(base, max_model_len=4096), dataclasses.replace(base, mm_limits={"image": 1}),
+                dataclasses.replace(base, extra_args=("--seed", "1")), dataclasses.replace(base, tensor_parallel_size=4)]
     hashes = {config_hash(base)} | {config_hash(v) for v in variants}
     assert len(hashes) == 1 + len(variants)
     assert config_hash(ServingConfig()) == config_hash(base)
 
 
 @pytest.mark.parametrize("arg, name", [("--max_model_len=5", "--max-model-len"), ("--no-enable-auto-tool-choice",
-                                       "--enable-auto-tool-choice"), ("7", None), ("--seed", "--seed")])
+                                       "--enable-auto-tool-choice"), ("7", None), ("--seed", "--seed"),
+                                       ("-tp", "--tensor-parallel-size"), ("-tp=4", "--tensor-parallel-size")])
 def test_option_name_normalises_spellings(arg, name):
     assert option_name(arg) == name
 
@@ -68,8 +90,14 @@ def test_option_name_normalises_spellings(arg, name):
     ({"extra_args": ("--max_model_len", "1024")}, "extraArgs"),
     ({"extra_args": ("--device-memory-utilization=0.5",)}, "extraArgs"),
     ({"extra_args": ("--no-enable-auto-tool-choice",)}, "extraArgs"),
+    ({"extra_args": ("--tensor-parallel-size", "4")}, "extraArgs"),
+    ({"extra_args": ("-tp", "4")}, "extraArgs"),
+    ({"extra_args": ("--limit_mm_per_prompt={}",)}, "extraArgs"),
+    ({"tensor_parallel_size": 0}, "machineType"),
     ({"model": "google/gemma-4-E2B-it-qat-w4a16-ct"}, "model"),
     ({"model": "google/gemma-4-e2b-it-qat-q4_0-unquantized"}, "model"),
+    ({"model": "google/gemma-4-E4B-it-qat-w4a16-ct"}, "model"),
+    ({"model": "google/gemma-4-E4B-it-qat-q4_0-unquantized"}, "model"),
 ])
 def test_bad_serving_options_name_their_key(changes, key):
     with pytest.raises(ConfigError) as err:
@@ -77,12 +105,24 @@ def test_bad_serving_options_name_their_key(changes, key):
     assert err.value.key == key and str(err.value).startswith(f"{key}: ")
 
 
-def test_known_broken_model_names_the_upstream_issue_and_can_be_overridden():
-    broken = ServingConfig(model="google/gemma-4-E2B-it-qat-w4a16-ct")
-    with pytest.raises(ConfigError, match="tpu-inference#3225"):
+@pytest.mark.parametrize("model, cause", [
+    ("google/gemma-4-E2B-it-qat-w4a16-ct", "per_layer_model_projection"),
+    ("google/gemma-4-E4B-it-qat-w4a16-ct", "per_layer_model_projection"),
+    ("google/gemma-4-E2B-it-qat-q4_0-unquantized", "k_norm"),
+    ("google/gemma-4-E4B-it-qat-q4_0-unquantized", "k_norm"),
+])
+def test_each_known_broken_checkpoint_gets_its_own_reason_and_can_be_overridden(model, cause):
+    broken = ServingConfig(model=model)
+    with pytest.raises(ConfigError, match="tpu-inference#3225") as err:
         broken.validate()
+    assert cause in str(err.value)
     dataclasses.replace(broken, allow_known_broken_model=True).validate()
     broken.validate(backend="local")  # the TPU-only breakage does not apply elsewhere
+
+
+def test_the_unquantized_e2b_and_e4b_checkpoints_are_not_refused():
+    for model in ("google/gemma-4-E2B-it", "google/gemma-4-E4B-it"):
+        ServingConfig(model=model).validate()
 
 
 @pytest.mark.parametrize("raw, expected", [("text-only", None), ('{"image":4,"audio":1}', {"image": 4, "audio": 1}),

@@ -131,9 +131,17 @@ def test_token_from_config_becomes_a_secret_the_vm_alone_can_read():
 
 
 def test_disk_and_run_limit_follow_config():
-    run = run_stack({**VALID, "bootDiskSizeGb": "500", "bootDiskType": "hyperdisk-ml", "maxRunDuration": "2d"})
+    run = run_stack({**VALID, "bootDiskSizeGb": "500", "maxRunDuration": "2d"})
     vm = run.one(INSTANCE).inputs
     assert vm["bootDisk"]["initializeParams"]["size"] == 500.0
-    assert vm["bootDisk"]["initializeParams"]["type"] == "hyperdisk-ml"
+    assert vm["bootDisk"]["initializeParams"]["type"] == "hyperdisk-balanced"
     assert vm["scheduling"]["maxRunDuration"] == {"seconds": 172800.0}
     assert run.outputs["worstCaseCostUsd"] == pytest.approx(48 * 1.35)
+
+
+def test_a_four_chip_vm_serves_on_four_chips():
+    run = run_stack({**VALID, "machineType": "ct6e-standard-4t"})
+    args = run.outputs["vllmArgs"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "4"
+    assert "--tensor-parallel-size 4 " in run.one(INSTANCE).inputs["metadataStartupScript"]
+    assert run.outputs["worstCaseCostUsd"] == pytest.approx(4 * 4 * 1.35)

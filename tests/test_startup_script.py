@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,8 @@ from tpuserve.serving import ServingConfig, config_hash
 SECRET = "projects/p-1/secrets/hf-token"
 CANARY = "hf_CANARY_d0n0tl3ak_7f3a9c"
 ACCESS_TOKEN = "ya29.ACCESS-canary-5be1"
+SERVICE_ACCOUNT = "tpu-serve-dev@p-1.iam.gserviceaccount.com"
+NO_ANSWER = 0  # a token "status" that makes the fake drop the connection: curl reports no HTTP status at all
 MODEL = ServingConfig().model
 STAGES_IN_ORDER = list(BOOT_STAGES)
 GUEST_KEYS = ["stage", "reason", "config-hash"] + [f"at-{s}" for s in [*BOOT_STAGES, FAILED_STAGE]]
@@ -99,21 +102,43 @@ class Sandbox:
         return [r for r in self.requests if r.path.endswith(suffix)]
 
 
+# Secret Manager's error bodies (google.rpc.Status as the REST API returns it; the 403 and 404 messages are the ones
+# `gcloud secrets versions access` prints for a missing grant and a missing secret).
+SECRET_ERRORS = {
+    403: ("PERMISSION_DENIED", "Permission 'secretmanager.versions.access' denied for resource "
+                               f"'{SECRET}/versions/latest' (or it may not exist)."),
+    404: ("NOT_FOUND", f"Secret [{SECRET}] not found or has no versions."),
+}
+
+
 def secret_response(status: int) -> Response:
     if status == 200:
         return Response(200, {"name": f"{SECRET}/versions/3",
                               "payload": {"data": base64.b64encode(CANARY.encode()).decode()}})
-    return Response(status, {"error": {"code": status, "message": "nope"}})
+    code, message = SECRET_ERRORS.get(status, ("UNAVAILABLE", "The service is currently unavailable."))
+    return Response(status, {"error": {"code": status, "message": message, "status": code}})
+
+
+def token_response(request: Request, status: int) -> Response:
+    """The metadata server's token endpoint (its JSON shape: access_token, expires_in, token_type)."""
+    if status == NO_ANSWER:
+        raise ConnectionAbortedError("fake: drop the connection without an answer")
+    if request.headers.get("Metadata-Flavor") != "Google":
+        return Response(403, "missing Metadata-Flavor")
+    if status != 200:
+        return Response(status, "metadata server error")
+    return Response(200, {"access_token": ACCESS_TOKEN, "expires_in": 3599, "token_type": "Bearer"})
 
 
 @pytest.fixture
 def sandbox(tmp_path):
     """Returns run(serving, secret_statuses=[...], ...) -> Sandbox; each knob scripts one failure mode."""
 
-    def run(serving: ServingConfig = ServingConfig(), *, secret_statuses=(200,), pull_failures=0,
-            docker_installed=True, container_crashes=False, health_ok=True, completion_content="ready",
-            image_statuses=(200,), existing_container: dict | None = None, rerun_in: Path | None = None,
-            trace: bool = False) -> Sandbox:
+    def run(serving: ServingConfig = ServingConfig(), *, secret_statuses=(200,), token_statuses=(200,),
+            pull_failures=0, docker_installed=True, container_crashes=False, health_ok=True,
+            completion_content="ready", image_statuses=(200,), existing_container: dict | None = None,
+            rerun_in: Path | None = None, trace: bool = False, iam_wait_s: int = 60) -> Sandbox:
+        """`secret_statuses` / `token_statuses` are answered in turn, the last one repeated."""
         home = rerun_in or tmp_path
         state, shims = home / "state", home / "shims"
         if rerun_in is None:
@@ -131,7 +156,11 @@ def sandbox(tmp_path):
             (state / "container.json").write_text(json.dumps(existing_container))
 
         secret_replies = list(secret_statuses)
+        token_replies = list(token_statuses)
         image_replies = list(image_statuses)
+
+        def next_of(replies: list[int]) -> int:
+            return replies.pop(0) if len(replies) > 1 else replies[0]
 
         def chat(request: Request) -> Response:
             content = request.json()["messages"][0]["content"]
@@ -142,10 +171,12 @@ def sandbox(tmp_path):
 
         routes = {
             ("GET", "/computeMetadata/v1/instance/service-accounts/default/token"):
-                lambda r: Response(200, {"access_token": ACCESS_TOKEN, "expires_in": 3599, "token_type": "Bearer"})
-                if r.headers.get("Metadata-Flavor") == "Google" else Response(403, "missing Metadata-Flavor"),
+                lambda r: token_response(r, next_of(token_replies)),
+            ("GET", "/computeMetadata/v1/instance/service-accounts/default/email"):
+                lambda r: Response(200, SERVICE_ACCOUNT) if r.headers.get("Metadata-Flavor") == "Google"
+                else Response(403, "missing Metadata-Flavor"),
             ("GET", f"/v1/{SECRET}/versions/latest:access"):
-                lambda r: secret_response(secret_replies.pop(0) if secret_replies else 200)
+                lambda r: secret_response(next_of(secret_replies))
                 if r.headers.get("Authorization") == f"Bearer {ACCESS_TOKEN}" else Response(401, "no bearer"),
             ("GET", "/health"): lambda r: Response(200 if health_ok else 503, ""),
             ("GET", "/v1/models"): lambda r: Response(200, {"object": "list", "data": [{"id": MODEL}]}),
@@ -156,7 +187,8 @@ def sandbox(tmp_path):
                 lambda r: Response(200, "")
         with FakeServer(routes) as fake:
             script = render_startup_script(serving, SECRET, metadata_url=fake.url, secret_manager_url=fake.url,
-                                           server_url=fake.url, ready_timeout_s=3, retry_delay_s=0, poll_s=0)
+                                           server_url=fake.url, ready_timeout_s=3, retry_delay_s=0, poll_s=0,
+                                           iam_wait_s=iam_wait_s, iam_poll_s=0.05)
             (home / "startup.sh").write_text(script)
             env = {"PATH": f"{shims}:{Path(sys.executable).parent}:/usr/bin:/bin", "SHIM_STATE": str(state),
                    "REAL_CURL": shutil.which("curl"), "HOME": str(home), "LANG": "C.UTF-8"}
@@ -216,15 +248,71 @@ def test_transient_failures_are_retried(sandbox):
     assert_token_contained(box)
 
 
-def test_a_refused_secret_fails_at_once_with_the_reason(sandbox):
-    box = sandbox(secret_statuses=(403,))
+def reasons(box: Sandbox) -> list[str]:
+    return [value for key, value in box.guest_attributes() if key == "reason" and value]
+
+
+def test_a_fresh_grant_refused_three_times_is_waited_out(sandbox):
+    """IAM propagation: the grant made in the same `pulumi up` answers 403 for a while, then 200."""
+    box = sandbox(secret_statuses=(403, 403, 403, 200))
+    assert box.returncode == 0, box.output
+    assert len(box.requests_to("latest:access")) == 4
+    assert box.stages() == STAGES_IN_ORDER
+    waiting = [r for r in reasons(box) if r.startswith("waiting")]
+    assert len(waiting) == 3
+    assert waiting[0] == "waiting for the secret grant to propagate (HTTP 403, 0 s)"
+    # Written while the stage is fetching-token, so the gate shows it there; then replaced by what happened.
+    attributes = box.guest_attributes()
+    first_wait = attributes.index(("reason", waiting[0]))
+    assert [v for k, v in attributes[:first_wait] if k == "stage"][-1] == "fetching-token"
+    assert reasons(box)[-1].startswith("the secret grant propagated after")
+    assert_token_contained(box)
+
+
+def test_a_grant_that_never_arrives_fails_after_the_window_naming_role_and_account(sandbox):
+    box = sandbox(secret_statuses=(403,), iam_wait_s=2)
+    assert box.returncode != 0
+    assert box.stages()[-1] == "failed"
+    assert len(box.requests_to("latest:access")) >= 2  # it kept asking for the (shortened) window
+    reason = reasons(box)[-1]
+    assert re.match(f"Secret Manager still refuses {SECRET} with HTTP 403 after [2-9] s: ", reason), reason
+    assert "grant roles/secretmanager.secretAccessor on it to " + SERVICE_ACCOUNT in reason
+    assert box.calls_of("docker", "run") == []
+    assert_token_contained(box)
+
+
+@pytest.mark.parametrize("status", [404, 400])
+def test_a_missing_secret_fails_at_once(sandbox, status):
+    box = sandbox(secret_statuses=(status,))
     assert box.returncode != 0
     assert len(box.requests_to("latest:access")) == 1
     assert box.stages()[-1] == "failed"
-    [reason] = [v for k, v in box.guest_attributes() if k == "reason"]
-    assert "HTTP 403" in reason and SECRET in reason and "secretAccessor" in reason
+    [reason] = reasons(box)
+    assert reason.startswith(f"Secret Manager refused {SECRET} with HTTP {status}: no such secret")
     assert box.calls_of("docker", "run") == []
     assert_token_contained(box)
+
+
+@pytest.mark.parametrize("token_status, says", [
+    (NO_ANSWER, "no answer after 5 attempts"),
+    (503, "HTTP 503 after 5 attempts"),
+])
+def test_an_unreachable_metadata_server_is_named_and_secret_manager_is_not_blamed(sandbox, token_status, says):
+    box = sandbox(token_statuses=(token_status,))
+    assert box.returncode != 0
+    assert len(box.requests_to("/service-accounts/default/token")) == 5
+    assert box.requests_to("latest:access") == []
+    [reason] = reasons(box)
+    assert reason.startswith("could not get an access token from the metadata server (")
+    assert says in reason and reason.endswith("Secret Manager was not asked")
+
+
+def test_a_metadata_server_that_refuses_the_token_fails_at_once(sandbox):
+    box = sandbox(token_statuses=(404,))  # e.g. a VM without a service account
+    assert box.returncode != 0
+    assert len(box.requests_to("/service-accounts/default/token")) == 1
+    [reason] = reasons(box)
+    assert reason.startswith("the metadata server refused the access-token request with HTTP 404")
 
 
 def test_docker_is_installed_only_when_missing(sandbox):
@@ -253,7 +341,7 @@ def test_a_container_from_another_config_is_replaced(sandbox):
 def test_a_crashed_container_fails_fast_with_its_last_log_lines(sandbox):
     box = sandbox(container_crashes=True, health_ok=False)
     assert box.returncode != 0
-    [reason] = [v for k, v in box.guest_attributes() if k == "reason"]
+    [reason] = reasons(box)
     assert "exited" in reason and "model weights failed to load" in reason
 
 

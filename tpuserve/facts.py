@@ -12,3 +12,9 @@ READY_TIMEOUT_S = 25 * 60
 PRICE_PER_CHIP_HOUR = 1.35
 # HBM vLLM can address on one v6e chip (32 GB nominal).
 V6E_HBM_GIB = 31.24
+# How long the VM keeps asking Secret Manager after a 401/403 before it fails the boot: the stack creates the
+# token grant in the same `pulumi up` as the VM, and IAM changes typically take 2 minutes to propagate, sometimes 7
+# or longer (https://cloud.google.com/iam/docs/access-change-propagation).
+IAM_PROPAGATION_WAIT_S = 10 * 60
+# The one role the VM's service account holds on the token secret; the startup script names it when it is missing.
+SECRET_ACCESSOR_ROLE = "roles/secretmanager.secretAccessor"

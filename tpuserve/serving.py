@@ -18,6 +18,17 @@ DEFAULT_MODEL = "google/gemma-4-E2B-it"
 DEFAULT_PORT = 8000
 CONTAINER_NAME = "vllm"
 TEXT_ONLY = "text-only"
+# Where the argv runs: "tpu" is vLLM with the tpu-inference backend (the gcp target); anything else ("gpu" for the
+# local target's vLLM OpenAI image, "cpu" in the e2e tier) is upstream vLLM on its own platform.
+TPU_BACKEND = "tpu"
+# What text-only serves: every modality Gemma 4 takes limited to 0 (vLLM 0.32 gemma4_mm.py
+# `get_supported_mm_limits`: image, audio, video). tpu-inference turns multimodality off, and skips the vision
+# encoder's precompile, only when `limit_mm_per_prompt` is non-empty and every value is 0
+# (tpu_inference/runner/tpu_runner.py, "disable_mm_from_limits"); `--language-model-only` leaves that dict empty, so
+# it is not used. vLLM itself treats both alike (vllm/config/multimodal.py `get_limit_per_prompt`), and drops
+# limits for modalities a model does not take. The reference deployment served '{"image":0,"audio":0}'; video is
+# added so the API refuses a video too instead of handing it to a runner with multimodality off.
+TEXT_ONLY_LIMITS = {"image": 0, "audio": 0, "video": 0}
 
 # `--kv-cache-dtype` choices of vLLM 0.32 (tests/e2e checks them against vLLM's own CacheDType).
 KV_CACHE_DTYPES = (
@@ -25,11 +36,16 @@ KV_CACHE_DTYPES = (
     "fp8_per_token_head", "int4_per_token_head", "int8_per_token_head",
 )
 
-# Model ids known not to load on the TPU backend, with the reason users get.
+# Model ids known not to load on the TPU backend, with the reason users get. Source: vllm-project/tpu-inference#3225
+# (E2B QAT on v6e-1, both model paths) and the open fix, tpu-inference#3299, whose table shows the E4B QAT exports
+# omit the KV-shared layers' K/V tensors the same way (layers 24-41 of 42).
 KNOWN_BROKEN_ON_TPU = (
-    (re.compile(r"gemma-4-e2b.*-qat-(w4a16-ct|q4_0-unquantized)", re.IGNORECASE),
-     ("Gemma 4 E2B QAT checkpoints do not load on TPU: the KV-shared layers lack k_norm weights "
-      "(vllm-project/tpu-inference#3225)")),
+    (re.compile(r"gemma-4-e[24]b.*-qat-q4_0-unquantized", re.IGNORECASE),
+     ("Gemma 4 E2B/E4B QAT q4_0-unquantized checkpoints do not load on TPU: they omit k_norm (and k/v_proj) of the "
+      "KV-shared layers, which tpu-inference's Gemma 4 still requires (vllm-project/tpu-inference#3225)")),
+    (re.compile(r"gemma-4-e[24]b.*-qat-w4a16-ct", re.IGNORECASE),
+     ("Gemma 4 E2B/E4B QAT w4a16-ct checkpoints do not load on TPU: tpu-inference's int4 compressed-tensors path "
+      "fails on per_layer_model_projection (vllm-project/tpu-inference#3225)")),
 )
 
 
@@ -69,7 +85,8 @@ class ServingConfig:
     mm_limits: Mapping[str, int] | None = setting(
         "multimodalLimits", f"'{TEXT_ONLY}', or a JSON object of per-prompt item limits for vLLM "
         "--limit-mm-per-prompt, e.g. {\"image\":4,\"audio\":1}.", None)
-    kv_cache_dtype: str = setting("kvCacheDtype", "vLLM --kv-cache-dtype (auto = model dtype).", "auto")
+    kv_cache_dtype: str = setting("kvCacheDtype", "vLLM --kv-cache-dtype; auto = the model's dtype (bf16 for Gemma "
+                                  "4), on TPU as elsewhere.", "auto")
     extra_args: tuple[str, ...] = setting(
         "extraArgs", "Further `vllm serve` arguments; may not repeat an option that has its own key.", ())
     allow_known_broken_model: bool = setting(
@@ -77,9 +94,14 @@ class ServingConfig:
         False)
     port: int = DEFAULT_PORT
     host: str = "0.0.0.0"
+    # Not settings of their own: the stack derives both from its target and machine type (StackConfig), so the
+    # argv a VM runs always matches the VM's chips.
+    backend: str = TPU_BACKEND
+    tensor_parallel_size: int = 1
 
-    def validate(self, backend: str = "tpu") -> ServingConfig:
+    def validate(self, backend: str | None = None) -> ServingConfig:
         """Raise ConfigError naming the offending key; return self so calls chain."""
+        backend = backend or self.backend
         if not self.model.strip():
             raise ConfigError("model", "must name a model")
         if self.max_model_len <= 0:
@@ -88,6 +110,9 @@ class ServingConfig:
             raise ConfigError("gpuMemoryUtilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_num_batched_tokens <= 0:
             raise ConfigError("maxNumBatchedTokens", f"must be a positive integer, got {self.max_num_batched_tokens}")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError("machineType", f"tensor parallel size must be at least 1, got "
+                              f"{self.tensor_parallel_size}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError("kvCacheDtype", f"{self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
         if self.enable_auto_tool_choice and not self.tool_call_parser:
@@ -125,8 +150,14 @@ def check_mm_limits(value: Any) -> Mapping[str, int]:
     return dict(value)
 
 
+# Single-dash aliases vLLM 0.32 registers for options that have their own setting (vllm/engine/arg_utils.py).
+SHORT_OPTIONS = {"-tp": "--tensor-parallel-size"}
+
+
 def option_name(arg: str) -> str | None:
     """Canonical vLLM option name of an argument ('--max_model_len=5' -> '--max-model-len'); None for a value."""
+    if arg.split("=", 1)[0] in SHORT_OPTIONS:
+        return SHORT_OPTIONS[arg.split("=", 1)[0]]
     if not arg.startswith("--"):
         return None
     name = arg.split("=", 1)[0].replace("_", "-")
@@ -140,7 +171,7 @@ FIRST_CLASS_OPTIONS = {
     "--max-num-batched-tokens": "maxNumBatchedTokens", "--enable-auto-tool-choice": "enableAutoToolChoice",
     "--tool-call-parser": "toolCallParser", "--reasoning-parser": "reasoningParser",
     "--limit-mm-per-prompt": "multimodalLimits", "--language-model-only": "multimodalLimits",
-    "--kv-cache-dtype": "kvCacheDtype",
+    "--kv-cache-dtype": "kvCacheDtype", "--tensor-parallel-size": "machineType (gcp) or localGpus (local)",
 }
 
 
@@ -159,7 +190,9 @@ def vllm_serve_args(cfg: ServingConfig) -> list[str]:
     args = [cfg.model, "--host", cfg.host, "--port", str(cfg.port),
             "--max-model-len", str(cfg.max_model_len),
             "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
-            "--max-num-batched-tokens", str(cfg.max_num_batched_tokens)]
+            "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
+            # Every chip of the machine: ct6e-standard-4t serves on 4 (StackConfig derives it).
+            "--tensor-parallel-size", str(cfg.tensor_parallel_size)]
     if cfg.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", cfg.kv_cache_dtype]
     if cfg.enable_auto_tool_choice:
@@ -168,16 +201,22 @@ def vllm_serve_args(cfg: ServingConfig) -> list[str]:
         args += ["--tool-call-parser", cfg.tool_call_parser]
     if cfg.reasoning_parser:
         args += ["--reasoning-parser", cfg.reasoning_parser]
-    if cfg.mm_limits is None:
-        args.append("--language-model-only")
-    else:
-        args += ["--limit-mm-per-prompt", json.dumps(dict(cfg.mm_limits), separators=(",", ":"))]
+    limits = TEXT_ONLY_LIMITS if cfg.mm_limits is None else dict(cfg.mm_limits)
+    args += ["--limit-mm-per-prompt", json.dumps(limits, separators=(",", ":"))]
+    if cfg.backend == TPU_BACKEND and any(count > 0 for count in limits.values()):
+        # tpu-inference's platform check warns that multimodal models without it hit execution failures
+        # (tpu_inference/platforms/tpu_platform.py); the reference deployment passes it. Upstream vLLM needs no
+        # flag: its CUDA/ROCm platforms turn it on themselves for the models that need it (vllm/platforms/cuda.py,
+        # `is_mm_prefix_lm`) and leave vLLM's default, chunked multimodal input, to the others.
+        args.append("--disable-chunked-mm-input")
     return args + list(cfg.extra_args)
 
 
 def tpu_container_run_args(cfg: ServingConfig, config_hash: str) -> list[str]:
-    """`docker run` arguments on the TPU VM. HF_TOKEN is passed by name only, so its value is never in an argv."""
-    return ["run", "--detach", "--name", CONTAINER_NAME, "--privileged", "--net=host", "--shm-size", "10gb",
+    """`docker run` arguments on the TPU VM (the reference deployment's). HF_TOKEN is passed by name only, so its
+    value is never in an argv. No --shm-size: Docker sizes its own /dev/shm only when nothing is mounted there
+    (moby daemon/container_operations_unix.go, `HasMountFor("/dev/shm")`), and the host's is bind-mounted."""
+    return ["run", "--detach", "--name", CONTAINER_NAME, "--privileged", "--net=host",
             "-v", "/dev/shm:/dev/shm", "-e", "HF_HOME=/dev/shm", "-e", "HF_TOKEN",
             "--label", f"tpu-serve.config-hash={config_hash}",
             cfg.image, "vllm", "serve", *vllm_serve_args(cfg)]

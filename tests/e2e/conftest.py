@@ -12,7 +12,9 @@ Contract (other test files build on these names):
   --enforce-eager). `vllm_boot_watch` -> how its boot looked: when /health first answered 200 and the
   `tpuserve gate --url` run that watched the boot from the start.
 - `vllm_server_plain` -> the same without a reasoning parser and with xgrammar structured outputs
-  ({"disable_any_whitespace": true}): the server on which JSON-schema output is enforced. Started only when asked.
+  ({"disable_any_whitespace": true}): the server on which JSON-schema output is enforced. It also runs the prod
+  stack's multimodal flags (limits {"image":4,"audio":1} and --disable-chunked-mm-input), which the text-only tiny
+  model accepts and ignores, so the real server is shown to take them. Started only when asked.
 Servers run with HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1, are reused for the session, and are stopped by PID
 (their whole process group) at the end. /health must answer within 240 s, else the test fails with the log tail.
 """
@@ -43,6 +45,7 @@ MODEL_BUILDER = Path(__file__).with_name("tiny_gemma4.py")
 CACHE_DIR = Path.home() / ".cache" / "tpuserve"
 SERVED_MODEL_NAME = "tiny-gemma4"
 PLAIN_STRUCTURED_OUTPUTS = '{"backend":"xgrammar","disable_any_whitespace":true}'
+PROD_MM_LIMITS = {"image": 4, "audio": 1}  # Pulumi.prod.yaml's multimodalLimits
 
 
 @pytest.fixture(scope="session")
@@ -131,7 +134,7 @@ def vllm_server(vllm_boot_watch: BootWatch) -> RunningServer:
 def vllm_server_plain(vllm_bin: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
                       ) -> Iterator[RunningServer]:
     log_dir = tmp_path_factory.mktemp("vllm-server-plain")
-    with serve(vllm_bin, tiny_model_dir, log_dir, reasoning_parser="",
+    with serve(vllm_bin, tiny_model_dir, log_dir, reasoning_parser="", mm_limits=PROD_MM_LIMITS,
                extra_args=("--structured-outputs-config", PLAIN_STRUCTURED_OUTPUTS)) as server:
         wait_healthy_or_fail(server)
         yield server

@@ -1,6 +1,7 @@
-"""Real vLLM (its CLI parser and registries, no server): the argv `vllm_serve_args` builds for the dev and prod
-stacks is accepted by `vllm serve`'s own parser and means what we intended, and the parser names and KV cache
-dtypes we allow exist in vLLM 0.32. One subprocess of the vLLM venv does every check (vllm_argcheck.py)."""
+"""Real vLLM: the argv `vllm_serve_args` builds for the dev and prod stacks, and for a 4-chip machine, is accepted
+by `vllm serve`'s own parser and means what we intended, and the parser names and KV cache dtypes we allow exist in
+vLLM 0.32. One subprocess of the vLLM venv does every parser check (vllm_argcheck.py). The real CPU servers of the
+session run the dev (text-only) and prod (multimodal) flags: the last tests here check they did."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from components.config import build_stack_config
 from tests.pulumi_harness import stack_file_config
@@ -19,24 +21,27 @@ pytestmark = pytest.mark.e2e
 
 ARGCHECK = Path(__file__).with_name("vllm_argcheck.py")
 STACKS = ("dev", "prod")
+FOUR_CHIPS = "dev-ct6e-standard-4t"
 # A control the parser must reject, so a check that accepted everything would fail this module.
 BROKEN_ARGV = ["google/gemma-4-E2B-it", "--max-model-len", "lots"]
 
 
 def stack_serving(stack: str) -> ServingConfig:
+    if stack == FOUR_CHIPS:
+        return build_stack_config({**stack_file_config("dev"), "machineType": "ct6e-standard-4t"}).serving
     return build_stack_config(stack_file_config(stack)).validate().serving
 
 
 @pytest.fixture(scope="module")
 def vllm_verdict(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    argvs = {stack: vllm_serve_args(stack_serving(stack)) for stack in STACKS} | {"broken": BROKEN_ARGV}
+    argvs = {stack: vllm_serve_args(stack_serving(stack)) for stack in (*STACKS, FOUR_CHIPS)} | {"broken": BROKEN_ARGV}
     out = tmp_path_factory.mktemp("argcheck") / "verdict.json"
     subprocess.run([str(vllm_python), str(ARGCHECK), str(out)], input=json.dumps({"argvs": argvs}), text=True,
                    check=True, capture_output=True, timeout=180)
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("stack", (*STACKS, FOUR_CHIPS))
 def test_vllm_serve_parser_accepts_the_stack_argv_and_reads_it_as_meant(vllm_verdict: dict[str, Any], stack: str):
     cfg = stack_serving(stack)
     checked = vllm_verdict["configs"][stack]
@@ -50,10 +55,14 @@ def test_vllm_serve_parser_accepts_the_stack_argv_and_reads_it_as_meant(vllm_ver
     assert parsed["enable_auto_tool_choice"] is cfg.enable_auto_tool_choice
     assert (parsed["tool_call_parser"], parsed["reasoning_parser"]) == (cfg.tool_call_parser, cfg.reasoning_parser)
     assert parsed["kv_cache_dtype"] == cfg.kv_cache_dtype
+    assert parsed["tensor_parallel_size"] == (4 if stack == FOUR_CHIPS else 1)
+    assert not parsed["language_model_only"]  # text-only is every limit 0, which tpu-inference recognises
     if cfg.mm_limits is None:
-        assert parsed["language_model_only"] is True
+        assert parsed["limit_mm_per_prompt"] == {"image": 0, "audio": 0, "video": 0}
+        assert parsed["disable_chunked_mm_input"] is False
     else:
-        assert parsed["limit_mm_per_prompt"] == dict(cfg.mm_limits) and not parsed["language_model_only"]
+        assert parsed["limit_mm_per_prompt"] == dict(cfg.mm_limits)
+        assert parsed["disable_chunked_mm_input"] is True  # tpu-inference needs it for multimodal input
 
 
 def test_prod_enables_vision_and_dev_is_text_only():
@@ -76,3 +85,21 @@ def test_allowed_kv_cache_dtypes_are_vllms(vllm_verdict: dict[str, Any]):
     unknown = set(KV_CACHE_DTYPES) - set(vllm_verdict["cache_dtypes"])
     print(f"{len(KV_CACHE_DTYPES)} allowed KV cache dtypes, vLLM 0.32 knows {len(vllm_verdict['cache_dtypes'])}")
     assert not unknown, f"tpuserve.serving.KV_CACHE_DTYPES has dtypes vLLM 0.32 does not: {sorted(unknown)}"
+
+
+def test_the_real_cpu_servers_run_the_text_only_and_multimodal_flags(vllm_server, vllm_server_plain):
+    """Both session servers came up (their fixtures wait for /health) with the stacks' multimodal flags: the dev
+    server text-only, the plain one with prod's limits and --disable-chunked-mm-input (the tiny model is text-only,
+    so vLLM accepts the limits and has nothing to apply them to)."""
+    def flag_value(argv: list[str], flag: str) -> str:
+        return argv[argv.index(flag) + 1]
+
+    assert flag_value(vllm_server.argv, "--limit-mm-per-prompt") == '{"image":0,"audio":0,"video":0}'
+    assert "--language-model-only" not in vllm_server.argv
+    assert flag_value(vllm_server_plain.argv, "--limit-mm-per-prompt") == '{"image":4,"audio":1}'
+    assert "--disable-chunked-mm-input" in vllm_server_plain.argv
+    for server in (vllm_server, vllm_server_plain):
+        assert server.process.poll() is None, f"{server.url} exited"
+        reply = requests.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+            "model": server.model, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+        assert reply.status_code == 200, reply.text

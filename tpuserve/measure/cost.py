@@ -66,8 +66,13 @@ def operating_point(rows: list[benchreport.BenchRow], concurrency: int | None) -
 
 
 @click.command()
-@click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True), default=PRICE_PER_CHIP_HOUR,
-              show_default=True, help="$ per hour of the machine (default: v6e-1, flex-start).")
+@click.option("--chips", type=click.IntRange(min=1), default=1, show_default=True,
+              help="TPU chips of the machine (ct6e-standard-4t: 4); every one bills.")
+@click.option("--price-per-chip-hour", type=click.FloatRange(min=0, min_open=True), default=PRICE_PER_CHIP_HOUR,
+              show_default=True, help="$ per chip-hour (default: the reference flex-start v6e price; check your "
+              "region's).")
+@click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True),
+              help="$ per hour of the whole machine, instead of --chips × --price-per-chip-hour.")
 @click.option("--api-price-per-m", type=click.FloatRange(min=0, min_open=True), default=0.40, show_default=True,
               help="The API's $ per million output tokens to compare with.")
 @click.option("--cold-start-min", type=click.FloatRange(min=0), default=10.0, show_default=True,
@@ -79,9 +84,12 @@ def operating_point(rows: list[benchreport.BenchRow], concurrency: int | None) -
 @click.option("--concurrency", type=int, help="Operating point's level in --report (default: best output tok/s).")
 @click.option("--output-tok-s", type=click.FloatRange(min=0, min_open=True),
               help="Operating point given directly instead of --report.")
-def cost(price_per_hour: float, api_price_per_m: float, cold_start_min: float, session_h: float,
-         report_dir: Path | None, concurrency: int | None, output_tok_s: float | None) -> None:
+def cost(chips: int, price_per_chip_hour: float, price_per_hour: float | None, api_price_per_m: float,
+         cold_start_min: float, session_h: float, report_dir: Path | None, concurrency: int | None,
+         output_tok_s: float | None) -> None:
     """Breakeven throughput against an API price, the cost of a cold start, and what a session yields."""
+    if price_per_hour is None:
+        price_per_hour = chips * price_per_chip_hour  # every chip of the machine bills, serving or not
     if report_dir and output_tok_s:
         raise click.BadParameter("give --report or --output-tok-s, not both", param_hint="--output-tok-s")
     if concurrency is not None and not report_dir:

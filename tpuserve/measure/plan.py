@@ -1,15 +1,32 @@
 """`tpuserve plan`: how much KV cache fits in HBM, and how many full-length conversations that is, before deploying.
 
-Which layers hold KV and how big it is follows the model's HF config the way vLLM builds its KV cache:
+Which layers hold KV and how big it is follows the model's HF config the way vLLM and tpu-inference build their
+KV caches:
 - layers in the last `num_kv_shared_layers` reuse an earlier layer's KV and hold none (Gemma 3n/4);
 - a layer's entry in `per_layer_config` (how transformers 5 saves Gemma 4) overrides `head_dim` and
   `num_key_value_heads`; without one, `full_attention` layers use `global_head_dim` when the config has one,
-  and `num_global_key_value_heads` when `attention_k_eq_v` is set (older Gemma 4 configs); others use `head_dim`;
-- a sliding layer keeps at most `sliding_window - 1 + max_num_batched_tokens` tokens per request, rounded up to
-  blocks plus one (vLLM's `SlidingWindowSpec.max_admission_blocks_per_request`); a full layer keeps every token.
+  and `num_global_key_value_heads` when `attention_k_eq_v` is set (older Gemma 4 configs); others use `head_dim`.
 A config without `layer_types` is taken as all full attention, which can only overestimate memory.
-The budget is `hbm × utilization − weights`; activations and compilation scratch come out of it too on a real
-server, so treat the counts as upper bounds.
+
+Two backends size them differently (`--backend`):
+- `tpu` (default), what the stack serves with, read from vllm-project/tpu-inference:
+  - every KV layer keeps every token: the KV cache spec sets `sliding_window = None` for every layer of a JAX
+    model (Gemma 4 runs on the JAX path: tpu_inference/models/common/model_loader.py) and for every layer of a
+    vLLM-path model whose layers have mixed head sizes (tpu_inference/runner/kv_cache_manager.py,
+    `get_kv_cache_spec`), so a sliding layer saves nothing. The planner assumes this for every model, which can
+    only undercount contexts for a vLLM-path model with uniform heads;
+  - a layer's page is (blocks, block_size, align(2 × heads, packing) / packing, packing, align(head_dim, 128)) with
+    packing = 32 bits / dtype bits (tpu_inference/kernels/ragged_paged_attention/v3/kernel.py `get_kv_cache_shape`;
+    head_dim 64 uses kernel_hd64.py, where K and V share 128 lanes): K and V of one KV head fill a 32-bit word of
+    two bf16 values, or half of one of four fp8 values, so fp8 takes as many bytes as bf16 for such a model;
+  - KV heads are padded to a multiple of the chips and split over them (`get_padded_num_heads`,
+    `get_kv_cache_shape_with_mesh`): one KV head is replicated on every chip;
+  - the budget is every chip's HBM × utilization minus what the loaded model uses (tpu_inference/worker/tpu_worker.py
+    `determine_available_memory`), taken here per chip as HBM × utilization − weights / chips.
+- `gpu`: upstream vLLM's arithmetic: K and V of each KV head at the dtype's size, `max(1, heads // chips)` heads per
+  device, and a sliding layer keeps at most `sliding_window - 1 + max_num_batched_tokens` tokens per request,
+  rounded up to blocks plus one (`SlidingWindowSpec.max_admission_blocks_per_request`).
+Activations and compilation scratch come out of the budget too on a real server: treat the counts as upper bounds.
 """
 
 from __future__ import annotations
@@ -29,10 +46,32 @@ from tpuserve.facts import V6E_HBM_GIB
 from tpuserve.serving import DEFAULT_MODEL, ConfigError, ServingConfig
 
 GIB = 2**30
-KV_DTYPE_BYTES = {"bf16": 2, "fp8": 1}
+TPU, GPU = "tpu", "gpu"
+BACKENDS = (TPU, GPU)
+# Bytes per K or V element of each `--kv-cache-dtype` the planner knows; "auto" is the model's dtype (vLLM's and
+# tpu-inference's runner alike: tpu_inference/runner/tpu_runner.py, `cache_dtype == "auto"` -> the model dtype).
+KV_DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+AUTO = "auto"
+MODEL_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 2}  # vLLM serves a float32 checkpoint in 16 bits
+TPU_WORD_BYTES = 4  # the kernel packs K/V values into 32-bit words
+TPU_LANES = 128
+V6E_CHIPS = (1, 4, 8)  # ct6e-standard-1t, -4t, -8t
 FULL, SLIDING = "full_attention", "sliding_attention"
 # The stack's serving defaults: a plan without options describes what a default deployment runs.
 SERVED = ServingConfig()
+
+
+def align(value: int, to: int) -> int:
+    return math.ceil(value / to) * to
+
+
+def padded_kv_heads(kv_heads: int, chips: int) -> int:
+    """KV heads per chip after tpu-inference pads them to a multiple of the chips (`get_padded_num_heads`)."""
+    if kv_heads >= chips and kv_heads % chips == 0:
+        return kv_heads // chips
+    if kv_heads < chips and chips % kv_heads == 0:
+        return 1  # replicated: every chip holds one
+    raise ConfigError("--chips", f"{kv_heads} KV heads cannot be split over {chips} chips")
 
 
 @dataclass(frozen=True)
@@ -45,12 +84,20 @@ class KvLayer:
     head_dim: int
     window: int | None
 
-    def bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.kv_heads * self.head_dim * dtype_bytes  # K and V
+    def bytes_per_token(self, dtype_bytes: int, backend: str, chips: int) -> int:
+        """K and V of one token in this layer on one chip (or GPU)."""
+        if backend == GPU:
+            return 2 * max(1, self.kv_heads // chips) * self.head_dim * dtype_bytes
+        heads = padded_kv_heads(self.kv_heads, chips)
+        packing = TPU_WORD_BYTES // dtype_bytes
+        if self.head_dim == 64:  # kernel_hd64: K and V side by side in 128 lanes
+            return align(heads, packing) * TPU_LANES * dtype_bytes
+        return align(2 * heads, packing) * align(self.head_dim, TPU_LANES) * dtype_bytes
 
-    def tokens_held(self, max_model_len: int, block_size: int, max_num_batched_tokens: int) -> int:
+    def tokens_held(self, max_model_len: int, block_size: int, max_num_batched_tokens: int,
+                    windowed: bool = True) -> int:
         """Most tokens one request keeps in this layer, in whole blocks."""
-        if self.window is None:
+        if self.window is None or not windowed:
             return math.ceil(max_model_len / block_size) * block_size
         live = min(self.window - 1 + max_num_batched_tokens, max_model_len)
         return (math.ceil(live / block_size) + 1) * block_size
@@ -105,18 +152,29 @@ def kv_layers(config: Mapping[str, Any]) -> list[KvLayer]:
 
 @dataclass(frozen=True)
 class Budget:
-    hbm_gib: float
+    hbm_gib: float  # per chip
     utilization: float
-    weights_gib: float
-    kv_dtype: str
+    weights_gib: float  # the whole model
+    kv_dtype: str  # a KV_DTYPE_BYTES name, or "auto"
     max_model_len: int
     block_size: int
     max_num_batched_tokens: int
+    backend: str = TPU
+    chips: int = 1
+
+    @property
+    def usable_gib(self) -> float:
+        return self.hbm_gib * self.utilization
+
+    @property
+    def weights_per_chip_gib(self) -> float:
+        return self.weights_gib / self.chips
 
     @property
     def kv_bytes(self) -> int:
-        """What vLLM may use for KV: its share of HBM minus the weights; never negative."""
-        return max(int((self.hbm_gib * self.utilization - self.weights_gib) * GIB), 0)
+        """What vLLM may use for KV on each chip: its share of HBM minus the chip's part of the weights; never
+        negative."""
+        return max(int((self.usable_gib - self.weights_per_chip_gib) * GIB), 0)
 
 
 @dataclass(frozen=True)
@@ -124,36 +182,67 @@ class Plan:
     num_layers: int
     layers: list[KvLayer]
     budget: Budget
-    kv_bytes_per_token: int
-    resident_tokens: int
+    kv_dtype: str  # what `auto` resolved to, e.g. "bfloat16"
+    kv_bytes_per_token: int  # per chip
     blocks: int
-    context_bytes: int
+    resident_tokens: int
+    context_bytes: int  # one max_model_len request, per chip
     contexts: int
-    contexts_if_windows_kept_all: int
+    contexts_if_windows_kept_all: int  # every KV layer keeps every token (what tpu-inference does)
+    contexts_if_windows_honoured: int  # sliding layers keep only their window (what vLLM on GPU does)
+    fp8_saves: bool  # whether an fp8 KV cache would take fewer bytes per token than a 16-bit one
 
     @property
     def fits_one_context(self) -> bool:
         return self.contexts >= 1
 
+    @property
+    def weights_fit(self) -> bool:
+        return self.budget.weights_per_chip_gib < self.budget.usable_gib
+
+
+def resolve_kv_dtype(kv_dtype: str, config: Mapping[str, Any]) -> tuple[str, int]:
+    """(name, bytes per element); "auto" is the model's dtype as its config states it (bfloat16 when silent)."""
+    if kv_dtype != AUTO:
+        return "bfloat16" if kv_dtype == "bf16" else kv_dtype, KV_DTYPE_BYTES[kv_dtype]
+    text = text_config(config)
+    model_dtype = next((c.get(key) for c in (text, config) for key in ("dtype", "torch_dtype") if c.get(key)),
+                       "bfloat16")
+    return str(model_dtype), MODEL_DTYPE_BYTES.get(str(model_dtype), 2)
+
+
+def per_token(layers: list[KvLayer], dtype_bytes: int, budget: Budget) -> int:
+    return sum(layer.bytes_per_token(dtype_bytes, budget.backend, budget.chips) for layer in layers)
+
+
+def context_bytes(layers: list[KvLayer], dtype_bytes: int, budget: Budget, windowed: bool) -> int:
+    return sum(layer.bytes_per_token(dtype_bytes, budget.backend, budget.chips) * layer.tokens_held(
+        budget.max_model_len, budget.block_size, budget.max_num_batched_tokens, windowed) for layer in layers)
+
 
 def make_plan(config: Mapping[str, Any], budget: Budget) -> Plan:
+    if budget.backend not in BACKENDS:
+        raise ConfigError("--backend", f"{budget.backend!r} is not one of {', '.join(BACKENDS)}")
     layers = kv_layers(config)
-    dtype_bytes = KV_DTYPE_BYTES[budget.kv_dtype]
-    per_token = sum(layer.bytes_per_token(dtype_bytes) for layer in layers)
-    context_bytes = sum(layer.bytes_per_token(dtype_bytes) * layer.tokens_held(
-        budget.max_model_len, budget.block_size, budget.max_num_batched_tokens) for layer in layers)
-    padded_len = math.ceil(budget.max_model_len / budget.block_size) * budget.block_size
-    resident_tokens = budget.kv_bytes // per_token
+    dtype, dtype_bytes = resolve_kv_dtype(budget.kv_dtype, config)
+    token_bytes = per_token(layers, dtype_bytes, budget)
+    # vLLM sizes the cache in blocks: available bytes // (block_size × bytes per token of every layer).
+    blocks = budget.kv_bytes // (budget.block_size * token_bytes)
+    windowed = context_bytes(layers, dtype_bytes, budget, windowed=True)
+    every_token = context_bytes(layers, dtype_bytes, budget, windowed=False)
     return Plan(
         num_layers=required_int(text_config(config), "num_hidden_layers"),
         layers=layers,
         budget=budget,
-        kv_bytes_per_token=per_token,
-        resident_tokens=resident_tokens,
-        blocks=resident_tokens // budget.block_size,
-        context_bytes=context_bytes,
-        contexts=budget.kv_bytes // context_bytes,
-        contexts_if_windows_kept_all=budget.kv_bytes // (padded_len * per_token),
+        kv_dtype=dtype,
+        kv_bytes_per_token=token_bytes,
+        blocks=blocks,
+        resident_tokens=blocks * budget.block_size,
+        context_bytes=every_token if budget.backend == TPU else windowed,
+        contexts=budget.kv_bytes // (every_token if budget.backend == TPU else windowed),
+        contexts_if_windows_kept_all=budget.kv_bytes // every_token,
+        contexts_if_windows_honoured=budget.kv_bytes // windowed,
+        fp8_saves=per_token(layers, 1, budget) < per_token(layers, 2, budget),
     )
 
 
@@ -171,9 +260,28 @@ def preset_weights_gib(preset: Mapping[str, Any]) -> float:
     return preset["weights_parameters"] * preset["weights_bytes_per_parameter"] / GIB
 
 
-def resolve_model(model: str, config_path: Path | None, weights_gib: float | None) -> tuple[dict[str, Any], float, str]:
-    """(config, weights GiB, where they came from): --config/--weights-gib first, then the checkpoint, the preset."""
-    preset = presets().get(model)
+@dataclass(frozen=True)
+class Model:
+    """What the plan is for: its config, weights size, the name it is shown under and where both came from."""
+
+    name: str
+    config: Mapping[str, Any]
+    weights_gib: float
+    source: str
+    measured: Mapping[str, Any] | None = None  # a preset's recorded allocator figure, when it has one
+
+
+def config_name(config: Mapping[str, Any], config_path: Path) -> str:
+    """A config's own model name (`_name_or_path`, which transformers writes), else the file's path."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}
+    return str(config.get("_name_or_path") or text.get("_name_or_path") or config_path)
+
+
+def resolve_model(model: str | None, config_path: Path | None, weights_gib: float | None) -> Model:
+    """--config/--weights-gib first, then the checkpoint beside the config, then the preset of --model. `model` is
+    None when --model was not given: a --config then stands alone (it is named by itself, and no preset's weights
+    are borrowed for it)."""
+    preset = presets().get(model or DEFAULT_MODEL) if config_path is None or model else None
     if config_path is None and preset is None:
         raise ConfigError("--config", f"no built-in preset for {model!r} (have: {', '.join(presets())}); "
                           "pass its HF config.json")
@@ -181,6 +289,9 @@ def resolve_model(model: str, config_path: Path | None, weights_gib: float | Non
         config = json.loads(config_path.read_text()) if config_path else preset["config"]
     except json.JSONDecodeError as error:
         raise ConfigError("--config", f"{config_path}: not valid JSON ({error})") from error
+    if not isinstance(config, Mapping):
+        raise ConfigError("--config", f"{config_path}: not a JSON object")
+    name = model or (config_name(config, config_path) if config_path else DEFAULT_MODEL)
     source = str(config_path) if config_path else f"built-in preset ({preset['config_source']})"
     if weights_gib is None and config_path:
         weights_gib = safetensors_gib(config_path.parent)
@@ -189,8 +300,10 @@ def resolve_model(model: str, config_path: Path | None, weights_gib: float | Non
         weights_gib = preset_weights_gib(preset)
         source += f"; weights: {preset['weights_source']}"
     if weights_gib is None:
-        raise ConfigError("--weights-gib", f"unknown for {model!r}: no safetensors beside {config_path}")
-    return config, weights_gib, source
+        raise ConfigError("--weights-gib", f"unknown for {name}: no safetensors beside {config_path}; give "
+                          "--weights-gib (or --model naming a built-in preset)")
+    measured = preset.get("measured") if preset and config_path is None else None
+    return Model(name, config, weights_gib, source, measured)
 
 
 def describe_layers(layers: list[KvLayer]) -> list[str]:
@@ -199,34 +312,110 @@ def describe_layers(layers: list[KvLayer]) -> list[str]:
             for (kind, heads, dim, window), count in sorted(groups.items(), key=lambda item: item[0][0])]
 
 
-def plan_as_json(plan: Plan, model: str, source: str) -> dict[str, Any]:
-    return {"model": model, "source": source, "num_layers": plan.num_layers, "budget": asdict(plan.budget),
+def measured_applies(measured: Mapping[str, Any] | None, plan: Plan) -> bool:
+    """Whether a preset's measured allocation was taken under this plan's conditions."""
+    if not measured:
+        return False
+    budget = plan.budget
+    return (budget.backend, budget.chips, budget.utilization, budget.block_size, budget.max_model_len,
+            plan.kv_dtype, budget.hbm_gib) == (
+        TPU, measured["chips"], measured["utilization"], measured["block_size"], measured["max_model_len"],
+        measured["kv_dtype"], V6E_HBM_GIB)
+
+
+def plan_as_json(plan: Plan, model: Model) -> dict[str, Any]:
+    return {"model": model.name, "source": model.source, "backend": plan.budget.backend, "chips": plan.budget.chips,
+            "num_layers": plan.num_layers, "budget": asdict(plan.budget), "kv_dtype": plan.kv_dtype,
             "kv_budget_bytes": plan.budget.kv_bytes, "kv_layers": [asdict(layer) for layer in plan.layers],
-            "kv_bytes_per_token": plan.kv_bytes_per_token, "resident_tokens": plan.resident_tokens,
-            "blocks": plan.blocks, "context_bytes": plan.context_bytes, "contexts": plan.contexts,
-            "contexts_if_windows_kept_all": plan.contexts_if_windows_kept_all}
+            "kv_bytes_per_token": plan.kv_bytes_per_token, "fp8_saves": plan.fp8_saves,
+            "resident_tokens": plan.resident_tokens, "blocks": plan.blocks, "context_bytes": plan.context_bytes,
+            "contexts": plan.contexts, "contexts_if_windows_kept_all": plan.contexts_if_windows_kept_all,
+            "contexts_if_windows_honoured": plan.contexts_if_windows_honoured,
+            "measured_blocks": model.measured["blocks"] if measured_applies(model.measured, plan) else None}
 
 
-def plan_lines(plan: Plan) -> list[tuple[str, str]]:
+def dtype_note(plan: Plan) -> str:
+    budget = plan.budget
+    name = f"{plan.kv_dtype} = auto, the model's dtype" if budget.kv_dtype == AUTO else plan.kv_dtype
+    if KV_DTYPE_BYTES.get(budget.kv_dtype) == 1 and not plan.fp8_saves:
+        heads = {padded_kv_heads(layer.kv_heads, budget.chips) for layer in plan.layers}
+        return (f"{name}: no smaller than bf16 on TPU, whose kernel packs K and V into 32-bit words: with "
+                f"{'/'.join(map(str, sorted(heads)))} KV head(s) per chip an fp8 word stays half empty")
+    return f"{name}, every KV layer"
+
+
+def plan_lines(plan: Plan, model: Model) -> list[tuple[str, str]]:
     budget = plan.budget
     shared = plan.num_layers - len(plan.layers)
-    return [
+    chips = f"{budget.chips} chip{'s' if budget.chips > 1 else ''}"
+    if budget.backend == TPU:
+        backend = f"TPU (vLLM + tpu-inference), {chips}"
+        context = "every KV layer keeps every token on TPU"
+        contexts = (f"{plan.contexts:,} ({plan.contexts_if_windows_honoured:,} if sliding layers kept only their "
+                    "window, as vLLM does on GPU)")
+    else:
+        backend = f"GPU (upstream vLLM), {chips}"
+        context = "sliding layers keep their window"
+        contexts = (f"{plan.contexts:,} ({plan.contexts_if_windows_kept_all:,} if sliding layers kept every token, "
+                    "as on TPU)")
+    weights = (f"{budget.weights_gib:.2f} GiB weights" if budget.chips == 1
+               else f"{budget.weights_gib:.2f} / {budget.chips} GiB weights")
+    lines = [
+        ("Backend", backend),
         ("KV layers", f"{len(plan.layers)} of {plan.num_layers} ({shared} reuse another layer's KV)"),
         *(("", line) for line in describe_layers(plan.layers)),
-        ("KV per token", f"{plan.kv_bytes_per_token / 1024:g} KiB ({budget.kv_dtype}, every KV layer)"),
-        ("KV budget", (f"{budget.hbm_gib:g} GiB × {budget.utilization:g} − {budget.weights_gib:.2f} GiB weights = "
-                       f"{budget.kv_bytes / GIB:.2f} GiB")),
+        ("KV per token" + (" per chip" if budget.chips > 1 else ""),
+         f"{plan.kv_bytes_per_token / 1024:g} KiB ({dtype_note(plan)})"),
+        ("KV budget" + (" per chip" if budget.chips > 1 else ""),
+         f"{budget.hbm_gib:g} GiB × {budget.utilization:g} − {weights} = {budget.kv_bytes / GIB:.2f} GiB"),
         ("Resident KV tokens", f"{plan.resident_tokens:,} ({plan.blocks:,} blocks of {budget.block_size})"),
-        (f"One {budget.max_model_len:,}-token context", f"{plan.context_bytes / 2**20:,.1f} MiB"),
-        ("Full-length contexts that fit", (f"{plan.contexts:,} ({plan.contexts_if_windows_kept_all:,} if sliding "
-                                           "layers kept every token)")),
+        (f"One {budget.max_model_len:,}-token context", f"{plan.context_bytes / 2**20:,.1f} MiB ({context})"),
+        ("Full-length contexts that fit", contexts),
     ]
+    if measured_applies(model.measured, plan):
+        measured = model.measured
+        lines.append(("Measured", f"{measured['blocks']:,} blocks of {measured['block_size']} (this plan "
+                                  f"{plan.blocks / measured['blocks'] - 1:+.1%}): {measured['source']}"))
+    return lines
+
+
+def advice(plan: Plan, max_model_len: int) -> str | None:
+    """A warning when not one full-length context fits, naming only the changes that would help."""
+    budget = plan.budget
+    if plan.fits_one_context:
+        return None
+    if not plan.weights_fit:
+        if budget.backend == TPU:
+            enough = next((chips for chips in V6E_CHIPS if chips > budget.chips
+                           and budget.weights_gib / chips < budget.usable_gib), None)
+            shard = (f"shard them over {enough} chips (--chips {enough}: ct6e-standard-{enough}t)" if enough else
+                     f"(not even {V6E_CHIPS[-1]} v6e chips hold them)")
+        else:
+            shard = "shard them over more GPUs (--chips)"
+        return (f"warning: the weights alone ({budget.weights_per_chip_gib:.2f} GiB per chip) do not fit in the "
+                f"{budget.usable_gib:.2f} GiB vLLM may use ({budget.hbm_gib:g} GiB × {budget.utilization:g}): "
+                f"{shard}, or serve a smaller or quantized checkpoint; a shorter context or a smaller KV dtype "
+                "cannot help")
+    fixes = [f"lower --max-model-len (at most {plan.resident_tokens:,} tokens fit)" if plan.resident_tokens
+             else None,
+             "use --kv-dtype fp8" if plan.fp8_saves and KV_DTYPE_BYTES.get(budget.kv_dtype, 2) == 2 else None,
+             "raise --utilization" if budget.utilization < 0.95 else None,
+             "shard over more chips (--chips)"]
+    return (f"warning: not even one {max_model_len:,}-token context fits ({plan.context_bytes / GIB:.2f} GiB "
+            f"needed, {budget.kv_bytes / GIB:.2f} GiB available): " + ", or ".join(f for f in fixes if f))
 
 
 @click.command()
-@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model id (selects the built-in preset).")
+@click.option("--model", help=f"Model id (selects the built-in preset); default {DEFAULT_MODEL}, or with --config "
+              "the name in the config.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="The model's HF config.json (text config nested or flat) instead of the preset.")
+@click.option("--backend", type=click.Choice(BACKENDS), default=TPU, show_default=True,
+              help="tpu: what tpu-inference allocates (every KV layer keeps every token; fp8 packed in 32-bit "
+              "words); gpu: upstream vLLM's arithmetic (sliding windows honoured).")
+@click.option("--chips", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Chips (GPUs with --backend gpu) the model is sharded over: 4 for ct6e-standard-4t. Weights are "
+              "split over them; the counts are per chip.")
 @click.option("--hbm-gib", type=click.FloatRange(min=0, min_open=True), default=V6E_HBM_GIB, show_default=True,
               help="Usable HBM per chip (default: v6e).")
 @click.option("--utilization", type=click.FloatRange(min=0, max=1, min_open=True),
@@ -234,41 +423,42 @@ def plan_lines(plan: Plan) -> list[tuple[str, str]]:
               help="vLLM --gpu-memory-utilization (default: the stack's).")
 @click.option("--weights-gib", type=click.FloatRange(min=0), help="Weights size (default: the checkpoint's "
               "safetensors beside --config, else the preset's).")
-@click.option("--kv-dtype", type=click.Choice(sorted(KV_DTYPE_BYTES)), default="bf16", show_default=True)
+@click.option("--kv-dtype", type=click.Choice([AUTO, *KV_DTYPE_BYTES]), default=SERVED.kv_cache_dtype,
+              show_default=True, help="vLLM --kv-cache-dtype (default: the stack's kvCacheDtype; auto = the model's "
+              "dtype).")
 @click.option("--max-model-len", type=click.IntRange(min=1), default=SERVED.max_model_len, show_default=True,
               help="vLLM --max-model-len (default: the stack's).")
 @click.option("--block-size", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=SERVED.max_num_batched_tokens,
               show_default=True, help="vLLM --max-num-batched-tokens: how far past its window a sliding layer holds "
-              "KV (default: the stack's).")
+              "KV with --backend gpu (default: the stack's).")
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def plan(model: str, config_path: Path | None, hbm_gib: float, utilization: float, weights_gib: float | None,
-         kv_dtype: str, max_model_len: int, block_size: int, max_num_batched_tokens: int,
+def plan(model: str | None, config_path: Path | None, backend: str, chips: int, hbm_gib: float, utilization: float,
+         weights_gib: float | None, kv_dtype: str, max_model_len: int, block_size: int, max_num_batched_tokens: int,
          output_format: str) -> None:
     """KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM."""
     try:
-        config, weights, source = resolve_model(model, config_path, weights_gib)
-        result = make_plan(config, Budget(hbm_gib, utilization, weights, kv_dtype, max_model_len, block_size,
-                                          max_num_batched_tokens))
+        resolved = resolve_model(model, config_path, weights_gib)
+        result = make_plan(resolved.config, Budget(hbm_gib, utilization, resolved.weights_gib, kv_dtype,
+                                                   max_model_len, block_size, max_num_batched_tokens, backend, chips))
     except ConfigError as error:
         raise click.ClickException(str(error)) from error
     if output_format == "json":
-        click.echo(json.dumps(plan_as_json(result, model, source), indent=2))
+        click.echo(json.dumps(plan_as_json(result, resolved), indent=2))
     else:
-        echo_table(result, model, source)
-    if not result.fits_one_context:
-        click.echo(f"warning: not even one {max_model_len:,}-token context fits ({result.context_bytes / GIB:.2f} "
-                   f"GiB needed, {result.budget.kv_bytes / GIB:.2f} GiB available): lower --max-model-len, use "
-                   "--kv-dtype fp8 or raise --utilization", err=True)
+        echo_table(result, resolved)
+    warning = advice(result, max_model_len)
+    if warning:
+        click.echo(warning, err=True)
 
 
-def echo_table(result: Plan, model: str, source: str) -> None:
+def echo_table(result: Plan, model: Model) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=model, caption=source, show_header=False)
+    table = Table(title=model.name, caption=model.source, show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    for label, value in plan_lines(result):
+    for label, value in plan_lines(result, model):
         table.add_row(label, value)
     Console().print(table)

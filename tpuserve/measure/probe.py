@@ -260,6 +260,26 @@ def enforcement_summary(results: list[ScenarioResult]) -> str:
             f"not enforced with: {', '.join(not_enforced) or 'none'}")
 
 
+def structured_hint(results: list[ScenarioResult]) -> str:
+    """What the thinking=off/on verdicts mean with a reasoning parser, from what was measured.
+
+    With a reasoning parser vLLM applies the grammar only once the reasoning phase ends. On the real Gemma 4 with
+    the gemma4 parser (the reference deployment's measurement) JSON-schema output was enforced with
+    enable_thinking on and silently ignored with it off. A reasoning phase that outlasts max_tokens leaves no room
+    for the grammar (the tiny CPU test model never ends its reasoning)."""
+    verdicts = {r.scenario: r for r in results if r.probe == "structured"}
+    off, on = verdicts.get("json_schema thinking=off"), verdicts.get("json_schema thinking=on")
+    if off and on and off.verdict == NOT_ENFORCED and on.verdict == PASS:
+        return ("hint: as measured on Gemma 4 with the gemma4 reasoning parser, the schema is enforced with "
+                "enable_thinking on and ignored with it off: send chat_template_kwargs {\"enable_thinking\": true} "
+                "with response_format")
+    if on and on.verdict in (NOT_ENFORCED, FAIL) and on.evidence.get("response", {}).get("finish_reason") == "length":
+        return ("hint: with thinking on the grammar starts only after the reasoning, and this answer hit max_tokens "
+                "first: raise --max-tokens (on Gemma 4 with the gemma4 reasoning parser the schema was enforced with "
+                "thinking on once the reasoning ended)")
+    return ""
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Vision
 
@@ -416,9 +436,10 @@ def make_client(url: str, model: str | None, api_key_env: str, timeout: float) -
 
 
 def print_results(results: list[ScenarioResult], as_json: bool) -> None:
-    summary = enforcement_summary(results)
+    summary, hint = enforcement_summary(results), structured_hint(results)
     if as_json:
-        click.echo(json.dumps({"results": [asdict(r) for r in results], "structured_summary": summary}, indent=2))
+        click.echo(json.dumps({"results": [asdict(r) for r in results], "structured_summary": summary,
+                               "structured_hint": hint}, indent=2))
         return
     from rich.console import Console
     from rich.table import Table
@@ -437,6 +458,8 @@ def print_results(results: list[ScenarioResult], as_json: bool) -> None:
         console.print(table)
     if summary:
         console.print(summary, markup=False)
+    if hint:
+        console.print(hint, markup=False)
 
 
 def failed(results: list[ScenarioResult]) -> bool:

@@ -247,7 +247,10 @@ def read_boot(attributes: Mapping[str, str], expected_config_hash: str | None = 
         if expected_config_hash and served != expected_config_hash:
             return BootStatus(stage, done=False, detail=f"serves config {served}, waiting for {expected_config_hash}")
         return BootStatus(stage, done=True, ready=True)
-    return BootStatus(stage, done=False, detail="no guest attributes yet" if stage == BOOTING else f"in {stage}")
+    # While it waits (e.g. for a fresh secret grant to propagate) the VM says why in `reason`.
+    waiting = f": {attributes['reason']}" if attributes.get("reason") else ""
+    return BootStatus(stage, done=False,
+                      detail="no guest attributes yet" if stage == BOOTING else f"in {stage}{waiting}")
 
 
 def serial_tail(compute: ComputeClient, instance: Instance, lines: int = SERIAL_TAIL_LINES) -> str:
