@@ -345,7 +345,14 @@ runtime:
 def render_pulumi_yaml() -> str:
     import yaml
 
-    return PULUMI_YAML_HEAD + yaml.safe_dump({"config": pulumi_yaml_config()}, sort_keys=False, width=120)
+    class IndentedLists(yaml.SafeDumper):
+        """Indents a list under its key (the `zones` default), as yamllint expects."""
+
+        def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+            return super().increase_indent(flow, False)
+
+    return PULUMI_YAML_HEAD + yaml.dump({"config": pulumi_yaml_config()}, Dumper=IndentedLists, sort_keys=False,
+                                        width=120)
 
 
 if __name__ == "__main__":

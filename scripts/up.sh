@@ -15,4 +15,6 @@ if [[ $PULUMI_BACKEND_URL == file://* ]]; then
   mkdir -p "${PULUMI_BACKEND_URL#file://}"
 fi
 pulumi stack select --create "$stack"
-pulumi up --stack "$stack" "$@"
+# Preflight, then `pulumi up` zone by zone until one has TPU capacity (tpuserve up --help); extra arguments go to
+# tpuserve up, e.g. --zones europe-west4-a,us-east1-d --retry-until-up, and after `--` to pulumi up.
+.venv/bin/tpuserve up --stack "$stack" "$@"
