@@ -77,7 +77,11 @@ def test_stockout_then_regional_quota_then_capacity_in_the_third_zone(pulumi: Fa
     assert sum(call[0] == "refresh" for call in pulumi.calls()) == 2 + 1  # after each failure, then the final sweep
 
     assert "attempt 1: us-east5-a" in stderr and "[suggests us-central1-b]" in stderr
-    assert "attempts" in stderr and "up in europe-west4-a" in stderr
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in stderr.splitlines() if line.startswith("│")]
+    assert [row[:5] for row in rows if row[0]] == [["1", "1", "us-east5-a", "failed", "capacity"],
+                                                   ["2", "1", "us-central1-b", "failed", "quota"],
+                                                   ["3", "1", "europe-west4-a", "ok", "created"]]  # the attempts table
+    assert "up in europe-west4-a (the stack's `zone` is now europe-west4-a)" in stderr
     assert "│ Updating (dev):" in stderr  # pulumi's own output streams through
 
 
@@ -172,3 +176,12 @@ def test_bad_usage_is_one_line_and_exit_2(pulumi: FakePulumi):
 @pytest.mark.parametrize("text, seconds", [("2h", 7200), ("90m", 5400), ("1h30m", 5400), ("45s", 45), ("600", 600)])
 def test_deadlines(text, seconds):
     assert up_module.parse_deadline(text) == seconds
+
+
+def test_a_local_stack_is_one_pulumi_up_without_zones_or_preflight(pulumi: FakePulumi):
+    pulumi.set_config(target="local")
+    pulumi.scenario({"*": {"rc": 0}})
+    code, verdict, stderr = run_up(GoogleFake(), "--retry-until-up")
+    assert code == 0 and verdict["zone"] == "local"
+    assert [call[0] for call in pulumi.calls()] == ["config", "stack", "up"]
+    assert "tpu-serve:zone" not in pulumi.config()
