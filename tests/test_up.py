@@ -77,7 +77,8 @@ def test_stockout_then_regional_quota_then_capacity_in_the_third_zone(pulumi: Fa
     assert sum(call[0] == "refresh" for call in pulumi.calls()) == 2 + 1  # after each failure, then the final sweep
 
     assert "attempt 1: us-east5-a" in stderr and "[suggests us-central1-b]" in stderr
-    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in stderr.splitlines() if line.startswith("│")]
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]]
+            for line in stderr.splitlines() if line.startswith("│")]
     assert [row[:5] for row in rows if row[0]] == [["1", "1", "us-east5-a", "failed", "capacity"],
                                                    ["2", "1", "us-central1-b", "failed", "quota"],
                                                    ["3", "1", "europe-west4-a", "ok", "created"]]  # the attempts table

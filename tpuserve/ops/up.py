@@ -182,7 +182,8 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
        cwd: Path, as_json: bool, endpoints: tuple[str, ...], pulumi_args: tuple[str, ...]) -> None:
     """Deploy a stack: find a zone with TPU capacity (preflight, then `pulumi up` zone by zone), clean up.
 
-    Flags after `--` go to every `pulumi up`, e.g. `-- --policy-pack policy`. Exit 0 deployed and ready, 1 stopped by an error another zone would not fix, 3 no capacity before the deadline."""
+    Flags after `--` go to every `pulumi up`, e.g. `-- --policy-pack policy`. Exit 0 deployed and ready, 1 stopped
+    by an error another zone would not fix, 3 no capacity before the deadline."""
     from rich.console import Console
 
     from tpuserve.deploy.gce import MissingCredentials, adc_session
