@@ -21,8 +21,7 @@ def test_the_sweep_looks_for_the_labels_every_resource_carries():
     assert APP == PROJECT_NAME
     assert stack_labels("Team Dev") == {"app": "tpu-serve", "stack": "team-dev", "managed-by": "pulumi"}
     assert resource_labels("Team Dev", {"env": "dev"}) == {**stack_labels("Team Dev"), "env": "dev"}
-    assert label_filter(stack_labels("dev")) == \
-        '(labels.app = "tpu-serve") (labels.managed-by = "pulumi") (labels.stack = "dev")'
+    assert label_filter({"app": "tpu-serve", "stack": "dev"}) == '(labels.app = "tpu-serve") (labels.stack = "dev")'
 
 
 def test_orphans_are_labelled_instances_outside_the_state_and_unattached_disks():
@@ -32,7 +31,7 @@ def test_orphans_are_labelled_instances_outside_the_state_and_unattached_disks()
 
     def instances(request: Request) -> Response:
         query = parse_qs(request.query)
-        assert query["filter"] == [label_filter(stack_labels("dev"))]
+        assert query["filter"] == ['(labels.app = "tpu-serve") (labels.stack = "dev")']
         return Response(200, {"kind": "compute#instanceList", **pages[query.get("pageToken", [""])[0]]})
 
     disks = {"kind": "compute#diskList", "items": [

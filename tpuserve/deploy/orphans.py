@@ -54,13 +54,15 @@ def managed_ids(state: Mapping[str, Any]) -> set[str]:
 
 def find_orphans(compute: ComputeClient, project: str, zones: Iterable[str], labels: Mapping[str, str],
                  managed: set[str]) -> list[Orphan]:
-    """Instances with `labels` that the state does not hold, and unattached disks with them, in `zones`."""
+    """Instances with the stack's `app` and `stack` labels that the state does not hold, and unattached disks with
+    them, in `zones`. (Only those two: a label key with a hyphen, like managed-by, is no field name in a filter.)"""
+    selector = {key: labels[key] for key in ("app", "stack")}
     found: list[Orphan] = []
     for zone in dict.fromkeys(zones):
-        for item in compute.labelled_instances(project, zone, labels):
+        for item in compute.labelled_instances(project, zone, selector):
             found.append(Orphan("instances", zone, item["name"], item.get("status", ""),
                                 item.get("creationTimestamp", "")))
-        for item in compute.labelled_disks(project, zone, labels):
+        for item in compute.labelled_disks(project, zone, selector):
             if not item.get("users"):  # a boot disk in use goes with its instance
                 found.append(Orphan("disks", zone, item["name"], item.get("status", ""),
                                     item.get("creationTimestamp", "")))
