@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpuserve.facts import PRICE_PER_CHIP_HOUR, READY_TIMEOUT_S
+from tpuserve.facts import PRICE_PER_CHIP_HOUR, READY_TIMEOUT_S, V6E_ZONES
 from tpuserve.serving import DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting
 
 PROJECT_NAME = "tpu-serve"
@@ -30,9 +30,6 @@ MAX_RUN_SECONDS = 7 * 24 * 3600
 # Hyperdisk ML cannot be a boot disk (https://cloud.google.com/compute/docs/disks/hd-types/hyperdisk-ml): one type
 # is left for the boot disk.
 V6E_BOOT_DISK_TYPES = ("hyperdisk-balanced",)
-# Multi-tenant zones with TPU v6e (https://cloud.google.com/tpu/docs/regions-zones); extend as Google adds zones.
-V6E_ZONES = ("us-central1-b", "us-central1-ai1a", "us-east1-d", "us-east5-a", "us-east5-b", "us-south1-ai1b",
-             "europe-west4-a", "asia-northeast1-b")
 V6E_MACHINE_TYPE = re.compile(r"^ct6e-standard-(1|4|8)t$")
 DOCKER_GPUS = re.compile(r"^(all|[1-9][0-9]*|device=[0-9]+(,[0-9]+)*)?$")
 LOCAL_BACKEND = "gpu"  # the local target runs upstream vLLM (the vllm/vllm-openai image)
@@ -53,8 +50,13 @@ class StackConfig:
     target: str = setting("target", "Where to serve: gcp (a flex-start TPU VM), gke (a flex-start TPU node pool "
                           "on GKE) or local (a Docker host).", "gcp")
     project: str = setting("project", "GCP project id that owns every resource (target gcp).", "")
-    zone: str = setting("zone", "Zone of the TPU VM; must offer TPU v6e.", "us-east5-b")
-    region: str = setting("region", "Region for Cloud NAT; empty = the zone's region (must match it).", "")
+    zone: str = setting("zone", "Zone of the TPU VM; `tpuserve up` writes the zone it found capacity in.",
+                        V6E_ZONES[0])
+    zones: tuple[str, ...] = setting(
+        "zones", "Zones `tpuserve up` tries in order, after the stack's current zone; the default is ordered by "
+        "where flex-start v6e capacity was found.", V6E_ZONES)
+    region: str = setting("region", "Region for Cloud NAT; empty = the zone's region, so NAT follows the zone "
+                          "`tpuserve up` picks (if set, it must contain the zone).", "")
     machine_type: str = setting("machineType", "TPU v6e machine type (ct6e-standard-1t = one chip; -4t, -8t serve "
                                 "on 4 or 8 chips with --tensor-parallel-size).", "ct6e-standard-1t")
     boot_image: str = setting(
@@ -168,10 +170,8 @@ class StackConfig:
         if not self.project:
             raise ConfigError("project", "is required: pulumi config set project <gcp-project-id>")
         if not ZONE_FORMAT.match(self.zone):
-            raise ConfigError("zone", f"{self.zone!r} is not a zone name like us-east5-b")
-        if self.zone not in V6E_ZONES:
-            raise ConfigError("zone", f"{self.zone!r} has no TPU v6e; use one of {', '.join(V6E_ZONES)} (if "
-                              "Google has added it, add it to V6E_ZONES in components/config.py)")
+            raise ConfigError("zone", f"{self.zone!r} is not a zone name like europe-west4-a")
+        self._validate_zones()
         if self.region and self.region != self.zone.rsplit("-", 1)[0]:
             raise ConfigError("region", f"{self.region!r} does not contain zone {self.zone!r}")
         if not V6E_MACHINE_TYPE.match(self.machine_type):
@@ -216,6 +216,26 @@ class StackConfig:
         if self.readiness_timeout_seconds < READY_TIMEOUT_S:
             raise ConfigError("readinessTimeout", f"{self.readiness_timeout!r}: on gke it is the pods' startup "
                               f"probe budget and must cover a cold compile: at least {READY_TIMEOUT_S // 60}m")
+
+    def _validate_zones(self) -> None:
+        if not self.zones:
+            raise ConfigError("zones", "must list at least one zone (or leave it unset for the default order)")
+        for zone in self.zones:
+            if not isinstance(zone, str) or not ZONE_FORMAT.match(zone):
+                raise ConfigError("zones", f"{zone!r} is not a zone name like europe-west4-a")
+            if self.zones.count(zone) > 1:
+                raise ConfigError("zones", f"{zone!r} is listed twice")
+
+    def warnings(self) -> list[str]:
+        """Advice that does not stop a deploy. Which zones offer v6e is Compute Engine's to say (`tpuserve
+        preflight` asks it); the built-in list only flags a likely typo, offline."""
+        if self.target not in TPU_TARGETS:
+            return []
+        unknown = [zone for zone in dict.fromkeys((self.zone, *self.zones)) if zone not in V6E_ZONES]
+        if not unknown:
+            return []
+        return [f"zone/zones: {', '.join(unknown)} not among the zones known to offer TPU v6e "
+                f"({', '.join(V6E_ZONES)}); `tpuserve preflight` checks them live"]
 
     def _validate_local(self) -> None:
         if self.hf_token_secret_id:
@@ -337,7 +357,10 @@ def load_stack_config() -> StackConfig:
     token = config.get_secret("hfToken")
     if token is not None:
         raw["hfToken"] = token
-    return build_stack_config(raw)
+    cfg = build_stack_config(raw)
+    for warning in cfg.warnings():
+        pulumi.log.warn(warning)
+    return cfg
 
 
 def _configured_keys() -> list[str]:
@@ -394,7 +417,14 @@ runtime:
 def render_pulumi_yaml() -> str:
     import yaml
 
-    return PULUMI_YAML_HEAD + yaml.safe_dump({"config": pulumi_yaml_config()}, sort_keys=False, width=120)
+    class IndentedLists(yaml.SafeDumper):
+        """Indents a list under its key (the `zones` default), as yamllint expects."""
+
+        def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+            return super().increase_indent(flow, False)
+
+    return PULUMI_YAML_HEAD + yaml.dump({"config": pulumi_yaml_config()}, Dumper=IndentedLists, sort_keys=False,
+                                        width=120)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from components.instance import FlexStartTpuVm, FlexStartTpuVmArgs
 from components.network import ServingNetwork, ServingNetworkArgs
 from components.readiness import ReadinessGate, ReadinessGateArgs, instance_target
 from components.startup_script import render_startup_script
+from tpuserve.deploy import orphans
 from tpuserve.serving import config_hash, vllm_serve_args
 
 
@@ -23,8 +24,8 @@ def base_name(stack: str) -> str:
 
 
 def stack_labels(stack: str, extra: dict[str, str]) -> dict[str, str]:
-    slug = re.sub(r"[^a-z0-9_-]+", "-", stack.lower())[:63]
-    return {"app": PROJECT_NAME, "stack": slug, "managed-by": "pulumi", **extra}
+    """The labels `tpuserve up` finds the stack's orphans by, plus the stack's own."""
+    return {**orphans.stack_labels(stack), **extra}
 
 
 def expiry(creation_timestamp: str, seconds: int) -> str:

@@ -8,8 +8,14 @@ from dataclasses import dataclass, field
 import pulumi
 from pulumi_gcp import compute
 
-# Flex-start waits for capacity inside the insert operation; give it far longer than the default 20 min.
-CREATE_TIMEOUT = "90m"
+# A flex-start create without a wait time is immediate-or-fail: pulumi-gcp 10.2 cannot set the request's wait time
+# (the Compute API's `Instance.params.requestValidForDuration`; `InstanceParamsArgs` has only resource_manager_tags),
+# and without it Compute Engine "only allocates resources if they are immediately available" (flex-start docs). The
+# insert operation therefore ends within minutes with the VM or an error such as ZONE_RESOURCE_POOL_EXHAUSTED, and
+# finding capacity means trying zones: `tpuserve up` does that. 10 min covers a slow but successful create (Terraform's
+# default for this resource is 20 min) and frees the sweep from a stuck one; a VM that appears after the timeout is
+# not in the state, and `tpuserve up`'s orphan sweep finds it by the stack's labels.
+CREATE_TIMEOUT = "10m"
 
 
 @dataclass(frozen=True)
@@ -34,8 +40,8 @@ class FlexStartTpuVm(pulumi.ComponentResource):
     """A FLEX_START Compute Engine VM: deleted when its max run duration ends, never restarted, no reservation.
 
     The startup script is `metadata_startup_script`, so a serving change replaces the VM (a flex-start VM is
-    cattle: a fresh boot is the only way its new script runs). pulumi-gcp 10.2 exposes no request-valid-for
-    duration: an unfulfilled request waits until CREATE_TIMEOUT."""
+    cattle: a fresh boot is the only way its new script runs). The create does not wait for capacity: it gets the
+    VM in this zone now or fails (see CREATE_TIMEOUT); `tpuserve up` moves on to the next zone."""
 
     name: pulumi.Output[str]
     instance_id: pulumi.Output[str]

@@ -38,12 +38,16 @@ class ServingNetwork(pulumi.ComponentResource):
 
         self.nat: compute.RouterNat | None = None
         if args.create_nat:
+            # Router and NAT live in the VM's region, which follows the zone `tpuserve up` picks. A region change
+            # replaces both, old ones first: the NAT never outlives its region, even when the create in the new
+            # region then fails (the sweep moves on, and nothing is left behind in the region it left).
+            regional = pulumi.ResourceOptions(parent=self, replace_on_changes=["region"], delete_before_replace=True)
             router = compute.Router(f"{name}-router", project=args.project, region=args.region,
-                                    network=args.network, opts=child)
+                                    network=args.network, opts=regional)
             self.nat = compute.RouterNat(
                 f"{name}-nat", project=args.project, region=args.region, router=router.name,
                 nat_ip_allocate_option="AUTO_ONLY",
                 source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
-                log_config=compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"), opts=child)
+                log_config=compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"), opts=regional)
 
         self.register_outputs({"firewall": self.firewall.name})

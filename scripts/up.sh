@@ -3,7 +3,7 @@
 # (scripts/install-pulumi.sh installs the pinned one into .tools/pulumi/ unless a recent enough one is on PATH), the
 # state backend and the stack, and for a gcp stack a Google login and a project. State goes to a local file backend
 # (.pulumi-state/) unless PULUMI_BACKEND_URL says otherwise (Pulumi Cloud, gs://bucket, ...).
-# Usage: scripts/up.sh [STACK] [pulumi up flags...]   (STACK defaults to dev)
+# Usage: scripts/up.sh [STACK] [tpuserve up options...] [-- pulumi up flags...]   (STACK defaults to dev)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stack=${1:-dev}
@@ -23,9 +23,10 @@ if [[ $PULUMI_BACKEND_URL == file://* ]]; then
 fi
 pulumi stack select --create "$stack"
 
-# A gcp stack (the default target) needs a Google login and a project; say how to get them before the provider fails.
+# A gcp or gke stack (gcp is the default target) needs a Google login and a project: say how to get them before
+# the provider fails.
 target=$(pulumi config get target --stack "$stack" 2>/dev/null) || target=
-if [[ ${target:-gcp} == gcp ]]; then
+if [[ ${target:-gcp} != local ]]; then
   .venv/bin/python -m tpuserve.deploy.adc_check
   project=$(pulumi config get project --stack "$stack" 2>/dev/null) || project=
   if [[ -z $project ]]; then
@@ -37,4 +38,6 @@ if [[ ${target:-gcp} == gcp ]]; then
   fi
 fi
 
-pulumi up --stack "$stack" "$@"
+# Preflight, then `pulumi up` zone by zone until one has TPU capacity (tpuserve up --help); extra arguments go to
+# tpuserve up, e.g. --zones europe-west4-a,us-east1-d --retry-until-up, and after `--` to pulumi up.
+.venv/bin/tpuserve up --stack "$stack" "$@"

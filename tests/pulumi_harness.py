@@ -82,8 +82,10 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return {}
 
 
-def run_stack(config: dict[str, Any], stack: str = "dev", mocks: RecordingMocks | None = None) -> StackRun:
-    """Run __main__.py with `config` (keys without the `tpu-serve:` prefix; objects as JSON) as stack `stack`."""
+def run_stack(config: dict[str, Any], stack: str = "dev", mocks: RecordingMocks | None = None,
+              transformation: pulumi.ResourceTransformation | None = None) -> StackRun:
+    """Run __main__.py with `config` (keys without the `tpu-serve:` prefix; objects as JSON) as stack `stack`.
+    `transformation` sees every resource's options (mocks see only inputs), e.g. to check replacement options."""
     mocks = mocks or RecordingMocks()
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=False)
     pulumi.runtime.set_all_config(
@@ -93,6 +95,8 @@ def run_stack(config: dict[str, Any], stack: str = "dev", mocks: RecordingMocks 
 
     @pulumi.runtime.test
     def program() -> pulumi.Output:
+        if transformation is not None:
+            pulumi.runtime.register_stack_transformation(transformation)
         deployment = runpy.run_path(str(ROOT / "__main__.py"))["deployment"]
         keys = list(deployment.outputs)
         return pulumi.Output.all(*deployment.outputs.values()).apply(

@@ -1,7 +1,8 @@
 """Stack config: Pulumi.yaml matches the typed settings, and every bad value is refused before any resource exists."""
 
+import json
+
 import pytest
-import yaml
 
 from components.config import ConfigError, build_stack_config, parse_duration, pulumi_yaml_config, render_pulumi_yaml
 from tests.pulumi_harness import ROOT, RecordingMocks, run_stack, stack_file_config
@@ -25,7 +26,7 @@ def test_pulumi_yaml_declares_only_types_pulumi_knows_with_matching_defaults():
 
 def test_declared_defaults_build_the_same_config_as_no_config():
     """What the Pulumi CLI injects from Pulumi.yaml must mean exactly what the Python defaults mean."""
-    declared = {k: (yaml.safe_dump(e["default"], default_flow_style=True).strip() if e["type"] == "array"
+    declared = {k: (json.dumps(e["default"]) if e["type"] == "array"  # the CLI hands arrays to the program as JSON
                     else str(e["default"]).lower() if e["type"] == "boolean" else str(e["default"]))
                 for k, e in pulumi_yaml_config().items() if "default" in e}
     assert build_stack_config({**declared, **VALID}) == build_stack_config(VALID)
@@ -46,7 +47,12 @@ def test_durations(text, seconds):
 
 BAD = [
     ({"zone": "us-east5"}, "zone"),
-    ({"zone": "us-west2-a"}, "zone"),
+    ({"zone": "Europe-West4-A"}, "zone"),
+    ({"zones": "[]"}, "zones"),
+    ({"zones": '["europe-west4-a", "us-east5"]'}, "zones"),
+    ({"zones": '["europe-west4-a", "us-east1-d", "europe-west4-a"]'}, "zones"),
+    ({"zones": '"europe-west4-a"'}, "zones"),
+    ({"zones": "[4]"}, "zones"),
     ({"region": "us-east1"}, "region"),
     ({"project": ""}, "project"),
     ({"target": "aws"}, "target"),
@@ -142,4 +148,31 @@ def test_costs_and_limits_derive_from_the_settings():
                               "pricePerChipHour": "2.0"})
     assert cfg.chips == 4 and cfg.max_run_seconds == 86400
     assert cfg.worst_case_cost_usd == 24 * 4 * 2.0
-    assert cfg.effective_region == "us-east5"
+    assert cfg.effective_region == "europe-west4"
+
+
+def test_zones_default_to_the_evidence_order_and_the_zone_to_its_first():
+    cfg = build_stack_config(VALID)
+    assert cfg.zone == "europe-west4-a"
+    assert cfg.zones == ("europe-west4-a", "us-east1-d", "us-central1-b", "asia-northeast1-b", "us-east5-a",
+                         "us-east5-b", "us-central1-ai1a", "us-south1-ai1b")
+    assert cfg.warnings() == []
+    listed = build_stack_config({**VALID, "zones": '["us-east5-b", "europe-west4-a"]'})
+    assert listed.zones == ("us-east5-b", "europe-west4-a")
+
+
+def test_a_zone_missing_from_the_offline_list_is_a_warning_not_an_error(caplog):
+    """Which zones offer ct6e is Compute Engine's to say (preflight asks it live): a new zone must still deploy."""
+    cfg = build_stack_config({**VALID, "zone": "us-west2-a", "zones": '["us-west2-a", "europe-west4-a", "me-west1-b"]'})
+    assert cfg.zone == "us-west2-a"
+    assert cfg.warnings() == [
+        "zone/zones: us-west2-a, me-west1-b not among the zones known to offer TPU v6e (europe-west4-a, us-east1-d, "
+        "us-central1-b, asia-northeast1-b, us-east5-a, us-east5-b, us-central1-ai1a, us-south1-ai1b); "
+        "`tpuserve preflight` checks them live"]
+    with caplog.at_level("WARNING"):
+        run = run_stack({**VALID, "zone": "us-west2-a"})
+    assert run.one("gcp:compute/instance:Instance").inputs["zone"] == "us-west2-a"
+    assert [r.getMessage() for r in caplog.records if "us-west2-a" in r.getMessage()] == [
+        "zone/zones: us-west2-a not among the zones known to offer TPU v6e (europe-west4-a, us-east1-d, "
+        "us-central1-b, asia-northeast1-b, us-east5-a, us-east5-b, us-central1-ai1a, us-south1-ai1b); "
+        "`tpuserve preflight` checks them live"]

@@ -313,9 +313,9 @@ def test_a_stopped_vm_fails_at_once_naming_its_status(vm_status: str):
 def test_a_vm_still_starting_without_attributes_is_waited_for(vm_status: str):
     reporter = RecordingReporter()
     with replaying_compute([], not_yet=1, vm_status=vm_status) as fake, requests.Session() as http:
-        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=0.3, interval_s=0.02,
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=1.5, interval_s=0.02,
                                  reporter=reporter)
-    assert not verdict.ready and verdict.reason.startswith("timed out after 0.3 s in stage booting")
+    assert not verdict.ready and verdict.reason.startswith("timed out after 1.5 s in stage booting")
     assert len(reporter.waits) > 2
 
 

@@ -4,6 +4,7 @@
 import json
 import shlex
 
+import pulumi
 import pytest
 import yaml
 from pulumi.runtime import rpc
@@ -14,6 +15,7 @@ from tpuserve.serving import ServingConfig, config_hash, parse_mm_limits, vllm_s
 INSTANCE = "gcp:compute/instance:Instance"
 FIREWALL = "gcp:compute/firewall:Firewall"
 NAT = "gcp:compute/routerNat:RouterNat"
+ROUTER = "gcp:compute/router:Router"
 VALID = {"project": "p-1", "hfTokenSecretId": "hf-token"}
 
 
@@ -79,11 +81,11 @@ def test_outputs(stack_run):
     project = stack_file_config(stack)["project"]
     assert out["endpoint"] == f"http://{VM_IP}:8000/v1"
     assert out["iapTunnelCommand"] == (f"gcloud compute start-iap-tunnel tpu-serve-{stack} 8000 "
-                                       f"--local-host-port=localhost:8000 --zone=us-east5-b --project={project}")
-    assert out["sshCommand"] == f"gcloud compute ssh tpu-serve-{stack} --zone=us-east5-b --project={project} " \
+                                       f"--local-host-port=localhost:8000 --zone=europe-west4-a --project={project}")
+    assert out["sshCommand"] == f"gcloud compute ssh tpu-serve-{stack} --zone=europe-west4-a --project={project} " \
                                 "--tunnel-through-iap"
     assert (out["instanceName"], out["zone"], out["project"], out["internalIp"]) == \
-        (f"tpu-serve-{stack}", "us-east5-b", project, VM_IP)
+        (f"tpu-serve-{stack}", "europe-west4-a", project, VM_IP)
     assert out["model"] == "google/gemma-4-E2B-it"
     serving = ServingConfig(mm_limits=parse_mm_limits(stack_file_config(stack)["multimodalLimits"]))
     assert out["vllmArgs"] == vllm_serve_args(serving)
@@ -98,9 +100,25 @@ def test_readiness_gate_watches_this_vm_and_reruns_on_change(stack_run):
     stack, run = stack_run
     gate = run.one("command:local:Command").inputs
     project = stack_file_config(stack)["project"]
-    assert gate["create"].endswith(f"-m tpuserve gate --instance tpu-serve-{stack} --zone us-east5-b --project "
+    assert gate["create"].endswith(f"-m tpuserve gate --instance tpu-serve-{stack} --zone europe-west4-a --project "
                                    f"{project} --config-hash {run.outputs['configHash']} --timeout 1500")
     assert gate["triggers"] == ["4242424242", run.outputs["configHash"]]
+
+
+def test_nat_follows_the_zones_region_and_a_region_change_replaces_it_old_one_first():
+    """The sweep may move the VM to another region: Router and NAT go with it, and the old ones are deleted before the
+    new ones are created, so a failed create in the new region leaves no NAT behind in the old one."""
+    options = {}
+
+    def record(args: pulumi.ResourceTransformationArgs) -> None:
+        options[args.type_] = args.opts
+
+    run = run_stack({**VALID, "zone": "us-east1-d"}, transformation=record)
+    assert run.one(INSTANCE).inputs["zone"] == "us-east1-d"
+    for type_token in (ROUTER, NAT):
+        assert run.one(type_token).inputs["region"] == "us-east1"
+        assert options[type_token].replace_on_changes == ["region"]
+        assert options[type_token].delete_before_replace is True
 
 
 def test_external_ip_opt_in_adds_an_access_config_and_drops_nat():

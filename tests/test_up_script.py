@@ -23,7 +23,7 @@ PIN = "3.272.0"
 def clone(tmp_path: Path) -> Clone:
     clone = Clone(tmp_path)
     clone.pin(PIN)
-    (clone.root / ".venv").symlink_to(ROOT / ".venv")
+    venv_with_stub_tpuserve(clone.root / ".venv")
     (clone.root / "scripts" / "bootstrap.sh").write_text('#!/bin/sh\necho "bootstrap $*" >>"$PULUMI_LOG"\n')
     (clone.root / "scripts" / "bootstrap.sh").chmod(0o755)
     clone.put_on_path("gcloud", '#!/bin/sh\necho "gcloud must not run in tests: $*" >&2\nexit 1\n')
@@ -35,6 +35,26 @@ def clone(tmp_path: Path) -> Clone:
                       "NO_GCE_CHECK": "true", "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9",
                       "PULUMI_CONFIG_PASSPHRASE": "test"})
     return clone
+
+
+# scripts/up.sh ends by handing over to `tpuserve up` (tests/test_up.py drives that against a fake pulumi and fake
+# Google APIs); here a stand-in logs the hand-over and which pulumi it would drive.
+TPUSERVE_STUB = '#!/bin/sh\necho "tpuserve $* (pulumi: $(command -v pulumi))" >>"$PULUMI_LOG"\n'
+
+
+def venv_with_stub_tpuserve(venv: Path) -> None:
+    """This checkout's .venv (its python and packages, for the credential check) with `tpuserve` replaced."""
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text((ROOT / ".venv" / "pyvenv.cfg").read_text())
+    (venv / "lib").symlink_to(ROOT / ".venv" / "lib")
+    (venv / "bin" / "python").symlink_to(ROOT / ".venv" / "bin" / "python")
+    (venv / "bin" / "tpuserve").write_text(TPUSERVE_STUB)
+    (venv / "bin" / "tpuserve").chmod(0o755)
+
+
+def handed_over(clone: Clone) -> str:
+    """The `tpuserve up` command line up.sh ended with, without the pulumi path."""
+    return commands(clone)[-1].split(" (pulumi: ")[0]
 
 
 def no_credentials(clone: Clone) -> None:
@@ -52,15 +72,15 @@ def test_a_ready_machine_goes_from_setup_to_pulumi_up(clone: Clone):
     result = clone.run("up.sh", "dev", "--yes", env={"FAKE_PROJECT": "my-gcp-project"})
 
     assert result.returncode == 0, result.stderr
-    assert commands(clone) == [
+    assert [*commands(clone)[:-1], handed_over(clone)] == [
         "bootstrap stack",
         "stack select --create dev",
         "config get target --stack dev",
         "config get project --stack dev",
-        "up --stack dev --yes",
+        "tpuserve up --stack dev --yes",
     ]
     backend = f"file://{clone.root}/.pulumi-state"
-    assert all(line.endswith(f" | {backend}") for line in clone.pulumi_calls()[1:])
+    assert all(line.endswith(f" | {backend}") for line in clone.pulumi_calls()[1:-1])
     assert (clone.root / ".pulumi-state").is_dir()
     assert result.requests == []  # the CLI on PATH is recent enough
 
@@ -71,7 +91,8 @@ def test_a_fresh_machine_gets_the_pinned_cli_and_runs_it(clone: Clone):
     assert result.returncode == 0, result.stderr
     assert [request.path for request in result.requests] == ["/releases/sdk/pulumi-3.272.0-checksums.txt",
                                                               "/releases/sdk/pulumi-v3.272.0-linux-x64.tar.gz"]
-    assert commands(clone)[-1] == "up --stack dev"  # run by the downloaded CLI (it writes the same log)
+    assert handed_over(clone) == "tpuserve up --stack dev"
+    assert clone.pulumi_calls()[-1].endswith(f"(pulumi: {clone.root}/.tools/pulumi/bin/pulumi)")
 
     again = clone.run("up.sh", "dev", release=Release.build(PIN), env={"FAKE_PROJECT": "my-gcp-project"})
     assert again.returncode == 0, again.stderr
@@ -101,7 +122,7 @@ def test_missing_credentials_stop_before_pulumi_up_and_say_how_to_log_in(clone: 
     assert lines[-1].startswith("error: no Google application-default credentials (")
     assert lines[-1].endswith("; run `gcloud auth application-default login`")
     assert "Traceback" not in result.stderr
-    assert not any(command.startswith("up ") for command in commands(clone))
+    assert not any(command.startswith("tpuserve ") for command in commands(clone))
 
 
 def test_a_stack_without_a_project_says_the_exact_command(clone: Clone):
@@ -133,4 +154,5 @@ def test_a_local_stack_needs_neither_google_credentials_nor_a_project(clone: Clo
     result = clone.run("up.sh", "local", env={"FAKE_TARGET": "local"})
 
     assert result.returncode == 0, result.stderr
-    assert commands(clone)[-2:] == ["config get target --stack local", "up --stack local"]
+    assert commands(clone)[-2] == "config get target --stack local"
+    assert handed_over(clone) == "tpuserve up --stack local"

@@ -22,8 +22,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("tpuserve.observe.logs:logs", "Print the VM's serial console and the vLLM container's logs."),
     "plan": ("tpuserve.measure.plan:plan",
              "KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM."),
+    "preflight": ("tpuserve.deploy.preflight:preflight_command",
+                  "Check what would stop a deploy: APIs, machine type per zone, TPU quota, token secret, permissions."),
     "probe": ("tpuserve.measure.probe:probe",
               "Probe a deployment's capabilities: tools, structured output, vision; compare KV-cache settings."),
+    "up": ("tpuserve.ops.up:up",
+           "Deploy a stack: find a zone with TPU capacity (preflight, then `pulumi up` zone by zone), clean up."),
 }
 
 
@@ -49,4 +53,4 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tpu-serve")
 def main() -> None:
-    """Operate a vLLM endpoint on a flex-start Cloud TPU VM: gate, bench, cost, plan, probe."""
+    """Operate a vLLM endpoint on a flex-start Cloud TPU VM: up, gate, bench, cost, plan, probe."""

@@ -18,3 +18,11 @@ V6E_HBM_GIB = 31.24
 IAM_PROPAGATION_WAIT_S = 10 * 60
 # The one role the VM's service account holds on the token secret; the startup script names it when it is missing.
 SECRET_ACCESSOR_ROLE = "roles/secretmanager.secretAccessor"
+
+# Zones whose Compute Engine offers TPU v6e machine types (ct6e-standard-*), ordered by evidence: europe-west4-a
+# first (the reference deployment got flex-start capacity there twice after its us-east5-a/b requests expired
+# unfulfilled, and us-east5 showed no CT6E quota), then the other v6e zones of
+# https://cloud.google.com/tpu/docs/regions-zones, the AI zones last. The stack's default `zones` (what `tpuserve up`
+# tries, in order); an offline hint only: `tpuserve preflight` asks Compute Engine (machineTypes.get) for each one.
+V6E_ZONES = ("europe-west4-a", "us-east1-d", "us-central1-b", "asia-northeast1-b", "us-east5-a", "us-east5-b",
+             "us-central1-ai1a", "us-south1-ai1b")

@@ -1,14 +1,18 @@
-"""A small Compute Engine API client: what the readiness gate reads about one VM.
+"""A small Compute Engine API client: what the readiness gate reads about one VM, and what `tpuserve up` and
+`tpuserve preflight` ask about zones.
 
-Three calls: the guest attributes the VM's startup script writes (its boot stage), the instance's own status
-(whether it still exists and runs), and the serial console (the last lines explain a failed boot). The base URL is
-a parameter so tests point it at a fake on 127.0.0.1; the session is too, so tests pass a plain `requests.Session`
-where real runs use application-default credentials.
+For the gate: the guest attributes the VM's startup script writes (its boot stage), the instance's own status
+(whether it still exists and runs), and the serial console (the last lines explain a failed boot). For the sweep:
+whether a zone offers a machine type, and the instances and disks carrying the stack's labels in a zone (the orphan
+sweep), which it can delete. The base URL is a parameter so tests point it at a fake on 127.0.0.1; the session is
+too, so tests pass a plain `requests.Session` where real runs use application-default credentials.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import requests
 
@@ -83,6 +87,50 @@ class ComputeClient:
     def serial_output(self, instance: Instance, port: int = 1) -> str:
         """Everything the serial port still buffers (the API keeps the last ~1 MB)."""
         return str(ok(self._get(instance, "serialPort", {"port": str(port)})).json().get("contents", ""))
+
+
+    # --- zones: what `tpuserve preflight` and `tpuserve up` ask -------------------------------------------------
+
+    def _zone_url(self, project: str, zone: str, collection: str) -> str:
+        return f"{self.base_url}/compute/v1/projects/{project}/zones/{zone}/{collection}"
+
+    def machine_type(self, project: str, zone: str, name: str) -> dict[str, Any] | None:
+        """The machine type as the zone offers it, or None when the zone does not (404, or 400 for a zone that
+        does not exist)."""
+        response = self.session.get(self._zone_url(project, zone, f"machineTypes/{name}"), timeout=self.timeout_s)
+        if response.status_code in (400, 404):
+            return None
+        return dict(ok(response).json())
+
+    def _list(self, url: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """Every item of a zonal list whose labels include `labels`, across pages."""
+        params = {"filter": label_filter(labels), "maxResults": "500"}
+        items: list[dict[str, Any]] = []
+        while True:
+            body = ok(self.session.get(url, params=params, timeout=self.timeout_s)).json()
+            items += body.get("items", [])
+            if not body.get("nextPageToken"):
+                return items
+            params["pageToken"] = body["nextPageToken"]
+
+    def labelled_instances(self, project: str, zone: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        return self._list(self._zone_url(project, zone, "instances"), labels)
+
+    def labelled_disks(self, project: str, zone: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        return self._list(self._zone_url(project, zone, "disks"), labels)
+
+    def delete(self, project: str, zone: str, collection: str, name: str) -> str:
+        """Start deleting an instance or disk; returns the zonal operation's name (a 404 means already gone)."""
+        response = self.session.delete(self._zone_url(project, zone, f"{collection}/{name}"), timeout=self.timeout_s)
+        if response.status_code == 404:
+            return ""
+        return str(ok(response).json().get("name", ""))
+
+
+def label_filter(labels: Mapping[str, str]) -> str:
+    """A Compute API list filter matching every label: `(labels.app = "tpu-serve") (labels.stack = "dev")`; the
+    API ANDs parenthesised expressions."""
+    return " ".join(f'(labels.{key} = "{value}")' for key, value in sorted(labels.items()))
 
 
 def ok(response: requests.Response) -> requests.Response:

@@ -1,0 +1,205 @@
+"""`tpuserve up` end to end through its real code path: a fake `pulumi` first on PATH (tests/fake_pulumi.py) plays the
+provider's recorded error texts per zone (tests/provider_errors.py), and fake Google APIs on 127.0.0.1
+(tests/google_fakes.py) answer preflight and the orphan sweep. No network beyond loopback, no credentials."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from click.testing import CliRunner
+
+from tests import provider_errors as errors
+from tests.fake_pulumi import FakePulumi, install
+from tests.google_fakes import PROJECT, GoogleFake, labelled_instance, state_with_instance
+from tpuserve.deploy import gce
+from tpuserve.ops import up as up_module
+
+ZONES = "us-east5-a,us-central1-ai1a,europe-west4-a,us-central1-b"
+
+
+@pytest.fixture
+def pulumi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakePulumi:
+    fake = install(tmp_path / "bin", tmp_path / "pulumi-home")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_PULUMI_HOME", str(fake.home))
+    monkeypatch.setattr(gce, "adc_session", requests.Session)  # the fakes need no credentials
+    fake.set_config(project=PROJECT, zone="us-east5-a", hfTokenSecretId="hf-token")
+    return fake
+
+
+def failed(message: str) -> dict:
+    return {"output": errors.pulumi_failed(message), "rc": 255}
+
+
+def run_up(google: GoogleFake, *args: str) -> tuple[int, dict, str]:
+    with google.start() as fake:
+        result = CliRunner().invoke(up_module.up, ["--stack", "dev", "--json", *google.endpoint_options(fake.url),
+                                                   *args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    lines = result.stdout.strip().splitlines()
+    return result.exit_code, json.loads(lines[-1]) if lines else {}, result.stderr
+
+
+def test_stockout_then_regional_quota_then_capacity_in_the_third_zone(pulumi: FakePulumi):
+    """The first zone is out of capacity and suggests us-central1-b, which is tried next and lacks quota, so
+    us-central1-ai1a, listed second, is skipped (the fake would let it succeed); europe-west4-a works. The chosen zone
+    lands in the stack config, the stockout zone's leftover VM is deleted (--yes), and every pulumi up got the extra
+    flags."""
+    pulumi.scenario({
+        "us-east5-a": failed(errors.STOCKOUT_WITH_SUGGESTION.replace("us-east5-b", "us-east5-a")
+                             .replace("europe-west4-a, us-central1-b", "us-central1-b")),
+        "us-central1-b": failed(errors.TPU_FAMILY_QUOTA.replace("us-east5", "us-central1")),
+        "europe-west4-a": {"rc": 0, "creates": True},
+    })
+    google = GoogleFake(instances={"us-east5-a": [labelled_instance("us-east5-a", status="STAGING")]})
+    code, verdict, stderr = run_up(google, "--zones", ZONES, "--yes", "--", "--policy-pack", "policy")
+
+    assert code == 0, stderr
+    assert verdict["ok"] is True and verdict["zone"] == "europe-west4-a"
+    assert [(a["zone"], a["outcome"], a["class"]) for a in verdict["attempts"]] == [
+        ("us-east5-a", "failed", "capacity"), ("us-central1-b", "failed", "quota"), ("europe-west4-a", "ok", "created")]
+    assert verdict["attempts"][1]["reason"] == ("Error waiting for instance to create: Quota 'TPUS_PER_TPU_FAMILY' "
+                                                "exceeded. Limit: 0.0 in region us-central1.")
+    assert pulumi.config()["tpu-serve:zone"]["value"] == "europe-west4-a"
+    assert google.deleted == ["us-east5-a/instances/tpu-serve-dev"]
+    assert verdict["orphans"] == [{"kind": "instance", "zone": "us-east5-a", "name": "tpu-serve-dev",
+                                   "status": "STAGING", "deleted": True}]
+
+    ups = [call for call in pulumi.calls() if call[0] == "up"]
+    assert len(ups) == 3
+    assert all(call[:4] == ["up", "--yes", "--skip-preview", "--refresh"] and "--policy-pack" in call for call in ups)
+    zones_set = [call[3] for call in pulumi.calls() if call[:2] == ["config", "set"]]
+    assert zones_set == ["us-east5-a", "us-central1-b", "europe-west4-a"]
+    assert sum(call[0] == "refresh" for call in pulumi.calls()) == 2 + 1  # after each failure, then the final sweep
+
+    assert "attempt 1: us-east5-a" in stderr and "[suggests us-central1-b]" in stderr
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]]
+            for line in stderr.splitlines() if line.startswith("│")]
+    assert [row[:5] for row in rows if row[0]] == [["1", "1", "us-east5-a", "failed", "capacity"],
+                                                   ["2", "1", "us-central1-b", "failed", "quota"],
+                                                   ["3", "1", "europe-west4-a", "ok", "created"]]  # the attempts table
+    assert "up in europe-west4-a (the stack's `zone` is now europe-west4-a)" in stderr
+    assert "│ Updating (dev):" in stderr  # pulumi's own output streams through
+
+
+def test_a_permission_error_stops_at_once_and_restores_the_zone(pulumi: FakePulumi):
+    pulumi.scenario({"*": failed(errors.PERMISSION_DENIED)})
+    code, verdict, stderr = run_up(GoogleFake(), "--zones", ZONES)
+    assert code == 1
+    assert [a["zone"] for a in verdict["attempts"]] == ["us-east5-a"]
+    assert verdict["attempts"][0]["class"] == "permission"
+    assert "2-7 minutes" in verdict["hint"]
+    assert [call[0] for call in pulumi.calls()].count("up") == 1
+    assert pulumi.config()["tpu-serve:zone"]["value"] == "us-east5-a"
+
+
+def test_the_deadline_interrupts_a_running_pulumi_up(pulumi: FakePulumi):
+    pulumi.scenario({"*": {"rc": 0, "seconds": 60}})
+    began = time.monotonic()
+    code, verdict, stderr = run_up(GoogleFake(), "--zones", ZONES, "--deadline", "2s", "--skip-preflight")
+    assert time.monotonic() - began < 20
+    assert code == 3
+    assert [(a["zone"], a["class"]) for a in verdict["attempts"]] == [("us-east5-a", "deadline")]
+    assert verdict["attempts"][0]["seconds"] == pytest.approx(2.0, abs=1.5)
+    assert "deadline reached after 1 attempt(s)" in stderr
+
+
+def test_a_failed_readiness_gate_stops_the_sweep_and_keeps_the_zone_of_its_vm(pulumi: FakePulumi):
+    pulumi.scenario({"us-east5-a": failed(errors.STOCKOUT),
+                     "europe-west4-a": {"output": errors.gate_failed("boot failed during loading-model: OOM"),
+                                        "rc": 255, "creates": True}})
+    code, verdict, stderr = run_up(GoogleFake(), "--zones", "us-east5-a,europe-west4-a,us-central1-b")
+    assert code == 1
+    assert [(a["zone"], a["class"]) for a in verdict["attempts"]] == [("us-east5-a", "capacity"),
+                                                                      ("europe-west4-a", "not-ready")]
+    assert "tpuserve diagnose --stack dev" in verdict["hint"]
+    assert pulumi.config()["tpu-serve:zone"]["value"] == "europe-west4-a"  # where the VM that did not serve runs
+
+
+def test_no_capacity_anywhere_exits_3_and_restores_the_zone(pulumi: FakePulumi):
+    pulumi.scenario({"*": failed(errors.STOCKOUT)})
+    code, verdict, stderr = run_up(GoogleFake(), "--zones", "us-east5-a,europe-west4-a")
+    assert code == 3
+    assert [a["zone"] for a in verdict["attempts"]] == ["us-east5-a", "europe-west4-a"]
+    assert verdict["reason"] == "no capacity in us-east5-a, europe-west4-a"
+    assert pulumi.config()["tpu-serve:zone"]["value"] == "us-east5-a"
+
+
+def test_preflight_drops_zones_without_the_machine_type_or_quota_and_fails_on_a_disabled_api(pulumi: FakePulumi):
+    pulumi.scenario({"*": {"rc": 0, "creates": True}})
+    google = GoogleFake(zones_offering={"us-central1-b", "europe-west4-a"}, preemptible={"us-central1": 0})
+    code, verdict, stderr = run_up(google, "--zones", ZONES)
+    assert code == 0
+    assert [a["zone"] for a in verdict["attempts"]] == ["europe-west4-a"]  # us-east5-a, ai1a: no ct6e; us-central1
+    assert "zones to try: europe-west4-a" in stderr                       # has no quota of either kind
+
+    disabled = GoogleFake(enabled={"secretmanager.googleapis.com", "iam.googleapis.com"})
+    calls_before = len(pulumi.calls())
+    code, verdict, stderr = run_up(disabled, "--zones", ZONES)
+    assert code == 1 and verdict["reason"] == "preflight failed"
+    assert "gcloud services enable compute.googleapis.com" in stderr
+    assert all(call[0] != "up" for call in pulumi.calls()[calls_before:])
+
+
+def test_orphans_are_left_alone_without_yes_when_nobody_can_confirm(pulumi: FakePulumi):
+    pulumi.scenario({"us-east5-a": failed(errors.CREATE_TIMEOUT), "*": {"rc": 0, "creates": True}})
+    google = GoogleFake(instances={"us-east5-a": [labelled_instance("us-east5-a", status="RUNNING")]})
+    code, verdict, stderr = run_up(google, "--zones", "us-east5-a,europe-west4-a")
+    assert code == 0 and verdict["zone"] == "europe-west4-a"
+    assert google.deleted == []
+    assert [o["deleted"] for o in verdict["orphans"]] == [False]  # reported once, though seen again at the end
+    assert "run `tpuserve up` again with --yes" in stderr
+
+
+def test_the_vm_in_the_state_is_never_an_orphan(pulumi: FakePulumi):
+    """A later `tpuserve up` starts where the stack's VM is (its outputs), and that VM is not swept away."""
+    pulumi.state(state_with_instance("us-central1-b"))
+    (pulumi.home / "outputs.json").write_text(json.dumps({"zone": "us-central1-b"}))
+    pulumi.scenario({"us-central1-b": failed(errors.RATE_EXCEEDED), "*": {"rc": 0}})
+    google = GoogleFake(instances={"us-central1-b": [labelled_instance("us-central1-b", status="RUNNING")]})
+    code, verdict, stderr = run_up(google, "--yes", "--skip-preflight")
+    assert [a["zone"] for a in verdict["attempts"]][:2] == ["us-central1-b", "us-east5-a"]
+    assert google.deleted == [] and verdict["orphans"] == []
+
+
+def test_bad_usage_is_one_line_and_exit_2(pulumi: FakePulumi):
+    result = CliRunner().invoke(up_module.up, ["--stack", "dev", "--deadline", "soon"])
+    assert result.exit_code == 2 and "--deadline" in result.output and "Traceback" not in result.output
+    pulumi.set_config(project=PROJECT, region="us-east5", hfTokenSecretId="hf-token")
+    result = CliRunner().invoke(up_module.up, ["--stack", "dev", "--zones", "us-east5-a,europe-west4-a"])
+    assert result.exit_code == 2 and "region: the stack pins Cloud NAT to us-east5" in result.output
+
+
+@pytest.mark.parametrize("text, seconds", [("2h", 7200), ("90m", 5400), ("1h30m", 5400), ("45s", 45), ("600", 600)])
+def test_deadlines(text, seconds):
+    assert up_module.parse_deadline(text) == seconds
+
+
+def test_a_local_stack_is_one_pulumi_up_without_zones_or_preflight(pulumi: FakePulumi):
+    pulumi.set_config(target="local")
+    pulumi.scenario({"*": {"rc": 0}})
+    code, verdict, stderr = run_up(GoogleFake(), "--retry-until-up")
+    assert code == 0 and verdict["zone"] == "local"
+    assert [call[0] for call in pulumi.calls()] == ["config", "stack", "up"]
+    assert "tpu-serve:zone" not in pulumi.config()
+
+
+def test_a_gke_stack_is_one_pulumi_up_in_its_zone_after_preflight(pulumi: FakePulumi):
+    """GKE queues flex-start capacity for the node pool: no zone sweep, no retry rounds, the zone stays."""
+    pulumi.set_config(project=PROJECT, target="gke", zone="europe-west4-a", hfTokenSecretId="hf-token")
+    pulumi.scenario({"europe-west4-a": failed(errors.STOCKOUT), "*": {"rc": 0}})
+    code, verdict, stderr = run_up(GoogleFake(), "--retry-until-up")
+    assert code != 0
+    assert [attempt["zone"] for attempt in verdict["attempts"]] == ["europe-west4-a"]
+    assert [call[0] for call in pulumi.calls()].count("up") == 1
+    assert pulumi.config()["tpu-serve:zone"]["value"] == "europe-west4-a"
+
+
+def test_a_gke_stack_refuses_zones(pulumi: FakePulumi):
+    pulumi.set_config(project=PROJECT, target="gke", zone="europe-west4-a", hfTokenSecretId="hf-token")
+    code, _, stderr = run_up(GoogleFake(), "--zones", "us-east5-a")
+    assert code == 2 and "--zones" in stderr

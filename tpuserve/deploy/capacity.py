@@ -1,0 +1,189 @@
+"""What a failed `pulumi up` of the TPU VM means for the capacity sweep, read from the error text alone.
+
+The GCP provider prints an operation's message (and its localized message), never the error code alone, so every rule
+matches the words Google and the provider use; tests/test_capacity.py holds one real error text per rule with its
+source. Rules are tried in order, first match wins:
+- the readiness gate failed: the VM was created but never served. A bad config fails the same way in every zone, so
+  this stops the sweep (and points to `tpuserve diagnose`); so do a locked stack, a policy violation, a program or
+  config error and missing credentials;
+- out of capacity in the zone: next zone, after the zones the message suggests ("Consider trying your request in the
+  X zone(s)");
+- a regional quota (preemptible or standard): skip the region's zones; a global quota stops;
+- the machine type is not offered in the zone: next zone;
+- API not enabled, permission denied, bad project, invalid argument: stop;
+- rate limits, internal errors, a create that timed out: next zone;
+- anything else stops: an unknown error is read by a person, not retried in every zone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+from tpuserve.deploy.sweep import REGION, STOP, ZONE, Failure, region_of
+
+ZONE_NAME = r"[a-z]+-[a-z]+[0-9]+-[a-z0-9]+"
+REGION_NAME = r"[a-z]+-[a-z]+[0-9]+"
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+REASON_MAX_CHARS = 300
+# Where a provider message starts inside a line of `pulumi up` output, and noise before it.
+MESSAGE_STARTS = ("error: ", "Error: ", "* ", "message: ", " - ")
+MESSAGE_ENDS = (" Resources: ", " Duration: ", " error: ")
+PREFIXES = re.compile(r"^(?:sdk-v2/provider2\.go:\d+: )?(?:sdk\.helper_schema: )?")
+
+GATE_FAILED = re.compile(r"exit status \d+: running .{0,400}?-m tpuserve gate")
+GATE_VERDICT = re.compile(r'\{"ready": false, .*?"reason": ("(?:[^"\\]|\\.)*")\}')
+LOCKED = re.compile(r"the stack is currently locked by")
+POLICY = re.compile(r"Policy Violations:|\[mandatory\]|Constraint '?constraints/[\w.]+'? violated")
+PROGRAM = re.compile(r"Program failed with an unhandled exception|\bConfigError\b|"
+                     r"an unhandled error occurred: Program exited with non-zero exit code")
+CREDENTIALS = re.compile(r"Attempted to load application default credentials|could not find default credentials|"
+                         r"invalid_grant|Reauthentication failed")
+CAPACITY = re.compile(rf"ZONE_RESOURCE_POOL_EXHAUSTED|does not have enough resources available to fulfill the "
+                      rf"request|\bresource_availability\b|is currently unavailable in the {ZONE_NAME} zone|"
+                      rf"There is no more capacity in the zone")
+SUGGESTED = re.compile(r"Consider trying your request in the (.+?) zone\(s\)|zonesAvailable: ([a-z0-9, -]+)")
+QUOTA = re.compile(rf"Quota '(?P<metric>\w+)' (?:exceeded\.?\s*Limit:?|exhausted\.\s*Limit) (?P<limit>[0-9.]+) "
+                   rf"(?:in region (?P<region>{REGION_NAME})|in zone (?P<zone>{ZONE_NAME})|(?P<globally>globally))")
+QUOTA_CODE = re.compile(r"QUOTA_EXCEEDED|quotaExceeded")
+UNAVAILABLE = re.compile(r"Machine type with name '[^']+' does not exist in zone|machineTypes/[^'\s]+' was not found|"
+                         r"Unknown zone|is not found or access is unauthorized")
+API_DISABLED = re.compile(r"has not been used in project \S+ before or it is disabled|accessNotConfigured|"
+                          r"SERVICE_DISABLED")
+API_NAME = re.compile(r"apis/api/([a-z0-9.-]+\.googleapis\.com)")
+PERMISSION = re.compile(r"Required '[\w.]+' permission for|IAM_PERMISSION_DENIED|PERMISSION_DENIED|Error 403\b|"
+                        r"\bforbidden\b|Permission '[\w.]+' denied")
+PROJECT = re.compile(r"Failed to find project|The resource 'projects/[^/']+' was not found|"
+                     r"Invalid value for project")
+INVALID = re.compile(r"Invalid value for field|Error 400\b|\bbadRequest\b|INVALID_ARGUMENT|, invalid\b")
+TIMEOUT = re.compile(r"timeout while waiting for state to become 'DONE'")
+TRANSIENT = re.compile(r"Operation rate exceeded for resource|RESOURCE_OPERATION_RATE_EXCEEDED|rateLimitExceeded|"
+                       r"Rate Limit Exceeded|Error 50[023]\b|backendError|Internal error|UNSUPPORTED_OPERATION|"
+                       r"RESOURCE_NOT_READY")
+
+
+def normalize(text: str) -> str:
+    """One line: no colour codes, every run of whitespace (gcloud and Pulumi wrap and indent) a single space."""
+    return " ".join(ANSI.sub("", text).split())
+
+
+def excerpt(text: str, match: re.Match[str]) -> str:
+    """The sentence of the provider's message around `match`, without Pulumi's and the provider's prefixes."""
+    starts = [found + len(marker) for marker in (". ", *MESSAGE_STARTS)
+              if (found := text.rfind(marker, 0, match.start())) >= 0]
+    ends = [found + (marker == ". ") for marker in (". ", *MESSAGE_ENDS)
+            if (found := text.find(marker, match.end())) >= 0]
+    line = PREFIXES.sub("", text[max(starts, default=0):min(ends, default=len(text))].strip())
+    return line if len(line) <= REASON_MAX_CHARS else line[:REASON_MAX_CHARS - 1] + "…"
+
+
+def suggested_zones(text: str) -> tuple[str, ...]:
+    found: list[str] = []
+    for match in SUGGESTED.finditer(text):
+        found += re.findall(ZONE_NAME, match.group(1) or match.group(2))
+    return tuple(dict.fromkeys(found))
+
+
+def gate_reason(text: str) -> str:
+    """The gate's own verdict (its JSON line) when the output carries it."""
+    verdicts = GATE_VERDICT.findall(text)
+    if verdicts:
+        try:
+            return f"the VM never served: {json.loads(verdicts[-1])}"
+        except json.JSONDecodeError:
+            pass
+    return "the VM was created but the readiness gate failed"
+
+
+Rule = Callable[[str, str], "Failure | None"]
+
+
+def _stop(kind: str, pattern: re.Pattern[str], hint: str) -> Rule:
+    def rule(text: str, zone: str) -> Failure | None:
+        match = pattern.search(text)
+        return Failure(kind, STOP, excerpt(text, match), hint=hint) if match else None
+    return rule
+
+
+def _next_zone(kind: str, pattern: re.Pattern[str], lasting: bool = False) -> Rule:
+    def rule(text: str, zone: str) -> Failure | None:
+        match = pattern.search(text)
+        return Failure(kind, ZONE, excerpt(text, match), lasting=lasting) if match else None
+    return rule
+
+
+def _gate(text: str, zone: str) -> Failure | None:
+    if not GATE_FAILED.search(text):
+        return None
+    return Failure("not-ready", STOP, gate_reason(text),
+                   hint="a VM that boots but never serves fails the same way in every zone: read why with "
+                        "`tpuserve diagnose --stack <stack>` (the VM runs, and bills, until destroyed or expired)")
+
+
+def _capacity(text: str, zone: str) -> Failure | None:
+    match = CAPACITY.search(text)
+    if not match:
+        return None
+    return Failure("capacity", ZONE, excerpt(text, match), suggested=suggested_zones(text))
+
+
+def _quota(text: str, zone: str) -> Failure | None:
+    match = QUOTA.search(text) or QUOTA_CODE.search(text)
+    if not match:
+        return None
+    reason = excerpt(text, match)
+    named = match.groupdict() if match.re is QUOTA else {}
+    if named.get("globally"):
+        return Failure("quota", STOP, reason, lasting=True,
+                       hint=f"a global quota ({named['metric']}): request more in IAM & Admin > Quotas")
+    if named.get("zone"):
+        return Failure("quota", ZONE, reason, lasting=True)
+    region = named.get("region") or region_of(zone)
+    return Failure("quota", REGION, reason, lasting=True, region=region,
+                   hint=f"no quota in {region}: request it (IAM & Admin > Quotas) to use this region")
+
+
+def _api_disabled(text: str, zone: str) -> Failure | None:
+    match = API_DISABLED.search(text)
+    if not match:
+        return None
+    api = API_NAME.search(text)
+    command = f"gcloud services enable {api.group(1)}" if api else "enable the API named above"
+    return Failure("api-disabled", STOP, excerpt(text, match),
+                   hint=f"{command}, wait a few minutes, then run `tpuserve preflight`")
+
+
+RULES: tuple[Rule, ...] = (
+    _gate,
+    _stop("locked", LOCKED, "another update holds the stack: wait for it to end, or `pulumi cancel` a dead one"),
+    _stop("policy", POLICY, "a policy forbids this change: fix the stack config (policy/config/<stack>.json "
+                            "loosens a rule of the policy pack; an organization policy is your admin's)"),
+    _stop("config", PROGRAM, "the program or the stack config failed before anything was created: fix the key "
+                             "it names"),
+    _stop("credentials", CREDENTIALS, "run `gcloud auth application-default login` (CI: Workload Identity "
+                                      "Federation, see the README)"),
+    _capacity,
+    _quota,
+    _next_zone("unavailable", UNAVAILABLE, lasting=True),
+    _api_disabled,
+    _stop("permission", PERMISSION, "grant the deploying identity the role it lacks (`tpuserve preflight` lists "
+                                    "the permissions); IAM grants take 2-7 minutes to propagate"),
+    _stop("project", PROJECT, "check the stack's `project` (its id, not its name or number)"),
+    _stop("invalid", INVALID, "the request is invalid the same way in every zone: fix the setting it names"),
+    _next_zone("timeout", TIMEOUT),
+    _next_zone("transient", TRANSIENT),
+)
+
+
+def classify(output: str, zone: str) -> Failure:
+    """What the output of a failed `pulumi up` in `zone` means for the sweep."""
+    text = normalize(output)
+    for rule in RULES:
+        failure = rule(text, zone)
+        if failure is not None:
+            return failure
+    last = next((line.strip() for line in reversed(ANSI.sub("", output).splitlines()) if "error" in line.lower()),
+                text[-REASON_MAX_CHARS:])
+    return Failure("unknown", STOP, last[:REASON_MAX_CHARS],
+                   hint="not a failure the sweep knows how to route around: read the output above")

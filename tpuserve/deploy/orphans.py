@@ -1,0 +1,74 @@
+"""Orphans: instances and disks carrying a stack's labels that the stack's Pulumi state does not hold.
+
+A failed or interrupted create can leave one behind: a create that timed out while Compute Engine kept working on it,
+a `pulumi up` killed mid-create (a pending create), an unattached boot disk. Nothing in the state will ever delete
+them, and a TPU VM bills by the hour, so `tpuserve up` looks for them in every zone it tried (by the labels every
+resource of the stack carries) and deletes them once the user agrees (or with --yes).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tpuserve.deploy.gce import ComputeClient
+
+APP = "tpu-serve"  # the Pulumi project's name, the `app` label of everything the stack creates
+
+
+def stack_labels(stack: str) -> dict[str, str]:
+    """The labels that identify a stack's resources (components/deployment.py puts them on everything)."""
+    return {"app": APP, "stack": re.sub(r"[^a-z0-9_-]+", "-", stack.lower())[:63], "managed-by": "pulumi"}
+
+
+@dataclass(frozen=True)
+class Orphan:
+    collection: str  # "instances" or "disks"
+    zone: str
+    name: str
+    status: str
+    created: str
+
+    @property
+    def kind(self) -> str:
+        return self.collection.removesuffix("s")
+
+    def resource_id(self, project: str) -> str:
+        return f"projects/{project}/zones/{self.zone}/{self.collection}/{self.name}"
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.name} in {self.zone} ({self.status or 'unknown status'}, created {self.created})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "zone": self.zone, "name": self.name, "status": self.status}
+
+
+def managed_ids(state: Mapping[str, Any]) -> set[str]:
+    """The provider ids (`projects/P/zones/Z/instances/N`) of every resource in a `pulumi stack export`; pending
+    operations are not resources yet, so what they were creating counts as an orphan."""
+    resources = state.get("deployment", {}).get("resources") or []
+    return {str(resource["id"]) for resource in resources if resource.get("id")}
+
+
+def find_orphans(compute: ComputeClient, project: str, zones: Iterable[str], labels: Mapping[str, str],
+                 managed: set[str]) -> list[Orphan]:
+    """Instances with the stack's `app` and `stack` labels that the state does not hold, and unattached disks with
+    them, in `zones`. (Only those two: a label key with a hyphen, like managed-by, is no field name in a filter.)"""
+    selector = {key: labels[key] for key in ("app", "stack")}
+    found: list[Orphan] = []
+    for zone in dict.fromkeys(zones):
+        for item in compute.labelled_instances(project, zone, selector):
+            found.append(Orphan("instances", zone, item["name"], item.get("status", ""),
+                                item.get("creationTimestamp", "")))
+        for item in compute.labelled_disks(project, zone, selector):
+            if not item.get("users"):  # a boot disk in use goes with its instance
+                found.append(Orphan("disks", zone, item["name"], item.get("status", ""),
+                                    item.get("creationTimestamp", "")))
+    return [orphan for orphan in found if orphan.resource_id(project) not in managed]
+
+
+def delete_orphans(compute: ComputeClient, project: str, orphans: Iterable[Orphan]) -> list[str]:
+    """Start deleting each orphan; returns the operation names (Compute Engine finishes the deletes)."""
+    return [compute.delete(project, orphan.zone, orphan.collection, orphan.name) for orphan in orphans]

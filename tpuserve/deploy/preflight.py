@@ -1,0 +1,420 @@
+"""`tpuserve preflight`: what would stop a deploy, found in seconds through Google's APIs, before anything is created.
+
+With the user's application-default credentials (as the gate uses them), for the stack's project and candidate zones:
+- the project exists and is active (Resource Manager `projects.get`);
+- the Compute Engine, Secret Manager and IAM APIs are enabled (Service Usage `services.batchGet`);
+- each candidate zone offers the machine type (Compute `machineTypes.get`): the live answer that replaces any
+  built-in zone list;
+- each candidate region has TPU v6e quota: a flex-start VM draws preemptible quota, else standard quota ("When you
+  create a Flex-start VM, preemptible quota is consumed. If your project lacks preemptible quota, then standard quota
+  is consumed.", https://cloud.google.com/compute/docs/instances/provisioning-models). These are the Cloud Quotas API's
+  `PREEMPTIBLE-TPU-V6E-per-project-region` and `TPUS-PER-TPU-FAMILY-per-project-region` (dimension tpu_family=CT6E):
+  dimensioned quotas that Compute's `regions.get` quota list does not report, so the Cloud Quotas API is the one asked;
+- the token secret exists and its latest version is enabled (what the VM reads at boot);
+- the deploying identity holds the permissions the stack needs (Resource Manager `projects.testIamPermissions`).
+Each check is ok, warning (the deploy may still work) or fail (it will not), with the fix. Zones whose machine type
+or quota is missing are dropped from the sweep rather than tried.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import requests
+
+from tpuserve.client import error_message
+from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient
+from tpuserve.deploy.sweep import region_of
+from tpuserve.facts import V6E_ZONES
+
+OK, WARNING, FAIL = "ok", "warning", "fail"
+DEFAULT_MACHINE_TYPE = "ct6e-standard-1t"
+TIMEOUT_S = 20.0
+REQUIRED_APIS = ("compute.googleapis.com", "secretmanager.googleapis.com", "iam.googleapis.com")
+QUOTAS_API = "cloudquotas.googleapis.com"
+PREEMPTIBLE_QUOTA = "PREEMPTIBLE-TPU-V6E-per-project-region"
+FAMILY_QUOTA = "TPUS-PER-TPU-FAMILY-per-project-region"
+TPU_FAMILY = "CT6E"
+# What `pulumi up` does with this stack's resources (create, read back, update, replace, delete), and what `tpuserve
+# up` and the gate do with the VM. Roles granted at the project level are what testIamPermissions sees.
+PERMISSIONS = (
+    "compute.instances.create", "compute.instances.delete", "compute.instances.get", "compute.instances.list",
+    "compute.instances.setMetadata", "compute.instances.setLabels", "compute.instances.setTags",
+    "compute.instances.setServiceAccount", "compute.instances.getGuestAttributes",
+    "compute.instances.getSerialPortOutput", "compute.disks.create", "compute.disks.list", "compute.disks.delete",
+    "compute.machineTypes.get", "compute.networks.get", "compute.networks.updatePolicy", "compute.subnetworks.use",
+    "compute.firewalls.create", "compute.firewalls.delete", "compute.firewalls.get", "compute.routers.create",
+    "compute.routers.delete", "compute.routers.get", "compute.routers.update", "iam.serviceAccounts.create",
+    "iam.serviceAccounts.delete", "iam.serviceAccounts.get", "iam.serviceAccounts.actAs",
+    "resourcemanager.projects.getIamPolicy", "resourcemanager.projects.setIamPolicy",
+    "secretmanager.secrets.getIamPolicy", "secretmanager.secrets.setIamPolicy",
+)
+SECRET_CREATE_PERMISSIONS = ("secretmanager.secrets.create", "secretmanager.secrets.delete",
+                             "secretmanager.versions.add")
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """API roots; tests point them at fakes on 127.0.0.1."""
+
+    compute: str = COMPUTE_URL
+    serviceusage: str = "https://serviceusage.googleapis.com"
+    cloudresourcemanager: str = "https://cloudresourcemanager.googleapis.com"
+    secretmanager: str = "https://secretmanager.googleapis.com"
+    cloudquotas: str = "https://cloudquotas.googleapis.com"
+
+    @classmethod
+    def parse(cls, pairs: Iterable[str]) -> Endpoints:
+        """`--endpoint compute=http://127.0.0.1:8080` ... into Endpoints."""
+        overrides = {}
+        for pair in pairs:
+            name, _, url = pair.partition("=")
+            if name not in cls.__dataclass_fields__ or not url:
+                raise click.BadParameter(f"{pair!r}: expected SERVICE=URL with SERVICE one of "
+                                         f"{', '.join(cls.__dataclass_fields__)}", param_hint="--endpoint")
+            overrides[name] = url.rstrip("/")
+        return cls(**overrides)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the stack would deploy, as far as preflight cares."""
+
+    project: str
+    zones: tuple[str, ...]
+    machine_type: str = DEFAULT_MACHINE_TYPE
+    secret: str = ""  # hfTokenSecretId: an id or projects/P/secrets/S; empty when the stack creates the secret
+    creates_secret: bool = False  # hfToken is set: the stack makes the secret itself
+
+    @property
+    def chips(self) -> int:
+        digits = self.machine_type.rsplit("-", 1)[-1].removesuffix("t")
+        return int(digits) if digits.isdigit() else 1
+
+    @property
+    def secret_path(self) -> str:
+        return self.secret if self.secret.startswith("projects/") else f"projects/{self.project}/secrets/{self.secret}"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {"check": self.name, "status": self.status, "detail": self.detail, "fix": self.fix}
+
+
+@dataclass
+class Report:
+    checks: list[Check] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # zone -> why the sweep will not try it
+    zones: tuple[str, ...] = ()  # the candidates, in order
+
+    @property
+    def failed(self) -> bool:
+        return any(check.status == FAIL for check in self.checks)
+
+    @property
+    def usable_zones(self) -> list[str]:
+        return [zone for zone in self.zones if zone not in self.skipped]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": not self.failed, "checks": [check.as_dict() for check in self.checks],
+                "zones": self.usable_zones, "skipped": self.skipped}
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class Google:
+    """GET/POST against one of the Endpoints with the session; errors carry Google's message."""
+
+    def __init__(self, session: requests.Session, endpoints: Endpoints, project: str):
+        self.session, self.endpoints, self.project = session, endpoints, project
+
+    def call(self, api: str, path: str, *, params: Any = None, body: Any = None,
+             bill_project: bool = False) -> dict[str, Any]:
+        # User credentials need a quota project for Service Usage and Cloud Quotas: bill the stack's own.
+        headers = {"x-goog-user-project": self.project} if bill_project else {}
+        url = f"{getattr(self.endpoints, api)}{path}"
+        if body is None:
+            response = self.session.get(url, params=params, headers=headers, timeout=TIMEOUT_S)
+        else:
+            response = self.session.post(url, json=body, headers=headers, timeout=TIMEOUT_S)
+        if not response.ok:
+            raise ApiError(response.status_code, f"HTTP {response.status_code}: {error_message(response)}")
+        return dict(response.json())
+
+
+def unreachable(name: str, err: Exception) -> Check:
+    return Check(name, WARNING, f"could not check: {err}")
+
+
+# --- checks -----------------------------------------------------------------------------------------------------
+
+def check_project(google: Google) -> Check:
+    try:
+        project = google.call("cloudresourcemanager", f"/v1/projects/{google.project}")
+    except ApiError as err:
+        return Check("project", FAIL, f"{google.project}: {err}",
+                     "check `project` in the stack config (the project id) and that you may read it")
+    except requests.RequestException as err:
+        return unreachable("project", err)
+    state = project.get("lifecycleState", "")
+    if state != "ACTIVE":
+        return Check("project", FAIL, f"{google.project} is {state or 'not active'}", "use an active project")
+    return Check("project", OK, f"{google.project} (number {project.get('projectNumber', '?')}), active")
+
+
+def check_apis(google: Google) -> tuple[Check, set[str]]:
+    """The required APIs' state; also returns every API found enabled (the quota check needs Cloud Quotas)."""
+    names = [f"projects/{google.project}/services/{api}" for api in (*REQUIRED_APIS, QUOTAS_API)]
+    try:
+        body = google.call("serviceusage", f"/v1/projects/{google.project}/services:batchGet",
+                           params={"names": names}, bill_project=True)
+    except (ApiError, requests.RequestException) as err:
+        return unreachable("APIs", err), set(REQUIRED_APIS)
+    enabled = {service["name"].rsplit("/", 1)[-1] for service in body.get("services", [])
+               if service.get("state") == "ENABLED"}
+    disabled = [api for api in REQUIRED_APIS if api not in enabled]
+    if disabled:
+        return Check("APIs", FAIL, f"not enabled: {', '.join(disabled)}",
+                     f"gcloud services enable {' '.join(disabled)} --project {google.project}"), enabled
+    return Check("APIs", OK, f"enabled: {', '.join(api.split('.')[0] for api in REQUIRED_APIS)}"), enabled
+
+
+def check_machine_type(google: Google, target: Target, report: Report) -> Check:
+    compute = ComputeClient(google.session, google.endpoints.compute, TIMEOUT_S)
+    offered, unknown = [], []
+    for zone in target.zones:
+        try:
+            found = compute.machine_type(target.project, zone, target.machine_type)
+        except (ComputeApiError, requests.RequestException) as err:
+            unknown.append(f"{zone} ({err})")
+            continue
+        if found is None:
+            report.skipped[zone] = f"does not offer {target.machine_type}"
+        else:
+            offered.append(zone)
+    name = f"{target.machine_type} offered"
+    if not offered and not unknown:
+        return Check(name, FAIL, f"in none of {', '.join(target.zones)}",
+                     "list zones that offer it: gcloud compute machine-types list "
+                     f"--filter=name={target.machine_type} --format='value(zone)'")
+    missing = [zone for zone in target.zones if zone in report.skipped]
+    if missing or unknown:
+        detail = f"in {', '.join(offered) or 'no zone checked'}"
+        detail += f"; not in {', '.join(missing)} (skipped)" if missing else ""
+        detail += f"; could not check {', '.join(unknown)}" if unknown else ""
+        return Check(name, WARNING, detail)
+    return Check(name, OK, f"in {', '.join(offered)}")
+
+
+def quota_limit(info: Mapping[str, Any], region: str, dimensions: Mapping[str, str]) -> int | None:
+    """A QuotaInfo's effective limit in `region`: the most specific DimensionsInfo that applies (region and tpu_family
+    over a family default over a region default over the global default); None when none applies; -1 is unlimited."""
+    wanted = {"region": region, **dimensions}
+    best: tuple[int, int] | None = None
+    for entry in info.get("dimensionsInfos", []):
+        dims = entry.get("dimensions", {})
+        if any(wanted.get(key) != value for key, value in dims.items()):
+            continue
+        locations = entry.get("applicableLocations") or []
+        if locations and "global" not in locations and region not in locations:
+            continue
+        value = int(entry.get("details", {}).get("value", 0))
+        if best is None or len(dims) > best[0]:
+            best = (len(dims), value)
+    return None if best is None else best[1]
+
+
+def enough(limit: int | None, chips: int) -> bool:
+    return limit is not None and (limit == -1 or limit >= chips)
+
+
+def check_quota(google: Google, target: Target, report: Report, apis: set[str]) -> Check:
+    name = "TPU v6e quota"
+    if QUOTAS_API not in apis:
+        return Check(name, WARNING, "not checked: the Cloud Quotas API is not enabled",
+                     f"gcloud services enable {QUOTAS_API} --project {target.project}")
+    infos = {}
+    for quota in (PREEMPTIBLE_QUOTA, FAMILY_QUOTA):
+        try:
+            infos[quota] = google.call("cloudquotas", f"/v1/projects/{target.project}/locations/global/services/"
+                                                      f"compute.googleapis.com/quotaInfos/{quota}", bill_project=True)
+        except ApiError as err:
+            if err.status != 404:  # an id the project does not have is no quota
+                return unreachable(name, err)
+            infos[quota] = {}
+        except requests.RequestException as err:
+            return unreachable(name, err)
+    usable, lacking = [], []
+    for region in dict.fromkeys(region_of(zone) for zone in target.zones if zone not in report.skipped):
+        preemptible = quota_limit(infos[PREEMPTIBLE_QUOTA], region, {})
+        standard = quota_limit(infos[FAMILY_QUOTA], region, {"tpu_family": TPU_FAMILY})
+        if enough(preemptible, target.chips) or enough(standard, target.chips):
+            usable.append(f"{region} (preemptible {fmt(preemptible)}, standard {fmt(standard)})")
+            continue
+        lacking.append(region)
+        for zone in target.zones:
+            if region_of(zone) == region:
+                report.skipped.setdefault(zone, f"no TPU v6e quota in {region} (preemptible {fmt(preemptible)}, "
+                                                f"standard {fmt(standard)})")
+    fix = (f"request {PREEMPTIBLE_QUOTA} (flex-start draws it first) or {FAMILY_QUOTA} with tpu_family={TPU_FAMILY} "
+           f"of at least {target.chips} in {', '.join(lacking)}: IAM & Admin > Quotas") if lacking else ""
+    if lacking and not usable:
+        return Check(name, FAIL, f"no region has {target.chips} chip(s): {', '.join(lacking)}", fix)
+    if lacking:
+        return Check(name, WARNING, f"{', '.join(usable)}; none in {', '.join(lacking)} (skipped)", fix)
+    return Check(name, OK, ", ".join(usable) or "no zone left to check")
+
+
+def fmt(limit: int | None) -> str:
+    return "unset" if limit is None else "unlimited" if limit == -1 else str(limit)
+
+
+def check_secret(google: Google, target: Target) -> Check:
+    name = "token secret"
+    if target.creates_secret:
+        return Check(name, OK, "the stack creates it from hfToken")
+    if not target.secret:
+        return Check(name, FAIL, "neither hfTokenSecretId nor hfToken is set",
+                     "pulumi config set hfTokenSecretId <secret> (or --secret hfToken hf_...)")
+    try:
+        google.call("secretmanager", f"/v1/{target.secret_path}")
+        version = google.call("secretmanager", f"/v1/{target.secret_path}/versions/latest")
+    except ApiError as err:
+        return Check(name, FAIL, f"{target.secret_path}: {err}",
+                     f"printf %s \"$HF_TOKEN\" | gcloud secrets create {target.secret_path.rsplit('/', 1)[-1]} "
+                     f"--data-file=- --project {target.project} (or add a version to it)")
+    except requests.RequestException as err:
+        return unreachable(name, err)
+    if version.get("state") != "ENABLED":
+        return Check(name, FAIL, f"{version.get('name', target.secret_path)} is {version.get('state', 'not enabled')}",
+                     "add a new version, or enable the latest one: gcloud secrets versions enable")
+    return Check(name, OK, f"{version.get('name', target.secret_path)} enabled")
+
+
+def check_permissions(google: Google, target: Target) -> Check:
+    name = "permissions"
+    wanted = [*PERMISSIONS, *(SECRET_CREATE_PERMISSIONS if target.creates_secret else ())]
+    try:
+        body = google.call("cloudresourcemanager", f"/v1/projects/{target.project}:testIamPermissions",
+                           body={"permissions": wanted})
+    except (ApiError, requests.RequestException) as err:
+        return unreachable(name, err)
+    missing = [permission for permission in wanted if permission not in set(body.get("permissions", []))]
+    if missing:
+        return Check(name, FAIL, f"missing {len(missing)} of {len(wanted)}: {', '.join(missing)}",
+                     "grant the deploying identity roles that hold them (e.g. roles/compute.instanceAdmin.v1, "
+                     "roles/iam.serviceAccountUser); a new grant takes 2-7 minutes to show")
+    return Check(name, OK, f"all {len(wanted)} the stack needs")
+
+
+def preflight(session: requests.Session, target: Target, endpoints: Endpoints = Endpoints()) -> Report:
+    google = Google(session, endpoints, target.project)
+    report = Report(zones=target.zones)
+    report.checks.append(project := check_project(google))
+    if project.status == FAIL:
+        return report
+    apis_check, apis = check_apis(google)
+    report.checks.append(apis_check)
+    report.checks.append(check_machine_type(google, target, report))
+    report.checks.append(check_quota(google, target, report, apis))
+    report.checks.append(check_secret(google, target))
+    report.checks.append(check_permissions(google, target))
+    if not report.usable_zones and not report.failed:  # e.g. quota unknown but every zone lacks the machine type
+        report.checks.append(Check("zones", FAIL, "no candidate zone is left to try",
+                                   "add zones: --zones or the stack's `zones`"))
+    return report
+
+
+# --- the stack and the command ------------------------------------------------------------------------------------
+
+def target_from_config(config: Mapping[str, Any], zones: Sequence[str]) -> Target:
+    return Target(project=str(config.get("project", "")), zones=tuple(zones),
+                  machine_type=str(config.get("machineType") or DEFAULT_MACHINE_TYPE),
+                  secret=str(config.get("hfTokenSecretId") or ""), creates_secret="hfToken" in config)
+
+
+def configured_zones(config: Mapping[str, Any], outputs: Mapping[str, Any], explicit: str | None) -> list[str]:
+    """The zones to try, in order: --zones as given; else where the stack's VM is (its outputs), the stack's `zone`,
+    then its `zones` (default: facts.V6E_ZONES, ordered by evidence)."""
+    if explicit:
+        zones = [zone.strip() for zone in explicit.split(",") if zone.strip()]
+        if not zones:
+            raise click.BadParameter("list at least one zone", param_hint="--zones")
+        return list(dict.fromkeys(zones))
+    listed = config.get("zones") or V6E_ZONES
+    if isinstance(listed, str) or not isinstance(listed, (list, tuple)):
+        raise click.UsageError(f"zones: expected a list of zones in the stack config, got {listed!r}")
+    first = [str(zone) for zone in (outputs.get("zone"), config.get("zone")) if zone]
+    return list(dict.fromkeys([*first, *map(str, listed)]))
+
+
+def print_report(console: Any, report: Report) -> None:
+    from rich.markup import escape
+
+    colour = {OK: "green", WARNING: "yellow", FAIL: "red"}
+    for check in report.checks:
+        console.print(f"[{colour[check.status]}]{check.status:<8}[/] {check.name:<24} {escape(check.detail)}",
+                      highlight=False, soft_wrap=True)
+        if check.fix and check.status != OK:
+            console.print(f"{'':<33}fix: {check.fix}", highlight=False, markup=False, soft_wrap=True)
+    if report.skipped:
+        console.print(f"zones skipped: {'; '.join(f'{z}: {why}' for z, why in report.skipped.items())}",
+                      highlight=False, markup=False, soft_wrap=True)
+    console.print(f"zones to try: {', '.join(report.usable_zones) or 'none'}", highlight=False, soft_wrap=True)
+
+
+def endpoint_option(command: Any) -> Any:
+    return click.option("--endpoint", "endpoints", multiple=True, hidden=True,
+                        help="SERVICE=URL: another root for a Google API (tests).")(command)
+
+
+@click.command("preflight")
+@click.option("--stack", required=True, help="Pulumi stack to check (reads its config with the pulumi CLI).")
+@click.option("--zones", help="Comma-separated zones to check, instead of the stack's.")
+@click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
+              show_default=True, help="The Pulumi project directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON line: the checks and the zones to try.")
+@endpoint_option
+def preflight_command(stack: str, zones: str | None, cwd: Path, as_json: bool, endpoints: tuple[str, ...]) -> None:
+    """Check what would stop a deploy: APIs, machine type per zone, TPU quota, token secret, permissions."""
+    from rich.console import Console
+
+    from tpuserve.deploy.gce import MissingCredentials, adc_session
+    from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
+
+    roots = Endpoints.parse(endpoints)
+    try:
+        pulumi = PulumiCli(stack, cwd)
+        config = pulumi.config()
+        outputs = {} if zones else pulumi.outputs()
+    except PulumiError as err:
+        raise click.ClickException(str(err)) from err
+    if not config.get("project"):
+        raise click.UsageError(f"project: not set in stack {stack}; pulumi config set project <gcp-project-id> "
+                               f"--stack {stack}")
+    target = target_from_config(config, configured_zones(config, outputs, zones))
+    try:
+        session = adc_session()
+    except MissingCredentials as err:
+        raise click.ClickException(str(err)) from err
+    with session:
+        report = preflight(session, target, roots)
+    print_report(Console(stderr=True), report)
+    if as_json:
+        click.echo(json.dumps(report.as_dict()))
+    raise SystemExit(1 if report.failed else 0)

@@ -1,0 +1,141 @@
+"""The Pulumi engine as `tpuserve up` drives it: the `pulumi` CLI, one subprocess per command, in the project directory.
+
+Why the CLI and not the Automation API (`pulumi.automation`): the Automation API runs this same CLI underneath (it
+needs it installed and checks its version), so it adds a layer without removing one; `pulumi up`'s own output is what
+users already read, and it streams through unchanged (the readiness gate's stages included); the toolkit already
+reads stack outputs this way (deploy/stack.py); and a test replaces one executable on PATH. State, secrets, previews
+and policy packs stay Pulumi's: every call names the stack, and extra `pulumi up` flags pass through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+NAMESPACE = "tpu-serve"  # Pulumi.yaml's `name`: stack config keys are `tpu-serve:<key>`
+INTERRUPT_GRACE_S = 90.0  # after Ctrl-C, Pulumi finishes the operations in flight and saves the state
+KILL_GRACE_S = 10.0
+
+
+class PulumiError(RuntimeError):
+    """A pulumi command that is not an update failed (no CLI, no such stack, a bad passphrase...)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    returncode: int
+    output: str  # stdout and stderr, interleaved as printed
+    seconds: float
+    interrupted: bool = False  # stopped at the deadline (or by Ctrl-C)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.interrupted
+
+
+class PulumiCli:
+    def __init__(self, stack: str, cwd: Path | None = None, echo: Callable[[str], None] = lambda line: None):
+        executable = shutil.which("pulumi")
+        if executable is None:
+            raise PulumiError("the pulumi CLI is not on PATH (https://www.pulumi.com/docs/install/; scripts/up.sh "
+                              "installs the pinned version)")
+        self.executable, self.stack, self.cwd, self.echo = executable, stack, cwd, echo
+        self.env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"}
+
+    def _argv(self, *args: str) -> list[str]:
+        return [self.executable, *args, "--stack", self.stack, "--non-interactive"]
+
+    def _run(self, *args: str) -> str:
+        result = subprocess.run(self._argv(*args), cwd=self.cwd, env=self.env, capture_output=True, text=True,
+                                check=False)
+        if result.returncode != 0:
+            detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
+            raise PulumiError(f"`pulumi {' '.join(args)} --stack {self.stack}` failed: "
+                              f"{detail[-1] if detail else f'exit {result.returncode}'}")
+        return result.stdout
+
+    def config(self) -> dict[str, Any]:
+        """The stack's `tpu-serve:` settings: key -> value (lists and objects parsed; secrets stay blinded)."""
+        raw = json.loads(self._run("config", "--json") or "{}")
+        settings: dict[str, Any] = {}
+        for key, entry in raw.items():
+            namespace, _, name = key.partition(":")
+            if namespace != NAMESPACE:
+                continue
+            value = entry.get("objectValue", entry.get("value"))
+            if isinstance(value, str) and value[:1] in "[{" and not entry.get("secret"):
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError:
+                    pass
+            settings[name] = value
+        return settings
+
+    def set_config(self, key: str, value: str) -> None:
+        self._run("config", "set", key, value)
+
+    def remove_config(self, key: str) -> None:
+        self._run("config", "rm", key)
+
+    def outputs(self) -> dict[str, Any]:
+        """The stack's outputs; empty for a stack never deployed."""
+        try:
+            return dict(json.loads(self._run("stack", "output", "--json") or "{}"))
+        except PulumiError:
+            return {}
+
+    def export(self) -> dict[str, Any]:
+        """`pulumi stack export`: the state, whose resources carry their provider ids."""
+        return dict(json.loads(self._run("stack", "export") or "{}"))
+
+    def refresh(self, timeout_s: float) -> Run:
+        """Read every resource back from GCP and drop pending creates (a VM they made is the orphan sweep's)."""
+        return self.stream(["refresh", "--yes", "--skip-preview", "--clear-pending-creates"], timeout_s)
+
+    def up(self, extra: Sequence[str], timeout_s: float) -> Run:
+        return self.stream(["up", "--yes", "--skip-preview", "--refresh", *extra], timeout_s)
+
+    def stream(self, args: Sequence[str], timeout_s: float) -> Run:
+        """Run a command, echoing each line as it comes; at `timeout_s` interrupt it as Ctrl-C would (Pulumi then
+        finishes what is in flight and saves the state), kill it only if it does not stop."""
+        started, lines, interrupted = time.monotonic(), [], False
+        with subprocess.Popen(self._argv(*args), cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as process:
+
+            def pump() -> None:
+                assert process.stdout is not None
+                for line in process.stdout:
+                    lines.append(line)
+                    self.echo(line.rstrip("\n"))
+
+            reader = threading.Thread(target=pump, daemon=True)
+            reader.start()
+            try:
+                process.wait(timeout=max(timeout_s, 0.0))
+            except subprocess.TimeoutExpired:
+                interrupted = True
+                stop(process)
+            except KeyboardInterrupt:  # the terminal sent Ctrl-C to pulumi too: let it save the state
+                stop(process, already_interrupted=True)
+                raise
+            reader.join(timeout=KILL_GRACE_S)
+        return Run(process.returncode, "".join(lines), time.monotonic() - started, interrupted)
+
+
+def stop(process: subprocess.Popen, already_interrupted: bool = False) -> None:
+    if not already_interrupted:
+        process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=INTERRUPT_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=KILL_GRACE_S)

@@ -1,0 +1,293 @@
+"""`tpuserve up`: deploy a stack in the first zone that has a TPU for it, and leave nothing behind in the others.
+
+A flex-start create without a wait time gets capacity now or fails (components/instance.py), so deploying means
+trying zones: preflight first (tpuserve/deploy/preflight.py drops zones without the machine type or quota), then the
+sweep (deploy/sweep.py): per zone, set the stack's `zone` and run the real `pulumi up` (deploy/pulumi_cli.py; state,
+secrets, policy packs stay Pulumi's, and the readiness gate runs inside it); classify a failure from its text
+(deploy/capacity.py); before the next zone, refresh the state and delete what the failed zone left behind (orphans,
+found by the stack's labels, after the user agrees or with --yes). The zone that worked stays in the stack config, so
+later `pulumi up`/`destroy` and the toolkit use it. The readiness gate failing is not a capacity problem: it stops
+the sweep and points to `tpuserve diagnose`.
+
+Exit codes: 0 deployed and ready; 1 stopped by an error no other zone fixes (or preflight); 2 bad usage;
+3 no zone had capacity before the deadline (try later, add zones, or --retry-until-up).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import requests
+
+from tpuserve.deploy.capacity import classify
+from tpuserve.deploy.gce import ComputeApiError, ComputeClient
+from tpuserve.deploy.orphans import Orphan, delete_orphans, find_orphans, managed_ids, stack_labels
+from tpuserve.deploy.preflight import (Endpoints, Report, configured_zones, endpoint_option, preflight, print_report,
+                                       target_from_config)
+from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
+from tpuserve.deploy.sweep import ZONE, Attempt, Failure, SweepResult, sweep
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_CAPACITY = 0, 1, 2, 3
+DEFAULT_DEADLINE = "2h"
+CLEANUP_TIMEOUT_S = 300.0  # the refresh between attempts, even past the deadline: nothing may stay half-created
+LOCAL = "local"  # the one "zone" of a local-target stack (a Docker host)
+GKE = "gke"
+DURATION = re.compile(r"(\d+)([hms])")
+UNIT_S = {"h": 3600, "m": 60, "s": 1}
+
+
+def parse_deadline(text: str) -> float:
+    """'2h' -> 7200, '1h30m' -> 5400, '600' -> 600 seconds."""
+    text = text.strip()
+    if text.isdigit():
+        seconds = int(text)
+    elif text and not DURATION.sub("", text):
+        seconds = sum(int(n) * UNIT_S[unit] for n, unit in DURATION.findall(text))
+    else:
+        raise click.BadParameter(f"{text!r} is not a duration like 90m, 2h or 1h30m", param_hint="--deadline")
+    if seconds <= 0:
+        raise click.BadParameter("must be longer than zero", param_hint="--deadline")
+    return float(seconds)
+
+
+def zone_of(resource_id: str) -> str | None:
+    match = re.match(r"projects/[^/]+/zones/([^/]+)/instances/", resource_id)
+    return match.group(1) if match else None
+
+
+@dataclass
+class Deployer:
+    """One stack's attempts: the callable the sweep runs per zone, and the clean-up after a failed one."""
+
+    pulumi: PulumiCli
+    stack: str
+    project: str
+    extra: Sequence[str]
+    compute: ComputeClient | None  # None for a local stack (no zones, nothing to sweep)
+    confirm: Callable[[list[Orphan]], bool]
+    say: Callable[[str], None]
+    orphans: list[dict[str, Any]] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)  # orphans already reported (and deleted, or left) by this run
+
+    def attempt(self, zone: str, seconds_left: float) -> Failure | None:
+        self.say(f"── {self.stack}: pulumi up in {zone} ({seconds_left / 60:.0f} min left)")
+        if zone != LOCAL:
+            self.pulumi.set_config("zone", zone)
+        run = self.pulumi.up(self.extra, seconds_left)
+        if run.ok:
+            return None
+        if run.interrupted:
+            failure = Failure("deadline", ZONE, f"interrupted at the deadline after {run.seconds:.0f} s")
+        else:
+            failure = classify(run.output, zone)
+        if zone != LOCAL:
+            self.clean_up([zone])
+        return failure
+
+    def clean_up(self, zones: Sequence[str]) -> None:
+        """Refresh the state (dropping pending creates), then find and delete what it does not hold in `zones`."""
+        refresh = self.pulumi.refresh(CLEANUP_TIMEOUT_S)
+        if not refresh.ok:
+            self.say(f"warning: pulumi refresh failed (exit {refresh.returncode}); the orphan sweep goes on")
+        if self.compute is None:
+            return
+        try:
+            managed = managed_ids(self.pulumi.export())
+            found = [orphan for orphan in find_orphans(self.compute, self.project, zones, stack_labels(self.stack),
+                                                       managed) if orphan.resource_id(self.project) not in self.seen]
+        except (PulumiError, ComputeApiError, requests.RequestException, ValueError) as err:
+            self.say(f"warning: could not look for orphans in {', '.join(zones)}: {err}")
+            return
+        if not found:
+            return
+        self.seen.update(orphan.resource_id(self.project) for orphan in found)
+        self.say(f"orphans of stack {self.stack} (labelled, not in its state):")
+        for orphan in found:
+            self.say(f"  {orphan.describe()}")
+        delete = self.confirm(found)
+        if delete:
+            try:
+                operations = delete_orphans(self.compute, self.project, found)
+                self.say(f"deleting {len(found)}: {', '.join(op for op in operations if op) or 'already gone'}")
+            except (ComputeApiError, requests.RequestException) as err:
+                self.say(f"warning: could not delete them: {err}; delete them in the console")
+                delete = False
+        else:
+            self.say("left in place: delete them in the console, or run `tpuserve up` again with --yes")
+        self.orphans += [{**orphan.as_dict(), "deleted": delete} for orphan in found]
+
+
+def progress_line(index: int, attempt: Attempt) -> str:
+    outcome = "ok" if attempt.ok else "failed"
+    line = f"attempt {index}: {attempt.zone:<18} {outcome:<6} {attempt.kind:<12} {attempt.seconds:7.1f} s"
+    if attempt.failure is not None:
+        line += f"  {attempt.failure.reason}"
+        if attempt.failure.suggested:
+            line += f" [suggests {', '.join(attempt.failure.suggested)}]"
+    return line
+
+
+def print_table(console: Any, result: SweepResult) -> None:
+    from rich.table import Table
+
+    table = Table(title="attempts", title_justify="left")
+    for column in ("#", "round", "zone", "outcome", "class", "seconds"):
+        table.add_column(column, justify="right" if column in ("#", "round", "seconds") else "left")
+    table.add_column("reason", overflow="fold")
+    for index, attempt in enumerate(result.attempts, 1):
+        table.add_row(str(index), str(attempt.round), attempt.zone, "ok" if attempt.ok else "failed", attempt.kind,
+                      f"{attempt.seconds:.1f}", attempt.failure.reason if attempt.failure else "")
+    console.print(table)
+
+
+def verdict(result: SweepResult, stack: str, candidates: Sequence[str]) -> tuple[int, str, str]:
+    """(exit code, one-line outcome, what to do)."""
+    if result.ok:
+        return EXIT_OK, f"up in {result.zone} (the stack's `zone` is now {result.zone})", ""
+    if result.stopped is not None:
+        failure = result.stopped
+        return EXIT_FAILED, f"stopped: {failure.kind}: {failure.reason}", failure.hint.replace("<stack>", stack)
+    if result.deadline_hit:
+        return EXIT_NO_CAPACITY, f"deadline reached after {len(result.attempts)} attempt(s)", \
+            "a longer --deadline, --retry-until-up, or more zones"
+    return EXIT_NO_CAPACITY, f"no capacity in {', '.join(candidates)}", \
+        "try again later, add zones (--zones or the stack's `zones`), or --retry-until-up"
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--stack", required=True, help="Pulumi stack to deploy.")
+@click.option("--zones", help="Comma-separated zones to try, in this order [default: where the stack's VM is, its "
+              "`zone`, then its `zones`].")
+@click.option("--deadline", "deadline_text", default=DEFAULT_DEADLINE, show_default=True,
+              help="Give up after this long (90m, 2h, 1h30m); a `pulumi up` still running then is interrupted.")
+@click.option("--retry-until-up", is_flag=True, help="When every zone fails, wait (30 s, doubling, at most 10 min) "
+              "and sweep again until the deadline.")
+@click.option("--yes", is_flag=True, help="Delete orphaned VMs and disks the sweep finds without asking.")
+@click.option("--skip-preflight", is_flag=True, help="Do not run `tpuserve preflight` first.")
+@click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
+              show_default=True, help="The Pulumi project directory.")
+@click.option("--json", "as_json", is_flag=True, help="End with one JSON line: outcome, zone, attempts, orphans.")
+@endpoint_option
+@click.argument("pulumi_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- PULUMI UP FLAGS]")
+def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, yes: bool, skip_preflight: bool,
+       cwd: Path, as_json: bool, endpoints: tuple[str, ...], pulumi_args: tuple[str, ...]) -> None:
+    """Deploy a stack: find a zone with TPU capacity (preflight, then `pulumi up` zone by zone), clean up.
+
+    Flags after `--` go to every `pulumi up`, e.g. `-- --policy-pack policy`. Exit 0 deployed and ready, 1 stopped
+    by an error another zone would not fix, 3 no capacity before the deadline."""
+    from rich.console import Console
+
+    from tpuserve.deploy.gce import MissingCredentials, adc_session
+
+    deadline_s, roots, started = parse_deadline(deadline_text), Endpoints.parse(endpoints), time.monotonic()
+    console = Console(stderr=True)
+    exits = ExitStack()  # the API session lives until the command ends
+
+    def say(line: str) -> None:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def finish(code: int, summary: dict[str, Any]) -> None:
+        exits.close()
+        if as_json:
+            click.echo(json.dumps({"ok": code == EXIT_OK, "stack": stack, "exit": code, **summary}))
+        raise SystemExit(code)
+
+    try:
+        pulumi = PulumiCli(stack, cwd, echo=lambda line: click.echo(f"  │ {line}", err=True))
+        config = pulumi.config()
+        outputs = pulumi.outputs()
+    except PulumiError as err:
+        say(f"error: {err}")
+        finish(EXIT_FAILED, {"zone": None, "attempts": [], "reason": str(err), "orphans": []})
+    local = config.get("target") == LOCAL
+    # A gke stack's TPU node pool queues for flex-start capacity itself (GKE's flex-start provisioning), and moving
+    # its zone would move the cluster: one `pulumi up` in the stack's zone, no sweep.
+    single_zone = config.get("target") == GKE
+    if not local and not config.get("project"):
+        raise click.UsageError(f"project: not set in stack {stack}; pulumi config set project <gcp-project-id> "
+                               f"--stack {stack}")
+    if single_zone and zones:
+        raise click.UsageError(f"--zones: stack {stack} is a gke stack, whose node pool waits for capacity in its "
+                               f"zone; change the zone with pulumi config set zone <zone> --stack {stack}")
+    candidates = [LOCAL] if local else configured_zones(config, outputs, zones)[:1 if single_zone else None]
+    region = config.get("region")
+    if region and any(not zone.startswith(f"{region}-") for zone in candidates):
+        raise click.UsageError(f"region: the stack pins Cloud NAT to {region}, but the sweep may try "
+                               f"{', '.join(z for z in candidates if not z.startswith(f'{region}-'))}; unset it "
+                               f"(pulumi config rm region --stack {stack}: NAT then follows the zone) or limit --zones")
+
+    compute = None
+    if not local:
+        try:
+            session = exits.enter_context(adc_session())
+        except MissingCredentials as err:
+            say(f"error: {err}")
+            finish(EXIT_FAILED, {"zone": None, "attempts": [], "reason": str(err), "orphans": []})
+        compute = ComputeClient(session, roots.compute)
+        if not skip_preflight:
+            report: Report = preflight(session, target_from_config(config, candidates), roots)
+            print_report(console, report)
+            if report.failed:
+                finish(EXIT_FAILED, {"zone": None, "attempts": [], "reason": "preflight failed", "orphans": [],
+                                     "preflight": report.as_dict()})
+            candidates = report.usable_zones
+
+    interactive = sys.stdin.isatty()
+
+    def confirm(found: list[Orphan]) -> bool:
+        if yes:
+            return True
+        if not interactive:
+            return False
+        return click.confirm(f"Delete these {len(found)} orphaned resource(s)?", default=True, err=True)
+
+    deployer = Deployer(pulumi, stack, str(config.get("project", "")), pulumi_args, compute, confirm, say)
+    original_zone = config.get("zone")
+    say(f"trying {', '.join(candidates)} for stack {stack} (deadline {deadline_text})")
+    numbers = itertools.count(1)
+    result = sweep(candidates, deployer.attempt, deadline_s - (time.monotonic() - started),
+                   retry_until_up=retry_until_up and not (local or single_zone),
+                   on_attempt=lambda attempt: say(progress_line(next(numbers), attempt)),
+                   on_wait=lambda seconds, next_round: say(f"every zone failed; sweep {next_round} in {seconds:.0f} s"))
+    if not local:
+        tried = list(dict.fromkeys(attempt.zone for attempt in result.attempts))
+        if result.ok and len(tried) > 1:  # a create that timed out may have finished since its zone was swept
+            deployer.clean_up([zone for zone in tried if zone != result.zone])
+        if not result.ok:
+            keep_zone_consistent(pulumi, original_zone)
+    print_table(console, result)
+    code, outcome, todo = verdict(result, stack, candidates)
+    say(outcome)
+    if todo:
+        say(todo)
+    if result.ok and not local:
+        endpoint = pulumi.outputs().get("iapTunnelCommand")
+        if endpoint:
+            say(f"reach it: {endpoint}")
+    finish(code, {"zone": result.zone, "attempts": [attempt.as_dict() for attempt in result.attempts],
+                  "reason": None if result.ok else outcome, "hint": todo or None, "orphans": deployer.orphans})
+
+
+def keep_zone_consistent(pulumi: PulumiCli, original_zone: str | None) -> None:
+    """After a failed sweep the stack's `zone` names where its VM is (a VM whose gate failed stays), else what it
+    was before the sweep, so the next `pulumi up` does not move anything by surprise."""
+    try:
+        zones = [zone for resource_id in managed_ids(pulumi.export()) if (zone := zone_of(resource_id))]
+        if zones:
+            pulumi.set_config("zone", zones[0])
+        elif original_zone:
+            pulumi.set_config("zone", str(original_zone))
+        else:
+            pulumi.remove_config("zone")
+    except PulumiError as err:
+        click.echo(f"warning: could not restore the stack's zone: {err}", err=True)
