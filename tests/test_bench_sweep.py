@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.httpfake import FakeServer, Response
+from tpuserve.cli import main
 from tpuserve.measure.bench import bench, parse_levels
 from tpuserve.measure.benchreport import report_rows
 
@@ -30,7 +31,8 @@ value = lambda flag: args[args.index(flag) + 1]
 concurrency = int(value("--max-concurrency"))
 os.makedirs(value("--result-dir"), exist_ok=True)
 with open(os.path.join(value("--result-dir"), value("--result-filename")), "w") as out:
-    json.dump({"max_concurrency": concurrency, "request_throughput": concurrency / 10,
+    json.dump({"max_concurrency": concurrency, "completed": int(value("--num-prompts")), "failed": 0,
+               "request_throughput": concurrency / 10,
                "output_throughput": 16.0 * concurrency, "total_token_throughput": 80.0 * concurrency,
                "median_ttft_ms": 100.0, "p99_ttft_ms": 150.0, "median_tpot_ms": 20.0}, out)
 """
@@ -49,12 +51,26 @@ if "importlib.metadata" in inner[-1]:
     print("0.32.0+tpu")
 elif inner[3:5] == ["cat", inner[4]]:
     concurrency = int(re.search(r"c(\\d+)\\.json$", inner[4]).group(1))
-    print(json.dumps({"max_concurrency": concurrency, "request_throughput": 1.0, "output_throughput": 50.0,
+    print(json.dumps({"max_concurrency": concurrency, "completed": 100, "failed": 0, "request_throughput": 1.0,
+                      "output_throughput": 50.0,
                       "total_token_throughput": 90.0, "median_ttft_ms": 30.0, "p99_ttft_ms": 45.0,
                       "median_tpot_ms": 8.0}))
 elif inner[3:6] != ["vllm", "bench", "serve"]:
     sys.exit(f"unexpected remote command {inner}")
 """
+
+
+def model_card(model: str = "tiny", root: str | None = None, max_model_len: int = 1024) -> dict:
+    """One /v1/models entry as vLLM 0.32 serves it (ModelCard in vllm/entrypoints/serve/engine/protocol.py)."""
+    return {"id": model, "object": "model", "created": 1764412345, "owned_by": "vllm", "root": root or model,
+            "parent": None, "max_model_len": max_model_len, "permission": []}
+
+
+def vllm_routes(*cards: dict) -> dict:
+    """GET /version and /v1/models of a vLLM server (a sweep's pre-checks read both)."""
+    models = {"object": "list", "data": list(cards or (model_card(root="/models/tiny"),))}
+    return {("GET", "/version"): lambda request: Response(body={"version": "0.32.0+cpu"}),
+            ("GET", "/v1/models"): lambda request: Response(body=models)}
 
 
 def install(directory: Path, name: str, source: str) -> Path:
@@ -84,8 +100,7 @@ def test_local_sweep_runs_one_bench_per_level_and_records_it(fake_env: Path, tmp
     stack = tmp_path / "stack.json"
     stack.write_text(json.dumps({"vmName": "tpu-serve-dev", "zone": "us-east5-b"}))
     out = tmp_path / "run"
-    routes = {("GET", "/version"): lambda request: Response(body={"version": "0.32.0+cpu"})}
-    with FakeServer(routes) as server:
+    with FakeServer(vllm_routes()) as server:
         result = CliRunner().invoke(bench, [
             "sweep", "--url", f"{server.url}/v1/", "--model", "tiny", "--tokenizer", "/models/tiny",
             "--concurrency", "2,1", "--input-len", "64", "--output-len", "16", "--num-prompts", "6",
@@ -118,21 +133,27 @@ def test_failed_level_stops_the_sweep_with_the_log_tail(fake_env: Path, tmp_path
                                                         monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("FAKE_FAIL_AT", "8")
     out = tmp_path / "run"
-    result = CliRunner().invoke(bench, ["sweep", "--url", "http://127.0.0.1:9", "--model", "tiny",
-                                        "--concurrency", "1,8,32", "--out", str(out)])
+    with FakeServer({("GET", "/v1/models"): vllm_routes()[("GET", "/v1/models")]}) as server:
+        result = CliRunner().invoke(main, ["bench", "sweep", "--url", server.url, "--model", "tiny",
+                                           "--tokenizer", "/models/tiny", "--input-len", "64", "--output-len", "16", "--concurrency", "1,8,32",
+                                           "--out", str(out)])
     assert result.exit_code == 1
-    assert "concurrency 8: exit 3" in result.output and "the server went away" in result.output
+    assert ("Error: concurrency 8: `vllm bench serve` exited with 3: Traceback: the server went away (log: "
+            f"{out / 'c8.log'})") in result.output
     manifest = json.loads((out / "sweep.json").read_text())
     assert [run["concurrency"] for run in manifest["runs"]] == [1]  # what ran is on record
-    assert manifest["vllm_version"] is None  # nothing answers /version on port 9
+    assert manifest["vllm_version"] is None  # this server does not answer /version
     assert len(recorded(fake_env)) == 2  # 32 never started
 
 
 def test_sweep_refuses_a_directory_that_holds_a_sweep(fake_env: Path, tmp_path: Path):
     out = tmp_path / "run"
-    args = ["sweep", "--url", "http://127.0.0.1:9", "--model", "tiny", "--concurrency", "1", "--out", str(out)]
-    assert CliRunner().invoke(bench, args).exit_code == 0
-    again = CliRunner().invoke(bench, args)
+    with FakeServer(vllm_routes()) as server:
+        args = ["sweep", "--url", server.url, "--model", "tiny", "--tokenizer", "/t", "--input-len", "64",
+                "--concurrency", "1",
+                "--out", str(out)]
+        assert CliRunner().invoke(bench, args).exit_code == 0
+        again = CliRunner().invoke(bench, args)
     assert again.exit_code == 2 and "--out" in again.output and "already holds a sweep" in again.output
 
 

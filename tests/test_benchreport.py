@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tpuserve.cli import main
 from tpuserve.measure import benchreport
 from tpuserve.measure.bench import bench
 from tpuserve.measure.benchreport import ReportError, compare_rows, report_rows
@@ -73,8 +74,13 @@ def test_directory_without_results(tmp_path: Path):
 def test_comparison_ratios_are_candidate_over_baseline(sweep_dir: Path, tmp_path: Path):
     candidate = write_sweep(tmp_path / "b", vllm_result(8, 480.0, 25.0), vllm_result(64, 900.0, 40.0))
     comparisons = compare_rows(report_rows(sweep_dir, 1.35), report_rows(candidate, 1.35))
-    assert {item.concurrency for item in comparisons} == {8}  # only the level both measured
-    by_metric = {item.metric: item for item in comparisons}
+    # Issue #11: a level measured on one side only keeps its rows, with no ratio.
+    assert {item.concurrency for item in comparisons} == {1, 8, 64}
+    one_sided = [item for item in comparisons if item.concurrency != 8]
+    assert all(item.ratio is None for item in one_sided)
+    assert {(item.concurrency, item.baseline is None, item.candidate is None) for item in one_sided} == {
+        (1, False, True), (64, True, False)}
+    by_metric = {item.metric: item for item in comparisons if item.concurrency == 8}
     assert by_metric["output_tok_s"].ratio == pytest.approx(480 / 320)  # 1.5
     assert by_metric["tpot_median_ms"].ratio == pytest.approx(25 / 20)  # 1.25
     # 1.35 / (480 × 3600) × 1e6 = 0.78125 vs 1.171875: ratio 2/3, the inverse of the throughput gain.
@@ -103,7 +109,7 @@ def test_cli_json_and_table(sweep_dir: Path):
     runner = CliRunner()
     as_json = runner.invoke(bench, ["report", str(sweep_dir), "--format", "json", "--price-per-hour", "2.7"])
     assert as_json.exit_code == 0, as_json.output
-    rows = json.loads(as_json.stdout)
+    rows = json.loads(as_json.stdout)["rows"]
     # Doubling the price doubles $ / M: 2 × 5.859375.
     assert [row["usd_per_m_output"] for row in rows] == pytest.approx([11.71875, 2.34375])
     table = runner.invoke(bench, ["report", str(sweep_dir)], env={"COLUMNS": "200"})
@@ -123,17 +129,17 @@ def test_json_output_stays_strict_json_when_tpot_and_throughput_are_zero(sweep_d
     stalled = write_sweep(tmp_path / "stalled", vllm_result(1, 0.0, 0.0))
     single = CliRunner().invoke(bench, ["report", str(stalled), "--format", "json"])
     assert single.exit_code == 0, single.output
-    (row,) = strict_json(single.stdout)
+    (row,) = strict_json(single.stdout)["rows"]
     assert row["per_stream_tok_s"] is None and row["usd_per_m_output"] is None and row["concurrency"] == 1
     compared = CliRunner().invoke(bench, ["report", str(sweep_dir), str(stalled), "--format", "json"])
     assert compared.exit_code == 0, compared.output
-    per_stream = next(item for item in strict_json(compared.stdout) if item["metric"] == "per_stream_tok_s")
+    per_stream = next(item for item in strict_json(compared.stdout)["rows"] if item["metric"] == "per_stream_tok_s")
     assert per_stream["baseline"] == pytest.approx(80.0) and per_stream["candidate"] is None
     assert per_stream["ratio"] is None
 
 
 def test_cli_reports_bad_directory_as_a_usage_error(tmp_path: Path):
-    result = CliRunner().invoke(bench, ["report", str(tmp_path)])
+    result = CliRunner().invoke(main, ["bench", "report", str(tmp_path)])
     assert result.exit_code == 1
     assert "no `vllm bench serve` result JSON" in result.output
 

@@ -44,7 +44,8 @@ def test_session_shorter_than_the_cold_start_yields_nothing():
 def write_result(directory: Path, concurrency: int, output_tok_s: float) -> None:
     directory.mkdir(exist_ok=True)
     (directory / f"c{concurrency}.json").write_text(json.dumps({
-        "max_concurrency": concurrency, "request_throughput": 1.0, "output_throughput": output_tok_s,
+        "max_concurrency": concurrency, "completed": 100, "failed": 0, "request_throughput": 1.0,
+        "output_throughput": output_tok_s,
         "total_token_throughput": output_tok_s * 2, "median_ttft_ms": 100.0, "p99_ttft_ms": 200.0,
         "median_tpot_ms": 10.0}))
 

@@ -83,4 +83,5 @@ def test_probe_all_json_and_strict_exit_codes() -> None:
 def test_an_unreachable_server_is_a_clear_error() -> None:
     result = CliRunner().invoke(main, ["probe", "tools", "--url", "http://127.0.0.1:9"])
     assert result.exit_code == 1
-    assert "--url http://127.0.0.1:9: cannot list the served models" in result.output
+    assert result.output == ("Error: cannot reach http://127.0.0.1:9/v1/models: Connection refused; is the server up "
+                             "and its URL right?\n")
