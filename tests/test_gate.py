@@ -363,7 +363,8 @@ def test_instance_mode_passes_a_recorded_boot_to_serving(monkeypatch: pytest.Mon
 @pytest.mark.parametrize("args, message", [
     ([], "exactly one of --url"),
     (["--url", "http://h", "--instance", "vm"], "exactly one of --url"),
-    (["--url", "http://h"], "--url needs --model"),
+    (["--url", "h"], "Invalid value for '--url': 'h' is not a server URL (no port)"),
+    (["--url", "ftp://h:21"], "Invalid value for '--url': 'ftp://h:21' is not a server URL (scheme 'ftp')"),
     (["--instance", "vm", "--zone", "z"], "--instance needs --project"),
     (["--instance", "vm", "--zone", "z", "--project", "p", "--smoke", "tools"], "--smoke works with --url only"),
     (["--url", "http://h", "--model", "m", "--smoke", "toolz"], "--smoke"),

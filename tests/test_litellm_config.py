@@ -58,7 +58,7 @@ def test_bad_input_names_the_option(kwargs: dict, key: str, message: str) -> Non
 
 def test_without_url_or_stack_the_command_says_what_to_give() -> None:
     result = CliRunner().invoke(main, ["litellm", "--alias", "gemini-2.0-flash"])
-    assert result.exit_code == 2 and "give --url and --model" in result.output
+    assert result.exit_code == 2 and "give --url (and --model), or --stack" in result.output
 
 
 def test_a_litellm_router_built_from_the_file_completes_through_the_alias(

@@ -12,3 +12,15 @@ READY_TIMEOUT_S = 25 * 60
 PRICE_PER_CHIP_HOUR = 1.35
 # HBM vLLM can address on one v6e chip (32 GB nominal).
 V6E_HBM_GIB = 31.24
+
+# The VM's readiness clock (READY_TIMEOUT_S, the stack's `readinessTimeout`) starts only when vLLM starts loading;
+# `pulumi up`'s gate starts when the instance is created. So the gate waits for the VM's deadline plus what the
+# startup script does before it, each allowance named here, plus a margin to read the VM's own `failed` report:
+# the VM, not the gate, is the one to give up first and say why.
+GUEST_BOOT_ALLOWANCE_S = 180  # the guest OS boots and runs the startup script
+DOCKER_INSTALL_ALLOWANCE_S = 300  # apt-get installs Docker when the image lacks it
+IMAGE_PULL_ALLOWANCE_S = 900  # the vllm-tpu image pull (≈5 min measured), retried 5 times with backoff
+IAM_PROPAGATION_WAIT_S = 600  # a fresh secretAccessor grant can take minutes before the token fetch succeeds
+VM_REPORT_MARGIN_S = 120  # the VM writes `failed` and its reason; the gate polls every few seconds
+PRE_READINESS_ALLOWANCES_S = (GUEST_BOOT_ALLOWANCE_S, DOCKER_INSTALL_ALLOWANCE_S, IMAGE_PULL_ALLOWANCE_S,
+                              IAM_PROPAGATION_WAIT_S, VM_REPORT_MARGIN_S)

@@ -25,6 +25,7 @@ from typing import Any
 
 import click
 
+from tpuserve.cli import json_option
 from tpuserve.facts import V6E_HBM_GIB
 from tpuserve.serving import DEFAULT_MODEL, ConfigError, ServingConfig
 
@@ -241,10 +242,12 @@ def plan_lines(plan: Plan) -> list[tuple[str, str]]:
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=SERVED.max_num_batched_tokens,
               show_default=True, help="vLLM --max-num-batched-tokens: how far past its window a sliding layer holds "
               "KV (default: the stack's).")
-@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="--json is the same as --format json.")
+@json_option
 def plan(model: str, config_path: Path | None, hbm_gib: float, utilization: float, weights_gib: float | None,
          kv_dtype: str, max_model_len: int, block_size: int, max_num_batched_tokens: int,
-         output_format: str) -> None:
+         output_format: str, as_json: bool) -> None:
     """KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM."""
     try:
         config, weights, source = resolve_model(model, config_path, weights_gib)
@@ -252,7 +255,7 @@ def plan(model: str, config_path: Path | None, hbm_gib: float, utilization: floa
                                           max_num_batched_tokens))
     except ConfigError as error:
         raise click.ClickException(str(error)) from error
-    if output_format == "json":
+    if as_json or output_format == "json":
         click.echo(json.dumps(plan_as_json(result, model, source), indent=2))
     else:
         echo_table(result, model, source)
