@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -195,11 +196,18 @@ def run_info(directory: Path) -> RunInfo:
         totals = [(r.get(total_key), r["completed"]) for r in measured if r.get(total_key) is not None]
         return round(sum(t for t, _ in totals) / sum(c for _, c in totals)) if totals else None
 
-    date = manifest.get("started_at") or next((r.get("date") for r in results if r.get("date")), None)
     return RunInfo(str(directory), manifest.get("model") or next((r.get("model_id") for r in results), None),
                    parameters.get("input_len") or mean_length("total_input_tokens"),
                    parameters.get("output_len") or mean_length("total_output_tokens"),
-                   str(date)[:10] if date else None)
+                   day(manifest.get("started_at") or next((r.get("date") for r in results if r.get("date")), None)))
+
+
+def day(stamp: Any) -> str | None:
+    """'2026-11-29' from sweep.json's ISO time or vLLM's result 'date' ('20261129-104500')."""
+    text = str(stamp or "")
+    if re.match(r"^\d{8}-\d{6}$", text):
+        return f"{text[:4]}-{text[4:6]}-{text[6:8]}"
+    return text[:10] or None
 
 
 def check_comparable(baseline: RunInfo, candidate: RunInfo) -> list[str]:
