@@ -71,10 +71,10 @@ def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
 @json_option
 def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None,
             aliases: tuple[str, ...], api_key_env: str, master_key_env: str, as_json: bool) -> None:
-    """Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`; --json: the
-    same config as JSON, which LiteLLM reads too since YAML is a superset of JSON).
+    """Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`).
 
-    Offline with --url and --model, or with --stack; with --url alone the model is the first the server lists."""
+    Offline with --url and --model, or with --stack; with --url alone the model is the first the server lists.
+    --json prints the same config as JSON (LiteLLM reads it too: YAML is a superset of JSON)."""
     outputs = read_outputs(stack, stack_outputs)
     if url is None or model is None:
         if outputs is not None:

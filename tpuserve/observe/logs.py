@@ -211,8 +211,10 @@ def instance_options(command: Callable[..., None]) -> Callable[..., None]:
 @json_option
 def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zone: str | None,
          project: str | None, compute_url: str, source: str, tail: int, follow: bool, as_json: bool) -> None:
-    """Print the VM's serial console and the vLLM container's logs (a local-target stack: its container's
-    `docker logs`). --json prints {"target", "serial", "docker"}, each log as text or null."""
+    """Print the VM's serial console and the vLLM container's logs.
+
+    A local-target stack's logs are its container's `docker logs`. --json prints {"target", "serial", "docker"},
+    each log as text or null."""
     vm = resolve_instance(instance, zone, project, stack, stack_outputs)
     if follow and as_json:
         raise click.UsageError("--follow streams; --json prints one document: give one of them")
