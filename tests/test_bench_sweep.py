@@ -112,7 +112,7 @@ def test_local_sweep_runs_one_bench_per_level_and_records_it(fake_env: Path, tmp
         "bench", "serve", "--backend", "openai", "--endpoint", "/v1/completions",
         "--base-url", server.url,  # the /v1/ suffix is stripped: vLLM appends the endpoint
         "--model", "tiny", "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "16",
-        "--ignore-eos", "--num-prompts", "6", "--max-concurrency", "2",
+        "--ignore-eos", "--num-prompts", "6", "--max-concurrency", "2", "--ready-check-timeout-sec", "0",
         "--save-result", "--result-dir", str(out), "--result-filename", "c2.json", "--tokenizer", "/models/tiny"]
     assert commands[1][commands[1].index("--max-concurrency") + 1] == "1"
 

@@ -84,6 +84,9 @@ def bench_serve_args(vllm_bin: str, workload: Workload, concurrency: int, result
         "--ignore-eos",
         "--num-prompts", str(workload.num_prompts),
         "--max-concurrency", str(concurrency),
+        # vLLM's own readiness probe retries a failing first request for 600 s before it gives up; the sweep has
+        # checked the server already (local mode), so requests that fail are counted and reported at once.
+        "--ready-check-timeout-sec", "0",
         "--save-result", "--result-dir", result_dir, "--result-filename", result_filename,
     ]
     if workload.tokenizer:
