@@ -82,7 +82,6 @@ def test_gate_ends_at_once_for_a_model_the_real_server_does_not_list(vllm_server
     assert done.returncode == 1 and took < 30
     assert verdict["reason"] == (f"stage models: '{WRONG}' is not served by /v1/models, which serves tiny-gemma4 "
                                  "(waiting cannot change this answer)")
-    assert "… models:" not in done.stderr or "still in" not in done.stderr
 
 
 def test_gate_ends_at_once_when_a_smoke_check_is_refused_for_good(vllm_server: RunningServer):
