@@ -254,3 +254,17 @@ def test_plot_title_names_model_lengths_date_and_price(sweep_dir: Path, tmp_path
     other = write_sweep(tmp_path / "b", vllm_result(8, 480.0, 25.0, model_id="big"))
     assert benchreport.plot_title([info, benchreport.run_info(other)], 2.0) == (
         "tiny vs big · 64 in / 16 out · 2026-11-29 · $2/h")
+
+
+def test_a_replay_without_sweep_json_compares_by_what_the_server_counted(tmp_path: Path):
+    """Measured on the real CPU server: 64 requested input tokens are counted as 65 (the tokenizer's BOS). A
+    sweep (sweep.json: 64 in) and a direct replay of its commands (no sweep.json) are the same work."""
+    sweep = write_sweep(tmp_path / "sweep", vllm_result(8, 320.0, 20.0, total_input_tokens=12 * 65))
+    (sweep / "sweep.json").write_text(json.dumps({"model": "tiny", "parameters": {"input_len": 64, "output_len": 16}}))
+    direct = write_sweep(tmp_path / "direct", vllm_result(8, 330.0, 19.0, total_input_tokens=12 * 65))
+    (direct / "sweep.json").unlink()
+    assert benchreport.check_comparable(benchreport.run_info(direct), benchreport.run_info(sweep)) == []
+    longer = write_sweep(tmp_path / "longer", vllm_result(8, 330.0, 19.0, total_input_tokens=12 * 80))
+    (longer / "sweep.json").unlink()
+    with pytest.raises(ReportError, match="measured 80 in / 16 out, its baseline"):
+        benchreport.check_comparable(benchreport.run_info(sweep), benchreport.run_info(longer))

@@ -163,15 +163,32 @@ def report_rows(directory: Path, price_per_hour: float) -> list[BenchRow]:
     return rows
 
 
+# Measured lengths are per-request means of what the server counted: a tokenizer's special tokens make them differ
+# from the requested ones by a token or two (64 requested -> 65 counted with the tiny Gemma 4's BOS).
+LENGTH_TOLERANCE_TOKENS = 2
+LENGTH_TOLERANCE_SHARE = 0.05
+
+
 @dataclass(frozen=True)
 class RunInfo:
-    """What a sweep measured: the model and request lengths (sweep.json, else the results themselves) and when."""
+    """What a sweep measured: the model and request lengths, requested (sweep.json) and measured (the results'
+    token totals per completed request), and when."""
 
     directory: str
     model: str | None
-    input_len: int | None
-    output_len: int | None
+    requested: tuple[int, int] | None
+    measured: tuple[int, int] | None
     date: str | None
+
+    @property
+    def input_len(self) -> int | None:
+        lengths = self.requested or self.measured
+        return lengths[0] if lengths else None
+
+    @property
+    def output_len(self) -> int | None:
+        lengths = self.requested or self.measured
+        return lengths[1] if lengths else None
 
     @property
     def lengths(self) -> str:
@@ -196,9 +213,10 @@ def run_info(directory: Path) -> RunInfo:
         totals = [(r.get(total_key), r["completed"]) for r in measured if r.get(total_key) is not None]
         return round(sum(t for t, _ in totals) / sum(c for _, c in totals)) if totals else None
 
+    requested = (parameters.get("input_len"), parameters.get("output_len"))
+    means = (mean_length("total_input_tokens"), mean_length("total_output_tokens"))
     return RunInfo(str(directory), manifest.get("model") or next((r.get("model_id") for r in results), None),
-                   parameters.get("input_len") or mean_length("total_input_tokens"),
-                   parameters.get("output_len") or mean_length("total_output_tokens"),
+                   requested if None not in requested else None, means if None not in means else None,
                    day(manifest.get("started_at") or next((r.get("date") for r in results if r.get("date")), None)))
 
 
@@ -210,10 +228,20 @@ def day(stamp: Any) -> str | None:
     return text[:10] or None
 
 
+def same_lengths(a: RunInfo, b: RunInfo) -> bool:
+    """Requested lengths when both runs recorded them, else what the server counted, within a token or two."""
+    if a.requested and b.requested:
+        return a.requested == b.requested
+    if a.measured and b.measured:
+        return all(abs(x - y) <= max(LENGTH_TOLERANCE_TOKENS, LENGTH_TOLERANCE_SHARE * max(x, y))
+                   for x, y in zip(a.measured, b.measured))
+    return True  # nothing to compare by: the runs' own files say nothing about lengths
+
+
 def check_comparable(baseline: RunInfo, candidate: RunInfo) -> list[str]:
     """Refuse runs of different request lengths (their levels measure different work); return notes for what may
     differ but deserves saying (the model)."""
-    if (baseline.input_len, baseline.output_len) != (candidate.input_len, candidate.output_len):
+    if not same_lengths(baseline, candidate):
         raise ReportError(f"{candidate.directory} measured {candidate.lengths}, its baseline {baseline.directory} "
                           f"{baseline.lengths}: levels of different lengths are not comparable (--allow-mismatch "
                           "compares them anyway)")
