@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -34,6 +35,12 @@ V6E_MACHINE_TYPE = re.compile(r"^ct6e-standard-(1|4|8)t$")
 DOCKER_GPUS = re.compile(r"^(all|[1-9][0-9]*|device=[0-9]+(,[0-9]+)*)?$")
 LOCAL_BACKEND = "gpu"  # the local target runs upstream vLLM (the vllm/vllm-openai image)
 ZONE_FORMAT = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$")
+# GCP project ids: 6-30 lowercase letters, digits or hyphens, starting with a letter, not ending with a hyphen
+# (https://cloud.google.com/resource-manager/docs/creating-managing-projects); older ones may carry a domain prefix
+# ("example.com:my-project").
+PROJECT_ID = re.compile(r"^(?:[a-z][-a-z0-9.]{0,61}[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+# A string setting with a non-empty default may be set empty only where its description says what empty means.
+EMPTY_MEANS_NONE = "empty for none"
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 DURATION_PART = re.compile(r"(\d+)([dhms])")
@@ -169,6 +176,10 @@ class StackConfig:
     def _validate_gcp(self) -> None:
         if not self.project:
             raise ConfigError("project", "is required: pulumi config set project <gcp-project-id>")
+        if not PROJECT_ID.match(self.project):
+            raise ConfigError("project", f"{self.project!r} is not a GCP project id (6-30 lowercase letters, digits "
+                              "or hyphens, starting with a letter, not ending with a hyphen); use the id, not the "
+                              "project's name or number")
         if not ZONE_FORMAT.match(self.zone):
             raise ConfigError("zone", f"{self.zone!r} is not a zone name like europe-west4-a")
         self._validate_zones()
@@ -273,9 +284,25 @@ def _parse_int(key: str, raw: str) -> int:
 
 def _parse_float(key: str, raw: str) -> float:
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         raise ConfigError(key, f"expected a number, got {raw!r}") from None
+    if not math.isfinite(value):  # float() reads 'nan' and 'inf', which no setting means
+        raise ConfigError(key, f"expected a finite number, got {raw!r}")
+    return value
+
+
+def _parse_text(f: dataclasses.Field) -> Callable[[str, str], str]:
+    """A string setting as given; empty only where its default is empty or its description says what empty means
+    (an empty containerImage or zone would reach the VM broken)."""
+    default = field_default(f)
+    empty_ok = not default or EMPTY_MEANS_NONE in f.metadata["doc"]
+
+    def parse(key: str, raw: str) -> str:
+        if not empty_ok and not str(raw).strip():
+            raise ConfigError(key, f"must not be empty (default: {default})")
+        return raw
+    return parse
 
 
 def _parse_bool(key: str, raw: str) -> bool:
@@ -318,7 +345,7 @@ def _parser_for(f: dataclasses.Field) -> Callable[[str, str], Any]:
         return _parse_json(list)
     if isinstance(default, Mapping):
         return _parse_json(dict)
-    return lambda key, raw: raw
+    return _parse_text(f)
 
 
 def _settings(cls: type) -> list[dataclasses.Field]:

@@ -11,7 +11,7 @@ from components.config import PROJECT_NAME, StackConfig
 from components.identity import ServingIdentity, ServingIdentityArgs
 from components.instance import FlexStartTpuVm, FlexStartTpuVmArgs
 from components.network import ServingNetwork, ServingNetworkArgs
-from components.readiness import ReadinessGate, ReadinessGateArgs, instance_target
+from components.readiness import ReadinessGate, ReadinessGateArgs, instance_gate_timeout_s, instance_target
 from components.startup_script import render_startup_script
 from tpuserve.deploy import orphans
 from tpuserve.serving import config_hash, vllm_serve_args
@@ -60,7 +60,9 @@ class TpuServeDeployment(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[identity, network]))
         gate = ReadinessGate(f"{base}-ready", ReadinessGateArgs(
             target=vm.name.apply(lambda vm_name: instance_target(vm_name, cfg.zone, cfg.project, serving_hash)),
-            timeout_s=cfg.readiness_timeout_seconds, triggers=[vm.instance_id, serving_hash]), opts=child)
+            # The VM's deadline (ready_timeout_s above) starts later than the gate's: the gate outlasts it.
+            timeout_s=instance_gate_timeout_s(cfg.readiness_timeout_seconds),
+            triggers=[vm.instance_id, serving_hash]), opts=child)
 
         self.instance_name = vm.name
         self.internal_ip = vm.internal_ip

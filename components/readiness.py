@@ -11,6 +11,8 @@ from typing import Any
 import pulumi
 from pulumi_command import local
 
+from tpuserve.facts import PRE_READINESS_ALLOWANCES_S
+
 # The interpreter Pulumi itself uses for this project (Pulumi.yaml: virtualenv .venv), relative to the project
 # directory so the command, and therefore the preview, is the same on every machine; TPUSERVE_PYTHON overrides it.
 GATE_PYTHON = '"${TPUSERVE_PYTHON:-.venv/bin/python}"'
@@ -28,6 +30,13 @@ class ReadinessGateArgs:
 def instance_target(instance: str, zone: str, project: str, config_hash: str) -> list[str]:
     """Follow a VM's guest attributes through the Compute API; `serving` counts only for this serving config."""
     return ["--instance", instance, "--zone", zone, "--project", project, "--config-hash", config_hash]
+
+
+def instance_gate_timeout_s(vm_ready_timeout_s: int) -> int:
+    """How long the gate follows a VM: the VM's own readiness deadline (its clock starts when vLLM starts loading)
+    plus every allowance for what the startup script does before that (tpuserve.facts), so the VM reaches its own
+    verdict ("vLLM did not report healthy within ...") while the gate still waits to print it."""
+    return vm_ready_timeout_s + sum(PRE_READINESS_ALLOWANCES_S)
 
 
 def url_target(url: str, model: str) -> list[str]:

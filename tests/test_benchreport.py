@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tpuserve.cli import main
 from tpuserve.measure import benchreport
 from tpuserve.measure.bench import bench
 from tpuserve.measure.benchreport import ReportError, compare_rows, report_rows
@@ -73,8 +74,13 @@ def test_directory_without_results(tmp_path: Path):
 def test_comparison_ratios_are_candidate_over_baseline(sweep_dir: Path, tmp_path: Path):
     candidate = write_sweep(tmp_path / "b", vllm_result(8, 480.0, 25.0), vllm_result(64, 900.0, 40.0))
     comparisons = compare_rows(report_rows(sweep_dir, 1.35), report_rows(candidate, 1.35))
-    assert {item.concurrency for item in comparisons} == {8}  # only the level both measured
-    by_metric = {item.metric: item for item in comparisons}
+    # Issue #11: a level measured on one side only keeps its rows, with no ratio.
+    assert {item.concurrency for item in comparisons} == {1, 8, 64}
+    one_sided = [item for item in comparisons if item.concurrency != 8]
+    assert all(item.ratio is None for item in one_sided)
+    assert {(item.concurrency, item.baseline is None, item.candidate is None) for item in one_sided} == {
+        (1, False, True), (64, True, False)}
+    by_metric = {item.metric: item for item in comparisons if item.concurrency == 8}
     assert by_metric["output_tok_s"].ratio == pytest.approx(480 / 320)  # 1.5
     assert by_metric["tpot_median_ms"].ratio == pytest.approx(25 / 20)  # 1.25
     # 1.35 / (480 × 3600) × 1e6 = 0.78125 vs 1.171875: ratio 2/3, the inverse of the throughput gain.
@@ -103,7 +109,7 @@ def test_cli_json_and_table(sweep_dir: Path):
     runner = CliRunner()
     as_json = runner.invoke(bench, ["report", str(sweep_dir), "--format", "json", "--price-per-hour", "2.7"])
     assert as_json.exit_code == 0, as_json.output
-    rows = json.loads(as_json.stdout)
+    rows = json.loads(as_json.stdout)["rows"]
     # Doubling the price doubles $ / M: 2 × 5.859375.
     assert [row["usd_per_m_output"] for row in rows] == pytest.approx([11.71875, 2.34375])
     table = runner.invoke(bench, ["report", str(sweep_dir)], env={"COLUMNS": "200"})
@@ -123,17 +129,17 @@ def test_json_output_stays_strict_json_when_tpot_and_throughput_are_zero(sweep_d
     stalled = write_sweep(tmp_path / "stalled", vllm_result(1, 0.0, 0.0))
     single = CliRunner().invoke(bench, ["report", str(stalled), "--format", "json"])
     assert single.exit_code == 0, single.output
-    (row,) = strict_json(single.stdout)
+    (row,) = strict_json(single.stdout)["rows"]
     assert row["per_stream_tok_s"] is None and row["usd_per_m_output"] is None and row["concurrency"] == 1
     compared = CliRunner().invoke(bench, ["report", str(sweep_dir), str(stalled), "--format", "json"])
     assert compared.exit_code == 0, compared.output
-    per_stream = next(item for item in strict_json(compared.stdout) if item["metric"] == "per_stream_tok_s")
+    per_stream = next(item for item in strict_json(compared.stdout)["rows"] if item["metric"] == "per_stream_tok_s")
     assert per_stream["baseline"] == pytest.approx(80.0) and per_stream["candidate"] is None
     assert per_stream["ratio"] is None
 
 
 def test_cli_reports_bad_directory_as_a_usage_error(tmp_path: Path):
-    result = CliRunner().invoke(bench, ["report", str(tmp_path)])
+    result = CliRunner().invoke(main, ["bench", "report", str(tmp_path)])
     assert result.exit_code == 1
     assert "no `vllm bench serve` result JSON" in result.output
 
@@ -148,3 +154,117 @@ def test_plot_is_a_png_of_sensible_size(sweep_dir: Path, tmp_path: Path):
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (800, 900)  # 8 × 9 inches at 100 dpi
     assert 10_000 < len(data) < 1_000_000
+
+
+# --- issue #11, items 1-2: results that lie -------------------------------------------------------------------
+
+# What vLLM 0.32 saves when every request failed: zeros everywhere (vllm/benchmarks/serve.py, calculate_metrics).
+ALL_FAILED = {"completed": 0, "failed": 12, "request_throughput": 0.0, "total_token_throughput": 0.0,
+              "median_ttft_ms": 0.0, "p99_ttft_ms": 0.0, "total_input_tokens": 0, "total_output_tokens": 0}
+
+
+def test_a_level_where_every_request_failed_shows_its_failure_not_zeros_and_infinities(tmp_path: Path):
+    run = write_sweep(tmp_path / "a", vllm_result(1, 64.0, 12.5), vllm_result(8, 0.0, 0.0, **ALL_FAILED))
+    result = CliRunner().invoke(main, ["bench", "report", str(run), "--format", "markdown"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[3] == "| 8 | all 12 failed | — | — | — | — | — | — | — |"
+    assert "∞" not in result.output and "0.00" not in lines[3]
+    assert "> ⚠ concurrency 8: all 12 requests failed: nothing was measured (see the level's .log)" in lines
+    (one, eight) = json.loads(CliRunner().invoke(main, ["bench", "report", str(run), "--json"]).output)["rows"]
+    assert (eight["completed"], eight["failed"], eight["output_tok_s"], eight["per_stream_tok_s"]) == (0, 12, None,
+                                                                                                       None)
+    assert one["notes"] == [] and one["completed"] == 12
+
+
+def test_partly_failed_levels_and_implausible_rates_are_flagged(tmp_path: Path):
+    # 0.004 ms median TPOT = 250,000 tok/s per stream: what the issue saw, tokens that arrived in a burst.
+    run = write_sweep(tmp_path / "a", vllm_result(1, 64.0, 0.004), vllm_result(8, 300.0, 20.0, completed=9,
+                                                                              failed=3))
+    result = CliRunner().invoke(main, ["bench", "report", str(run), "--format", "markdown"])
+    assert result.exit_code == 0, result.output
+    assert "| 250000.0 ⚠ |" in result.output
+    notes = [line for line in result.output.splitlines() if line.startswith("> ⚠")]
+    assert notes == [
+        "> ⚠ concurrency 1: per-stream 250,000 tok/s (median TPOT 0.0040 ms) is implausible: no decoder streams "
+        "over 10,000 tok/s, so tokens arrived in bursts (buffered streaming, or too short outputs)",
+        "> ⚠ concurrency 8: 3 of 12 requests failed: the numbers cover the 9 that completed"]
+
+
+def test_a_comparison_names_the_baseline_and_keeps_one_sided_levels(sweep_dir: Path, tmp_path: Path):
+    candidate = write_sweep(tmp_path / "b", vllm_result(8, 480.0, 25.0), vllm_result(64, 900.0, 40.0))
+    result = CliRunner().invoke(main, ["bench", "report", str(sweep_dir), str(candidate), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert (document["baseline"], document["candidate"]) == (str(sweep_dir), str(candidate))
+    assert document["title"].startswith(f"candidate {candidate} vs baseline {sweep_dir} (ratio = candidate / "
+                                        "baseline)")
+    assert {row["concurrency"] for row in document["rows"]} == {1, 8, 64}
+    assert document["notes"] == ["concurrency 1: measured only by the baseline",
+                                 "concurrency 64: measured only by the candidate"]
+
+
+def test_runs_of_different_lengths_are_not_compared_unless_asked(sweep_dir: Path, tmp_path: Path):
+    longer = write_sweep(tmp_path / "b", vllm_result(8, 480.0, 25.0, total_input_tokens=12 * 1024,
+                                                     total_output_tokens=12 * 128))
+    refused = CliRunner().invoke(main, ["bench", "report", str(sweep_dir), str(longer)])
+    assert refused.exit_code == 1
+    assert refused.output.strip() == (f"Error: {longer} measured 1024 in / 128 out, its baseline {sweep_dir} 64 in / "
+                                      "16 out: levels of different lengths are not comparable (--allow-mismatch "
+                                      "compares them anyway)")
+    allowed = CliRunner().invoke(main, ["bench", "report", str(sweep_dir), str(longer), "--allow-mismatch"])
+    assert allowed.exit_code == 0, allowed.output
+
+
+def test_runs_of_different_models_are_compared_with_a_note(sweep_dir: Path, tmp_path: Path):
+    other = write_sweep(tmp_path / "b", vllm_result(8, 480.0, 25.0, model_id="google/gemma-4-E4B-it"))
+    result = CliRunner().invoke(main, ["bench", "report", str(sweep_dir), str(other), "--json"])
+    assert json.loads(result.output)["notes"][0] == ("the runs measured different models: baseline tiny, candidate "
+                                                     "google/gemma-4-E4B-it")
+
+
+def folded_rows(table: str) -> list[list[str]]:
+    """The body cells of a rich table, a cell folded over several lines joined back into one."""
+    rows: list[list[str]] = []
+    for line in table.splitlines():
+        if not line.startswith("│"):
+            continue
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        if cells[0]:
+            rows.append(cells)
+        else:
+            rows[-1] = [head + tail for head, tail in zip(rows[-1], cells)]
+    return rows
+
+
+def test_at_80_columns_numbers_wrap_but_are_never_cut(tmp_path: Path):
+    run = write_sweep(tmp_path / "a", vllm_result(1, 2356789.5, 0.004), vllm_result(8, 123456.7, 20.0))
+    result = CliRunner().invoke(main, ["bench", "report", str(run)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+    one, eight = folded_rows(result.output)
+    assert one[:3] == ["1", "18412.42", "2356789.5"] and one[7] == "250000.0 ⚠"
+    assert eight[:4] == ["8", "964.51", "123456.7", "1111110.3"]
+
+
+def test_plot_title_names_model_lengths_date_and_price(sweep_dir: Path, tmp_path: Path):
+    info = benchreport.run_info(sweep_dir)
+    assert benchreport.plot_title([info], 1.35) == "tiny · 64 in / 16 out · 2026-11-29 · $1.35/h"
+    other = write_sweep(tmp_path / "b", vllm_result(8, 480.0, 25.0, model_id="big"))
+    assert benchreport.plot_title([info, benchreport.run_info(other)], 2.0) == (
+        "tiny vs big · 64 in / 16 out · 2026-11-29 · $2/h")
+
+
+def test_a_replay_without_sweep_json_compares_by_what_the_server_counted(tmp_path: Path):
+    """Measured on the real CPU server: 64 requested input tokens are counted as 65 (the tokenizer's BOS). A
+    sweep (sweep.json: 64 in) and a direct replay of its commands (no sweep.json) are the same work."""
+    sweep = write_sweep(tmp_path / "sweep", vllm_result(8, 320.0, 20.0, total_input_tokens=12 * 65))
+    (sweep / "sweep.json").write_text(json.dumps({"model": "tiny", "parameters": {"input_len": 64, "output_len": 16}}))
+    direct = write_sweep(tmp_path / "direct", vllm_result(8, 330.0, 19.0, total_input_tokens=12 * 65))
+    (direct / "sweep.json").unlink()
+    assert benchreport.check_comparable(benchreport.run_info(direct), benchreport.run_info(sweep)) == []
+    longer = write_sweep(tmp_path / "longer", vllm_result(8, 330.0, 19.0, total_input_tokens=12 * 80))
+    (longer / "sweep.json").unlink()
+    with pytest.raises(ReportError, match="measured 80 in / 16 out, its baseline"):
+        benchreport.check_comparable(benchreport.run_info(sweep), benchreport.run_info(longer))

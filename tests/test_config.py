@@ -7,7 +7,7 @@ import pytest
 from components.config import ConfigError, build_stack_config, parse_duration, pulumi_yaml_config, render_pulumi_yaml
 from tests.pulumi_harness import ROOT, RecordingMocks, run_stack, stack_file_config
 
-VALID = {"project": "p-1", "hfTokenSecretId": "hf-token"}
+VALID = {"project": "proj-1", "hfTokenSecretId": "hf-token"}
 
 
 def test_pulumi_yaml_is_generated_from_the_settings():
@@ -84,7 +84,45 @@ BAD = [
     ({"extraArgs": '"--seed 1"'}, "extraArgs"),
     ({"model": "google/gemma-4-E2B-it-qat-w4a16-ct"}, "model"),
     ({"maxModelLength": "1024"}, "maxModelLength"),
+    # Issue #11, item 12: values that used to reach an output or a VM broken.
+    ({"extraArgs": '["--hf-token", "hf_abc"]'}, "extraArgs"),
+    ({"extraArgs": '["--api-key=sk-123"]'}, "extraArgs"),
+    ({"extraArgs": '["--served-model-name", "gemma"]'}, "extraArgs"),
+    ({"containerImage": ""}, "containerImage"),
+    ({"containerImage": "  "}, "containerImage"),
+    ({"zone": ""}, "zone"),
+    ({"pricePerChipHour": "nan"}, "pricePerChipHour"),
+    ({"pricePerChipHour": "inf"}, "pricePerChipHour"),
+    ({"gpuMemoryUtilization": "NaN"}, "gpuMemoryUtilization"),
+    ({"project": "My Project"}, "project"),
+    ({"project": "123456789012"}, "project"),
+    ({"project": "ab-1"}, "project"),
+    ({"project": "project-ending-"}, "project"),
 ]
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"extraArgs": '["--hf-token", "hf_abc"]'}, "extraArgs: --hf-token takes a secret, which would sit in plain text "
+                                                 "in the startup script, the instance metadata and the vllmArgs output; "
+                                                 "the Hugging Face token reaches the container through its environment "
+                                                 "only: set hfTokenSecretId"),
+    ({"extraArgs": '["--api_key", "sk-1"]'}, "extraArgs: --api-key takes a secret"),
+    ({"extraArgs": '["--served-model-name=gemma"]'}, "extraArgs: --served-model-name would rename the served model"),
+    ({"containerImage": ""}, "containerImage: must not be empty (default: vllm/vllm-tpu:nightly)"),
+    ({"pricePerChipHour": "inf"}, "pricePerChipHour: expected a finite number, got 'inf'"),
+    ({"project": "My Project"}, "project: 'My Project' is not a GCP project id"),
+])
+def test_bad_stack_input_says_what_to_do_instead(override, message):
+    with pytest.raises(ConfigError) as err:
+        build_stack_config({**VALID, **override})
+    assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize("override", [{"toolCallParser": "", "enableAutoToolChoice": "false"},
+                                      {"reasoningParser": ""}, {"project": "example.com:my-project"},
+                                      {"project": "a23456"}, {"extraArgs": '["--ssl-keyfile", "/k.pem"]'}])
+def test_empty_where_documented_and_valid_ids_pass(override):
+    build_stack_config({**VALID, **override})
 
 
 @pytest.mark.parametrize("override, key", BAD, ids=[f"{k}-{i}" for i, (_, k) in enumerate(BAD)])

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tpuserve.cli import main
 from tpuserve.measure.cost import breakeven_output_tok_s, cold_start_usd, cost, session
 
 
@@ -44,7 +45,8 @@ def test_session_shorter_than_the_cold_start_yields_nothing():
 def write_result(directory: Path, concurrency: int, output_tok_s: float) -> None:
     directory.mkdir(exist_ok=True)
     (directory / f"c{concurrency}.json").write_text(json.dumps({
-        "max_concurrency": concurrency, "request_throughput": 1.0, "output_throughput": output_tok_s,
+        "max_concurrency": concurrency, "completed": 100, "failed": 0, "request_throughput": 1.0,
+        "output_throughput": output_tok_s,
         "total_token_throughput": output_tok_s * 2, "median_ttft_ms": 100.0, "p99_ttft_ms": 200.0,
         "median_tpot_ms": 10.0}))
 
@@ -109,3 +111,29 @@ def test_cost_and_bench_report_price_a_chip_hour_from_tpuserve_facts():
     """Changed in tpuserve.facts, both price defaults change with it."""
     completed = subprocess.run([sys.executable, "-c", PRICE_CHANGED], capture_output=True, text=True, check=True)
     assert json.loads(completed.stdout) == [2.5, 2.5]
+
+
+def test_a_report_where_every_level_failed_is_an_error_not_a_missing_line(tmp_path: Path):
+    """Issue #11, item 1: `cost --report` silently dropped its session line for an all-failed sweep."""
+    (tmp_path / "c8.json").write_text(json.dumps({
+        "max_concurrency": 8, "completed": 0, "failed": 100, "request_throughput": 0.0, "output_throughput": 0.0,
+        "total_token_throughput": 0.0, "median_ttft_ms": 0.0, "p99_ttft_ms": 0.0, "median_tpot_ms": 0.0}))
+    result = CliRunner().invoke(main, ["cost", "--report", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.output == ("Error: no level of the report completed a request: nothing to price (see `tpuserve "
+                             "bench report`)\n")
+    named = CliRunner().invoke(main, ["cost", "--report", str(tmp_path), "--concurrency", "8"])
+    assert named.exit_code == 2 and "all 100 requests failed" in named.output
+
+
+def test_json_has_the_same_numbers_as_the_text(tmp_path: Path):
+    write_result(tmp_path, 8, 400.0)
+    result = CliRunner().invoke(main, ["cost", "--report", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["breakeven_output_tok_s"] == pytest.approx(937.5)  # 1.35 / 3600 / 0.40 × 1e6
+    assert document["cold_start_usd"] == pytest.approx(0.225)
+    assert document["session"]["usd"] == pytest.approx(5.40) and document["session"]["above_breakeven"] is False
+    assert document["session"]["operating_point"] == f"concurrency 8 of {tmp_path}"
+    bare = json.loads(CliRunner().invoke(main, ["cost", "--json"]).output)
+    assert bare["session"] is None

@@ -142,11 +142,75 @@ def test_a_completion_whose_text_a_reasoning_parser_moved_counts(field: str):
     assert verdict.ready and "completion" in verdict.stages
 
 
-def test_a_model_missing_from_v1_models_keeps_the_gate_in_the_models_stage():
+def test_a_model_missing_while_v1_models_lists_others_ends_the_wait_at_once():
+    """Issue #11, item 5: a server that lists other models will not start listing this one."""
     with FakeServer(openai_routes(Response(200, chat_body("Hi")), models=("other/model",))) as fake, \
             requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, timeout_s=30, interval_s=0.05)
+    assert not verdict.ready and verdict.elapsed_s < 5
+    assert verdict.reason == ("stage models: 'google/gemma-4-E2B-it' is not served by /v1/models, which serves "
+                              "other/model (waiting cannot change this answer)")
+    assert sum(r.path == "/v1/models" for r in fake.requests) == 1
+
+
+def test_an_empty_model_list_is_waited_out():
+    with FakeServer(openai_routes(Response(200, chat_body("Hi")), models=())) as fake, \
+            requests.Session() as http:
         verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.05)
-    assert not verdict.ready and "stage models" in verdict.reason and "other/model" in verdict.reason
+    assert not verdict.ready and verdict.reason.startswith("timed out after 0.3 s in stage models")
+    assert sum(r.path == "/v1/models" for r in fake.requests) > 1
+
+
+def test_without_a_model_the_first_served_one_is_asked():
+    with FakeServer(openai_routes(Response(200, chat_body("Hi")), models=("first/model", "second"))) as fake, \
+            requests.Session() as http:
+        verdict = watch_url(http, fake.url, None, **FAST)
+    assert verdict.ready and fake.requests[-1].json()["model"] == "first/model"
+
+
+# vLLM 0.32's answer to tools without --enable-auto-tool-choice (vllm/renderers/online_renderer.py, a 400).
+NO_TOOL_PARSER = ('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set')
+
+
+@pytest.mark.parametrize("status", [400, 401, 403])
+def test_a_permanent_error_on_a_smoke_check_ends_the_wait_at_once(status: int):
+    def chat(request: Request) -> Response:
+        if request.json().get("tools"):
+            return Response(status, {"object": "error", "message": NO_TOOL_PARSER, "type": "BadRequestError",
+                                      "param": None, "code": status})
+        return Response(200, chat_body("Hi"))
+
+    routes = openai_routes(Response(200))
+    routes[("POST", "/v1/chat/completions")] = chat
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, smoke=["tools"], timeout_s=30, interval_s=0.05)
+    assert not verdict.ready and verdict.elapsed_s < 5
+    assert verdict.reason.startswith(f"stage smoke-tools: chat completion answered HTTP {status}: \"auto\" tool choice")
+    assert verdict.reason.endswith("(waiting cannot change this answer)")
+    assert sum(bool(r.json().get("tools")) for r in fake.requests if r.method == "POST") == 1
+
+
+def test_off_a_terminal_the_gate_prints_each_change_and_a_heartbeat():
+    """Issue #11, item 5: in CI or `pulumi up` logs the gate shows it is alive at least every 60 s."""
+    lines: list[str] = []
+    now = [1000.0]
+
+    class Console:
+        def print(self, text, **kwargs):
+            lines.append(f"{now[0] - 1000:.0f}: {text}")
+
+    reporter = gate_module.LineReporter(Console(), heartbeat_s=30, clock=lambda: now[0])
+    for second in range(0, 100, 3):  # a poll every 3 s: the same answer, then a new one at 60 s
+        now[0] = 1000.0 + second
+        reporter.waiting("health", "no answer (ConnectionError)" if second < 60 else "/health answered HTTP 503")
+    now[0] = 1100.0
+    reporter.stage("health", 100.0)
+    assert lines == ["0: … health: no answer (ConnectionError) (0 s)",
+                     "30: … still in health: no answer (ConnectionError) (30 s)",
+                     "60: … health: /health answered HTTP 503 (60 s)",
+                     "90: … still in health: /health answered HTTP 503 (90 s)",
+                     "100: ✓ health             at   100.0 s"]
+    assert gate_module.HEARTBEAT_S <= 60
 
 
 def test_a_server_that_never_comes_up_times_out_naming_the_health_stage():
@@ -326,6 +390,14 @@ def run_gate(*args: str) -> tuple[int, list[str], str]:
     return result.exit_code, result.stdout.splitlines(), result.stderr
 
 
+def test_off_a_terminal_the_command_prints_lines_not_a_spinner():
+    with FakeServer(openai_routes(Response(200, chat_body("Hello")))) as fake:
+        code, stdout, stderr = run_gate("--url", fake.url.removeprefix("http://"), "--interval", "0.05")
+    assert code == 0, stderr
+    assert [line.split()[1] for line in stderr.splitlines() if line.startswith("✓")] == [
+        "health", "models", "completion"]
+
+
 def test_url_mode_ends_stdout_with_one_json_verdict_and_exits_zero_when_ready():
     with FakeServer(openai_routes(Response(200, chat_body("Hello")))) as fake:
         code, stdout, stderr = run_gate("--url", fake.url, "--model", MODEL, "--interval", "0.05")
@@ -370,7 +442,8 @@ def test_instance_mode_passes_a_recorded_boot_to_serving(monkeypatch: pytest.Mon
 @pytest.mark.parametrize("args, message", [
     ([], "exactly one of --url"),
     (["--url", "http://h", "--instance", "vm"], "exactly one of --url"),
-    (["--url", "http://h"], "--url needs --model"),
+    (["--url", "h"], "Invalid value for '--url': 'h' is not a server URL (no port)"),
+    (["--url", "ftp://h:21"], "Invalid value for '--url': 'ftp://h:21' is not a server URL (scheme 'ftp')"),
     (["--instance", "vm", "--zone", "z"], "--instance needs --project"),
     (["--instance", "vm", "--zone", "z", "--project", "p", "--smoke", "tools"], "--smoke works with --url only"),
     (["--url", "http://h", "--model", "m", "--smoke", "toolz"], "--smoke"),

@@ -58,7 +58,7 @@ def test_bad_input_names_the_option(kwargs: dict, key: str, message: str) -> Non
 
 def test_without_url_or_stack_the_command_says_what_to_give() -> None:
     result = CliRunner().invoke(main, ["litellm", "--alias", "gemini-2.0-flash"])
-    assert result.exit_code == 2 and "give --url and --model" in result.output
+    assert result.exit_code == 2 and "give --url (and --model), or --stack" in result.output
 
 
 def test_a_litellm_router_built_from_the_file_completes_through_the_alias(
@@ -75,3 +75,19 @@ def test_a_litellm_router_built_from_the_file_completes_through_the_alias(
     sent = fake.requests[-1]
     assert sent.path == "/v1/chat/completions" and sent.json()["model"] == FAKE_MODEL
     assert {k.lower(): v for k, v in sent.headers.items()}["authorization"] == "Bearer canary-key-for-the-fake"
+
+
+def test_a_host_port_url_becomes_a_usable_api_base_and_the_model_defaults_to_the_first_served() -> None:
+    """Issue #11, items 6 and 9: `--url 127.0.0.1:8011` used to give `api_base: 127.0.0.1:8011/v1`; `--model` was
+    required here while probe took the first served model."""
+    with FakeOpenAI() as fake:
+        config = generate("--url", fake.url.removeprefix("http://"), "--alias", "gemini-2.0-flash")
+    assert config["model_list"][0]["litellm_params"]["api_base"] == f"{fake.url}/v1"
+    assert config["model_list"][0]["litellm_params"]["model"] == f"openai/{FAKE_MODEL}"
+
+
+def test_json_is_the_same_config() -> None:
+    args = ["--url", "10.0.0.5:8000", "--model", "m", "--alias", "gemini-2.0-flash"]
+    result = CliRunner().invoke(main, ["litellm", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == generate(*args)

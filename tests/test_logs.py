@@ -202,3 +202,65 @@ def test_without_url_the_deployment_itself_diagnoses(tmp_path: Path) -> None:
         result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--stack-outputs", str(outputs)])
     assert result.exit_code == 0, result.output
     assert "Cause: vLLM crashed." in result.output and len(deployment.chat_bodies()) == 1
+
+
+# --- issue #11, item 10: a local-target stack's logs are its container's --------------------------------------
+
+@pytest.fixture
+def docker_shim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `docker` first on PATH: `ps` finds the container by the config-hash label, `logs` prints two lines."""
+    argv_file = tmp_path / "docker-argv"
+    shim = tmp_path / "dbin" / "docker"
+    shim.parent.mkdir()
+    shim.write_text(f"""#!/bin/sh
+printf '%s\\n' "$*" >> {argv_file}
+case "$1" in
+  ps) [ "$4" = "label=tpu-serve.config-hash=abc123" ] && echo tpu-serve-local ;;
+  logs) echo 'INFO: Started server process'; echo 'ERROR: CUDA out of memory' ;;
+esac
+""")
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
+    return argv_file
+
+
+def local_outputs(tmp_path: Path) -> str:
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"target": "local", "endpoint": "http://127.0.0.1:8000/v1", "model": "m",
+                                   "configHash": "abc123"}))
+    return str(outputs)
+
+
+def test_logs_of_a_local_stack_are_its_containers(docker_shim: Path, tmp_path: Path,
+                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    result = CliRunner().invoke(main, ["logs", "--stack-outputs", local_outputs(tmp_path), "--tail", "20"])
+    assert result.exit_code == 0, result.output
+    assert docker_shim.read_text().splitlines() == [
+        "ps -a --filter label=tpu-serve.config-hash=abc123 --format {{.Names}}", "logs --tail 20 tpu-serve-local"]
+    assert "CUDA out of memory" in capfd.readouterr().out
+    as_json = CliRunner().invoke(main, ["logs", "--stack-outputs", local_outputs(tmp_path), "--json"])
+    assert json.loads(as_json.output) == {"target": "local", "serial": None,
+                                          "docker": "INFO: Started server process\nERROR: CUDA out of memory\n"}
+
+
+def test_a_local_stack_has_no_serial_console(docker_shim: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["logs", "--stack-outputs", local_outputs(tmp_path), "--source", "serial"])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == ("Error: a local-target stack has no serial console: its logs are the "
+                                              "container's (--source docker)")
+
+
+def test_without_docker_the_local_stack_error_says_where_its_logs_are(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no docker
+    result = CliRunner().invoke(main, ["logs", "--stack-outputs", local_outputs(tmp_path)])
+    assert result.exit_code == 1
+    assert result.output == ("Error: a local-target stack's logs are `docker logs` of the container labelled "
+                             "tpu-serve.config-hash=abc123 on its Docker host, and docker is not on PATH here\n")
+
+
+def test_diagnose_a_local_stack_reads_its_container_logs(docker_shim: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["diagnose", "--stack-outputs", local_outputs(tmp_path), "--dry-run",
+                                       "--json"])
+    assert result.exit_code == 0, result.output
+    assert "ERROR: CUDA out of memory" in json.loads(result.output)["messages"][1]["content"]

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.fake_openai import FAKE_MODEL, FakeOpenAI
+from tests.httpfake import FakeServer, Response
 from tpuserve.cli import main
 from tpuserve.measure.probe import KV_PROMPTS, compare_outputs, first_difference, load_outputs, save_outputs
 
@@ -83,4 +84,28 @@ def test_probe_all_json_and_strict_exit_codes() -> None:
 def test_an_unreachable_server_is_a_clear_error() -> None:
     result = CliRunner().invoke(main, ["probe", "tools", "--url", "http://127.0.0.1:9"])
     assert result.exit_code == 1
-    assert "--url http://127.0.0.1:9: cannot list the served models" in result.output
+    assert result.output == ("Error: cannot reach http://127.0.0.1:9/v1/models: Connection refused; is the server up "
+                             "and its URL right?\n")
+
+
+def test_a_model_the_server_does_not_serve_is_refused_before_any_scenario() -> None:
+    """Issue #11, item 4: five identical 404 rows and exit 0 used to be the answer."""
+    with FakeOpenAI() as fake:
+        result = CliRunner().invoke(main, ["probe", "tools", "--url", fake.url, "--model", "google/gemma-4-E4B-it"])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == (f"Error: Invalid value for --model: 'google/gemma-4-E4B-it' is not "
+                                              f"served by {fake.url}/v1/models, which serves {FAKE_MODEL}")
+    assert fake.chat_bodies() == []
+
+
+def test_a_probe_whose_every_scenario_got_an_error_could_not_run() -> None:
+    routes = {("GET", "/v1/models"): lambda request: Response(body={"object": "list", "data": [{"id": "m"}]}),
+              ("POST", "/v1/chat/completions"):
+              lambda request: Response(500, {"error": {"message": "EngineCore encountered an issue", "code": 500}})}
+    with FakeServer(routes) as fake:
+        result = CliRunner().invoke(main, ["probe", "structured", "--url", fake.url, "--json"])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        f"Error: the probe could not run against {fake.url} (m): every scenario got an error, the first: server "
+        "error: HTTP 500: EngineCore encountered an issue"]
+    assert len(json.loads(result.stdout)["results"]) == 3  # the evidence is still printed

@@ -16,7 +16,7 @@ INSTANCE = "gcp:compute/instance:Instance"
 FIREWALL = "gcp:compute/firewall:Firewall"
 NAT = "gcp:compute/routerNat:RouterNat"
 ROUTER = "gcp:compute/router:Router"
-VALID = {"project": "p-1", "hfTokenSecretId": "hf-token"}
+VALID = {"project": "proj-1", "hfTokenSecretId": "hf-token"}
 
 
 def assert_subset(expected, actual, path="") -> None:
@@ -101,7 +101,7 @@ def test_readiness_gate_watches_this_vm_and_reruns_on_change(stack_run):
     gate = run.one("command:local:Command").inputs
     project = stack_file_config(stack)["project"]
     assert gate["create"].endswith(f"-m tpuserve gate --instance tpu-serve-{stack} --zone europe-west4-a --project "
-                                   f"{project} --config-hash {run.outputs['configHash']} --timeout 1500")
+                                   f"{project} --config-hash {run.outputs['configHash']} --timeout 3600")
     assert gate["triggers"] == ["4242424242", run.outputs["configHash"]]
 
 
@@ -121,6 +121,18 @@ def test_nat_follows_the_zones_region_and_a_region_change_replaces_it_old_one_fi
         assert options[type_token].delete_before_replace is True
 
 
+def test_the_gate_outlasts_the_vms_own_deadline(stack_run):
+    """Issue #11, item 13: the VM's clock (readinessTimeout 25m = 1500 s) starts when vLLM starts loading, after
+    guest boot (180 s), a Docker install (300 s), the image pull (900 s) and the token fetch with a fresh IAM
+    grant (600 s); with 120 s to read the VM's report the gate waits 3600 s, so the VM fails first, with its
+    reason, and the gate prints it."""
+    _, run = stack_run
+    script = run.one(INSTANCE).inputs["metadataStartupScript"]
+    assert "readonly READY_TIMEOUT_S=1500\n" in script
+    command = run.one("command:local:Command")
+    assert command.inputs["create"].endswith("--timeout 3600")
+
+
 def test_external_ip_opt_in_adds_an_access_config_and_drops_nat():
     run = run_stack({**VALID, "externalIp": "true"})
     assert run.one(INSTANCE).inputs["networkInterfaces"][0]["accessConfigs"] == [{}]
@@ -135,7 +147,7 @@ def test_existing_nat_can_be_reused():
 
 def test_token_from_config_becomes_a_secret_the_vm_alone_can_read():
     canary = "hf_CANARYtoken0123456789"
-    run = run_stack({"project": "p-1", "hfToken": canary})
+    run = run_stack({"project": "proj-1", "hfToken": canary})
     secret = run.one("gcp:secretmanager/secret:Secret").inputs
     assert secret["secretId"] == "tpu-serve-dev-hf-token" and secret["replication"] == {"auto": {}}
     assert secret["labels"]["app"] == "tpu-serve"
@@ -143,7 +155,7 @@ def test_token_from_config_becomes_a_secret_the_vm_alone_can_read():
     # The engine receives it wrapped as a Pulumi secret: encrypted in state, masked in previews.
     assert version["secretData"] == {rpc._special_sig_key: rpc._special_secret_sig, "value": canary}
     grant = run.one("gcp:secretmanager/secretIamMember:SecretIamMember").inputs
-    assert grant["secretId"] == "projects/p-1/secrets/tpu-serve-dev-hf-token"
+    assert grant["secretId"] == "projects/proj-1/secrets/tpu-serve-dev-hf-token"
     assert canary not in run.one(INSTANCE).inputs["metadataStartupScript"]
     assert canary not in json.dumps(run.outputs)
 

@@ -109,8 +109,12 @@ def test_missing_kubectl_is_a_config_error(shims: Path) -> None:
 
 
 def test_served_endpoint_uses_the_stack_model(shims: Path) -> None:
-    with stack.served_endpoint(None, None, GKE_OUTPUTS) as (url, model):
-        assert url.startswith("http://localhost:") and model == "google/gemma-4-E2B-it"
+    # what the port-forwarded vLLM lists (the stack's model among others; the shim serves files)
+    (shims / "v1").mkdir()
+    (shims / "v1" / "models").write_text(json.dumps({"object": "list", "data": [
+        {"id": "other/model", "object": "model"}, {"id": "google/gemma-4-E2B-it", "object": "model"}]}))
+    with stack.served_endpoint(None, None, GKE_OUTPUTS) as served:
+        assert served.url.startswith("http://localhost:") and served.model == "google/gemma-4-E2B-it"
 
 
 def test_gate_with_a_gke_stack_says_how_to_check_it(tmp_path: Path) -> None:

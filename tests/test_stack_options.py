@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from tests.fake_openai import FAKE_MODEL, FakeOpenAI
 from tests.httpfake import FakeServer, Response
 from tests.test_bench_sweep import fake_env  # noqa: F401 - a fixture: the recording fake vllm and gcloud
-from tests.test_bench_sweep import recorded
+from tests.test_bench_sweep import recorded, vllm_routes
 from tests.test_gate import RECORDED_BOOT, VM, chat_body, openai_routes, replaying_compute, stage_snapshots
 from tpuserve.deploy import gce
 from tpuserve.cli import main
@@ -71,11 +71,10 @@ def test_probe_takes_endpoint_and_model_from_the_stack(tmp_path):
 
 
 def test_bench_sweep_records_the_stack_and_reaches_its_endpoint(tmp_path, fake_env):  # noqa: F811
-    routes = {("GET", "/version"): lambda request: Response(body={"version": "0.32.0+cpu"})}
-    with FakeServer(routes) as server:
+    with FakeServer(vllm_routes()) as server:
         stack = outputs_file(tmp_path, target="local", endpoint=f"{server.url}/v1", model="tiny")
         result = invoke("bench", "sweep", "--stack-outputs", stack, "--concurrency", "1", "--tokenizer", "/m",
-                        "--out", str(tmp_path / "run"))
+                        "--input-len", "64", "--out", str(tmp_path / "run"))
     assert result.exit_code == 0, result.output
     [argv] = recorded(fake_env)
     assert argv[argv.index("--base-url") + 1] == server.url and argv[argv.index("--model") + 1] == "tiny"

@@ -19,6 +19,8 @@ from typing import Any
 
 import requests
 
+from tpuserve.urls import normalize_server_url
+
 API_KEY_ENV = "TPUSERVE_API_KEY"
 DEFAULT_TIMEOUT_S = 120.0
 # Fields where vLLM's reasoning parsers put the reasoning text (the name changed across vLLM versions).
@@ -27,8 +29,9 @@ ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
 def server_root(url: str) -> str:
-    """'http://h:8000', 'http://h:8000/' and 'http://h:8000/v1' all give 'http://h:8000'."""
-    return url.rstrip("/").removesuffix("/v1")
+    """'http://h:8000', 'http://h:8000/', 'http://h:8000/v1' and 'h:8000' all give 'http://h:8000'; anything else
+    raises tpuserve.urls.InvalidUrl (one rule for every command and for ChatClient)."""
+    return normalize_server_url(url)
 
 
 def api_base(url: str) -> str:
@@ -228,17 +231,50 @@ class ChatClient:
             params["chat_template_kwargs"] = {**params.get("chat_template_kwargs", {}), "enable_thinking": thinking}
         return self.chat(messages, response_format=response_format(schema, name), **params)
 
-    def models(self) -> list[str]:
-        """Ids the server serves (GET /models)."""
+    def model_cards(self) -> list[dict[str, Any]]:
+        """The entries of GET /models: vLLM's ModelCard has `id`, `root` (what the server loaded: an HF id or a
+        path) and `max_model_len` (vllm/entrypoints/serve/engine/protocol.py)."""
         response = self.session.get(f"{self.base}/models", timeout=self.timeout_s)
         if response.status_code != 200:
             raise EndpointError(response.status_code, error_message(response), 0.0)
-        return [entry["id"] for entry in response.json().get("data", [])]
+        body = json_or_none(response)
+        entries = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(entries, list):
+            raise EndpointError(200, f"{self.base}/models: not a model list: {response.text[:200]}", 0.0)
+        return [entry for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
+
+    def models(self) -> list[str]:
+        """Ids the server serves (GET /models)."""
+        return [card["id"] for card in self.model_cards()]
+
+
+class ModelNotServed(ValueError):
+    """The model asked for is not one the server lists; the message names what it serves."""
+
+
+class NoModelServed(ModelNotServed):
+    """The server lists no model at all."""
+
+
+def pick_model(listed: list[str], wanted: str | None, where: str) -> str:
+    """The one rule for `--model`: the wanted model if the server lists it, else the first it lists when none was
+    wanted. Raises ModelNotServed naming what `where` serves."""
+    if not listed:
+        raise NoModelServed(f"{where} lists no model")
+    if wanted is None:
+        return listed[0]
+    if wanted not in listed:
+        raise ModelNotServed(f"{wanted!r} is not served by {where}, which serves {', '.join(listed)}")
+    return wanted
+
+
+def served_card(url: str, wanted: str | None, api_key: str | None = None, timeout_s: float = 10) -> dict[str, Any]:
+    """The /v1/models entry of `wanted` (or of the first model served when None); ModelNotServed otherwise."""
+    cards = ChatClient(url, "", api_key=api_key, timeout_s=timeout_s).model_cards()
+    chosen = pick_model([card["id"] for card in cards], wanted, f"{api_base(url)}/models")
+    return next(card for card in cards if card["id"] == chosen)
 
 
 def served_model(url: str, api_key: str | None = None) -> str:
     """The first model id a server serves: what `--model` defaults to."""
-    models = ChatClient(url, "", api_key=api_key, timeout_s=10).models()
-    if not models:
-        raise EndpointError(200, f"{api_base(url)}/models lists no model", 0.0)
-    return models[0]
+    return served_card(url, None, api_key)["id"]

@@ -26,3 +26,14 @@ SECRET_ACCESSOR_ROLE = "roles/secretmanager.secretAccessor"
 # tries, in order); an offline hint only: `tpuserve preflight` asks Compute Engine (machineTypes.get) for each one.
 V6E_ZONES = ("europe-west4-a", "us-east1-d", "us-central1-b", "asia-northeast1-b", "us-east5-a", "us-east5-b",
              "us-central1-ai1a", "us-south1-ai1b")
+
+# The VM's readiness clock (READY_TIMEOUT_S, the stack's `readinessTimeout`) starts only when vLLM starts loading;
+# `pulumi up`'s gate starts when the instance is created. So the gate waits for the VM's deadline plus what the
+# startup script does before it, each allowance named here, plus a margin to read the VM's own `failed` report:
+# the VM, not the gate, is the one to give up first and say why.
+GUEST_BOOT_ALLOWANCE_S = 180  # the guest OS boots and runs the startup script
+DOCKER_INSTALL_ALLOWANCE_S = 300  # apt-get installs Docker when the image lacks it
+IMAGE_PULL_ALLOWANCE_S = 900  # the vllm-tpu image pull (≈5 min measured), retried 5 times with backoff
+VM_REPORT_MARGIN_S = 120  # the VM writes `failed` and its reason; the gate polls every few seconds
+PRE_READINESS_ALLOWANCES_S = (GUEST_BOOT_ALLOWANCE_S, DOCKER_INSTALL_ALLOWANCE_S, IMAGE_PULL_ALLOWANCE_S,
+                              IAM_PROPAGATION_WAIT_S, VM_REPORT_MARGIN_S)

@@ -175,7 +175,26 @@ FIRST_CLASS_OPTIONS = {
 }
 
 
+# An option whose value is a secret (vLLM 0.32 has --api-key and --hf-token; the pattern also catches later
+# ones): in extraArgs it would sit in plain text in the startup script, the instance metadata and the vllmArgs
+# output. The token's way in is the secret path: hfTokenSecretId / `pulumi config set --secret hfToken`.
+SECRET_OPTION = re.compile(r"^--(?:[a-z0-9-]+-)?(?:token|api-key|key|secret|password|passwd|credentials?)$")
+SECRET_PATH = {
+    "--hf-token": "the Hugging Face token reaches the container through its environment only: set hfTokenSecretId "
+                  "(a Secret Manager secret) or `pulumi config set --secret hfToken`",
+}
+NO_SECRET_PATH = ("the stack has no secret path for it yet (the endpoint is internal: reach it through IAP, or "
+                  "front it with `tpuserve litellm`'s proxy and its master key)")
+# Options that would make the server answer to another name than `model`: the boot's /v1/models check, the gate
+# and every `--stack` command ask for `model`, so they could never pass.
+RENAMING_OPTIONS = {
+    "--served-model-name": "the boot check, the gate and the toolkit ask for `model` by name; give clients "
+                           "other names with `tpuserve litellm --alias`",
+}
+
+
 def check_extra_args(extra_args: tuple[str, ...]) -> None:
+    """The one place extraArgs are judged: strings only, no repeat of a keyed option, no secret, no renaming."""
     for arg in extra_args:
         if not isinstance(arg, str):
             raise ConfigError("extraArgs", f"every entry must be a string, got {arg!r}")
@@ -183,6 +202,12 @@ def check_extra_args(extra_args: tuple[str, ...]) -> None:
         if name in FIRST_CLASS_OPTIONS:
             raise ConfigError("extraArgs", f"{arg!r} repeats {name}, which is set by "
                               f"{FIRST_CLASS_OPTIONS[name]}; set it there instead")
+        if name and SECRET_OPTION.match(name):
+            raise ConfigError("extraArgs", f"{name} takes a secret, which would sit in plain text in the startup "
+                              f"script, the instance metadata and the vllmArgs output; "
+                              f"{SECRET_PATH.get(name, NO_SECRET_PATH)}")
+        if name in RENAMING_OPTIONS:
+            raise ConfigError("extraArgs", f"{name} would rename the served model: {RENAMING_OPTIONS[name]}")
 
 
 def vllm_serve_args(cfg: ServingConfig) -> list[str]:

@@ -7,6 +7,8 @@ written into the file: LiteLLM resolves `os.environ/NAME` references when it loa
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,9 +16,10 @@ from typing import Any
 import click
 import yaml
 
+from tpuserve.cli import json_option
 from tpuserve.client import API_KEY_ENV, api_base
+from tpuserve.deploy.stack import model_option, read_outputs, resolve_model, stack_options, url_option
 from tpuserve.serving import ConfigError
-from tpuserve.deploy.stack import read_outputs, stack_options
 
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
@@ -54,8 +57,10 @@ def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
 
 
 @click.command()
-@click.option("--url", help="Server URL, with or without /v1 (default: the stack's `endpoint` output).")
-@click.option("--model", help="Served model name (default: the stack's `model` output).")
+@url_option("Server URL: host:port or http(s)://host:port, with or without /v1 (default: the stack's `endpoint` "
+            "output).")
+@model_option("Served model name; default: the stack's `model` output, else the first model the server at --url "
+              "lists.")
 @stack_options
 @click.option("--alias", "aliases", multiple=True, required=True,
               help="Model name clients ask for, e.g. gemini-2.0-flash; repeatable.")
@@ -63,17 +68,24 @@ def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
               help="Environment variable LiteLLM reads the endpoint's key from (any value if vLLM has no key).")
 @click.option("--master-key-env", default=MASTER_KEY_ENV, show_default=True,
               help="Environment variable holding the key clients must present to the proxy.")
+@json_option
 def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None,
-            aliases: tuple[str, ...], api_key_env: str, master_key_env: str) -> None:
-    """Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`)."""
+            aliases: tuple[str, ...], api_key_env: str, master_key_env: str, as_json: bool) -> None:
+    """Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`).
+
+    Offline with --url and --model, or with --stack; with --url alone the model is the first the server lists.
+    --json prints the same config as JSON (LiteLLM reads it too: YAML is a superset of JSON)."""
+    outputs = read_outputs(stack, stack_outputs)
     if url is None or model is None:
-        outputs = read_outputs(stack, stack_outputs)
-        if outputs is None:
-            raise click.UsageError("give --url and --model, or --stack / --stack-outputs to read them from")
-        stack_url, stack_model = endpoint_from_outputs(outputs)
-        url, model = url or stack_url, model or stack_model
-    try:
-        config = litellm_config(url, model, aliases, api_key_env, master_key_env)
-    except ConfigError as err:
-        raise click.UsageError(str(err)) from err
-    click.echo(yaml.safe_dump(config, sort_keys=False), nl=False)
+        if outputs is not None:
+            stack_url, stack_model = endpoint_from_outputs(outputs)
+            url, model = url or stack_url, model or stack_model
+        elif url is not None:
+            model = resolve_model(url, None, os.environ.get(api_key_env)).model
+        else:
+            raise click.UsageError("give --url (and --model), or --stack / --stack-outputs to read them from")
+    config = litellm_config(url, model, aliases, api_key_env, master_key_env)
+    if as_json:
+        click.echo(json.dumps(config, indent=2))
+    else:
+        click.echo(yaml.safe_dump(config, sort_keys=False), nl=False)

@@ -15,13 +15,16 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
 import click
 
+from tpuserve.client import ModelNotServed, NoModelServed, served_card
 from tpuserve.serving import ConfigError
+from tpuserve.urls import SERVER_URL, normalize_server_url
 
 OPTION = "--stack"
 TUNNEL_READY_TIMEOUT_S = 30.0
@@ -194,17 +197,54 @@ def read_outputs(stack: str | None, outputs_file: Path | None) -> dict[str, Any]
     return None
 
 
+def url_option(help_text: str = "Server URL: host:port, or http(s)://host:port with or without /v1 (or give "
+               "--stack).", *names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--url` (or `names`) in the one accepted form, normalised to the server root before the command runs."""
+    return click.option(*(names or ("--url",)), type=SERVER_URL, help=help_text)
+
+
+MODEL_HELP = "Served model name; default: the stack's model, else the first one the server lists."
+
+
+def model_option(help_text: str = MODEL_HELP) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option("--model", help=help_text)
+
+
+@dataclass(frozen=True)
+class Served:
+    """A server reached from this machine and the model to talk to: `card` is its /v1/models entry (vLLM's
+    ModelCard: `id`, `root` = what it loaded, `max_model_len`)."""
+
+    url: str
+    model: str
+    card: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_model(url: str, model: str | None, api_key: str | None = None, option: str = "--model") -> Served:
+    """The one rule for the model of every command that talks to a server: `model` if the server lists it (an
+    unlisted one is a usage error naming what it serves), else the first one it lists."""
+    try:
+        card = served_card(url, model, api_key)
+    except NoModelServed as err:
+        raise click.ClickException(str(err)) from err
+    except ModelNotServed as err:
+        raise click.BadParameter(str(err), param_hint=option) from err
+    return Served(normalize_server_url(url), card["id"], card)
+
+
 @contextmanager
-def served_endpoint(url: str | None, model: str | None,
-                    outputs: Mapping[str, Any] | None) -> Iterator[tuple[str | None, str | None]]:
-    """(URL, model): --url/--model as given, else the stack's endpoint (through an IAP tunnel while the
-    block runs) and its model."""
-    if url or outputs is None:
-        yield url, model
-        return
+def served_endpoint(url: str | None, model: str | None, outputs: Mapping[str, Any] | None,
+                    api_key: str | None = None) -> Iterator[Served]:
+    """The server to talk to while the block runs: --url as given, else the stack's endpoint (through an IAP
+    tunnel for a gcp stack), with the model resolved by `resolve_model` (default: the stack's model, else the first
+    served). No --url and no stack is a usage error."""
+    if url is None and outputs is None:
+        raise click.UsageError("give --url, or --stack / --stack-outputs")
     with ExitStack() as exits:
-        try:
-            endpoint = exits.enter_context(endpoint_for(outputs))
-        except (ConfigError, TunnelError) as err:
-            raise click.ClickException(str(err)) from err
-        yield endpoint, model or outputs.get("model")
+        if url is None:
+            try:
+                url = exits.enter_context(endpoint_for(outputs))
+            except (ConfigError, TunnelError) as err:
+                raise click.ClickException(str(err)) from err
+            model = model or outputs.get("model")
+        yield resolve_model(url, model, api_key)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -22,17 +24,27 @@ from typing import Any
 
 import click
 
-from tpuserve.measure import benchreport
+from tpuserve.cli import json_option
 from tpuserve.client import server_root
-from tpuserve.facts import PRICE_PER_CHIP_HOUR
-from tpuserve.serving import CONTAINER_NAME, DEFAULT_PORT
-from tpuserve.deploy.stack import read_outputs, served_endpoint, stack_options
+from tpuserve.deploy.stack import Served, model_option, read_outputs, served_endpoint, stack_options, url_option
 from tpuserve.deploy.vmssh import docker_over_iap
+from tpuserve.facts import PRICE_PER_CHIP_HOUR
+from tpuserve.measure import benchreport
+from tpuserve.serving import CONTAINER_NAME, DEFAULT_PORT
 
 DEFAULT_LEVELS = "1,8,32,64,100"
 # Where results land inside the container in --remote mode before they are copied back.
 REMOTE_RESULT_ROOT = "/tmp/tpuserve-bench"
 VERSION_PROBE = "import importlib.metadata as m; print(m.version('vllm'))"
+# Where the project's own CPU vLLM lives (scripts/install-vllm-cpu.sh; the e2e tier uses the same venv), so a
+# sweep finds `vllm` without --vllm-bin: $TPUSERVE_VLLM_VENV, then PATH, then ~/.cache/tpuserve/vllm-venv.
+VLLM_VENV_ENV = "TPUSERVE_VLLM_VENV"
+DEFAULT_VLLM_VENV = (".cache", "tpuserve", "vllm-venv")  # under the home directory
+# A Hugging Face repo id (org/name): what `vllm bench serve` can load a tokenizer by.
+HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# How `vllm bench serve` 0.32 reports failed requests in its output (vllm/benchmarks/serve.py): "Error 0: <reason>"
+# under "Failed requests during benchmark run detected", then the result table framed by '=' lines.
+FAILED_REQUEST_LINE = re.compile(r"^Error \d+: ?(.*)$")
 
 
 def parse_levels(text: str) -> list[int]:
@@ -72,6 +84,9 @@ def bench_serve_args(vllm_bin: str, workload: Workload, concurrency: int, result
         "--ignore-eos",
         "--num-prompts", str(workload.num_prompts),
         "--max-concurrency", str(concurrency),
+        # vLLM's own readiness probe retries a failing first request for 600 s before it gives up; the sweep has
+        # checked the server already (local mode), so requests that fail are counted and reported at once.
+        "--ready-check-timeout-sec", "0",
         "--save-result", "--result-dir", result_dir, "--result-filename", result_filename,
     ]
     if workload.tokenizer:
@@ -131,6 +146,66 @@ def resolve_executable(name: str) -> str:
     return path
 
 
+def find_vllm(explicit: str | None) -> str:
+    """--vllm-bin, else the first `vllm` of $TPUSERVE_VLLM_VENV, PATH and the project's CPU venv."""
+    if explicit:
+        return resolve_executable(explicit)
+    venv = os.environ.get(VLLM_VENV_ENV)
+    candidates = [str(Path(venv) / "bin" / "vllm")] if venv else []
+    candidates += [shutil.which("vllm") or "", str(Path.home().joinpath(*DEFAULT_VLLM_VENV, "bin", "vllm"))]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK) and Path(candidate).is_file():
+            return candidate
+    raise click.BadParameter(f"no `vllm` found in ${VLLM_VENV_ENV}, on PATH or in ~/{'/'.join(DEFAULT_VLLM_VENV)} "
+                             "(scripts/install-vllm-cpu.sh installs the CPU build there); pass its path",
+                             param_hint="--vllm-bin")
+
+
+def check_lengths(card: dict[str, Any], input_len: int, output_len: int) -> None:
+    """Refuse lengths the server cannot serve before any run: every request would fail with a 400."""
+    limit = card.get("max_model_len")
+    if isinstance(limit, int) and input_len + output_len > limit:
+        raise click.BadParameter(f"{input_len} + {output_len} = {input_len + output_len} tokens per request exceed "
+                                 f"the server's max_model_len {limit} (from /v1/models): every request would fail; "
+                                 "lower --input-len or --output-len", param_hint="--input-len/--output-len")
+
+
+def tokenizer_for(model: str, card: dict[str, Any], tokenizer: str | None) -> str | None:
+    """What `vllm bench serve --tokenizer` gets (None: the model name itself). It loads the tokenizer by the
+    served name unless told otherwise, so a served name that is neither a Hugging Face id nor a directory here
+    would end in minutes of hub retries and a traceback: take what the server loaded (`root` in /v1/models) when
+    that is usable from here, else say up front that --tokenizer is needed."""
+    if tokenizer:
+        return tokenizer
+    root = card.get("root") if isinstance(card.get("root"), str) else model
+    for candidate in dict.fromkeys([model, root]):
+        if HF_REPO_ID.match(candidate) or Path(candidate).is_dir():
+            return None if candidate == model else candidate
+    loaded = f" (it loaded {root!r}, not found here)" if root != model else ""
+    raise click.BadParameter(f"the server serves {model!r}{loaded}, which is neither a Hugging Face id (org/name) "
+                             "nor a local directory, and `vllm bench serve` loads its tokenizer by that name: pass "
+                             "--tokenizer with the model's HF id or a local copy", param_hint="--tokenizer")
+
+
+def failure_cause(log_text: str) -> str:
+    """vLLM's own words for why requests failed: the first failed request's error (a traceback's last line),
+    else the last line of the log."""
+    lines = [line.rstrip() for line in log_text.splitlines()]
+    for index, line in enumerate(lines):
+        found = FAILED_REQUEST_LINE.match(line)
+        if not found:
+            continue
+        block = [found.group(1)]
+        for following in lines[index + 1:]:
+            if FAILED_REQUEST_LINE.match(following) or following.startswith("="):
+                break
+            block.append(following)
+        meaningful = [text.strip() for text in block if text.strip()]
+        return meaningful[-1] if meaningful else "(no reason given)"
+    meaningful = [line.strip() for line in lines if line.strip()]
+    return meaningful[-1] if meaningful else "(empty log)"
+
+
 def run_logged(argv: list[str], log_path: Path) -> int:
     """Run with output to a log file beside the results, so progress stays readable and nothing is lost."""
     with log_path.open("w") as log:
@@ -150,10 +225,6 @@ def fetch_remote_result(target: RemoteTarget, remote_path: str, local_path: Path
     local_path.write_text(completed.stdout)
 
 
-def log_tail(log_path: Path, lines: int = 15) -> str:
-    return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
-
-
 def ensure_fresh_out(out: Path) -> None:
     """One sweep per directory, so a report never mixes two sweeps' rows."""
     out.mkdir(parents=True, exist_ok=True)
@@ -167,10 +238,12 @@ def bench() -> None:
 
 
 @bench.command()
-@click.option("--url", help="Server root, e.g. http://127.0.0.1:8000. Default with --remote: the container's "
-              f"own http://127.0.0.1:{DEFAULT_PORT}.")
-@click.option("--model", help="Model name the server serves (sent in requests); default: the stack's model.")
-@click.option("--tokenizer", help="Tokenizer id or local directory, if --model is not one (offline: a directory).")
+@url_option("Server URL: host:port or http(s)://host:port, with or without /v1. Default with --remote: the "
+            f"container's own http://127.0.0.1:{DEFAULT_PORT}.")
+@model_option("Model the server serves (sent in requests); default: the stack's model, else the first one the "
+              "server lists.")
+@click.option("--tokenizer", help="Tokenizer HF id or local directory; default: the model, or what the server "
+              "loaded (/v1/models `root`) when the served name is neither.")
 @click.option("--concurrency", "levels", default=DEFAULT_LEVELS, show_default=True, callback=lambda c, p, v:
               parse_levels(v), help="Comma-separated --max-concurrency levels, one `vllm bench serve` run each.")
 @click.option("--input-len", type=click.IntRange(min=1), default=1024, show_default=True)
@@ -178,51 +251,65 @@ def bench() -> None:
 @click.option("--num-prompts", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="New directory for the result JSONs, logs and sweep.json.")
-@click.option("--vllm-bin", default="vllm", show_default=True, help="The `vllm` executable (local mode).")
+@click.option("--vllm-bin", help=f"The `vllm` executable (local mode); default: ${VLLM_VENV_ENV}/bin/vllm, then "
+              f"PATH, then ~/{'/'.join(DEFAULT_VLLM_VENV)}/bin/vllm.")
 @click.option("--remote", "vm", help="Run inside this VM's container through IAP ssh instead of locally.")
 @click.option("--zone", help="The VM's zone (--remote).")
 @click.option("--project", help="The VM's project (--remote).")
 @click.option("--container", default=CONTAINER_NAME, show_default=True, help="The server's container (--remote).")
 @stack_options
+@json_option
 def sweep(url: str | None, model: str | None, tokenizer: str | None, levels: list[int], input_len: int,
-          output_len: int, num_prompts: int, out: Path, vllm_bin: str, vm: str | None, zone: str | None,
-          project: str | None, container: str, stack: str | None, stack_outputs: Path | None) -> None:
+          output_len: int, num_prompts: int, out: Path, vllm_bin: str | None, vm: str | None, zone: str | None,
+          project: str | None, container: str, stack: str | None, stack_outputs: Path | None,
+          as_json: bool) -> None:
     """Run `vllm bench serve` (random dataset) once per concurrency level and save every result in --out.
 
     \b
-    Local (default): this machine's vLLM measures --url, network included: what a client sees.
+    Local (default): this machine's vLLM measures --url, network included: what a client sees. Before the first
+    run the server's /v1/models must list the model and allow the lengths (max_model_len).
     --remote VM: runs inside the VM's container over IAP ssh and copies the results back, so TTFT is the
     server's own and not the tunnel's: use it to measure the deployment itself.
-    Beside the results, sweep.json records the commands, vLLM version, model, parameters, times and the stack's
-    outputs. With --stack, local mode reaches a gcp stack through an IAP tunnel; --remote takes its zone and project.
+    Each level's completed and failed requests are printed and recorded; a level where every request failed
+    stops the sweep with vLLM's reason (exit 1). Beside the results, sweep.json records the commands, vLLM
+    version, model, parameters, times and the stack's outputs.
     """
     outputs = read_outputs(stack, stack_outputs)
-    if outputs is not None and vm is not None:
-        zone, project = zone or outputs.get("zone"), project or outputs.get("project")
-    if url is None and vm is None and outputs is None:
-        raise click.BadParameter("required unless --remote or --stack is given", param_hint="--url")
-    model = model or (outputs or {}).get("model")
-    if not model:
-        raise click.BadParameter("required (or give --stack)", param_hint="--model")
-    if vm is None:
-        vllm_bin = resolve_executable(vllm_bin)
-    with served_endpoint(None if vm else url, model, None if vm else outputs) as (served_url, _):
-        run_sweep(served_url or url, model, tokenizer, levels, input_len, output_len, num_prompts, out, vllm_bin,
-                  RemoteTarget(vm, zone, project, container) if vm else None, outputs)
+    if vm is not None:
+        if outputs is not None:
+            zone, project = zone or outputs.get("zone"), project or outputs.get("project")
+        model = model or (outputs or {}).get("model")
+        if not model:
+            raise click.BadParameter("required with --remote (or give --stack)", param_hint="--model")
+        served = Served(server_root(url or f"http://127.0.0.1:{DEFAULT_PORT}"), model)
+        run_sweep(served, tokenizer, levels, input_len, output_len, num_prompts, out, "vllm",
+                  RemoteTarget(vm, zone, project, container), outputs, as_json)
+        return
+    vllm_path = find_vllm(vllm_bin)
+    with served_endpoint(url, model, outputs) as served:
+        check_lengths(served.card, input_len, output_len)
+        tokenizer = tokenizer_for(served.model, served.card, tokenizer)
+        run_sweep(served, tokenizer, levels, input_len, output_len, num_prompts, out, vllm_path, None, outputs,
+                  as_json)
 
 
-def run_sweep(url: str | None, model: str, tokenizer: str | None, levels: list[int], input_len: int,
-              output_len: int, num_prompts: int, out: Path, vllm_bin: str, target: RemoteTarget | None,
-              outputs: dict[str, Any] | None) -> None:
+def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_len: int, output_len: int,
+              num_prompts: int, out: Path, vllm_bin: str, target: RemoteTarget | None,
+              outputs: dict[str, Any] | None, as_json: bool = False) -> None:
     ensure_fresh_out(out)
-    workload = Workload(url or f"http://127.0.0.1:{DEFAULT_PORT}", model, tokenizer, input_len, output_len,
-                        num_prompts)
+    workload = Workload(served.url, served.model, tokenizer, input_len, output_len, num_prompts)
     manifest = start_manifest(workload, levels, target, outputs)
     remote_dir = f"{REMOTE_RESULT_ROOT}/{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
     run_levels(levels, workload, out, manifest, vllm_bin, target, remote_dir)
     manifest["finished_at"] = now()
     write_manifest(out, manifest)
-    click.echo(f"{len(levels)} levels saved in {out}; `tpuserve bench report {out}` prints the table.")
+    if as_json:
+        click.echo(json.dumps(manifest, indent=2))
+        return
+    partial = [f"concurrency {run['concurrency']}: {run['failed']} of {run['completed'] + run['failed']} failed"
+               for run in manifest["runs"] if run.get("failed")]
+    note = f" ({'; '.join(partial)})" if partial else ""
+    click.echo(f"{len(levels)} levels saved in {out}{note}; `tpuserve bench report {out}` prints the table.")
 
 
 def start_manifest(workload: Workload, levels: list[int], target: RemoteTarget | None,
@@ -250,7 +337,8 @@ def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
 
 def run_levels(levels: list[int], workload: Workload, out: Path, manifest: dict[str, Any], vllm_bin: str,
                target: RemoteTarget | None, remote_dir: str) -> None:
-    """One run per level, manifest rewritten after each so an interrupted sweep still says what ran."""
+    """One run per level, manifest rewritten after each so an interrupted sweep still says what ran. Each level's
+    completed/failed counts are printed; a level where every request failed ends the sweep (exit 1)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -259,9 +347,16 @@ def run_levels(levels: list[int], workload: Workload, out: Path, manifest: dict[
         task = progress.add_task("sweep", total=len(levels))
         for level in levels:
             progress.update(task, description=f"concurrency {level}")
-            manifest["runs"].append(run_level(level, workload, out, vllm_bin, target, remote_dir))
+            run = run_level(level, workload, out, vllm_bin, target, remote_dir)
+            manifest["runs"].append(run)
             write_manifest(out, manifest)
             progress.advance(task)
+            cause = f"; vLLM: {run['cause']}" if run.get("cause") else ""
+            progress.console.print(f"concurrency {level}: {run['completed']} completed, {run['failed']} failed"
+                                   f"{cause}", markup=False, highlight=False)
+            if run["completed"] == 0:
+                raise click.ClickException(f"concurrency {level}: all {run['failed']} requests failed; vLLM: "
+                                           f"{run.get('cause')} (log: {out / run['log_file']})")
 
 
 def run_level(level: int, workload: Workload, out: Path, vllm_bin: str, target: RemoteTarget | None,
@@ -276,13 +371,19 @@ def run_level(level: int, workload: Workload, out: Path, vllm_bin: str, target: 
     returncode = run_logged(argv, log_path)
     wall_s = time.monotonic() - start
     if returncode != 0:
-        raise click.ClickException(f"concurrency {level}: exit {returncode}; end of {log_path}:\n{log_tail(log_path)}")
+        raise click.ClickException(f"concurrency {level}: `vllm bench serve` exited with {returncode}: "
+                                   f"{failure_cause(log_path.read_text(errors='replace'))} (log: {log_path})")
     if target:
         fetch_remote_result(target, f"{remote_dir}/{filename}", out / filename)
     if not (out / filename).is_file():
         raise click.ClickException(f"concurrency {level}: no {filename} was saved; see {log_path}")
-    return {"concurrency": level, "command": argv, "result_file": filename, "log_file": log_path.name,
-            "started_at": started_at, "wall_s": round(wall_s, 3)}
+    completed, failed = benchreport.request_counts(json.loads((out / filename).read_text()), workload.num_prompts)
+    run = {"concurrency": level, "command": argv, "result_file": filename, "log_file": log_path.name,
+           "started_at": started_at, "wall_s": round(wall_s, 3), "completed": completed, "failed": failed}
+    if failed:
+        run["cause"] = failure_cause(log_path.read_text(errors="replace"))
+    return run
+
 
 
 @bench.command()
@@ -291,26 +392,39 @@ def run_level(level: int, workload: Workload, out: Path, vllm_bin: str, target: 
               show_default=True, help="$ per hour of the machine (default: one v6e chip, flex-start), for the "
               "$ / M output tokens column.")
 @click.option("--format", "output_format", type=click.Choice(["table", "markdown", "json"]), default="table",
-              show_default=True)
+              show_default=True, help="--json is the same as --format json.")
+@json_option
+@click.option("--allow-mismatch", is_flag=True, help="Compare two runs even when their request lengths differ.")
 @click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Also write a PNG plot here.")
-def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, plot: Path | None) -> None:
-    """One row per concurrency from saved results in DIR; two DIRs compare them (ratio = second / first)."""
+def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, as_json: bool, allow_mismatch: bool,
+           plot: Path | None) -> None:
+    """One row per concurrency from saved results in DIR; two DIRs compare them: the first is the baseline,
+    ratio = second (candidate) / first. Levels where requests failed, and implausible rates, are flagged."""
     if len(dirs) > 2:
-        raise click.BadParameter("one DIR to report, two to compare", param_hint="DIRS")
-    try:
-        runs = {run_label(directory, dirs): benchreport.report_rows(directory, price_per_hour) for directory in dirs}
-        comparisons = benchreport.compare_rows(*runs.values()) if len(dirs) == 2 else None
-    except benchreport.ReportError as error:
-        raise click.ClickException(str(error)) from error
-    if comparisons is None:
+        raise click.BadParameter("one DIR to report, two to compare (the first is the baseline)", param_hint="DIRS")
+    output_format = "json" if as_json else output_format
+    runs = {run_label(directory, dirs): benchreport.report_rows(directory, price_per_hour) for directory in dirs}
+    infos = [benchreport.run_info(directory) for directory in dirs]
+    notes = [note for label, rows in runs.items()
+             for note in benchreport.report_notes(rows, label if len(dirs) == 2 else "")]
+    if len(dirs) == 1:
         rows = next(iter(runs.values()))
-        print_table(f"{dirs[0]} at ${price_per_hour:g}/h", [header for _, header, _ in benchreport.COLUMNS], rows,
-                    [benchreport.row_cells(row) for row in rows], output_format)
+        title = f"{dirs[0]}: {infos[0].model} · {infos[0].lengths} at ${price_per_hour:g}/h"
+        print_table(title, [header for _, header, _ in benchreport.COLUMNS], rows,
+                    [benchreport.row_cells(row) for row in rows], output_format, notes)
     else:
-        print_table(f"{dirs[1]} / {dirs[0]}", benchreport.COMPARISON_HEADERS, comparisons,
-                    [benchreport.comparison_cells(item) for item in comparisons], output_format)
+        if not allow_mismatch:
+            notes = benchreport.check_comparable(*infos) + notes
+        comparisons = benchreport.compare_rows(*runs.values())
+        title = (f"candidate {dirs[1]} vs baseline {dirs[0]} (ratio = candidate / baseline): {infos[1].model} · "
+                 f"{infos[1].lengths} at ${price_per_hour:g}/h")
+        notes += [f"concurrency {level}: measured only by the {side}"
+                  for level, side in benchreport.one_sided_levels(*runs.values())]
+        print_table(title, benchreport.COMPARISON_HEADERS, comparisons,
+                    [benchreport.comparison_cells(item) for item in comparisons], output_format, notes,
+                    baseline=str(dirs[0]), candidate=str(dirs[1]))
     if plot:
-        benchreport.plot_runs(runs, plot)
+        benchreport.plot_runs(runs, plot, benchreport.plot_title(infos, price_per_hour))
         click.echo(f"plot written to {plot}", err=True)
 
 
@@ -321,23 +435,34 @@ def run_label(directory: Path, dirs: tuple[Path, ...]) -> str:
 
 
 def print_table(title: str, headers: list[str], records: list[benchreport.BenchRow] | list[benchreport.Comparison],
-                cells: list[list[str]], output_format: str) -> None:
-    """`records` as JSON (null where a value is not finite), or their `cells` as markdown or a rich table."""
+                cells: list[list[str]], output_format: str, notes: list[str], **json_fields: str) -> None:
+    """`records` as JSON (null where a value is not finite), or their `cells` as markdown or a rich table, the
+    notes after the table (JSON: a "notes" list)."""
     if output_format == "json":
-        click.echo(json.dumps([benchreport.json_record(record) for record in records], indent=2, allow_nan=False))
-    elif output_format == "markdown":
+        document = {"title": title, **json_fields, "rows": [benchreport.json_record(record) for record in records],
+                    "notes": notes}
+        click.echo(json.dumps(document, indent=2, allow_nan=False))
+        return
+    if output_format == "markdown":
         click.echo(benchreport.markdown_table(headers, cells))
-    else:
-        print_rich_table(title, headers, cells)
+        for note in notes:
+            click.echo(f"\n> ⚠ {note}")
+        return
+    print_rich_table(title, headers, cells, notes)
 
 
-def print_rich_table(title: str, headers: list[str], cells: list[list[str]]) -> None:
+def print_rich_table(title: str, headers: list[str], cells: list[list[str]], notes: list[str]) -> None:
+    """A table that wraps (folds) a cell rather than cutting it: at 80 columns a number may take two lines, but is
+    never shown as '2356…'."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title)
     for header in headers:
-        table.add_column(header, justify="right")
+        table.add_column(header, justify="right", overflow="fold")
     for row in cells:
         table.add_row(*row)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for note in notes:
+        console.print(f"⚠ {note}", markup=False, highlight=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,12 @@ from typing import Any
 SWEEP_MANIFEST = "sweep.json"
 
 # vLLM result fields the report reads; a file missing one of them is not a usable result.
-REQUIRED_FIELDS = ("max_concurrency", "request_throughput", "output_throughput", "total_token_throughput",
-                   "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms")
+REQUIRED_FIELDS = ("max_concurrency", "completed", "request_throughput", "output_throughput",
+                   "total_token_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms")
+# No decoder streams one request faster than this: the fastest hardware serves a few thousand tokens per second
+# per stream, a TPU v6e a few hundred, the CPU test server ~700. A median TPOT below 0.1 ms means the tokens did
+# not arrive one by one (buffered streaming, or 1-token outputs), so the per-stream rate is flagged, not believed.
+MAX_PLAUSIBLE_PER_STREAM_TOK_S = 10_000.0
 
 
 class ReportError(ValueError):
@@ -39,6 +44,14 @@ class BenchRow:
     per_stream_tok_s: float
     usd_per_m_output: float
     source: str
+    completed: int = 0
+    failed: int = 0
+    notes: tuple[str, ...] = ()  # what a reader must know before trusting the row
+
+    @property
+    def measured(self) -> bool:
+        """Whether any request completed: a level where all failed has no numbers, only its failure."""
+        return self.completed > 0
 
 
 # (BenchRow attribute, column header, format) in the reference's order.
@@ -57,8 +70,34 @@ METRICS = COLUMNS[1:]
 
 
 def per_stream_tok_s(median_tpot_ms: float) -> float:
-    """Decode speed one user sees: one token every median TPOT."""
-    return 1000.0 / median_tpot_ms if median_tpot_ms > 0 else math.inf
+    """Decode speed one user sees: one token every median TPOT (NaN when there is no TPOT to speak of)."""
+    return 1000.0 / median_tpot_ms if median_tpot_ms > 0 else math.nan
+
+
+def request_counts(result: dict[str, Any], num_prompts: int | None = None) -> tuple[int, int]:
+    """(completed, failed) of one `vllm bench serve` result."""
+    completed = int(result.get("completed") or 0)
+    failed = result.get("failed")
+    if failed is None:
+        failed = max(int(result.get("num_prompts") or num_prompts or completed) - completed, 0)
+    return completed, int(failed)
+
+
+def row_notes(completed: int, failed: int, median_tpot_ms: float, per_stream: float) -> tuple[str, ...]:
+    notes = []
+    if completed == 0:
+        notes.append(f"all {failed} requests failed: nothing was measured (see the level's .log)")
+        return tuple(notes)
+    if failed:
+        notes.append(f"{failed} of {completed + failed} requests failed: the numbers cover the {completed} that "
+                     "completed")
+    if median_tpot_ms <= 0:
+        notes.append("median TPOT is 0: no per-stream rate (outputs of one token, or a buffered stream)")
+    elif per_stream > MAX_PLAUSIBLE_PER_STREAM_TOK_S:
+        notes.append(f"per-stream {per_stream:,.0f} tok/s (median TPOT {median_tpot_ms:.4f} ms) is implausible: "
+                     f"no decoder streams over {MAX_PLAUSIBLE_PER_STREAM_TOK_S:,.0f} tok/s, so tokens arrived in "
+                     "bursts (buffered streaming, or too short outputs)")
+    return tuple(notes)
 
 
 def usd_per_million_output(price_per_hour: float, output_tok_s: float) -> float:
@@ -90,17 +129,26 @@ def row_from_result(path: Path, result: dict[str, Any], price_per_hour: float) -
     if missing:
         raise ReportError(f"{path}: missing {', '.join(missing)} (max_concurrency needs --max-concurrency; "
                           "TTFT/TPOT need a generative model)")
+    completed, failed = request_counts(result)
+    concurrency = int(result["max_concurrency"])
+    if completed == 0:  # vLLM still writes zeros for every metric: they are not measurements
+        return BenchRow(concurrency, *([math.nan] * 8), source=path.name, completed=0, failed=failed,
+                        notes=row_notes(0, failed, 0.0, math.nan))
+    per_stream = per_stream_tok_s(result["median_tpot_ms"])
     return BenchRow(
-        concurrency=int(result["max_concurrency"]),
+        concurrency=concurrency,
         requests_per_s=result["request_throughput"],
         output_tok_s=result["output_throughput"],
         total_tok_s=result["total_token_throughput"],
         ttft_median_ms=result["median_ttft_ms"],
         ttft_p99_ms=result["p99_ttft_ms"],
         tpot_median_ms=result["median_tpot_ms"],
-        per_stream_tok_s=per_stream_tok_s(result["median_tpot_ms"]),
+        per_stream_tok_s=per_stream,
         usd_per_m_output=usd_per_million_output(price_per_hour, result["output_throughput"]),
         source=path.name,
+        completed=completed,
+        failed=failed,
+        notes=row_notes(completed, failed, result["median_tpot_ms"], per_stream),
     )
 
 
@@ -115,34 +163,133 @@ def report_rows(directory: Path, price_per_hour: float) -> list[BenchRow]:
     return rows
 
 
+# Measured lengths are per-request means of what the server counted: a tokenizer's special tokens make them differ
+# from the requested ones by a token or two (64 requested -> 65 counted with the tiny Gemma 4's BOS).
+LENGTH_TOLERANCE_TOKENS = 2
+LENGTH_TOLERANCE_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a sweep measured: the model and request lengths, requested (sweep.json) and measured (the results'
+    token totals per completed request), and when."""
+
+    directory: str
+    model: str | None
+    requested: tuple[int, int] | None
+    measured: tuple[int, int] | None
+    date: str | None
+
+    @property
+    def input_len(self) -> int | None:
+        lengths = self.requested or self.measured
+        return lengths[0] if lengths else None
+
+    @property
+    def output_len(self) -> int | None:
+        lengths = self.requested or self.measured
+        return lengths[1] if lengths else None
+
+    @property
+    def lengths(self) -> str:
+        return f"{self.input_len if self.input_len is not None else '?'} in / " \
+               f"{self.output_len if self.output_len is not None else '?'} out"
+
+
+def run_info(directory: Path) -> RunInfo:
+    manifest_path = directory / SWEEP_MANIFEST
+    manifest: dict[str, Any] = {}
+    if manifest_path.is_file():
+        try:
+            loaded = json.loads(manifest_path.read_text())
+            manifest = loaded if isinstance(loaded, dict) else {}
+        except json.JSONDecodeError:
+            manifest = {}
+    parameters = manifest.get("parameters") if isinstance(manifest.get("parameters"), dict) else {}
+    results = [result for _, result in load_results(directory)]
+    measured = [r for r in results if (r.get("completed") or 0) > 0]
+
+    def mean_length(total_key: str) -> int | None:
+        totals = [(r.get(total_key), r["completed"]) for r in measured if r.get(total_key) is not None]
+        return round(sum(t for t, _ in totals) / sum(c for _, c in totals)) if totals else None
+
+    requested = (parameters.get("input_len"), parameters.get("output_len"))
+    means = (mean_length("total_input_tokens"), mean_length("total_output_tokens"))
+    return RunInfo(str(directory), manifest.get("model") or next((r.get("model_id") for r in results), None),
+                   requested if None not in requested else None, means if None not in means else None,
+                   day(manifest.get("started_at") or next((r.get("date") for r in results if r.get("date")), None)))
+
+
+def day(stamp: Any) -> str | None:
+    """'2026-11-29' from sweep.json's ISO time or vLLM's result 'date' ('20261129-104500')."""
+    text = str(stamp or "")
+    if re.match(r"^\d{8}-\d{6}$", text):
+        return f"{text[:4]}-{text[4:6]}-{text[6:8]}"
+    return text[:10] or None
+
+
+def same_lengths(a: RunInfo, b: RunInfo) -> bool:
+    """Requested lengths when both runs recorded them, else what the server counted, within a token or two."""
+    if a.requested and b.requested:
+        return a.requested == b.requested
+    if a.measured and b.measured:
+        return all(abs(x - y) <= max(LENGTH_TOLERANCE_TOKENS, LENGTH_TOLERANCE_SHARE * max(x, y))
+                   for x, y in zip(a.measured, b.measured))
+    return True  # nothing to compare by: the runs' own files say nothing about lengths
+
+
+def check_comparable(baseline: RunInfo, candidate: RunInfo) -> list[str]:
+    """Refuse runs of different request lengths (their levels measure different work); return notes for what may
+    differ but deserves saying (the model)."""
+    if not same_lengths(baseline, candidate):
+        raise ReportError(f"{candidate.directory} measured {candidate.lengths}, its baseline {baseline.directory} "
+                          f"{baseline.lengths}: levels of different lengths are not comparable (--allow-mismatch "
+                          "compares them anyway)")
+    if baseline.model != candidate.model:
+        return [f"the runs measured different models: baseline {baseline.model}, candidate {candidate.model}"]
+    return []
+
+
 @dataclass(frozen=True)
 class Comparison:
-    """One metric (a BenchRow attribute) at one concurrency in two runs; ratio is candidate / baseline."""
+    """One metric (a BenchRow attribute) at one concurrency in two runs; ratio is candidate / baseline. A side
+    that did not measure the level (or had no completed request there) is None."""
 
     concurrency: int
     metric: str
-    baseline: float
-    candidate: float
+    baseline: float | None
+    candidate: float | None
     ratio: float | None
 
 
 def compare_rows(baseline: list[BenchRow], candidate: list[BenchRow]) -> list[Comparison]:
-    """Every metric at the concurrency levels both runs measured."""
-    by_level = {row.concurrency: row for row in candidate}
-    common = [row for row in baseline if row.concurrency in by_level]
-    if not common:
+    """Every metric at every level either run measured; a level on one side only keeps its row, ratio n/a."""
+    base_by_level = {row.concurrency: row for row in baseline}
+    other_by_level = {row.concurrency: row for row in candidate}
+    if not set(base_by_level) & set(other_by_level):
         raise ReportError("the two runs share no concurrency level")
     comparisons = []
-    for base in common:
-        other = by_level[base.concurrency]
+    for level in sorted(set(base_by_level) | set(other_by_level)):
+        base, other = base_by_level.get(level), other_by_level.get(level)
         for attribute, _, _ in METRICS:
-            a, b = getattr(base, attribute), getattr(other, attribute)
-            ratio = b / a if a and math.isfinite(a) and math.isfinite(b) else None
-            comparisons.append(Comparison(base.concurrency, attribute, a, b, ratio))
+            a = getattr(base, attribute) if base and base.measured else None
+            b = getattr(other, attribute) if other and other.measured else None
+            finite = a is not None and b is not None and math.isfinite(a) and math.isfinite(b)
+            comparisons.append(Comparison(level, attribute, a, b, b / a if finite and a else None))
     return comparisons
 
 
-def format_cell(attribute: str, value: float) -> str:
+def one_sided_levels(baseline: list[BenchRow], candidate: list[BenchRow]) -> list[tuple[int, str]]:
+    """(level, 'baseline' or 'candidate') for each level only one run measured."""
+    base, other = {row.concurrency for row in baseline}, {row.concurrency for row in candidate}
+    return sorted([(level, "baseline") for level in base - other] + [(level, "candidate") for level in other - base])
+
+
+def format_cell(attribute: str, value: float | None) -> str:
+    """The value in its column's format; '—' where there is none (a side that did not measure, a NaN), '∞' where
+    a zero made it infinite."""
+    if value is None or math.isnan(value):
+        return "—"
     template = next(fmt for name, _, fmt in COLUMNS if name == attribute)
     return template.format(value) if math.isfinite(value) else "∞"
 
@@ -157,7 +304,18 @@ def comparison_cells(item: Comparison) -> list[str]:
 
 
 def row_cells(row: BenchRow) -> list[str]:
-    return [format_cell(attribute, getattr(row, attribute)) for attribute, _, _ in COLUMNS]
+    """The row's cells; a level where every request failed says so instead of showing zeros."""
+    if not row.measured:
+        return [str(row.concurrency), f"all {row.failed} failed", *["—"] * (len(COLUMNS) - 2)]
+    cells = [format_cell(attribute, getattr(row, attribute)) for attribute, _, _ in COLUMNS]
+    flagged = {"per_stream_tok_s"} if any(note.startswith("per-stream") for note in row.notes) else set()
+    return [f"{cell} ⚠" if attribute in flagged else cell for (attribute, _, _), cell in zip(COLUMNS, cells)]
+
+
+def report_notes(rows: list[BenchRow], label: str = "") -> list[str]:
+    """One line per flagged row: 'concurrency 8: 3 of 100 requests failed ...'."""
+    prefix = f"{label}: " if label else ""
+    return [f"{prefix}concurrency {row.concurrency}: {note}" for row in rows for note in row.notes]
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -167,17 +325,27 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def json_record(record: BenchRow | Comparison) -> dict[str, Any]:
-    """The record as strict JSON allows it: a value that is not finite (from a zero TPOT or throughput) is null."""
-    return {key: None if isinstance(value, float) and not math.isfinite(value) else value
-            for key, value in asdict(record).items()}
+    """The record as strict JSON allows it: a value that is not finite (from a zero TPOT or throughput, or a level
+    where every request failed) is null."""
+    return {key: None if isinstance(value, float) and not math.isfinite(value) else
+            list(value) if isinstance(value, tuple) else value for key, value in asdict(record).items()}
 
 
 COMPARISON_HEADERS = ["Concurrency", "Metric", "Baseline", "Candidate", "Ratio"]
 
 
-def plot_runs(runs: dict[str, list[BenchRow]], path: Path) -> None:
+def plot_title(infos: list[RunInfo], price_per_hour: float) -> str:
+    """'tiny-gemma4 · 64 in / 16 out · 2026-11-29 · $1.35/h' (runs that differ list each value once)."""
+    def joined(values: list[str | None]) -> str:
+        return " vs ".join(dict.fromkeys(value or "?" for value in values))
+
+    return (f"{joined([info.model for info in infos])} · {joined([info.lengths for info in infos])} · "
+            f"{joined([info.date for info in infos])} · ${price_per_hour:g}/h")
+
+
+def plot_runs(runs: dict[str, list[BenchRow]], path: Path, title: str = "") -> None:
     """Output tok/s, per-stream tok/s and TTFT p99 against concurrency, one panel each so no metric's scale hides
-    another's, one colour per run."""
+    another's, one colour per run; levels without a measurement are left out of the lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -188,7 +356,8 @@ def plot_runs(runs: dict[str, list[BenchRow]], path: Path) -> None:
     figure, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(8, 9), dpi=100)
     for (attribute, title), axis in zip(panels, axes):
         for label, rows in runs.items():
-            axis.plot([row.concurrency for row in rows], [getattr(row, attribute) for row in rows], "o-",
+            shown = [row for row in rows if row.measured and math.isfinite(getattr(row, attribute))]
+            axis.plot([row.concurrency for row in shown], [getattr(row, attribute) for row in shown], "o-",
                       label=label)
         axis.set_ylabel(title)
         axis.grid(True, alpha=0.3)
@@ -197,6 +366,8 @@ def plot_runs(runs: dict[str, list[BenchRow]], path: Path) -> None:
     axes[-1].set_xticks(levels, [str(level) for level in levels])
     axes[-1].set_xlabel("Concurrency")
     axes[0].legend(fontsize="small")
+    if title:
+        figure.suptitle(title, fontsize="medium")
     figure.tight_layout()
     figure.savefig(path, format="png")
     plt.close(figure)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 
-from tpuserve.measure import benchreport
+from tpuserve.cli import json_option
 from tpuserve.facts import PRICE_PER_CHIP_HOUR
+from tpuserve.measure import benchreport
 
 
 def breakeven_output_tok_s(price_per_hour: float, api_usd_per_m: float) -> float:
@@ -55,11 +58,19 @@ def session(price_per_hour: float, api_usd_per_m: float, hours: float, cold_star
 
 
 def operating_point(rows: list[benchreport.BenchRow], concurrency: int | None) -> benchreport.BenchRow:
-    """The requested level, or by default the one with the highest output throughput."""
+    """The requested level, or by default the one with the highest output throughput; only levels where requests
+    completed count (a level where all failed measured nothing)."""
+    usable = [row for row in rows if row.measured and row.output_tok_s > 0]
     if concurrency is None:
-        return max(rows, key=lambda row: row.output_tok_s)
+        if not usable:
+            raise click.ClickException("no level of the report completed a request: nothing to price (see "
+                                       "`tpuserve bench report`)")
+        return max(usable, key=lambda row: row.output_tok_s)
     for row in rows:
         if row.concurrency == concurrency:
+            if row not in usable:
+                raise click.BadParameter(f"{concurrency}: {'; '.join(row.notes) or 'no output measured'}",
+                                         param_hint="--concurrency")
             return row
     measured = ", ".join(str(row.concurrency) for row in rows)
     raise click.BadParameter(f"{concurrency} was not measured (measured: {measured})", param_hint="--concurrency")
@@ -84,9 +95,10 @@ def operating_point(rows: list[benchreport.BenchRow], concurrency: int | None) -
 @click.option("--concurrency", type=int, help="Operating point's level in --report (default: best output tok/s).")
 @click.option("--output-tok-s", type=click.FloatRange(min=0, min_open=True),
               help="Operating point given directly instead of --report.")
+@json_option
 def cost(chips: int, price_per_chip_hour: float, price_per_hour: float | None, api_price_per_m: float,
          cold_start_min: float, session_h: float, report_dir: Path | None, concurrency: int | None,
-         output_tok_s: float | None) -> None:
+         output_tok_s: float | None, as_json: bool) -> None:
     """Breakeven throughput against an API price, the cost of a cold start, and what a session yields."""
     if price_per_hour is None:
         price_per_hour = chips * price_per_chip_hour  # every chip of the machine bills, serving or not
@@ -96,13 +108,13 @@ def cost(chips: int, price_per_chip_hour: float, price_per_hour: float | None, a
         raise click.BadParameter("needs --report", param_hint="--concurrency")
     label = f"--output-tok-s {output_tok_s:g}" if output_tok_s else None
     if report_dir:
-        try:
-            rows = benchreport.report_rows(report_dir, price_per_hour)
-        except benchreport.ReportError as error:
-            raise click.ClickException(str(error)) from error
-        point = operating_point(rows, concurrency)
+        point = operating_point(benchreport.report_rows(report_dir, price_per_hour), concurrency)
         output_tok_s, label = point.output_tok_s, f"concurrency {point.concurrency} of {report_dir}"
     breakeven = breakeven_output_tok_s(price_per_hour, api_price_per_m)
+    if as_json:
+        click.echo(json.dumps(cost_document(price_per_hour, api_price_per_m, cold_start_min, session_h, breakeven,
+                                            output_tok_s, label), indent=2))
+        return
     click.echo(f"Breakeven vs ${api_price_per_m:g}/M: {breakeven:,.1f} output tok/s sustained at ${price_per_hour:g}/h")
     click.echo(f"One cold start ({cold_start_min:g} min): ${cold_start_usd(price_per_hour, cold_start_min):.3f}")
     if output_tok_s:
@@ -119,3 +131,17 @@ def echo_session(result: Session, label: str | None, breakeven: float) -> None:
     click.echo(f"  cost ${result.usd:.2f}; {result.serving_hours:.2f} h serving after the cold start yields "
                f"{result.output_tokens / 1e6:,.2f} M output tokens = ${result.usd_per_m_output:.3f} / M")
     click.echo(f"  the API would charge ${result.api_usd:.2f} for them: {outcome}")
+
+
+def cost_document(price_per_hour: float, api_price_per_m: float, cold_start_min: float, session_h: float,
+                  breakeven: float, output_tok_s: float | None, label: str | None) -> dict[str, Any]:
+    """What the text says, as JSON (`session` is null without an operating point)."""
+    document: dict[str, Any] = {
+        "price_per_hour": price_per_hour, "api_price_per_m": api_price_per_m,
+        "breakeven_output_tok_s": breakeven, "cold_start_min": cold_start_min,
+        "cold_start_usd": cold_start_usd(price_per_hour, cold_start_min), "session": None}
+    if output_tok_s:
+        result = session(price_per_hour, api_price_per_m, session_h, cold_start_min, output_tok_s)
+        document["session"] = {**asdict(result), "saving_usd": result.saving_usd, "operating_point": label,
+                               "above_breakeven": result.output_tok_s > breakeven}
+    return document

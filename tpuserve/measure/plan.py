@@ -42,6 +42,7 @@ from typing import Any
 
 import click
 
+from tpuserve.cli import json_option
 from tpuserve.facts import V6E_HBM_GIB
 from tpuserve.serving import DEFAULT_MODEL, ConfigError, ServingConfig
 
@@ -432,10 +433,12 @@ def advice(plan: Plan, max_model_len: int) -> str | None:
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=SERVED.max_num_batched_tokens,
               show_default=True, help="vLLM --max-num-batched-tokens: how far past its window a sliding layer holds "
               "KV with --backend gpu (default: the stack's).")
-@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="--json is the same as --format json.")
+@json_option
 def plan(model: str | None, config_path: Path | None, backend: str, chips: int, hbm_gib: float, utilization: float,
          weights_gib: float | None, kv_dtype: str, max_model_len: int, block_size: int, max_num_batched_tokens: int,
-         output_format: str) -> None:
+         output_format: str, as_json: bool) -> None:
     """KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM."""
     try:
         resolved = resolve_model(model, config_path, weights_gib)
@@ -443,7 +446,7 @@ def plan(model: str | None, config_path: Path | None, backend: str, chips: int, 
                                                    max_model_len, block_size, max_num_batched_tokens, backend, chips))
     except ConfigError as error:
         raise click.ClickException(str(error)) from error
-    if output_format == "json":
+    if as_json or output_format == "json":
         click.echo(json.dumps(plan_as_json(result, resolved), indent=2))
     else:
         echo_table(result, resolved)

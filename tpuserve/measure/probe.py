@@ -27,11 +27,11 @@ from tpuserve.client import (
     EndpointError,
     OutputTruncated,
     SchemaNotEnforced,
-    served_model,
     validated_json,
 )
+from tpuserve.cli import json_option
 from tpuserve.images import image_messages
-from tpuserve.deploy.stack import read_outputs, served_endpoint, stack_options
+from tpuserve.deploy.stack import model_option, read_outputs, resolve_model, served_endpoint, stack_options, url_option
 
 PASS, FAIL, SKIPPED, NOT_ENFORCED = "pass", "fail", "skipped", "schema not enforced"
 EXCERPT_CHARS = 300
@@ -68,12 +68,15 @@ def reply_evidence(reply: ChatReply) -> dict[str, Any]:
     return evidence
 
 
+ERROR_REASONS = ("server error: ", "no answer: ")
+
+
 def error_result(probe: str, scenario: str, err: Exception, request: dict[str, Any]) -> ScenarioResult:
     """A server error or timeout: an honest fail with the server's words, never a crash."""
     if isinstance(err, EndpointError):
-        return ScenarioResult(probe, scenario, FAIL, f"server error: {err}", err.latency_s,
+        return ScenarioResult(probe, scenario, FAIL, f"{ERROR_REASONS[0]}{err}", err.latency_s,
                               {"request": request, "status": err.status})
-    return ScenarioResult(probe, scenario, FAIL, f"no answer: {type(err).__name__}: {err}", None,
+    return ScenarioResult(probe, scenario, FAIL, f"{ERROR_REASONS[1]}{type(err).__name__}: {err}", None,
                           {"request": request})
 
 
@@ -250,14 +253,17 @@ def run_structured(client: ChatClient, max_tokens: int | None = None) -> list[Sc
 
 
 def enforcement_summary(results: list[ScenarioResult]) -> str:
-    """One line naming the configurations that enforced the schema and those that did not."""
+    """One line naming the configurations that enforced the schema, those that did not, and those that could not
+    be judged (a server error, a truncated answer): "not enforced with: none" never hides a failed scenario."""
     structured = [r for r in results if r.probe == "structured"]
     enforced = [r.scenario for r in structured if r.verdict == PASS]
     not_enforced = [r.scenario for r in structured if r.verdict == NOT_ENFORCED]
-    if not enforced and not not_enforced:
+    unjudged = [r.scenario for r in structured if r.verdict in (FAIL, SKIPPED)]
+    if not structured:
         return ""
-    return (f"schema enforced with: {', '.join(enforced) or 'none'}; "
-            f"not enforced with: {', '.join(not_enforced) or 'none'}")
+    summary = (f"schema enforced with: {', '.join(enforced) or 'none'}; "
+               f"not enforced with: {', '.join(not_enforced) or 'none'}")
+    return summary + (f"; not judged (failed or skipped): {', '.join(unjudged)}" if unjudged else "")
 
 
 def structured_hint(results: list[ScenarioResult]) -> str:
@@ -426,13 +432,21 @@ def compare_outputs(a: dict[str, str], b: dict[str, str]) -> list[OutputComparis
 VERDICT_STYLE = {PASS: "green", FAIL: "red", SKIPPED: "yellow", NOT_ENFORCED: "bold red"}
 
 
-def make_client(url: str, model: str | None, api_key_env: str, timeout: float) -> ChatClient:
+def make_client(url: str, model: str | None, api_key_env: str, timeout: float, option: str = "--model"
+                ) -> ChatClient:
+    """A client for `model` on `url`, the model checked against /v1/models (default: the first served)."""
     api_key = os.environ.get(api_key_env)
-    try:
-        return ChatClient(url, model or served_model(url, api_key), api_key=api_key, timeout_s=timeout)
-    except (requests.ConnectionError, EndpointError) as err:
-        raise click.ClickException(f"--url {url}: cannot list the served models ({err}); pass --model or check "
-                                   "the URL") from err
+    served = resolve_model(url, model, api_key, option)
+    return ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout)
+
+
+def could_not_run(results: list[ScenarioResult]) -> str | None:
+    """Why the probe could not run at all (every scenario got a server error or no answer), or None."""
+    judged = [r for r in results if r.verdict != SKIPPED]
+    errors = [r for r in judged if r.verdict == FAIL and r.reason.startswith(ERROR_REASONS)]
+    if judged and len(errors) == len(judged):
+        return f"every scenario got an error, the first: {excerpt(errors[0].reason, 200)}"
+    return None
 
 
 def print_results(results: list[ScenarioResult], as_json: bool) -> None:
@@ -478,9 +492,8 @@ def probe() -> None:
 def endpoint_options(command: Callable[..., None]) -> Callable[..., None]:
     """The options every capability probe takes."""
     options = [
-        click.option("--url", help="Server URL, with or without /v1 (or give --stack)."),
-        click.option("--model", help="Served model name; default: the stack's model, else the first one the "
-                     "server lists."),
+        url_option(),
+        model_option(),
         stack_options,
         click.option("--api-key-env", default=API_KEY_ENV, show_default=True,
                      help="Environment variable holding the API key (keys never go on the command line)."),
@@ -488,7 +501,7 @@ def endpoint_options(command: Callable[..., None]) -> Callable[..., None]:
                      help="Seconds per request."),
         click.option("--max-tokens", type=click.IntRange(min=1), help=f"Token budget per answer (default: tools "
                      f"{TOOLS_MAX_TOKENS}, structured {STRUCTURED_MAX_TOKENS}, vision {VISION_MAX_TOKENS})."),
-        click.option("--json", "as_json", is_flag=True, help="Print machine-readable results."),
+        json_option,
         click.option("--strict", is_flag=True, help="Exit 1 when any scenario failed or was not enforced."),
     ]
     for option in reversed(options):
@@ -502,15 +515,14 @@ def add_probe_command(name: str, probe_names: list[str], help_text: str) -> None
     def command(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None, api_key_env: str,
                 timeout: float, max_tokens: int | None, as_json: bool, strict: bool) -> None:
         outputs = read_outputs(stack, stack_outputs)
-        if url is None and outputs is None:
-            raise click.UsageError("give --url, or --stack / --stack-outputs")
-        with served_endpoint(url, model, outputs) as (endpoint, served_name):
-            client = make_client(str(endpoint), served_name, api_key_env, timeout)
-            try:
-                results = [result for name in probe_names for result in PROBES[name](client, max_tokens)]
-            except requests.ConnectionError as err:
-                raise click.ClickException(f"--url {endpoint}: connection lost during the probe ({err})") from err
+        api_key = os.environ.get(api_key_env)
+        with served_endpoint(url, model, outputs, api_key) as served:
+            client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout)
+            results = [result for name in probe_names for result in PROBES[name](client, max_tokens)]
         print_results(results, as_json)
+        reason = could_not_run(results)
+        if reason:
+            raise click.ClickException(f"the probe could not run against {served.url} ({served.model}): {reason}")
         if strict and failed(results):
             raise SystemExit(1)
 
@@ -531,8 +543,6 @@ def side_outputs(side: str, url: str | None, directory: Path | None, model: str 
     client = make_client(url, model, api_key_env, timeout)
     try:
         outputs = greedy_outputs(client, max_tokens)
-    except requests.ConnectionError as err:
-        raise click.ClickException(f"--{side} {url}: connection lost ({err})") from err
     except EndpointError as err:
         raise click.ClickException(f"--{side} {url}: {err}") from err
     if save_dir is not None:
@@ -542,9 +552,9 @@ def side_outputs(side: str, url: str | None, directory: Path | None, model: str 
 
 
 @probe.command("kv-compare")
-@click.option("--a", "url_a", help="URL of deployment A (e.g. bf16 KV cache).")
+@url_option("URL of deployment A (e.g. bf16 KV cache): host:port or http(s)://host:port[/v1].", "--a", "url_a")
 @click.option("--a-dir", type=click.Path(file_okay=False, path_type=Path), help="Saved outputs of A (see --save).")
-@click.option("--b", "url_b", help="URL of deployment B (e.g. fp8 KV cache).")
+@url_option("URL of deployment B (e.g. fp8 KV cache).", "--b", "url_b")
 @click.option("--b-dir", type=click.Path(file_okay=False, path_type=Path), help="Saved outputs of B.")
 @click.option("--model", help="Served model name on both; default: the first each server lists.")
 @click.option("--max-tokens", default=KV_MAX_TOKENS, show_default=True, type=click.IntRange(min=1))
@@ -552,7 +562,7 @@ def side_outputs(side: str, url: str | None, directory: Path | None, model: str 
               help="Also write the outputs fetched from URLs to DIR/a and DIR/b.")
 @click.option("--api-key-env", default=API_KEY_ENV, show_default=True, help="Environment variable holding the key.")
 @click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(min=1), help="Seconds per request.")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable results.")
+@json_option
 @click.option("--strict", is_flag=True, help="Exit 1 unless every output is byte-identical.")
 def kv_compare(url_a: str | None, a_dir: Path | None, url_b: str | None, b_dir: Path | None, model: str | None,
                max_tokens: int, save_dir: Path | None, api_key_env: str, timeout: float, as_json: bool,

@@ -14,6 +14,7 @@ Human output goes to stderr; stdout gets exactly one JSON line, the verdict, whi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,11 +25,12 @@ from typing import Any, Protocol
 import click
 import requests
 
-from tpuserve.client import ChatClient, ChatReply, EndpointError, json_or_none, server_root
+from tpuserve.cli import json_option
+from tpuserve.client import ChatClient, ChatReply, EndpointError, ModelNotServed, json_or_none, pick_model, server_root
 from tpuserve.facts import BOOT_STAGES, FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S
 from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.images import image_messages
-from tpuserve.deploy.stack import read_outputs, stack_options
+from tpuserve.deploy.stack import model_option, read_outputs, stack_options, url_option
 
 SERVING, BOOTING = BOOT_STAGES[-1], "booting"
 URL_INTERVAL_S = 0.5  # a stage passed shows up within the 2 s lag target
@@ -36,16 +38,25 @@ INSTANCE_INTERVAL_S = 3.0  # each poll is a Compute API call: ~500 per 25-minute
 REQUEST_TIMEOUT_S = 60.0
 SERIAL_TAIL_LINES = 30
 COMPLETION_MAX_TOKENS = 8
-# Compute API answers no amount of waiting changes: a bad zone/project, missing credentials or permission.
+# Compute API answers no amount of waiting changes: a bad zone/project, missing credentials or permission. The
+# same statuses from the server itself end a URL-mode wait too: a 400 to a smoke check (no tool parser, images on
+# a text-only server) or a 401/403 (an API key the gate does not send) answers the same on every retry.
 FATAL_API_STATUSES = (400, 401, 403)
+# Off a terminal (CI, `pulumi up`), progress is printed as lines: one per stage change and a heartbeat this often.
+HEARTBEAT_S = 30.0
 # Instance statuses from which the VM will not reach `serving` by itself.
 STOPPED_STATUSES = frozenset({"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"})
 
 
 @dataclass(frozen=True)
 class Check:
+    """One look at a stage: passed or not, what was found, whether waiting could change it (`fatal`: no), and
+    `value` (the models stage: the model the later stages ask)."""
+
     ok: bool
     detail: str = ""
+    fatal: bool = False
+    value: str = ""
 
 
 @dataclass(frozen=True)
@@ -102,18 +113,23 @@ class Deadline:
 # --- URL mode -------------------------------------------------------------------------------------------------
 
 class NotReady(Exception):
-    """The current stage's check failed; the message says what the server answered."""
+    """The current stage's check failed; the message says what the server answered. `fatal`: it will answer the
+    same however long the gate waits."""
+
+    def __init__(self, message: str, fatal: bool = False):
+        super().__init__(message)
+        self.fatal = fatal
 
 
 def ask(http: requests.Session, root: str, model: str, timeout_s: float, messages: list[dict[str, Any]],
         **params: Any) -> ChatReply:
-    """One short chat completion; NotReady unless the server answers 200 with a message. Like /health and
-    /v1/models, it goes without an API key."""
+    """One short chat completion; NotReady unless the server answers 200 with a message (fatal for a status in
+    FATAL_API_STATUSES). Like /health and /v1/models, it goes without an API key."""
     client = ChatClient(root, model, api_key="", timeout_s=timeout_s, session=http)
     try:
         return client.chat(messages, max_tokens=COMPLETION_MAX_TOKENS, **params)
     except EndpointError as err:
-        raise NotReady(f"chat completion answered {err}") from err
+        raise NotReady(f"chat completion answered {err}", fatal=err.status in FATAL_API_STATUSES) from err
 
 
 def has_text(reply: ChatReply) -> bool:
@@ -127,14 +143,20 @@ def check_health(http: requests.Session, root: str, model: str, timeout_s: float
     return Check(status == 200, f"/health answered HTTP {status}")
 
 
-def check_models(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
+def check_models(http: requests.Session, root: str, model: str | None, timeout_s: float) -> Check:
+    """The model is listed (None: any model, the first listed is then asked). A server that lists other models
+    will not start listing this one: that ends the wait at once."""
     response = http.get(f"{root}/v1/models", timeout=timeout_s)
     if response.status_code != 200:
-        return Check(False, f"/v1/models answered HTTP {response.status_code}")
+        return Check(False, f"/v1/models answered HTTP {response.status_code}",
+                     fatal=response.status_code in FATAL_API_STATUSES)
     body = json_or_none(response)
     entries = body.get("data") if isinstance(body, dict) else None
     listed = [entry.get("id") for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
-    return Check(model in listed, f"/v1/models lists {listed or 'nothing'}, not {model!r}")
+    try:
+        return Check(True, value=pick_model(listed, model, "/v1/models"))
+    except ModelNotServed as err:
+        return Check(False, str(err), fatal=bool(listed))
 
 
 def check_completion(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
@@ -157,7 +179,7 @@ def check_vision(http: requests.Session, root: str, model: str, timeout_s: float
     return Check(has_text(reply), "request with an image returned empty content and no reasoning")
 
 
-UrlCheck = Callable[[requests.Session, str, str, float], Check]
+UrlCheck = Callable[[requests.Session, str, Any, float], Check]
 URL_CHECKS: dict[str, UrlCheck] = {"health": check_health, "models": check_models, "completion": check_completion}
 SMOKE_CHECKS: dict[str, UrlCheck] = {"tools": check_tools, "vision": check_vision}
 
@@ -176,19 +198,20 @@ def url_stages(smoke: Sequence[str]) -> list[tuple[str, UrlCheck]]:
     return [*URL_CHECKS.items(), *((f"smoke-{name}", SMOKE_CHECKS[name]) for name in smoke)]
 
 
-def run_check(check: UrlCheck, http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
+def run_check(check: UrlCheck, http: requests.Session, root: str, model: str | None, timeout_s: float) -> Check:
     try:
         return check(http, root, model, timeout_s)
     except NotReady as err:
-        return Check(False, str(err))
+        return Check(False, str(err), fatal=err.fatal)
     except requests.RequestException as err:
         return Check(False, f"no answer ({type(err).__name__})")
 
 
-def watch_url(http: requests.Session, url: str, model: str, smoke: Sequence[str] = (),
+def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequence[str] = (),
               timeout_s: float = READY_TIMEOUT_S, interval_s: float = URL_INTERVAL_S,
               reporter: Reporter = SILENT) -> Verdict:
-    """Pass each stage in order, polling the current one every `interval_s`; ready when the last one passes."""
+    """Pass each stage in order, polling the current one every `interval_s`; ready when the last one passes. An
+    answer no wait can fix (Check.fatal) ends the wait at once. `model` None: the first model listed."""
     deadline, root, stages = Deadline(timeout_s), server_root(url), {}
     for name, check in url_stages(smoke):
         detail = "not tried"
@@ -197,7 +220,11 @@ def watch_url(http: requests.Session, url: str, model: str, smoke: Sequence[str]
                 return Verdict(False, deadline.elapsed(), stages,
                                f"timed out after {timeout_s:g} s in stage {name}: {detail}")
             result = run_check(check, http, root, model, min(deadline.remaining(), REQUEST_TIMEOUT_S))
+            if result.fatal:
+                return Verdict(False, deadline.elapsed(), stages,
+                               f"stage {name}: {result.detail} (waiting cannot change this answer)")
             if result.ok:
+                model = result.value or model
                 stages[name] = deadline.elapsed()
                 reporter.stage(name, stages[name])
                 break
@@ -305,7 +332,8 @@ def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float 
         reporter.waiting(status.stage, status.detail)
         deadline.pause(interval_s)
     return Verdict(False, deadline.elapsed(), timeline,
-                   f"timed out after {timeout_s:g} s in stage {status.stage}: {status.detail}")
+                   f"timed out after {timeout_s:g} s in stage {status.stage}: {status.detail}",
+                   serial_tail(compute, instance))
 
 
 # --- command --------------------------------------------------------------------------------------------------
@@ -323,6 +351,34 @@ class ConsoleReporter:
 
     def waiting(self, stage: str, detail: str) -> None:
         self.status.update(f"{stage}: {detail} ({time.monotonic() - self.started:.0f} s)")
+
+
+class LineReporter:
+    """Off a terminal (CI logs, `pulumi up`): a line per stage reached, a line whenever the stage waited in or what
+    it found changes, and a heartbeat at least every HEARTBEAT_S, so a log shows the gate is alive."""
+
+    def __init__(self, console: Any, heartbeat_s: float = HEARTBEAT_S, clock: Callable[[], float] = time.monotonic):
+        self.console = console
+        self.heartbeat_s = heartbeat_s
+        self.clock = clock
+        self.started = clock()
+        self.last_line = self.started
+        self.last_state: tuple[str, str] | None = None
+
+    def say(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False)
+        self.last_line = self.clock()
+
+    def stage(self, name: str, at_s: float) -> None:
+        self.say(f"✓ {name:<18} at {at_s:7.1f} s")
+
+    def waiting(self, stage: str, detail: str) -> None:
+        now = self.clock()
+        if (stage, detail) != self.last_state:
+            self.last_state = (stage, detail)
+            self.say(f"… {stage}: {detail} ({now - self.started:.0f} s)")
+        elif now - self.last_line >= self.heartbeat_s:
+            self.say(f"… still in {stage}: {detail} ({now - self.started:.0f} s)")
 
 
 def print_timeline(console: Any, verdict: Verdict) -> None:
@@ -347,8 +403,6 @@ def check_mode(url: str | None, model: str | None, instance: str | None, zone: s
     """Exactly one of --url / --instance, with the options that mode needs."""
     if bool(url) == bool(instance):
         raise click.UsageError("give exactly one of --url (a server) or --instance (a VM)")
-    if url and not model:
-        raise click.UsageError("--url needs --model (the served model name)")
     if url and config_hash:
         raise click.UsageError("--config-hash works with --instance only (a server's URL does not report it)")
     if instance:
@@ -360,8 +414,9 @@ def check_mode(url: str | None, model: str | None, instance: str | None, zone: s
 
 
 @click.command()
-@click.option("--url", help="Server root, e.g. http://10.0.0.5:8000 (a trailing /v1 is fine).")
-@click.option("--model", help="Served model name the server must list and complete with (URL mode).")
+@url_option("Server URL: host:port or http(s)://host:port, with or without /v1 (URL mode).")
+@model_option("Served model name the server must list and complete with (URL mode); default: the stack's model, "
+              "else the first one the server lists.")
 @click.option("--smoke", default="", help="Extra checks after the completion, comma-separated: tools,vision.")
 @click.option("--instance", help="VM name whose guest attributes to follow (instance mode).")
 @click.option("--zone", help="Zone of --instance.")
@@ -374,19 +429,22 @@ def check_mode(url: str | None, model: str | None, instance: str | None, zone: s
               help=f"Seconds between polls [default: {URL_INTERVAL_S:g} with --url, {INSTANCE_INTERVAL_S:g} with "
               "--instance (each poll is a Compute API call)].")
 @stack_options
+@json_option
 def gate(url: str | None, model: str | None, smoke: str, instance: str | None, zone: str | None,
          project: str | None, config_hash: str | None, compute_url: str, timeout_s: float,
-         interval_s: float | None, stack: str | None, stack_outputs: Path | None) -> None:
-    """Wait until a deployment really serves; exit 0 only then. The last stdout line is the JSON verdict.
+         interval_s: float | None, stack: str | None, stack_outputs: Path | None, as_json: bool) -> None:
+    """Wait until a deployment really serves; exit 0 only then. The last stdout line is the JSON verdict
+    (always: --json is accepted for symmetry with the other commands; progress goes to stderr).
 
     With --stack, a gcp stack is followed through its VM's guest attributes (no tunnel needed) and a local
-    stack through its URL."""
+    stack through its URL. Answers no wait can fix end the wait at once: a server listing other models, a 400,
+    401 or 403, a VM that failed, is gone or stopped."""
     from rich.console import Console
 
     outputs = read_outputs(stack, stack_outputs)
     if outputs is not None and not (url or instance):
         if outputs.get("target") == "local":
-            url, model = outputs.get("endpoint"), model or outputs.get("model")
+            url, model = server_root(str(outputs.get("endpoint"))), model or outputs.get("model")
         elif outputs.get("target") == "gke":  # `pulumi up` awaited the Deployment; re-check through a port-forward
             raise click.UsageError(f"stack runs on GKE, whose readiness is its pods' probe: run "
                                    f"`{outputs.get('portForwardCommand')}`, then gate --url http://localhost:"
@@ -397,18 +455,18 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
     check_mode(url, model, instance, zone, project, smoke, config_hash)
     smoke_checks = parse_smoke(smoke)
     console = Console(stderr=True)
-    with console.status("starting") as status:
-        reporter = ConsoleReporter(console, status)
+    with console.status("starting") if console.is_terminal else contextlib.nullcontext() as status:
+        reporter = ConsoleReporter(console, status) if console.is_terminal else LineReporter(console)
         if url:
             with requests.Session() as http:
-                verdict = watch_url(http, url, str(model), smoke_checks, timeout_s, interval_s or URL_INTERVAL_S,
+                verdict = watch_url(http, url, model, smoke_checks, timeout_s, interval_s or URL_INTERVAL_S,
                                     reporter)
         else:
             verdict = gate_instance(Instance(str(project), str(zone), str(instance)), compute_url, timeout_s,
                                     interval_s or INSTANCE_INTERVAL_S, config_hash, reporter)
     print_timeline(console, verdict)
     if verdict.serial_tail:
-        console.print(f"[bold]serial console, last {SERIAL_TAIL_LINES} lines:[/]")
+        console.print(f"serial console, last {SERIAL_TAIL_LINES} lines:", style="bold")
         console.print(verdict.serial_tail, markup=False, highlight=False)
     console.print("[green]ready[/]" if verdict.ready else f"[red]not ready:[/] {verdict.reason}")
     click.echo(verdict.json_line())

@@ -8,18 +8,22 @@ passed through `redact` first, so tokens and keys in the logs never leave the ma
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
-import requests
 
+from tpuserve.cli import json_option
 from tpuserve.deploy import gce
 from tpuserve.deploy import stack as pulumi_stack
-from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError, served_model
+from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE
 from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.serving import CONTAINER_NAME
@@ -117,11 +121,29 @@ def tail_lines(text: str, count: int) -> str:
     return "\n".join(text.splitlines()[-count:])
 
 
+# The local target labels its container with the serving-config hash (components/local.py), which the stack
+# exports as `configHash`: that finds the container without knowing the stack's name.
+LOCAL_CONTAINER_LABEL = "tpu-serve.config-hash"
+
+
+@dataclass(frozen=True)
+class LocalContainer:
+    """A local-target stack's vLLM container on this Docker host: no VM, no serial console, just `docker logs`."""
+
+    config_hash: str
+
+    def describe(self) -> str:
+        return f"the container labelled {LOCAL_CONTAINER_LABEL}={self.config_hash}"
+
+
 def resolve_instance(instance: str | None, zone: str | None, project: str | None, stack: str | None,
-                     stack_outputs: Path | None) -> Instance:
-    """The VM from --instance/--zone/--project, filled in from the stack outputs where not given."""
+                     stack_outputs: Path | None) -> Instance | LocalContainer:
+    """The VM from --instance/--zone/--project, filled in from the stack outputs where not given; a local-target
+    stack's container when the outputs say `target: local` and no VM was named."""
     outputs = pulumi_stack.read_outputs(stack, stack_outputs)
     if outputs is not None:
+        if outputs.get("target") == "local" and not instance:
+            return local_container(outputs)
         instance = instance or outputs.get("instanceName")
         zone, project = zone or outputs.get("zone"), project or outputs.get("project")
     missing = [option for option, value in (("--instance", instance), ("--zone", zone), ("--project", project))
@@ -129,6 +151,32 @@ def resolve_instance(instance: str | None, zone: str | None, project: str | None
     if missing:
         raise click.UsageError(f"missing {', '.join(missing)} (or give --stack / --stack-outputs)")
     return Instance(str(project), str(zone), str(instance))
+
+
+def local_container(outputs: Mapping[str, Any]) -> LocalContainer:
+    if not outputs.get("configHash"):
+        raise click.UsageError("a local-target stack's logs are its container's (`docker logs tpu-serve-<stack>` "
+                               "on the Docker host), but these stack outputs lack configHash to find it by")
+    return LocalContainer(str(outputs["configHash"]))
+
+
+def local_container_name(target: LocalContainer) -> str:
+    """The running (or exited) container's name, from `docker ps -a` filtered by the config-hash label."""
+    docker = shutil.which("docker")
+    if docker is None:
+        raise click.ClickException(f"a local-target stack's logs are `docker logs` of {target.describe()} on its "
+                                   "Docker host, and docker is not on PATH here")
+    listed = subprocess.run([docker, "ps", "-a", "--filter", f"label={LOCAL_CONTAINER_LABEL}={target.config_hash}",
+                             "--format", "{{.Names}}"], capture_output=True, text=True, check=False)
+    names = listed.stdout.split()
+    if listed.returncode != 0 or not names:
+        why = listed.stderr.strip() or "no such container (destroyed, or another Docker host?)"
+        raise click.ClickException(f"cannot find {target.describe()}: {' '.join(why.split())}")
+    return names[0]
+
+
+def local_logs_argv(name: str, tail: int, follow: bool) -> list[str]:
+    return ["docker", "logs", "--tail", str(tail), *(["--follow"] if follow else []), name]
 
 
 def compute_client(compute_url: str) -> ComputeClient:
@@ -160,12 +208,35 @@ def instance_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--tail", default=DEFAULT_TAIL, show_default=True, type=click.IntRange(min=1),
               help="Lines from the end of each log.")
 @click.option("--follow", is_flag=True, help="Keep streaming `docker logs` (implies --source docker).")
+@json_option
 def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zone: str | None,
-         project: str | None, compute_url: str, source: str, tail: int, follow: bool) -> None:
-    """Print the VM's serial console and the vLLM container's logs."""
+         project: str | None, compute_url: str, source: str, tail: int, follow: bool, as_json: bool) -> None:
+    """Print the VM's serial console and the vLLM container's logs.
+
+    A local-target stack's logs are its container's `docker logs`. --json prints {"target", "serial", "docker"},
+    each log as text or null."""
     vm = resolve_instance(instance, zone, project, stack, stack_outputs)
+    if follow and as_json:
+        raise click.UsageError("--follow streams; --json prints one document: give one of them")
     if follow:
         source = "docker"
+    if isinstance(vm, LocalContainer):
+        if source == "serial":
+            raise click.UsageError("a local-target stack has no serial console: its logs are the container's "
+                                   "(--source docker)")
+        argv = local_logs_argv(local_container_name(vm), tail, follow)
+        if as_json:
+            click.echo(json.dumps({"target": "local", "serial": None, "docker": captured(argv)}))
+            return
+        if subprocess.run(argv, check=False).returncode != 0:
+            raise click.ClickException(f"`{' '.join(argv)}` failed")
+        return
+    if as_json:
+        serial = serial_console(vm, compute_url) if source in ("serial", "both") else None
+        docker = captured(docker_logs_argv(vm, tail, False)) if source in ("docker", "both") else None
+        click.echo(json.dumps({"target": vm.name, "serial": None if serial is None else tail_lines(serial, tail),
+                               "docker": docker}))
+        return
     if source in ("serial", "both"):
         try:
             serial = compute_client(compute_url).serial_output(vm)
@@ -183,6 +254,24 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
             raise click.ClickException(f"`gcloud compute ssh` exited with {code}")
 
 
+def serial_console(vm: Instance, compute_url: str) -> str:
+    try:
+        return compute_client(compute_url).serial_output(vm)
+    except ComputeApiError as err:
+        raise click.ClickException(f"serial console of {vm.name}: {err}") from err
+
+
+def captured(argv: list[str]) -> str:
+    """What a log command printed (stdout and stderr, as `docker logs` splits the container's streams)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    except FileNotFoundError as err:
+        raise click.ClickException(f"{argv[0]} not found: it is needed for `docker logs`") from err
+    if done.returncode != 0:
+        raise click.ClickException(f"`{argv[0]} ...` exited with {done.returncode}: {' '.join(done.stderr.split())}")
+    return done.stdout + done.stderr
+
+
 def boot_report(vm: Instance, compute_url: str) -> tuple[str, str | None, str | None]:
     """(serial console, gate stage, gate reason) of a VM, from the Compute API."""
     compute = compute_client(compute_url)
@@ -196,32 +285,40 @@ def boot_report(vm: Instance, compute_url: str) -> tuple[str, str | None, str | 
               help="Diagnose this saved log instead of fetching the VM's (repeatable).")
 @click.option("--stage", help="The gate's last stage (default: the VM's guest attribute).")
 @click.option("--reason", help="The gate's failure reason (default: the VM's guest attribute).")
-@click.option("--url", help="OpenAI-compatible endpoint that diagnoses (default: the stack's `endpoint`).")
-@click.option("--model", help="Model to ask (default: the first the endpoint lists).")
+@pulumi_stack.url_option("OpenAI-compatible endpoint that diagnoses: host:port or http(s)://host:port[/v1] "
+                         "(default: the stack's `endpoint`).")
+@pulumi_stack.model_option("Model to ask (default: the stack's model, else the first the endpoint lists).")
 @click.option("--api-key-env", default=API_KEY_ENV, show_default=True,
               help="Environment variable holding the diagnosing endpoint's key.")
 @click.option("--max-chars", default=EXCERPT_MAX_CHARS, show_default=True, type=click.IntRange(min=200),
               help="Size of the log excerpt sent (fit it to the model's context).")
 @click.option("--dry-run", is_flag=True, help="Print the redacted request instead of sending it.")
+@json_option
 def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None, zone: str | None,
              project: str | None, compute_url: str, log_files: Sequence[Path], stage: str | None,
              reason: str | None, url: str | None, model: str | None, api_key_env: str, max_chars: int,
-             dry_run: bool) -> None:
-    """Ask a model why a deployment failed, from its logs and the gate's stage and reason (tokens redacted)."""
+             dry_run: bool, as_json: bool) -> None:
+    """Ask a model why a deployment failed, from its logs and the gate's stage and reason (tokens redacted).
+    A local-target stack's logs are its container's `docker logs`."""
     if log_files:
         log = "\n".join(path.read_text(errors="replace") for path in log_files)
     else:
         vm = resolve_instance(instance, zone, project, stack, stack_outputs)
-        try:
-            log, vm_stage, vm_reason = boot_report(vm, compute_url)
-        except ComputeApiError as err:
-            raise click.ClickException(f"{vm.name}: {err}") from err
-        stage, reason = stage or vm_stage, reason or vm_reason
+        if isinstance(vm, LocalContainer):
+            log = captured(local_logs_argv(local_container_name(vm), DEFAULT_TAIL * 5, False))
+        else:
+            try:
+                log, vm_stage, vm_reason = boot_report(vm, compute_url)
+            except ComputeApiError as err:
+                raise click.ClickException(f"{vm.name}: {err}") from err
+            stage, reason = stage or vm_stage, reason or vm_reason
     messages = diagnosis_messages(relevant_excerpt(redact(log), max_chars=max_chars), stage, reason)
     if dry_run:
-        click.echo(messages[1]["content"])
+        click.echo(json.dumps({"messages": messages}, indent=2) if as_json else messages[1]["content"])
         return
-    click.echo(ask_for_diagnosis(messages, url, model, api_key_env, stack, stack_outputs))
+    diagnosis = ask_for_diagnosis(messages, url, model, api_key_env, stack, stack_outputs)
+    click.echo(json.dumps({"stage": stage, "reason": reason, "diagnosis": diagnosis}, indent=2) if as_json
+               else diagnosis)
 
 
 def ask_for_diagnosis(messages: list[dict[str, str]], url: str | None, model: str | None, api_key_env: str,
@@ -231,15 +328,15 @@ def ask_for_diagnosis(messages: list[dict[str, str]], url: str | None, model: st
     outputs = None if url else pulumi_stack.read_outputs(stack, stack_outputs)
     if url is None and outputs is None:
         raise click.UsageError("give --url of the diagnosing endpoint (or --stack to ask the deployment)")
-    with pulumi_stack.served_endpoint(url, model, outputs) as (endpoint, served_name):
-        return chat_for_diagnosis(messages, str(endpoint), served_name, api_key_env)
-
-
-def chat_for_diagnosis(messages: list[dict[str, str]], url: str, model: str | None, api_key_env: str) -> str:
     api_key = os.environ.get(api_key_env)
+    with pulumi_stack.served_endpoint(url, model, outputs, api_key) as served:
+        return chat_for_diagnosis(messages, served.url, served.model, api_key)
+
+
+def chat_for_diagnosis(messages: list[dict[str, str]], url: str, model: str, api_key: str | None) -> str:
     try:
-        client = ChatClient(url, model or served_model(url, api_key), api_key=api_key)
-        reply = client.chat(messages, temperature=0, max_tokens=DIAGNOSIS_MAX_TOKENS)
-    except (requests.RequestException, EndpointError) as err:
-        raise click.ClickException(f"--url {url}: the diagnosing endpoint failed: {err}") from err
+        reply = ChatClient(url, model, api_key=api_key).chat(messages, temperature=0,
+                                                             max_tokens=DIAGNOSIS_MAX_TOKENS)
+    except EndpointError as err:
+        raise click.ClickException(f"the diagnosing endpoint {url} ({model}) failed: {err}") from err
     return reply.answer()[1].strip() or "(the model returned an empty answer)"
