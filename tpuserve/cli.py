@@ -24,6 +24,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
              "KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM."),
     "probe": ("tpuserve.measure.probe:probe",
               "Probe a deployment's capabilities: tools, structured output, vision; compare KV-cache settings."),
+    "status": ("tpuserve.observe.status:status",
+               "The VM (state, time left until flex-start deletes it, cost so far, boot stage) and the server live "
+               "from /metrics (running/waiting, KV cache, TTFT and ITL p50/p95, tokens/s)."),
 }
 
 
