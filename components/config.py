@@ -32,6 +32,7 @@ LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
 DURATION_PART = re.compile(r"(\d+)([dhms])")
 SECONDS_PER_UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+NOTIFICATION_CHANNEL = re.compile(r"^projects/[^/]+/notificationChannels/[0-9]+$")
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,16 @@ class StackConfig:
                                          PRICE_PER_CHIP_HOUR)
     readiness_timeout: str = setting("readinessTimeout", "How long `pulumi up` waits for the model to answer.",
                                      f"{READY_TIMEOUT_S // 60}m")
+    # Monitoring (components/monitoring.py): the dashboard and alert policies of a gcp stack.
+    alert_notification_channels: tuple[str, ...] = setting(
+        "alertNotificationChannels", "Cloud Monitoring notification channels the alerts notify, as "
+        "projects/P/notificationChannels/ID; none by default (alerts then show in the console only).", ())
+    alert_down_after: str = setting("alertDownAfter", "Alert when no vLLM metrics have arrived for this long: the "
+                                    "server is down or the VM gone (flex-start deletes it at its max run).", "10m")
+    alert_ttft_p99_seconds: float = setting("alertTtftP99Seconds", "Alert when the p99 time to first token over 5 "
+                                            "minutes stays above this many seconds for 10 minutes.", 5.0)
+    alert_queue_depth: int = setting("alertQueueDepth", "Alert when at least this many requests wait and the queue "
+                                     "has grown for 10 minutes.", 8)
     local_gpus: str = setting("localGpus", "Target local: GPUs for the container, as docker --gpus takes them "
                               "(all, 2, device=0,1); empty for none.", "all")
     local_model_cache: str = setting("localModelCache", "Target local: host Hugging Face cache mounted into the "
@@ -105,6 +116,7 @@ class StackConfig:
             raise ConfigError("target", f"{self.target!r} is not one of {', '.join(TARGETS)}")
         if self.target == "gcp":
             self._validate_gcp()
+            self._validate_monitoring()
         else:
             self._validate_local()
         for key, value in self.labels.items():
@@ -144,6 +156,24 @@ class StackConfig:
                                                     self.hf_token_secret_id):
             raise ConfigError("hfTokenSecretId", f"{self.hf_token_secret_id!r} is not a secret id or "
                               "projects/P/secrets/S")
+
+    @property
+    def alert_down_after_seconds(self) -> int:
+        return parse_duration("alertDownAfter", self.alert_down_after)
+
+    def _validate_monitoring(self) -> None:
+        for channel in self.alert_notification_channels:
+            if not NOTIFICATION_CHANNEL.match(str(channel)):
+                raise ConfigError("alertNotificationChannels", f"{channel!r} is not a notification channel name like "
+                                  "projects/my-project/notificationChannels/1234567890 (gcloud beta monitoring "
+                                  "channels list --format='value(name)')")
+        if self.alert_down_after_seconds < 120:
+            raise ConfigError("alertDownAfter", f"{self.alert_down_after!r} is shorter than 2m: metrics arrive every "
+                              "15 s and a short gap is not an outage")
+        if self.alert_ttft_p99_seconds <= 0:
+            raise ConfigError("alertTtftP99Seconds", f"must be above zero, got {self.alert_ttft_p99_seconds}")
+        if self.alert_queue_depth < 1:
+            raise ConfigError("alertQueueDepth", f"must be at least 1, got {self.alert_queue_depth}")
 
     def _validate_local(self) -> None:
         if self.hf_token_secret_id:
