@@ -35,7 +35,7 @@ COMPONENT_KEYS = {
 }
 SECTION_KEYS = {"receivers", "processors", "service", "exporters"}
 PIPELINE_KEYS = {"receivers", "processors"}
-# Prometheus scrape_config keys (https://prometheus.io/docs/prometheus/latest/configuration/configuration/#scrape_config)
+# Prometheus' scrape_config keys: https://prometheus.io/docs/prometheus/latest/configuration/configuration/
 SCRAPE_KEYS = {"job_name", "scrape_interval", "scrape_timeout", "metrics_path", "scheme", "static_configs",
                "relabel_configs", "metric_relabel_configs", "params"}
 RESERVED_TARGETS = {"location", "namespace", "cluster"}
