@@ -4,7 +4,8 @@
   by name and label names, neither missing nor new. The fast tests check the dashboard and alerts against it.
 - `tpuserve status --url` while `vllm bench serve` runs shows requests running and TTFT quantiles, and over a window
   that holds exactly the bench's requests its TTFT and ITL quantiles (from histogram-bucket deltas) agree with the
-  bench's own client-side figures within the histogram's resolution (see `within_a_bucket`).
+  bench's own client-side figures: never later than the client's TTFT at p50 and p95 (`never_later`), the TTFT
+  medians at most two buckets apart (the client's the later) and the ITL medians within one bucket (`close`).
 
 Re-record after a vLLM upgrade: TPUSERVE_RECORD_METRICS=1 .venv/bin/python -m pytest -m e2e
 tests/e2e/test_metrics_e2e.py -k recording, then review the diff and the dashboard queries.
@@ -13,6 +14,7 @@ tests/e2e/test_metrics_e2e.py -k recording, then review the diff and the dashboa
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -69,15 +71,29 @@ def status_json(url: str, interval_s: float, **popen) -> subprocess.Popen:
                             **popen)
 
 
-def within_a_bucket(estimate: float, reference: float, bounds: list[float]) -> bool:
-    """The tolerance for a quantile read from a histogram: Prometheus' estimate is only known to lie in the bucket
-    that holds the rank (inside it, linear interpolation assumes evenly spread values), so the bench's exact figure
-    must fall in that bucket or, because the client's TTFT also holds the HTTP round trip and streaming that the
-    server's histogram does not, in the bucket next to it on either side."""
-    edges = [0.0, *bounds]
-    index = next(i for i in range(1, len(edges)) if estimate <= edges[i])
-    low, high = edges[max(0, index - 2)], edges[min(len(edges) - 1, index + 1)]
-    return low <= reference <= high
+def bucket(value: float, bounds: list[float]) -> int:
+    """The index of the histogram bucket holding `value`: the first upper bound at or above it (+Inf last)."""
+    return next(i for i, bound in enumerate([*bounds, math.inf]) if value <= bound)
+
+
+def never_later(estimate: float, q: float, client_ttfts: list[float], bounds: list[float]) -> bool:
+    """vLLM times TTFT from the request's arrival in its engine front end (time.time() in v1/engine/input_processor.py)
+    to the engine iteration that produced the token (v1/metrics/stats.py), both inside the client's own interval: per
+    request the server's TTFT is at most the client's, so each order statistic of the server's is at most the
+    client's. Prometheus' estimate lies in the bucket holding the ceil(q*N)-th observation: at most the upper edge of
+    the bucket holding the client's ceil(q*N)-th TTFT."""
+    nth = sorted(client_ttfts)[math.ceil(q * len(client_ttfts)) - 1]
+    return estimate <= [*bounds, math.inf][bucket(nth, bounds)]
+
+
+def close(estimate: float, client: float, bounds: list[float], later_by: int = 1) -> bool:
+    """A median's tolerance: Prometheus' estimate is only located to its bucket (inside it, interpolation assumes
+    evenly spread values), so it may sit one bucket off the client's figure. For TTFT the client's figure also holds
+    what the server's clock never sees (the HTTP round trip, the API server's request handling, the client's own
+    scheduling: 8-30 ms at the median on this shared 2-core machine, about one more bucket at these TTFTs), so the
+    client's bucket may be `later_by` buckets higher; it is never lower (see never_later)."""
+    return 0 <= bucket(client, bounds) - bucket(estimate, bounds) <= later_by if later_by > 1 else \
+        abs(bucket(client, bounds) - bucket(estimate, bounds)) <= 1
 
 
 def test_status_during_a_bench_run_agrees_with_the_bench(vllm_server, vllm_bin: Path, tmp_path: Path):
@@ -85,7 +101,7 @@ def test_status_during_a_bench_run_agrees_with_the_bench(vllm_server, vllm_bin: 
     workload = Workload(vllm_server.url, vllm_server.model, str(vllm_server.model_dir), input_len=64, output_len=16,
                         num_prompts=NUM_PROMPTS)
     argv = bench_serve_args(str(vllm_bin), workload, CONCURRENCY, str(tmp_path), "bench.json") + [
-        "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,95"]
+        "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,95", "--save-detailed"]
     window = status_json(vllm_server.url, WINDOW_S)
     time.sleep(1)  # the window's first read happens before the bench's first request
     with (tmp_path / "bench.log").open("w") as log:
@@ -121,12 +137,16 @@ def test_status_during_a_bench_run_agrees_with_the_bench(vllm_server, vllm_bin: 
                    40.0, 80.0, 160.0, 640.0, 2560.0]  # vLLM 0.32's TTFT buckets, as in the recording
     itl_bounds = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                   40.0, 80.0]
-    rows = []
+    report = []
     for metric, bounds in (("ttft", ttft_bounds), ("itl", itl_bounds)):
         for q in ("p50", "p95"):
-            estimate, reference = server[f"{metric}_s"][q], result[f"{q}_{metric}_ms"] / 1000
-            rows.append((metric, q, estimate, reference, within_a_bucket(estimate, reference, bounds)))
-    for metric, q, estimate, reference, ok in rows:
-        print(f"{metric} {q}: status (histogram) {estimate * 1000:.1f} ms, bench (client) {reference * 1000:.1f} ms"
-              f" -> {'within' if ok else 'OUTSIDE'} the bucket tolerance")
-    assert all(ok for *_, ok in rows), rows
+            estimate, client = server[f"{metric}_s"][q], result[f"{q}_{metric}_ms"] / 1000
+            report.append(f"{metric} {q}: status (server histogram) {estimate * 1000:.1f} ms, vllm bench serve "
+                          f"(client) {client * 1000:.1f} ms")
+    print("\n".join(report))
+    # The tails differ most: the client's holds CPU contention in the API server that the engine's clock never sees.
+    assert len(result["ttfts"]) == NUM_PROMPTS
+    for q in (0.5, 0.95):
+        assert never_later(server["ttft_s"][f"p{q * 100:g}"], q, result["ttfts"], ttft_bounds), report
+    assert close(server["ttft_s"]["p50"], result["p50_ttft_ms"] / 1000, ttft_bounds, later_by=2), report
+    assert close(server["itl_s"]["p50"], result["p50_itl_ms"] / 1000, itl_bounds), report
