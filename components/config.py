@@ -48,6 +48,7 @@ SECONDS_PER_UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 GKE_CLUSTER_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC 1123 label
 GKE_MAX_NODES = 64  # a bound on cost mistakes, not a GKE limit: 64 ct6e-standard-8t nodes are $691/h at $1.35
+NOTIFICATION_CHANNEL = re.compile(r"^projects/[^/]+/notificationChannels/[0-9]+$")
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,16 @@ class StackConfig:
                                          PRICE_PER_CHIP_HOUR)
     readiness_timeout: str = setting("readinessTimeout", "How long `pulumi up` waits for the model to answer.",
                                      f"{READY_TIMEOUT_S // 60}m")
+    # Monitoring (components/monitoring.py): the dashboard and alert policies of a gcp stack.
+    alert_notification_channels: tuple[str, ...] = setting(
+        "alertNotificationChannels", "Cloud Monitoring notification channels the alerts notify, as "
+        "projects/P/notificationChannels/ID; none by default (alerts then show in the console only).", ())
+    alert_down_after: str = setting("alertDownAfter", "Alert when no vLLM metrics have arrived for this long: the "
+                                    "server is down or the VM gone (flex-start deletes it at its max run).", "10m")
+    alert_ttft_p99_seconds: float = setting("alertTtftP99Seconds", "Alert when the p99 time to first token over 5 "
+                                            "minutes stays above this many seconds for 10 minutes.", 5.0)
+    alert_queue_depth: int = setting("alertQueueDepth", "Alert when at least this many requests wait and the queue "
+                                     "has grown for 10 minutes.", 8)
     local_gpus: str = setting("localGpus", "Target local: GPUs for the container, as docker --gpus takes them "
                               "(all, 2, device=0,1); empty for none. A count or device list also sets "
                               "--tensor-parallel-size; all serves on one GPU.", "all")
@@ -159,6 +170,7 @@ class StackConfig:
             raise ConfigError("target", f"{self.target!r} is not one of {', '.join(TARGETS)}")
         if self.target in TPU_TARGETS:
             self._validate_gcp()
+            self._validate_monitoring()
         else:
             self._validate_local()
         if self.target == "gke":
@@ -247,6 +259,24 @@ class StackConfig:
             return []
         return [f"zone/zones: {', '.join(unknown)} not among the zones known to offer TPU v6e "
                 f"({', '.join(V6E_ZONES)}); `tpuserve preflight` checks them live"]
+
+    @property
+    def alert_down_after_seconds(self) -> int:
+        return parse_duration("alertDownAfter", self.alert_down_after)
+
+    def _validate_monitoring(self) -> None:
+        for channel in self.alert_notification_channels:
+            if not NOTIFICATION_CHANNEL.match(str(channel)):
+                raise ConfigError("alertNotificationChannels", f"{channel!r} is not a notification channel name like "
+                                  "projects/my-project/notificationChannels/1234567890 (gcloud beta monitoring "
+                                  "channels list --format='value(name)')")
+        if self.alert_down_after_seconds < 120:
+            raise ConfigError("alertDownAfter", f"{self.alert_down_after!r} is shorter than 2m: metrics arrive every "
+                              "15 s and a short gap is not an outage")
+        if self.alert_ttft_p99_seconds <= 0:
+            raise ConfigError("alertTtftP99Seconds", f"must be above zero, got {self.alert_ttft_p99_seconds}")
+        if self.alert_queue_depth < 1:
+            raise ConfigError("alertQueueDepth", f"must be at least 1, got {self.alert_queue_depth}")
 
     def _validate_local(self) -> None:
         if self.hf_token_secret_id:

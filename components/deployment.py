@@ -1,4 +1,4 @@
-"""The whole deployment: identity, network, the flex-start VM and its readiness gate."""
+"""The whole deployment: identity, network, the flex-start VM, its readiness gate and its monitoring."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pulumi
 from components.config import PROJECT_NAME, StackConfig
 from components.identity import ServingIdentity, ServingIdentityArgs
 from components.instance import FlexStartTpuVm, FlexStartTpuVmArgs
+from components.monitoring import ServingMonitoring, ServingMonitoringArgs
 from components.network import ServingNetwork, ServingNetworkArgs
 from components.readiness import ReadinessGate, ReadinessGateArgs, instance_gate_timeout_s, instance_target
 from components.startup_script import render_startup_script
@@ -63,6 +64,12 @@ class TpuServeDeployment(pulumi.ComponentResource):
             # The VM's deadline (ready_timeout_s above) starts later than the gate's: the gate outlasts it.
             timeout_s=instance_gate_timeout_s(cfg.readiness_timeout_seconds),
             triggers=[vm.instance_id, serving_hash]), opts=child)
+        # After the gate: the "down" alert must not fire while the first boot is still under way.
+        watch = ServingMonitoring(base, ServingMonitoringArgs(
+            project=cfg.project, instance_name=base, stack=stack, labels=labels,
+            notification_channels=cfg.alert_notification_channels, down_after_s=cfg.alert_down_after_seconds,
+            ttft_p99_seconds=cfg.alert_ttft_p99_seconds, queue_depth=cfg.alert_queue_depth),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[gate]))
 
         self.instance_name = vm.name
         self.internal_ip = vm.internal_ip
@@ -91,5 +98,7 @@ class TpuServeDeployment(pulumi.ComponentResource):
             "worstCaseCostUsd": cfg.worst_case_cost_usd,
             "expectedExpiry": self.expected_expiry,
             "bootTimeline": self.boot_timeline,
+            "dashboardUrl": watch.dashboard_url,
+            "vmUrn": vm.instance_urn,
         }
         self.register_outputs(self.outputs)

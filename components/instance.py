@@ -47,6 +47,7 @@ class FlexStartTpuVm(pulumi.ComponentResource):
     instance_id: pulumi.Output[str]
     internal_ip: pulumi.Output[str]
     creation_timestamp: pulumi.Output[str]
+    instance_urn: pulumi.Output[str]
 
     def __init__(self, name: str, args: FlexStartTpuVmArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:gcp:FlexStartTpuVm", name, None, opts)
@@ -85,4 +86,5 @@ class FlexStartTpuVm(pulumi.ComponentResource):
         self.instance_id = instance.instance_id
         self.internal_ip = instance.network_interfaces.apply(lambda nics: nics[0].network_ip)
         self.creation_timestamp = instance.creation_timestamp
+        self.instance_urn = instance.urn  # `pulumi up --replace <urn>` starts a new flex-start run
         self.register_outputs({"name": self.name, "internalIp": self.internal_ip})

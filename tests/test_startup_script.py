@@ -1,8 +1,8 @@
 """The VM startup script: rendered for dev and prod, linted, and run for real in a sandbox.
 
-The sandbox is a FakeServer on 127.0.0.1 playing the metadata server, Secret Manager and the local vLLM server,
-plus PATH shims for docker, apt-get and systemctl (and a recording wrapper around the real curl) that log their
-argv and whether HF_TOKEN is in their environment.
+The sandbox is a FakeServer on 127.0.0.1 playing the metadata server, Secret Manager, the local vLLM server and
+dl.google.com (the Ops Agent's repository script), plus PATH shims for docker, apt-get, dpkg-query and systemctl
+(and a recording wrapper around the real curl) that log their argv and whether HF_TOKEN is in their environment.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
+from components.ops_agent import render_ops_agent_config
 from components.startup_script import render_startup_script, template_environment
 from tests.fake_openai import completion
 from tests.httpfake import FakeServer, Request, Response
@@ -32,7 +33,16 @@ SERVICE_ACCOUNT = "tpu-serve-dev@p-1.iam.gserviceaccount.com"
 NO_ANSWER = 0  # a token "status" that makes the fake drop the connection: curl reports no HTTP status at all
 MODEL = ServingConfig().model
 STAGES_IN_ORDER = list(BOOT_STAGES)
-GUEST_KEYS = ["stage", "reason", "config-hash"] + [f"at-{s}" for s in [*BOOT_STAGES, FAILED_STAGE]]
+GUEST_KEYS = ["stage", "reason", "config-hash", "ops-agent"] + [f"at-{s}" for s in [*BOOT_STAGES, FAILED_STAGE]]
+REPO_SCRIPT_PATH = "/cloudagents/add-google-cloud-ops-agent-repo.sh"
+# Stands in for Google's add-google-cloud-ops-agent-repo.sh: with --also-install it adds the repository and runs
+# apt-get to install the agent (what the real script does on Debian/Ubuntu).
+FAKE_REPO_SCRIPT = """#!/bin/bash
+set -e
+[[ $1 == --also-install ]] || exit 0
+apt-get update -q
+apt-get install -y -q google-cloud-ops-agent
+"""
 VISION = ServingConfig(mm_limits={"image": 4, "audio": 1})
 
 SHIM = r'''#!/usr/bin/env python3
@@ -53,10 +63,25 @@ def counter(file):  # a file holding how many more times something fails
     return left > 0
 
 container = state / "container.json"
+agent_installed, agent_active = state / "ops_agent_installed", state / "ops_agent_active"
 if name == "curl":
     os.execv(os.environ["REAL_CURL"], ["curl", *args])
-elif name == "apt-get" and args[:1] == ["install"]:
+elif name == "apt-get" and args[:1] == ["install"] and "docker.io" in args:
     (pathlib.Path(sys.argv[0]).parent / "docker").symlink_to(pathlib.Path(sys.argv[0]).resolve())
+elif name == "apt-get" and args[:1] == ["install"] and "google-cloud-ops-agent" in args:
+    if counter("agent_install_failures"):
+        sys.exit(100)  # apt-get's exit status when a package cannot be fetched
+    agent_installed.write_text("")
+elif name == "dpkg-query":  # dpkg-query -W -f='${Status}' PACKAGE
+    if not agent_installed.exists():
+        print("dpkg-query: no packages found matching " + args[-1], file=sys.stderr)
+        sys.exit(1)
+    print("install ok installed", end="")
+elif name == "systemctl" and args[-1] == "google-cloud-ops-agent":
+    if args[0] == "is-active":
+        sys.exit(0 if agent_active.exists() else 3)
+    if args[0] == "restart":
+        agent_active.write_text("")
 elif name == "docker":
     if args[0] == "pull":
         sys.exit(1 if counter("pull_failures") else 0)
@@ -86,6 +111,7 @@ class Sandbox:
     script: str
     calls: list[dict]
     requests: list[Request]
+    home: Path
 
     def guest_attributes(self) -> list[tuple[str, str]]:
         prefix = "/computeMetadata/v1/instance/guest-attributes/tpu-serve/"
@@ -137,7 +163,8 @@ def sandbox(tmp_path):
     def run(serving: ServingConfig = ServingConfig(), *, secret_statuses=(200,), token_statuses=(200,),
             pull_failures=0, docker_installed=True, container_crashes=False, health_ok=True,
             completion_content="ready", image_statuses=(200,), existing_container: dict | None = None,
-            rerun_in: Path | None = None, trace: bool = False, iam_wait_s: int = 60) -> Sandbox:
+            rerun_in: Path | None = None, trace: bool = False, iam_wait_s: int = 60,
+            repo_script_statuses=(200,), agent_install_failures=0) -> Sandbox:
         """`secret_statuses` / `token_statuses` are answered in turn, the last one repeated."""
         home = rerun_in or tmp_path
         state, shims = home / "state", home / "shims"
@@ -146,10 +173,11 @@ def sandbox(tmp_path):
             shims.mkdir()
             (shims / "shim.py").write_text(SHIM)
             (shims / "shim.py").chmod(0o755)
-            for cmd in ["apt-get", "systemctl", "curl"] + (["docker"] if docker_installed else []):
+            for cmd in ["apt-get", "dpkg-query", "systemctl", "curl"] + (["docker"] if docker_installed else []):
                 (shims / cmd).symlink_to(shims / "shim.py")
         (state / "calls.jsonl").write_text("")
         (state / "pull_failures").write_text(str(pull_failures))
+        (state / "agent_install_failures").write_text(str(agent_install_failures))
         if container_crashes:
             (state / "crash").write_text("")
         if existing_container is not None:
@@ -158,6 +186,7 @@ def sandbox(tmp_path):
         secret_replies = list(secret_statuses)
         token_replies = list(token_statuses)
         image_replies = list(image_statuses)
+        repo_script_replies = list(repo_script_statuses)
 
         def next_of(replies: list[int]) -> int:
             return replies.pop(0) if len(replies) > 1 else replies[0]
@@ -181,6 +210,8 @@ def sandbox(tmp_path):
             ("GET", "/health"): lambda r: Response(200 if health_ok else 503, ""),
             ("GET", "/v1/models"): lambda r: Response(200, {"object": "list", "data": [{"id": MODEL}]}),
             ("POST", "/v1/chat/completions"): chat,
+            ("GET", REPO_SCRIPT_PATH): lambda r: Response(200, FAKE_REPO_SCRIPT)
+            if (repo_script_replies.pop(0) if repo_script_replies else 200) == 200 else Response(503, "unavailable"),
         }
         for key in GUEST_KEYS:
             routes[("PUT", f"/computeMetadata/v1/instance/guest-attributes/tpu-serve/{key}")] = \
@@ -188,14 +219,16 @@ def sandbox(tmp_path):
         with FakeServer(routes) as fake:
             script = render_startup_script(serving, SECRET, metadata_url=fake.url, secret_manager_url=fake.url,
                                            server_url=fake.url, ready_timeout_s=3, retry_delay_s=0, poll_s=0,
-                                           iam_wait_s=iam_wait_s, iam_poll_s=0.05)
+                                           iam_wait_s=iam_wait_s, iam_poll_s=0.05,
+                                           ops_agent_repo_script_url=fake.url + REPO_SCRIPT_PATH,
+                                           ops_agent_config_path=str(home / "etc" / "ops-agent" / "config.yaml"))
             (home / "startup.sh").write_text(script)
             env = {"PATH": f"{shims}:{Path(sys.executable).parent}:/usr/bin:/bin", "SHIM_STATE": str(state),
                    "REAL_CURL": shutil.which("curl"), "HOME": str(home), "LANG": "C.UTF-8"}
             done = subprocess.run(["bash", *(["-x"] if trace else []), str(home / "startup.sh")], env=env, capture_output=True, text=True,
                                   timeout=60)
         calls = [json.loads(line) for line in (state / "calls.jsonl").read_text().splitlines()]
-        return Sandbox(done.returncode, done.stdout + done.stderr, script, calls, fake.requests)
+        return Sandbox(done.returncode, done.stdout + done.stderr, script, calls, fake.requests, home)
 
     return run
 
@@ -234,7 +267,7 @@ def test_boot_reaches_serving_with_the_token_only_in_the_container_env(sandbox):
     assert list(at) == STAGES_IN_ORDER and sorted(at.values()) == list(at.values())
     [run] = box.calls_of("docker", "run")
     assert run["argv"][run["argv"].index("-e") + 1:][:3] == ["HF_HOME=/dev/shm", "-e", "HF_TOKEN"]
-    assert box.calls_of("apt-get") == []  # docker was already there
+    assert not [c for c in box.calls_of("apt-get", "install") if "docker.io" in c["argv"]]  # docker was there
     assert "could not write guest attribute" not in box.output
     assert_token_contained(box)
 
@@ -318,7 +351,7 @@ def test_a_metadata_server_that_refuses_the_token_fails_at_once(sandbox):
 def test_docker_is_installed_only_when_missing(sandbox):
     box = sandbox(docker_installed=False)
     assert box.returncode == 0, box.output
-    assert [c["argv"][:1] for c in box.calls_of("apt-get")] == [["update"], ["install"]]
+    assert [c["argv"][:1] for c in box.calls_of("apt-get")][:2] == [["update"], ["install"]]
     assert "docker.io" in box.calls_of("apt-get", "install")[0]["argv"]
 
 
@@ -387,3 +420,58 @@ def test_a_traced_run_still_never_prints_the_token(sandbox):
     assert box.returncode == 0, box.output
     assert "+ stage fetching-token" in box.output  # the trace is really on
     assert_token_contained(box)
+
+
+# --- the Ops Agent, after `serving` ---------------------------------------------------------------------------
+
+def call_index(box: Sandbox, predicate) -> int:
+    return next(i for i, call in enumerate(box.calls) if predicate(call))
+
+
+def reported_serving(call: dict) -> bool:
+    return call["cmd"] == "curl" and "serving" in call["argv"] and call["argv"][-1].endswith("/tpu-serve/stage")
+
+
+def test_the_ops_agent_is_installed_and_configured_after_serving(sandbox):
+    box = sandbox()
+    assert box.returncode == 0, box.output
+    assert box.stages() == STAGES_IN_ORDER
+    serving = call_index(box, reported_serving)
+    download = call_index(box, lambda c: c["cmd"] == "curl" and c["argv"][-1].endswith(REPO_SCRIPT_PATH))
+    install = call_index(box, lambda c: c["cmd"] == "apt-get" and "google-cloud-ops-agent" in c["argv"])
+    restart = call_index(box, lambda c: c["cmd"] == "systemctl" and c["argv"] == ["restart", "google-cloud-ops-agent"])
+    assert serving < download < install < restart
+    written = (box.home / "etc" / "ops-agent" / "config.yaml").read_text()
+    assert written == render_ops_agent_config(8000)
+    assert box.guest_attributes()[-1] == ("ops-agent", "running")
+    assert_token_contained(box)
+
+
+@pytest.mark.parametrize("failure", [{"repo_script_statuses": (503,) * 5}, {"agent_install_failures": 5}],
+                         ids=["script-unavailable", "apt-fails"])
+def test_a_failed_agent_install_is_a_warning_not_a_failed_boot(sandbox, failure):
+    box = sandbox(**failure)
+    assert box.returncode == 0, box.output
+    assert box.stages()[-1] == "serving" and "failed" not in box.stages()
+    assert box.guest_attributes()[-1] == ("ops-agent", "failed")
+    assert "warning: the Ops Agent is not running" in box.output
+    assert len(box.requests_to(REPO_SCRIPT_PATH)) + len(
+        [c for c in box.calls_of("apt-get", "install") if "google-cloud-ops-agent" in c["argv"]]) >= 5
+    assert box.calls_of("systemctl", "restart") == []
+    assert not (box.home / "etc" / "ops-agent" / "config.yaml").exists()
+
+
+def test_a_transient_download_failure_is_retried(sandbox):
+    box = sandbox(repo_script_statuses=(503, 200))
+    assert box.returncode == 0, box.output
+    assert len(box.requests_to(REPO_SCRIPT_PATH)) == 2
+    assert box.guest_attributes()[-1] == ("ops-agent", "running")
+
+
+def test_running_again_neither_reinstalls_nor_restarts_a_current_agent(sandbox, tmp_path):
+    assert sandbox().returncode == 0
+    again = sandbox(rerun_in=tmp_path)
+    assert again.returncode == 0, again.output
+    assert again.requests_to(REPO_SCRIPT_PATH) == [] and again.calls_of("apt-get") == []
+    assert again.calls_of("systemctl", "restart") == []
+    assert again.guest_attributes()[-1] == ("ops-agent", "running")

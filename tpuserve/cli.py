@@ -35,6 +35,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                   "Check what would stop a deploy: APIs, machine type per zone, TPU quota, token secret, permissions."),
     "probe": ("tpuserve.measure.probe:probe",
               "Probe a deployment's capabilities: tools, structured output, vision; compare KV-cache settings."),
+    "status": ("tpuserve.observe.status:status",
+               "The VM (state, time left until flex-start deletes it, cost so far, boot stage) and the server live "
+               "from /metrics (running/waiting, KV cache, TTFT and ITL p50/p95, tokens/s)."),
     "up": ("tpuserve.ops.up:up",
            "Deploy a stack: find a zone with TPU capacity (preflight, then `pulumi up` zone by zone), clean up."),
 }

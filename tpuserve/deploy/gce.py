@@ -1,11 +1,12 @@
 """A small Compute Engine API client: what the readiness gate reads about one VM, and what `tpuserve up` and
 `tpuserve preflight` ask about zones.
 
-For the gate: the guest attributes the VM's startup script writes (its boot stage), the instance's own status
-(whether it still exists and runs), and the serial console (the last lines explain a failed boot). For the sweep:
-whether a zone offers a machine type, and the instances and disks carrying the stack's labels in a zone (the orphan
-sweep), which it can delete. The base URL is a parameter so tests point it at a fake on 127.0.0.1; the session is
-too, so tests pass a plain `requests.Session` where real runs use application-default credentials.
+For the gate: the guest attributes the VM's startup script writes (its boot stage), the instance resource (whether
+it still exists and runs; for `tpuserve status` also its timestamps and flex-start run limit), and the serial console
+(the last lines explain a failed boot). For the sweep: whether a zone offers a machine type, and the instances and
+disks carrying the stack's labels in a zone (the orphan sweep), which it can delete. The base URL is a parameter so
+tests point it at a fake on 127.0.0.1; the session is too, so tests pass a plain `requests.Session` where real runs
+use application-default credentials.
 """
 
 from __future__ import annotations
@@ -71,9 +72,14 @@ class ComputeClient:
         path = f"{instance.path}/{method}" if method else instance.path
         return self.session.get(f"{self.base_url}{path}", params=params, timeout=self.timeout_s)
 
+    def instance(self, instance: Instance) -> dict[str, Any]:
+        """The instance resource (compute#instance: status, creationTimestamp, lastStartTimestamp, machineType,
+        scheduling.maxRunDuration, ...); a deleted VM raises with status 404."""
+        return ok(self._get(instance)).json()
+
     def instance_status(self, instance: Instance) -> str:
         """The VM's lifecycle status (PROVISIONING, RUNNING, TERMINATED, ...); a deleted VM raises with status 404."""
-        return str(ok(self._get(instance)).json().get("status", ""))
+        return str(self.instance(instance).get("status", ""))
 
     def guest_attributes(self, instance: Instance, namespace: str) -> dict[str, str]:
         """key -> value of the instance's guest attributes in `namespace`; empty while there are none (the API

@@ -1,0 +1,154 @@
+"""What a gcp stack shows and alerts on in Cloud Monitoring: one dashboard and three alert policies over the vLLM
+metrics the VM's Ops Agent ships (components/ops_agent.py).
+
+The metrics arrive as `prometheus.googleapis.com/<name>/<kind>` and are queried with PromQL by their Prometheus names,
+`vllm:` included (https://cloud.google.com/stackdriver/docs/managed-prometheus/promql-differences: names of letters,
+digits, `_` and `:` use the traditional syntax); every query selects the stack's VM by the `instance_name` label the
+agent's relabel rule sets. Series names come from tpuserve.vllm_metrics, checked against a real vLLM 0.32 scrape
+(tests/test_monitoring.py). Dashboard JSON: https://cloud.google.com/monitoring/api/ref_v3/rest/v1/projects.dashboards
+(mosaicLayout of 48 columns, xyChart data sets with `timeSeriesQuery.prometheusQuery`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pulumi
+from pulumi_gcp import monitoring
+
+from components.ops_agent import INSTANCE_LABEL
+from tpuserve import vllm_metrics as m
+
+WINDOW = "5m"  # the rate window of every chart and of the TTFT alert
+COLUMNS, TILE_WIDTH, TILE_HEIGHT = 48, 24, 16
+QUANTILES = (0.5, 0.95, 0.99)
+QUEUE_TREND = "10m"
+PromQlCondition = monitoring.AlertPolicyConditionConditionPrometheusQueryLanguageArgs
+
+
+@dataclass(frozen=True)
+class Alert:
+    key: str  # resource-name suffix
+    title: str
+    query: str
+    duration: str  # how long the query must hold before the alert fires
+    severity: str
+    content: str
+
+
+@dataclass(frozen=True)
+class ServingMonitoringArgs:
+    project: str
+    instance_name: str
+    stack: str
+    labels: Mapping[str, str]
+    notification_channels: Sequence[str]
+    down_after_s: int
+    ttft_p99_seconds: float
+    queue_depth: int
+
+
+def promql_duration(seconds: int) -> str:
+    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
+
+
+def selector(instance_name: str) -> str:
+    return f'{{{INSTANCE_LABEL}="{instance_name}"}}'
+
+
+def quantile(q: float, histogram: str, sel: str) -> str:
+    return f"histogram_quantile({q:g}, sum by ({m.LE}) (rate({histogram}{m.BUCKET}{sel}[{WINDOW}])))"
+
+
+def rate_sum(counter: str, sel: str, by: str = "") -> str:
+    grouping = f" by ({by})" if by else ""
+    return f"sum{grouping} (rate({counter}{sel}[{WINDOW}]))"
+
+
+def chart(title: str, unit: str, *series: tuple[str, str]) -> dict:
+    """An xyChart widget of PromQL lines: (query, legend)."""
+    return {"title": title, "xyChart": {
+        "dataSets": [{"timeSeriesQuery": {"prometheusQuery": query, "unitOverride": unit}, "plotType": "LINE",
+                      "legendTemplate": legend, "targetAxis": "Y1"} for query, legend in series],
+        "yAxis": {"label": unit, "scale": "LINEAR"}}}
+
+
+def widgets(instance_name: str) -> list[dict]:
+    sel = selector(instance_name)
+    return [
+        chart("Time to first token (p50, p95, p99)", "s",
+              *((quantile(q, m.TTFT, sel), f"p{q * 100:g}") for q in QUANTILES)),
+        chart("Inter-token latency (p50, p95, p99)", "s",
+              *((quantile(q, m.ITL, sel), f"p{q * 100:g}") for q in QUANTILES)),
+        chart("Requests running vs waiting", "1",
+              (f"sum({m.RUNNING}{sel})", "running"), (f"sum({m.WAITING}{sel})", "waiting")),
+        chart("KV-cache usage", "%", (f"100 * max({m.KV_CACHE_USAGE}{sel})", "used")),
+        chart("Prefix-cache hit rate (tokens)", "%",
+              (f"100 * {rate_sum(m.PREFIX_CACHE_HITS, sel)} / {rate_sum(m.PREFIX_CACHE_QUERIES, sel)}", "hits")),
+        chart("Tokens per second", "1/s",
+              (rate_sum(m.PROMPT_TOKENS, sel), "prompt"), (rate_sum(m.GENERATION_TOKENS, sel), "generation")),
+        chart("Preemptions per minute", "1/min", (f"60 * {rate_sum(m.PREEMPTIONS, sel)}", "preemptions")),
+        chart("Finished requests per second, by finish reason", "1/s",
+              (rate_sum(m.REQUEST_SUCCESS, sel, by=m.FINISHED_REASON), f"${{metric.labels.{m.FINISHED_REASON}}}")),
+    ]
+
+
+def dashboard_json(display_name: str, instance_name: str, labels: Mapping[str, str]) -> str:
+    tiles = [{"xPos": (i % 2) * TILE_WIDTH, "yPos": (i // 2) * TILE_HEIGHT, "width": TILE_WIDTH,
+              "height": TILE_HEIGHT, "widget": widget} for i, widget in enumerate(widgets(instance_name))]
+    return json.dumps({"displayName": display_name, "labels": dict(labels),
+                       "mosaicLayout": {"columns": COLUMNS, "tiles": tiles}}, indent=2)
+
+
+def alerts(args: ServingMonitoringArgs) -> list[Alert]:
+    sel, name = selector(args.instance_name), args.instance_name
+    return [
+        Alert("down", f"{name}: vLLM down",
+              f"absent_over_time({m.RUNNING}{sel}[{promql_duration(args.down_after_s)}])", "60s", "CRITICAL",
+              f"No vLLM metrics from {name} for {args.down_after_s // 60} minutes: the server is down, the Ops Agent "
+              "stopped, or the VM is gone (flex-start deletes it when its max run ends; `pulumi up --refresh` makes "
+              f"a new one). Look with `tpuserve status --stack {args.stack}` and `tpuserve diagnose --stack "
+              f"{args.stack}`."),
+        Alert("ttft", f"{name}: p99 time to first token above {args.ttft_p99_seconds:g} s",
+              f"{quantile(0.99, m.TTFT, sel)} > {args.ttft_p99_seconds:g}", "600s", "WARNING",
+              f"The p99 time to first token over {WINDOW} has stayed above {args.ttft_p99_seconds:g} s for 10 "
+              "minutes: the server is saturated (see requests waiting and KV-cache usage on the dashboard) or "
+              "prompts got longer."),
+        Alert("queue", f"{name}: request queue growing",
+              f"sum({m.WAITING}{sel}) >= {args.queue_depth} and sum(delta({m.WAITING}{sel}[{QUEUE_TREND}])) > 0",
+              "300s", "WARNING",
+              f"At least {args.queue_depth} requests wait and the queue has grown over {QUEUE_TREND}: more traffic "
+              "than one VM serves. Lower the load or add capacity."),
+    ]
+
+
+class ServingMonitoring(pulumi.ComponentResource):
+    """The stack's Cloud Monitoring dashboard and alert policies; `dashboard_url` opens the dashboard."""
+
+    dashboard_url: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ServingMonitoringArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpuserve:gcp:ServingMonitoring", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        dashboard = monitoring.Dashboard(
+            f"{name}-dashboard", project=args.project,
+            dashboard_json=dashboard_json(f"tpu-serve {args.stack}: {args.instance_name}", args.instance_name,
+                                          args.labels),
+            opts=child)
+        self.alert_policies = [monitoring.AlertPolicy(
+            f"{name}-{alert.key}", project=args.project, display_name=alert.title, combiner="OR",
+            severity=alert.severity,
+            conditions=[monitoring.AlertPolicyConditionArgs(
+                display_name=alert.title, condition_prometheus_query_language=PromQlCondition(
+                    query=alert.query, duration=alert.duration, evaluation_interval="60s"))],
+            documentation=monitoring.AlertPolicyDocumentationArgs(content=alert.content, mime_type="text/markdown"),
+            alert_strategy=monitoring.AlertPolicyAlertStrategyArgs(auto_close="1800s"),
+            notification_channels=list(args.notification_channels), user_labels=dict(args.labels),
+            opts=child) for alert in alerts(args)]
+        # The resource id is projects/<number>/dashboards/<id>; the console opens it by the last part.
+        self.dashboard_url = dashboard.id.apply(
+            lambda dashboard_id: "https://console.cloud.google.com/monitoring/dashboards/custom/"
+                                 f"{dashboard_id.rsplit('/', 1)[-1]}?project={args.project}")
+        self.register_outputs({"dashboardUrl": self.dashboard_url})

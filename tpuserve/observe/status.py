@@ -1,0 +1,490 @@
+"""`tpuserve status`: one screen with the VM (zone, state, uptime, time left until the flex-start deletion, cost so
+far, boot stage, config hash) and a live view of the server from its `/metrics`.
+
+The VM part comes from the Compute API (the instance resource and the guest attributes the startup script writes,
+as the readiness gate reads them). A flex-start VM is deleted at `scheduling.terminationTime` when set, else at its
+last start (`lastStartTimestamp`, `creationTimestamp` before the first start) plus `scheduling.maxRunDuration`
+(field names of the compute#instance resource, https://cloud.google.com/compute/docs/reference/rest/v1/instances).
+
+The live part reads `/metrics` twice, `--interval` seconds apart (with `--watch`, every refresh against the one
+before): gauges (running, waiting, KV-cache usage) from the second read, rates and latency quantiles from what the
+counters and histogram buckets gained in between (tpuserve.vllm_metrics). `/metrics` needs no API key: vLLM's
+--api-key covers only /v1, /v2 and /inference, which is why port 8000 stays reachable through IAP only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import click
+import requests
+
+from tpuserve import vllm_metrics as metrics
+from tpuserve.client import server_root
+from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
+from tpuserve.deploy.stack import read_outputs, served_endpoint, stack_options
+from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE, PRICE_PER_CHIP_HOUR
+
+DEFAULT_INTERVAL_S = 5.0
+EXPIRY_WARNING_S = 30 * 60
+SCRAPE_TIMEOUT_S = 10.0
+CHIPS = re.compile(r"-(\d+)t$")  # ct6e-standard-4t: 4 chips
+
+
+class ServerUnreachable(RuntimeError):
+    """`/metrics` did not answer with the Prometheus text format."""
+
+
+# --- the VM ---------------------------------------------------------------------------------------------------
+
+def parse_timestamp(text: str | None) -> datetime | None:
+    """RFC 3339 as the Compute API writes it ('2026-11-29T02:00:00.000-08:00', or with 'Z')."""
+    if not text:
+        return None
+    return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+
+
+def started_at(instance: Mapping[str, Any]) -> datetime | None:
+    return parse_timestamp(instance.get("lastStartTimestamp") or instance.get("creationTimestamp"))
+
+
+def deletion_at(instance: Mapping[str, Any]) -> datetime | None:
+    """When the run limit ends the VM: scheduling.terminationTime, else the last start + maxRunDuration."""
+    scheduling = instance.get("scheduling") or {}
+    if scheduling.get("terminationTime"):
+        return parse_timestamp(scheduling["terminationTime"])
+    limit, start = scheduling.get("maxRunDuration"), started_at(instance)
+    if not limit or start is None:
+        return None
+    return start + timedelta(seconds=int(limit.get("seconds", 0)), microseconds=int(limit.get("nanos", 0)) // 1000)
+
+
+def chips_of(machine_type: str) -> int | None:
+    match = CHIPS.search(machine_type)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class VmView:
+    name: str
+    zone: str
+    project: str
+    status: str  # the instance's status, or GONE when the API no longer knows it
+    machine_type: str | None = None
+    chips: int | None = None
+    provisioning_model: str | None = None
+    started_at: str | None = None
+    uptime_s: float | None = None
+    deletion_at: str | None = None
+    left_s: float | None = None
+    cost_so_far_usd: float | None = None
+    price_per_chip_hour: float | None = None
+    boot_stage: str | None = None
+    config_hash: str | None = None
+    expected_config_hash: str | None = None
+    reason: str | None = None
+    ops_agent: str | None = None
+
+
+GONE = "GONE"
+
+
+def vm_view(target: Instance, instance: Mapping[str, Any] | None, attributes: Mapping[str, str], now: datetime,
+            price_per_chip_hour: float, expected_config_hash: str | None = None) -> VmView:
+    """What the instance resource (None once deleted) and its guest attributes say at `now`."""
+    if instance is None:
+        return VmView(target.name, target.zone, target.project, GONE, expected_config_hash=expected_config_hash)
+    machine_type = str(instance.get("machineType", "")).rsplit("/", 1)[-1] or None
+    chips = chips_of(machine_type or "")
+    start, end = started_at(instance), deletion_at(instance)
+    running = instance.get("status") == "RUNNING"
+    uptime = (now - start).total_seconds() if start and running else None
+    return VmView(
+        name=target.name, zone=target.zone, project=target.project, status=str(instance.get("status", "")),
+        machine_type=machine_type, chips=chips,
+        provisioning_model=(instance.get("scheduling") or {}).get("provisioningModel"),
+        started_at=start.isoformat() if start else None, uptime_s=uptime,
+        deletion_at=end.isoformat() if end else None, left_s=(end - now).total_seconds() if end else None,
+        cost_so_far_usd=round(uptime / 3600 * chips * price_per_chip_hour, 2) if uptime is not None and chips
+        else None,
+        price_per_chip_hour=price_per_chip_hour,
+        boot_stage=attributes.get("stage"), config_hash=attributes.get("config-hash"),
+        expected_config_hash=expected_config_hash, reason=attributes.get("reason"),
+        ops_agent=attributes.get("ops-agent"))
+
+
+def read_vm(compute: ComputeClient, target: Instance, price_per_chip_hour: float,
+            expected_config_hash: str | None = None, now: Callable[[], datetime] | None = None) -> VmView:
+    """One look through the Compute API; a deleted VM is a view (GONE), other API errors raise."""
+    try:
+        instance = compute.instance(target)
+    except ComputeApiError as err:
+        if err.status != 404:
+            raise
+        instance = None
+    attributes = compute.guest_attributes(target, GUEST_ATTRIBUTE_NAMESPACE) if instance is not None else {}
+    moment = now() if now else datetime.now(timezone.utc)
+    return vm_view(target, instance, attributes, moment, price_per_chip_hour, expected_config_hash)
+
+
+def expiry_warning(view: VmView, stack: str | None) -> str | None:
+    """Under 30 minutes before the flex-start deletion: say so, and how to keep serving (replacing the VM through
+    the stack's `vmUrn` output starts a new max-run window)."""
+    if view.left_s is None or view.left_s > EXPIRY_WARNING_S or view.status == GONE:
+        return None
+    name = stack or "<stack>"
+    when = "now" if view.left_s <= 0 else f"in {duration(view.left_s)}"
+    return (f"{view.name} is deleted {when} (flex-start max run ends {clock(view.deletion_at)}). To keep serving, "
+            f"replace it now (a cold start takes ~10 min):\n"
+            f"  pulumi up --stack {name} --replace \"$(pulumi stack output vmUrn --stack {name})\"\n"
+            f"Once it is gone, `pulumi up --stack {name} --refresh` creates a new one.")
+
+
+# --- the server -----------------------------------------------------------------------------------------------
+
+def metrics_root(url: str) -> str:
+    """'host:port', 'http://host:port', '.../v1' -> 'http://host:port'."""
+    if "://" not in url:
+        url = f"http://{url}"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise click.BadParameter(f"{url!r} is not a server address like http://10.0.0.5:8000 or localhost:8000",
+                                 param_hint="--url")
+    return server_root(url)
+
+
+def scrape(http: requests.Session, root: str, clock: Callable[[], float] = time.monotonic) -> metrics.Scrape:
+    try:
+        response = http.get(f"{root}/metrics", timeout=SCRAPE_TIMEOUT_S)
+    except requests.RequestException as err:
+        raise ServerUnreachable(f"{root}/metrics: no answer ({type(err).__name__})") from err
+    if response.status_code != 200:
+        raise ServerUnreachable(f"{root}/metrics answered HTTP {response.status_code}")
+    try:
+        return metrics.parse(response.text, clock())
+    except metrics.MetricsError as err:
+        raise ServerUnreachable(f"{root}/metrics: {err}") from err
+
+
+@dataclass(frozen=True)
+class Quantiles:
+    p50: float | None
+    p95: float | None
+
+
+@dataclass(frozen=True)
+class LiveView:
+    """Gauges from the later read; everything else over the `interval_s` between the two reads."""
+
+    url: str
+    interval_s: float
+    running: float | None
+    waiting: float | None
+    kv_cache_usage: float | None  # fraction, 1 = full
+    ttft_s: Quantiles
+    itl_s: Quantiles
+    first_tokens: float  # how many requests got their first token in the interval (TTFT observations)
+    finished: float | None
+    finished_by_reason: dict[str, float]
+    prompt_tokens_per_s: float | None
+    generation_tokens_per_s: float | None
+    prefix_cache_hit_rate: float | None
+    preemptions: float | None
+
+
+def rate(before: metrics.Scrape, after: metrics.Scrape, name: str, seconds: float) -> float | None:
+    grown = metrics.increase(before.total(name), after.total(name))
+    return grown / seconds if grown is not None and seconds > 0 else None
+
+
+def quantiles(before: metrics.Scrape, after: metrics.Scrape, histogram: str) -> tuple[Quantiles, float]:
+    window = metrics.bucket_increase(before.buckets(histogram), after.buckets(histogram))
+    return Quantiles(metrics.histogram_quantile(0.5, window), metrics.histogram_quantile(0.95, window)), \
+        metrics.observations(window)
+
+
+def live_view(url: str, before: metrics.Scrape, after: metrics.Scrape) -> LiveView:
+    seconds = after.at - before.at
+    ttft, first_tokens = quantiles(before, after, metrics.TTFT)
+    itl, _ = quantiles(before, after, metrics.ITL)
+    queries = metrics.increase(before.total(metrics.PREFIX_CACHE_QUERIES), after.total(metrics.PREFIX_CACHE_QUERIES))
+    hits = metrics.increase(before.total(metrics.PREFIX_CACHE_HITS), after.total(metrics.PREFIX_CACHE_HITS))
+    by_reason = {}
+    for reason in sorted(after.label_values(metrics.REQUEST_SUCCESS, metrics.FINISHED_REASON)):
+        grown = metrics.increase(before.total(metrics.REQUEST_SUCCESS, finished_reason=reason),
+                            after.total(metrics.REQUEST_SUCCESS, finished_reason=reason))
+        if grown:
+            by_reason[reason] = grown
+    return LiveView(
+        url=url, interval_s=round(seconds, 3), running=after.total(metrics.RUNNING),
+        waiting=after.total(metrics.WAITING),
+        kv_cache_usage=after.total(metrics.KV_CACHE_USAGE), ttft_s=ttft, itl_s=itl, first_tokens=first_tokens,
+        finished=metrics.increase(before.total(metrics.REQUEST_SUCCESS), after.total(metrics.REQUEST_SUCCESS)),
+        finished_by_reason=by_reason,
+        prompt_tokens_per_s=rate(before, after, metrics.PROMPT_TOKENS, seconds),
+        generation_tokens_per_s=rate(before, after, metrics.GENERATION_TOKENS, seconds),
+        prefix_cache_hit_rate=hits / queries if queries and hits is not None else None,
+        preemptions=metrics.increase(before.total(metrics.PREEMPTIONS), after.total(metrics.PREEMPTIONS)))
+
+
+# --- one report -----------------------------------------------------------------------------------------------
+
+@dataclass
+class Report:
+    vm: VmView | None = None
+    server: LiveView | None = None
+    server_error: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"vm": asdict(self.vm) if self.vm else None,
+                "server": asdict(self.server) if self.server else ({"error": self.server_error}
+                                                                    if self.server_error else None),
+                "warnings": self.warnings}
+
+
+def duration(seconds: float) -> str:
+    seconds = int(abs(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes = rest // 60
+    if days:
+        return f"{days}d {hours}h"
+    return f"{hours}h {minutes:02d}m" if hours else f"{minutes} min" if minutes else f"{seconds} s"
+
+
+def clock(iso: str | None) -> str:
+    moment = parse_timestamp(iso)
+    return moment.astimezone(timezone.utc).strftime("%H:%M UTC %b %d") if moment else "?"
+
+
+def ms(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{seconds * 1000:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
+
+
+def number(value: float | None, digits: int = 0) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def percent(fraction: float | None) -> str:
+    return "–" if fraction is None else f"{fraction * 100:.1f} %"
+
+
+def render(report: Report) -> Any:
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = []
+    for warning in report.warnings:
+        # Command lines (indented) go below the panel, whole, so they copy and paste; the rest wraps inside it.
+        lines = warning.splitlines()
+        parts.append(Panel("\n".join(line for line in lines if not line.startswith("  ")),
+                           title="flex-start expiry", border_style="bold red"))
+        parts.extend(Text(line.strip(), style="bold", no_wrap=True, overflow="ignore")
+                     for line in lines if line.startswith("  "))
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    if report.vm:
+        v = report.vm
+        chips = f" ({v.chips} chip{'s' if v.chips != 1 else ''})" if v.chips else ""
+        table.add_row("VM", f"{v.name}  {v.zone}  [bold]{v.status}[/]  {v.machine_type or ''}{chips}")
+        if v.status == GONE:
+            table.add_row("", "deleted (flex-start max run ended?) or destroyed: `pulumi up --refresh` makes a new one")
+        if v.uptime_s is not None:
+            table.add_row("up", f"{duration(v.uptime_s)} since {clock(v.started_at)}")
+        if v.left_s is not None and v.status != GONE:
+            left = duration(v.left_s)
+            table.add_row("deleted in", (f"[bold red]{left}[/]" if v.left_s <= EXPIRY_WARNING_S else left)
+                          + f" (at {clock(v.deletion_at)}, flex-start max run)")
+        if v.cost_so_far_usd is not None:
+            table.add_row("cost so far", f"${v.cost_so_far_usd:,.2f} (at ${v.price_per_chip_hour:g} per chip-hour)")
+        if v.status != GONE:
+            hashes = f"config {v.config_hash or '?'}"
+            if v.expected_config_hash and v.config_hash != v.expected_config_hash:
+                hashes += f" (the stack wants {v.expected_config_hash})"
+            table.add_row("boot", f"{v.boot_stage or 'no stage reported yet'} · {hashes}"
+                          + (f" · metrics agent {v.ops_agent}" if v.ops_agent else ""))
+        if v.reason:
+            table.add_row("reason", v.reason)
+    if report.vm and (report.server or report.server_error):
+        table.add_row("", "")
+    if report.server:
+        s = report.server
+        reasons = ", ".join(f"{reason} {count:g}" for reason, count in s.finished_by_reason.items())
+        table.add_row("server", f"{s.url} · last {s.interval_s:g} s")
+        table.add_row("requests", f"running {number(s.running)} · waiting {number(s.waiting)} · "
+                      f"finished {number(s.finished)}" + (f" ({reasons})" if reasons else ""))
+        table.add_row("KV cache", f"{percent(s.kv_cache_usage)} used · prefix-cache hits "
+                      f"{percent(s.prefix_cache_hit_rate)} · preemptions {number(s.preemptions)}")
+        table.add_row("TTFT", f"p50 {ms(s.ttft_s.p50)} · p95 {ms(s.ttft_s.p95)} "
+                      f"({number(s.first_tokens)} first tokens)")
+        table.add_row("ITL", f"p50 {ms(s.itl_s.p50)} · p95 {ms(s.itl_s.p95)}")
+        table.add_row("tokens/s", f"prompt {number(s.prompt_tokens_per_s, 1)} · generation "
+                      f"{number(s.generation_tokens_per_s, 1)}")
+    elif report.server_error:
+        table.add_row("server", f"[red]{report.server_error}[/]")
+    parts.append(table)
+    return Group(*parts)
+
+
+# --- command --------------------------------------------------------------------------------------------------
+
+@dataclass
+class Sources:
+    """Where a report comes from: a VM through the Compute API and/or a server's /metrics."""
+
+    compute: ComputeClient | None = None
+    target: Instance | None = None
+    stack: str | None = None
+    expected_config_hash: str | None = None
+    price_per_chip_hour: float = PRICE_PER_CHIP_HOUR
+    http: requests.Session | None = None
+    root: str | None = None
+    server_error: str | None = None
+
+    def vm(self) -> tuple[VmView | None, list[str]]:
+        if self.compute is None or self.target is None:
+            return None, []
+        view = read_vm(self.compute, self.target, self.price_per_chip_hour, self.expected_config_hash)
+        warning = expiry_warning(view, self.stack)
+        return view, [warning] if warning else []
+
+
+def reports(sources: Sources, interval_s: float, watch: bool,
+            sleep: Callable[[float], None] = time.sleep) -> Iterator[Report]:
+    """One report (two reads `interval_s` apart), or with `watch` one per interval until interrupted. A server that
+    stops answering, or a Compute API hiccup, shows in the report while watching; the first look must succeed."""
+    previous = None
+    if sources.root and sources.http:
+        previous = scrape(sources.http, sources.root)  # an unreachable server fails the command here
+    first = True
+    while True:
+        if previous is not None or not first:
+            sleep(interval_s)
+        report = Report(server_error=sources.server_error)
+        try:
+            report.vm, report.warnings = sources.vm()
+        except (ComputeApiError, requests.RequestException) as err:
+            if first:
+                raise click.ClickException(f"Compute API: {err}") from err
+            report.warnings = [f"Compute API: {err}"]
+        if sources.root and sources.http:
+            try:
+                current = scrape(sources.http, sources.root)
+                if previous is None:
+                    report.server_error = f"{sources.root} answers again; measuring the next {interval_s:g} s"
+                else:
+                    report.server = live_view(sources.root, previous, current)
+                previous = current
+            except ServerUnreachable as err:
+                report.server_error, previous = str(err), None
+        yield report
+        first = False
+        if not watch:
+            return
+
+
+@click.command()
+@click.option("--url", help="Any vLLM server: http://HOST:PORT or HOST:PORT (its /metrics is read). With --stack, "
+              "the VM comes from the stack and the live view from here.")
+@click.option("--watch", is_flag=True, help="Refresh in place every --interval seconds until Ctrl-C.")
+@click.option("--interval", "interval_s", type=click.FloatRange(min=0.5), default=DEFAULT_INTERVAL_S,
+              show_default=True, help="Seconds between the two reads of /metrics that rates and TTFT/ITL quantiles "
+              "come from (and between refreshes with --watch).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead (with --watch: one object per line).")
+@click.option("--price-per-chip-hour", type=click.FloatRange(min=0), default=PRICE_PER_CHIP_HOUR, show_default=True,
+              help="USD per chip-hour, for the cost so far.")
+@click.option("--compute-url", default=COMPUTE_URL, show_default=True, help="Compute API root (tests use a fake).")
+@stack_options
+def status(url: str | None, watch: bool, interval_s: float, as_json: bool, price_per_chip_hour: float,
+           compute_url: str, stack: str | None, stack_outputs: Path | None) -> None:
+    """The VM (state, time left until flex-start deletes it, cost so far, boot stage) and the server live from
+    /metrics (running/waiting, KV cache, TTFT and ITL p50/p95, tokens/s).
+
+    With --stack, a gcp stack's VM is read through the Compute API and its server through an IAP tunnel; --url
+    reads any vLLM. Under 30 minutes before the flex-start deletion it says so, and how to keep serving."""
+    outputs = read_outputs(stack, stack_outputs)
+    if not url and outputs is None:
+        raise click.UsageError("give --url (any vLLM server) or --stack (a deployment)")
+    root = metrics_root(url) if url else None
+    with ExitStack() as exits:
+        sources = Sources(price_per_chip_hour=price_per_chip_hour, stack=stack or stack_of(outputs))
+        if outputs is not None and outputs.get("target") == "gcp":
+            sources.compute = exits.enter_context(compute_client(compute_url))
+            sources.target = Instance(str(outputs.get("project")), str(outputs.get("zone")),
+                                      str(outputs.get("instanceName")))
+            sources.expected_config_hash = outputs.get("configHash")
+        if root is None:
+            root, sources.server_error = reach(exits, outputs)
+        if root:
+            sources.http, sources.root = exits.enter_context(requests.Session()), root
+        show(reports(sources, interval_s, watch), as_json, watch)
+
+
+def stack_of(outputs: Mapping[str, Any] | None) -> str | None:
+    """The stack name inside the VM's URN (urn:pulumi:<stack>::<project>::...), for --stack-outputs."""
+    urn = (outputs or {}).get("vmUrn") or ""
+    return urn.split("::", 1)[0].split(":", 2)[2] if urn.startswith("urn:pulumi:") else None
+
+
+@contextmanager
+def compute_client(compute_url: str) -> Iterator[ComputeClient]:
+    from tpuserve.deploy.gce import MissingCredentials, adc_session
+
+    try:
+        session = adc_session()
+    except MissingCredentials as err:
+        raise click.ClickException(str(err)) from err
+    with session:
+        yield ComputeClient(session, compute_url)
+
+
+def reach(exits: ExitStack, outputs: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
+    """The stack's server from here (an IAP tunnel for a gcp stack, kept open while the command runs), or why not:
+    the VM part of the report is worth showing without it."""
+    try:
+        endpoint, _ = exits.enter_context(served_endpoint(None, None, outputs))
+    except click.ClickException as err:
+        return None, f"server not reachable: {err.message}"
+    return (server_root(endpoint), None) if endpoint else (None, None)
+
+
+def show(stream: Iterator[Report], as_json: bool, watch: bool) -> None:
+    from rich.console import Console
+
+    try:
+        if as_json:
+            for report in stream:
+                click.echo(json.dumps(report.as_json()))
+                sys.stdout.flush()  # one line per refresh, as it happens, into a pipe too
+        elif watch:
+            from rich.live import Live
+
+            console = Console()
+            with console.status("reading /metrics"):
+                report = next(stream)
+            with Live(render(report), console=console, auto_refresh=False) as live:
+                for report in stream:
+                    live.update(render(report), refresh=True)
+        else:
+            console = Console()
+            with console.status("reading /metrics"):
+                report = next(stream)
+            console.print(render(report))
+    except ServerUnreachable as err:
+        raise click.ClickException(str(err)) from err
+    except KeyboardInterrupt:
+        pass
