@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import yaml
 
-RECEIVER = "vllm"  # metrics and logging receiver id; also the Cloud Logging log name of the container's logs
+from tpuserve.facts import CONTAINER_LOG_NAME
+
+RECEIVER = CONTAINER_LOG_NAME  # metrics and logging receiver id; also the Cloud Logging log name of the container's logs
 JOB_NAME = "vllm"
 INSTANCE_LABEL = "instance_name"
 SCRAPE_INTERVAL = "15s"  # the agent's floor is 10s (confgenerator/prometheus.go minScrapeInterval)

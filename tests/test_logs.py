@@ -239,7 +239,7 @@ def test_logs_of_a_local_stack_are_its_containers(docker_shim: Path, tmp_path: P
         "ps -a --filter label=tpu-serve.config-hash=abc123 --format {{.Names}}", "logs --tail 20 tpu-serve-local"]
     assert "CUDA out of memory" in capfd.readouterr().out
     as_json = CliRunner().invoke(main, ["logs", "--stack-outputs", local_outputs(tmp_path), "--json"])
-    assert json.loads(as_json.output) == {"target": "local", "serial": None,
+    assert json.loads(as_json.output) == {"target": "local", "serial": None, "cloud": None,
                                           "docker": "INFO: Started server process\nERROR: CUDA out of memory\n"}
 
 
@@ -264,3 +264,96 @@ def test_diagnose_a_local_stack_reads_its_container_logs(docker_shim: Path, tmp_
                                        "--json"])
     assert result.exit_code == 0, result.output
     assert "ERROR: CUDA out of memory" in json.loads(result.output)["messages"][1]["content"]
+
+
+# --- the container's logs from Cloud Logging (shipped by the VM's Ops Agent) -------------------------------------
+
+INSTANCE_ID = "4242424242"
+# LogEntry shape (https://cloud.google.com/logging/docs/reference/v2/rest/v2/LogEntry) as the Ops Agent writes a
+# Docker json-file line after its parse_json processor: the line's "log" and "stream" fields become jsonPayload.
+def shipped_entry(line: str, second: int) -> dict:
+    return {"logName": "projects/proj-1/logs/vllm", "insertId": f"id{second}",
+            "resource": {"type": "gce_instance", "labels": {"instance_id": INSTANCE_ID, "zone": "europe-west4-a",
+                                                             "project_id": "proj-1"}},
+            "timestamp": f"2026-11-29T10:00:{second:02d}.123456789Z", "receiveTimestamp": "2026-11-29T10:01:00Z",
+            "jsonPayload": {"log": line + "\n", "stream": "stderr"}}
+
+
+def fake_logging(lines: list[str], page_size_seen: list[int] | None = None, status: int = 200) -> dict:
+    """entries.list newest first, two entries a page (a real answer pages too), as the API orders by timestamp desc."""
+    newest_first = [shipped_entry(line, second) for second, line in reversed(list(enumerate(lines)))]
+
+    def entries_list(request: Request) -> Response:
+        if status != 200:
+            return Response(status, {"error": {"code": status, "message": "Cloud Logging API has not been used in "
+                                               "project proj-1 before or it is disabled.", "status": "PERMISSION_DENIED"}})
+        body = request.json()
+        assert body["resourceNames"] == ["projects/proj-1"] and body["orderBy"] == "timestamp desc"
+        assert body["filter"] == ('logName="projects/proj-1/logs/vllm" AND resource.type="gce_instance" AND '
+                                  f'resource.labels.instance_id="{INSTANCE_ID}"')
+        if page_size_seen is not None:
+            page_size_seen.append(body["pageSize"])
+        start = int(body.get("pageToken", "0"))
+        page = newest_first[start:start + min(2, body["pageSize"])]
+        answer = {"entries": page}
+        if start + len(page) < len(newest_first):
+            answer["nextPageToken"] = str(start + len(page))
+        return Response(200, answer)
+
+    return {("POST", "/v2/entries:list"): entries_list}
+
+
+def compute_with_instance(stage: str = "failed", reason: str = "container vllm exited") -> FakeServer:
+    server = fake_compute(stage, reason)
+    server.routes[("GET", INSTANCE_PATH)] = lambda request: Response(200, {"id": INSTANCE_ID, "name": "tpu-serve-dev",
+                                                                           "status": "RUNNING"})
+    return server
+
+
+CONTAINER_LINES = ["INFO 11-29 10:00:00 Starting vLLM API server", "INFO Uvicorn running on http://0.0.0.0:8000",
+                   f"ERROR engine core died (HF_TOKEN={HF_CANARY})", "RuntimeError: TPU out of memory"]
+
+
+def test_logs_cloud_reads_the_containers_last_lines_without_ssh(no_adc: None, gcloud_shim: Path) -> None:
+    page_sizes: list[int] = []
+    with compute_with_instance() as compute, FakeServer(fake_logging(CONTAINER_LINES, page_sizes)) as logging_api:
+        result = CliRunner().invoke(main, ["logs", *VM, "--source", "cloud", "--tail", "3", "--compute-url",
+                                           compute.url, "--logging-url", logging_api.url])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == CONTAINER_LINES[-3:]  # oldest first, as a log reads, newlines dropped
+    assert page_sizes == [3, 1]  # asks only for what is still missing
+    assert not gcloud_shim.exists()  # no ssh
+
+
+def test_logs_cloud_as_json_and_an_api_error_is_one_line(no_adc: None) -> None:
+    with compute_with_instance() as compute, FakeServer(fake_logging(CONTAINER_LINES)) as logging_api:
+        as_json = CliRunner().invoke(main, ["logs", *VM, "--source", "cloud", "--json", "--compute-url",
+                                            compute.url, "--logging-url", logging_api.url])
+    assert json.loads(as_json.stdout) == {"target": "tpu-serve-dev", "serial": None, "docker": None,
+                                          "cloud": "\n".join(CONTAINER_LINES)}
+    with compute_with_instance() as compute, FakeServer(fake_logging([], status=403)) as logging_api:
+        refused = CliRunner().invoke(main, ["logs", *VM, "--source", "cloud", "--compute-url", compute.url,
+                                            "--logging-url", logging_api.url])
+    assert refused.exit_code == 1
+    assert refused.output.splitlines()[-1].startswith("Error: container logs of tpu-serve-dev: Cloud Logging API "
+                                                      "HTTP 403: Cloud Logging API has not been used")
+
+
+def test_diagnose_adds_the_shipped_container_logs_redacted(no_adc: None) -> None:
+    with compute_with_instance() as compute, FakeServer(fake_logging(CONTAINER_LINES)) as logging_api:
+        result = CliRunner().invoke(main, ["diagnose", *VM, "--compute-url", compute.url, "--logging-url",
+                                           logging_api.url, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "== vllm container (Cloud Logging) ==" in result.stdout
+    assert "RuntimeError: TPU out of memory" in result.stdout and "manifest unknown" in result.stdout
+    assert HF_CANARY[:12] not in result.stdout
+
+
+def test_diagnose_without_shipped_logs_says_so_and_uses_the_serial_console(no_adc: None) -> None:
+    with compute_with_instance() as compute, FakeServer(fake_logging([], status=403)) as logging_api:
+        result = CliRunner().invoke(main, ["diagnose", *VM, "--compute-url", compute.url, "--logging-url",
+                                           logging_api.url, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "manifest unknown" in result.stdout and "(Cloud Logging)" not in result.stdout
+    assert "note: no container logs from Cloud Logging (container logs of tpu-serve-dev: Cloud Logging API HTTP 403" \
+        in result.stderr

@@ -37,3 +37,7 @@ IMAGE_PULL_ALLOWANCE_S = 900  # the vllm-tpu image pull (≈5 min measured), ret
 VM_REPORT_MARGIN_S = 120  # the VM writes `failed` and its reason; the gate polls every few seconds
 PRE_READINESS_ALLOWANCES_S = (GUEST_BOOT_ALLOWANCE_S, DOCKER_INSTALL_ALLOWANCE_S, IMAGE_PULL_ALLOWANCE_S,
                               IAM_PROPAGATION_WAIT_S, VM_REPORT_MARGIN_S)
+
+# The Cloud Logging log name of the vLLM container's output on a gcp VM: the Ops Agent's logging receiver id
+# (components/ops_agent.py), which `tpuserve logs --source cloud` and `diagnose` read back.
+CONTAINER_LOG_NAME = "vllm"

@@ -25,6 +25,7 @@ from tpuserve.deploy import gce
 from tpuserve.deploy import stack as pulumi_stack
 from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE
+from tpuserve.deploy.cloud_logging import LOGGING_URL, LoggingApiError, LoggingClient
 from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.serving import CONTAINER_NAME
 from tpuserve.deploy.vmssh import docker_over_iap
@@ -195,6 +196,7 @@ def instance_options(command: Callable[..., None]) -> Callable[..., None]:
         click.option("--zone", help="Zone of the VM."),
         click.option("--project", help="Project of the VM."),
         click.option("--compute-url", default=COMPUTE_URL, show_default=True, help="Compute API root."),
+        click.option("--logging-url", default=LOGGING_URL, show_default=True, help="Cloud Logging API root."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -203,30 +205,45 @@ def instance_options(command: Callable[..., None]) -> Callable[..., None]:
 
 @click.command()
 @instance_options
-@click.option("--source", type=click.Choice(["serial", "docker", "both"]), default="both", show_default=True,
-              help="Serial console (Compute API), `sudo docker logs vllm` (IAP ssh), or both.")
+@click.option("--source", type=click.Choice(["serial", "docker", "cloud", "both"]), default="both",
+              show_default=True, help="Serial console (Compute API), `sudo docker logs vllm` (IAP ssh), the "
+              "container's logs the Ops Agent shipped to Cloud Logging (no ssh; from `serving` on), or both = "
+              "serial and docker.")
 @click.option("--tail", default=DEFAULT_TAIL, show_default=True, type=click.IntRange(min=1),
               help="Lines from the end of each log.")
 @click.option("--follow", is_flag=True, help="Keep streaming `docker logs` (implies --source docker).")
 @json_option
 def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zone: str | None,
-         project: str | None, compute_url: str, source: str, tail: int, follow: bool, as_json: bool) -> None:
+         project: str | None, compute_url: str, logging_url: str, source: str, tail: int, follow: bool,
+         as_json: bool) -> None:
     """Print the VM's serial console and the vLLM container's logs.
 
-    A local-target stack's logs are its container's `docker logs`. --json prints {"target", "serial", "docker"},
-    each log as text or null."""
+    A local-target stack's logs are its container's `docker logs`. --json prints {"target", "serial", "docker",
+    "cloud"}, each log as text or null."""
     vm = resolve_instance(instance, zone, project, stack, stack_outputs)
     if follow and as_json:
         raise click.UsageError("--follow streams; --json prints one document: give one of them")
+    if follow and source == "cloud":
+        raise click.UsageError("--follow streams `docker logs` over ssh; Cloud Logging is read once (--source cloud)")
     if follow:
         source = "docker"
     if isinstance(vm, LocalContainer):
-        if source == "serial":
-            raise click.UsageError("a local-target stack has no serial console: its logs are the container's "
-                                   "(--source docker)")
+        if source in ("serial", "cloud"):
+            raise click.UsageError(f"a local-target stack has no {'serial console' if source == 'serial' else 'Cloud Logging'}"
+                                   ": its logs are the container's (--source docker)")
+    if source == "cloud" and not isinstance(vm, LocalContainer):
+        cloud = cloud_container_log(vm, compute_url, logging_url, tail)
+        if as_json:
+            click.echo(json.dumps({"target": vm.name, "serial": None, "docker": None, "cloud": cloud}))
+            return
+        click.echo(f"== {CONTAINER_NAME} container logs of {vm.name} in Cloud Logging (last {tail} lines) ==",
+                   err=True)
+        click.echo(cloud or f"(none shipped yet: the VM's Ops Agent ships them from `serving` on)")
+        return
+    if isinstance(vm, LocalContainer):
         argv = local_logs_argv(local_container_name(vm), tail, follow)
         if as_json:
-            click.echo(json.dumps({"target": "local", "serial": None, "docker": captured(argv)}))
+            click.echo(json.dumps({"target": "local", "serial": None, "docker": captured(argv), "cloud": None}))
             return
         if subprocess.run(argv, check=False).returncode != 0:
             raise click.ClickException(f"`{' '.join(argv)}` failed")
@@ -235,7 +252,7 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
         serial = serial_console(vm, compute_url) if source in ("serial", "both") else None
         docker = captured(docker_logs_argv(vm, tail, False)) if source in ("docker", "both") else None
         click.echo(json.dumps({"target": vm.name, "serial": None if serial is None else tail_lines(serial, tail),
-                               "docker": docker}))
+                               "docker": docker, "cloud": None}))
         return
     if source in ("serial", "both"):
         try:
@@ -252,6 +269,33 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
             raise click.ClickException("gcloud not found: install the Google Cloud CLI for `docker logs`") from err
         if code != 0:
             raise click.ClickException(f"`gcloud compute ssh` exited with {code}")
+
+
+def cloud_container_log(vm: Instance, compute_url: str, logging_url: str, lines: int) -> str:
+    """The container's last `lines` lines from Cloud Logging, for this VM (its numeric id, from the Compute API)."""
+    try:
+        session = gce.adc_session()
+    except gce.MissingCredentials as err:
+        raise click.ClickException(str(err)) from err
+    try:
+        instance_id = str(ComputeClient(session, compute_url).instance(vm).get("id", ""))
+        return LoggingClient(session, logging_url).container_log(vm.project, instance_id, lines)
+    except ComputeApiError as err:
+        raise click.ClickException(f"{vm.name}: {err}") from err
+    except LoggingApiError as err:
+        raise click.ClickException(f"container logs of {vm.name}: {err}") from err
+
+
+def shipped_container_log(vm: Instance, compute_url: str, logging_url: str) -> str:
+    """For diagnose: the container's lines in Cloud Logging after a header, or '' when there are none or they cannot
+    be read (the Ops Agent ships them only from `serving` on; a boot that never served has only its serial console)."""
+    try:
+        shipped = cloud_container_log(vm, compute_url, logging_url, DEFAULT_TAIL * 5)
+    except click.ClickException as err:
+        click.echo(f"note: no container logs from Cloud Logging ({err.message}); diagnosing the serial console",
+                   err=True)
+        return ""
+    return f"\n== {CONTAINER_NAME} container (Cloud Logging) ==\n{shipped}" if shipped else ""
 
 
 def serial_console(vm: Instance, compute_url: str) -> str:
@@ -295,7 +339,7 @@ def boot_report(vm: Instance, compute_url: str) -> tuple[str, str | None, str | 
 @click.option("--dry-run", is_flag=True, help="Print the redacted request instead of sending it.")
 @json_option
 def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None, zone: str | None,
-             project: str | None, compute_url: str, log_files: Sequence[Path], stage: str | None,
+             project: str | None, compute_url: str, logging_url: str, log_files: Sequence[Path], stage: str | None,
              reason: str | None, url: str | None, model: str | None, api_key_env: str, max_chars: int,
              dry_run: bool, as_json: bool) -> None:
     """Ask a model why a deployment failed, from its logs and the gate's stage and reason (tokens redacted).
@@ -312,6 +356,7 @@ def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None
             except ComputeApiError as err:
                 raise click.ClickException(f"{vm.name}: {err}") from err
             stage, reason = stage or vm_stage, reason or vm_reason
+            log += shipped_container_log(vm, compute_url, logging_url)
     messages = diagnosis_messages(relevant_excerpt(redact(log), max_chars=max_chars), stage, reason)
     if dry_run:
         click.echo(json.dumps({"messages": messages}, indent=2) if as_json else messages[1]["content"])
