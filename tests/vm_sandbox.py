@@ -328,6 +328,7 @@ class Vm:
     shims: Path = field(init=False)
     script_output: str = ""
     script_returncode: int | None = None
+    process: Any = None  # the supervisor started by start_supervisor (kept, so stop() can reap it)
 
     def __post_init__(self) -> None:
         self.root, self.state, self.shims = self.home / "vmroot", self.home / "state", self.home / "shims"
@@ -396,6 +397,7 @@ class Vm:
                                       *self.supervisor_args(iam_wait_s)], stdout=out, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, env=self.env())
         (self.state / "supervisor.pid").write_text(str(child.pid))
+        self.process = child
 
     def stop(self) -> None:
         pid_file = self.state / "supervisor.pid"
@@ -404,6 +406,8 @@ class Vm:
                 os.killpg(int(pid_file.read_text()), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if self.process is not None:
+            self.process.wait()
 
     # what happened
     def calls(self) -> list[dict[str, Any]]:
