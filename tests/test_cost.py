@@ -109,3 +109,13 @@ def test_cost_and_bench_report_price_a_chip_hour_from_tpuserve_facts():
     """Changed in tpuserve.facts, both price defaults change with it."""
     completed = subprocess.run([sys.executable, "-c", PRICE_CHANGED], capture_output=True, text=True, check=True)
     assert json.loads(completed.stdout) == [2.5, 2.5]
+
+
+def test_the_cache_disk_bills_by_the_month_and_is_printed():
+    result = CliRunner().invoke(cost, [])
+    assert result.exit_code == 0
+    assert ("Cache disk (100 GB Hyperdisk Balanced): $8.00 / month while it exists, VM or not"
+            in result.output)  # 100 GB x $0.08
+    bigger = CliRunner().invoke(cost, ["--cache-disk-gb", "250", "--disk-price-per-gb-month", "0.1"])
+    assert "Cache disk (250 GB Hyperdisk Balanced): $25.00 / month" in bigger.output
+    assert "Cache disk" not in CliRunner().invoke(cost, ["--cache-disk-gb", "0"]).output
