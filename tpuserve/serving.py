@@ -241,12 +241,6 @@ def tpu_container_run_args(cfg: ServingConfig, config_hash: str) -> list[str]:
             cfg.image, "vllm", "serve", *vllm_serve_args(cfg)]
 
 
-def image_digest(image: str) -> str | None:
-    """'repo@sha256:abc...' -> 'sha256:abc...'; None for a tag, whose digest only the VM learns after the pull."""
-    _, at, digest = image.partition("@")
-    return digest if at and digest.startswith("sha256:") else None
-
-
 def config_hash(cfg: ServingConfig) -> str:
     """Short digest of what is served; the VM reports it and the readiness gate re-runs when it changes."""
     payload = json.dumps([cfg.image, vllm_serve_args(cfg)], separators=(",", ":"))
