@@ -16,13 +16,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpuserve.facts import PRICE_PER_CHIP_HOUR, READY_TIMEOUT_S, V6E_ZONES
+from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, HYPERDISK_BALANCED_USD_PER_GB_MONTH, PRICE_PER_CHIP_HOUR,
+                            READY_TIMEOUT_S, V6E_ZONES)
 from tpuserve.serving import DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting
 
 PROJECT_NAME = "tpu-serve"
 TARGETS = ("gcp", "local", "gke")
 TPU_TARGETS = ("gcp", "gke")  # targets that run vLLM on TPU v6e and share the gcp settings and rules
 MIN_BOOT_DISK_GB = 200
+# A cache disk must hold one vLLM TPU image, one model's weights and the compile cache with room to spare (the boot
+# falls back to a cold start below 20 GB free: components/startup_script.py MIN_FREE_GB).
+MIN_CACHE_DISK_GB = 50
 # Flex-start's run limits: at least 10 minutes, at most 7 days
 # (https://cloud.google.com/compute/docs/instances/flex-start-vms).
 MIN_RUN_SECONDS = 10 * 60
@@ -74,6 +78,16 @@ class StackConfig:
                                 MIN_BOOT_DISK_GB)
     boot_disk_type: str = setting("bootDiskType", "Boot disk type; a v6e boot disk must be hyperdisk-balanced.",
                                   "hyperdisk-balanced")
+    cache_disk_gb: int = setting(
+        "cacheDiskSizeGb", "Size of the Hyperdisk Balanced cache disk in the VM's zone (Docker's image layers, the "
+        "Hugging Face cache, the XLA compile cache), kept when the VM goes; 0 = none (every boot cold).",
+        DEFAULT_CACHE_DISK_GB)
+    compile_cache_bucket: bool = setting(
+        "compileCacheBucket", "Also keep the XLA compile cache in a Cloud Storage bucket of the stack, so a new or "
+        "lost cache disk still compiles warm.", True)
+    keep_caches: bool = setting(
+        "keepCaches", "The cache disk and bucket survive `pulumi destroy` (and a zone change) for the next "
+        "deployment; false: they are deleted with the stack (`pulumi up` first, then destroy).", True)
     max_run_duration: str = setting("maxRunDuration", "Flex-start run limit, e.g. 4h or 1d12h (from 10m to 7d); "
                                     "the VM is deleted when it ends.", "4h")
     hf_token_secret_id: str = setting(
@@ -161,6 +175,11 @@ class StackConfig:
         return os.path.expanduser(self.local_model_cache)
 
     @property
+    def cache_disk_monthly_usd(self) -> float:
+        """What the cache disk costs per month while it exists, VM or not (reference Hyperdisk Balanced price)."""
+        return round(self.cache_disk_gb * HYPERDISK_BALANCED_USD_PER_GB_MONTH, 2)
+
+    @property
     def worst_case_cost_usd(self) -> float:
         """What one full flex-start run costs if nobody destroys the stack earlier."""
         return round(self.max_run_seconds / 3600 * self.chips * self.price_per_chip_hour, 2)
@@ -202,6 +221,9 @@ class StackConfig:
                               "(ct6e-standard-1t, -4t or -8t)")
         if self.boot_disk_gb < MIN_BOOT_DISK_GB:
             raise ConfigError("bootDiskSizeGb", f"must be at least {MIN_BOOT_DISK_GB}, got {self.boot_disk_gb}")
+        if self.cache_disk_gb != 0 and self.cache_disk_gb < MIN_CACHE_DISK_GB:
+            raise ConfigError("cacheDiskSizeGb", f"must be 0 (no cache disk) or at least {MIN_CACHE_DISK_GB}, got "
+                              f"{self.cache_disk_gb}")
         if self.boot_disk_type not in V6E_BOOT_DISK_TYPES:
             raise ConfigError("bootDiskType", f"{self.boot_disk_type!r}: a TPU v6e boot disk must be "
                               f"{' or '.join(V6E_BOOT_DISK_TYPES)} (v6e takes only Hyperdisk Balanced and Hyperdisk "

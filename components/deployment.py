@@ -13,8 +13,11 @@ from components.instance import FlexStartTpuVm, FlexStartTpuVmArgs
 from components.monitoring import ServingMonitoring, ServingMonitoringArgs
 from components.network import ServingNetwork, ServingNetworkArgs
 from components.readiness import ReadinessGate, ReadinessGateArgs, instance_gate_timeout_s, instance_target
-from components.startup_script import render_startup_script
+from components.cache import ServingCache, ServingCacheArgs
+from components.startup_script import render_startup_script, served_config, supervisor_bundle
 from tpuserve.deploy import orphans
+from tpuserve.deploy.cache import bucket_name, disk_name
+from tpuserve.facts import CACHE_DEVICE_NAME, CACHE_LABEL, SERVED_CONFIG_KEY, STARTUP_SCRIPT_KEY, SUPERVISOR_KEY
 from tpuserve.serving import config_hash, vllm_serve_args
 
 
@@ -49,16 +52,29 @@ class TpuServeDeployment(pulumi.ComponentResource):
         network = ServingNetwork(base, ServingNetworkArgs(
             project=cfg.project, region=cfg.effective_region, network=cfg.network, target_tag=base,
             create_nat=cfg.create_cloud_nat and not cfg.external_ip), opts=child)
+        cache = ServingCache(f"{base}-cache", ServingCacheArgs(
+            project=cfg.project, zone=cfg.zone, region=cfg.effective_region, disk_name=disk_name(base),
+            bucket_name=bucket_name(cfg.project, base), disk_gb=cfg.cache_disk_gb, bucket=cfg.compile_cache_bucket,
+            keep=cfg.keep_caches, reader_email=identity.email, labels={**labels, CACHE_LABEL: labels["stack"]}),
+            opts=child)
+        # Three metadata keys: the boot logic (no serving setting in it), what is served, and the supervisor's code.
+        # A change of the served config updates the running VM (setMetadata), and its supervisor applies it.
+        metadata = {
+            STARTUP_SCRIPT_KEY: render_startup_script(cache_disk=cfg.cache_disk_gb > 0),
+            SERVED_CONFIG_KEY: pulumi.Output.all(identity.secret_name, cache.bucket_name).apply(
+                lambda values: served_config(cfg.serving, values[0], machine_type=cfg.machine_type,
+                                             compile_cache_bucket=values[1],
+                                             ready_timeout_s=cfg.readiness_timeout_seconds)),
+            SUPERVISOR_KEY: supervisor_bundle(port=cfg.serving.port),
+        }
         vm = FlexStartTpuVm(base, FlexStartTpuVmArgs(
             project=cfg.project, zone=cfg.zone, machine_type=cfg.machine_type, boot_image=cfg.boot_image,
             boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type, max_run_seconds=cfg.max_run_seconds,
             network=cfg.network, subnetwork=cfg.subnetwork, external_ip=cfg.external_ip,
-            service_account_email=identity.email,
-            startup_script=identity.secret_name.apply(lambda secret: render_startup_script(
-                cfg.serving, secret, ready_timeout_s=cfg.readiness_timeout_seconds)),
-            network_tag=base, labels=labels),
-            # The VM needs its token grant and its egress before the startup script runs.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[identity, network]))
+            service_account_email=identity.email, metadata=metadata,
+            network_tag=base, labels=labels, cache_disk=cache.disk_source, cache_device_name=CACHE_DEVICE_NAME),
+            # The VM needs its token grant, its egress and its caches before the startup script runs.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[identity, network, cache]))
         gate = ReadinessGate(f"{base}-ready", ReadinessGateArgs(
             target=vm.name.apply(lambda vm_name: instance_target(vm_name, cfg.zone, cfg.project, serving_hash)),
             # The VM's deadline (ready_timeout_s above) starts later than the gate's: the gate outlasts it.
@@ -96,6 +112,9 @@ class TpuServeDeployment(pulumi.ComponentResource):
             "configHash": serving_hash,
             "maxRunSeconds": cfg.max_run_seconds,
             "worstCaseCostUsd": cfg.worst_case_cost_usd,
+            "cacheDisk": cache.disk_source or "",
+            "cacheBucket": cache.bucket_name,
+            "cacheMonthlyCostUsd": cfg.cache_disk_monthly_usd,
             "expectedExpiry": self.expected_expiry,
             "bootTimeline": self.boot_timeline,
             "dashboardUrl": watch.dashboard_url,

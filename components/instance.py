@@ -31,17 +31,24 @@ class FlexStartTpuVmArgs:
     subnetwork: str
     external_ip: bool
     service_account_email: pulumi.Input[str]
-    startup_script: pulumi.Input[str]
+    # Instance metadata beside enable-guest-attributes and enable-oslogin: `startup-script`, the served config and
+    # the supervisor (components/startup_script.py). All of it updates in place (setMetadata).
+    metadata: Mapping[str, pulumi.Input[str]]
     network_tag: str
     labels: Mapping[str, str] = field(default_factory=dict)
+    # A data disk to attach (projects/P/zones/Z/disks/NAME) under `cache_device_name`; never deleted with the VM.
+    cache_disk: pulumi.Input[str] | None = None
+    cache_device_name: str = ""
 
 
 class FlexStartTpuVm(pulumi.ComponentResource):
     """A FLEX_START Compute Engine VM: deleted when its max run duration ends, never restarted, no reservation.
 
-    The startup script is `metadata_startup_script`, so a serving change replaces the VM (a flex-start VM is
-    cattle: a fresh boot is the only way its new script runs). The create does not wait for capacity: it gets the
-    VM in this zone now or fails (see CREATE_TIMEOUT); `tpuserve up` moves on to the next zone."""
+    Everything the VM runs comes through `metadata` (never `metadata_startup_script`, which pulumi-gcp and the
+    Terraform provider mark ForceNew): a serving change is a setMetadata on the running VM, which its supervisor
+    applies; machine type, zone, boot image, boot disk and service account still replace it. The cache disk is
+    attached with auto-delete off. The create does not wait for capacity: it gets the VM in this zone now or fails
+    (see CREATE_TIMEOUT); `tpuserve up` moves on to the next zone."""
 
     name: pulumi.Output[str]
     instance_id: pulumi.Output[str]
@@ -75,8 +82,10 @@ class FlexStartTpuVm(pulumi.ComponentResource):
                 on_host_maintenance="TERMINATE",
                 automatic_restart=False),
             reservation_affinity=compute.InstanceReservationAffinityArgs(type="NO_RESERVATION"),
-            metadata={"enable-guest-attributes": "TRUE", "enable-oslogin": "TRUE"},
-            metadata_startup_script=args.startup_script,
+            metadata={"enable-guest-attributes": "TRUE", "enable-oslogin": "TRUE", **args.metadata},
+            attached_disks=[compute.InstanceAttachedDiskArgs(
+                source=args.cache_disk, device_name=args.cache_device_name, mode="READ_WRITE")]
+            if args.cache_disk is not None else None,
             tags=[args.network_tag],
             labels=dict(args.labels),
             deletion_protection=False,

@@ -118,7 +118,8 @@ def vllm_container(args: ServingManifestArgs) -> dict[str, Any]:
         "command": ["vllm", "serve"],
         "args": vllm_serve_args(cfg),
         "ports": [{"name": "http", "containerPort": cfg.port, "protocol": "TCP"}],
-        # As on the VM: weights under /dev/shm (HF_HOME). The token is a file, never an environment value.
+        # Weights under /dev/shm (HF_HOME): a pod has no cache disk (the VM keeps them on one). The token is a file,
+        # never an environment value.
         "env": [{"name": "HF_HOME", "value": "/dev/shm"}, {"name": "HF_TOKEN_PATH", "value": TOKEN_FILE}],
         "resources": {"requests": {TPU_RESOURCE: chips}, "limits": {TPU_RESOURCE: chips}},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},

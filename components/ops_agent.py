@@ -17,7 +17,7 @@ processor), and the docs page https://cloud.google.com/stackdriver/docs/solution
 - Only `vllm:` series are kept, without the `_created` timestamps prometheus_client adds: Managed Prometheus bills
   per sample, and the Python/HTTP series of the API server are not charted.
 - Logs: `docker run` uses the daemon's default json-file driver, one JSON object per line ({"log", "stream",
-  "time"}) under /var/lib/docker/containers/<id>/<id>-json.log. The log name is the receiver id (`vllm`). The
+  "time"}) under <data root>/containers/<id>/<id>-json.log. The log name is the receiver id (`vllm`). The
   agent's built-in syslog pipeline already ships the startup script's own lines.
 No secret is in here: the scrape needs no credentials (vLLM's --api-key does not cover /metrics).
 """
@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import yaml
 
-from tpuserve.facts import CONTAINER_LOG_NAME
+from tpuserve.facts import CACHE_ROOT, CONTAINER_LOG_NAME
 
 RECEIVER = CONTAINER_LOG_NAME  # metrics and logging receiver id; also the Cloud Logging log name of the container's logs
 JOB_NAME = "vllm"
 INSTANCE_LABEL = "instance_name"
 SCRAPE_INTERVAL = "15s"  # the agent's floor is 10s (confgenerator/prometheus.go minScrapeInterval)
 CONFIG_PATH = "/etc/google-cloud-ops-agent/config.yaml"
-DOCKER_JSON_LOGS = "/var/lib/docker/containers/*/*-json.log"
+# Docker's json-file logs under its data root: on the cache disk when the VM has one (the startup script moves the
+# data root there, facts.CACHE_ROOT), else Docker's default.
+DOCKER_JSON_LOGS = (f"{CACHE_ROOT}/docker/containers/*/*-json.log", "/var/lib/docker/containers/*/*-json.log")
 # Docker's json-file timestamps (RFC 3339 with nanoseconds, UTC); fluent-bit's own docker parser uses this format.
 DOCKER_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%L"
 HEADER = ("# Written by the tpu-serve startup script (components/ops_agent.py); changes here are lost at the next "
@@ -66,7 +68,8 @@ def ops_agent_config(port: int) -> dict:
         },
         "logging": {
             "receivers": {
-                RECEIVER: {"type": "files", "include_paths": [DOCKER_JSON_LOGS], "wildcard_refresh_interval": "30s"},
+                RECEIVER: {"type": "files", "include_paths": list(DOCKER_JSON_LOGS),
+                           "wildcard_refresh_interval": "30s"},
             },
             "processors": {
                 "docker_json": {"type": "parse_json", "time_key": "time", "time_format": DOCKER_TIME_FORMAT},

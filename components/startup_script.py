@@ -1,23 +1,45 @@
-"""Renders the VM startup script from templates/startup.sh.j2; every interpolated value is shell-quoted."""
+"""What the VM's metadata carries: the boot logic, the served config, and the supervisor's code, each in its own key.
+
+- `startup-script` (templates/startup.sh.j2, rendered with every value shell-quoted): mounts the cache disk, installs
+  Docker and the supervisor. It depends on no serving setting, so a serving change leaves it alone.
+- `tpu-serve-config` (`served_config`): what is served, as JSON: image, the `docker run` argv from
+  `tpuserve.serving.tpu_container_run_args` (the one builder), config hash, model, warm-up image, the token secret's
+  name (never the token), the compile-cache bucket. The supervisor applies a change of it on the running VM.
+- `tpu-serve-supervisor` (`supervisor_bundle`): vm/supervisor.py and the files it imports, with a version; the
+  supervisor re-installs itself when it changes.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shlex
 from pathlib import Path
 
 import jinja2
 
 from components import ops_agent
-from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE, IAM_PROPAGATION_WAIT_S, SECRET_ACCESSOR_ROLE
+from tpuserve.facts import (CACHE_DEVICE_NAME, CACHE_ROOT, GUEST_ATTRIBUTE_NAMESPACE, SERVED_CONFIG_KEY,
+                            SUPERVISOR_KEY)
 from tpuserve.images import image_data_uri
-from tpuserve.serving import CONTAINER_NAME, ServingConfig, config_hash, tpu_container_run_args
+from tpuserve.serving import DEFAULT_PORT, ServingConfig, config_hash, tpu_container_run_args
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
-OPS_AGENT_INSTALLER = Path(__file__).resolve().parent.parent / "vm" / "ops-agent-install.sh"
-OPS_AGENT_REPO_SCRIPT_URL = "https://dl.google.com/cloudagents/add-google-cloud-ops-agent-repo.sh"
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES_DIR = ROOT / "templates"
+VM_DIR = ROOT / "vm"
+# The supervisor and what it imports (all standard-library Python that runs on the VM), and the Ops Agent installer
+# it runs once the server is serving (vm/ops-agent-install.sh; its configuration is rendered into the bundle too).
+SUPERVISOR_FILES = ("supervisor.py", "hf_token.py", "readycheck.py", "compile_cache.py", "ops-agent-install.sh")
+OPS_AGENT_CONFIG_FILE = "ops-agent.yaml"
 METADATA_URL = "http://metadata.google.internal"
-SECRET_MANAGER_URL = "https://secretmanager.googleapis.com"
+UNIT_NAME = "tpu-serve-supervisor.service"
+BOOT_HASH_FILE = "/run/tpu-serve/boot-config-hash"
 WARMUP_IMAGE = "red-square.png"  # one of the shipped probe images, sent once after boot when images are enabled
+# Below this much free space the cache disk is not used for the boot (a cold start with a warning): one vLLM TPU
+# image, one model's weights and the compile cache fit in it.
+MIN_FREE_GB = 20
+# How long the boot waits for the cache disk's device link (udev) before it boots cold without it.
+DEVICE_WAIT_S = 60
 
 
 def template_environment() -> jinja2.Environment:
@@ -26,48 +48,58 @@ def template_environment() -> jinja2.Environment:
                              trim_blocks=True, lstrip_blocks=True)
     env.filters["shquote"] = lambda value: shlex.quote(str(value))
     env.filters["shwords"] = lambda values: " ".join(shlex.quote(str(v)) for v in values)
-    env.filters["heredoc"] = heredoc_body
     return env
 
 
-def heredoc_body(text: str, delimiter: str) -> str:
-    """`text` as the body of a quoted here-document (<<'DELIMITER': nothing in it expands); refuses a text that
-    would end the document early."""
-    if delimiter in text.splitlines():
-        raise ValueError(f"the here-document text contains its own delimiter line {delimiter!r}")
-    return text.rstrip("\n")
-
-
-def render_startup_script(serving: ServingConfig, secret_name: str, *, metadata_url: str = METADATA_URL,
-                          secret_manager_url: str = SECRET_MANAGER_URL, server_url: str | None = None,
-                          ready_timeout_s: int = 3600, retry_delay_s: int = 10, poll_s: int = 10,
-                          iam_wait_s: int = IAM_PROPAGATION_WAIT_S, iam_poll_s: float = 15,
-                          ops_agent_repo_script_url: str = OPS_AGENT_REPO_SCRIPT_URL,
-                          ops_agent_config_path: str = ops_agent.CONFIG_PATH) -> str:
-    """The script for one serving config; the URLs, paths and delays are parameters so tests can run it on
-    loopback."""
-    digest = config_hash(serving)
+def render_startup_script(*, cache_disk: bool = True, metadata_url: str = METADATA_URL, root: str = "",
+                          cache_device: str = f"/dev/disk/by-id/google-{CACHE_DEVICE_NAME}",
+                          python: str = "/usr/bin/python3", supervisor_args: tuple[str, ...] = (),
+                          retry_delay_s: int = 10, device_wait_s: int = DEVICE_WAIT_S,
+                          min_free_gb: int = MIN_FREE_GB) -> str:
+    """The boot script. Its arguments are the stack's machine settings (is there a cache disk) and test seams (URLs,
+    a sandbox root, delays): no serving setting reaches it."""
     return template_environment().get_template("startup.sh.j2").render(
         metadata_url=metadata_url,
-        secret_manager_url=secret_manager_url,
-        secret_name=secret_name,
-        image=serving.image,
-        config_hash=digest,
-        model=serving.model,
-        server_url=server_url or f"http://127.0.0.1:{serving.port}",
-        container_name=CONTAINER_NAME,
         guest_namespace=GUEST_ATTRIBUTE_NAMESPACE,
-        ready_timeout_s=ready_timeout_s,
+        served_config_key=SERVED_CONFIG_KEY,
+        supervisor_key=SUPERVISOR_KEY,
+        root=root,
+        cache_device=cache_device,
+        expect_cache_disk="true" if cache_disk else "false",
+        cache_root=CACHE_ROOT,
+        min_free_gb=min_free_gb,
+        device_wait_s=device_wait_s,
+        unit_name=UNIT_NAME,
+        boot_hash_file=BOOT_HASH_FILE,
+        python=python,
+        supervisor_args=supervisor_args,
         retry_delay_s=retry_delay_s,
-        poll_s=poll_s,
-        iam_wait_s=iam_wait_s,
-        iam_poll_s=iam_poll_s,
-        secret_role=SECRET_ACCESSOR_ROLE,
-        warmup_image="" if serving.mm_limits is None or not serving.mm_limits.get("image")
-        else image_data_uri(WARMUP_IMAGE),
-        docker_run_args=tpu_container_run_args(serving, digest),
-        ops_agent_installer=OPS_AGENT_INSTALLER.read_text(),
-        ops_agent_env=[f"OPS_AGENT_REPO_SCRIPT_URL={ops_agent_repo_script_url}",
-                       f"OPS_AGENT_CONFIG_PATH={ops_agent_config_path}", f"OPS_AGENT_RETRY_DELAY_S={retry_delay_s}"],
-        ops_agent_config=ops_agent.render_ops_agent_config(serving.port),
     )
+
+
+def served_config(serving: ServingConfig, secret_name: str, *, machine_type: str, compile_cache_bucket: str = "",
+                  ready_timeout_s: int = 3600, server_url: str | None = None) -> str:
+    """The `tpu-serve-config` metadata value (JSON, keys sorted so equal configs are equal strings)."""
+    digest = config_hash(serving)
+    return json.dumps({
+        "config_hash": digest,
+        "model": serving.model,
+        "image": serving.image,
+        "docker_run_args": tpu_container_run_args(serving, digest),
+        "machine_type": machine_type,
+        "hf_token_secret": secret_name,
+        "server_url": server_url or f"http://127.0.0.1:{serving.port}",
+        "warmup_image": "" if serving.mm_limits is None or not serving.mm_limits.get("image")
+        else image_data_uri(WARMUP_IMAGE),
+        "compile_cache_bucket": compile_cache_bucket,
+        "ready_timeout_s": ready_timeout_s,
+    }, sort_keys=True, separators=(",", ":"))
+
+
+def supervisor_bundle(vm_dir: Path = VM_DIR, port: int = DEFAULT_PORT) -> str:
+    """The `tpu-serve-supervisor` metadata value: {"version": content hash, "files": {name: source}}, with the Ops
+    Agent's configuration for vLLM on `port` (components/ops_agent.py) among the files."""
+    files = {name: (vm_dir / name).read_text() for name in SUPERVISOR_FILES}
+    files[OPS_AGENT_CONFIG_FILE] = ops_agent.render_ops_agent_config(port)
+    version = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:12]
+    return json.dumps({"version": version, "files": files}, sort_keys=True)

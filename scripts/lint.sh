@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 from components.config import build_stack_config
-from components.identity import full_secret_name
 from components.startup_script import render_startup_script
 from tests.pulumi_harness import stack_file_config
 
@@ -24,7 +23,7 @@ for stack_file in sorted(Path(".").glob("Pulumi.*.yaml")):
     stack = stack_file.name.split(".")[1]
     cfg = build_stack_config(stack_file_config(stack))
     if cfg.target == "gcp":
-        script = render_startup_script(cfg.serving, full_secret_name(cfg.project, cfg.hf_token_secret_id))
+        script = render_startup_script(cache_disk=cfg.cache_disk_gb > 0)
         (Path(sys.argv[1]) / f"startup-{stack}.sh").write_text(script)
 PY
 

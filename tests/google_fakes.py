@@ -59,6 +59,8 @@ class GoogleFake:
     instances: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # zone -> labelled instances
     disks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     deleted: list[str] = field(default_factory=list)
+    # zone -> the stack's cache disks there (disks.aggregatedList by the tpu-serve-cache label); None: the list fails
+    cache_disks: dict[str, list[dict[str, Any]]] | None = field(default_factory=dict)
 
     def start(self) -> FakeServer:
         return FakeServer(self.routes())
@@ -80,6 +82,7 @@ class GoogleFake:
             ("GET", self.quota_path("PREEMPTIBLE-TPU-V6E-per-project-region")): self.preemptible_quota,
             ("GET", self.quota_path("TPUS-PER-TPU-FAMILY-per-project-region")): self.family_quota,
         }
+        routes[("GET", f"/compute/v1/projects/{PROJECT}/aggregated/disks")] = self.aggregated_disks
         zones = {"europe-west4-a", "us-east5-a", "us-east5-b", "us-east1-d", "us-central1-b", "us-central1-ai1a",
                  "asia-northeast1-b", "us-south1-ai1b", "europe-west8-a"}
         for zone in zones:
@@ -93,6 +96,18 @@ class GoogleFake:
             for item in self.disks.get(zone, []):
                 routes[("DELETE", f"{base}/disks/{item['name']}")] = self.delete(zone, "disks", item["name"])
         return routes
+
+    def aggregated_disks(self, request: Request) -> Response:
+        """disks.aggregatedList (https://cloud.google.com/compute/docs/reference/rest/v1/disks/aggregatedList): items
+        keyed by `zones/ZONE`, a zone without matches carrying a `warning` instead of `disks`."""
+        if self.cache_disks is None:
+            return google_error(403, "Required 'compute.disks.list' permission for 'projects/" + PROJECT + "'",
+                                "PERMISSION_DENIED", "forbidden")
+        assert parse_qs(request.query)["filter"] == ["labels.tpu-serve-cache=dev"]
+        items = {f"zones/{zone}": {"disks": disks} for zone, disks in self.cache_disks.items()}
+        items["zones/us-west1-a"] = {"warning": {"code": "NO_RESULTS_ON_PAGE", "message": "There are no results for "
+                                                 "scope 'zones/us-west1-a' on this page."}}
+        return Response(200, {"kind": "compute#diskAggregatedList", "items": items})
 
     @staticmethod
     def quota_path(quota_id: str) -> str:

@@ -43,8 +43,10 @@ Handler = Callable[[Request], Response]
 class FakeServer:
     """Use as a context manager; `routes[(METHOD, path)] = handler`. Unrouted requests get 404."""
 
-    def __init__(self, routes: dict[tuple[str, str], Handler] | None = None):
+    def __init__(self, routes: dict[tuple[str, str], Handler] | None = None, fallback: Handler | None = None):
         self.routes: dict[tuple[str, str], Handler] = dict(routes or {})
+        # Called for requests no route matches (paths with ids in them); None answers 404.
+        self.fallback = fallback
         self.requests: list[Request] = []
         fake = self
 
@@ -55,7 +57,7 @@ class FakeServer:
                 request = Request(self.command, parts.path, parts.query, dict(self.headers.items()),
                                   self.rfile.read(length) if length else b"")
                 fake.requests.append(request)
-                handler = fake.routes.get((self.command, parts.path))
+                handler = fake.routes.get((self.command, parts.path)) or fake.fallback
                 response = handler(request) if handler else Response(404, {"error": f"no route {parts.path}"})
                 body, content_type = response.encoded()
                 self.send_response(response.status)

@@ -137,3 +137,15 @@ def test_json_has_the_same_numbers_as_the_text(tmp_path: Path):
     assert document["session"]["operating_point"] == f"concurrency 8 of {tmp_path}"
     bare = json.loads(CliRunner().invoke(main, ["cost", "--json"]).output)
     assert bare["session"] is None
+    assert bare["cache_disk"] == {"size_gb": 100, "usd_per_month": pytest.approx(8.0)}  # 100 GB × $0.08
+    assert json.loads(CliRunner().invoke(main, ["cost", "--json", "--cache-disk-gb", "0"]).output)["cache_disk"] is None
+
+
+def test_the_cache_disk_bills_by_the_month_and_is_printed():
+    result = CliRunner().invoke(cost, [])
+    assert result.exit_code == 0
+    assert ("Cache disk (100 GB Hyperdisk Balanced): $8.00 / month while it exists, VM or not"
+            in result.output)  # 100 GB x $0.08
+    bigger = CliRunner().invoke(cost, ["--cache-disk-gb", "250", "--disk-price-per-gb-month", "0.1"])
+    assert "Cache disk (250 GB Hyperdisk Balanced): $25.00 / month" in bigger.output
+    assert "Cache disk" not in CliRunner().invoke(cost, ["--cache-disk-gb", "0"]).output

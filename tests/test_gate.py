@@ -520,3 +520,50 @@ def test_instance_mode_without_credentials_is_a_verdict_not_a_traceback(monkeypa
     monkeypatch.setattr(gce, "adc_session", no_credentials)
     code, stdout, _ = run_gate("--instance", VM.name, "--zone", VM.zone, "--project", VM.project)
     assert code == 1 and "application-default login" in json.loads(stdout[-1])["reason"]
+
+
+# --- in-place reconfiguration: a served-config change on the same VM --------------------------------------------
+
+# After a change from config abc123 to def456: the VM's supervisor writes `since`, then the new stage, then the new
+# hash (vm/supervisor.py, Supervisor.begin). Until then the attributes still describe the old config.
+OLD_FAILED = {**stage_snapshots(RECORDED_BOOT[:2] + [("failed", 1795900100)], reason=FAILED_REASON)[-1]}
+OLD_SERVING = stage_snapshots(RECORDED_BOOT)[-1]
+
+
+@pytest.mark.parametrize("old", [OLD_SERVING, OLD_FAILED], ids=["serving", "failed"])
+def test_a_terminal_stage_of_the_previous_config_does_not_end_the_wait_for_the_new_one(old):
+    status = read_boot(old, expected_config_hash="def456")
+    assert not status.done
+    assert status.detail == f"reports config abc123 ({old['stage']}), waiting for def456"
+
+
+def test_a_failure_of_the_expected_config_still_ends_the_wait_at_once():
+    assert read_boot({**OLD_FAILED, "config-hash": "def456"}, "def456").done
+
+
+def test_a_reconfiguration_has_a_timeline_of_its_own_from_since():
+    changed_at = 1795903000
+    attributes = {**OLD_SERVING, "since": str(changed_at), "stage": "serving", "config-hash": "def456",
+                  "at-pulling-image": str(changed_at), "at-starting-server": str(changed_at + 4),
+                  "at-loading-model": str(changed_at + 5), "at-serving": str(changed_at + 80)}
+    # installing-docker and fetching-token happened at boot, before `since`: not part of this run.
+    assert boot_timeline(attributes) == {"pulling-image": 0, "starting-server": 4, "loading-model": 5, "serving": 80}
+    assert read_boot(attributes, "def456").ready
+
+
+def test_a_restarting_server_is_waited_for_with_its_reason():
+    attributes = {**OLD_SERVING, "stage": "restarting", "reason": "container exited (code 137) after serving"}
+    assert read_boot(attributes, "abc123") == BootStatus(
+        "restarting", done=False, detail="restarting: container exited (code 137) after serving")
+
+
+def test_the_verdict_says_where_each_part_came_from(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(gce, "adc_session", requests.Session)
+    warm = {"cache": "disk: warm (61 GB free)", "image": "cached", "weights": "cached",
+            "compile-cache": "412 entries before, 415 after"}
+    with replaying_compute(stage_snapshots(RECORDED_BOOT, **warm)) as fake:
+        code, stdout, stderr = run_gate("--instance", VM.name, "--zone", VM.zone, "--project", VM.project,
+                                        "--compute-url", fake.url, "--interval", "0.02", "--config-hash", "abc123")
+    assert code == 0
+    assert json.loads(stdout[-1])["sources"] == warm
+    assert "compile cache: 412 entries before, 415 after" in stderr and "image: cached" in stderr

@@ -37,7 +37,10 @@ def test_orphans_are_labelled_instances_outside_the_state_and_unattached_disks()
     disks = {"kind": "compute#diskList", "items": [
         {"name": "tpu-serve-dev", "status": "READY", "users": [f"https://www.googleapis.com/compute/v1{BASE}/"
                                                                "instances/tpu-serve-dev"]},
-        {"name": "tpu-serve-dev-old", "status": "READY", "creationTimestamp": "2026-11-29T01:58:00.000-08:00"}]}
+        {"name": "tpu-serve-dev-old", "status": "READY", "creationTimestamp": "2026-11-29T01:58:00.000-08:00"},
+        # the stack's warm cache disk, unattached since the VM moved zones: never an orphan
+        {"name": "tpu-serve-dev-cache", "status": "READY", "labels": {"app": "tpu-serve", "stack": "dev",
+                                                                      "tpu-serve-cache": "dev"}}]}
     routes = {("GET", f"{BASE}/instances"): instances, ("GET", f"{BASE}/disks"): lambda r: Response(200, disks)}
     with FakeServer(routes) as fake, requests.Session() as session:
         found = find_orphans(ComputeClient(session, fake.url), PROJECT, [ZONE, ZONE], stack_labels("dev"),

@@ -55,13 +55,25 @@ def test_optional_flags_appear_only_when_set_and_extra_args_come_last():
 def test_container_gets_the_token_by_name_only_and_the_reference_runtime_flags():
     run = tpu_container_run_args(ServingConfig(), "abc123")
     assert run[run.index("HF_TOKEN") - 1] == "-e" and not any(a.startswith("HF_TOKEN=") for a in run)
-    for flag in ("--privileged", "--net=host", "HF_HOME=/dev/shm", "/dev/shm:/dev/shm", "tpu-serve.config-hash=abc123"):
+    for flag in ("--privileged", "--net=host", "/dev/shm:/dev/shm", "tpu-serve.config-hash=abc123"):
         assert flag in run
     assert run[run.index("/dev/shm:/dev/shm") - 1] == "-v"
     assert "--shm-size" not in run  # the host's /dev/shm is bind-mounted: Docker would ignore a size
     image_at = run.index("vllm/vllm-tpu:nightly")
     assert run[image_at + 1:image_at + 3] == ["vllm", "serve"]
     assert run[image_at + 3:] == vllm_serve_args(ServingConfig())
+
+
+def test_container_caches_live_on_the_cache_disk_and_both_xla_variables_name_one_directory():
+    run = tpu_container_run_args(ServingConfig(), "abc123")
+    mounts = [run[i + 1] for i, arg in enumerate(run) if arg == "-v"]
+    env = [run[i + 1] for i, arg in enumerate(run) if arg == "-e"]
+    assert mounts == ["/dev/shm:/dev/shm", "/var/lib/tpu-serve/cache/huggingface:/cache/huggingface",
+                      "/var/lib/tpu-serve/cache/xla/{xla_cache_key}:/cache/xla"]
+    assert env == ["HF_HOME=/cache/huggingface", "VLLM_XLA_CACHE_PATH=/cache/xla", "JAX_COMPILATION_CACHE_DIR=/cache/xla",
+                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0", "HF_TOKEN"]
+    assert not any("VLLM_XLA_CHECK_RECOMPILATION" in arg for arg in run)  # raises on any compile after warm-up
+    assert not any("/dev/shm" in arg for arg in env)  # weights no longer land in RAM
 
 
 def test_config_hash_follows_every_served_option():

@@ -10,7 +10,8 @@ import yaml
 from pulumi.runtime import rpc
 
 from tests.pulumi_harness import GATE_STDOUT, ROOT, VM_IP, run_stack, stack_file_config
-from tpuserve.serving import ServingConfig, config_hash, parse_mm_limits, vllm_serve_args
+from components.startup_script import render_startup_script
+from tpuserve.serving import ServingConfig, config_hash, parse_mm_limits, tpu_container_run_args, vllm_serve_args
 
 INSTANCE = "gcp:compute/instance:Instance"
 FIREWALL = "gcp:compute/firewall:Firewall"
@@ -49,16 +50,97 @@ def test_stack_matches_its_inventory(stack_run):
         assert_subset(expected, run.one(type_token).inputs, type_token)
 
 
-def test_vm_has_no_external_ip_and_runs_the_rendered_script(stack_run):
+def served(run) -> dict:
+    return json.loads(run.one(INSTANCE).inputs["metadata"]["tpu-serve-config"])
+
+
+def test_vm_has_no_external_ip_and_carries_boot_logic_served_config_and_supervisor_in_metadata(stack_run):
     stack, run = stack_run
     vm = run.one(INSTANCE).inputs
     assert "accessConfigs" not in vm["networkInterfaces"][0]
-    script = vm["metadataStartupScript"]
+    assert "metadataStartupScript" not in vm  # ForceNew in pulumi-gcp: a serving change would replace the VM
+    assert sorted(vm["metadata"]) == ["enable-guest-attributes", "enable-oslogin", "startup-script",
+                                      "tpu-serve-config", "tpu-serve-supervisor"]
+    assert vm["metadata"]["startup-script"] == render_startup_script(cache_disk=True)
     serving = ServingConfig(mm_limits=parse_mm_limits(stack_file_config(stack)["multimodalLimits"]))
-    assert "readonly DOCKER_RUN_ARGS=(" in script
-    assert " ".join(shlex.quote(a) for a in vllm_serve_args(serving)) in script
-    assert shlex.quote(config_hash(serving)) in script
-    assert "projects/my-ml-" in script and "/secrets/hf-token" in script
+    config = served(run)
+    digest = config_hash(serving)
+    assert config["config_hash"] == digest == run.outputs["configHash"]
+    assert config["docker_run_args"] == tpu_container_run_args(serving, digest)
+    assert config["docker_run_args"][-len(vllm_serve_args(serving)):] == vllm_serve_args(serving)
+    assert config["hf_token_secret"].startswith("projects/my-ml-") and config["hf_token_secret"].endswith(
+        "/secrets/hf-token")
+    assert config["machine_type"] == "ct6e-standard-1t"
+    assert config["compile_cache_bucket"] == f"{stack_file_config(stack)['project']}-tpu-serve-{stack}-cache"
+    bundle = json.loads(vm["metadata"]["tpu-serve-supervisor"])
+    assert sorted(bundle["files"]) == ["compile_cache.py", "hf_token.py", "ops-agent-install.sh", "ops-agent.yaml",
+                                      "readycheck.py", "supervisor.py"]
+    # Compute Engine's metadata limits: 256 KB a value, 512 KB in all.
+    sizes = [len(value.encode()) for value in vm["metadata"].values()]
+    assert max(sizes) < 256 * 1024 and sum(sizes) < 512 * 1024
+
+
+def instance_inputs_for(config: dict) -> dict:
+    return run_stack({**VALID, **config}).one(INSTANCE).inputs
+
+
+@pytest.mark.parametrize("change", [
+    {"maxModelLen": "32768"},
+    {"multimodalLimits": '{"image":4,"audio":1}'},
+    {"model": "google/gemma-4-E4B-it"},
+    {"containerImage": "vllm/vllm-tpu@sha256:" + "0" * 64},
+    {"extraArgs": '["--max-num-seqs","64"]', "reasoningParser": ""},
+], ids=["flag", "modalities", "model", "image", "extra-args"])
+def test_a_serving_change_touches_only_the_served_config_key(change):
+    """Everything else equal, the Instance's inputs differ in metadata.tpu-serve-config alone: pulumi-gcp updates
+    metadata in place (setMetadata), so the VM, its flex-start grant and its max-run clock are kept."""
+    before, after = instance_inputs_for({}), instance_inputs_for(change)
+    assert {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)} == {"metadata"}
+    differing = {k for k in before["metadata"] if before["metadata"][k] != after["metadata"].get(k)}
+    assert differing == {"tpu-serve-config"}
+    assert "metadataStartupScript" not in after
+
+
+@pytest.mark.parametrize("change, replaced_by", [
+    ({"machineType": "ct6e-standard-4t"}, "machineType"),
+    ({"zone": "us-east1-d"}, "zone"),
+    ({"bootDiskSizeGb": "300"}, "bootDisk"),
+])
+def test_machine_changes_still_change_inputs_that_replace_the_vm(change, replaced_by):
+    before, after = instance_inputs_for({}), instance_inputs_for(change)
+    assert before[replaced_by] != after[replaced_by]
+    assert before["metadata"]["startup-script"] == after["metadata"]["startup-script"]
+
+
+def test_the_cache_disk_and_bucket_are_kept_adopted_caches_in_the_vms_zone():
+    run = run_stack(VALID)
+    bucket, disk = sorted((r for r in run.of_type("pulumi-python:dynamic:Resource")), key=lambda r: r.name)
+    assert disk.name == "tpu-serve-dev-cache-disk" and bucket.name == "tpu-serve-dev-cache-bucket"
+    assert {k: disk.inputs[k] for k in ("project", "zone", "name", "sizeGb", "type")} == {
+        "project": "proj-1", "zone": "europe-west4-a", "name": "tpu-serve-dev-cache", "sizeGb": 100.0,
+        "type": "hyperdisk-balanced"}
+    assert disk.inputs["labels"] == {"app": "tpu-serve", "stack": "dev", "managed-by": "pulumi",
+                                     "tpu-serve-cache": "dev"}
+    assert {k: bucket.inputs[k] for k in ("project", "name", "location")} == {
+        "project": "proj-1", "name": "proj-1-tpu-serve-dev-cache", "location": "europe-west4"}
+    assert run.one(INSTANCE).inputs["attachedDisks"] == [{
+        "source": "projects/proj-1/zones/europe-west4-a/disks/tpu-serve-dev-cache", "deviceName": "tpu-serve-cache",
+        "mode": "READ_WRITE"}]
+    grant = run.one("gcp:storage/bucketIAMMember:BucketIAMMember").inputs
+    assert grant == {"bucket": "proj-1-tpu-serve-dev-cache", "role": "roles/storage.objectUser",
+                     "member": "serviceAccount:tpu-serve-dev@proj-1.iam.gserviceaccount.com"}
+    assert run.outputs["cacheDisk"] == "projects/proj-1/zones/europe-west4-a/disks/tpu-serve-dev-cache"
+    assert run.outputs["cacheBucket"] == "proj-1-tpu-serve-dev-cache"
+    assert run.outputs["cacheMonthlyCostUsd"] == pytest.approx(8.0)  # 100 GB x $0.08
+
+
+def test_no_cache_disk_and_no_bucket_when_turned_off():
+    run = run_stack({**VALID, "cacheDiskSizeGb": "0", "compileCacheBucket": "false"})
+    assert run.of_type("pulumi-python:dynamic:Resource") == []
+    assert "attachedDisks" not in run.one(INSTANCE).inputs
+    assert "readonly EXPECT_CACHE_DISK=false" in run.one(INSTANCE).inputs["metadata"]["startup-script"]
+    assert served(run)["compile_cache_bucket"] == ""
+    assert run.outputs["cacheMonthlyCostUsd"] == 0
 
 
 def test_firewall_targets_exactly_the_vm(stack_run):
@@ -127,8 +209,8 @@ def test_the_gate_outlasts_the_vms_own_deadline(stack_run):
     grant (600 s); with 120 s to read the VM's report the gate waits 3600 s, so the VM fails first, with its
     reason, and the gate prints it."""
     _, run = stack_run
-    script = run.one(INSTANCE).inputs["metadataStartupScript"]
-    assert "readonly READY_TIMEOUT_S=1500\n" in script
+    served = json.loads(run.one(INSTANCE).inputs["metadata"]["tpu-serve-config"])
+    assert served["ready_timeout_s"] == 1500  # the supervisor's own deadline, from the container's start
     command = run.one("command:local:Command")
     assert command.inputs["create"].endswith("--timeout 3600")
 
@@ -156,7 +238,7 @@ def test_token_from_config_becomes_a_secret_the_vm_alone_can_read():
     assert version["secretData"] == {rpc._special_sig_key: rpc._special_secret_sig, "value": canary}
     grant = run.one("gcp:secretmanager/secretIamMember:SecretIamMember").inputs
     assert grant["secretId"] == "projects/proj-1/secrets/tpu-serve-dev-hf-token"
-    assert canary not in run.one(INSTANCE).inputs["metadataStartupScript"]
+    assert canary not in json.dumps(run.one(INSTANCE).inputs["metadata"])
     assert canary not in json.dumps(run.outputs)
 
 
@@ -173,5 +255,6 @@ def test_a_four_chip_vm_serves_on_four_chips():
     run = run_stack({**VALID, "machineType": "ct6e-standard-4t"})
     args = run.outputs["vllmArgs"]
     assert args[args.index("--tensor-parallel-size") + 1] == "4"
-    assert "--tensor-parallel-size 4 " in run.one(INSTANCE).inputs["metadataStartupScript"]
+    assert "--tensor-parallel-size" in served(run)["docker_run_args"]
+    assert served(run)["docker_run_args"][served(run)["docker_run_args"].index("--tensor-parallel-size") + 1] == "4"
     assert run.outputs["worstCaseCostUsd"] == pytest.approx(4 * 4 * 1.35)

@@ -203,3 +203,35 @@ def test_a_gke_stack_refuses_zones(pulumi: FakePulumi):
     pulumi.set_config(project=PROJECT, target="gke", zone="europe-west4-a", hfTokenSecretId="hf-token")
     code, _, stderr = run_up(GoogleFake(), "--zones", "us-east5-a")
     assert code == 2 and "--zones" in stderr
+
+
+def cache_disk(zone: str, attached: str) -> dict:
+    """A Disk resource (https://cloud.google.com/compute/docs/reference/rest/v1/disks) as the stack's cache disk."""
+    return {"kind": "compute#disk", "name": "tpu-serve-dev-cache", "sizeGb": "100", "status": "READY",
+            "type": f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{zone}/diskTypes/hyperdisk-balanced",
+            "zone": f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{zone}",
+            "labels": {"app": "tpu-serve", "stack": "dev", "tpu-serve-cache": "dev"}, "lastAttachTimestamp": attached}
+
+
+def test_zones_holding_a_warm_cache_disk_are_tried_first(pulumi: FakePulumi):
+    """us-central1-b is last in the stack's list but holds the stack's cache disk, and the stack has no VM yet: it is
+    tried first (the stack's `zone` is only where the last VM was)."""
+    pulumi.set_config(project=PROJECT, zone="us-east5-a", hfTokenSecretId="hf-token",
+                      zones=["us-east5-a", "europe-west4-a", "us-central1-b"])
+    pulumi.scenario({"us-east5-a": failed(errors.STOCKOUT), "*": {"rc": 0}})
+    google = GoogleFake(cache_disks={"us-central1-b": [cache_disk("us-central1-b", "2026-11-28T10:00:00.000-08:00")]})
+    code, verdict, stderr = run_up(google)
+    assert code == 0, stderr
+    assert [attempt["zone"] for attempt in verdict["attempts"]] == ["us-central1-b"]
+    assert "warm cache disk in us-central1-b: tried first" in stderr
+    assert pulumi.config()["tpu-serve:zone"]["value"] == "us-central1-b"
+
+
+def test_a_failed_cache_listing_keeps_the_configured_order(pulumi: FakePulumi):
+    pulumi.set_config(project=PROJECT, zone="us-east5-a", hfTokenSecretId="hf-token",
+                      zones=["us-east5-a", "europe-west4-a", "us-central1-b"])
+    pulumi.scenario({"us-east5-a": failed(errors.STOCKOUT), "*": {"rc": 0}})
+    code, verdict, stderr = run_up(GoogleFake(cache_disks=None))
+    assert code == 0, stderr
+    assert [attempt["zone"] for attempt in verdict["attempts"]] == ["us-east5-a", "europe-west4-a"]
+    assert "could not list the stack's cache disks" in " ".join(stderr.split())

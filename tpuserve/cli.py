@@ -19,6 +19,8 @@ import click
 # commands imports none of them (tests/test_cli.py keeps it equal to each command's own); each module imports
 # heavy libraries inside its commands only.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "cache": ("tpuserve.deploy.cache:cache",
+              "List or remove a stack's cache disks (one per zone) and compile-cache bucket."),
     "bench": ("tpuserve.measure.bench:bench",
               "Measure an endpoint with `vllm bench serve` and report throughput, latency and $ per million tokens."),
     "cost": ("tpuserve.measure.cost:cost",

@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tpuserve.facts import (CACHE_ROOT, CONTAINER_HF_HOME, CONTAINER_XLA_CACHE,
+                            XLA_CACHE_KEY_PLACEHOLDER)
+
 DEFAULT_MODEL = "google/gemma-4-E2B-it"
 DEFAULT_PORT = 8000
 CONTAINER_NAME = "vllm"
@@ -238,11 +241,27 @@ def vllm_serve_args(cfg: ServingConfig) -> list[str]:
 
 
 def tpu_container_run_args(cfg: ServingConfig, config_hash: str) -> list[str]:
-    """`docker run` arguments on the TPU VM (the reference deployment's). HF_TOKEN is passed by name only, so its
-    value is never in an argv. No --shm-size: Docker sizes its own /dev/shm only when nothing is mounted there
-    (moby daemon/container_operations_unix.go, `HasMountFor("/dev/shm")`), and the host's is bind-mounted."""
+    """`docker run` arguments on the TPU VM. HF_TOKEN is passed by name only, so its value is never in an argv.
+
+    Caches live under facts.CACHE_ROOT (the cache disk when it is usable): the Hugging Face cache (HF_HOME) and the
+    XLA compilation cache, whose host directory is keyed on the VM by image digest and machine type (the supervisor
+    puts the key where XLA_CACHE_KEY_PLACEHOLDER is). The cache directory is given to tpu-inference twice:
+    VLLM_XLA_CACHE_PATH, because its CompilationManager overwrites JAX's cache dir with it (default ~/.cache/vllm,
+    inside the container: lost at every restart), and JAX_COMPILATION_CACHE_DIR for compiles outside that manager;
+    tpu-inference's own CI sets both to one directory (tpu_inference/runner/compilation_manager.py,
+    .buildkite/scripts/run_in_docker.sh). JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 keeps quick compiles too
+    (JAX's default skips those under 1 s). VLLM_XLA_CHECK_RECOMPILATION is never set: it makes the runner raise on
+    any compile after warm-up (tpu_runner.py, ForbidCompile), a CI check, not a serving mode.
+    /dev/shm stays bind-mounted (the reference deployment's flag); no --shm-size, which Docker ignores when
+    /dev/shm is mounted (moby daemon/container_operations_unix.go, `HasMountFor("/dev/shm")`)."""
+    xla_host_dir = f"{CACHE_ROOT}/xla/{XLA_CACHE_KEY_PLACEHOLDER}"
     return ["run", "--detach", "--name", CONTAINER_NAME, "--privileged", "--net=host",
-            "-v", "/dev/shm:/dev/shm", "-e", "HF_HOME=/dev/shm", "-e", "HF_TOKEN",
+            "-v", "/dev/shm:/dev/shm",
+            "-v", f"{CACHE_ROOT}/huggingface:{CONTAINER_HF_HOME}", "-e", f"HF_HOME={CONTAINER_HF_HOME}",
+            "-v", f"{xla_host_dir}:{CONTAINER_XLA_CACHE}",
+            "-e", f"VLLM_XLA_CACHE_PATH={CONTAINER_XLA_CACHE}", "-e", f"JAX_COMPILATION_CACHE_DIR={CONTAINER_XLA_CACHE}",
+            "-e", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0",
+            "-e", "HF_TOKEN",
             "--label", f"tpu-serve.config-hash={config_hash}",
             cfg.image, "vllm", "serve", *vllm_serve_args(cfg)]
 

@@ -2,7 +2,8 @@
 
 Runs as the gke target's init container (`python3 hf_token.py --secret projects/P/secrets/S --out FILE`): the
 GKE metadata server hands the pod's Workload Identity an access token, the secret's latest version is read from
-the Secret Manager REST API (the same request, retries and refusals as the VM startup script), and the token is
+the Secret Manager REST API (the same request, retries and refusals as on the VM, whose supervisor imports this
+module and adds a wait for a fresh grant), and the token is
 written with mode 0400 to FILE, an in-memory emptyDir the vLLM container reads through HF_TOKEN_PATH. The token is
 never printed, never put in an argv or an environment variable, and never part of a Kubernetes object.
 
@@ -19,6 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 METADATA_URL = "http://metadata.google.internal"
@@ -60,14 +62,35 @@ def access_token(metadata_url: str, timeout_s: float = 10.0) -> tuple[int, str |
     return (status, token) if token else (status or 0, None)
 
 
+def _describe(status: int) -> str:
+    return f"HTTP {status}" if status else "no answer"
+
+
+def duration(seconds: float) -> str:
+    """'45 s' or '3 min'."""
+    return f"{int(seconds)} s" if seconds < 60 else f"{int(seconds // 60)} min"
+
+
+GKE_GRANT_HINT = ("does the pod's Google service account have roles/secretmanager.secretAccessor on it, is the "
+                  "Kubernetes service account bound to it (Workload Identity), and does the secret have a version?")
+GKE_TOKEN_HINT = "is Workload Identity enabled on the node pool (GKE_METADATA) and the service account annotated?"
+
+
 def read_secret(secret: str, metadata_url: str = METADATA_URL, secret_manager_url: str = SECRET_MANAGER_URL,
-                attempts: int = ATTEMPTS, retry_delay_s: float = RETRY_DELAY_S) -> str:
-    """The latest version's payload. Retries no answer, 429 and 5xx with exponential backoff; refuses at once on
-    400/401/403/404 naming the secret and Google's message."""
-    delay, status = retry_delay_s, 0
-    for attempt in range(1, attempts + 1):
+                attempts: int = ATTEMPTS, retry_delay_s: float = RETRY_DELAY_S, *, iam_wait_s: float = 0.0,
+                iam_poll_s: float = 15.0, on_wait: Callable[[str], None] | None = None,
+                grant_hint: str = GKE_GRANT_HINT, token_hint: str = GKE_TOKEN_HINT) -> str:
+    """The latest version's payload. Two calls, and a failure names the one that failed: the access token from the
+    metadata server, then the secret from Secret Manager. No answer, 429 and 5xx are retried `attempts` times with
+    exponential backoff. A 401/403 from Secret Manager is refused at once, unless `iam_wait_s` > 0 (a VM whose
+    grant was made in the same `pulumi up`: IAM takes minutes to propagate), when it is asked again every
+    `iam_poll_s` for that long from the first refusal, telling `on_wait` why it waits. 400/404 refuse at once."""
+    delay, status, attempt, call, denied_at = retry_delay_s, 0, 1, "token", None
+    while True:
+        call = "token"
         status, bearer = access_token(metadata_url)
         if bearer is not None:
+            call = "secret"
             status, body = _get(f"{secret_manager_url}/v1/{secret}/versions/latest:access",
                                 {"Authorization": f"Bearer {bearer}"}, 20.0)
             if status == 200:
@@ -77,21 +100,37 @@ def read_secret(secret: str, metadata_url: str = METADATA_URL, secret_manager_ur
                     raise TokenError(f"Secret Manager returned an unreadable payload for {secret}") from None
                 if not value:
                     raise TokenError(f"secret {secret} is empty")
+                if denied_at is not None and on_wait:
+                    on_wait(f"the secret grant propagated after {duration(time.monotonic() - denied_at)} of "
+                            "HTTP 401/403")
                 return value
+            if status in (401, 403) and iam_wait_s > 0:
+                denied_at = time.monotonic() if denied_at is None else denied_at
+                waited = time.monotonic() - denied_at
+                if waited >= iam_wait_s:
+                    raise TokenError(f"Secret Manager still refuses {secret} with HTTP {status} after "
+                                     f"{duration(waited)}: {grant_hint}")
+                if on_wait:
+                    on_wait(f"waiting for the secret grant to propagate (HTTP {status}, {duration(waited)})")
+                time.sleep(iam_poll_s)
+                continue
             if status in REFUSED:
-                raise TokenError(f"Secret Manager refused {secret} with HTTP {status} ({_message(body)}): does the "
-                                 "pod's Google service account have roles/secretmanager.secretAccessor on it, is the "
-                                 "Kubernetes service account bound to it (Workload Identity), and does the secret "
-                                 "have a version?")
-        elif status in REFUSED:
-            raise TokenError(f"the metadata server refused an access token with HTTP {status}: is Workload Identity "
-                             "enabled on the node pool (GKE_METADATA) and the service account annotated?")
-        if attempt < attempts:
-            print(f"hf_token: HTTP {status or 'no answer'} (attempt {attempt}/{attempts}); retrying in {delay:g}s",
-                  file=sys.stderr)
-            time.sleep(delay)
-            delay *= 2
-    raise TokenError(f"Secret Manager unavailable after {attempts} attempts (last HTTP {status or 'no answer'})")
+                what = ("no such secret or no enabled version" if status in (400, 404) else _message(body))
+                raise TokenError(f"Secret Manager refused {secret} with HTTP {status} ({what}): {grant_hint}")
+        elif status in REFUSED or (status and status < 500 and status != 429):
+            raise TokenError(f"the metadata server refused an access token with HTTP {status} "
+                             f"({metadata_url + TOKEN_PATH}): {token_hint}")
+        if attempt >= attempts:
+            if call == "token":
+                raise TokenError(f"could not get an access token from the metadata server ({metadata_url + TOKEN_PATH}:"
+                                 f" {_describe(status)} after {attempts} attempts); Secret Manager was not asked")
+            raise TokenError(f"Secret Manager unavailable after {attempts} attempts (last {_describe(status)})")
+        where = "the metadata server's access-token request" if call == "token" else "Secret Manager"
+        print(f"hf_token: {where} answered {_describe(status)} (attempt {attempt}/{attempts}); retrying in "
+              f"{delay:g}s", file=sys.stderr)
+        time.sleep(delay)
+        delay *= 2
+        attempt += 1
 
 
 def write_private(path: str, value: str) -> None:

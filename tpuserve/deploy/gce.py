@@ -11,6 +11,7 @@ use application-default credentials.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -144,3 +145,70 @@ def ok(response: requests.Response) -> requests.Response:
     if not response.ok:
         raise ComputeApiError(response.status_code, error_message(response))
     return response
+
+
+# --- disks (the cache disk: tpuserve.deploy.cache) ----------------------------------------------------------------
+
+OPERATION_POLL_S = 2.0
+
+
+class ZonalDisks:
+    """Compute API calls on zonal disks: get, insert, resize, delete (each waiting for its operation), and the
+    aggregated list across zones. Shapes: https://cloud.google.com/compute/docs/reference/rest/v1/disks."""
+
+    def __init__(self, session: requests.Session, base_url: str = COMPUTE_URL, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 poll_s: float = OPERATION_POLL_S):
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.poll_s = poll_s
+
+    def _url(self, project: str, zone: str, suffix: str = "") -> str:
+        return f"{self.base_url}/compute/v1/projects/{project}/zones/{zone}/disks{suffix}"
+
+    def get(self, project: str, zone: str, name: str) -> dict | None:
+        """The disk resource, or None when there is no such disk."""
+        response = self.session.get(self._url(project, zone, f"/{name}"), timeout=self.timeout_s)
+        if response.status_code == 404:
+            return None
+        return ok(response).json()
+
+    def insert(self, project: str, zone: str, body: dict) -> dict:
+        operation = ok(self.session.post(self._url(project, zone), json=body, timeout=self.timeout_s)).json()
+        self.wait(project, zone, operation)
+        return self.get(project, zone, body["name"]) or {}
+
+    def resize(self, project: str, zone: str, name: str, size_gb: int) -> None:
+        operation = ok(self.session.post(self._url(project, zone, f"/{name}/resize"), json={"sizeGb": str(size_gb)},
+                                         timeout=self.timeout_s)).json()
+        self.wait(project, zone, operation)
+
+    def delete(self, project: str, zone: str, name: str) -> None:
+        response = self.session.delete(self._url(project, zone, f"/{name}"), timeout=self.timeout_s)
+        if response.status_code == 404:
+            return
+        self.wait(project, zone, ok(response).json())
+
+    def aggregated(self, project: str, label_filter: str) -> list[dict]:
+        """Every disk in every zone matching `label_filter` (e.g. `labels.tpu-serve-cache=dev`)."""
+        disks, page = [], ""
+        while True:
+            params = {"filter": label_filter, **({"pageToken": page} if page else {})}
+            body = ok(self.session.get(f"{self.base_url}/compute/v1/projects/{project}/aggregated/disks",
+                                       params=params, timeout=self.timeout_s)).json()
+            for scoped in body.get("items", {}).values():
+                disks += scoped.get("disks", [])  # a zone without matches carries a `warning` instead
+            page = body.get("nextPageToken", "")
+            if not page:
+                return disks
+
+    def wait(self, project: str, zone: str, operation: dict) -> None:
+        """Poll a zonal operation until DONE; its `error` becomes a ComputeApiError."""
+        url = f"{self.base_url}/compute/v1/projects/{project}/zones/{zone}/operations/{operation['name']}"
+        while operation.get("status") != "DONE":
+            time.sleep(self.poll_s)
+            operation = ok(self.session.get(url, timeout=self.timeout_s)).json()
+        errors = operation.get("error", {}).get("errors", [])
+        if errors:
+            raise ComputeApiError(int(operation.get("httpErrorStatusCode") or 400),
+                                  "; ".join(str(e.get("message", e)) for e in errors))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuserve.deploy.gce import ComputeClient
+from tpuserve.facts import CACHE_LABEL
 
 APP = "tpu-serve"  # the Pulumi project's name, the `app` label of everything the stack creates
 
@@ -63,7 +64,9 @@ def find_orphans(compute: ComputeClient, project: str, zones: Iterable[str], lab
             found.append(Orphan("instances", zone, item["name"], item.get("status", ""),
                                 item.get("creationTimestamp", "")))
         for item in compute.labelled_disks(project, zone, selector):
-            if not item.get("users"):  # a boot disk in use goes with its instance
+            # A boot disk in use goes with its instance; a cache disk (tpuserve cache ls|rm) is kept on purpose: a
+            # warm cache in a zone the stack left is what makes a later boot there fast.
+            if not item.get("users") and CACHE_LABEL not in (item.get("labels") or {}):
                 found.append(Orphan("disks", zone, item["name"], item.get("status", ""),
                                     item.get("creationTimestamp", "")))
     return [orphan for orphan in found if orphan.resource_id(project) not in managed]

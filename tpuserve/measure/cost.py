@@ -10,13 +10,18 @@ from typing import Any
 import click
 
 from tpuserve.cli import json_option
-from tpuserve.facts import PRICE_PER_CHIP_HOUR
+from tpuserve.facts import DEFAULT_CACHE_DISK_GB, HYPERDISK_BALANCED_USD_PER_GB_MONTH, PRICE_PER_CHIP_HOUR
 from tpuserve.measure import benchreport
 
 
 def breakeven_output_tok_s(price_per_hour: float, api_usd_per_m: float) -> float:
     """Sustained output tok/s at which an hour of the machine costs what the API charges for the same tokens."""
     return price_per_hour / 3600 / api_usd_per_m * 1e6
+
+
+def cache_disk_monthly_usd(size_gb: int, usd_per_gb_month: float = HYPERDISK_BALANCED_USD_PER_GB_MONTH) -> float:
+    """A cache disk bills its provisioned capacity every month it exists (3,000 IOPS and 140 MiB/s are included)."""
+    return size_gb * usd_per_gb_month
 
 
 def cold_start_usd(price_per_hour: float, cold_start_min: float) -> float:
@@ -95,10 +100,14 @@ def operating_point(rows: list[benchreport.BenchRow], concurrency: int | None) -
 @click.option("--concurrency", type=int, help="Operating point's level in --report (default: best output tok/s).")
 @click.option("--output-tok-s", type=click.FloatRange(min=0, min_open=True),
               help="Operating point given directly instead of --report.")
+@click.option("--cache-disk-gb", type=click.IntRange(min=0), default=DEFAULT_CACHE_DISK_GB, show_default=True,
+              help="The stack's cacheDiskSizeGb (0: none); it bills by the month, VM or not.")
+@click.option("--disk-price-per-gb-month", type=click.FloatRange(min=0), default=HYPERDISK_BALANCED_USD_PER_GB_MONTH,
+              show_default=True, help="$ per GB-month of Hyperdisk Balanced (reference price; check your region's).")
 @json_option
 def cost(chips: int, price_per_chip_hour: float, price_per_hour: float | None, api_price_per_m: float,
          cold_start_min: float, session_h: float, report_dir: Path | None, concurrency: int | None,
-         output_tok_s: float | None, as_json: bool) -> None:
+         output_tok_s: float | None, cache_disk_gb: int, disk_price_per_gb_month: float, as_json: bool) -> None:
     """Breakeven throughput against an API price, the cost of a cold start, and what a session yields."""
     if price_per_hour is None:
         price_per_hour = chips * price_per_chip_hour  # every chip of the machine bills, serving or not
@@ -112,11 +121,18 @@ def cost(chips: int, price_per_chip_hour: float, price_per_hour: float | None, a
         output_tok_s, label = point.output_tok_s, f"concurrency {point.concurrency} of {report_dir}"
     breakeven = breakeven_output_tok_s(price_per_hour, api_price_per_m)
     if as_json:
-        click.echo(json.dumps(cost_document(price_per_hour, api_price_per_m, cold_start_min, session_h, breakeven,
-                                            output_tok_s, label), indent=2))
+        document = cost_document(price_per_hour, api_price_per_m, cold_start_min, session_h, breakeven,
+                                 output_tok_s, label)
+        document["cache_disk"] = {"size_gb": cache_disk_gb, "usd_per_month":
+                                  cache_disk_monthly_usd(cache_disk_gb, disk_price_per_gb_month)} if cache_disk_gb else None
+        click.echo(json.dumps(document, indent=2))
         return
     click.echo(f"Breakeven vs ${api_price_per_m:g}/M: {breakeven:,.1f} output tok/s sustained at ${price_per_hour:g}/h")
     click.echo(f"One cold start ({cold_start_min:g} min): ${cold_start_usd(price_per_hour, cold_start_min):.3f}")
+    if cache_disk_gb:
+        click.echo(f"Cache disk ({cache_disk_gb} GB Hyperdisk Balanced): "
+                   f"${cache_disk_monthly_usd(cache_disk_gb, disk_price_per_gb_month):.2f} / month while it exists, "
+                   "VM or not (`tpuserve cache ls` lists them, `cache rm` removes them)")
     if output_tok_s:
         echo_session(session(price_per_hour, api_price_per_m, session_h, cold_start_min, output_tok_s), label,
                      breakeven)

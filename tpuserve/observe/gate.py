@@ -27,7 +27,8 @@ import requests
 
 from tpuserve.cli import json_option
 from tpuserve.client import ChatClient, ChatReply, EndpointError, ModelNotServed, json_or_none, pick_model, server_root
-from tpuserve.facts import BOOT_STAGES, FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S
+from tpuserve.facts import (BOOT_STAGES, FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S,
+                            RESTARTING_STAGE)
 from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.images import image_messages
 from tpuserve.deploy.stack import model_option, read_outputs, stack_options, url_option
@@ -69,11 +70,13 @@ class Verdict:
     stages: dict[str, float]
     reason: str | None = None
     serial_tail: str = ""  # a failed VM's last console lines: for people, not part of the JSON line
+    # Instance mode: where each part came from (cache, image, weights, compile cache), as the VM reported it.
+    sources: dict[str, str] = field(default_factory=dict)
 
     def json_line(self) -> str:
         return json.dumps({"ready": self.ready, "elapsed_s": round(self.elapsed_s, 3),
                            "stages": {name: round(at, 3) for name, at in self.stages.items()},
-                           "reason": self.reason})
+                           "reason": self.reason, **({"sources": self.sources} if self.sources else {})})
 
 
 class Reporter(Protocol):
@@ -247,15 +250,31 @@ class BootStatus:
     detail: str = ""
 
 
+# What the VM says each part of its boot came from (vm/supervisor.py, templates/startup.sh.j2), in display order.
+SOURCE_ATTRIBUTES = ("cache", "image", "weights", "compile-cache")
+
+
+def boot_sources(attributes: Mapping[str, str]) -> dict[str, str]:
+    return {key: attributes[key] for key in SOURCE_ATTRIBUTES if attributes.get(key)}
+
+
 def boot_timeline(attributes: Mapping[str, str]) -> dict[str, float]:
-    """stage -> seconds since the first stage began, in boot order, from the `at-<stage>` attributes."""
+    """stage -> seconds since the first stage began, in boot order, from the `at-<stage>` attributes. Stages that
+    began before `since` (when the VM started its current run: a boot, or a served-config change) belong to an
+    earlier run and are left out."""
     began = {}
+    try:
+        since = float(attributes.get("since") or 0)
+    except ValueError:
+        since = 0.0
     for key, value in attributes.items():
         if key.startswith("at-"):
             try:
-                began[key[len("at-"):]] = float(value)
+                at = float(value)
             except ValueError:
                 continue  # a half-written value; the next poll reads it whole
+            if at >= since:
+                began[key[len("at-"):]] = at
     if not began:
         return {}
     first = min(began.values())
@@ -263,17 +282,24 @@ def boot_timeline(attributes: Mapping[str, str]) -> dict[str, float]:
 
 
 def read_boot(attributes: Mapping[str, str], expected_config_hash: str | None = None) -> BootStatus:
+    """What the guest attributes say. With an expected config hash, only a stage reported for that config ends the
+    wait: a `serving` or `failed` left by the previous config (before the VM's supervisor picked up the new one)
+    is waited past, not believed."""
     stage = attributes.get("stage") or BOOTING
+    reported = attributes.get("config-hash")
+    if expected_config_hash and stage != BOOTING and reported != expected_config_hash:
+        earlier = f" ({stage})" if stage in (SERVING, FAILED_STAGE) else f" (in {stage})"
+        return BootStatus(stage, done=False, detail=f"reports config {reported or 'none'}{earlier}, waiting for "
+                                                    f"{expected_config_hash}")
     if stage == FAILED_STAGE:
         before = [name for name in boot_timeline(attributes) if name != FAILED_STAGE]
         where = f" during {before[-1]}" if before else ""
         reason = attributes.get("reason") or "no reason given"
         return BootStatus(stage, done=True, detail=f"boot failed{where}: {reason}")
     if stage == SERVING:
-        served = attributes.get("config-hash")
-        if expected_config_hash and served != expected_config_hash:
-            return BootStatus(stage, done=False, detail=f"serves config {served}, waiting for {expected_config_hash}")
         return BootStatus(stage, done=True, ready=True)
+    if stage == RESTARTING_STAGE:  # the server crashed after serving; the VM restarts it and says why
+        return BootStatus(stage, done=False, detail=f"restarting: {attributes.get('reason') or 'no reason given'}")
     # While it waits (e.g. for a fresh secret grant to propagate) the VM says why in `reason`.
     waiting = f": {attributes['reason']}" if attributes.get("reason") else ""
     return BootStatus(stage, done=False,
@@ -328,7 +354,8 @@ def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float 
                 reporter.stage(name, at)
         if status.done:
             tail = serial_tail(compute, instance) if status.stage == FAILED_STAGE else ""
-            return Verdict(status.ready, deadline.elapsed(), timeline, status.detail or None, tail)
+            return Verdict(status.ready, deadline.elapsed(), timeline, status.detail or None, tail,
+                           boot_sources(attributes))
         reporter.waiting(status.stage, status.detail)
         deadline.pause(interval_s)
     return Verdict(False, deadline.elapsed(), timeline,
@@ -465,6 +492,8 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
             verdict = gate_instance(Instance(str(project), str(zone), str(instance)), compute_url, timeout_s,
                                     interval_s or INSTANCE_INTERVAL_S, config_hash, reporter)
     print_timeline(console, verdict)
+    for key, value in verdict.sources.items():
+        console.print(f"{key.replace('-', ' ')}: {value}", markup=False, highlight=False)
     if verdict.serial_tail:
         console.print(f"serial console, last {SERIAL_TAIL_LINES} lines:", style="bold")
         console.print(verdict.serial_tail, markup=False, highlight=False)

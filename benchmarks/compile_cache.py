@@ -1,0 +1,95 @@
+"""Cold and warm time-to-/health of the real vLLM with its compile cache on a persistent path: the CPU analogue.
+
+On the TPU VM the XLA compile cache is a host directory on the cache disk, mounted into the container at /cache/xla
+(tpuserve.serving.tpu_container_run_args). vLLM's CPU backend compiles too (torch.compile, without
+--enforce-eager) and keeps its compile cache under VLLM_CACHE_ROOT. This starts the real CPU vLLM twice on the tiny
+Gemma 4 with VLLM_CACHE_ROOT on one persistent directory, as the VM's container would have it mounted: the first
+start compiles into an empty cache (cold), the second finds it (warm). Prints both times, the cache entries, and
+warm / cold.
+
+    python benchmarks/compile_cache.py [--vllm-venv ~/.cache/tpuserve/vllm-venv] [--cache-dir DIR]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.e2e import cpu_server  # noqa: E402
+from tpuserve.deploy.stack import free_local_port  # noqa: E402
+from tpuserve.serving import ServingConfig  # noqa: E402
+
+CACHE_DIR = Path.home() / ".cache" / "tpuserve"
+BUILDER = ROOT / "tests" / "e2e" / "tiny_gemma4.py"
+
+
+def tiny_model(vllm_venv: Path) -> Path:
+    """The e2e tier's tiny random Gemma 4 (tests/e2e/conftest.py keys it by the builder's hash the same way)."""
+    model_dir = CACHE_DIR / f"tiny-gemma4-{hashlib.sha256(BUILDER.read_bytes()).hexdigest()[:12]}"
+    if not (model_dir / "model.safetensors").exists():
+        staging = Path(tempfile.mkdtemp(prefix="tiny-gemma4-building-", dir=CACHE_DIR))
+        subprocess.run([str(vllm_venv / "bin" / "python"), str(BUILDER), str(staging)], check=True,
+                       env={**cpu_server.SERVER_ENV, "PATH": "/usr/bin:/bin"})
+        staging.rename(model_dir)
+    return model_dir
+
+
+def entries(directory: Path) -> int:
+    return sum(1 for path in directory.rglob("*") if path.is_file()) if directory.exists() else 0
+
+
+def time_to_health(vllm_bin: Path, model_dir: Path, cache_root: Path, log: Path) -> float:
+    port = free_local_port()
+    cfg = dataclasses.replace(ServingConfig(), model=str(model_dir), max_model_len=1024, host="127.0.0.1", port=port,
+                              extra_args=("--dtype", "float32", "--served-model-name", "tiny-gemma4"))
+    cfg.validate(backend="cpu")
+    saved = dict(cpu_server.SERVER_ENV)
+    cpu_server.SERVER_ENV["VLLM_CACHE_ROOT"] = str(cache_root)  # the persistent path, as the VM mounts it
+    try:
+        started = time.time()
+        server = cpu_server.start_server(vllm_bin, cfg, "tiny-gemma4", log)
+        try:
+            return cpu_server.wait_healthy(server, timeout_s=900) - started
+        finally:
+            cpu_server.stop_server(server)
+    finally:
+        cpu_server.SERVER_ENV.clear()
+        cpu_server.SERVER_ENV.update(saved)
+
+
+@click.command()
+@click.option("--vllm-venv", type=click.Path(path_type=Path), default=CACHE_DIR / "vllm-venv")
+@click.option("--cache-dir", type=click.Path(path_type=Path), help="Persistent compile-cache root (default: a new "
+              "temporary directory, removed afterwards).")
+def main(vllm_venv: Path, cache_dir: Path | None) -> None:
+    model_dir = tiny_model(vllm_venv)
+    scratch = Path(tempfile.mkdtemp(prefix="compile-cache-bench-"))
+    cache_root = cache_dir or scratch / "cache"
+    cache_root.mkdir(parents=True, exist_ok=True)
+    try:
+        cold = time_to_health(vllm_venv / "bin" / "vllm", model_dir, cache_root, scratch / "cold.log")
+        cold_entries = entries(cache_root)
+        print(f"cold start (empty compile cache): {cold:.1f} s to /health; cache now {cold_entries} files", flush=True)
+        warm = time_to_health(vllm_venv / "bin" / "vllm", model_dir, cache_root, scratch / "warm.log")
+        print(f"warm start (same compile cache):  {warm:.1f} s to /health; cache now {entries(cache_root)} files")
+        print(f"ratio warm / cold: {warm / cold:.2f}")
+        print(json.dumps({"cold_s": round(cold, 1), "warm_s": round(warm, 1), "ratio": round(warm / cold, 3),
+                          "cache_files": cold_entries}))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,356 @@
+"""vm/supervisor.py: decide() for every case, watch() against a long-polling fake metadata server, and the real
+supervisor process in the sandbox (tests/vm_sandbox.py): in-place reconfiguration, crash restarts, the token's
+path and the IAM wait, the compile cache's bucket copy, and its own update."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import pytest
+
+from tests.vm_sandbox import (BUCKET, IMAGE_DIGEST, SECRET, SERVICE_ACCOUNT, FakeGoogle, Knobs, NO_ANSWER, Vm,
+                              make_vm, token_contained)
+from tpuserve import facts
+from tpuserve.observe.gate import boot_timeline, read_boot
+from tpuserve.serving import ServingConfig, tpu_container_run_args
+from vm import supervisor
+from vm.supervisor import (ADOPT, APPLY, GIVE_UP, INVALID, RESTART, UPDATE_SELF, WAIT, Container, Metadata,
+                           Settings, State, decide, watch)
+
+XLA_KEY = "abababababababab-ct6e-standard-1t"
+RECONFIG_STAGES = ["pulling-image", "restoring-compile-cache", "fetching-token", "starting-server", "loading-model",
+                   "serving"]
+
+
+def test_the_supervisor_agrees_with_facts():
+    assert (supervisor.NAMESPACE, supervisor.SERVED_CONFIG_KEY, supervisor.SUPERVISOR_KEY) == (
+        facts.GUEST_ATTRIBUTE_NAMESPACE, facts.SERVED_CONFIG_KEY, facts.SUPERVISOR_KEY)
+    assert (supervisor.CACHE_ROOT, supervisor.XLA_CACHE_KEY_PLACEHOLDER) == (facts.CACHE_ROOT,
+                                                                             facts.XLA_CACHE_KEY_PLACEHOLDER)
+    assert (supervisor.MAX_RESTARTS, supervisor.IAM_WAIT_S, supervisor.SECRET_ROLE) == (
+        facts.SUPERVISOR_MAX_RESTARTS, facts.IAM_PROPAGATION_WAIT_S, facts.SECRET_ACCESSOR_ROLE)
+
+
+# --- decide -----------------------------------------------------------------------------------------------------
+
+def attributes(config_hash: str = "h1", bundle: str = "v1") -> dict[str, str]:
+    config = {"config_hash": config_hash, "model": "m", "image": "i", "docker_run_args": ["run"],
+              "machine_type": "ct6e-standard-1t", "hf_token_secret": SECRET}
+    return {"tpu-serve-config": json.dumps(config), "tpu-serve-supervisor": json.dumps({"version": bundle}),
+            "enable-oslogin": "TRUE"}
+
+
+@pytest.mark.parametrize("container, state, expected", [
+    (None, State(), APPLY),  # first boot
+    (Container("h0", True), State(applied_hash="h0", phase="serving"), APPLY),  # a served-config change
+    (Container("h1", True), State(applied_hash="h1", phase="serving"), WAIT),  # nothing changed
+    (Container("h1", True), State(), ADOPT),  # the supervisor restarted; the container serves this config
+    (Container("h1", False, 137), State(applied_hash="h1", phase="serving"), RESTART),  # crashed after serving
+    (Container("h1", False), State(applied_hash="h1", phase="restarting", restarts=2), RESTART),
+    (Container("h1", False), State(applied_hash="h1", phase="restarting", restarts=5), GIVE_UP),
+    (Container("h1", False), State(applied_hash="h1", phase="failed"), WAIT),  # given up until the config changes
+    (None, State(applied_hash="h1", phase="failed"), WAIT),  # a failed apply is not retried in a loop
+    (Container("h1", False), State(), APPLY),  # stopped, never seen serving by this supervisor: start afresh
+], ids=["boot", "change", "steady", "adopt", "crash", "crash-again", "give-up", "given-up", "failed", "stopped"])
+def test_decide(container, state, expected):
+    assert decide(attributes(), container, state, own_version="v1") == expected
+
+
+def test_decide_updates_itself_first_and_reports_an_unreadable_config_once():
+    assert decide(attributes(bundle="v2"), Container("h1", True), State(phase="serving", applied_hash="h1"),
+                  "v1") == UPDATE_SELF
+    broken = {**attributes(), "tpu-serve-config": "{not json"}
+    assert decide(broken, None, State(), "v1") == INVALID
+    reported = "the tpu-serve-config metadata key is unreadable (JSONDecodeError: Expecting property name " \
+               "enclosed in double quotes: line 1 column 2 (char 1))"
+    assert decide(broken, None, State(invalid=reported), "v1") == WAIT
+
+
+# --- watch ------------------------------------------------------------------------------------------------------
+
+def test_watch_follows_the_etag_protocol_of_the_metadata_server(tmp_path):
+    google = FakeGoogle(tmp_path, Knobs())
+    google.set_attributes(**{"tpu-serve-config": "a"})
+    settings = Settings(watch_timeout_s=1, retry_delay_s=0.01)
+    with google.server:
+        metadata = Metadata(google.server.url)
+        first, etag = watch(metadata, "NONE", settings)  # the guest agent's first last_etag: answered at once
+        assert first["tpu-serve-config"] == "a"
+        started = time.monotonic()
+        same, same_etag = watch(metadata, etag, settings)  # nothing changed: held for timeout_sec, same ETag
+        assert same_etag == etag and time.monotonic() - started >= 0.9
+        threading.Timer(0.2, lambda: google.set_attributes(**{"tpu-serve-config": "b"})).start()
+        changed, new_etag = watch(metadata, etag, settings)
+        assert changed["tpu-serve-config"] == "b" and new_etag != etag
+    query = google.server.requests[-1].query
+    assert "wait_for_change=true" in query and f"last_etag={etag}" in query and "timeout_sec=1" in query
+    assert all(r.headers.get("Metadata-Flavor") == "Google" for r in google.server.requests)
+
+
+def test_watch_retries_a_503_with_exponential_backoff(tmp_path, capsys):
+    google = FakeGoogle(tmp_path, Knobs(attribute_errors=3))
+    sleeps: list[float] = []
+    with google.server:
+        found, _ = watch(Metadata(google.server.url), "NONE", Settings(retry_delay_s=0.5, max_backoff_s=1.5),
+                         sleep=sleeps.append)
+    assert sleeps == [0.5, 1.0, 1.5] and found == {}
+    assert "the metadata server answered HTTP 503; retrying in 0.5 s" in capsys.readouterr().out
+
+
+# --- the supervisor process in the sandbox ----------------------------------------------------------------------
+
+@pytest.fixture
+def vm(tmp_path):
+    made = make_vm(tmp_path / "vm", disk={"fs": "ext4"})
+    with made.google.server:
+        yield made
+        made.stop()
+
+
+def serving_vm(vm: Vm, serving: ServingConfig = ServingConfig(), iam_wait_s: float = 60) -> str:
+    digest = vm.serve(serving)
+    vm.start_supervisor(iam_wait_s)
+    vm.wait_for_stage("serving", digest)
+    return digest
+
+
+def mounts(run: dict) -> list[str]:
+    return [run["argv"][i + 1] for i, arg in enumerate(run["argv"]) if arg in ("-v", "-e")]
+
+
+def test_a_served_config_change_restarts_the_container_once_with_the_new_argv_and_the_same_mounts(vm):
+    first = serving_vm(vm)
+    writes = len(vm.guest())
+    changed = ServingConfig(max_model_len=32768, mm_limits={"image": 4, "audio": 1})
+    second = vm.serve(changed)
+    vm.wait_for_stage("serving", second)
+    old_run, new_run = vm.calls_of("docker", "run")
+    assert new_run["argv"] == [a.replace("{xla_cache_key}", XLA_KEY) for a in tpu_container_run_args(changed, second)]
+    assert mounts(new_run) == mounts(old_run)  # the same cache mounts and variables
+    assert len(vm.calls_of("docker", "rm")) == 2  # one before each run
+    after = vm.guest()[writes:]
+    assert [v for k, v in after if k == "stage"] == RECONFIG_STAGES
+    # `since`, then the first stage, then the hash: the gate never reads the old `serving` with the new hash.
+    keys = [k for k, _ in after]
+    assert keys.index("since") < keys.index("stage") < keys.index("config-hash")
+    status = vm.attributes()
+    assert read_boot(status, second).ready and not read_boot(status, first).done
+    assert list(boot_timeline(status)) == RECONFIG_STAGES
+    assert token_contained(vm) == []
+
+
+def test_an_unrelated_metadata_change_restarts_nothing(vm):
+    serving_vm(vm)
+    before = len(vm.calls())
+    polls = len([r for r in vm.google.server.requests if "wait_for_change" in r.query])
+    vm.google.set_attributes(**{"enable-oslogin": "FALSE", "startup-script": "#!/bin/bash\necho changed"})
+    vm.wait_for(lambda: len([r for r in vm.google.server.requests if "wait_for_change" in r.query]) >= polls + 2,
+                "the supervisor to see the change and poll again")
+    time.sleep(0.5)
+    docker_verbs = [c["argv"][0] for c in vm.calls()[before:] if c["cmd"] == "docker"]
+    assert set(docker_verbs) <= {"inspect"}, docker_verbs  # it looked, and changed nothing
+    assert vm.stages()[-1] == "serving"
+
+
+def test_a_503ing_metadata_server_is_retried_with_backoff(vm):
+    vm.knobs.attribute_errors = 3
+    serving_vm(vm)
+    delays = re.findall(r"the metadata server answered HTTP 503; retrying in ([0-9.]+) s", vm.log())
+    assert [float(d) for d in delays] == [0.05, 0.1, 0.2]
+
+
+def test_a_container_killed_after_serving_is_restarted_and_reported(vm):
+    digest = serving_vm(vm)
+    vm.kill_container(exit_code=137)
+    vm.wait_for(lambda: "restarting" in vm.stages(), "restarting")
+    vm.wait_for(lambda: vm.stages()[-1] == "serving" and vm.stages().count("serving") == 2, "serving again")
+    assert len(vm.calls_of("docker", "start")) == 1 and len(vm.calls_of("docker", "run")) == 1
+    reasons = vm.reasons()
+    crash = [r for r in reasons if r.startswith("container exited")][0]
+    assert crash.startswith("container exited (code 137) after serving; restart 1/5 in 0.05 s. Last log lines: ")
+    assert "model weights failed to load" in crash
+    assert reasons[-1] == "restarted after the container exited (restart 1)"
+    assert vm.attributes()["restarts"] == "1" and read_boot(vm.attributes(), digest).ready
+    assert token_contained(vm) == []
+
+
+def test_a_container_that_keeps_crashing_is_given_up_as_failed(vm):
+    digest = serving_vm(vm)
+    (vm.state / "crash").write_text("")  # every start exits at once
+    vm.kill_container()
+    vm.wait_for_stage("failed", digest)
+    assert len(vm.calls_of("docker", "start")) == 5
+    reason = vm.reasons()[-1]
+    assert reason.startswith("the container exited 5 times in a row after serving; giving up until the served config "
+                             "changes. Last log lines: ")
+    status = read_boot(vm.attributes(), digest)
+    assert status.done and not status.ready
+    time.sleep(0.5)
+    assert len(vm.calls_of("docker", "start")) == 5  # no more attempts
+
+
+def test_a_config_that_failed_is_not_retried_until_it_changes(vm):
+    (vm.state / "pull_failures").write_text("99")
+    first = vm.serve(ServingConfig())
+    vm.start_supervisor()
+    vm.wait_for_stage("failed", first)
+    assert vm.reasons()[-1] == "could not pull vllm/vllm-tpu:nightly after 5 attempts"
+    time.sleep(0.5)
+    assert len(vm.calls_of("docker", "pull")) == 5
+    (vm.state / "pull_failures").write_text("0")
+    second = vm.serve(ServingConfig(max_model_len=8192))
+    vm.wait_for_stage("serving", second)
+
+
+def test_the_compile_cache_is_restored_before_the_server_starts_and_pushed_after_serving(vm):
+    vm.google.objects = {f"xla/{XLA_KEY}/jit_a-cache": b"compiled a", f"xla/{XLA_KEY}/jit_b-cache": b"compiled b",
+                         "xla/other-key/jit_c-cache": b"another image's"}
+    serving_vm(vm)
+    assert json.loads((vm.state / "xla_at_run.json").read_text()) == ["jit_a-cache", "jit_b-cache"]
+    assert vm.attributes()["compile-cache"] == "2 entries before (2 restored from the bucket), 3 after"
+    vm.wait_for(lambda: f"xla/{XLA_KEY}/jit_new_2-cache" in vm.google.objects, "the push after serving")
+    uploads = [r for r in vm.google.server.requests if r.path.startswith("/upload/")]
+    assert len(uploads) == 1  # only the new entry: nothing overwritten, nothing sent twice
+    assert "ifGenerationMatch=0" in uploads[0].query
+    stages = vm.stages()
+    assert stages.index("restoring-compile-cache") < stages.index("starting-server")
+
+
+def test_a_digest_pinned_image_already_on_the_disk_is_not_pulled_again(vm):
+    image = f"vllm/vllm-tpu@{IMAGE_DIGEST}"
+    (vm.state / "images.json").write_text(json.dumps({image: IMAGE_DIGEST}))
+    serving_vm(vm, ServingConfig(image=image))
+    assert vm.calls_of("docker", "pull") == [] and vm.attributes()["image"] == "cached"
+    [run] = vm.calls_of("docker", "run")
+    assert f"/var/lib/tpu-serve/cache/xla/{XLA_KEY}:/cache/xla" in run["argv"]  # keyed by the pinned digest
+
+
+def test_a_new_supervisor_in_the_metadata_replaces_the_running_one_and_keeps_the_container(vm):
+    serving_vm(vm)
+    bundle = json.loads(vm.google.attributes["tpu-serve-supervisor"])
+    bundle["files"]["supervisor.py"] += "\n# a newer supervisor\n"
+    bundle["version"] = "0123456789ab"
+    vm.google.set_attributes(**{"tpu-serve-supervisor": json.dumps(bundle)})
+    vm.wait_for(lambda: vm.attributes().get("supervisor") == "0123456789ab" and "keeping it" in vm.log(),
+                "the new supervisor to adopt the container")
+    assert (vm.root / "opt/tpu-serve/supervisor.py").read_text().endswith("# a newer supervisor\n")
+    assert len(vm.calls_of("docker", "run")) == 1 and vm.calls_of("docker", "rm") == vm.calls_of("docker", "rm")[:1]
+    assert vm.stages()[-1] == "serving"
+
+
+# --- ported from the startup script: the token and its failures ---------------------------------------------------
+
+def test_transient_failures_are_retried(vm):
+    (vm.state / "pull_failures").write_text("2")
+    vm.knobs.secret_statuses = [503, 200]
+    serving_vm(vm)
+    assert len(vm.calls_of("docker", "pull")) == 3
+    assert len([r for r in vm.google.server.requests if r.path.endswith("latest:access")]) == 2
+    assert token_contained(vm) == []
+
+
+def test_a_fresh_grant_refused_three_times_is_waited_out(vm):
+    vm.knobs.secret_statuses = [403, 403, 403, 200]
+    serving_vm(vm)
+    waiting = [r for r in vm.reasons() if r.startswith("waiting")]
+    assert len(waiting) == 3 and waiting[0] == "waiting for the secret grant to propagate (HTTP 403, 0 s)"
+    guest = vm.guest()
+    first_wait = guest.index(("reason", waiting[0]))
+    assert [v for k, v in guest[:first_wait] if k == "stage"][-1] == "fetching-token"  # the gate shows it there
+    assert any(r.startswith("the secret grant propagated after") for r in vm.reasons())
+    assert token_contained(vm) == []
+
+
+def test_a_grant_that_never_arrives_fails_after_the_window_naming_role_and_account(vm):
+    vm.knobs.secret_statuses = [403]
+    digest = vm.serve(ServingConfig())
+    vm.start_supervisor(iam_wait_s=1)
+    vm.wait_for_stage("failed", digest)
+    reason = vm.reasons()[-1]
+    assert re.match(f"Secret Manager still refuses {SECRET} with HTTP 403 after [1-9] s: ", reason), reason
+    assert f"grant roles/secretmanager.secretAccessor on it to {SERVICE_ACCOUNT}" in reason
+    assert vm.calls_of("docker", "run") == []
+    assert token_contained(vm) == []
+
+
+@pytest.mark.parametrize("status", [404, 400])
+def test_a_missing_secret_fails_at_once(vm, status):
+    vm.knobs.secret_statuses = [status]
+    digest = vm.serve(ServingConfig())
+    vm.start_supervisor()
+    vm.wait_for_stage("failed", digest)
+    assert len([r for r in vm.google.server.requests if r.path.endswith("latest:access")]) == 1
+    assert vm.reasons()[-1].startswith(f"Secret Manager refused {SECRET} with HTTP {status} (no such secret")
+
+
+@pytest.mark.parametrize("token_status, says", [(NO_ANSWER, "no answer after 5 attempts"),
+                                                (503, "HTTP 503 after 5 attempts")])
+def test_an_unreachable_metadata_token_is_named_and_secret_manager_is_not_blamed(vm, token_status, says):
+    vm.knobs.token_statuses = [token_status]
+    digest = vm.serve(ServingConfig(), bucket="")
+    vm.start_supervisor()
+    vm.wait_for_stage("failed", digest)
+    reason = vm.reasons()[-1]
+    assert reason.startswith("could not get an access token from the metadata server (")
+    assert says in reason and reason.endswith("Secret Manager was not asked")
+    assert [r for r in vm.google.server.requests if r.path.endswith("latest:access")] == []
+
+
+def test_a_metadata_server_that_refuses_the_token_fails_at_once(vm):
+    vm.knobs.token_statuses = [404]  # e.g. a VM without a service account
+    digest = vm.serve(ServingConfig(), bucket="")
+    vm.start_supervisor()
+    vm.wait_for_stage("failed", digest)
+    assert vm.reasons()[-1].startswith("the metadata server refused an access token with HTTP 404")
+    assert len([r for r in vm.google.server.requests if r.path.endswith("/default/token")]) == 1
+
+
+def test_a_crashed_container_during_loading_fails_fast_with_its_last_log_lines(vm):
+    (vm.state / "crash").write_text("")
+    digest = vm.serve(ServingConfig())
+    vm.start_supervisor()
+    vm.wait_for_stage("failed", digest)
+    reason = vm.reasons()[-1]
+    assert reason.startswith("container vllm exited: ") and "model weights failed to load" in reason
+
+
+def test_a_server_that_answers_health_but_not_completions_is_not_serving(vm):
+    vm.knobs.completion_content = ""
+    digest = vm.serve(ServingConfig())
+    vm.start_supervisor()
+    vm.wait_for_stage("failed", digest)
+    assert "serving" not in vm.stages()
+    assert vm.reasons()[-1] == ("the server is up but not serving: completion: chat completion returned empty "
+                                "content and no reasoning")
+
+
+def test_vision_warm_up_retries_the_first_422_once(vm):
+    vm.knobs.image_statuses = [422, 200]
+    serving_vm(vm, ServingConfig(mm_limits={"image": 4, "audio": 1}))
+    image_posts = [r for r in vm.google.server.requests if r.path.endswith("/chat/completions")
+                   and isinstance(r.json()["messages"][0]["content"], list)]
+    assert len(image_posts) == 2
+    assert image_posts[0].json()["messages"][0]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
+
+
+def test_vision_warm_up_failing_twice_fails(vm):
+    vm.knobs.image_statuses = [422, 422]
+    digest = vm.serve(ServingConfig(mm_limits={"image": 4}))
+    vm.start_supervisor()
+    vm.wait_for_stage("failed", digest)
+    assert vm.reasons()[-1] == "the multimodal warm-up request failed twice"
+
+
+def test_text_only_sends_no_image(vm):
+    serving_vm(vm)
+    assert all(isinstance(r.json()["messages"][0]["content"], str) for r in vm.google.server.requests
+               if r.path.endswith("/chat/completions"))
+
+
+def test_the_bucket_is_the_stacks(vm):
+    assert json.loads(vm.google.attributes.get("tpu-serve-config", "{}") or "{}") == {}
+    vm.serve(ServingConfig())
+    assert json.loads(vm.google.attributes["tpu-serve-config"])["compile_cache_bucket"] == BUCKET

@@ -1,0 +1,535 @@
+"""A VM in a directory: the startup script and the supervisor run for real against fakes on 127.0.0.1.
+
+- FakeServer plays the metadata server (instance attributes with real long-poll semantics: `wait_for_change`,
+  `last_etag`, `timeout_sec`, an `ETag` header that changes exactly when the attributes do; guest attributes;
+  the access token and service-account email), Secret Manager, Cloud Storage (objects list / media download /
+  media upload with `ifGenerationMatch=0`) and the local vLLM server.
+- PATH shims stand in for docker, apt-get, systemctl and the disk tools (blkid, mkfs.ext4, fsck.ext4, mount,
+  mountpoint, umount, df); a wrapper around the real curl records its argv. Each shim logs its argv and whether
+  HF_TOKEN is in its environment. `systemctl restart tpu-serve-supervisor.service` starts the unit's ExecStart for
+  real (the supervisor, as a process of its own), as systemd would.
+- Every host path is under `root` (the startup script's and supervisor's ROOT prefix).
+
+Fixture shapes (sources): the metadata token body `{"access_token", "expires_in", "token_type"}` and the
+`recursive=true&alt=json` attributes document (a JSON object of key -> string) from
+https://cloud.google.com/compute/docs/metadata/querying-metadata; Secret Manager's `versions/latest:access` body
+`{"name", "payload": {"data": base64}}` and Google's JSON errors; Cloud Storage's objects list
+`{"kind": "storage#objects", "items": [{"name", "size", ...}], "nextPageToken"}`, a 412 for a failed
+`ifGenerationMatch` (https://cloud.google.com/storage/docs/json_api/v1/objects); `docker inspect` prints a JSON array
+of container documents (`Config.Labels`, `State.Running`, `State.ExitCode`), and "Error: No such object: NAME"
+with exit 1 when there is none.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.startup_script import render_startup_script, served_config, supervisor_bundle
+from tests.fake_openai import completion
+from tests.httpfake import FakeServer, Request, Response
+from tpuserve.serving import ServingConfig
+
+SECRET = "projects/p-1/secrets/hf-token"
+CANARY = "hf_CANARY_d0n0tl3ak_7f3a9c"
+ACCESS_TOKEN = "ya29.ACCESS-canary-5be1"
+SERVICE_ACCOUNT = "tpu-serve-dev@p-1.iam.gserviceaccount.com"
+BUCKET = "p-1-tpu-serve-dev-cache"
+MACHINE_TYPE = "ct6e-standard-1t"
+IMAGE_DIGEST = "sha256:" + "ab" * 32
+NO_ANSWER = 0  # a status that makes the fake drop the connection: curl reports no HTTP status at all
+MODEL = ServingConfig().model
+METADATA = "/computeMetadata/v1/"
+VM_PYTHON = "/usr/bin/python3"  # what the VM image has; the supervisor must run on it without our virtualenv
+
+SHIM = r'''#!/usr/bin/python3 -IS
+"""Stand-in for docker, apt-get, systemctl, the disk tools and curl: records argv and HF_TOKEN, then behaves."""
+import json, os, pathlib, sys
+
+state = pathlib.Path(os.environ["SHIM_STATE"])
+name = pathlib.Path(sys.argv[0]).name
+args = sys.argv[1:]
+with open(state / "calls.jsonl", "a") as log:
+    log.write(json.dumps({"cmd": name, "argv": args, "hf_token": os.environ.get("HF_TOKEN")}) + "\n")
+
+def load(file, default):
+    path = state / file
+    return json.loads(path.read_text()) if path.exists() else default
+
+def save(file, value):
+    (state / file).write_text(json.dumps(value))
+
+def counter(file):  # a file holding how many more times something fails
+    left = load(file, 0)
+    if left > 0:
+        save(file, left - 1)
+    return left > 0
+
+disk = load("disk.json", {})
+if name == "curl":
+    os.execv(os.environ["REAL_CURL"], ["curl", *args])
+elif name == "apt-get" and args[:1] == ["install"] and "google-cloud-ops-agent" in args:
+    if counter("agent_install_failures"):
+        print("E: Unable to locate package google-cloud-ops-agent", file=sys.stderr)
+        sys.exit(100)
+    (state / "ops_agent_installed").write_text("")
+elif name == "apt-get" and args[:1] == ["install"]:
+    (pathlib.Path(sys.argv[0]).parent / "docker").symlink_to(pathlib.Path(sys.argv[0]).resolve())
+elif name == "dpkg-query":  # dpkg-query -W -f='${Status}' PACKAGE
+    if not (state / "ops_agent_installed").exists():
+        print("dpkg-query: no packages found matching " + args[-1], file=sys.stderr)
+        sys.exit(1)
+    print("install ok installed", end="")
+elif name == "systemctl" and args[-1] == "google-cloud-ops-agent":
+    if args[0] == "is-active":
+        sys.exit(0 if (state / "ops_agent_active").exists() else 3)
+    if args[0] == "restart":
+        (state / "ops_agent_active").write_text("")
+elif name == "blkid":
+    if not disk.get("fs"):
+        sys.exit(2)
+    print(disk["fs"])
+elif name == "mkfs.ext4":
+    disk["fs"] = "ext4"
+    save("disk.json", disk)
+elif name == "fsck.ext4":
+    sys.exit(disk.get("fsck_exit", 0))
+elif name == "mount":
+    if disk.get("mount_fails"):
+        print("mount: wrong fs type, bad option, bad superblock on " + args[-2], file=sys.stderr)
+        sys.exit(32)
+    (state / "mounted").write_text(args[-1])
+elif name == "mountpoint":
+    sys.exit(0 if (state / "mounted").exists() and (state / "mounted").read_text() == args[-1] else 1)
+elif name == "umount":
+    (state / "mounted").unlink(missing_ok=True)
+elif name == "df":
+    print("Avail")
+    print(f" {disk.get('avail_gb', 80)}G")
+elif name == "systemctl":
+    import shlex, signal, subprocess
+    unit = args[-1]
+    if args[0] in ("restart", "start") and unit.startswith("tpu-serve"):
+        unit_file = pathlib.Path(os.environ["VM_ROOT"]) / "etc/systemd/system" / unit
+        exec_start = [line.split("=", 1)[1] for line in unit_file.read_text().splitlines()
+                      if line.startswith("ExecStart=")][0]
+        pid_file = state / "supervisor.pid"
+        if pid_file.exists():
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        with open(state / "supervisor.log", "ab") as out:
+            child = subprocess.Popen(shlex.split(exec_start), stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        pid_file.write_text(str(child.pid))
+elif name == "docker":
+    container = state / "container.json"
+    images = load("images.json", {})
+    if args[0] == "pull":
+        if counter("pull_failures"):
+            print("Error response from daemon: Get https://registry-1.docker.io/v2/: net/http: TLS handshake "
+                  "timeout", file=sys.stderr)
+            sys.exit(1)
+        images[args[-1]] = load("registry.json", {}).get(args[-1], "sha256:" + "ab" * 32)
+        save("images.json", images)
+    elif args[:2] == ["image", "inspect"]:
+        if args[-1] not in images:
+            print(f"Error: No such image: {args[-1]}", file=sys.stderr)
+            sys.exit(1)
+        print(json.dumps([args[-1].split("@")[0].rsplit(":", 1)[0] + "@" + images[args[-1]]]))
+    elif args[0] == "inspect":
+        if not container.exists():
+            print(f"Error: No such object: {args[-1]}", file=sys.stderr)
+            sys.exit(1)
+        info = json.loads(container.read_text())
+        print(json.dumps([{"Name": "/vllm", "Config": {"Labels": info["labels"]},
+                           "State": {"Running": info["running"], "ExitCode": info.get("exit_code", 0)}}]))
+    elif args[0] == "run":
+        labels = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--label")
+        mounts = dict(args[i + 1].rsplit(":", 1)[::-1] for i, a in enumerate(args) if a == "-v")
+        if "/cache/xla" in mounts:  # what the XLA cache held when the server started; then it compiles one more
+            xla = pathlib.Path(os.environ["VM_ROOT"] + mounts["/cache/xla"])  # the host is the sandbox root
+            save("xla_at_run.json", sorted(p.name for p in xla.iterdir()) if xla.is_dir() else None)
+            if xla.is_dir():
+                (xla / f"jit_new_{len(list(xla.iterdir()))}-cache").write_text("compiled")
+        save("container.json", {"labels": labels, "running": not (state / "crash").exists(), "argv": args})
+        print("c0ffee")
+    elif args[0] == "start":
+        info = json.loads(container.read_text())
+        info.update(running=not (state / "crash").exists(), exit_code=0)
+        save("container.json", info)
+        print("vllm")
+    elif args[0] == "rm":
+        container.unlink(missing_ok=True)
+    elif args[0] == "logs":
+        print("INFO Time spent downloading weights for google/gemma-4-E2B-it: 41.250000 seconds")
+        print("RuntimeError: model weights failed to load\nengine core exited")
+    elif args[0] == "image" and args[1] == "prune":
+        pass
+'''
+
+REPO_SCRIPT_PATH = "/cloudagents/add-google-cloud-ops-agent-repo.sh"
+# Stands in for Google's add-google-cloud-ops-agent-repo.sh: with --also-install it adds the repository and runs
+# apt-get to install the agent (what the real script does on Debian/Ubuntu).
+FAKE_REPO_SCRIPT = """#!/bin/bash
+set -e
+[[ $1 == --also-install ]] || exit 0
+apt-get update -q
+apt-get install -y -q google-cloud-ops-agent
+"""
+OPS_AGENT_CONFIG_PATH = "/etc/google-cloud-ops-agent/config.yaml"
+
+SHIMMED = ["apt-get", "dpkg-query", "systemctl", "blkid", "mkfs.ext4", "fsck.ext4", "mount", "mountpoint", "umount", "df"]
+
+
+@dataclass
+class Knobs:
+    """Failure modes, changeable while the VM runs."""
+
+    secret_statuses: list[int] = field(default_factory=lambda: [200])  # answered in turn, the last one repeated
+    token_statuses: list[int] = field(default_factory=lambda: [200])
+    attribute_errors: int = 0  # how many attribute reads answer 503 first
+    health_ok: bool = True
+    completion_content: str = "ready"
+    image_statuses: list[int] = field(default_factory=lambda: [200])  # the multimodal warm-up's answers
+    repo_script_statuses: list[int] = field(default_factory=lambda: [200])  # dl.google.com's Ops Agent repo script
+
+
+class FakeGoogle:
+    """Metadata server, Secret Manager, Cloud Storage and vLLM on one FakeServer."""
+
+    def __init__(self, state: Path, knobs: Knobs):
+        self.state = state
+        self.knobs = knobs
+        self.attributes: dict[str, str] = {}
+        self.changed = threading.Condition()
+        self.guest: list[tuple[str, str, float]] = []  # (key, value, time) in the order written
+        self.objects: dict[str, bytes] = {}  # gs://BUCKET/<name>
+        routes = {
+            ("GET", f"{METADATA}instance/service-accounts/default/token"): self.token,
+            ("GET", f"{METADATA}instance/service-accounts/default/email"): self.email,
+            ("GET", f"/v1/{SECRET}/versions/latest:access"): self.secret,
+            ("GET", "/health"): lambda r: Response(200 if self.knobs.health_ok and self.container_running() else 503),
+            ("GET", "/v1/models"): lambda r: Response(200, {"object": "list", "data": [{"id": MODEL}]}),
+            ("POST", "/v1/chat/completions"): self.chat,
+            ("GET", f"/storage/v1/b/{BUCKET}/o"): self.list_objects,
+            ("POST", f"/upload/storage/v1/b/{BUCKET}/o"): self.upload,
+            ("GET", REPO_SCRIPT_PATH): self.repo_script,
+        }
+        self.server = FakeServer(routes, fallback=self.other)
+
+    # metadata
+    def etag(self) -> str:
+        return hashlib.sha256(json.dumps(self.attributes, sort_keys=True).encode()).hexdigest()[:16]
+
+    def set_attributes(self, **changes: str) -> None:
+        with self.changed:
+            self.attributes.update(changes)
+            self.changed.notify_all()
+
+    def attributes_response(self, request: Request) -> Response:
+        query = urllib.parse.parse_qs(request.query)
+        if request.headers.get("Metadata-Flavor") != "Google":
+            return Response(403, "Missing Metadata-Flavor:Google header.")
+        if self.knobs.attribute_errors > 0:
+            self.knobs.attribute_errors -= 1
+            return Response(503, "metadata server unavailable")
+        if query.get("wait_for_change") == ["true"]:
+            last = query.get("last_etag", [""])[0]
+            timeout = float(query.get("timeout_sec", ["60"])[0])
+            with self.changed:
+                self.changed.wait_for(lambda: self.etag() != last, timeout=timeout)
+        return Response(200, dict(self.attributes), {"ETag": self.etag()})
+
+    def other(self, request: Request) -> Response:
+        prefix_attr, prefix_guest = f"{METADATA}instance/attributes/", f"{METADATA}instance/guest-attributes/tpu-serve/"
+        if request.method == "GET" and request.path == prefix_attr:
+            return self.attributes_response(request)
+        if request.method == "GET" and request.path.startswith(prefix_attr):
+            key = request.path[len(prefix_attr):]
+            if request.headers.get("Metadata-Flavor") != "Google":
+                return Response(403, "Missing Metadata-Flavor:Google header.")
+            return Response(200, self.attributes[key]) if key in self.attributes else Response(404, "not found")
+        if request.method == "PUT" and request.path.startswith(prefix_guest):
+            self.guest.append((request.path[len(prefix_guest):], request.body.decode(), time.time()))
+            return Response(200, "")
+        bucket_objects = f"/storage/v1/b/{BUCKET}/o/"
+        if request.method == "GET" and request.path.startswith(bucket_objects):
+            name = urllib.parse.unquote(request.path[len(bucket_objects):])
+            if name not in self.objects:
+                return Response(404, {"error": {"code": 404, "message": "No such object"}})
+            return Response(200, self.objects[name])
+        return Response(404, {"error": f"no route {request.path}"})
+
+    def token(self, request: Request) -> Response:
+        status = next_of(self.knobs.token_statuses)
+        if status == NO_ANSWER:
+            raise ConnectionAbortedError("fake: drop the connection without an answer")
+        if request.headers.get("Metadata-Flavor") != "Google":
+            return Response(403, "Missing Metadata-Flavor:Google header.")
+        if status != 200:
+            return Response(status, "metadata server error")
+        return Response(200, {"access_token": ACCESS_TOKEN, "expires_in": 3599, "token_type": "Bearer"})
+
+    def email(self, request: Request) -> Response:
+        if request.headers.get("Metadata-Flavor") != "Google":
+            return Response(403, "Missing Metadata-Flavor:Google header.")
+        return Response(200, SERVICE_ACCOUNT)
+
+    def secret(self, request: Request) -> Response:
+        if request.headers.get("Authorization") != f"Bearer {ACCESS_TOKEN}":
+            return Response(401, {"error": {"code": 401, "message": "Request had invalid authentication "
+                                            "credentials.", "status": "UNAUTHENTICATED"}})
+        status = next_of(self.knobs.secret_statuses)
+        if status == 200:
+            return Response(200, {"name": f"{SECRET}/versions/3",
+                                  "payload": {"data": base64.b64encode(CANARY.encode()).decode()}})
+        code, message = SECRET_ERRORS.get(status, ("UNAVAILABLE", "The service is currently unavailable."))
+        return Response(status, {"error": {"code": status, "message": message, "status": code}})
+
+    def chat(self, request: Request) -> Response:
+        content = request.json()["messages"][0]["content"]
+        if isinstance(content, list):  # the multimodal warm-up
+            status = self.knobs.image_statuses.pop(0) if self.knobs.image_statuses else 200
+            return Response(200, completion("red")) if status == 200 else Response(status, {"error": "warming up"})
+        return Response(200, completion(self.knobs.completion_content))
+
+    def repo_script(self, request: Request) -> Response:
+        status = next_of(self.knobs.repo_script_statuses)
+        return Response(200, FAKE_REPO_SCRIPT) if status == 200 else Response(status, "unavailable")
+
+    def container_running(self) -> bool:
+        path = self.state / "container.json"
+        return path.exists() and json.loads(path.read_text())["running"]
+
+    # Cloud Storage
+    def list_objects(self, request: Request) -> Response:
+        if request.headers.get("Authorization") != f"Bearer {ACCESS_TOKEN}":
+            return Response(401, {"error": {"code": 401, "message": "Anonymous caller"}})
+        prefix = urllib.parse.parse_qs(request.query).get("prefix", [""])[0]
+        items = [{"kind": "storage#object", "name": name, "bucket": BUCKET, "size": str(len(data))}
+                 for name, data in sorted(self.objects.items()) if name.startswith(prefix)]
+        return Response(200, {"kind": "storage#objects", "items": items} if items else {"kind": "storage#objects"})
+
+    def upload(self, request: Request) -> Response:
+        query = urllib.parse.parse_qs(request.query)
+        name = query["name"][0]
+        if query.get("ifGenerationMatch") == ["0"] and name in self.objects:
+            return Response(412, {"error": {"code": 412, "message": "At least one of the pre-conditions you "
+                                            "specified did not hold.", "errors": [{"reason": "conditionNotMet"}]}})
+        self.objects[name] = request.body
+        return Response(200, {"kind": "storage#object", "name": name, "bucket": BUCKET,
+                              "size": str(len(request.body)), "generation": "1"})
+
+
+# Secret Manager's error bodies (google.rpc.Status as the REST API returns it; the 403 and 404 messages are the ones
+# `gcloud secrets versions access` prints for a missing grant and a missing secret).
+SECRET_ERRORS = {
+    403: ("PERMISSION_DENIED", "Permission 'secretmanager.versions.access' denied for resource "
+                               f"'{SECRET}/versions/latest' (or it may not exist)."),
+    404: ("NOT_FOUND", f"Secret [{SECRET}] not found or has no versions."),
+}
+
+
+def next_of(replies: list[int]) -> int:
+    return replies.pop(0) if len(replies) > 1 else replies[0]
+
+
+@dataclass
+class Vm:
+    """One sandboxed VM: its directory, fakes and what ran."""
+
+    home: Path
+    google: FakeGoogle
+    knobs: Knobs
+    root: Path = field(init=False)
+    state: Path = field(init=False)
+    shims: Path = field(init=False)
+    script_output: str = ""
+    script_returncode: int | None = None
+    process: Any = None  # the supervisor started by start_supervisor (kept, so stop() can reap it)
+
+    def __post_init__(self) -> None:
+        self.root, self.state, self.shims = self.home / "vmroot", self.home / "state", self.home / "shims"
+
+    @property
+    def url(self) -> str:
+        return self.google.server.url
+
+    @property
+    def cache_root(self) -> Path:
+        return self.root / "var/lib/tpu-serve/cache"
+
+    @property
+    def device(self) -> Path:
+        return self.home / "dev" / "google-tpu-serve-cache"
+
+    def env(self) -> dict[str, str]:
+        # The VM's python3 (standard library only), not the project's virtualenv.
+        return {"PATH": f"{self.shims}:/usr/bin:/bin", "SHIM_STATE": str(self.state),
+                "REAL_CURL": shutil.which("curl") or "/usr/bin/curl", "HOME": str(self.home), "LANG": "C.UTF-8",
+                "VM_ROOT": str(self.root)}
+
+    def supervisor_args(self, iam_wait_s: float = 60) -> tuple[str, ...]:
+        return ("--metadata-url", self.url, "--secret-manager-url", self.url, "--storage-url", self.url,
+                "--root", str(self.root), "--watch-timeout-s", "2", "--check-s", "0.1", "--poll-s", "0.05",
+                "--retry-delay-s", "0.05", "--max-backoff-s", "1", "--restart-delay-s", "0.05",
+                "--iam-wait-s", str(iam_wait_s), "--iam-poll-s", "0.05",
+                "--ops-agent-repo-script-url", self.url + REPO_SCRIPT_PATH,
+                "--ops-agent-config-path", OPS_AGENT_CONFIG_PATH)
+
+    def startup_script(self, cache_disk: bool = True, iam_wait_s: float = 60) -> str:
+        return render_startup_script(cache_disk=cache_disk, metadata_url=self.url, root=str(self.root),
+                                     cache_device=str(self.device), python=VM_PYTHON,
+                                     supervisor_args=self.supervisor_args(iam_wait_s), retry_delay_s=0,
+                                     device_wait_s=0)
+
+    def serve(self, serving: ServingConfig, bucket: str = BUCKET, **changes: str) -> str:
+        """Put `serving` in the metadata (as the stack renders it); returns its config hash."""
+        text = served_config(serving, SECRET, machine_type=MACHINE_TYPE, compile_cache_bucket=bucket,
+                             ready_timeout_s=5, server_url=self.url)
+        self.google.set_attributes(**{"tpu-serve-config": text}, **changes)
+        return json.loads(text)["config_hash"]
+
+    # running
+    def boot(self, cache_disk: bool = True, trace: bool = False, iam_wait_s: float = 60) -> int:
+        """Run the startup script as the VM would at boot (it starts the supervisor through systemctl)."""
+        import subprocess
+
+        script = self.startup_script(cache_disk, iam_wait_s)
+        self.google.set_attributes(**{"startup-script": script})
+        (self.home / "startup.sh").write_text(script)
+        done = subprocess.run(["bash", *(["-x"] if trace else []), str(self.home / "startup.sh")], env=self.env(),
+                              capture_output=True, text=True, timeout=60)
+        self.script_output += done.stdout + done.stderr
+        self.script_returncode = done.returncode
+        return done.returncode
+
+    def start_supervisor(self, iam_wait_s: float = 60) -> None:
+        """Install the supervisor bundle from the metadata and start it, as the startup script's unit would."""
+        import subprocess
+
+        from vm.supervisor import install_bundle
+
+        install_dir = self.root / "opt/tpu-serve"
+        install_bundle(json.loads(self.google.attributes["tpu-serve-supervisor"]), install_dir)
+        with open(self.state / "supervisor.log", "ab") as out:
+            child = subprocess.Popen([VM_PYTHON, str(install_dir / "supervisor.py"),
+                                      *self.supervisor_args(iam_wait_s)], stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, env=self.env())
+        (self.state / "supervisor.pid").write_text(str(child.pid))
+        self.process = child
+
+    def stop(self) -> None:
+        pid_file = self.state / "supervisor.pid"
+        if pid_file.exists():
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.process is not None:
+            self.process.wait()
+
+    # what happened
+    def calls(self) -> list[dict[str, Any]]:
+        path = self.state / "calls.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def calls_of(self, cmd: str, verb: str | None = None) -> list[dict[str, Any]]:
+        return [c for c in self.calls() if c["cmd"] == cmd and (verb is None or c["argv"][:1] == [verb])]
+
+    def guest(self) -> list[tuple[str, str]]:
+        return [(key, value) for key, value, _ in self.google.guest]
+
+    def attributes(self) -> dict[str, str]:
+        """The guest attributes as the Compute API would return them now (last write wins)."""
+        return dict(self.guest())
+
+    def stages(self) -> list[str]:
+        return [value for key, value in self.guest() if key == "stage"]
+
+    def reasons(self) -> list[str]:
+        return [value for key, value in self.guest() if key == "reason" and value]
+
+    def log(self) -> str:
+        path = self.state / "supervisor.log"
+        return self.script_output + (path.read_text(errors="replace") if path.exists() else "")
+
+    def container(self) -> dict[str, Any]:
+        return json.loads((self.state / "container.json").read_text())
+
+    def kill_container(self, exit_code: int = 137) -> None:
+        info = self.container()
+        info.update(running=False, exit_code=exit_code)
+        (self.state / "container.json").write_text(json.dumps(info))
+
+    def wait_for(self, predicate: Callable[[], bool], what: str, timeout_s: float = 20) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}; stages {self.stages()}; log:\n{self.log()[-3000:]}")
+
+    def wait_for_stage(self, stage: str, config_hash: str | None = None, timeout_s: float = 20) -> None:
+        def reached() -> bool:
+            attributes = self.attributes()
+            return attributes.get("stage") == stage and (config_hash is None
+                                                         or attributes.get("config-hash") == config_hash)
+        self.wait_for(reached, f"stage {stage} (config {config_hash})", timeout_s)
+
+
+def make_vm(home: Path, knobs: Knobs | None = None, *, docker_installed: bool = True,
+            disk: dict[str, Any] | None = None, pull_failures: int = 0, agent_install_failures: int = 0) -> Vm:
+    """A sandbox VM with shims installed; `disk` None means no cache disk device at all."""
+    knobs = knobs or Knobs()
+    state = home / "state"
+    state.mkdir(parents=True)
+    google = FakeGoogle(state, knobs)
+    vm = Vm(home, google, knobs)
+    vm.shims.mkdir()
+    (vm.shims / "shim.py").write_text(SHIM)
+    (vm.shims / "shim.py").chmod(0o755)
+    for cmd in SHIMMED + (["docker"] if docker_installed else []):
+        (vm.shims / cmd).symlink_to(vm.shims / "shim.py")
+    (vm.root / "run").mkdir(parents=True)
+    if disk is not None:
+        vm.device.parent.mkdir(parents=True)
+        vm.device.write_text("")
+        (state / "disk.json").write_text(json.dumps(disk))
+    (state / "pull_failures").write_text(str(pull_failures))
+    (state / "agent_install_failures").write_text(str(agent_install_failures))
+    google.set_attributes(**{"enable-oslogin": "TRUE", "tpu-serve-supervisor": supervisor_bundle()})
+    return vm
+
+
+def token_contained(vm: Vm) -> list[str]:
+    """Where the canary token showed up other than `docker run`'s environment (empty = contained)."""
+    leaks = []
+    runs = vm.calls_of("docker", "run")
+    if [c for c in vm.calls() if c["hf_token"]] != runs:
+        leaks.append("a command other than docker run got HF_TOKEN")
+    if not all(c["hf_token"] == CANARY for c in runs):
+        leaks.append("docker run did not get the token")
+    places = {"argv": json.dumps([c["argv"] for c in vm.calls()]), "logs": vm.log(),
+              "guest attributes": json.dumps(vm.guest()), "metadata": json.dumps(vm.google.attributes),
+              "requests": "".join(r.body.decode(errors="replace") + json.dumps(r.headers) + r.query
+                                  for r in vm.google.server.requests if "latest:access" not in r.path
+                                  or r.method != "GET")}
+    leaks += [f"token in {where}" for where, text in places.items() if CANARY in text]
+    if ACCESS_TOKEN in json.dumps([c["argv"] for c in vm.calls_of("curl")]) + vm.log():
+        leaks.append("access token in a curl argv or a log")
+    return leaks

@@ -1,0 +1,241 @@
+"""The caches that outlive a VM: one Hyperdisk Balanced cache disk per zone and the compile-cache bucket.
+
+Lifetime (the design, README "Caches"): the stack declares the disk of its zone and the bucket as resources that
+adopt what already exists and are kept on `pulumi destroy` (`keepCaches`, default true), so the next `pulumi up`,
+in this zone or after a zone change back to it, finds them warm. `tpuserve cache ls|rm --stack S` lists and removes
+them; `zones_by_warm_cache` orders candidate zones so that a capacity sweep tries the zones with a warm disk first.
+
+Both are found by the label `tpu-serve-cache=<stack>` (facts.CACHE_LABEL) in every zone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import click
+
+from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ZonalDisks
+from tpuserve.deploy.gcs import STORAGE_URL, Buckets
+from tpuserve.facts import CACHE_LABEL, HYPERDISK_BALANCED_USD_PER_GB_MONTH
+
+DISK_TYPE = "hyperdisk-balanced"
+
+
+def stack_slug(stack: str) -> str:
+    """The label value of a stack (the character set GCP labels take)."""
+    return re.sub(r"[^a-z0-9_-]+", "-", stack.lower())[:63]
+
+
+def disk_name(base: str) -> str:
+    """`tpu-serve-<stack>-cache`: the same name in every zone (a disk name is unique per zone)."""
+    return f"{base}-cache"[:63]
+
+
+def bucket_name(project: str, base: str) -> str:
+    """Bucket names are global: the project id keeps them apart (3-63 characters, lowercase)."""
+    return f"{project}-{base}-cache"[:63].rstrip("-.")
+
+
+@dataclass(frozen=True)
+class DiskSpec:
+    project: str
+    zone: str
+    name: str
+    size_gb: int
+    labels: Mapping[str, str]
+
+    def body(self) -> dict:
+        """The disks.insert body: Hyperdisk Balanced with its default (free) 3,000 IOPS and 140 MiB/s."""
+        return {"name": self.name, "sizeGb": str(self.size_gb), "type": f"zones/{self.zone}/diskTypes/{DISK_TYPE}",
+                "labels": dict(self.labels),
+                "description": "tpu-serve cache: Docker image layers, Hugging Face cache, XLA compile cache"}
+
+
+def ensure_disk(disks: ZonalDisks, spec: DiskSpec) -> tuple[dict, bool]:
+    """(disk, adopted): the existing disk of that name, grown to `size_gb` if smaller, or a new one."""
+    found = disks.get(spec.project, spec.zone, spec.name)
+    if found is None:
+        return disks.insert(spec.project, spec.zone, spec.body()), False
+    if int(found.get("sizeGb", 0)) < spec.size_gb:
+        disks.resize(spec.project, spec.zone, spec.name, spec.size_gb)
+        found = disks.get(spec.project, spec.zone, spec.name) or found
+    return found, True
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    project: str
+    name: str
+    location: str
+    labels: Mapping[str, str]
+
+    def body(self) -> dict:
+        """Private, uniform access, in the VM's region (https://cloud.google.com/storage/docs/json_api/v1/buckets)."""
+        return {"name": self.name, "location": self.location.upper(), "labels": dict(self.labels),
+                "iamConfiguration": {"uniformBucketLevelAccess": {"enabled": True},
+                                     "publicAccessPrevention": "enforced"}}
+
+
+def ensure_bucket(buckets: Buckets, spec: BucketSpec) -> tuple[dict, bool]:
+    found = buckets.get(spec.name)
+    if found is not None:
+        return found, True
+    return buckets.insert(spec.project, spec.body()), False
+
+
+@dataclass(frozen=True)
+class CacheDisk:
+    """One cache disk as `tpuserve cache ls` shows it."""
+
+    zone: str
+    name: str
+    size_gb: int
+    status: str
+    users: tuple[str, ...]
+    last_attached: str
+    monthly_usd: float
+
+    @classmethod
+    def from_api(cls, disk: Mapping, price_per_gb_month: float = HYPERDISK_BALANCED_USD_PER_GB_MONTH) -> CacheDisk:
+        size = int(disk.get("sizeGb", 0))
+        return cls(zone=str(disk.get("zone", "")).rsplit("/", 1)[-1], name=str(disk.get("name", "")), size_gb=size,
+                   status=str(disk.get("status", "")),
+                   users=tuple(str(u).rsplit("/", 1)[-1] for u in disk.get("users", [])),
+                   last_attached=str(disk.get("lastAttachTimestamp", "")),
+                   monthly_usd=round(size * price_per_gb_month, 2))
+
+
+def cache_disks(disks: ZonalDisks, project: str, stack: str) -> list[CacheDisk]:
+    found = disks.aggregated(project, f"labels.{CACHE_LABEL}={stack_slug(stack)}")
+    return sorted((CacheDisk.from_api(d) for d in found), key=lambda d: d.zone)
+
+
+def zones_by_warm_cache(candidates: Sequence[str], caches: Iterable[CacheDisk]) -> list[str]:
+    """The candidate zones, those holding a usable cache disk of the stack first (most recently attached first),
+    then the rest in their given order. For the capacity sweep: a zone with a warm disk boots in minutes less."""
+    warm: dict[str, str] = {}
+    for disk in caches:
+        if disk.status == "READY" and disk.zone in candidates:
+            warm[disk.zone] = max(warm.get(disk.zone, ""), disk.last_attached)
+    first = sorted(warm, key=lambda zone: (warm[zone], -candidates.index(zone)), reverse=True)
+    return first + [zone for zone in candidates if zone not in warm]
+
+
+# --- `tpuserve cache` -----------------------------------------------------------------------------------------
+
+def _clients(compute_url: str, storage_url: str) -> tuple[ZonalDisks, Buckets]:
+    from tpuserve.deploy.gce import MissingCredentials, adc_session
+
+    try:
+        session = adc_session()
+    except MissingCredentials as err:
+        raise click.ClickException(str(err)) from err
+    return ZonalDisks(session, compute_url), Buckets(session, storage_url)
+
+
+def _project(project: str | None, stack: str, stack_outputs: Path | None) -> str:
+    if project:
+        return project
+    from tpuserve.deploy.stack import read_outputs
+    from tpuserve.serving import ConfigError
+
+    try:
+        outputs = read_outputs(stack, stack_outputs) or {}
+    except ConfigError as err:
+        raise click.UsageError(f"{err}; or give --project (a destroyed stack has no outputs)") from err
+    if not outputs.get("project"):
+        raise click.UsageError(f"stack {stack!r} names no project; give --project")
+    return str(outputs["project"])
+
+
+def cache_options(command):
+    for option in reversed([
+        click.option("--stack", required=True, help="The stack whose caches these are (their tpu-serve-cache label)."),
+        click.option("--project", help="GCP project (default: the stack's `project` output)."),
+        click.option("--stack-outputs", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="Read the stack's outputs from this `pulumi stack output --json` file."),
+        click.option("--compute-url", default=COMPUTE_URL, show_default=True, help="Compute API root (tests)."),
+        click.option("--storage-url", default=STORAGE_URL, show_default=True, help="Cloud Storage root (tests)."),
+        click.option("--json", "as_json", is_flag=True, help="Machine-readable output."),
+    ]):
+        command = option(command)
+    return command
+
+
+@click.group()
+def cache() -> None:
+    """List or remove a stack's cache disks (one per zone) and compile-cache bucket."""
+
+
+@cache.command("ls")
+@cache_options
+def ls(stack: str, project: str | None, stack_outputs: Path | None, compute_url: str, storage_url: str,
+       as_json: bool) -> None:
+    """List the stack's cache disks in every zone and its compile-cache bucket, with their monthly cost."""
+    project = _project(project, stack, stack_outputs)
+    disks, buckets = _clients(compute_url, storage_url)
+    try:
+        found = cache_disks(disks, project, stack)
+        bucket = _stack_bucket(buckets, project, stack)
+    except ComputeApiError as err:
+        raise click.ClickException(str(err)) from err
+    entries = [] if bucket is None else buckets.objects(bucket["name"], "xla/")
+    keys = sorted({item["name"].split("/")[1] for item in entries if item["name"].count("/") >= 2})
+    if as_json:
+        click.echo(json.dumps({"disks": [asdict(d) for d in found],
+                               "bucket": None if bucket is None else {"name": bucket["name"], "objects": len(entries),
+                                                                      "keys": keys},
+                               "monthly_usd": round(sum(d.monthly_usd for d in found), 2)}))
+        return
+    if not found:
+        click.echo(f"no cache disk of stack {stack} in {project}")
+    for disk in found:
+        users = f"attached to {', '.join(disk.users)}" if disk.users else "not attached"
+        click.echo(f"{disk.zone:<18} {disk.name:<32} {disk.size_gb:>5} GB  {disk.status:<8} {users:<28} "
+                   f"${disk.monthly_usd:.2f}/month")
+    if bucket is not None:
+        click.echo(f"bucket gs://{bucket['name']}: {len(entries)} compile-cache objects under {len(keys)} key(s)")
+    click.echo(f"total ${sum(d.monthly_usd for d in found):.2f}/month for the disks (reference "
+               f"${HYPERDISK_BALANCED_USD_PER_GB_MONTH}/GB-month)")
+
+
+@cache.command("rm")
+@cache_options
+@click.option("--zone", "zones", multiple=True, help="Only the disk of this zone (repeatable; default: every zone).")
+@click.option("--bucket/--no-bucket", "with_bucket", default=False, show_default=True,
+              help="Also delete the compile-cache bucket and its objects.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def rm(stack: str, project: str | None, stack_outputs: Path | None, compute_url: str, storage_url: str,
+       as_json: bool, zones: tuple[str, ...], with_bucket: bool, yes: bool) -> None:
+    """Delete the stack's cache disks (never one a VM still uses) and, with --bucket, its bucket."""
+    project = _project(project, stack, stack_outputs)
+    disks, buckets = _clients(compute_url, storage_url)
+    found = [d for d in cache_disks(disks, project, stack) if not zones or d.zone in zones]
+    in_use = [d for d in found if d.users]
+    if in_use:
+        raise click.UsageError(f"{', '.join(f'{d.zone}/{d.name}' for d in in_use)} is attached to "
+                               f"{', '.join(u for d in in_use for u in d.users)}; `pulumi destroy` the stack (or "
+                               "wait for its VM to end), then run this again")
+    bucket = _stack_bucket(buckets, project, stack) if with_bucket else None
+    what = [f"disk {d.zone}/{d.name} ({d.size_gb} GB)" for d in found] + (
+        [f"bucket gs://{bucket['name']}"] if bucket else [])
+    if not what:
+        click.echo(json.dumps({"deleted": []}) if as_json else "nothing to delete")
+        return
+    if not yes:
+        click.confirm(f"Delete {', '.join(what)}? The next boot there is cold", abort=True, err=True)
+    for disk in found:
+        disks.delete(project, disk.zone, disk.name)
+    if bucket:
+        buckets.delete(bucket["name"])
+    click.echo(json.dumps({"deleted": what}) if as_json else "deleted " + ", ".join(what))
+
+
+def _stack_bucket(buckets: Buckets, project: str, stack: str) -> dict | None:
+    """The bucket labelled for this stack, if any."""
+    labelled = [b for b in buckets.list(project) if (b.get("labels") or {}).get(CACHE_LABEL) == stack_slug(stack)]
+    return labelled[0] if labelled else None

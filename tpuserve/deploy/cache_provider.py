@@ -1,0 +1,102 @@
+"""Pulumi dynamic providers for the caches: create adopts what exists, delete runs only when asked.
+
+Why not pulumi-gcp's Disk and Bucket: a cache must survive `pulumi destroy`, and a resource kept that way
+(`retainOnDelete`) makes the next `pulumi up` fail with "already exists" on the same name, unless someone imports it
+by hand. These providers create the disk or bucket only when there is none of that name and adopt it otherwise, so
+keeping them costs nothing in operations. `pulumi destroy` deletes them only when the stack sets `keepCaches: false`
+(components/cache.py passes `retain_on_delete` otherwise). The calls are tpuserve.deploy.cache's, tested against a
+fake Compute API and Cloud Storage; credentials are application-default, like `tpuserve gate`'s.
+
+The provider classes live in this installed module so that Pulumi's dynamic-provider process can import them
+(dill pickles classes of importable modules by reference).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, \
+    UpdateResult
+
+from tpuserve.deploy import cache
+
+
+def _session():
+    from tpuserve.deploy.gce import adc_session
+
+    return adc_session()
+
+
+def disk_id(project: str, zone: str, name: str) -> str:
+    return f"projects/{project}/zones/{zone}/disks/{name}"
+
+
+def _spec(props: dict[str, Any]) -> cache.DiskSpec:
+    return cache.DiskSpec(str(props["project"]), str(props["zone"]), str(props["name"]), int(props["sizeGb"]),
+                          dict(props.get("labels") or {}))
+
+
+class CacheDiskProvider(ResourceProvider):
+    def __init__(self, compute_url: str = "https://compute.googleapis.com"):
+        self.compute_url = compute_url
+
+    def _disks(self):
+        from tpuserve.deploy.gce import ZonalDisks
+
+        return ZonalDisks(_session(), self.compute_url)
+
+    def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
+        if olds and olds.get("zone") == news.get("zone") and int(news["sizeGb"]) < int(olds.get("sizeGb", 0)):
+            return CheckResult(news, [CheckFailure("sizeGb", f"cacheDiskSizeGb: a disk cannot shrink "
+                                                             f"({olds['sizeGb']} -> {news['sizeGb']} GB); `tpuserve "
+                                                             "cache rm` it first, or keep the size")])
+        return CheckResult(news, [])
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        replaces = [key for key in ("project", "zone", "name") if olds.get(key) != news.get(key)]
+        changes = replaces + (["sizeGb"] if int(olds.get("sizeGb", 0)) != int(news["sizeGb"]) else [])
+        return DiffResult(changes=bool(changes), replaces=replaces, delete_before_replace=False)
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        disk, adopted = cache.ensure_disk(self._disks(), _spec(props))
+        return CreateResult(disk_id(props["project"], props["zone"], props["name"]),
+                            {**props, "sizeGb": int(disk.get("sizeGb", props["sizeGb"])), "adopted": adopted})
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        disk = self._disks().get(props["project"], props["zone"], props["name"])
+        if disk is None:
+            return ReadResult(None, {})  # gone (e.g. `tpuserve cache rm`): the next `pulumi up` creates it again
+        return ReadResult(id_, {**props, "sizeGb": int(disk.get("sizeGb", props["sizeGb"]))})
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        disk, _ = cache.ensure_disk(self._disks(), _spec(news))  # grows it
+        return UpdateResult({**news, "sizeGb": int(disk.get("sizeGb", news["sizeGb"]))})
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        self._disks().delete(props["project"], props["zone"], props["name"])
+
+
+class CacheBucketProvider(ResourceProvider):
+    def __init__(self, storage_url: str = "https://storage.googleapis.com"):
+        self.storage_url = storage_url
+
+    def _buckets(self):
+        from tpuserve.deploy.gcs import Buckets
+
+        return Buckets(_session(), self.storage_url)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        replaces = [key for key in ("project", "name", "location") if olds.get(key) != news.get(key)]
+        return DiffResult(changes=bool(replaces), replaces=replaces, delete_before_replace=False)
+
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        spec = cache.BucketSpec(str(props["project"]), str(props["name"]), str(props["location"]),
+                                dict(props.get("labels") or {}))
+        _, adopted = cache.ensure_bucket(self._buckets(), spec)
+        return CreateResult(str(props["name"]), {**props, "adopted": adopted})
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        return ReadResult(id_, props) if self._buckets().get(props["name"]) else ReadResult(None, {})
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        self._buckets().delete(props["name"])

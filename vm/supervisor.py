@@ -1,0 +1,756 @@
+"""tpu-serve supervisor: serve what the instance metadata says, and keep it serving.
+
+Installed by the VM's startup script as the systemd unit `tpu-serve-supervisor` (Restart=always). Three parts, in
+the shape of Google's guest agent and google-cloud-go's compute/metadata `Subscribe`:
+
+- watch: long-poll the metadata server for the instance attributes
+  (`instance/attributes/?recursive=true&alt=json&wait_for_change=true&last_etag=E&timeout_sec=T`, header
+  `Metadata-Flavor: Google`); the response's ETag header is the next `last_etag`, so a change made between two
+  polls is never missed, and a poll that times out returns the same ETag. Errors (a 503 while the metadata server
+  restarts, no answer) are retried with exponential backoff. Nothing else happens here.
+- decide: a pure function from what the metadata asks for (the served config in `tpu-serve-config`, the
+  supervisor's own code in `tpu-serve-supervisor`) and what runs (the `vllm` container's config-hash label and
+  state, what was last reported) to one action.
+- act: pull the image, restore the compile cache, fetch the token, (re)start the container with the config's argv
+  and the same cache mounts, wait until it really serves (vm/readycheck.py's rules plus the multimodal warm-up),
+  report; after `serving`, run the post-serving hooks (push the compile cache).
+
+Progress goes to the guest attributes under `tpu-serve/` that `tpuserve gate` follows: `stage`, `at-<stage>`,
+`config-hash`, `since` (when the current config's run began: older `at-` values belong to an earlier run),
+`reason`, and what was warm: `image`, `weights`, `compile-cache`. A served-config change walks the stages again
+from `pulling-image` under the new hash (the stage is written before the hash, so a `serving` left from the old
+config is never read with the new hash). A container that exits after `serving` is restarted with backoff
+(`restarting`, its last log lines as `reason`), and given up (`failed`) after too many restarts in a row.
+
+The Hugging Face token is read from Secret Manager as the VM's service account (vm/hf_token.py) and handed to
+`docker run` through that one process's environment: never in an argv, a log line or an attribute.
+
+Standard library only (Ubuntu 22.04's python3, 3.10); imports nothing from tpuserve; its sibling files come with it
+in the `tpu-serve-supervisor` metadata key, which it re-installs and re-executes itself from when it changes (the
+running container is adopted, not restarted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import compile_cache  # noqa: E402 - siblings, installed beside this file
+import hf_token  # noqa: E402
+import readycheck  # noqa: E402
+
+# Kept equal to tpuserve/facts.py by tests/test_supervisor.py (this file cannot import tpuserve).
+NAMESPACE = "tpu-serve"
+SERVED_CONFIG_KEY = "tpu-serve-config"
+SUPERVISOR_KEY = "tpu-serve-supervisor"
+CACHE_ROOT = "/var/lib/tpu-serve/cache"
+XLA_CACHE_KEY_PLACEHOLDER = "{xla_cache_key}"
+CONTAINER = "vllm"
+HASH_LABEL = "tpu-serve.config-hash"
+MAX_RESTARTS = 5
+SECRET_ROLE = "roles/secretmanager.secretAccessor"
+IAM_WAIT_S = 600
+# The startup script writes the config hash it booted with here (a tmpfs: one boot), so the supervisor's first run
+# continues that boot's timeline instead of starting a new one.
+BOOT_HASH_FILE = "/run/tpu-serve/boot-config-hash"
+INSTALL_DIR = "/opt/tpu-serve"
+# The Ops Agent: installed by vm/ops-agent-install.sh (shipped in the supervisor bundle with the agent's rendered
+# configuration, components/ops_agent.py) once the server serves; https://cloud.google.com/stackdriver/docs/solutions/
+# agents/ops-agent/installation. A failure is a warning (guest attribute ops-agent=failed), never a failed serve.
+OPS_AGENT_INSTALLER = "ops-agent-install.sh"
+OPS_AGENT_CONFIG = "ops-agent.yaml"
+OPS_AGENT_REPO_SCRIPT_URL = "https://dl.google.com/cloudagents/add-google-cloud-ops-agent-repo.sh"
+OPS_AGENT_CONFIG_PATH = "/etc/google-cloud-ops-agent/config.yaml"
+OPS_AGENT_TIMEOUT_S = 1800
+PULL_ATTEMPTS = 5
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} tpu-serve-supervisor: {message}", flush=True)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where things are and how fast to go; tests point the URLs at fakes on 127.0.0.1 and shrink the delays."""
+
+    metadata_url: str = hf_token.METADATA_URL
+    secret_manager_url: str = hf_token.SECRET_MANAGER_URL
+    storage_url: str = compile_cache.STORAGE_URL
+    root: str = ""  # prefix of every host path (tests run in a sandbox directory)
+    watch_timeout_s: int = 60  # guest agent's timeout_sec; the HTTP timeout is 10 s longer
+    check_s: float = 10.0  # how often the container is looked at between metadata changes
+    poll_s: float = 5.0  # readiness polling while the model loads
+    retry_delay_s: float = 10.0  # first backoff of pulls, Secret Manager and the metadata server
+    max_backoff_s: float = 300.0
+    restart_delay_s: float = 10.0  # first backoff of a crashed container's restarts (doubles each time)
+    stable_s: float = 600.0  # serving this long resets the restart count
+    iam_wait_s: float = IAM_WAIT_S
+    iam_poll_s: float = 15.0
+    # The Ops Agent (installed once the server serves): Google's repository script and the agent's config file.
+    ops_agent_repo_script_url: str = OPS_AGENT_REPO_SCRIPT_URL
+    ops_agent_config_path: str = OPS_AGENT_CONFIG_PATH
+
+    def path(self, absolute: str) -> Path:
+        return Path(self.root + absolute)
+
+
+# --- watch ---------------------------------------------------------------------------------------------------
+
+class MetadataError(RuntimeError):
+    pass
+
+
+class Metadata:
+    """The few metadata-server calls the supervisor makes."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/") + "/computeMetadata/v1/"
+
+    def _call(self, method: str, path: str, data: bytes | None = None, timeout_s: float = 10.0) -> tuple[int, bytes,
+                                                                                                           str]:
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Metadata-Flavor": "Google"})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - the metadata server
+                return response.status, response.read(), response.headers.get("ETag", "")
+        except urllib.error.HTTPError as err:
+            return err.code, err.read(), ""
+        except OSError as err:
+            raise MetadataError(f"no answer ({type(getattr(err, 'reason', err)).__name__})") from err
+
+    def attributes(self, last_etag: str, timeout_sec: int) -> tuple[dict[str, str], str]:
+        """The instance attributes once they differ from `last_etag` (or after `timeout_sec`, unchanged)."""
+        path = (f"instance/attributes/?recursive=true&alt=json&wait_for_change=true&timeout_sec={timeout_sec}"
+                f"&last_etag={urllib.parse.quote(last_etag)}")
+        status, body, etag = self._call("GET", path, timeout_s=timeout_sec + 10)
+        if status != 200:
+            raise MetadataError(f"HTTP {status}")
+        try:
+            values = json.loads(body or b"{}")
+        except ValueError as err:
+            raise MetadataError("an unreadable attributes document") from err
+        return {str(k): str(v) for k, v in values.items()} if isinstance(values, dict) else {}, etag
+
+    def email(self) -> str:
+        try:
+            status, body, _ = self._call("GET", "instance/service-accounts/default/email", timeout_s=5)
+        except MetadataError:
+            status = 0
+        return body.decode().strip() if status == 200 else "the VM's service account"
+
+    def put_guest(self, key: str, value: str) -> None:
+        """Best effort: a metadata hiccup leaves the gate less informed, never stops the supervisor."""
+        try:
+            status, _, _ = self._call("PUT", f"instance/guest-attributes/{NAMESPACE}/{key}", value.encode())
+        except MetadataError:
+            status = 0
+        if status != 200:
+            log(f"warning: could not write guest attribute {key}")
+
+
+def watch(metadata: Metadata, last_etag: str, settings: Settings,
+          sleep: Any = time.sleep) -> tuple[dict[str, str], str]:
+    """Block until the attributes' ETag differs from `last_etag` or the poll times out; retry errors with
+    exponential backoff from `retry_delay_s` up to `max_backoff_s`."""
+    delay = settings.retry_delay_s
+    while True:
+        try:
+            return metadata.attributes(last_etag, settings.watch_timeout_s)
+        except MetadataError as err:
+            log(f"the metadata server answered {err}; retrying in {delay:g} s")
+            sleep(delay)
+            delay = min(delay * 2, settings.max_backoff_s)
+
+
+class Latest:
+    """The newest attributes the watcher saw; `wait` returns early when they change."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self.attributes: dict[str, str] | None = None
+        self.version = 0
+
+    def publish(self, attributes: dict[str, str]) -> None:
+        with self._changed:
+            self.attributes, self.version = attributes, self.version + 1
+            self._changed.notify_all()
+
+    def wait(self, seen: int, timeout_s: float) -> tuple[dict[str, str] | None, int]:
+        with self._changed:
+            self._changed.wait_for(lambda: self.version != seen, timeout=timeout_s)
+            return self.attributes, self.version
+
+
+def watcher(metadata: Metadata, latest: Latest, settings: Settings) -> None:
+    etag = "NONE"  # the guest agent's first last_etag: any real ETag differs, so the first poll answers at once
+    while True:
+        attributes, new_etag = watch(metadata, etag, settings)
+        if new_etag != etag or not new_etag:
+            latest.publish(attributes)
+            etag = new_etag
+
+
+# --- decide --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ServedConfig:
+    """What `tpu-serve-config` asks for (rendered by the stack, components/startup_script.py)."""
+
+    config_hash: str
+    model: str
+    image: str
+    docker_run_args: tuple[str, ...]
+    machine_type: str
+    hf_token_secret: str
+    server_url: str = "http://127.0.0.1:8000"
+    warmup_image: str = ""
+    compile_cache_bucket: str = ""
+    ready_timeout_s: float = 3600.0
+
+    @classmethod
+    def parse(cls, text: str | None) -> ServedConfig:
+        if not text:
+            raise ValueError(f"the {SERVED_CONFIG_KEY} metadata key is missing")
+        try:
+            raw = json.loads(text)
+            return cls(config_hash=str(raw["config_hash"]), model=str(raw["model"]), image=str(raw["image"]),
+                       docker_run_args=tuple(str(a) for a in raw["docker_run_args"]),
+                       machine_type=str(raw["machine_type"]), hf_token_secret=str(raw["hf_token_secret"]),
+                       server_url=str(raw.get("server_url") or cls.server_url),
+                       warmup_image=str(raw.get("warmup_image") or ""),
+                       compile_cache_bucket=str(raw.get("compile_cache_bucket") or ""),
+                       ready_timeout_s=float(raw.get("ready_timeout_s") or cls.ready_timeout_s))
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"the {SERVED_CONFIG_KEY} metadata key is unreadable ({type(err).__name__}: {err})") \
+                from None
+
+    @property
+    def pinned_digest(self) -> str:
+        _, at, digest = self.image.partition("@")
+        return digest if at and digest.startswith("sha256:") else ""
+
+
+@dataclass(frozen=True)
+class Container:
+    config_hash: str
+    running: bool
+    exit_code: int = 0
+
+
+@dataclass
+class State:
+    """What the supervisor knows beyond the metadata: set by act, read by decide."""
+
+    applied_hash: str = ""  # the config it last acted on
+    phase: str = ""  # "" (nothing known), "serving", "restarting", "failed"
+    restarts: int = 0
+    serving_since: float = 0.0
+    invalid: str = ""  # the unreadable config it already reported
+    boot_hash: str = ""  # what the startup script announced this boot
+
+
+# Actions
+WAIT, APPLY, ADOPT, RESTART, GIVE_UP, INVALID, UPDATE_SELF = (
+    "wait", "apply", "adopt", "restart", "give-up", "invalid", "update-self")
+
+
+def decide(attributes: dict[str, str], container: Container | None, state: State, own_version: str,
+           max_restarts: int = MAX_RESTARTS) -> str:
+    """One action for what the metadata asks and what runs. Pure: tests call it with every combination."""
+    bundle_version = bundle_version_of(attributes.get(SUPERVISOR_KEY))
+    if bundle_version and bundle_version != own_version:
+        return UPDATE_SELF
+    try:
+        wanted = ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY))
+    except ValueError as err:
+        return WAIT if state.invalid == str(err) else INVALID
+    same_config = state.applied_hash == wanted.config_hash
+    if container is None or container.config_hash != wanted.config_hash:
+        # A config that failed stays failed until it changes: no retry loop on a bad image or a refused secret.
+        return WAIT if same_config and state.phase == "failed" else APPLY
+    if container.running:
+        return WAIT if same_config and state.phase in ("serving", "failed") else ADOPT
+    if same_config and state.phase in ("serving", "restarting"):
+        return RESTART if state.restarts < max_restarts else GIVE_UP
+    if same_config and state.phase == "failed":
+        return WAIT
+    return APPLY  # a stopped container of this config that this supervisor never saw serve: start afresh
+
+
+def bundle_version_of(text: str | None) -> str:
+    try:
+        return str(json.loads(text)["version"]) if text else ""
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+# --- act -----------------------------------------------------------------------------------------------------
+
+class Failed(RuntimeError):
+    """The current config cannot be served; the message is the reason reported."""
+
+
+class Superseded(RuntimeError):
+    """A newer served config arrived while acting on this one."""
+
+
+def docker(*args: str, env: dict[str, str] | None = None, timeout_s: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+
+
+def inspect_container() -> Container | None:
+    done = docker("inspect", CONTAINER, timeout_s=30)
+    if done.returncode != 0:
+        return None
+    try:
+        info = json.loads(done.stdout)[0]
+        labels = info.get("Config", {}).get("Labels") or {}
+        state = info.get("State", {})
+        return Container(str(labels.get(HASH_LABEL, "")), bool(state.get("Running")), int(state.get("ExitCode") or 0))
+    except (ValueError, IndexError, KeyError, TypeError):
+        return None
+
+
+def container_logs(lines: int = 15) -> str:
+    done = docker("logs", "--tail", str(lines), CONTAINER, timeout_s=30)
+    return " ".join((done.stdout + done.stderr).split())[-1200:]
+
+
+def image_digest(image: str) -> str:
+    """The local image's registry digest (sha256:...), or '' when it is not there."""
+    done = docker("image", "inspect", "--format", "{{json .RepoDigests}}", image, timeout_s=60)
+    if done.returncode != 0:
+        return ""
+    try:
+        digests = json.loads(done.stdout or "[]") or []
+    except ValueError:
+        return ""
+    return digests[0].partition("@")[2] if digests else ""
+
+
+def cache_key(digest: str, machine_type: str) -> str:
+    """XLA cache directory name: the image digest (its JAX and libtpu) and the machine type (its TPU topology)."""
+    hexdigest = digest.partition(":")[2][:16] or "unknown-image"
+    return f"{hexdigest}-{re.sub(r'[^a-z0-9-]', '-', machine_type.lower())}"
+
+
+# vLLM's weight loader logs this after a download (vllm/model_executor/model_loader/weight_utils.py); tpu-inference's
+# JAX model path may download without it, and then only "downloaded" is known.
+DOWNLOAD_LINE = re.compile(r"Time spent downloading weights for \S+: ([0-9.]+) seconds")
+
+
+def download_time(weights: str) -> str:
+    done = docker("logs", CONTAINER, timeout_s=60)
+    found = DOWNLOAD_LINE.findall(done.stdout + done.stderr)
+    return f"{weights} in {float(found[-1]):.0f} s" if found else weights
+
+
+def weights_cached(hf_home: Path, model: str) -> bool:
+    """Whether the Hugging Face cache already holds a snapshot of `model` (huggingface_hub's cache layout)."""
+    snapshots = hf_home / "hub" / f"models--{model.replace('/', '--')}" / "snapshots"
+    return snapshots.is_dir() and any(path.is_file() for path in snapshots.rglob("*"))
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, metadata: Metadata, latest: Latest, own_version: str):
+        self.settings = settings
+        self.metadata = metadata
+        self.latest = latest
+        self.own_version = own_version
+        self.state = State(boot_hash=self._read_boot_hash())
+        self.seen = 0
+        # Run once each time the current config reaches `serving` (after a restart too); each must be idempotent
+        # and never fail the serving.
+        self.post_serving_hooks = [self.push_compile_cache, self.install_ops_agent]
+        self.ops_agent: threading.Thread | None = None
+        self.current: ServedConfig | None = None
+        self.xla_key = ""
+        self.compile_before = self.compile_after = self.compile_restored = 0
+
+    def _read_boot_hash(self) -> str:
+        try:
+            return self.settings.path(BOOT_HASH_FILE).read_text().strip()
+        except OSError:
+            return ""
+
+    # reporting
+    def report(self, key: str, value: str) -> None:
+        self.metadata.put_guest(key, value)
+
+    def stage(self, name: str) -> None:
+        self.report(f"at-{name}", str(int(time.time())))
+        self.report("stage", name)
+        log(f"stage {name}")
+
+    def fail(self, reason: str) -> None:
+        log(f"FAILED: {reason}")
+        self.report("reason", reason)
+        self.stage("failed")
+        self.state.phase = "failed"
+
+    # the loop
+    def run_forever(self) -> None:
+        while True:
+            self.step(self.check())
+
+    def check(self) -> dict[str, str]:
+        attributes, self.seen = self.latest.wait(self.seen, self.settings.check_s)
+        while attributes is None:  # nothing read yet
+            attributes, self.seen = self.latest.wait(self.seen, self.settings.check_s)
+        return attributes
+
+    def step(self, attributes: dict[str, str]) -> str:
+        action = decide(attributes, inspect_container(), self.state, self.own_version)
+        if action != WAIT:
+            log(f"action: {action}")
+        if action == UPDATE_SELF:
+            self.update_self(attributes[SUPERVISOR_KEY])
+        elif action == INVALID:
+            try:
+                ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY))
+            except ValueError as err:
+                self.state.invalid = str(err)
+                self.fail(str(err))
+        elif action == WAIT:
+            if self.state.phase == "serving" and time.monotonic() - self.state.serving_since > self.settings.stable_s:
+                self.state.restarts = 0
+        else:
+            config = ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY))
+            try:
+                {APPLY: self.apply, ADOPT: self.adopt, RESTART: self.restart, GIVE_UP: self.give_up}[action](config)
+            except Superseded:
+                log("a newer served config arrived; switching to it")
+            except Failed as err:
+                self.fail(str(err))
+        return action
+
+    def superseded(self, config: ServedConfig) -> bool:
+        attributes = self.latest.attributes or {}
+        try:
+            return ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY)).config_hash != config.config_hash
+        except ValueError:
+            return False
+
+    def pause(self, config: ServedConfig, seconds: float) -> None:
+        """Sleep, waking early (Superseded) when a newer config arrives."""
+        deadline, seen = time.monotonic() + seconds, self.seen
+        while time.monotonic() < deadline:
+            _, version = self.latest.wait(seen, deadline - time.monotonic())
+            if version != seen:
+                seen = version
+                if self.superseded(config):
+                    raise Superseded()
+
+    # actions
+    def begin(self, config: ServedConfig) -> None:
+        """Announce a run of `config`. The stage goes first: the gate reads `config-hash` only with a stage that
+        belongs to it, so a `serving` or `failed` left by the previous config cannot end its wait."""
+        self.state = replace(self.state, applied_hash=config.config_hash, phase="", restarts=0, invalid="")
+        self.current = config
+        new_timeline = config.config_hash != self.state.boot_hash  # a reconfiguration, not this boot's first run
+        if new_timeline:
+            self.report("since", str(int(time.time())))
+        self.stage("pulling-image")
+        if new_timeline:
+            self.report("config-hash", config.config_hash)
+        self.state.boot_hash = ""  # only the first run after boot continues the boot's timeline
+        for key in ("reason", "image", "weights", "compile-cache"):
+            self.report(key, "")
+
+    def apply(self, config: ServedConfig) -> None:
+        log(f"serving config {config.config_hash}: model {config.model}, image {config.image}")
+        self.begin(config)
+        image = self.pull(config)
+        digest = config.pinned_digest or image_digest(config.image)
+        self.xla_key = cache_key(digest, config.machine_type)
+        xla_dir = self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}")
+        xla_dir.mkdir(parents=True, exist_ok=True)
+        restored = self.restore_compile_cache(config, xla_dir)
+        self.compile_before = compile_cache.entries(xla_dir)
+        self.compile_restored = restored
+        hf_home = self.settings.path(f"{CACHE_ROOT}/huggingface")
+        hf_home.mkdir(parents=True, exist_ok=True)
+        weights = "cached" if weights_cached(hf_home, config.model) else "downloaded"
+        self.stage("fetching-token")
+        token = self.fetch_token(config)
+        self.stage("starting-server")
+        self.start_container(config, token)
+        token = ""
+        self.stage("loading-model")
+        self.wait_until_serving(config)
+        self.report("image", image)
+        self.report("weights", weights if weights == "cached" else download_time(weights))
+        self.serving(config)
+
+    def pull(self, config: ServedConfig) -> str:
+        """Pull the image unless a digest-pinned copy is already local; 'cached' or 'pulled in N s'."""
+        before = image_digest(config.image)
+        if config.pinned_digest and before:
+            return "cached"
+        started, delay = time.monotonic(), self.settings.retry_delay_s
+        for attempt in range(1, PULL_ATTEMPTS + 1):
+            if docker("pull", "--quiet", config.image, timeout_s=3600).returncode == 0:
+                break
+            if attempt == PULL_ATTEMPTS:
+                raise Failed(f"could not pull {config.image} after {PULL_ATTEMPTS} attempts")
+            log(f"attempt {attempt}/{PULL_ATTEMPTS} of docker pull {config.image} failed; retrying in {delay:g}s")
+            self.pause(config, delay)
+            delay *= 2
+        after = image_digest(config.image)
+        return "cached" if before and before == after else f"pulled in {time.monotonic() - started:.0f} s"
+
+    def restore_compile_cache(self, config: ServedConfig, xla_dir: Path) -> int:
+        if not config.compile_cache_bucket:
+            return 0
+        self.stage("restoring-compile-cache")
+        try:
+            restored = compile_cache.restore(config.compile_cache_bucket, self.xla_key, xla_dir, self.access_token,
+                                             self.settings.storage_url)
+            log(f"restored {restored} compile-cache entries from gs://{config.compile_cache_bucket}")
+            return restored
+        except (compile_cache.CacheError, OSError, ValueError) as err:
+            log(f"warning: could not restore the compile cache ({err}); compiling cold")
+            return 0
+
+    def access_token(self) -> str:
+        status, bearer = hf_token.access_token(self.settings.metadata_url)
+        if bearer is None:
+            raise compile_cache.CacheError(f"the metadata server gave no access token (HTTP {status})")
+        return bearer
+
+    def fetch_token(self, config: ServedConfig) -> str:
+        grant = (f"grant {SECRET_ROLE} on it to {self.metadata.email()} (a new grant takes 2-7 min to propagate)")
+        try:
+            return hf_token.read_secret(
+                config.hf_token_secret, self.settings.metadata_url, self.settings.secret_manager_url,
+                retry_delay_s=self.settings.retry_delay_s, iam_wait_s=self.settings.iam_wait_s,
+                iam_poll_s=self.settings.iam_poll_s, on_wait=lambda why: self.report("reason", why),
+                grant_hint=grant, token_hint="Secret Manager was not asked")
+        except hf_token.TokenError as err:
+            raise Failed(str(err)) from None
+
+    def docker_run_args(self, config: ServedConfig) -> list[str]:
+        return [arg.replace(XLA_CACHE_KEY_PLACEHOLDER, self.xla_key) for arg in config.docker_run_args]
+
+    def start_container(self, config: ServedConfig, token: str) -> None:
+        docker("rm", "-f", CONTAINER, timeout_s=120)
+        # The token goes to this one `docker run` through its environment; the argv names HF_TOKEN only.
+        env = {**os.environ, "HF_TOKEN": token}
+        done = docker(*self.docker_run_args(config), env=env, timeout_s=600)
+        if done.returncode != 0:
+            raise Failed(f"docker run of {config.image} failed: {' '.join(done.stderr.split())[-600:]}")
+
+    def wait_until_serving(self, config: ServedConfig) -> None:
+        """/health, then the model listed and a real completion (readycheck's rules), then the warm-up."""
+        deadline = time.monotonic() + config.ready_timeout_s
+        root = config.server_url
+        while True:
+            try:
+                with urllib.request.urlopen(f"{root}/health", timeout=5) as response:  # noqa: S310
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            container = inspect_container()
+            if container is None or not container.running:
+                raise Failed(f"container {CONTAINER} exited: {container_logs()}")
+            if time.monotonic() >= deadline:
+                raise Failed(f"vLLM did not report healthy within {config.ready_timeout_s:g}s")
+            self.pause(config, self.settings.poll_s)
+        log("/health is 200")
+        ready, detail = readycheck.check(root, config.model, timeout_s=300)
+        if not ready:
+            raise Failed(f"the server is up but not serving: {detail}")
+        log("first completion answered")
+        if config.warmup_image:
+            self.warm_up(config)
+
+    def warm_up(self, config: ServedConfig) -> None:
+        body = json.dumps({"model": config.model, "max_tokens": 8, "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": config.warmup_image}},
+            {"type": "text", "text": "What color is this?"}]}]}).encode()
+        for attempt in (1, 2):  # the first multimodal request after boot can answer 422; one retry should pass
+            request = urllib.request.Request(f"{config.server_url}/v1/chat/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=300):  # noqa: S310
+                    log("multimodal warm-up answered")
+                    return
+            except OSError as err:
+                log(f"multimodal warm-up attempt {attempt} failed ({err})")
+        raise Failed("the multimodal warm-up request failed twice")
+
+    def serving(self, config: ServedConfig) -> None:
+        xla_dir = self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}")
+        self.compile_after = compile_cache.entries(xla_dir)
+        self.report_compile_cache()
+        self.state.phase, self.state.serving_since = "serving", time.monotonic()
+        self.report("config-hash", config.config_hash)
+        self.stage("serving")
+        for hook in self.post_serving_hooks:
+            try:
+                hook(config)
+            except Exception as err:  # noqa: BLE001 - a hook never ends the serving
+                log(f"warning: post-serving hook {getattr(hook, '__name__', hook)} failed: {err}")
+
+    def report_compile_cache(self) -> None:
+        source = f" ({self.compile_restored} restored from the bucket)" if self.compile_restored else ""
+        self.report("compile-cache", f"{self.compile_before} entries before{source}, {self.compile_after} after")
+
+    def push_compile_cache(self, config: ServedConfig) -> None:
+        """Post-serving: copy new compile-cache entries to the bucket (only now: a run that failed may have left
+        half-written entries, which tpu-inference's CI does not push either)."""
+        if not config.compile_cache_bucket or not self.xla_key:
+            return
+        xla_dir = self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}")
+        try:
+            pushed = compile_cache.push(config.compile_cache_bucket, self.xla_key, xla_dir, self.access_token,
+                                        self.settings.storage_url)
+            log(f"pushed {pushed} compile-cache entries to gs://{config.compile_cache_bucket}")
+        except (compile_cache.CacheError, OSError, ValueError) as err:
+            log(f"warning: could not push the compile cache ({err})")
+
+    def install_ops_agent(self, config: ServedConfig) -> None:
+        """Post-serving, once per supervisor process (the installer itself skips a current agent): install and
+        configure the Ops Agent in the background, so a slow apt never delays watching the container."""
+        if self.ops_agent is None:
+            self.ops_agent = threading.Thread(target=self.run_ops_agent_installer, daemon=True, name="ops-agent")
+            self.ops_agent.start()
+
+    def run_ops_agent_installer(self) -> None:
+        directory = self.settings.path(INSTALL_DIR)
+        installer, agent_config = directory / OPS_AGENT_INSTALLER, directory / OPS_AGENT_CONFIG
+        env = {**os.environ, "OPS_AGENT_REPO_SCRIPT_URL": self.settings.ops_agent_repo_script_url,
+               "OPS_AGENT_CONFIG_PATH": str(self.settings.path(self.settings.ops_agent_config_path)),
+               # whole seconds: the installer doubles its delay with shell arithmetic
+               "OPS_AGENT_RETRY_DELAY_S": str(int(self.settings.retry_delay_s))}
+        try:
+            done = subprocess.run(["bash", str(installer), agent_config.read_text()], env=env,
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=OPS_AGENT_TIMEOUT_S, check=False)
+            for line in (done.stdout + done.stderr).splitlines():
+                log(line)
+            ok = done.returncode == 0
+        except (OSError, subprocess.TimeoutExpired) as err:
+            log(f"ops-agent: {err}")
+            ok = False
+        if not ok:
+            log("warning: the Ops Agent is not running: no metrics or container logs leave the VM (serving goes on)")
+        self.report("ops-agent", "running" if ok else "failed")
+
+    def adopt(self, config: ServedConfig) -> None:
+        """A container of this config already runs (the supervisor was restarted or updated): keep it."""
+        log(f"container {CONTAINER} already runs config {config.config_hash}; keeping it")
+        self.state = replace(self.state, applied_hash=config.config_hash, phase="", invalid="")
+        self.current = config
+        self.xla_key = self.xla_key or cache_key(config.pinned_digest or image_digest(config.image),
+                                                 config.machine_type)
+        ready, _ = readycheck.check(config.server_url, config.model, timeout_s=30)
+        if not ready:
+            self.stage("loading-model")
+            self.wait_until_serving(config)
+        self.state.phase, self.state.serving_since = "serving", time.monotonic()
+        self.report("config-hash", config.config_hash)
+        self.report("stage", "serving")
+        log("stage serving (adopted)")
+        self.install_ops_agent(config)  # a new bundle may carry a new agent configuration (the installer skips a current one)
+
+    def restart(self, config: ServedConfig) -> None:
+        """The container exited after serving: start it again (same argv, mounts and token) after a backoff."""
+        self.state.restarts += 1
+        attempt = self.state.restarts
+        delay = min(self.settings.restart_delay_s * 2 ** (attempt - 1), self.settings.max_backoff_s)
+        exit_code = (inspect_container() or Container("", False)).exit_code
+        reason = (f"container exited (code {exit_code}) after serving; restart {attempt}/{MAX_RESTARTS} in "
+                  f"{delay:g} s. Last log lines: {container_logs()}")
+        self.state.phase = "restarting"
+        self.report("restarts", str(attempt))
+        self.report("reason", reason)
+        self.stage("restarting")
+        self.pause(config, delay)
+        done = docker("start", CONTAINER, timeout_s=120)
+        if done.returncode != 0:
+            raise Failed(f"docker start {CONTAINER} failed: {' '.join(done.stderr.split())[-600:]}")
+        self.stage("loading-model")
+        try:
+            self.wait_until_serving(config)
+        except Failed as err:
+            log(f"restart {attempt} did not come up: {err}")
+            return  # still `restarting`: decide restarts again, or gives up
+        self.report("reason", f"restarted after the container exited (restart {attempt})")
+        self.serving(config)
+
+    def give_up(self, config: ServedConfig) -> None:
+        raise Failed(f"the container exited {self.state.restarts} times in a row after serving; giving up until "
+                     f"the served config changes. Last log lines: {container_logs()}")
+
+    def update_self(self, bundle_text: str) -> None:
+        """Install the supervisor code the metadata now holds and re-execute it; the container keeps running and
+        the new supervisor adopts it."""
+        version = bundle_version_of(bundle_text)
+        install_bundle(json.loads(bundle_text), self.settings.path(INSTALL_DIR))
+        log(f"installed supervisor {version} (was {self.own_version}); re-executing")
+        self.report("supervisor", version)
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
+def install_bundle(bundle: dict[str, Any], directory: Path) -> None:
+    """Write each file of a supervisor bundle ({"version", "files": {name: text}}) atomically into `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in bundle["files"].items():
+        if "/" in name or name.startswith("."):
+            raise ValueError(f"bad file name in the supervisor bundle: {name!r}")
+        partial = directory / f".{name}.new"
+        partial.write_text(text)
+        os.replace(partial, directory / name)
+    (directory / "VERSION").write_text(str(bundle["version"]) + "\n")
+
+
+def own_version(directory: Path) -> str:
+    try:
+        return (directory / "VERSION").read_text().strip()
+    except OSError:
+        return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Serve the tpu-serve-config metadata key with vLLM; keep it up.")
+    defaults = Settings()
+    parser.add_argument("--metadata-url", default=defaults.metadata_url)
+    parser.add_argument("--secret-manager-url", default=defaults.secret_manager_url)
+    parser.add_argument("--storage-url", default=defaults.storage_url)
+    parser.add_argument("--root", default=defaults.root, help="prefix of every host path (tests)")
+    parser.add_argument("--ops-agent-repo-script-url", default=defaults.ops_agent_repo_script_url)
+    parser.add_argument("--ops-agent-config-path", default=defaults.ops_agent_config_path)
+    for name in ("watch_timeout_s", "check_s", "poll_s", "retry_delay_s", "max_backoff_s", "restart_delay_s",
+                 "stable_s", "iam_wait_s", "iam_poll_s"):
+        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    args = parser.parse_args(argv)
+    settings = Settings(**{name: (int(value) if name == "watch_timeout_s" else value)
+                           for name, value in vars(args).items()})
+    metadata = Metadata(settings.metadata_url)
+    latest = Latest()
+    version = own_version(Path(__file__).resolve().parent)
+    metadata.put_guest("supervisor", version)
+    threading.Thread(target=watcher, args=(metadata, latest, settings), daemon=True, name="watch").start()
+    log(f"supervisor {version or '(unversioned)'} watching {SERVED_CONFIG_KEY}")
+    Supervisor(settings, metadata, latest, version).run_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
