@@ -25,11 +25,12 @@ LEVELS = "1,2,4"
 def test_sweep_report_and_overhead(vllm_server, vllm_bin: Path, tmp_path: Path) -> None:
     rounds = measure(["--url", vllm_server.url, "--model", vllm_server.model, "--tokenizer",
                       str(vllm_server.model_dir), "--vllm-bin", str(vllm_bin), "--concurrency", LEVELS,
-                      "--input-len", "64", "--output-len", "16", "--num-prompts", "8"], tmp_path, rounds=2)
+                      "--input-len", "64", "--output-len", "16", "--num-prompts", "8"], tmp_path, rounds=1)
     for number, result in enumerate(rounds, start=1):
         print(f"\nround {number} ({'direct' if number % 2 else 'sweep'} first): {describe(result)}")
     ratio = sum(r.sweep_s for r in rounds) / sum(r.direct_s for r in rounds)
-    print(f"both rounds: sweep / direct = {ratio:.3f} (issue target: within 5%)")
+    # One round keeps CI short; benchmarks/sweep_overhead.py runs alternating rounds for the overhead figure.
+    print(f"sweep / direct = {ratio:.3f} (one round; see benchmarks/sweep_overhead.py)")
     first = rounds[0]
 
     manifest = json.loads((first.sweep_dir / "sweep.json").read_text())
