@@ -26,3 +26,9 @@ SECRET_ACCESSOR_ROLE = "roles/secretmanager.secretAccessor"
 # tries, in order); an offline hint only: `tpuserve preflight` asks Compute Engine (machineTypes.get) for each one.
 V6E_ZONES = ("europe-west4-a", "us-east1-d", "us-central1-b", "asia-northeast1-b", "us-east5-a", "us-east5-b",
              "us-central1-ai1a", "us-south1-ai1b")
+
+# The LiteLLM proxy a fleet's router runs: the router VM's container image (ghcr.io/berriai/litellm:v<version>, the
+# tag scheme from 1.84 on) and the pinned pip install of the router tests and benchmark
+# (scripts/install-litellm-proxy.sh) use this one version. 1.108.7 is the newest release whose `proxy` extra resolves
+# from the package index (1.110's requires a `litellm-proxy` distribution that is not published there).
+LITELLM_VERSION = "1.108.7"

@@ -71,6 +71,11 @@ class ComputeClient:
         path = f"{instance.path}/{method}" if method else instance.path
         return self.session.get(f"{self.base_url}{path}", params=params, timeout=self.timeout_s)
 
+    def instance(self, instance: Instance) -> dict[str, Any]:
+        """The Instance resource (`status`, `creationTimestamp`, `lastStartTimestamp`, `scheduling`...); a deleted
+        VM raises with status 404."""
+        return dict(ok(self._get(instance)).json())
+
     def instance_status(self, instance: Instance) -> str:
         """The VM's lifecycle status (PROVISIONING, RUNNING, TERMINATED, ...); a deleted VM raises with status 404."""
         return str(ok(self._get(instance)).json().get("status", ""))

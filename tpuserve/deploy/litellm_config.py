@@ -3,6 +3,14 @@
 Tools that only speak to hosted models (Gemini-CLI-style clients, OpenAI SDK apps) can then point at the LiteLLM
 proxy and ask for e.g. `gemini-2.0-flash`; the proxy forwards to vLLM's OpenAI-compatible API. Keys are never
 written into the file: LiteLLM resolves `os.environ/NAME` references when it loads it.
+
+The fleet form (`--replica NAME=URL`, repeatable; what a fleet's router runs, components/router.py) puts every
+replica in one model group named after the served model, so LiteLLM's router balances over them: one entry per
+replica (`hosted_vllm/<model>`, the replica's api_base, its stack name as the deployment id), `least-busy` routing
+(fewest requests in flight), retries on another replica, and a replica that fails more than `allowed_fails` times
+in a minute is cooled down for `cooldown_time` seconds (litellm/router.py `Router.__init__` arguments, given in the
+proxy config's `router_settings`; a 5xx counts, litellm/router_utils/cooldown_handlers.py `_is_cooldown_required`).
+Aliases map onto that one group through `model_group_alias`.
 """
 
 from __future__ import annotations
@@ -19,6 +27,10 @@ from tpuserve.serving import ConfigError
 from tpuserve.deploy.stack import read_outputs, stack_options
 
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
+ROUTING_STRATEGY = "least-busy"
+NUM_RETRIES = 2  # a failed request is retried (on another replica once the failing one cools down)
+ALLOWED_FAILS = 1  # failures per minute before a replica is cooled down
+COOLDOWN_S = 30
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 
@@ -45,6 +57,38 @@ def litellm_config(url: str, served_model: str, aliases: Sequence[str], api_key_
             "general_settings": {"master_key": env_reference("--master-key-env", master_key_env)}}
 
 
+def fleet_config(replicas: Sequence[tuple[str, str]], served_model: str, aliases: Sequence[str] = (),
+                 api_key_env: str = API_KEY_ENV, master_key_env: str = MASTER_KEY_ENV) -> dict[str, Any]:
+    """The router's proxy config: one deployment per (replica name, URL) in the served model's group."""
+    if not served_model:
+        raise ConfigError("--model", "must name the served model")
+    names = [name for name, _ in replicas]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConfigError("--replica", f"repeated: {', '.join(repeated)}")
+    if served_model in aliases or len(set(aliases)) < len(aliases):
+        raise ConfigError("--alias", "repeats a name (or the served model's own)")
+    api_key = env_reference("--api-key-env", api_key_env)
+    router_settings: dict[str, Any] = {"routing_strategy": ROUTING_STRATEGY, "num_retries": NUM_RETRIES,
+                                       "allowed_fails": ALLOWED_FAILS, "cooldown_time": COOLDOWN_S}
+    if aliases:
+        router_settings["model_group_alias"] = {alias: served_model for alias in aliases}
+    return {"model_list": [{"model_name": served_model,
+                            "litellm_params": {"model": f"hosted_vllm/{served_model}", "api_base": api_base(url),
+                                               "api_key": api_key},
+                            "model_info": {"id": name}} for name, url in replicas],
+            "router_settings": router_settings,
+            "general_settings": {"master_key": env_reference("--master-key-env", master_key_env)}}
+
+
+def parse_replica(value: str) -> tuple[str, str]:
+    """'dev-r1=http://10.0.0.5:8000' -> ('dev-r1', 'http://10.0.0.5:8000')."""
+    name, _, url = value.partition("=")
+    if not name or not url.startswith(("http://", "https://")):
+        raise ConfigError("--replica", f"{value!r} is not NAME=URL, e.g. dev-r1=http://10.164.0.5:8000")
+    return name, url
+
+
 def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
     """(endpoint URL, model) from the stack outputs `endpoint` and `model`."""
     missing = [key for key in ("endpoint", "model") if not outputs.get(key)]
@@ -57,15 +101,31 @@ def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
 @click.option("--url", help="Server URL, with or without /v1 (default: the stack's `endpoint` output).")
 @click.option("--model", help="Served model name (default: the stack's `model` output).")
 @stack_options
-@click.option("--alias", "aliases", multiple=True, required=True,
+@click.option("--replica", "replicas", multiple=True, metavar="NAME=URL",
+              help="Fleet form: a replica to balance over, e.g. dev-r1=http://10.164.0.5:8000; repeatable (with "
+              "--model; --alias then optional).")
+@click.option("--alias", "aliases", multiple=True,
               help="Model name clients ask for, e.g. gemini-2.0-flash; repeatable.")
 @click.option("--api-key-env", default=API_KEY_ENV, show_default=True,
               help="Environment variable LiteLLM reads the endpoint's key from (any value if vLLM has no key).")
 @click.option("--master-key-env", default=MASTER_KEY_ENV, show_default=True,
               help="Environment variable holding the key clients must present to the proxy.")
 def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None,
-            aliases: tuple[str, ...], api_key_env: str, master_key_env: str) -> None:
+            replicas: tuple[str, ...], aliases: tuple[str, ...], api_key_env: str, master_key_env: str) -> None:
     """Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`)."""
+    if replicas:
+        if url or stack or stack_outputs:
+            raise click.UsageError("--replica lists the servers itself: give it without --url, --stack or "
+                                   "--stack-outputs")
+        if not model:
+            raise click.UsageError("--replica needs --model (the model every replica serves)")
+        try:
+            config = fleet_config([parse_replica(value) for value in replicas], model, aliases, api_key_env,
+                                  master_key_env)
+        except ConfigError as err:
+            raise click.UsageError(str(err)) from err
+        click.echo(yaml.safe_dump(config, sort_keys=False), nl=False)
+        return
     if url is None or model is None:
         outputs = read_outputs(stack, stack_outputs)
         if outputs is None:
