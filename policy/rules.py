@@ -136,6 +136,10 @@ def check_flex_start_limits(args: ResourceValidationArgs, report: ReportViolatio
 
 @only(INSTANCE)
 def check_boot_disk_size(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    scheduling = args.props.get("scheduling") or {}
+    if not str(args.props.get("machineType", "")).startswith("ct") and \
+            scheduling.get("provisioningModel") != "FLEX_START":
+        return  # not a TPU serving VM (a fleet's router runs the LiteLLM proxy from a small disk)
     boot_disk = args.props.get("bootDisk") or {}
     if boot_disk.get("source"):
         return  # an existing disk: its size is that disk's own input
@@ -287,7 +291,7 @@ POLICIES = [
                                  "description": "This stack's VMs may have an external IP."}}),
     _policy("flex-start-run-limits", "FLEX_START VMs run at most 7 days, are deleted at the end, never restart.",
             check_flex_start_limits),
-    _policy("boot-disk-min-size", f"Boot disks are at least {MIN_BOOT_DISK_GB} GB.", check_boot_disk_size),
+    _policy("boot-disk-min-size", f"TPU VM boot disks are at least {MIN_BOOT_DISK_GB} GB.", check_boot_disk_size),
     _policy("dedicated-vm-service-account", "VMs do not run as the default compute service account.",
             check_vm_service_account),
     _policy("no-broad-project-iam", "No project-level owner/editor or Secret Manager grants.", check_project_iam),
