@@ -114,8 +114,9 @@ class StackConfig:
     router_master_key_secret_id: str = setting(
         "routerMasterKeySecretId", "Secret Manager secret (id or projects/P/secrets/S) holding the LiteLLM proxy's "
         "master key, which clients of a fleet's router present; required by `tpuserve fleet`.", "")
-    router_machine_type: str = setting("routerMachineType", "Target router: machine type of the LiteLLM proxy VM.",
-                                       "e2-medium")
+    router_machine_type: str = setting(
+        "routerMachineType", "Target router: machine type of the LiteLLM proxy VM; streaming costs it about 1.3 ms of "
+        "CPU per output token (benchmarks/router_overhead.py), about 3 vCPUs per busy v6e chip.", "e2-standard-4")
     router_zone: str = setting("routerZone", "Target router: zone of the proxy VM; empty = the stack's zone.", "")
     router_image: str = setting("routerImage", "Target router: the LiteLLM proxy's container image (pin a digest "
                                 "for reproducible boots).", f"ghcr.io/berriai/litellm:v{LITELLM_VERSION}")
@@ -291,7 +292,7 @@ class StackConfig:
             raise ConfigError("routerReplicas", f"{', '.join(repeated)} listed twice")
         if not self.router_machine_type or self.router_machine_type.startswith("ct"):
             raise ConfigError("routerMachineType", f"{self.router_machine_type!r}: the proxy needs a small CPU "
-                              "machine type such as e2-medium, not a TPU one")
+                              "machine type such as e2-standard-4, not a TPU one")
 
     def _validate_local(self) -> None:
         if self.hf_token_secret_id:

@@ -33,7 +33,6 @@ from tpuserve.deploy.litellm_config import fleet_config
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE, IAM_PROPAGATION_WAIT_S, SECRET_ACCESSOR_ROLE
 
 ROUTER_PORT = 4000  # the LiteLLM proxy's port
-ROUTER_WORKERS = 2  # gunicorn workers: a reload replaces them one set at a time
 ROUTER_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 ROUTER_DISK_GB = 20
 CONFIG_ATTRIBUTE = "litellm-config"  # vm/router_agent.py ATTRIBUTE
@@ -68,7 +67,7 @@ def render_router_script(image: str, secret_name: str, *, metadata_url: str = ME
                          iam_wait_s: int = IAM_PROPAGATION_WAIT_S, iam_poll_s: int = 15) -> str:
     return template_environment().get_template("router-startup.sh.j2").render(
         metadata_url=metadata_url, guest_namespace=GUEST_ATTRIBUTE_NAMESPACE, secret_name=secret_name,
-        secret_role=SECRET_ACCESSOR_ROLE, image=image, port=ROUTER_PORT, workers=ROUTER_WORKERS,
+        secret_role=SECRET_ACCESSOR_ROLE, image=image, port=ROUTER_PORT,
         iam_wait_s=iam_wait_s, iam_poll_s=iam_poll_s, secret_reader_source=embedded_source("hf_token.py"),
         agent_source=embedded_source("router_agent.py"))
 

@@ -109,7 +109,9 @@ elif words[:1] == ["up"]:
     if play.get("router"):
         replicas = json.loads(value("routerReplicas", "[]"))
         write("outputs.json", {{"target": "router", "zone": zone, "instanceName": f"tpu-serve-{{stack}}",
-                               "project": project, "endpoint": "http://10.164.0.2:4000/v1",
+                               "project": project, "endpoint": "http://10.164.0.2:4000/v1", "routerConfigHash": "c0ffee",
+                               "iapTunnelCommand": f"gcloud compute start-iap-tunnel tpu-serve-{{stack}} 4000 "
+                                                   f"--local-host-port=localhost:4000 --zone={{zone}} --project={{project}}",
                                "replicas": [entry.split("=", 1)[0] for entry in replicas]}})
     elif play.get("creates"):
         vm = f"tpu-serve-{{stack}}"

@@ -381,6 +381,11 @@ class Fleet:
             self.event("destroyed", old.name)
 
 
+def no_capacity(result: SweepResult) -> bool:
+    """The sweep ended for want of capacity (or time), not on an error or a replica that never served."""
+    return not result.ok and result.stopped is None
+
+
 def verdict_line(result: SweepResult) -> str:
     if result.stopped is not None:
         return f"stopped: {result.stopped.kind}: {result.stopped.reason}"
@@ -551,12 +556,13 @@ def fleet_up(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...], r
             if replica is None:
                 line = note or verdict_line(result)
                 failures.append({"reason": line, "attempts": attempts})
-                fleet_.say(f"a replica found no place: {line}")
-                if result.stopped is not None:
-                    code = EXIT_FAILED
-                    break  # an error another replica would meet the same way
-                code = EXIT_NO_CAPACITY
-                continue
+                if no_capacity(result):
+                    fleet_.say(f"a replica found no place: {line}")
+                    code = EXIT_NO_CAPACITY
+                    continue
+                fleet_.say(f"stopped: {line}")
+                code = EXIT_FAILED
+                break  # an error (or a VM that never serves) another replica would meet the same way
             members.append(replica.name)
             fleet_.route(members)
             replica.in_router = True
@@ -618,7 +624,7 @@ def fleet_renew(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]
                 fleet_.add(zone_list, left, current)
             if successor is None:
                 line = note or verdict_line(result)
-                code = EXIT_FAILED if result.stopped is not None else EXIT_NO_CAPACITY
+                code = EXIT_NO_CAPACITY if no_capacity(result) else EXIT_FAILED
                 if old.stage == GONE:
                     fleet_.say(f"{old.name} is gone and no successor could be placed ({line}); it leaves the router")
                     fleet_.remove(old, members)
@@ -626,6 +632,8 @@ def fleet_renew(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]
                     fleet_.say(f"{old.name} keeps serving until its deletion ({left_text}): no successor ({line})")
                 kept.append({"replica": old.name, "expiry": old.expiry.isoformat() if old.expiry else None,
                              "reason": line, "attempts": [a.as_dict() for a in result.attempts]})
+                if code == EXIT_FAILED:
+                    break  # an error the next successor would meet the same way
                 continue
             members.append(successor.name)
             fleet_.route(members)
