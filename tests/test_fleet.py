@@ -311,6 +311,11 @@ def test_bad_usage_is_one_line_and_exit_2(pulumi: FakePulumi, run) -> None:
     assert pulumi.stacks() == []
     result = CliRunner().invoke(fleet_module.fleet, ["up", "--stack", "dev", "--replicas", "0"])
     assert result.exit_code == 2 and "--replicas" in result.output
+    pulumi.set_config(project=PROJECT, zone="europe-west4-a", zones=list(ZONES), hfTokenSecretId="hf-token",
+                      routerMasterKeySecretId="litellm-master-key")
+    code, _, stderr = run("up", "--replicas", "1", "--zones", "us-west4-a,europe-west4-a")
+    assert code == 2 and "--zones: us-west4-a is outside the regions the fleet's router gives Cloud NAT" in stderr
+    assert pulumi.stacks() == []  # refused before anything was created
 
 
 @pytest.mark.parametrize("instance, expected", [

@@ -56,6 +56,17 @@ def generated_router(*replicas: str, model: str) -> Any:
     return litellm.Router(model_list=config["model_list"], **config["router_settings"])
 
 
+def run_async(coroutine: Any) -> Any:
+    """asyncio.run (which also cancels LiteLLM's background logging tasks before closing its loop), then the thread's
+    current loop put back: asyncio.run leaves none, and the Pulumi mocks of later tests ask for it
+    (asyncio.get_event_loop)."""
+    current = asyncio.get_event_loop_policy().get_event_loop()
+    try:
+        return asyncio.run(coroutine)
+    finally:
+        asyncio.set_event_loop(current)
+
+
 @pytest.fixture
 def offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price map from the internet
@@ -78,11 +89,11 @@ def test_a_failing_replica_is_cooled_down_and_every_request_ends_200(vllm_server
 
     with FakeServer({("POST", "/v1/chat/completions"): unavailable}) as failing:
         router = generated_router(f"dev-r1={vllm_server.url}", f"dev-r2={failing.url}", model=vllm_server.model)
-        first = asyncio.run(burst(router, 12))
+        first = run_async(burst(router, 12))
         cooled = router.health().cooldowns.get_active_cooldowns(model_ids=["dev-r1", "dev-r2"],
                                                                 parent_otel_span=None)
         hits_when_cooled = len(hits)
-        later = asyncio.run(burst(router, 8))
+        later = run_async(burst(router, 8))
 
     assert all(reply.usage.completion_tokens > 0 for reply in first + later)  # every one answered by the real vLLM
     assert hits_when_cooled >= 2
@@ -108,9 +119,9 @@ def test_adding_and_removing_a_replica_in_the_config_changes_where_requests_go(v
         return ["dev-r3" if reply.choices[0].message.content == "from dev-r3" else "dev-r1" for reply in replies]
 
     with FakeServer({("POST", "/v1/chat/completions"): slow_replica}) as second:
-        both = asyncio.run(burst(generated_router(f"dev-r1={vllm_server.url}", f"dev-r3={second.url}",
+        both = run_async(burst(generated_router(f"dev-r1={vllm_server.url}", f"dev-r3={second.url}",
                                                   model=vllm_server.model), 8))
-        alone = asyncio.run(burst(generated_router(f"dev-r1={vllm_server.url}", model=vllm_server.model), 8))
+        alone = run_async(burst(generated_router(f"dev-r1={vllm_server.url}", model=vllm_server.model), 8))
 
     assert both.count("dev-r3") >= 2 and both.count("dev-r1") >= 2, both
     assert alone == ["dev-r1"] * 8

@@ -51,8 +51,8 @@ from tpuserve.deploy.preflight import Endpoints, configured_zones, endpoint_opti
     target_from_config
 from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
 from tpuserve.deploy.stack import TunnelError, endpoint_for
-from tpuserve.deploy.sweep import SweepResult, sweep
-from tpuserve.facts import FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE
+from tpuserve.deploy.sweep import SweepResult, region_of, sweep
+from tpuserve.facts import FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, V6E_ZONES
 from tpuserve.observe.gate import SERVING, watch_instance
 from tpuserve.ops.up import EXIT_FAILED, EXIT_NO_CAPACITY, EXIT_OK, Deployer, parse_deadline, progress_line
 from tpuserve.serving import ConfigError
@@ -450,6 +450,21 @@ def open_fleet(stack: str, cwd: Path, endpoints: tuple[str, ...], yes: bool, ext
     return Session(fleet, config, console, session, roots, exits)
 
 
+def check_zones(config: Mapping[str, Any], zones: str | None, stack: str) -> None:
+    """--zones may only name zones of regions where the router stack makes Cloud NAT (components/router.py
+    nat_regions: the router's zone, the stack's `zone` and `zones`): a replica elsewhere could not pull its image."""
+    if str(config.get("createCloudNat", True)).lower() == "false":
+        return  # the VPC's own NAT serves the regions
+    covered = {region_of(str(zone)) for zone in (config.get("routerZone"), config.get("zone"),
+                                                 *(config.get("zones") or V6E_ZONES)) if zone}
+    outside = [zone for zone in configured_zones(config, {}, zones) if region_of(zone) not in covered]
+    if outside:
+        raise click.UsageError(f"--zones: {', '.join(outside)} {'is' if len(outside) == 1 else 'are'} outside the "
+                               f"regions the fleet's router gives Cloud NAT ({', '.join(sorted(covered))}); add "
+                               f"{'it' if len(outside) == 1 else 'them'} to the stack's zones first (pulumi config set "
+                               f"--path 'zones[N]' ZONE --stack {stack})")
+
+
 def usable_zones(s: Session, zones: str | None, skip_preflight: bool) -> list[str] | None:
     """The zones new replicas may try, after preflight; None when preflight failed (it printed why)."""
     candidates = configured_zones(s.config, {}, zones)
@@ -520,6 +535,7 @@ def fleet_up(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...], r
     deadline_s, started = parse_deadline(deadline_text), time.monotonic()
     s = open_fleet(stack, cwd, endpoints, yes, pulumi_args)
     check_router_settings(s.config, stack)
+    check_zones(s.config, zones, stack)
     fleet_, placed, failures = s.fleet, [], []
     fleet_.drain_timeout_s = drain_timeout_s
     code = EXIT_OK
@@ -595,6 +611,7 @@ def fleet_renew(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]
     lead = timedelta(seconds=parse_deadline(lead_text))
     deadline_s, started = parse_deadline(deadline_text), time.monotonic()
     s = open_fleet(stack, cwd, endpoints, yes, pulumi_args)
+    check_zones(s.config, zones, stack)
     fleet_ = s.fleet
     fleet_.drain_timeout_s = drain_timeout_s
     code, renewed, kept = EXIT_OK, [], []
