@@ -28,7 +28,6 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any
 
 METADATA_URL = "http://metadata.google.internal"
 ATTRIBUTE = "litellm-config"
