@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, HYPERDISK_BALANCED_USD_PER_GB_MONTH, PRICE_PER_CHIP_HOUR,
-                            READY_TIMEOUT_S, V6E_ZONES)
+from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, HYPERDISK_BALANCED_USD_PER_GB_MONTH, LITELLM_VERSION,
+                            PRICE_PER_CHIP_HOUR, READY_TIMEOUT_S, V6E_ZONES)
 from tpuserve.serving import DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting
 
 PROJECT_NAME = "tpu-serve"
-TARGETS = ("gcp", "local", "gke")
+TARGETS = ("gcp", "local", "gke", "router")
 TPU_TARGETS = ("gcp", "gke")  # targets that run vLLM on TPU v6e and share the gcp settings and rules
 MIN_BOOT_DISK_GB = 200
 # A cache disk must hold one vLLM TPU image, one model's weights and the compile cache with room to spare (the boot
@@ -53,6 +53,10 @@ GKE_CLUSTER_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC 1123 label
 GKE_MAX_NODES = 64  # a bound on cost mistakes, not a GKE limit: 64 ct6e-standard-8t nodes are $691/h at $1.35
 NOTIFICATION_CHANNEL = re.compile(r"^projects/[^/]+/notificationChannels/[0-9]+$")
+# Target router (a fleet's LiteLLM proxy, components/router.py): one `routerReplicas` entry is `<replica stack>=<its
+# endpoint>`, written by `tpuserve fleet`.
+ROUTER_REPLICA = re.compile(r"^(?P<name>[a-z0-9][a-z0-9_.-]*)=(?P<url>https?://[^\s=]+)$")
+SECRET_ID = re.compile(r"^(projects/[^/]+/secrets/)?[A-Za-z0-9_-]{1,255}$")
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,21 @@ class StackConfig:
     gke_min_replicas: int = setting("gkeMinReplicas", "Target gke: fewest vLLM replicas the autoscaler keeps; 0 parks "
                                     "the deployment so the TPU node pool scales to zero.", 1)
     gke_namespace: str = setting("gkeNamespace", "Target gke: Kubernetes namespace of the deployment.", "tpu-serve")
+    # Target router (components/router.py): a fleet's LiteLLM proxy VM. `tpuserve fleet` creates the stack from the
+    # fleet's own and writes routerReplicas; project, zone, zones (Cloud NAT for each of their regions), network,
+    # createCloudNat, labels and the served model mean the same as for gcp.
+    router_replicas: tuple[str, ...] = setting(
+        "routerReplicas", "Target router: the replicas the proxy routes to, each `<replica stack>=<endpoint>`; "
+        "`tpuserve fleet` writes it.", ())
+    router_master_key_secret_id: str = setting(
+        "routerMasterKeySecretId", "Secret Manager secret (id or projects/P/secrets/S) holding the LiteLLM proxy's "
+        "master key, which clients of a fleet's router present; required by `tpuserve fleet`.", "")
+    router_machine_type: str = setting(
+        "routerMachineType", "Target router: machine type of the LiteLLM proxy VM; streaming costs it about 1.3 ms of "
+        "CPU per output token (benchmarks/router_overhead.py), about 3 vCPUs per busy v6e chip.", "e2-standard-4")
+    router_zone: str = setting("routerZone", "Target router: zone of the proxy VM; empty = the stack's zone.", "")
+    router_image: str = setting("routerImage", "Target router: the LiteLLM proxy's container image (pin a digest "
+                                "for reproducible boots).", f"ghcr.io/berriai/litellm:v{LITELLM_VERSION}")
     serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
 
     def __post_init__(self) -> None:
@@ -190,6 +209,8 @@ class StackConfig:
         if self.target in TPU_TARGETS:
             self._validate_gcp()
             self._validate_monitoring()
+        elif self.target == "router":
+            self._validate_router()
         else:
             self._validate_local()
         if self.target == "gke":
@@ -234,8 +255,7 @@ class StackConfig:
         if bool(self.hf_token_secret_id) == (self.hf_token is not None):
             raise ConfigError("hfTokenSecretId", "set exactly one of hfTokenSecretId (an existing secret) or "
                               "hfToken (pulumi config set --secret hfToken ...)")
-        if self.hf_token_secret_id and not re.match(r"^(projects/[^/]+/secrets/)?[A-Za-z0-9_-]{1,255}$",
-                                                    self.hf_token_secret_id):
+        if self.hf_token_secret_id and not SECRET_ID.match(self.hf_token_secret_id):
             raise ConfigError("hfTokenSecretId", f"{self.hf_token_secret_id!r} is not a secret id or "
                               "projects/P/secrets/S")
 
@@ -299,6 +319,43 @@ class StackConfig:
             raise ConfigError("alertTtftP99Seconds", f"must be above zero, got {self.alert_ttft_p99_seconds}")
         if self.alert_queue_depth < 1:
             raise ConfigError("alertQueueDepth", f"must be at least 1, got {self.alert_queue_depth}")
+
+    @property
+    def router_vm_zone(self) -> str:
+        return self.router_zone or self.zone
+
+    @property
+    def replica_endpoints(self) -> list[tuple[str, str]]:
+        """routerReplicas as (replica stack, endpoint) pairs."""
+        return [(match["name"], match["url"]) for match in map(ROUTER_REPLICA.match, self.router_replicas) if match]
+
+    def _validate_router(self) -> None:
+        if not self.project:
+            raise ConfigError("project", "is required: pulumi config set project <gcp-project-id>")
+        for key, zone in (("zone", self.zone), ("routerZone", self.router_vm_zone)):
+            if not ZONE_FORMAT.match(zone):
+                raise ConfigError(key, f"{zone!r} is not a zone name like europe-west4-a")
+        self._validate_zones()
+        if not self.router_master_key_secret_id:
+            raise ConfigError("routerMasterKeySecretId", "is required: the LiteLLM proxy refuses to start without a "
+                              "master key; create one (printf 'sk-%s' \"$(openssl rand -hex 32)\" | gcloud secrets "
+                              "create litellm-master-key --data-file=-) and pulumi config set routerMasterKeySecretId "
+                              "litellm-master-key")
+        if not SECRET_ID.match(self.router_master_key_secret_id):
+            raise ConfigError("routerMasterKeySecretId", f"{self.router_master_key_secret_id!r} is not a secret id "
+                              "or projects/P/secrets/S")
+        names = []
+        for entry in self.router_replicas:
+            match = ROUTER_REPLICA.match(str(entry))
+            if not match:
+                raise ConfigError("routerReplicas", f"{entry!r} is not `<replica stack>=<endpoint URL>`")
+            names.append(match["name"])
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ConfigError("routerReplicas", f"{', '.join(repeated)} listed twice")
+        if not self.router_machine_type or self.router_machine_type.startswith("ct"):
+            raise ConfigError("routerMachineType", f"{self.router_machine_type!r}: the proxy needs a small CPU "
+                              "machine type such as e2-standard-4, not a TPU one")
 
     def _validate_local(self) -> None:
         if self.hf_token_secret_id:

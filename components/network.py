@@ -20,6 +20,7 @@ class ServingNetworkArgs:
     network: str
     target_tag: str
     create_nat: bool
+    ports: tuple[str, ...] = INGRESS_PORTS  # what IAP may reach on the VM (a fleet's router: ssh and its proxy)
 
 
 class ServingNetwork(pulumi.ComponentResource):
@@ -34,20 +35,27 @@ class ServingNetwork(pulumi.ComponentResource):
             f"{name}-allow-iap", project=args.project, network=args.network, direction="INGRESS",
             description="tpu-serve: ssh and vLLM through IAP TCP forwarding only",
             source_ranges=[IAP_SOURCE_RANGE], target_tags=[args.target_tag],
-            allows=[compute.FirewallAllowArgs(protocol="tcp", ports=list(INGRESS_PORTS))], opts=child)
+            allows=[compute.FirewallAllowArgs(protocol="tcp", ports=list(args.ports))], opts=child)
 
         self.nat: compute.RouterNat | None = None
         if args.create_nat:
-            # Router and NAT live in the VM's region, which follows the zone `tpuserve up` picks. A region change
-            # replaces both, old ones first: the NAT never outlives its region, even when the create in the new
-            # region then fails (the sweep moves on, and nothing is left behind in the region it left).
-            regional = pulumi.ResourceOptions(parent=self, replace_on_changes=["region"], delete_before_replace=True)
-            router = compute.Router(f"{name}-router", project=args.project, region=args.region,
-                                    network=args.network, opts=regional)
-            self.nat = compute.RouterNat(
-                f"{name}-nat", project=args.project, region=args.region, router=router.name,
-                nat_ip_allocate_option="AUTO_ONLY",
-                source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
-                log_config=compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"), opts=regional)
+            self.nat = cloud_nat(name, args.project, args.region, args.network, self)
 
         self.register_outputs({"firewall": self.firewall.name})
+
+
+def cloud_nat(name: str, project: str, region: str, network: str, parent: pulumi.Resource) -> compute.RouterNat:
+    """A Cloud Router and its NAT in `region`, for VMs without an external IP: `<name>-router`, `<name>-nat`.
+
+    Router and NAT live in the VM's region, which follows the zone `tpuserve up` picks. A region change replaces
+    both, old ones first: the NAT never outlives its region, even when the create in the new region then fails (the
+    sweep moves on, and nothing is left behind in the region it left). A network takes one NAT covering all its
+    subnetworks per region ("Can not create new Nats since a Nat with option ALL_SUBNETWORKS_ALL_IP_RANGES exists"),
+    which is why a fleet's replicas leave NAT to the fleet's router stack (components/router.py)."""
+    regional = pulumi.ResourceOptions(parent=parent, replace_on_changes=["region"], delete_before_replace=True)
+    router = compute.Router(f"{name}-router", project=project, region=region, network=network, opts=regional)
+    return compute.RouterNat(
+        f"{name}-nat", project=project, region=region, router=router.name,
+        nat_ip_allocate_option="AUTO_ONLY",
+        source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
+        log_config=compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"), opts=regional)

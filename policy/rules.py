@@ -85,17 +85,23 @@ def check_firewall_sources(args: ResourceValidationArgs, report: ReportViolation
     if args.props.get("direction", "INGRESS") != "INGRESS":
         return
     allowed = args.get_config().get("allowedSourceRanges", [IAP_SOURCE_RANGE])
+    allowed_tags = args.get_config().get("allowedSourceTags", [])
     sources = args.props.get("sourceRanges") or []
-    if not sources:
+    tags = args.props.get("sourceTags") or []
+    if not sources and not tags:
         report("ingress rule without sourceRanges (with no source tags either, GCP admits 0.0.0.0/0); "
                f"set sourceRanges to {IAP_SOURCE_RANGE} (IAP)", None)
     for source in sources:
         if _outside(source, allowed):
             report(f"source range {source} is outside the allowed ranges {', '.join(allowed)}; reach the VM "
                    "through IAP, or list the range in allowedSourceRanges of this stack's policy config", None)
-    for key in ("sourceTags", "sourceServiceAccounts"):
-        if args.props.get(key):
-            report(f"{key} admits traffic from other VMs; only the allowed source ranges may reach the VM", None)
+    for tag in tags:
+        if tag not in allowed_tags:
+            report(f"sourceTags {tag} admits traffic from other VMs; only the allowed source ranges may reach the "
+                   "VM (a fleet's router tag may be listed in allowedSourceTags of the stack's policy config)", None)
+    if args.props.get("sourceServiceAccounts"):
+        report("sourceServiceAccounts admits traffic from other VMs; only the allowed source ranges may reach the VM",
+               None)
 
 
 @only(INSTANCE)
@@ -130,6 +136,10 @@ def check_flex_start_limits(args: ResourceValidationArgs, report: ReportViolatio
 
 @only(INSTANCE)
 def check_boot_disk_size(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    scheduling = args.props.get("scheduling") or {}
+    if not str(args.props.get("machineType", "")).startswith("ct") and \
+            scheduling.get("provisioningModel") != "FLEX_START":
+        return  # not a TPU serving VM (a fleet's router runs the LiteLLM proxy from a small disk)
     boot_disk = args.props.get("bootDisk") or {}
     if boot_disk.get("source"):
         return  # an existing disk: its size is that disk's own input
@@ -272,13 +282,16 @@ POLICIES = [
     _policy("firewall-iap-sources-only", "Ingress firewall sources are limited to the IAP range.",
             check_firewall_sources,
             {"allowedSourceRanges": {"type": "array", "items": {"type": "string"}, "default": [IAP_SOURCE_RANGE],
-                                     "description": "CIDR ranges an ingress rule may admit."}}),
+                                     "description": "CIDR ranges an ingress rule may admit."},
+             "allowedSourceTags": {"type": "array", "items": {"type": "string"}, "default": [],
+                                   "description": "Network tags an ingress rule may admit (a fleet's router, "
+                                                  "tpu-serve-<stack>-router, reaching its replicas)."}}),
     _policy("no-external-ip", "VMs get no external IP unless the stack opts in.", check_no_external_ip,
             {"allowExternalIp": {"type": "boolean", "default": False,
                                  "description": "This stack's VMs may have an external IP."}}),
     _policy("flex-start-run-limits", "FLEX_START VMs run at most 7 days, are deleted at the end, never restart.",
             check_flex_start_limits),
-    _policy("boot-disk-min-size", f"Boot disks are at least {MIN_BOOT_DISK_GB} GB.", check_boot_disk_size),
+    _policy("boot-disk-min-size", f"TPU VM boot disks are at least {MIN_BOOT_DISK_GB} GB.", check_boot_disk_size),
     _policy("dedicated-vm-service-account", "VMs do not run as the default compute service account.",
             check_vm_service_account),
     _policy("no-broad-project-iam", "No project-level owner/editor or Secret Manager grants.", check_project_iam),

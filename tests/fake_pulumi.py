@@ -6,6 +6,13 @@ shapes (`pulumi config --json`: key -> {"value", "secret"[, "objectValue"]}). `u
 and plays the scenario for it: the output to print (the provider's real error texts, tests/provider_errors.py), the
 exit code (255 for a failed update, as the CLI), how long to take, and whether the VM was created (a gate failure
 happens after the create). On SIGINT it stops the way the CLI does and exits 255. Every call is logged as JSON.
+
+Several stacks (what `tpuserve fleet` drives): `dev` keeps its files in $FAKE_PULUMI_HOME itself, any other stack in
+$FAKE_PULUMI_HOME/stacks/<name>/. `stack init --copy-config-from`, `stack ls --json` (the CLI's list of {"name",
+"current", "updateInProgress", "resourceCount"}), `destroy` and `stack rm` work on them. With capacity.json (zone ->
+how many VMs it holds, in "room"), `up` of a gcp stack gets a VM while its zone has room, counting every stack's VM
+there, and otherwise fails with the provider's stockout text ("stockout", tests/provider_errors.py); a "<stack>:<zone>" key in scenario.json plays for that stack
+only. A router stack's `up` exports the replicas of its `routerReplicas`.
 """
 
 from __future__ import annotations
@@ -21,18 +28,49 @@ SCRIPT = """#!{python} -S
 import json, os, signal, sys, time
 from pathlib import Path
 
-home = Path(os.environ["FAKE_PULUMI_HOME"])
+root = Path(os.environ["FAKE_PULUMI_HOME"])
 argv = sys.argv[1:]
-with open(home / "calls.jsonl", "a") as log:
+with open(root / "calls.jsonl", "a") as log:
     log.write(json.dumps(argv) + "\\n")
-read = lambda name, default: json.loads((home / name).read_text()) if (home / name).exists() else default
+stack = argv[argv.index("--stack") + 1] if "--stack" in argv else "dev"
+dir_of = lambda name: root if name == "dev" else root / "stacks" / name
+home = dir_of(stack)
+read = lambda name, default, where=None: (json.loads(((where or home) / name).read_text())
+                                         if ((where or home) / name).exists() else default)
 write = lambda name, value: (home / name).write_text(json.dumps(value, indent=1))
 config = read("config.json", {{}})
 words = [a for a in argv if not a.startswith("-")]
-if "--stack" in argv:
-    words.remove(argv[argv.index("--stack") + 1])
+for flag in ("--stack", "--copy-config-from"):
+    if flag in argv:
+        words.remove(argv[argv.index(flag) + 1])
+value = lambda key, default="": config.get("tpu-serve:" + key, {{}}).get("value", default)
+others = lambda: ["dev"] * (root / "config.json").exists() + sorted(
+    p.name for p in (root / "stacks").glob("*") if p.is_dir())
 
-if words[:1] == ["config"] and len(words) == 1:
+if stack != "dev" and not home.is_dir() and words[:2] != ["stack", "init"] and words[:2] != ["stack", "ls"]:
+    print(f"error: no stack named '{{stack}}' found", file=sys.stderr)
+    sys.exit(255)
+if words[:2] == ["stack", "ls"]:
+    print(json.dumps([{{"name": name, "current": False, "updateInProgress": False,
+                       "resourceCount": len(read("state.json", {{}}, dir_of(name)).get("deployment", {{}})
+                                            .get("resources", []))}} for name in others()]))
+elif words[:2] == ["stack", "init"]:
+    if home.is_dir():
+        print(f"error: stack '{{stack}}' already exists", file=sys.stderr)
+        sys.exit(255)
+    home.mkdir(parents=True)
+    source = argv[argv.index("--copy-config-from") + 1] if "--copy-config-from" in argv else None
+    write("config.json", read("config.json", {{}}, dir_of(source)) if source else {{}})
+    print(f"Created stack '{{stack}}'")
+elif words[:2] == ["stack", "rm"]:
+    import shutil
+    shutil.rmtree(home)
+    print(f"Stack '{{stack}}' has been removed!")
+elif words[:1] == ["destroy"]:
+    for name in ("state.json", "outputs.json"):
+        (home / name).unlink(missing_ok=True)
+    print(f"Destroying ({{stack}}):\\nResources:\\n    - 9 deleted\\n\\nDuration: 1m2s")
+elif words[:1] == ["config"] and len(words) == 1:
     print(json.dumps(config))
 elif words[:2] == ["config", "set"]:
     config["tpu-serve:" + words[2]] = {{"value": words[3], "secret": False}}
@@ -48,7 +86,16 @@ elif words[:1] == ["refresh"]:
     print("Refreshing (dev):\\nResources:\\n    5 unchanged\\n\\nDuration: 3s")
 elif words[:1] == ["up"]:
     zone = config.get("tpu-serve:zone", {{}}).get("value", "")
-    play = read("scenario.json", {{}}).get(zone) or read("scenario.json", {{}}).get("*") or {{"rc": 0}}
+    scenario = read("scenario.json", {{}}, root)
+    play = scenario.get(f"{{stack}}:{{zone}}") or scenario.get(zone) or scenario.get("*") or {{"rc": 0}}
+    capacity = read("capacity.json", None, root)
+    if value("target") == "router":
+        play = {{"rc": 0, "router": True}}
+    elif capacity is not None and not read("outputs.json", {{}}).get("instanceName"):
+        held = sum(read("outputs.json", {{}}, dir_of(name)).get("zone") == zone
+                   and read("outputs.json", {{}}, dir_of(name)).get("target") == "gcp" for name in others())
+        play = {{"rc": 0, "creates": True}} if held < capacity["room"].get(zone, 0) else {{
+            "rc": 255, "output": capacity["stockout"].replace("ZONE", zone).replace("STACK", stack)}}
 
     def interrupted(*_):
         print("^C received; cancelling the current operation. Press ^C again to forcibly exit.", flush=True)
@@ -56,16 +103,27 @@ elif words[:1] == ["up"]:
         sys.exit(255)
 
     signal.signal(signal.SIGINT, interrupted)
-    print(f"Updating ({{os.environ.get('FAKE_STACK', 'dev')}}):", flush=True)
+    print(f"Updating ({{stack}}):", flush=True)
     time.sleep(play.get("seconds", 0))
-    if play.get("creates"):
-        project = config["tpu-serve:project"]["value"]
+    project = value("project")
+    if play.get("router"):
+        replicas = json.loads(value("routerReplicas", "[]"))
+        write("outputs.json", {{"target": "router", "zone": zone, "instanceName": f"tpu-serve-{{stack}}",
+                               "project": project, "endpoint": "http://10.164.0.2:4000/v1", "routerConfigHash": "c0ffee",
+                               "iapTunnelCommand": f"gcloud compute start-iap-tunnel tpu-serve-{{stack}} 4000 "
+                                                   f"--local-host-port=localhost:4000 --zone={{zone}} --project={{project}}",
+                               "replicas": [entry.split("=", 1)[0] for entry in replicas]}})
+    elif play.get("creates"):
+        vm = f"tpu-serve-{{stack}}"
         write("state.json", {{"version": 3, "deployment": {{"resources": [{{
-            "urn": "urn:pulumi:dev::tpu-serve::gcp:compute/instance:Instance::tpu-serve-dev",
+            "urn": f"urn:pulumi:{{stack}}::tpu-serve::gcp:compute/instance:Instance::{{vm}}",
             "type": "gcp:compute/instance:Instance",
-            "id": f"projects/{{project}}/zones/{{zone}}/instances/tpu-serve-dev"}}]}}}})
-        write("outputs.json", {{"target": "gcp", "zone": zone, "instanceName": "tpu-serve-dev", "project": project,
-            "iapTunnelCommand": f"gcloud compute start-iap-tunnel tpu-serve-dev 8000 --local-host-port=localhost:8000 "
+            "id": f"projects/{{project}}/zones/{{zone}}/instances/{{vm}}"}}]}}}})
+        address = 10 + len(list(root.glob("stacks/*")))
+        write("outputs.json", {{"target": "gcp", "zone": zone, "instanceName": vm, "project": project,
+            "endpoint": f"http://10.164.0.{{address}}:8000/v1", "model": value("model", "google/gemma-4-E2B-it"),
+            "configHash": "c0ffee", "maxRunSeconds": 14400,
+            "iapTunnelCommand": f"gcloud compute start-iap-tunnel {{vm}} 8000 --local-host-port=localhost:8000 "
                                 f"--zone={{zone}} --project={{project}}"}})
     sys.stdout.write(play.get("output", "Resources:\\n    + 9 created\\n\\nDuration: 9m12s\\n"))
     sys.exit(play.get("rc", 0))
@@ -96,6 +154,28 @@ class FakePulumi:
     def scenario(self, plays: dict[str, dict[str, Any]]) -> None:
         """zone -> {"output": str, "rc": int, "seconds": float, "creates": bool}; "*" for every other zone."""
         (self.home / "scenario.json").write_text(json.dumps(plays))
+
+    def capacity(self, room: dict[str, int]) -> None:
+        """Zones and how many VMs each holds (across stacks); an `up` beyond that gets the provider's stockout."""
+        from tests import provider_errors as errors
+
+        stockout = errors.pulumi_failed(errors.STOCKOUT.replace("us-east5-a", "ZONE"), name="tpu-serve-STACK",
+                                        stack="STACK")
+        (self.home / "capacity.json").write_text(json.dumps({"room": room, "stockout": stockout}))
+
+    def home_of(self, stack: str) -> Path:
+        return self.home if stack == "dev" else self.home / "stacks" / stack
+
+    def stack_config(self, stack: str) -> dict[str, Any]:
+        return json.loads((self.home_of(stack) / "config.json").read_text())
+
+    def outputs(self, stack: str) -> dict[str, Any]:
+        path = self.home_of(stack) / "outputs.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def stacks(self) -> list[str]:
+        return sorted(path.name for path in (self.home / "stacks").glob("*")) if (self.home / "stacks").exists() \
+            else []
 
     def state(self, state: dict[str, Any]) -> None:
         (self.home / "state.json").write_text(json.dumps(state))

@@ -27,6 +27,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
              "Breakeven throughput against an API price, the cost of a cold start, and what a session yields."),
     "diagnose": ("tpuserve.observe.logs:diagnose", ("Ask a model why a deployment failed, from its logs and the gate's "
                                             "stage and reason (tokens redacted).")),
+    "fleet": ("tpuserve.ops.fleet:fleet",
+              "Replicas across zones behind a LiteLLM router, renewed before flex-start deletes them: up, status, renew."),
     "gate": ("tpuserve.observe.gate:gate", "Wait until a deployment really serves; exit 0 only then."),
     "litellm": ("tpuserve.deploy.litellm_config:litellm",
                 "Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`)."),

@@ -74,3 +74,9 @@ PRE_READINESS_ALLOWANCES_S = (GUEST_BOOT_ALLOWANCE_S, DOCKER_INSTALL_ALLOWANCE_S
 # The Cloud Logging log name of the vLLM container's output on a gcp VM: the Ops Agent's logging receiver id
 # (components/ops_agent.py), which `tpuserve logs --source cloud` and `diagnose` read back.
 CONTAINER_LOG_NAME = "vllm"
+
+# The LiteLLM proxy a fleet's router runs: the router VM's container image (ghcr.io/berriai/litellm:v<version>, the
+# tag scheme from 1.84 on) and the pinned pip install of the router tests and benchmark
+# (scripts/install-litellm-proxy.sh) use this one version. 1.108.7 is the newest release whose `proxy` extra resolves
+# from the package index (1.110's requires a `litellm-proxy` distribution that is not published there).
+LITELLM_VERSION = "1.108.7"

@@ -3,6 +3,14 @@
 Tools that only speak to hosted models (Gemini-CLI-style clients, OpenAI SDK apps) can then point at the LiteLLM
 proxy and ask for e.g. `gemini-2.0-flash`; the proxy forwards to vLLM's OpenAI-compatible API. Keys are never
 written into the file: LiteLLM resolves `os.environ/NAME` references when it loads it.
+
+The fleet form (`--replica NAME=URL`, repeatable; what a fleet's router runs, components/router.py) puts every
+replica in one model group named after the served model, so LiteLLM's router balances over them: one entry per
+replica (`hosted_vllm/<model>`, the replica's api_base, its stack name as the deployment id), `least-busy` routing
+(fewest requests in flight), retries on another replica, and a replica that fails more than `allowed_fails` times
+in a minute is cooled down for `cooldown_time` seconds (litellm/router.py `Router.__init__` arguments, given in the
+proxy config's `router_settings`; a 5xx counts, litellm/router_utils/cooldown_handlers.py `_is_cooldown_required`).
+Aliases map onto that one group through `model_group_alias`.
 """
 
 from __future__ import annotations
@@ -22,6 +30,10 @@ from tpuserve.deploy.stack import model_option, read_outputs, resolve_model, sta
 from tpuserve.serving import ConfigError
 
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
+ROUTING_STRATEGY = "least-busy"
+NUM_RETRIES = 2  # a failed request is retried (on another replica once the failing one cools down)
+ALLOWED_FAILS = 1  # failures per minute before a replica is cooled down
+COOLDOWN_S = 30
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 
@@ -48,6 +60,38 @@ def litellm_config(url: str, served_model: str, aliases: Sequence[str], api_key_
             "general_settings": {"master_key": env_reference("--master-key-env", master_key_env)}}
 
 
+def fleet_config(replicas: Sequence[tuple[str, str]], served_model: str, aliases: Sequence[str] = (),
+                 api_key_env: str = API_KEY_ENV, master_key_env: str = MASTER_KEY_ENV) -> dict[str, Any]:
+    """The router's proxy config: one deployment per (replica name, URL) in the served model's group."""
+    if not served_model:
+        raise ConfigError("--model", "must name the served model")
+    names = [name for name, _ in replicas]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConfigError("--replica", f"repeated: {', '.join(repeated)}")
+    if served_model in aliases or len(set(aliases)) < len(aliases):
+        raise ConfigError("--alias", "repeats a name (or the served model's own)")
+    api_key = env_reference("--api-key-env", api_key_env)
+    router_settings: dict[str, Any] = {"routing_strategy": ROUTING_STRATEGY, "num_retries": NUM_RETRIES,
+                                       "allowed_fails": ALLOWED_FAILS, "cooldown_time": COOLDOWN_S}
+    if aliases:
+        router_settings["model_group_alias"] = {alias: served_model for alias in aliases}
+    return {"model_list": [{"model_name": served_model,
+                            "litellm_params": {"model": f"hosted_vllm/{served_model}", "api_base": api_base(url),
+                                               "api_key": api_key},
+                            "model_info": {"id": name}} for name, url in replicas],
+            "router_settings": router_settings,
+            "general_settings": {"master_key": env_reference("--master-key-env", master_key_env)}}
+
+
+def parse_replica(value: str) -> tuple[str, str]:
+    """'dev-r1=http://10.0.0.5:8000' -> ('dev-r1', 'http://10.0.0.5:8000')."""
+    name, _, url = value.partition("=")
+    if not name or not url.startswith(("http://", "https://")):
+        raise ConfigError("--replica", f"{value!r} is not NAME=URL, e.g. dev-r1=http://10.164.0.5:8000")
+    return name, url
+
+
 def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
     """(endpoint URL, model) from the stack outputs `endpoint` and `model`."""
     missing = [key for key in ("endpoint", "model") if not outputs.get(key)]
@@ -62,7 +106,10 @@ def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
 @model_option("Served model name; default: the stack's `model` output, else the first model the server at --url "
               "lists.")
 @stack_options
-@click.option("--alias", "aliases", multiple=True, required=True,
+@click.option("--replica", "replicas", multiple=True, metavar="NAME=URL",
+              help="Fleet form: a replica to balance over, e.g. dev-r1=http://10.164.0.5:8000; repeatable (with "
+              "--model; --alias then optional).")
+@click.option("--alias", "aliases", multiple=True,
               help="Model name clients ask for, e.g. gemini-2.0-flash; repeatable.")
 @click.option("--api-key-env", default=API_KEY_ENV, show_default=True,
               help="Environment variable LiteLLM reads the endpoint's key from (any value if vLLM has no key).")
@@ -70,11 +117,29 @@ def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
               help="Environment variable holding the key clients must present to the proxy.")
 @json_option
 def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None,
-            aliases: tuple[str, ...], api_key_env: str, master_key_env: str, as_json: bool) -> None:
+            replicas: tuple[str, ...], aliases: tuple[str, ...], api_key_env: str, master_key_env: str,
+            as_json: bool) -> None:
     """Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`).
 
     Offline with --url and --model, or with --stack; with --url alone the model is the first the server lists.
-    --json prints the same config as JSON (LiteLLM reads it too: YAML is a superset of JSON)."""
+    The fleet form (--replica, repeated) balances one model group over the replicas. --json prints the same config
+    as JSON (LiteLLM reads it too: YAML is a superset of JSON)."""
+    if replicas:
+        if url or stack or stack_outputs:
+            raise click.UsageError("--replica lists the servers itself: give it without --url, --stack or "
+                                   "--stack-outputs")
+        if not model:
+            raise click.UsageError("--replica needs --model (the model every replica serves)")
+        try:
+            config = fleet_config([parse_replica(value) for value in replicas], model, aliases, api_key_env,
+                                  master_key_env)
+        except ConfigError as err:
+            raise click.UsageError(str(err)) from err
+        if as_json:
+            click.echo(json.dumps(config, indent=2))
+        else:
+            click.echo(yaml.safe_dump(config, sort_keys=False), nl=False)
+        return
     outputs = read_outputs(stack, stack_outputs)
     if url is None or model is None:
         if outputs is not None:

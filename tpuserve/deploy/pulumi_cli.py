@@ -54,9 +54,9 @@ class PulumiCli:
     def _argv(self, *args: str) -> list[str]:
         return [self.executable, *args, "--stack", self.stack, "--non-interactive"]
 
-    def _run(self, *args: str) -> str:
-        result = subprocess.run(self._argv(*args), cwd=self.cwd, env=self.env, capture_output=True, text=True,
-                                check=False)
+    def _run(self, *args: str, stack: bool = True) -> str:
+        argv = self._argv(*args) if stack else [self.executable, *args, "--non-interactive"]
+        result = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
             raise PulumiError(f"`pulumi {' '.join(args)} --stack {self.stack}` failed: "
@@ -96,6 +96,25 @@ class PulumiCli:
     def export(self) -> dict[str, Any]:
         """`pulumi stack export`: the state, whose resources carry their provider ids."""
         return dict(json.loads(self._run("stack", "export") or "{}"))
+
+    def for_stack(self, stack: str) -> PulumiCli:
+        """The same CLI, project directory and output echo, for another stack (a fleet runs one per replica)."""
+        return PulumiCli(stack, self.cwd, self.echo)
+
+    def stacks(self) -> list[str]:
+        """Names of the project's stacks (`pulumi stack ls --json`: a list of {"name", "current", ...})."""
+        return [str(entry["name"]) for entry in json.loads(self._run("stack", "ls", "--json", stack=False) or "[]")]
+
+    def init(self, copy_config_from: str) -> None:
+        """`pulumi stack init` this stack with the settings of `copy_config_from` (secrets re-encrypted for it)."""
+        self._run("stack", "init", "--copy-config-from", copy_config_from)
+
+    def remove(self) -> None:
+        """`pulumi stack rm`: the stack's config and (empty) state; it must hold no resources."""
+        self._run("stack", "rm", "--yes")
+
+    def destroy(self, timeout_s: float) -> Run:
+        return self.stream(["destroy", "--yes", "--skip-preview"], timeout_s)
 
     def refresh(self, timeout_s: float) -> Run:
         """Read every resource back from GCP and drop pending creates (a VM they made is the orphan sweep's)."""

@@ -157,7 +157,7 @@ def endpoint_for(outputs: Mapping[str, Any]) -> Iterator[str]:
     target = outputs.get("target")
     if target == "local":
         yield outputs["endpoint"]
-    elif target == "gcp":
+    elif target in ("gcp", "router"):  # a router stack is a fleet's LiteLLM proxy VM, reached the same way
         with iap_tunnel(outputs) as endpoint:
             yield endpoint
     elif target == "gke":

@@ -1,0 +1,173 @@
+"""vm/router_agent.py against a fake metadata server (attribute values with an ETag, guest attribute PUTs, the
+shapes of https://cloud.google.com/compute/docs/metadata/querying-metadata and .../guest-attributes), a fake
+`docker` on PATH and a fake proxy whose /model/info (LiteLLM's `{"data": [{"model_name", "model_info": {"id"}}]}`,
+behind the master key) serves what the container loaded: the config file as it was at `docker run` or at the last
+SIGHUP. The reload mechanism itself (gunicorn's HUP on the real proxy) is tests/e2e/test_router_e2e.py's."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.httpfake import FakeServer, Request, Response
+from vm import router_agent
+
+MASTER_KEY = "sk-router-canary-0123456789abcdef"
+IMAGE = "ghcr.io/berriai/litellm:v1.108.7"
+DOCKER = """#!{python} -S
+import json, os, shutil, sys
+home = os.environ["FAKE_DOCKER_HOME"]
+args = sys.argv[1:]
+with open(os.path.join(home, "calls.jsonl"), "a") as log:
+    log.write(json.dumps(args) + "\\n")
+state = os.path.join(home, "running")
+config = os.path.join(os.environ["FAKE_CONFIG_DIR"], "config.yaml")
+loaded = os.path.join(home, "loaded.json")
+if args[0] == "inspect":
+    print("true" if os.path.exists(state) else "")
+    sys.exit(0 if os.path.exists(state) else 1)
+if args[0] == "run":
+    open(state, "w").close()
+    shutil.copy(config, loaded)
+    print("4f1c0ffee")
+if args[0] == "kill" and os.environ.get("FAKE_DOCKER_RELOADS", "1") == "1":
+    shutil.copy(config, loaded)
+"""
+
+
+def config(*replicas: str) -> str:
+    return json.dumps({"model_list": [
+        {"model_name": "m", "litellm_params": {"model": "hosted_vllm/m", "api_base": f"http://10.0.0.{i}:8000/v1",
+                                               "api_key": "os.environ/TPUSERVE_API_KEY"}, "model_info": {"id": name}}
+        for i, name in enumerate(replicas, 11)], "router_settings": {"routing_strategy": "least-busy"}}, indent=1)
+
+
+class Metadata:
+    """The `litellm-config` attribute (its ETag changes with the value) and the guest attributes written."""
+
+    def __init__(self, value: str) -> None:
+        self.value, self.etag, self.attributes, self.queries = value, "etag-1", {}, []
+
+    def set(self, value: str) -> None:
+        self.value, self.etag = value, f"etag-{int(self.etag.split('-')[1]) + 1}"
+
+    def routes(self) -> dict[tuple[str, str], Any]:
+        def attribute(request: Request) -> Response:
+            if request.headers.get("Metadata-Flavor") != "Google":
+                return Response(403, "Missing Metadata-Flavor:Google header.")
+            self.queries.append(request.query)
+            return Response(200, self.value, {"ETag": self.etag, "Content-Type": "application/text"})
+
+        def put(key: str) -> Any:
+            def serve(request: Request) -> Response:
+                self.attributes[key] = request.body.decode()
+                return Response(200, "")
+            return serve
+
+        routes = {("GET", "/computeMetadata/v1/instance/attributes/litellm-config"): attribute}
+        for key in ("stage", "config-hash", "reason", *(f"at-{s}" for s in ("pulling-image", "starting-server",
+                                                                             "serving", "failed"))):
+            routes[("PUT", f"/computeMetadata/v1/instance/guest-attributes/tpu-serve/{key}")] = put(key)
+        return routes
+
+
+@pytest.fixture
+def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    bin_dir, docker_home, config_dir, run_dir = (tmp_path / name for name in ("bin", "docker", "etc", "run"))
+    for folder in (bin_dir, docker_home, run_dir):
+        folder.mkdir()
+    docker = bin_dir / "docker"
+    docker.write_text(DOCKER.format(python=sys.executable))
+    docker.chmod(docker.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("FAKE_DOCKER_HOME", str(docker_home))
+    monkeypatch.setenv("FAKE_CONFIG_DIR", str(config_dir))
+    (run_dir / "master-key").write_text(MASTER_KEY + "\n")
+    metadata = Metadata(config("dev-r1"))
+
+    def model_info(request: Request) -> Response:
+        if request.headers.get("Authorization") != f"Bearer {MASTER_KEY}":
+            return Response(401, {"error": {"message": "Authentication Error"}})
+        loaded = docker_home / "loaded.json"
+        entries = json.loads(loaded.read_text())["model_list"] if loaded.exists() else []
+        return Response(200, {"data": [{"model_name": e["model_name"], "model_info": e["model_info"]}
+                                       for e in entries]})
+
+    with FakeServer(metadata.routes()) as meta, FakeServer({("GET", "/model/info"): model_info}) as proxy:
+        agent = router_agent.Agent(IMAGE, str(config_dir), str(run_dir / "master-key"), "tpu-serve",
+                                   metadata_url=meta.url, proxy_url=proxy.url, docker=str(docker),
+                                   confirm_timeout_s=3.0, poll_s=0.01)
+
+        def calls() -> list[list[str]]:
+            log = docker_home / "calls.jsonl"
+            return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+        yield agent, metadata, calls, config_dir, run_dir
+
+
+def test_the_first_config_starts_the_proxy_and_reports_its_hash(rig) -> None:
+    agent, metadata, calls, config_dir, run_dir = rig
+    agent.step(wait=False)
+
+    assert (config_dir / "config.yaml").read_text() == metadata.value
+    run = next(call for call in calls() if call[0] == "run")
+    assert [call[0] for call in calls()] == ["inspect", "pull", "rm", "run"]
+    assert run[run.index("--network") + 1] == "host" and run[run.index("--restart") + 1] == "unless-stopped"
+    assert f"{config_dir}:{config_dir}:ro" in run and IMAGE in run
+    assert run[run.index(IMAGE) + 1:] == ["--config", f"{config_dir}/config.yaml", "--host", "0.0.0.0", "--port",
+                                          "4000", "--run_gunicorn", "--num_workers", "2"]
+    assert MASTER_KEY not in json.dumps(calls())  # the key reaches the container through an env file only
+    env_file = Path(run[run.index("--env-file") + 1])
+    assert env_file.read_text().splitlines() == [f"LITELLM_MASTER_KEY={MASTER_KEY}", "TPUSERVE_API_KEY=none",
+                                                 "LITELLM_LOCAL_MODEL_COST_MAP=True"]
+    assert stat.S_IMODE(os.stat(env_file).st_mode) == 0o600
+    assert metadata.attributes["config-hash"] == router_agent.digest(metadata.value)
+    assert metadata.attributes["stage"] == "serving"
+    assert {"at-pulling-image", "at-starting-server", "at-serving"} <= set(metadata.attributes)
+
+
+def test_a_changed_config_is_written_then_reloaded_in_place(rig) -> None:
+    agent, metadata, calls, config_dir, _ = rig
+    agent.step(wait=False)
+    first_hash = metadata.attributes["config-hash"]
+    metadata.set(config("dev-r1", "dev-r2"))
+    before = len(calls())
+
+    agent.step()
+
+    assert metadata.queries[-1] == "wait_for_change=true&last_etag=etag-1&timeout_sec=300"
+    assert calls()[before:] == [["inspect", "--format", "{{.State.Running}}", "tpu-serve-router"],
+                                ["kill", "--signal", "HUP", "tpu-serve-router"]]  # no new container
+    assert json.loads((config_dir / "config.yaml").read_text())["model_list"][1]["model_info"]["id"] == "dev-r2"
+    assert metadata.attributes["config-hash"] == router_agent.digest(metadata.value) != first_hash
+
+    before = len(calls())
+    agent.step()  # same value (the long poll timed out): nothing to do
+    assert calls()[before:] == []
+
+
+def test_a_proxy_that_does_not_pick_up_the_config_is_not_reported_as_serving_it(rig, monkeypatch) -> None:
+    agent, metadata, calls, _, _ = rig
+    agent.step(wait=False)
+    old_hash = metadata.attributes["config-hash"]
+    monkeypatch.setenv("FAKE_DOCKER_RELOADS", "0")
+    metadata.set(config("dev-r2"))
+    with pytest.raises(RuntimeError, match="did not serve config"):
+        agent.step()
+    assert metadata.attributes["config-hash"] == old_hash  # the gate keeps waiting; the fleet does not move on
+
+
+def test_a_config_that_is_not_json_never_touches_the_running_proxy(rig) -> None:
+    agent, metadata, calls, config_dir, _ = rig
+    agent.step(wait=False)
+    written = (config_dir / "config.yaml").read_text()
+    metadata.set("model_list: [oops")
+    before = len(calls())
+    with pytest.raises(ValueError):
+        agent.step()
+    assert calls()[before:] == [] and (config_dir / "config.yaml").read_text() == written
