@@ -362,7 +362,11 @@ def main(argv: Sequence[str] | None = None, root: Path = ROOT) -> int:
         print(f"mutmut: done in {time.monotonic() - started:.0f} s", flush=True)
     if chosen_hand:
         print(f"hand-written: {len(chosen_hand)} mutant(s) from {HANDWRITTEN}", flush=True)
-        statuses = run_hand_mutants(chosen_hand, root, say=lambda line: print(line, flush=True))
+        try:
+            statuses = run_hand_mutants(chosen_hand, root, say=lambda line: print(line, flush=True))
+        except ConfigProblem as err:
+            print(f"mutation: {err}", file=sys.stderr)
+            return 2
         for file in dict.fromkeys(m.file for m in chosen_hand):
             rows[f"{file} (hand-written)"] = tally({m.id: statuses[m.id] for m in chosen_hand if m.file == file})
     print()

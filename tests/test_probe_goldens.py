@@ -219,3 +219,17 @@ def test_the_endpoint_options_as_users_see_them() -> None:
 def test_requests_timeouts_are_requests_exceptions() -> None:
     """The probes catch requests.Timeout: a ReadTimeout is one (so a stall is 'no answer', not a crash)."""
     assert issubclass(requests.ReadTimeout, requests.Timeout)
+
+
+def test_kv_compare_as_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    with FakeOpenAI() as a, FakeOpenAI(reply_text=lambda p: f"Answer to: {p}".replace("hash", "hush")) as b:
+        result = CliRunner().invoke(main, ["probe", "kv-compare", "--a", a.url, "--b", b.url])
+    assert result.exit_code == 0, result.output
+    golden = GOLDENS / "kv-compare.txt"
+    if os.environ.get("TPUSERVE_UPDATE_GOLDENS"):
+        golden.write_text(result.output)
+    assert result.output == golden.read_text()
