@@ -167,7 +167,7 @@ def test_probe_all_as_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
     with FakeOpenAI(structured="thinking-only", vision="text-only") as fake:
         result = CliRunner().invoke(main, ["probe", "all", "--url", fake.url])
     assert result.exit_code == 0, result.output
-    text = re.sub(r"\d+\.\d\d s", "N.NN s", result.output)
+    text = re.sub(r"\d+\.\d\d s", "N.NN s", result.stdout)  # stdout: the fake server may log to stderr
     golden = GOLDENS / "probe-all.txt"
     if os.environ.get("TPUSERVE_UPDATE_GOLDENS"):
         golden.write_text(text)
@@ -179,7 +179,7 @@ def test_strict_fails_on_a_failed_scenario_only(args: list[str], code: int) -> N
     with FakeOpenAI(structured="ignored") as fake:
         result = CliRunner().invoke(main, ["probe", "structured", "--url", fake.url, "--json", *args])
     assert result.exit_code == code
-    document = json.loads(result.output)
+    document = json.loads(result.stdout)
     assert [r["verdict"] for r in document["results"]] == ["schema not enforced"] * 2 + ["schema not enforced"]
     with FakeOpenAI(vision="text-only") as fake:
         skipped = CliRunner().invoke(main, ["probe", "vision", "--url", fake.url, "--json", *args])
@@ -193,7 +193,7 @@ def test_a_probe_that_cannot_run_at_all_is_an_error_naming_the_first() -> None:
         with fake_models:
             result = CliRunner().invoke(main, ["probe", "tools", "--url", fake_models.url])
     assert result.exit_code == 1
-    assert result.output.splitlines()[-1] == (f"Error: the probe could not run against {fake_models.url} "
+    assert result.stderr.splitlines()[-1] == (f"Error: the probe could not run against {fake_models.url} "
                                               f"({FAKE_MODEL}): every scenario got an error, the first: server "
                                               "error: HTTP 500: engine is dead")
 
@@ -231,5 +231,5 @@ def test_kv_compare_as_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.exit_code == 0, result.output
     golden = GOLDENS / "kv-compare.txt"
     if os.environ.get("TPUSERVE_UPDATE_GOLDENS"):
-        golden.write_text(result.output)
-    assert result.output == golden.read_text()
+        golden.write_text(result.stdout)
+    assert result.stdout == golden.read_text()
