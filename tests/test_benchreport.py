@@ -380,3 +380,56 @@ def test_json_records_turn_tuples_into_lists_and_infinities_into_null(tmp_path: 
 
 def test_a_plot_title_without_metadata_shows_question_marks():
     assert plot_title([RunInfo("d", None, None, None, None)], 1.35) == "? · ? in / ? out · ? · $1.35/h"
+
+
+from tpuserve.measure.benchreport import load_results, request_counts, row_from_result  # noqa: E402
+
+
+@pytest.mark.parametrize("result, num_prompts, counts", [
+    ({"completed": 10, "failed": 2}, None, (10, 2)),
+    ({"completed": 10, "num_prompts": 12}, None, (10, 2)),  # older results: no `failed`, count from num_prompts
+    ({"completed": 10}, 15, (10, 5)),
+    ({"completed": 10}, None, (10, 0)),
+    ({"completed": 12, "num_prompts": 10}, None, (12, 0)),  # never negative
+    ({}, None, (0, 0)),
+])
+def test_request_counts(result: dict, num_prompts: int | None, counts: tuple[int, int]):
+    assert request_counts(result, num_prompts) == counts
+
+
+def test_a_rate_of_exactly_the_plausible_maximum_is_believed():
+    assert row_notes(5, 0, 0.1, 10_000.0) == ()
+    assert row_notes(5, 0, 0.09, 10_001.0)[0].startswith("per-stream 10,001 tok/s (median TPOT 0.0900 ms) is "
+                                                         "implausible: no decoder streams over 10,000 tok/s")
+
+
+def test_files_that_are_not_results_are_skipped_wherever_they_sort(tmp_path: Path):
+    directory = write_sweep(tmp_path / "r", vllm_result(1, 64.0, 12.5))
+    (directory / "z64.json").write_text(json.dumps(vllm_result(64, 900.0, 30.0)))  # sorts after sweep.json
+    (directory / "notes.json").write_text(json.dumps({"comment": "not a result"}))
+    (directory / "list.json").write_text(json.dumps(["output_throughput"]))
+    assert [path.name for path, _ in load_results(directory)] == ["c1.json", "z64.json"]
+
+
+def test_unreadable_results_are_named(tmp_path: Path):
+    with pytest.raises(ReportError) as missing:
+        load_results(tmp_path / "nope")
+    assert str(missing.value) == f"{tmp_path / 'nope'}: not a directory"
+    (tmp_path / "c1.json").write_text("{")
+    with pytest.raises(ReportError) as broken:
+        load_results(tmp_path)
+    assert str(broken.value) == (f"{tmp_path / 'c1.json'}: not valid JSON (Expecting property name enclosed in "
+                                 "double quotes: line 1 column 2 (char 1))")
+    result = vllm_result(1, 64.0, 12.5)
+    del result["median_tpot_ms"], result["p99_ttft_ms"]
+    with pytest.raises(ReportError) as incomplete:
+        row_from_result(tmp_path / "c1.json", result, 1.35)
+    assert str(incomplete.value) == (f"{tmp_path / 'c1.json'}: missing p99_ttft_ms, median_tpot_ms (max_concurrency "
+                                     "needs --max-concurrency; TTFT/TPOT need a generative model)")
+
+
+def test_rows_keep_their_source_and_request_counts(tmp_path: Path):
+    failed = row_from_result(tmp_path / "c8.json", vllm_result(8, 0.0, 0.0, completed=0, failed=12), 1.35)
+    assert (failed.source, failed.completed, failed.failed, failed.measured) == ("c8.json", 0, 12, False)
+    partial = row_from_result(tmp_path / "c4.json", vllm_result(4, 10.0, 5.0, completed=9, failed=3), 1.35)
+    assert (partial.source, partial.completed, partial.failed) == ("c4.json", 9, 3)

@@ -237,3 +237,14 @@ def test_a_row_without_notes_or_output_says_no_output_measured():
     two_notes = BenchRow(4, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, "c4.json", completed=3, notes=("a", "b"))
     with pytest.raises(click.BadParameter, match="4: a; b$"):
         operating_point([two_notes], 4)
+
+
+def test_a_huge_session_counts_its_millions_to_the_cent():
+    result = CliRunner().invoke(cost, ["--output-tok-s", "1000000", "--session-h", "3", "--cold-start-min", "0"])
+    assert "yields 10,800.00 M output tokens = $0.000 / M" in result.output  # 1e6 tok/s × 10,800 s
+
+
+def test_the_json_verdict_at_breakeven_itself_is_not_above():
+    at = CliRunner().invoke(cost, ["--price-per-hour", "3.6", "--api-price-per-m", "1", "--output-tok-s", "1000",
+                                   "--json"])
+    assert json.loads(at.output)["session"]["above_breakeven"] is False

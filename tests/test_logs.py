@@ -522,3 +522,16 @@ def test_an_empty_diagnosis_says_so(tmp_path: Path) -> None:
     with FakeOpenAI(reply_text=lambda prompt: "   ") as fake:
         result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--url", fake.url])
     assert (result.exit_code, result.output) == (0, "(the model returned an empty answer)\n")
+
+
+def test_diagnose_with_a_url_never_asks_pulumi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "boot.log"
+    log.write_text("ERROR\n")
+
+    def no_pulumi(stack: str) -> dict[str, str]:
+        raise AssertionError("asked pulumi for the stack's outputs although --url was given")
+
+    monkeypatch.setattr("tpuserve.deploy.stack.stack_outputs", no_pulumi)
+    with FakeOpenAI() as fake:
+        result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--url", fake.url, "--stack", "dev"])
+    assert result.exit_code == 0, result.output

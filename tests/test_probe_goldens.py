@@ -233,3 +233,79 @@ def test_kv_compare_as_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
     if os.environ.get("TPUSERVE_UPDATE_GOLDENS"):
         golden.write_text(result.stdout)
     assert result.stdout == golden.read_text()
+
+
+# --- the verdict helpers at their edges -----------------------------------------------------------------------------
+
+from tests.fake_openai import completion as chat_completion  # noqa: E402
+from tpuserve.client import ChatReply  # noqa: E402
+from tpuserve.measure.probe import (InvalidToolCall, ScenarioResult, chat_retrying_422, enforcement_summary,  # noqa: E402
+                                    judge_text, judge_weather_calls, parse_tool_call, reply_evidence,
+                                    structured_hint)
+
+LONG = "word " * 20  # 100 characters: excerpts cut at 80
+
+
+def test_judges_quote_80_characters_of_the_answer() -> None:
+    text = ChatReply(chat_completion(LONG), 0.1)
+    assert judge_weather_calls(text, {"paris"}) == ("fail", f"no tool call (answered in text: '{LONG[:80]}… (+20 "
+                                                            "chars)')")
+    assert judge_text(text, must_contain="?") == ("fail", f"answer lacks '?': '{LONG[:80]}… (+20 chars)'")
+    assert judge_text(text) == ("pass", f"answered in text: '{LONG[:80]}… (+20 chars)'")
+    nameless = ChatReply(chat_completion(None, tool_calls=[{"id": "call_0", "type": "function"}]), 0.1)
+    assert judge_text(nameless) == ("fail", "called [None] where a text answer was expected")
+
+
+@pytest.mark.parametrize("call, message", [
+    ({"id": "x", "type": "function"}, "called unknown tool ''"),
+    ({"id": "x", "type": "function", "function": {"name": "get_weather", "arguments": ""}},
+     "get_weather: arguments break the tool schema: 'city' is a required property"),
+])
+def test_a_call_without_a_name_or_arguments(call: dict, message: str) -> None:
+    with pytest.raises(InvalidToolCall) as raised:
+        parse_tool_call(call)
+    assert str(raised.value) == message
+
+
+def test_reasoning_only_answers_are_kept_as_evidence() -> None:
+    reply = ChatReply(chat_completion(None, reasoning="thinking\x00"), 0.1)
+    assert reply_evidence(reply) == {"finish_reason": "stop", "content": "", "reasoning_content": "thinking\\x00"}
+
+
+def test_no_structured_results_no_summary_and_the_max_tokens_hint_in_full() -> None:
+    assert enforcement_summary([ScenarioResult("tools", "simple call", "pass", "ok")]) == ""
+    cut = ScenarioResult("structured", "json_schema thinking=on", "fail", "cut", 1.0,
+                         {"response": {"finish_reason": "length"}})
+    assert structured_hint([cut]) == (
+        "hint: with thinking on the grammar starts only after the reasoning, and this answer hit max_tokens first: "
+        "raise --max-tokens (on Gemma 4 with the gemma4 reasoning parser the schema was enforced with thinking on "
+        "once the reasoning ended)")
+
+
+def test_a_422_that_says_text_only_skips_and_a_long_422_is_quoted_to_120() -> None:
+    with failing(422, "At most 0 image(s) may be provided in one prompt.") as fake:
+        results = run_vision(ChatClient(fake.url, FAKE_MODEL))
+    assert [r.verdict for r in results] == ["skipped"] * 3 and len(fake.requests) == 2  # the 422 retried once
+    message = "m" * 150
+    answers = iter([error(422, message), Response(200, chat_completion("3"))])
+    with FakeServer({("POST", "/v1/chat/completions"): lambda request: next(answers)}) as fake:
+        reply, note = chat_retrying_422(ChatClient(fake.url, FAKE_MODEL), [{"role": "user", "content": "count"}])
+    assert (reply.content, note) == ("3", f"first attempt HTTP 422 ({'m' * 120}… (+30 chars)), retried")
+
+
+def test_probe_json_is_indented_and_carries_the_summary_and_hint() -> None:
+    with FakeOpenAI(structured="thinking-only") as fake:
+        result = CliRunner().invoke(main, ["probe", "structured", "--url", fake.url, "--json"])
+    assert result.stdout.startswith('{\n  "results": [\n    {\n      "probe": "structured",')
+    document = json.loads(result.stdout)
+    assert list(document) == ["results", "structured_summary", "structured_hint"]
+    assert document["structured_hint"].startswith("hint: as measured on Gemma 4")
+
+
+def test_scenario_verdict_and_latency_never_wrap_in_a_narrow_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "60")
+    with FakeOpenAI(structured="ignored") as fake:
+        result = CliRunner().invoke(main, ["probe", "structured", "--url", fake.url])
+    lines = result.stdout.splitlines()
+    for whole in ("json_schema thinking=off", "schema not enforced"):
+        assert any(whole in line for line in lines), result.stdout

@@ -206,7 +206,8 @@ def test_a_model_neither_side_serves_names_the_option(tmp_path: Path) -> None:
         result = CliRunner().invoke(main, ["probe", "kv-compare", "--a", a.url, "--b-dir", str(tmp_path),
                                            "--model", "other/model"])
     assert result.exit_code == 2
-    assert "--model" in result.output and "'other/model' is not served by" in result.output
+    assert result.output.splitlines()[-1] == (f"Error: Invalid value for --model: 'other/model' is not served by "
+                                              f"{a.url}/v1/models, which serves {FAKE_MODEL}")
 
 
 def test_load_names_every_missing_output(tmp_path: Path) -> None:
