@@ -178,7 +178,8 @@ def equivalent_names(path: Path) -> set[str]:
 # Hand-written mutants
 
 def scratch_copy(root: Path, destination: Path) -> Path:
-    """The work tree's files as git sees them (tracked and untracked, not ignored) copied to `destination`."""
+    """The work tree's files as git sees them (tracked and untracked, not ignored) copied to `destination`, itself
+    made a git repository holding them."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
                             capture_output=True, check=True).stdout.decode().split("\0")
     for name in filter(None, listed):
@@ -186,6 +187,9 @@ def scratch_copy(root: Path, destination: Path) -> Path:
         if source.is_file():
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, destination / name)
+    # A repository of its own: tests that ask git (what is ignored) answer as in the tree.
+    subprocess.run(["git", "init", "-q"], cwd=destination, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=destination, check=True)
     return destination
 
 

@@ -217,7 +217,7 @@ def test_model_cards_keep_entries_with_an_id_and_refuse_what_is_no_list() -> Non
         client = ChatClient(fake.url, "m")
         assert client.model_cards() == [{"id": "a", "root": "/models/a", "max_model_len": 1024}]
         assert client.models() == ["a"]
-    for body in ({"data": {"id": "a"}}, ["a"], "text"):
+    for body in ({"data": {"id": "a"}}, ["a"], "text", {"data": "x" * 300}):
         with FakeServer({("GET", "/v1/models"): lambda request: Response(200, body)}) as fake, \
                 pytest.raises(EndpointError) as raised:
             ChatClient(fake.url, "m").model_cards()

@@ -45,6 +45,7 @@ def test_accepted_forms_give_the_server_root(given: str, root: str) -> None:
     ("http://h:8000?x=1", "'http://h:8000?x=1' is not a server URL (it has a query or fragment)"),
     ("http://h:8000#top", "'http://h:8000#top' is not a server URL (it has a query or fragment)"),
     ("http://h:8000/v2", "'http://h:8000/v2' is not a server URL (path '/v2': give the server root or its /v1)"),
+    ("http://h:8000/v1X", "'http://h:8000/v1X' is not a server URL (path '/v1X': give the server root or its /v1)"),
     ("http://h:8000/v1/chat", "'http://h:8000/v1/chat' is not a server URL (path '/v1/chat': give the server root or "
                               "its /v1)"),
 ])
