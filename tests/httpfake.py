@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,15 @@ class Response:
 Handler = Callable[[Request], Response]
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client that gave up (a timeout under test, a closed keep-alive) is part of the scenario, not an error: no
+    BrokenPipe traceback on stderr, where it would land in whatever test captures stderr next."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class FakeServer:
     """Use as a context manager; `routes[(METHOD, path)] = handler`. Unrouted requests get 404."""
 
@@ -74,7 +84,7 @@ class FakeServer:
             def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server = _QuietServer(("127.0.0.1", 0), _Handler)
         # A short poll interval: shutdown() waits for it, and tests start hundreds of these.
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True)

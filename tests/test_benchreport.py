@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -268,3 +269,167 @@ def test_a_replay_without_sweep_json_compares_by_what_the_server_counted(tmp_pat
     (longer / "sweep.json").unlink()
     with pytest.raises(ReportError, match="measured 80 in / 16 out, its baseline"):
         benchreport.check_comparable(benchreport.run_info(sweep), benchreport.run_info(longer))
+
+
+# --- issue #12: what a report reads from a sweep's own files, and its cells, pinned at their edges ----------------
+
+from tpuserve.measure.benchreport import (RunInfo, comparison_cells, day, format_cell, json_record,  # noqa: E402
+                                          markdown_table, plot_title, report_notes, row_notes, run_info, same_lengths,
+                                          usd_per_million_output)
+
+
+def manifest(directory: Path, document: object) -> None:
+    (directory / "sweep.json").write_text(json.dumps(document))
+
+
+def test_run_info_prefers_the_manifest(tmp_path: Path):
+    directory = write_sweep(tmp_path / "r", vllm_result(8, 320.0, 20.0))
+    manifest(directory, {"model": "google/gemma-4-E2B-it", "started_at": "2026-11-30T08:00:00+00:00",
+                         "parameters": {"input_len": 64, "output_len": 16}})
+    assert run_info(directory) == RunInfo(str(directory), "google/gemma-4-E2B-it", (64, 16), (64, 16), "2026-11-30")
+
+
+@pytest.mark.parametrize("document", ["not json {", "[1, 2]", '{"parameters": [64, 16]}'])
+def test_a_manifest_that_says_nothing_usable_falls_back_to_the_results(tmp_path: Path, document: str):
+    directory = write_sweep(tmp_path / "r", vllm_result(8, 320.0, 20.0))
+    (directory / "sweep.json").write_text(document)
+    assert run_info(directory) == RunInfo(str(directory), "tiny", None, (64, 16), "2026-11-29")
+
+
+def test_measured_lengths_are_means_over_completed_requests_only(tmp_path: Path):
+    directory = write_sweep(tmp_path / "r",
+                            vllm_result(1, 10.0, 5.0, completed=1, total_input_tokens=70, total_output_tokens=20),
+                            vllm_result(2, 10.0, 5.0, completed=0, failed=4, total_input_tokens=100,
+                                        total_output_tokens=0))
+    assert run_info(directory).measured == (70, 20)  # the failed level's tokens are not a request's
+
+
+def test_a_sweep_where_nothing_completed_measured_no_lengths(tmp_path: Path):
+    directory = write_sweep(tmp_path / "r", vllm_result(1, 0.0, 0.0, completed=0, failed=12))
+    info = run_info(directory)
+    assert (info.measured, info.lengths) == (None, "? in / ? out")
+
+
+def test_results_without_token_totals_or_dates(tmp_path: Path):
+    result = vllm_result(8, 320.0, 20.0)
+    for key in ("total_input_tokens", "total_output_tokens", "date"):
+        del result[key]
+    directory = write_sweep(tmp_path / "r", result)
+    assert run_info(directory) == RunInfo(str(directory), "tiny", None, None, None)
+
+
+@pytest.mark.parametrize("stamp, shown", [("20261129-104500", "2026-11-29"), ("2026-11-29T10:45:00Z", "2026-11-29"),
+                                          (None, None), ("", None)])
+def test_day(stamp: str | None, shown: str | None):
+    assert day(stamp) == shown
+
+
+def info(requested=None, measured=None) -> RunInfo:
+    return RunInfo("d", "m", requested, measured, None)
+
+
+@pytest.mark.parametrize("a, b, same", [
+    (info(requested=(64, 16)), info(requested=(64, 16)), True),
+    (info(requested=(64, 16)), info(requested=(64, 17)), False),
+    (info(measured=(64, 16)), info(measured=(64, 18)), True),  # two tokens either way: a BOS, an EOS
+    (info(measured=(64, 16)), info(measured=(64, 19)), False),
+    (info(measured=(1000, 16)), info(measured=(1050, 16)), True),  # 5 % of the longer one
+    (info(measured=(1000, 16)), info(measured=(1053, 16)), False),
+    (info(measured=(64, 16)), info(), True),  # one side says nothing: nothing to refuse on
+    (info(), info(), True),
+])
+def test_same_lengths(a: RunInfo, b: RunInfo, same: bool):
+    assert same_lengths(a, b) is same
+
+
+def test_runs_that_share_no_level_say_so(sweep_dir: Path):
+    rows = report_rows(sweep_dir, 1.35)
+    with pytest.raises(ReportError) as refused:
+        compare_rows(rows[:1], rows[1:])
+    assert str(refused.value) == "the two runs share no concurrency level"
+
+
+def test_cells_for_missing_infinite_and_ratio_less_values():
+    assert (format_cell("output_tok_s", None), format_cell("output_tok_s", float("nan")),
+            format_cell("usd_per_m_output", float("inf")), format_cell("tpot_median_ms", 12.345)) == (
+        "—", "—", "∞", "12.35")
+    item = benchreport.Comparison(8, "output_tok_s", None, 320.0, None)
+    assert comparison_cells(item) == ["8", "Output tok/s", "—", "320.0", "n/a"]
+    assert markdown_table(["a", "b"], [["1", "2"]]) == "| a | b |\n|---:|---:|\n| 1 | 2 |"
+
+
+def test_notes_are_labelled_when_asked(tmp_path: Path):
+    rows = report_rows(write_sweep(tmp_path / "r", vllm_result(4, 10.0, 5.0, completed=9, failed=3)), 1.35)
+    note = "concurrency 4: 3 of 12 requests failed: the numbers cover the 9 that completed"
+    assert report_notes(rows) == [note] and report_notes(rows, "candidate") == [f"candidate: {note}"]
+
+
+def test_a_zero_tpot_is_noted_and_a_slow_level_still_has_a_price():
+    assert row_notes(5, 0, 0.0, math.nan) == (
+        "median TPOT is 0: no per-stream rate (outputs of one token, or a buffered stream)",)
+    assert usd_per_million_output(3.6, 0.5) == pytest.approx(2000.0, rel=1e-12)  # 3.6 / 1800 × 1e6
+
+
+def test_json_records_turn_tuples_into_lists_and_infinities_into_null(tmp_path: Path):
+    [row] = report_rows(write_sweep(tmp_path / "r", vllm_result(4, 0.0, 0.0)), 1.35)
+    record = json_record(row)
+    assert record["notes"] == ["median TPOT is 0: no per-stream rate (outputs of one token, or a buffered stream)"]
+    assert isinstance(record["notes"], list)
+    assert (record["per_stream_tok_s"], record["usd_per_m_output"]) == (None, None)
+
+
+def test_a_plot_title_without_metadata_shows_question_marks():
+    assert plot_title([RunInfo("d", None, None, None, None)], 1.35) == "? · ? in / ? out · ? · $1.35/h"
+
+
+from tpuserve.measure.benchreport import load_results, request_counts, row_from_result  # noqa: E402
+
+
+@pytest.mark.parametrize("result, num_prompts, counts", [
+    ({"completed": 10, "failed": 2}, None, (10, 2)),
+    ({"completed": 10, "num_prompts": 12}, None, (10, 2)),  # older results: no `failed`, count from num_prompts
+    ({"completed": 10}, 15, (10, 5)),
+    ({"completed": 10}, None, (10, 0)),
+    ({"completed": 12, "num_prompts": 10}, None, (12, 0)),  # never negative
+    ({}, None, (0, 0)),
+])
+def test_request_counts(result: dict, num_prompts: int | None, counts: tuple[int, int]):
+    assert request_counts(result, num_prompts) == counts
+
+
+def test_a_rate_of_exactly_the_plausible_maximum_is_believed():
+    assert row_notes(5, 0, 0.1, 10_000.0) == ()
+    assert row_notes(5, 0, 0.09, 10_001.0)[0].startswith("per-stream 10,001 tok/s (median TPOT 0.0900 ms) is "
+                                                         "implausible: no decoder streams over 10,000 tok/s")
+
+
+def test_files_that_are_not_results_are_skipped_wherever_they_sort(tmp_path: Path):
+    directory = write_sweep(tmp_path / "r", vllm_result(1, 64.0, 12.5))
+    (directory / "z64.json").write_text(json.dumps(vllm_result(64, 900.0, 30.0)))  # sorts after sweep.json
+    (directory / "notes.json").write_text(json.dumps({"comment": "not a result"}))
+    (directory / "list.json").write_text(json.dumps(["output_throughput"]))
+    assert [path.name for path, _ in load_results(directory)] == ["c1.json", "z64.json"]
+
+
+def test_unreadable_results_are_named(tmp_path: Path):
+    with pytest.raises(ReportError) as missing:
+        load_results(tmp_path / "nope")
+    assert str(missing.value) == f"{tmp_path / 'nope'}: not a directory"
+    (tmp_path / "c1.json").write_text("{")
+    with pytest.raises(ReportError) as broken:
+        load_results(tmp_path)
+    assert str(broken.value) == (f"{tmp_path / 'c1.json'}: not valid JSON (Expecting property name enclosed in "
+                                 "double quotes: line 1 column 2 (char 1))")
+    result = vllm_result(1, 64.0, 12.5)
+    del result["median_tpot_ms"], result["p99_ttft_ms"]
+    with pytest.raises(ReportError) as incomplete:
+        row_from_result(tmp_path / "c1.json", result, 1.35)
+    assert str(incomplete.value) == (f"{tmp_path / 'c1.json'}: missing p99_ttft_ms, median_tpot_ms (max_concurrency "
+                                     "needs --max-concurrency; TTFT/TPOT need a generative model)")
+
+
+def test_rows_keep_their_source_and_request_counts(tmp_path: Path):
+    failed = row_from_result(tmp_path / "c8.json", vllm_result(8, 0.0, 0.0, completed=0, failed=12), 1.35)
+    assert (failed.source, failed.completed, failed.failed, failed.measured) == ("c8.json", 0, 12, False)
+    partial = row_from_result(tmp_path / "c4.json", vllm_result(4, 10.0, 5.0, completed=9, failed=3), 1.35)
+    assert (partial.source, partial.completed, partial.failed) == ("c4.json", 9, 3)

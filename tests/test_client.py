@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jsonschema
 import pytest
 
@@ -123,3 +125,190 @@ def test_a_200_that_is_no_chat_completion_is_an_endpoint_error(body: object):
             pytest.raises(EndpointError, match="without a message") as raised:
         ChatClient(fake.url, "m").chat([{"role": "user", "content": "hi"}])
     assert raised.value.status == 200
+
+
+# --- issue #12: every verdict's words and attributes pinned; limits from the valid side; timeouts that bite ----------
+
+import json  # noqa: E402
+import time  # noqa: E402
+
+import requests  # noqa: E402
+
+from tpuserve.client import (ModelNotServed, NoModelServed, error_message, padding_hint, pick_model,  # noqa: E402
+                             served_card)
+
+
+def stalled(path: str, seconds: float = 0.6) -> FakeServer:
+    method = "GET" if path.endswith("models") else "POST"
+
+    def slow(request):
+        time.sleep(seconds)
+        return Response(200, {"data": [{"id": "m"}]} if method == "GET" else completion("late"))
+
+    return FakeServer({(method, path): slow})
+
+
+def test_every_request_honours_the_timeout() -> None:
+    with stalled("/v1/chat/completions") as fake, pytest.raises(requests.Timeout):
+        ChatClient(fake.url, "m", timeout_s=0.2).chat(PROMPT)
+    with stalled("/v1/models") as fake, pytest.raises(requests.Timeout):
+        ChatClient(fake.url, "m", timeout_s=0.2).model_cards()
+    with stalled("/v1/models") as fake, pytest.raises(requests.Timeout):
+        served_card(fake.url, None, timeout_s=0.2)
+
+
+def test_latency_is_measured_for_answers_and_errors() -> None:
+    routes = {("POST", "/v1/chat/completions"): lambda request: Response(200, completion("hi"))}
+    with FakeServer(routes) as fake:
+        reply = ChatClient(fake.url, "m").chat(PROMPT)
+    assert 0 <= reply.latency_s < 5
+    for status, body in ((500, {"error": {"message": "boom"}}), (200, {"object": "error"})):
+        with FakeServer({("POST", "/v1/chat/completions"): lambda request: Response(status, body)}) as fake, \
+                pytest.raises(EndpointError) as raised:
+            ChatClient(fake.url, "m").chat(PROMPT)
+        assert raised.value.latency_s is not None and 0 <= raised.value.latency_s < 5
+
+
+def test_an_explicit_empty_key_sends_no_authorization_even_with_the_environment_set(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TPUSERVE_API_KEY", "from-env")
+    with FakeServer({("GET", "/v1/models"): lambda request: Response(200, {"data": [{"id": "m"}]})}) as fake:
+        ChatClient(fake.url, "m", api_key="").models()
+        served_model(fake.url, api_key="given")
+    assert [r.headers.get("Authorization") for r in fake.requests] == [None, "Bearer given"]
+
+
+def test_the_endpoint_error_carries_status_message_and_latency() -> None:
+    err = EndpointError(503, "overloaded", 1.5)
+    assert (str(err), err.status, err.message, err.latency_s) == ("HTTP 503: overloaded", 503, "overloaded", 1.5)
+
+
+@pytest.mark.parametrize("status, body, message", [
+    (500, {"error": {"message": "engine dead", "detail": "ignored"}}, "engine dead"),
+    (422, {"detail": "field required"}, "field required"),  # FastAPI's validation shape
+    (400, {"error": {"code": 400}}, "{'code': 400}"),
+    (502, ["upstream", "down"], "['upstream', 'down']"),
+    (503, "overloaded", "overloaded"),
+])
+def test_error_messages_from_each_body_shape(status: int, body: object, message: str) -> None:
+    with FakeServer({("POST", "/v1/chat/completions"): lambda request: Response(status, body)}) as fake, \
+            pytest.raises(EndpointError) as raised:
+        ChatClient(fake.url, "m").chat(PROMPT)
+    assert (raised.value.status, raised.value.message) == (status, message)
+
+
+def test_a_plain_text_error_is_cut_at_500_characters() -> None:
+    response = requests.Response()
+    response.status_code, response._content = 502, ("  " + "x" * 600).encode()
+    assert error_message(response) == "x" * 500
+
+
+def test_a_200_without_a_message_quotes_200_characters_of_it() -> None:
+    body = {"object": "error", "pad": "y" * 400}
+    with FakeServer({("POST", "/v1/chat/completions"): lambda request: Response(200, body)}) as fake, \
+            pytest.raises(EndpointError) as raised:
+        ChatClient(fake.url, "m").chat(PROMPT)
+    assert raised.value.message == f"a body without a message: {json.dumps(body)[:200]}"
+
+
+def test_model_cards_keep_entries_with_an_id_and_refuse_what_is_no_list() -> None:
+    entries = [{"id": "a", "root": "/models/a", "max_model_len": 1024}, {"object": "model"}, "b", {"id": 7}]
+    with FakeServer({("GET", "/v1/models"): lambda request: Response(200, {"data": entries})}) as fake:
+        client = ChatClient(fake.url, "m")
+        assert client.model_cards() == [{"id": "a", "root": "/models/a", "max_model_len": 1024}]
+        assert client.models() == ["a"]
+    for body in ({"data": {"id": "a"}}, ["a"], "text", {"data": "x" * 300}):
+        with FakeServer({("GET", "/v1/models"): lambda request: Response(200, body)}) as fake, \
+                pytest.raises(EndpointError) as raised:
+            ChatClient(fake.url, "m").model_cards()
+        assert (raised.value.status, raised.value.latency_s) == (200, 0.0)
+        sent = body if isinstance(body, str) else json.dumps(body)  # tests/httpfake sends a str as it is
+        assert raised.value.message == f"{fake.url}/v1/models: not a model list: {sent[:200]}"
+    with FakeServer({("GET", "/v1/models"): lambda request: Response(401, {"error": {"message": "bad key"}})}) as fake, \
+            pytest.raises(EndpointError) as raised:
+        ChatClient(fake.url, "m").model_cards()
+    assert (raised.value.status, raised.value.message, raised.value.latency_s) == (401, "bad key", 0.0)
+
+
+def test_pick_model_names_what_is_served() -> None:
+    assert pick_model(["a", "b"], None, "here") == "a" and pick_model(["a", "b"], "b", "here") == "b"
+    with pytest.raises(ModelNotServed) as not_served:
+        pick_model(["a", "b"], "c", "http://h/v1/models")
+    assert str(not_served.value) == "'c' is not served by http://h/v1/models, which serves a, b"
+    with pytest.raises(NoModelServed) as none:
+        pick_model([], None, "http://h/v1/models")
+    assert str(none.value) == "http://h/v1/models lists no model"
+
+
+def test_an_empty_answer_is_empty_content() -> None:
+    assert ChatReply(completion(None, reasoning="  "), 0.1).answer() == ("content", "")
+
+
+@pytest.mark.parametrize("text, hint", [
+    ("a  b", ""),  # exactly half whitespace is not "mostly"
+    ("ab  c", ""),
+    ("a   b", "; it is mostly whitespace: serve with --structured-outputs-config '{\"disable_any_whitespace\": true}'"),
+])
+def test_the_whitespace_hint_needs_more_than_half(text: str, hint: str) -> None:
+    assert padding_hint(text) == hint
+
+
+def test_valid_json_does_not_look_cut_off() -> None:
+    assert looks_cut_off('{"a": 1}') is False and looks_cut_off("[]") is False
+
+
+def test_each_structured_error_in_full_with_what_came_back() -> None:
+    reasoning_cut = ChatReply(completion(None, reasoning="thinking...", finish_reason="length"), 0.1)
+    with pytest.raises(OutputTruncated) as raised:
+        validated_json(reasoning_cut, ANSWER_SCHEMA)
+    assert str(raised.value) == ("the reasoning did not end within max_tokens (the schema applies after it): raise "
+                                 "max_tokens")
+    assert (raised.value.reply, raised.value.field, raised.value.text) == (reasoning_cut, "reasoning_content",
+                                                                           "thinking...")
+    cut = ChatReply(completion('{"answer": "ye', finish_reason="length"), 0.1)
+    with pytest.raises(OutputTruncated) as raised:
+        validated_json(cut, ANSWER_SCHEMA)
+    assert str(raised.value) == "output hit max_tokens before the JSON closed"
+    assert (raised.value.reply, raised.value.field, raised.value.text) == (cut, "content", '{"answer": "ye')
+    free = ChatReply(completion(None, reasoning="yes it is"), 0.1)
+    with pytest.raises(SchemaNotEnforced) as raised:
+        validated_json(free, ANSWER_SCHEMA)
+    assert str(raised.value) == ("schema not enforced: the 200 answer is not JSON (Expecting value at char 0) (the "
+                                 "answer was in 'reasoning_content': a reasoning parser took it)")
+    assert (raised.value.reply, raised.value.field, raised.value.text) == (free, "reasoning_content", "yes it is")
+    breaking = ChatReply(completion('{"answer": "maybe", "confident": true}'), 0.1)
+    with pytest.raises(SchemaNotEnforced) as raised:
+        validated_json(breaking, ANSWER_SCHEMA)
+    assert str(raised.value) == ("schema not enforced: the 200 answer is JSON that breaks the schema at answer: "
+                                 "'maybe' is not one of ['yes', 'no']")
+    assert (raised.value.reply, raised.value.field, raised.value.text) == (
+        breaking, "content", '{"answer": "maybe", "confident": true}')
+
+
+@pytest.mark.parametrize("document, location", [
+    ({"z": "x", "a": "y"}, "a"),  # the first error by path, not by the schema's order
+    ({"z": 1, "a": 2, "nested": {"inner": "x"}}, "nested/inner"),
+    ([], "(root)"),
+])
+def test_the_first_schema_error_by_path_is_named(document: object, location: str) -> None:
+    schema = {"type": "object", "properties": {"z": {"type": "integer"}, "a": {"type": "integer"},
+                                               "nested": {"type": "object", "properties": {"inner": {"type": "integer"}}}}}
+    with pytest.raises(SchemaNotEnforced, match=f"breaks the schema at {re.escape(location)}: "):
+        validated_json(ChatReply(completion(json.dumps(document)), 0.1), schema)
+
+
+def test_structured_passes_the_name_and_parameters_and_validates_against_the_schema() -> None:
+    with FakeOpenAI(structured="enforced") as fake:
+        client = ChatClient(fake.url, FAKE_MODEL)
+        client.structured(PROMPT, ANSWER_SCHEMA, name="verdict", max_tokens=9)
+        reply = client.structured_reply(PROMPT, None, thinking=True, chat_template_kwargs={"custom": 1})
+    first, second = fake.chat_bodies()
+    assert first["response_format"]["json_schema"]["name"] == "verdict" and first["max_tokens"] == 9
+    assert second["chat_template_kwargs"] == {"custom": 1, "enable_thinking": True}
+    assert reply.content == '{"note":"any object"}'
+    with FakeServer({("POST", "/v1/chat/completions"): lambda request: Response(
+            200, completion('{"answer": "maybe", "confident": true}'))}) as fake, pytest.raises(SchemaNotEnforced):
+        ChatClient(fake.url, "m").structured(PROMPT, ANSWER_SCHEMA)
+    with FakeOpenAI(structured="enforced") as fake:
+        ChatClient(fake.url, FAKE_MODEL).structured_reply(PROMPT, ANSWER_SCHEMA)
+    assert fake.chat_bodies()[0]["response_format"]["json_schema"]["name"] == "answer"

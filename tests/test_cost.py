@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -149,3 +150,116 @@ def test_the_cache_disk_bills_by_the_month_and_is_printed():
     bigger = CliRunner().invoke(cost, ["--cache-disk-gb", "250", "--disk-price-per-gb-month", "0.1"])
     assert "Cache disk (250 GB Hyperdisk Balanced): $25.00 / month" in bigger.output
     assert "Cache disk" not in CliRunner().invoke(cost, ["--cache-disk-gb", "0"]).output
+
+
+# --- issue #12: boundaries from the valid side, exact numbers, whole messages --------------------------------------
+
+def exactly(value: float) -> object:
+    """A float compared to 1e-12 (pytest.approx's default 1e-6 would let 1e6 become 1000001)."""
+    return pytest.approx(value, rel=1e-12)
+
+
+def test_the_arithmetic_to_the_last_digit():
+    assert breakeven_output_tok_s(3.6, 1.0) == exactly(1000.0)
+    result = session(price_per_hour=0.9, api_usd_per_m=1.0, hours=1, cold_start_min=0, output_tok_s=250)
+    assert (result.serving_hours, result.output_tokens, result.usd) == (1.0, 900_000.0, 0.9)
+    assert result.usd_per_m_output == exactly(1.0) and result.api_usd == exactly(0.9)
+    assert session(1.35, 0.40, hours=4, cold_start_min=10, output_tok_s=400).usd_per_m_output == exactly(5.4 / 5.52)
+
+
+def test_a_session_exactly_as_long_as_the_cold_start_serves_nothing():
+    result = session(1.2, 0.40, hours=0.5, cold_start_min=30, output_tok_s=1000)
+    assert (result.serving_hours, result.output_tokens, result.usd) == (0.0, 0.0, 0.6)
+    assert result.usd_per_m_output == float("inf") and result.api_usd == 0.0
+
+
+def test_breakeven_itself_is_below_and_an_even_session_is_a_saving_of_nothing(tmp_path: Path):
+    """Exactly at breakeven the machine does not beat the API; a session that costs what the API would is even."""
+    result = CliRunner().invoke(cost, ["--price-per-hour", "3.6", "--api-price-per-m", "1", "--output-tok-s", "1000",
+                                       "--session-h", "1", "--cold-start-min", "0"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        "Breakeven vs $1/M: 1,000.0 output tok/s sustained at $3.6/h",
+        "One cold start (0 min): $0.000",
+        "Cache disk (100 GB Hyperdisk Balanced): $8.00 / month while it exists, VM or not (`tpuserve cache ls` lists "
+        "them, `cache rm` removes them)",
+        "Session of 1 h at 1,000.0 output tok/s (--output-tok-s 1000, below breakeven):",
+        "  cost $3.60; 1.00 h serving after the cold start yields 3.60 M output tokens = $1.000 / M",
+        "  the API would charge $3.60 for them: saving $0.00"]
+    above = CliRunner().invoke(cost, ["--price-per-hour", "0.9", "--api-price-per-m", "1", "--output-tok-s", "500",
+                                      "--session-h", "1", "--cold-start-min", "0"])
+    assert "(--output-tok-s 500, above breakeven):" in above.output
+    assert above.output.splitlines()[-1] == "  the API would charge $1.80 for them: saving $0.90"
+
+
+def test_the_json_document_in_full(tmp_path: Path):
+    result = CliRunner().invoke(cost, ["--output-tok-s", "400", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    session_part = document.pop("session")
+    assert document == {"price_per_hour": 1.35, "api_price_per_m": 0.4, "breakeven_output_tok_s": exactly(937.5),
+                        "cold_start_min": 10.0, "cold_start_usd": exactly(0.225),
+                        "cache_disk": {"size_gb": 100, "usd_per_month": exactly(8.0)}}
+    assert session_part == {"hours": 4.0, "serving_hours": exactly(23 / 6), "output_tok_s": 400.0,
+                            "output_tokens": exactly(5_520_000), "usd": exactly(5.4),
+                            "usd_per_m_output": exactly(5.4 / 5.52), "api_usd": exactly(2.208),
+                            "saving_usd": exactly(-3.192), "operating_point": "--output-tok-s 400",
+                            "above_breakeven": False}
+    assert json.loads(CliRunner().invoke(cost, ["--output-tok-s", "1000", "--json"]).output)["session"][
+        "above_breakeven"] is True
+
+
+def write_level(directory: Path, concurrency: int, completed: int, output_tok_s: float, failed: int = 0) -> None:
+    (directory / f"c{concurrency}.json").write_text(json.dumps({
+        "max_concurrency": concurrency, "completed": completed, "failed": failed, "request_throughput": 1.0,
+        "output_throughput": output_tok_s, "total_token_throughput": 2 * output_tok_s, "median_ttft_ms": 100.0,
+        "p99_ttft_ms": 200.0, "median_tpot_ms": 0.0}))
+
+
+def test_a_level_with_any_output_is_an_operating_point_and_one_without_is_not(tmp_path: Path):
+    write_level(tmp_path, 8, completed=10, output_tok_s=0.5)  # slow, but it served
+    write_level(tmp_path, 16, completed=10, output_tok_s=0.0)  # completed requests of no output tokens
+    best = CliRunner().invoke(cost, ["--report", str(tmp_path), "--json"])
+    assert json.loads(best.output)["session"]["operating_point"] == f"concurrency 8 of {tmp_path}"
+    zero = CliRunner().invoke(cost, ["--report", str(tmp_path), "--concurrency", "16"])
+    assert zero.exit_code == 2
+    assert zero.output.splitlines()[-1] == ("Error: Invalid value for --concurrency: 16: median TPOT is 0: no "
+                                            "per-stream rate (outputs of one token, or a buffered stream)")
+    (tmp_path / "c8.json").unlink()
+    alone = CliRunner().invoke(cost, ["--report", str(tmp_path)])
+    assert alone.exit_code == 1 and alone.output.startswith("Error: no level of the report completed a request")
+
+
+def test_a_named_level_lists_every_reason_it_cannot_be_priced(tmp_path: Path):
+    write_level(tmp_path, 8, completed=0, output_tok_s=0.0, failed=3)
+    write_level(tmp_path, 64, completed=5, output_tok_s=900.0)
+    failed = CliRunner().invoke(cost, ["--report", str(tmp_path), "--concurrency", "8"])
+    assert failed.output.splitlines()[-1] == ("Error: Invalid value for --concurrency: 8: all 3 requests failed: "
+                                              "nothing was measured (see the level's .log)")
+    unmeasured = CliRunner().invoke(cost, ["--report", str(tmp_path), "--concurrency", "16"])
+    assert unmeasured.output.splitlines()[-1] == ("Error: Invalid value for --concurrency: 16 was not measured "
+                                                  "(measured: 8, 64)")
+
+
+def test_a_row_without_notes_or_output_says_no_output_measured():
+    from tpuserve.measure.benchreport import BenchRow
+    from tpuserve.measure.cost import operating_point
+
+    row = BenchRow(4, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, "c4.json", completed=3)
+    with pytest.raises(click.BadParameter) as refused:
+        operating_point([row], 4)
+    assert refused.value.format_message() == "Invalid value for --concurrency: 4: no output measured"
+    two_notes = BenchRow(4, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, "c4.json", completed=3, notes=("a", "b"))
+    with pytest.raises(click.BadParameter, match="4: a; b$"):
+        operating_point([two_notes], 4)
+
+
+def test_a_huge_session_counts_its_millions_to_the_cent():
+    result = CliRunner().invoke(cost, ["--output-tok-s", "1000000", "--session-h", "3", "--cold-start-min", "0"])
+    assert "yields 10,800.00 M output tokens = $0.000 / M" in result.output  # 1e6 tok/s × 10,800 s
+
+
+def test_the_json_verdict_at_breakeven_itself_is_not_above():
+    at = CliRunner().invoke(cost, ["--price-per-hour", "3.6", "--api-price-per-m", "1", "--output-tok-s", "1000",
+                                   "--json"])
+    assert json.loads(at.output)["session"]["above_breakeven"] is False

@@ -9,15 +9,18 @@ import shlex
 import stat
 from pathlib import Path
 
+import click
 import pytest
 import requests
 from click.testing import CliRunner
 
 from tests.fake_openai import FAKE_MODEL, FakeOpenAI
 from tests.httpfake import FakeServer, Request, Response
+from tests.leaks import leaked
 from tpuserve.cli import main
-from tpuserve.deploy.gce import Instance
-from tpuserve.observe.logs import REDACTED, diagnosis_messages, docker_logs_argv, redact, relevant_excerpt
+from tpuserve.deploy.gce import Instance, MissingCredentials
+from tpuserve.observe.logs import (REDACTED, diagnosis_messages, docker_logs_argv, instance_options, last_lines_within,
+                                   redact, relevant_excerpt)
 
 INSTANCE_PATH = "/compute/v1/projects/proj-1/zones/us-east5-b/instances/tpu-serve-dev"
 VM = ["--instance", "tpu-serve-dev", "--zone", "us-east5-b", "--project", "proj-1"]
@@ -28,25 +31,67 @@ SERIAL = "\n".join([f"boot line {i}" for i in range(300)]
                    + ["tpu-serve: stage pulling-image", "docker: Error response from daemon: manifest unknown"])
 
 
-@pytest.mark.parametrize("secret", [
-    HF_CANARY, OAUTH_CANARY, KEY_CANARY, "AIzaSyA1234567890abcdefghijklmnopqrstuvw", "sk-proj-abcdefghijklmnop1234",
-    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
-    "1//0gCanaryRefreshToken_abcdefghijkl"])
-def test_token_like_strings_are_redacted(secret: str) -> None:
+# Canaries that only their own pattern recognises (one case, or no digit, or runs shorter than 32 characters, so
+# the catch-all for long mixed-case strings does not), each with the pattern it stands for.
+DEDICATED_CANARIES = {
+    "hugging face token": "hf_abcdefghij0123456789klmnopqr",
+    "oauth access token": "ya29.a0afb_lowercase.access-token_0123456789",
+    "oauth refresh token": "1//0gabcdefghijklmnopqrstuvwxyz-0123",
+    "google api key": "AIzaSyabcdefghijklmnopqrstuvwxyz_abcd",
+    "openai-style key": "sk-proj-abcdefghijklmnop1234",
+    "publishable key": "pk-live_abcdefghijklmnop1234",
+    "restricted key": "rk-abcdefghijklmnopqrst",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "long mixed-case key": KEY_CANARY,
+    "hf token at the length floor": "hf_abcdefghij",
+}
+# A PKCS#8 key as `openssl genpkey` prints it, shortened; '+' and '/' keep every run under the catch-all's 32.
+PEM_BODY = ("MIIEvQIBADANBgkqhkiG9w0BAQEFAASC/BKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj+MsYY2n6hpVzyiL2Fy2GmXtf3Jq1zr\n"
+            "Kp7Hh2vQ9sLdE1fGm/ZtYx4wQn6Rb8Uc+JpA3kVe0NqTo5Ws7Lz/Ia9Xb2Cd4Ef6Gh8Ij0Kl1Mn3Op5Qr7St9Uv")
+
+
+@pytest.mark.parametrize("secret", list(DEDICATED_CANARIES.values()), ids=list(DEDICATED_CANARIES))
+def test_each_token_format_is_replaced_whole(secret: str) -> None:
     redacted = redact(f"line with {secret} inside")
-    assert secret not in redacted and REDACTED in redacted and redacted.startswith("line with ")
+    assert redacted == f"line with {REDACTED} inside"
+    assert leaked(secret, redacted) == []
 
 
-@pytest.mark.parametrize("line, kept", [
-    ("Authorization: Bearer abc.def-ghi_jkl", "Authorization: "),
-    ("HF_TOKEN=abcdef123 vllm serve", " vllm serve"),
-    ('{"api_key": "plainvalue"}', '{"api_key": "'),
-    ("password: hunter2", "password: "),
+@pytest.mark.parametrize("kind", ["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"])
+def test_a_pem_private_key_is_replaced_whole_across_its_lines(kind: str) -> None:
+    log = f"writing key\n-----BEGIN {kind}-----\n{PEM_BODY}\n-----END {kind}-----\nkey written"
+    redacted = redact(log)
+    assert redacted == f"writing key\n{REDACTED}\nkey written"
+    assert not any(leaked(line, redacted) for line in PEM_BODY.splitlines())
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("sent Bearer abc.def-ghi_jkl upstream", f"sent Bearer {REDACTED} upstream"),
+    ("curl --header basic dXNlcjpwYXNzd29yZA== x", f"curl --header basic {REDACTED} x"),
+    ("Bearer abcdefgh", f"Bearer {REDACTED}"),  # the 8-character floor is a credential
+    ("Authorization: Bearer abc.def-ghi_jkl", f"Authorization: {REDACTED} {REDACTED}"),
+    ("HF_TOKEN=abcdef123 vllm serve", f"HF_TOKEN={REDACTED} vllm serve"),
+    ('{"api_key": "plainvalue"}', f'{{"api_key": "{REDACTED}"}}'),
+    ("password: hunter2", f"password: {REDACTED}"),
+    ("api-key=v1 x", f"api-key={REDACTED} x"),
+    ("apikey: v2", f"apikey: {REDACTED}"),
+    ("ACCESS_TOKEN=v3;", f"ACCESS_TOKEN={REDACTED};"),
+    ("auth-token='v4'", f"auth-token='{REDACTED}'"),
+    ("secret=v5,", f"secret={REDACTED},"),
+    ("passwd=v6", f"passwd={REDACTED}"),
+    ("private_key: v7", f"private_key: {REDACTED}"),
+    ("authorization=v8", f"authorization={REDACTED}"),
+    ("token = v9", f"token = {REDACTED}"),
 ])
-def test_name_value_secrets_keep_the_name_and_lose_the_value(line: str, kept: str) -> None:
-    redacted = redact(line)
-    assert kept in redacted and REDACTED in redacted
-    assert not any(value in redacted for value in ("abc.def-ghi_jkl", "abcdef123", "plainvalue", "hunter2"))
+def test_credentials_by_name_lose_their_value_and_keep_the_rest(line: str, expected: str) -> None:
+    assert redact(line) == expected
+
+
+def test_the_leak_check_catches_a_partial_secret() -> None:
+    assert leaked(HF_CANARY, f"token {HF_CANARY[:12]}…") == [HF_CANARY[:12]]
+    assert leaked(HF_CANARY, f"tail {HF_CANARY[-13:]}") == [HF_CANARY[-13:-1], HF_CANARY[-12:]]
+    assert leaked(HF_CANARY, f"token {HF_CANARY[:11]}") == []
+    assert leaked("short", "a short one") == ["short"]
 
 
 def test_ordinary_log_lines_and_digests_survive() -> None:
@@ -67,8 +112,12 @@ def test_excerpt_keeps_the_tail_and_earlier_errors_with_context() -> None:
 
 def test_the_whole_diagnosis_request_is_redacted() -> None:
     messages = diagnosis_messages(f"token {HF_CANARY}", "failed", f"bad key {KEY_CANARY}")
-    assert HF_CANARY not in json.dumps(messages) and KEY_CANARY not in json.dumps(messages)
-    assert "Readiness gate stage: failed" in messages[1]["content"]
+    assert leaked(HF_CANARY, json.dumps(messages)) == [] and leaked(KEY_CANARY, json.dumps(messages)) == []
+    assert messages[0]["role"] == "system" and messages[0]["content"].startswith("You diagnose failed deployments")
+    assert messages[1] == {"role": "user", "content": f"Readiness gate stage: failed\nGate reason: bad key {REDACTED}"
+                                                      f"\n\nLog excerpt:\ntoken {REDACTED}"}
+    assert diagnosis_messages("log", None, None)[1]["content"] == ("Readiness gate stage: unknown\nGate reason: none "
+                                                                  "given\n\nLog excerpt:\nlog")
 
 
 def test_diagnose_a_log_file_never_sends_the_canaries(tmp_path: Path) -> None:
@@ -80,8 +129,8 @@ def test_diagnose_a_log_file_never_sends_the_canaries(tmp_path: Path) -> None:
                                            "--reason", "docker pull failed", "--url", fake.url])
     assert result.exit_code == 0, result.output
     assert "Cause: the image tag does not exist." in result.output
-    sent = b"".join(request.body for request in fake.requests)
-    assert sent and not any(canary.encode() in sent for canary in (HF_CANARY, OAUTH_CANARY, KEY_CANARY))
+    sent = b"".join(request.body for request in fake.requests).decode()
+    assert sent and not any(leaked(canary, sent) for canary in (HF_CANARY, OAUTH_CANARY, KEY_CANARY))
     user_turn = fake.chat_bodies()[0]["messages"][1]["content"]
     assert "manifest unknown" in user_turn and "Readiness gate stage: pulling-image" in user_turn
     assert fake.chat_bodies()[0]["model"] == FAKE_MODEL and fake.chat_bodies()[0]["temperature"] == 0
@@ -91,7 +140,7 @@ def test_dry_run_prints_the_redacted_request_and_sends_nothing(tmp_path: Path) -
     log = tmp_path / "boot.log"
     log.write_text(f"token={HF_CANARY}\nfatal: out of memory\n")
     result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--dry-run"])
-    assert result.exit_code == 0 and "fatal: out of memory" in result.output and HF_CANARY not in result.output
+    assert result.exit_code == 0 and "fatal: out of memory" in result.output and leaked(HF_CANARY, result.output) == []
 
 
 def test_max_chars_bounds_the_excerpt_for_small_context_models(tmp_path: Path) -> None:
@@ -111,7 +160,7 @@ def test_a_token_straddling_the_cut_never_leaks_its_tail(tmp_path: Path) -> None
     # 200 chars from the end fall inside the token: cut first, and the tail would no longer look like one.
     assert "hf_" not in log.read_text()[-200:] and token[-16:] in log.read_text()[-200:]
     result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--max-chars", "200", "--dry-run"])
-    assert result.exit_code == 0 and token[-8:] not in result.output
+    assert result.exit_code == 0 and leaked(token, result.output, size=8) == []
     assert f"auth {REDACTED}" in result.output.splitlines()
 
 
@@ -137,7 +186,7 @@ def test_diagnose_a_vm_reads_serial_console_and_gate_stage(no_adc: None) -> None
     assert result.exit_code == 0, result.output
     user_turn = model.chat_bodies()[0]["messages"][1]["content"]
     assert "Readiness gate stage: failed" in user_turn and "manifest unknown" in user_turn
-    assert HF_CANARY not in user_turn and REDACTED in user_turn
+    assert leaked(HF_CANARY, user_turn) == [] and f"(token {REDACTED})" in user_turn
     assert compute.requests[0].query == "queryPath=tpu-serve%2F"
 
 
@@ -357,3 +406,225 @@ def test_diagnose_without_shipped_logs_says_so_and_uses_the_serial_console(no_ad
     assert "manifest unknown" in result.stdout and "(Cloud Logging)" not in result.stdout
     assert "note: no container logs from Cloud Logging (container logs of tpu-serve-dev: Cloud Logging API HTTP 403" \
         in result.stderr
+# --- issue #12: the glue around the redactor, pinned (each literal here is one a mutant changed unnoticed) -------
+
+def test_errors_far_from_the_end_keep_their_context_even_at_the_top() -> None:
+    lines = ["boot", "ERROR early", "fine", *[f"line {i}" for i in range(10)]]
+    assert relevant_excerpt("\n".join(lines), tail_lines=2, context=1).splitlines() == [
+        "boot", "ERROR early", "fine", "…", "line 8", "line 9"]
+
+
+def test_the_size_cap_keeps_whole_lines_up_to_exactly_the_cap() -> None:
+    text = "aaaa\nbbbb\ncccc"  # 14 characters
+    assert last_lines_within(text, 14) == text  # at the cap: untouched
+    assert last_lines_within(text, 13) == "…\nbbbb\ncccc"  # 'bbbb\n' + 'cccc\n' is 10 ≤ 13
+    assert last_lines_within(text, 10) == "…\nbbbb\ncccc"  # exactly the cap still fits
+    assert last_lines_within(text, 9) == "…\ncccc"
+
+
+def test_docker_logs_argv_without_follow() -> None:
+    argv = docker_logs_argv(Instance("p", "z", "vm"), 7, False)
+    assert argv[:-1] == ["gcloud", "compute", "ssh", "vm", "--zone", "z", "--project", "p", "--tunnel-through-iap",
+                         "--command"]
+    assert shlex.split(argv[-1]) == ["sudo", "docker", "logs", "--tail", "7", "vllm"]
+
+
+def test_the_vm_options_as_users_see_them() -> None:
+    command = click.command()(instance_options(lambda **kwargs: None))
+    assert [(p.opts, p.help, p.show_default) for p in command.params][2:] == [
+        (["--instance"], "VM name.", None), (["--zone"], "Zone of the VM.", None),
+        (["--project"], "Project of the VM.", None), (["--compute-url"], "Compute API root.", True),
+        (["--logging-url"], "Cloud Logging API root.", True)]
+    assert [p.default for p in command.params[-2:]] == ["https://compute.googleapis.com",
+                                                       "https://logging.googleapis.com"]
+    assert [p.opts for p in command.params][:2] == [["--stack"], ["--stack-outputs"]]
+
+
+def test_logs_as_json_reads_the_serial_console_and_tails_it(no_adc: None) -> None:
+    with fake_compute("serving", "") as compute:
+        result = CliRunner().invoke(main, ["logs", *VM, "--source", "serial", "--tail", "2", "--json",
+                                           "--compute-url", compute.url])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {"target": "tpu-serve-dev", "serial": "\n".join(SERIAL.splitlines()[-2:]),
+                                         "docker": None, "cloud": None}
+
+
+def refusing_compute(status: int, message: str) -> FakeServer:
+    """The Compute API refusing the serial port, with its error body shape (googleapis error JSON)."""
+    body = {"error": {"code": status, "message": message, "errors": [{"message": message, "reason": "forbidden"}]}}
+    return FakeServer({("GET", f"{INSTANCE_PATH}/serialPort"): lambda request: Response(status, body)})
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_a_refused_serial_console_is_one_line_naming_the_vm(no_adc: None, json_flag: list[str]) -> None:
+    with refusing_compute(403, "Required 'compute.instances.getSerialPortOutput' permission") as compute:
+        result = CliRunner().invoke(main, ["logs", *VM, "--source", "serial", *json_flag, "--compute-url",
+                                           compute.url])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1] == ("Error: serial console of tpu-serve-dev: Compute API HTTP 403: Required "
+                                              "'compute.instances.getSerialPortOutput' permission")
+
+
+def test_without_credentials_the_serial_console_says_how_to_log_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_credentials() -> requests.Session:
+        raise MissingCredentials("no application-default credentials: run `gcloud auth application-default login`")
+
+    monkeypatch.setattr("tpuserve.deploy.gce.adc_session", no_credentials)
+    result = CliRunner().invoke(main, ["logs", *VM, "--source", "serial"])
+    assert (result.exit_code, result.output) == (1, "Error: no application-default credentials: run `gcloud auth "
+                                                    "application-default login`\n")
+
+
+def test_logs_as_json_over_iap_and_its_failures(gcloud_shim: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    result = CliRunner().invoke(main, ["logs", *VM, "--source", "docker", "--json", "--tail", "3"])
+    assert json.loads(result.output) == {"target": "tpu-serve-dev", "serial": None,
+                                         "docker": "INFO vllm: Uvicorn running\n", "cloud": None}
+    assert gcloud_shim.read_text().splitlines()[-1] == "sudo docker logs --tail 3 vllm"
+    failing = tmp_path / "bin" / "gcloud"
+    failing.write_text("#!/bin/sh\necho 'ERROR: (gcloud.compute.ssh)   Could not fetch resource:\n  - Not found' >&2\n"
+                       "exit 1\n")
+    result = CliRunner().invoke(main, ["logs", *VM, "--source", "docker", "--json"])
+    assert (result.exit_code, result.output) == (1, "Error: `gcloud ...` exited with 1: ERROR: (gcloud.compute.ssh) "
+                                                    "Could not fetch resource: - Not found\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    result = CliRunner().invoke(main, ["logs", *VM, "--source", "docker", "--json"])
+    assert (result.exit_code, result.output) == (1, "Error: gcloud not found: it is needed for `docker logs`\n")
+
+
+def test_the_vm_comes_from_the_named_stack(gcloud_shim: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+
+    def stack_outputs(stack: str) -> dict[str, str]:
+        asked.append(stack)
+        return {"instanceName": "vm-of-dev", "zone": "us-east5-b", "project": "p3"}
+
+    monkeypatch.setattr("tpuserve.deploy.stack.stack_outputs", stack_outputs)
+    result = CliRunner().invoke(main, ["logs", "--stack", "dev", "--source", "docker"])
+    assert result.exit_code == 0, result.output
+    assert asked == ["dev"] and gcloud_shim.read_text().splitlines()[2:7] == ["vm-of-dev", "--zone", "us-east5-b",
+                                                                            "--project", "p3"]
+
+
+def test_a_vm_named_without_its_name_lists_every_missing_option() -> None:
+    result = CliRunner().invoke(main, ["logs"])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == ("Error: missing --instance, --zone, --project (or give --stack / "
+                                              "--stack-outputs)")
+
+
+def test_a_local_stack_without_its_config_hash_says_what_is_missing(tmp_path: Path) -> None:
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"target": "local", "endpoint": "http://127.0.0.1:8000/v1"}))
+    result = CliRunner().invoke(main, ["logs", "--stack-outputs", str(outputs)])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == (
+        "Error: a local-target stack's logs are its container's (`docker logs tpu-serve-<stack>` on the Docker host), "
+        "but these stack outputs lack configHash to find it by")
+
+
+def test_following_a_local_stacks_logs(docker_shim: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["logs", "--stack-outputs", local_outputs(tmp_path), "--follow"])
+    assert result.exit_code == 0, result.output
+    assert docker_shim.read_text().splitlines()[-1] == "logs --tail 200 --follow tpu-serve-local"
+
+
+def docker_answering(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ps: str) -> None:
+    """A `docker` whose `ps` is the given shell snippet (the container lookup's answer)."""
+    shim = tmp_path / "dbin2" / "docker"
+    shim.parent.mkdir()
+    shim.write_text(f"#!/bin/sh\ncase \"$1\" in\n  ps) {ps} ;;\n  logs) echo 'some log' ;;\nesac\n")
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("ps, says", [
+    ("exit 0", "no such container (destroyed, or another Docker host?)"),
+    ("printf 'Cannot connect to the Docker daemon\\n  at unix:///var/run/docker.sock.\\n' >&2; exit 1",
+     "Cannot connect to the Docker daemon at unix:///var/run/docker.sock."),
+    ("echo tpu-serve-local; echo 'permission denied' >&2; exit 1", "permission denied"),
+], ids=["none-listed", "daemon-down", "failed-with-output"])
+def test_a_local_container_that_cannot_be_found_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ps: str,
+                                                         says: str) -> None:
+    docker_answering(tmp_path, monkeypatch, ps)
+    result = CliRunner().invoke(main, ["logs", "--stack-outputs", local_outputs(tmp_path)])
+    assert (result.exit_code, result.output) == (1, "Error: cannot find the container labelled "
+                                                    f"tpu-serve.config-hash=abc123: {says}\n")
+
+
+def test_a_local_containers_failing_logs_are_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shim = tmp_path / "dbin3" / "docker"
+    shim.parent.mkdir()
+    shim.write_text("#!/bin/sh\ncase \"$1\" in\n  ps) echo tpu-serve-local ;;\n"
+                    "  logs) echo 'Error response from daemon:  No such container' >&2; exit 1 ;;\nesac\n")
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
+    as_json = CliRunner().invoke(main, ["logs", "--stack-outputs", local_outputs(tmp_path), "--json"])
+    assert (as_json.exit_code, as_json.output) == (1, "Error: `docker ...` exited with 1: Error response from daemon: "
+                                                      "No such container\n")
+
+
+def test_diagnose_without_url_or_stack_says_what_to_give(tmp_path: Path) -> None:
+    log = tmp_path / "boot.log"
+    log.write_text("ERROR\n")
+    result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log)])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == ("Error: give --url of the diagnosing endpoint (or --stack to ask the "
+                                              "deployment)")
+
+
+def test_diagnose_asks_the_named_stacks_model_with_the_key_and_a_bounded_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "boot.log"
+    log.write_text("ERROR: vllm exited with 1\n")
+    monkeypatch.setenv("DIAG_KEY", "key-123")
+    with FakeOpenAI(reply_text=lambda prompt: "  Cause: vLLM crashed.  ") as deployment:
+        monkeypatch.setattr("tpuserve.deploy.stack.stack_outputs", lambda stack: {
+            "target": "local", "endpoint": f"{deployment.url}/v1", "model": FAKE_MODEL} if stack == "dev" else {})
+        result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--stack", "dev", "--api-key-env",
+                                           "DIAG_KEY"])
+    assert (result.exit_code, result.output) == (0, "Cause: vLLM crashed.\n")
+    assert [r.headers.get("Authorization") for r in deployment.requests] == ["Bearer key-123"] * len(
+        deployment.requests) and len(deployment.requests) >= 1
+    [body] = deployment.chat_bodies()
+    assert (body["model"], body["temperature"], body["max_tokens"]) == (FAKE_MODEL, 0, 300)
+
+
+def test_diagnose_names_the_model_asked_for_and_a_failing_endpoint(tmp_path: Path) -> None:
+    log = tmp_path / "boot.log"
+    log.write_text("ERROR\n")
+    with FakeOpenAI() as fake:
+        named = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--url", fake.url, "--model",
+                                          FAKE_MODEL])
+        missing = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--url", fake.url, "--model",
+                                            "other/model"])
+    assert named.exit_code == 0 and fake.chat_bodies()[0]["model"] == FAKE_MODEL
+    assert missing.exit_code != 0 and "'other/model' is not served by" in missing.output
+    failing = FakeServer({("GET", "/v1/models"): lambda request: Response(200, {"data": [{"id": "m"}]}),
+                          ("POST", "/v1/chat/completions"): lambda request: Response(
+                              500, {"error": {"message": "engine dead"}})})
+    with failing:
+        result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--url", failing.url])
+    assert (result.exit_code, result.output) == (1, f"Error: the diagnosing endpoint {failing.url} (m) failed: HTTP "
+                                                    "500: engine dead\n")
+
+
+def test_an_empty_diagnosis_says_so(tmp_path: Path) -> None:
+    log = tmp_path / "boot.log"
+    log.write_text("ERROR\n")
+    with FakeOpenAI(reply_text=lambda prompt: "   ") as fake:
+        result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--url", fake.url])
+    assert (result.exit_code, result.output) == (0, "(the model returned an empty answer)\n")
+
+
+def test_diagnose_with_a_url_never_asks_pulumi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "boot.log"
+    log.write_text("ERROR\n")
+
+    def no_pulumi(stack: str) -> dict[str, str]:
+        raise AssertionError("asked pulumi for the stack's outputs although --url was given")
+
+    monkeypatch.setattr("tpuserve.deploy.stack.stack_outputs", no_pulumi)
+    with FakeOpenAI() as fake:
+        result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--url", fake.url, "--stack", "dev"])
+    assert result.exit_code == 0, result.output

@@ -1,11 +1,14 @@
 """The one `vllm serve` argv builder and the serving-option checks (pure functions, no server)."""
 
 import dataclasses
+import hashlib
+import json
 
 import pytest
 
 from tpuserve.serving import (
-    ConfigError, ServingConfig, config_hash, option_name, parse_mm_limits, tpu_container_run_args, vllm_serve_args,
+    ConfigError, ServingConfig, check_extra_args, config_hash, option_name, parse_mm_limits, setting,
+    tpu_container_run_args, vllm_serve_args,
 )
 
 
@@ -147,3 +150,127 @@ def test_mm_limits_parse(raw, expected):
 def test_bad_mm_limits_name_the_key(raw):
     with pytest.raises(ConfigError, match="^multimodalLimits: "):
         parse_mm_limits(raw)
+
+
+# --- issue #12: every limit from its valid side, every message in full, the argv and its digest pinned ------------
+
+@pytest.mark.parametrize("changes", [
+    {"max_model_len": 1}, {"gpu_memory_utilization": 1.0}, {"gpu_memory_utilization": 0.01},
+    {"max_num_batched_tokens": 1}, {"tensor_parallel_size": 1}, {"kv_cache_dtype": "fp8_e5m2"},
+    {"enable_auto_tool_choice": False, "tool_call_parser": ""}, {"mm_limits": {"image": 0}},
+    {"extra_args": ("--seed", "7", "--no-enable-prefix-caching")}, {"model": "google/gemma-4-E2B-it-qat-q4_0-gguf"},
+], ids=lambda changes: ",".join(f"{k}={v}" for k, v in changes.items()))
+def test_values_at_the_limits_are_accepted(changes):
+    cfg = dataclasses.replace(ServingConfig(), **changes)
+    assert cfg.validate() is cfg
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"model": "  "}, "model: must name a model"),
+    ({"max_model_len": 0}, "maxModelLen: must be a positive integer, got 0"),
+    ({"gpu_memory_utilization": 0.0}, "gpuMemoryUtilization: must be in (0, 1], got 0.0"),
+    ({"gpu_memory_utilization": 1.01}, "gpuMemoryUtilization: must be in (0, 1], got 1.01"),
+    ({"max_num_batched_tokens": 0}, "maxNumBatchedTokens: must be a positive integer, got 0"),
+    ({"tensor_parallel_size": 0}, "machineType: tensor parallel size must be at least 1, got 0"),
+    ({"kv_cache_dtype": "fp4"}, "kvCacheDtype: 'fp4' is not one of auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2, "
+                                "fp8_inc, fp8_ds_mla, fp8_per_token_head, int4_per_token_head, int8_per_token_head"),
+    ({"tool_call_parser": ""}, "enableAutoToolChoice: --enable-auto-tool-choice needs toolCallParser to be set"),
+    ({"mm_limits": {"image": -1}}, "multimodalLimits: limit for 'image' must be a non-negative integer, got -1"),
+    ({"mm_limits": {}}, "multimodalLimits: must be a non-empty mapping of modality to count, got {}"),
+    ({"extra_args": ("--seed", 3)}, "extraArgs: every entry must be a string, got 3"),
+    ({"extra_args": ("--max_model_len", "1")}, "extraArgs: '--max_model_len' repeats --max-model-len, which is set by "
+                                               "maxModelLen; set it there instead"),
+    ({"extra_args": ("--api-key", "x")}, "extraArgs: --api-key takes a secret, which would sit in plain text in the "
+                                         "startup script, the instance metadata and the vllmArgs output; the stack "
+                                         "has no secret path for it yet (the endpoint is internal: reach it through "
+                                         "IAP, or front it with `tpuserve litellm`'s proxy and its master key)"),
+    ({"extra_args": ("--hf-token=x",)}, "extraArgs: --hf-token takes a secret, which would sit in plain text in the "
+                                        "startup script, the instance metadata and the vllmArgs output; the Hugging "
+                                        "Face token reaches the container through its environment only: set "
+                                        "hfTokenSecretId (a Secret Manager secret) or `pulumi config set --secret "
+                                        "hfToken`"),
+    ({"extra_args": ("--served-model-name", "x")}, "extraArgs: --served-model-name would rename the served model: the "
+                                                   "boot check, the gate and the toolkit ask for `model` by name; give "
+                                                   "clients other names with `tpuserve litellm --alias`"),
+    ({"model": "google/gemma-4-E2B-it-qat-q4_0-unquantized"},
+     "model: 'google/gemma-4-E2B-it-qat-q4_0-unquantized': Gemma 4 E2B/E4B QAT q4_0-unquantized checkpoints do not "
+     "load on TPU: they omit k_norm (and k/v_proj) of the KV-shared layers, which tpu-inference's Gemma 4 still "
+     "requires (vllm-project/tpu-inference#3225). Set allowKnownBrokenModel to deploy it anyway."),
+], ids=lambda value: value if isinstance(value, str) and len(value) < 40 else None)
+def test_each_refusal_in_full(changes, message):
+    with pytest.raises(ConfigError) as err:
+        dataclasses.replace(ServingConfig(), **changes).validate()
+    assert str(err.value) == message and err.value.key == message.split(":")[0]
+
+
+@pytest.mark.parametrize("name", ["--api-key", "--hf-token", "--token", "--secret", "--password", "--passwd",
+                                  "--credential", "--credentials", "--ssl-keyfile-password", "--key"])
+def test_options_that_take_a_secret_are_refused(name):
+    with pytest.raises(ConfigError, match=f"^extraArgs: {name} takes a secret"):
+        check_extra_args((name, "x"))
+
+
+@pytest.mark.parametrize("name", ["--seed", "--keyboard", "--tokenizer", "--disable-log-requests"])
+def test_options_that_only_look_secret_are_allowed(name):
+    check_extra_args((name, "x"))
+
+
+@pytest.mark.parametrize("raw, message", [
+    ("{x", "multimodalLimits: not 'text-only' and not valid JSON (Expecting property name enclosed in double quotes): "
+           "'{x'"),
+    ("[]", "multimodalLimits: must be a non-empty mapping of modality to count, got []"),
+])
+def test_bad_mm_limits_in_full(raw, message):
+    with pytest.raises(ConfigError) as err:
+        parse_mm_limits(raw)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("arg, name", [("--max_model_len=a=b", "--max-model-len"), ("-tp=4=5", "--tensor-parallel-size"),
+                                       ("--no-x=1", "--x")])
+def test_option_name_splits_at_the_first_equals_sign(arg, name):
+    assert option_name(arg) == name
+
+
+def test_the_argv_with_every_optional_flag():
+    cfg = ServingConfig(kv_cache_dtype="fp8", mm_limits={"image": 1}, extra_args=("--seed", "7"))
+    assert vllm_serve_args(cfg) == [
+        "google/gemma-4-E2B-it", "--host", "0.0.0.0", "--port", "8000", "--max-model-len", "65536",
+        "--gpu-memory-utilization", "0.9", "--max-num-batched-tokens", "4096", "--tensor-parallel-size", "1",
+        "--kv-cache-dtype", "fp8", "--enable-auto-tool-choice", "--tool-call-parser", "gemma4",
+        "--reasoning-parser", "gemma4", "--limit-mm-per-prompt", '{"image":1}', "--disable-chunked-mm-input",
+        "--seed", "7"]
+
+
+def test_the_docker_run_argv_in_full():
+    assert tpu_container_run_args(ServingConfig(max_model_len=1024), "abc123") == [
+        "run", "--detach", "--name", "vllm", "--privileged", "--net=host", "-v", "/dev/shm:/dev/shm",
+        # the warm caches of issue 13: weights on the cache disk, XLA's compile cache keyed by config
+        "-v", "/var/lib/tpu-serve/cache/huggingface:/cache/huggingface", "-e", "HF_HOME=/cache/huggingface",
+        "-v", "/var/lib/tpu-serve/cache/xla/{xla_cache_key}:/cache/xla", "-e", "VLLM_XLA_CACHE_PATH=/cache/xla",
+        "-e", "JAX_COMPILATION_CACHE_DIR=/cache/xla", "-e", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0",
+        "-e", "HF_TOKEN", "--label", "tpu-serve.config-hash=abc123", "vllm/vllm-tpu:nightly",
+        "vllm", "serve", "google/gemma-4-E2B-it", "--host", "0.0.0.0", "--port", "8000", "--max-model-len", "1024",
+        "--gpu-memory-utilization", "0.9", "--max-num-batched-tokens", "4096", "--tensor-parallel-size", "1",
+        "--enable-auto-tool-choice", "--tool-call-parser", "gemma4", "--reasoning-parser", "gemma4",
+        "--limit-mm-per-prompt", '{"image":0,"audio":0,"video":0}']
+
+
+def test_the_config_hash_of_the_defaults_is_pinned():
+    """sha256 of the compact JSON of [image, argv], 16 hex digits: a VM booted by an older toolkit reports the same
+    hash for the same config, so the gate does not re-run for nothing."""
+    payload = json.dumps(["vllm/vllm-tpu:nightly", vllm_serve_args(ServingConfig())], separators=(",", ":"))
+    assert config_hash(ServingConfig()) == hashlib.sha256(payload.encode()).hexdigest()[:16] == "807f25a720f5e5b1"
+
+
+def test_a_setting_records_its_key_and_doc_and_copies_a_mutable_default():
+    plain = setting("maxModelLen", "Longest prompt.", 5)
+    assert (plain.default, plain.default_factory, dict(plain.metadata)) == (
+        5, dataclasses.MISSING, {"key": "maxModelLen", "doc": "Longest prompt."})
+    listed = setting("extraArgs", "More args.", ["--seed"])
+    assert listed.default is dataclasses.MISSING and listed.default_factory() == ["--seed"]
+    assert listed.default_factory() is not listed.default_factory()  # a fresh list each time
+    with pytest.raises(ValueError, match="cannot specify both default and default_factory"):
+        setting("k", "d", ["x"], default_factory=list)  # an explicit factory is not silently replaced
+    assert [(f.metadata["key"], f.default) for f in dataclasses.fields(ServingConfig)[:3]] == [
+        ("model", "google/gemma-4-E2B-it"), ("containerImage", "vllm/vllm-tpu:nightly"), ("maxModelLen", 65536)]
