@@ -363,3 +363,16 @@ def test_in_flight_sums_running_and_waiting_and_knows_when_it_does_not_know() ->
     assert fleet_module.read_load(recording) == fleet_module.Load(0.0, 0.0, 0.0)
     assert fleet_module.in_flight(METRICS.format(running=0.0, waiting=0.0)) == 0.0
     assert fleet_module.in_flight("# HELP something\nprocess_cpu_seconds_total 12.5\n") is None
+
+
+def test_status_asks_pulumi_each_thing_once(pulumi: FakePulumi, run) -> None:
+    """Every pulumi call starts the CLI (≈ 1 s against a cloud backend): status lists the stacks once and reads each
+    stack's outputs once, however often the fleet consults them."""
+    pulumi.capacity({"europe-west4-a": 1, "us-east1-d": 1})
+    assert run("up", "--replicas", "2")[0] == 0
+    before = len(pulumi.calls())
+    assert run("status")[0] == 0
+    asked = [" ".join(call[:2]) + (f" {call[call.index('--stack') + 1]}" if "--stack" in call else "")
+             for call in pulumi.calls()[before:]]
+    assert sorted(a for a in asked if a.startswith(("stack ls", "stack output"))) == [
+        "stack ls", "stack output dev-r1", "stack output dev-r2", "stack output dev-router"]

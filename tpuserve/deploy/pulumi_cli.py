@@ -43,13 +43,27 @@ class Run:
 
 
 class PulumiCli:
-    def __init__(self, stack: str, cwd: Path | None = None, echo: Callable[[str], None] = lambda line: None):
+    """The `pulumi` CLI for one stack. Each call starts the CLI (≈ 1 s with a cloud backend), so what only an update
+    changes is read once: a stack's outputs until this process runs an update, destroy, refresh, init or rm on it,
+    and the project's stack list until one is created or removed. The CLIs `for_stack` hands out share that memory
+    (a fleet command asks about the same replicas again and again)."""
+
+    def __init__(self, stack: str, cwd: Path | None = None, echo: Callable[[str], None] = lambda line: None,
+                 _family: dict[str, Any] | None = None):
         executable = shutil.which("pulumi")
         if executable is None:
             raise PulumiError("the pulumi CLI is not on PATH (https://www.pulumi.com/docs/install/; scripts/up.sh "
                               "installs the pinned version)")
         self.executable, self.stack, self.cwd, self.echo = executable, stack, cwd, echo
         self.env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"}
+        # stack name -> PulumiCli, and "stacks" -> the cached `stack ls`; one dict per family of CLIs
+        self._family: dict[str, Any] = _family if _family is not None else {"clis": {stack: self}, "stacks": None}
+        self._outputs: dict[str, Any] | None = None
+
+    def _forget(self, stacks: bool = False) -> None:
+        self._outputs = None
+        if stacks:
+            self._family["stacks"] = None
 
     def _argv(self, *args: str) -> list[str]:
         return [self.executable, *args, "--stack", self.stack, "--non-interactive"]
@@ -88,10 +102,12 @@ class PulumiCli:
 
     def outputs(self) -> dict[str, Any]:
         """The stack's outputs; empty for a stack never deployed."""
-        try:
-            return dict(json.loads(self._run("stack", "output", "--json") or "{}"))
-        except PulumiError:
-            return {}
+        if self._outputs is None:
+            try:
+                self._outputs = dict(json.loads(self._run("stack", "output", "--json") or "{}"))
+            except PulumiError:
+                return {}
+        return dict(self._outputs)
 
     def export(self) -> dict[str, Any]:
         """`pulumi stack export`: the state, whose resources carry their provider ids."""
@@ -99,19 +115,32 @@ class PulumiCli:
 
     def for_stack(self, stack: str) -> PulumiCli:
         """The same CLI, project directory and output echo, for another stack (a fleet runs one per replica)."""
-        return PulumiCli(stack, self.cwd, self.echo)
+        clis = self._family["clis"]
+        if stack not in clis:
+            clis[stack] = PulumiCli(stack, self.cwd, self.echo, _family=self._family)
+        return clis[stack]
 
     def stacks(self) -> list[str]:
         """Names of the project's stacks (`pulumi stack ls --json`: a list of {"name", "current", ...})."""
-        return [str(entry["name"]) for entry in json.loads(self._run("stack", "ls", "--json", stack=False) or "[]")]
+        if self._family["stacks"] is None:
+            self._family["stacks"] = [str(entry["name"]) for entry in
+                                      json.loads(self._run("stack", "ls", "--json", stack=False) or "[]")]
+        return list(self._family["stacks"])
 
     def init(self, copy_config_from: str) -> None:
         """`pulumi stack init` this stack with the settings of `copy_config_from` (secrets re-encrypted for it)."""
-        self._run("stack", "init", "--copy-config-from", copy_config_from)
+        self._forget(stacks=True)
+        try:
+            self._run("stack", "init", "--copy-config-from", copy_config_from)
+        finally:
+            self._forget(stacks=True)
 
     def remove(self) -> None:
         """`pulumi stack rm`: the stack's config and (empty) state; it must hold no resources."""
-        self._run("stack", "rm", "--yes")
+        try:
+            self._run("stack", "rm", "--yes")
+        finally:
+            self._forget(stacks=True)
 
     def destroy(self, timeout_s: float) -> Run:
         return self.stream(["destroy", "--yes", "--skip-preview"], timeout_s)
@@ -126,6 +155,7 @@ class PulumiCli:
     def stream(self, args: Sequence[str], timeout_s: float) -> Run:
         """Run a command, echoing each line as it comes; at `timeout_s` interrupt it as Ctrl-C would (Pulumi then
         finishes what is in flight and saves the state), kill it only if it does not stop."""
+        self._forget()  # an update, destroy or refresh may change the outputs
         started, lines, interrupted = time.monotonic(), [], False
         with subprocess.Popen(self._argv(*args), cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as process:
