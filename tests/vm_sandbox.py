@@ -46,6 +46,7 @@ from typing import Any
 from components.startup_script import render_startup_script, served_config, supervisor_bundle
 from tests.fake_openai import completion
 from tests.httpfake import FakeServer, Request, Response
+from tests.leaks import leaked
 from tpuserve.serving import ServingConfig
 
 SECRET = "projects/p-1/secrets/hf-token"
@@ -91,7 +92,16 @@ elif name == "apt-get" and args[:1] == ["install"] and "google-cloud-ops-agent" 
         print("E: Unable to locate package google-cloud-ops-agent", file=sys.stderr)
         sys.exit(100)
     (state / "ops_agent_installed").write_text("")
+elif name == "apt-get" and args[:1] == ["update"]:
+    if counter("apt_update_failures"):
+        print("E: Failed to fetch http://archive.ubuntu.com/ubuntu/dists/jammy/InRelease  Temporary failure "
+              "resolving 'archive.ubuntu.com'", file=sys.stderr)
+        sys.exit(100)
 elif name == "apt-get" and args[:1] == ["install"]:
+    if counter("apt_install_failures"):
+        print("E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 1234 (unattended-upgr)",
+              file=sys.stderr)
+        sys.exit(100)
     (pathlib.Path(sys.argv[0]).parent / "docker").symlink_to(pathlib.Path(sys.argv[0]).resolve())
 elif name == "dpkg-query":  # dpkg-query -W -f='${Status}' PACKAGE
     if not (state / "ops_agent_installed").exists():
@@ -132,6 +142,12 @@ elif name == "systemctl":
         exec_start = [line.split("=", 1)[1] for line in unit_file.read_text().splitlines()
                       if line.startswith("ExecStart=")][0]
         pid_file = state / "supervisor.pid"
+        if args[0] == "start" and pid_file.exists():  # systemd: starting an active unit does nothing
+            try:
+                os.killpg(int(pid_file.read_text()), 0)
+                sys.exit(0)
+            except ProcessLookupError:
+                pass
         if pid_file.exists():
             try:
                 os.killpg(int(pid_file.read_text()), signal.SIGKILL)
@@ -208,6 +224,8 @@ class Knobs:
     secret_statuses: list[int] = field(default_factory=lambda: [200])  # answered in turn, the last one repeated
     token_statuses: list[int] = field(default_factory=lambda: [200])
     attribute_errors: int = 0  # how many attribute reads answer 503 first
+    key_errors: int = 0  # how many reads of one attribute (instance/attributes/KEY) answer 503 first
+    page_size: int = 1000  # objects per page of a Cloud Storage listing (the API's default and maximum)
     health_ok: bool = True  # False: the running server's /health answers 503 (an engine that died)
     listed_models: list[str] | None = None  # what /v1/models lists; None: the running container's served name
     answer: str = "content"  # the chat answer: "content", "reasoning-only", "empty"
@@ -270,6 +288,9 @@ class FakeGoogle:
             key = request.path[len(prefix_attr):]
             if request.headers.get("Metadata-Flavor") != "Google":
                 return Response(403, "Missing Metadata-Flavor:Google header.")
+            if self.knobs.key_errors > 0:
+                self.knobs.key_errors -= 1
+                return Response(503, "metadata server unavailable")
             return Response(200, self.attributes[key]) if key in self.attributes else Response(404, "not found")
         if request.method == "PUT" and request.path.startswith(prefix_guest):
             self.guest.append((request.path[len(prefix_guest):], request.body.decode(), time.time()))
@@ -362,10 +383,16 @@ class FakeGoogle:
     def list_objects(self, request: Request) -> Response:
         if request.headers.get("Authorization") != f"Bearer {ACCESS_TOKEN}":
             return Response(401, {"error": {"code": 401, "message": "Anonymous caller"}})
-        prefix = urllib.parse.parse_qs(request.query).get("prefix", [""])[0]
+        query = urllib.parse.parse_qs(request.query)
+        prefix = query.get("prefix", [""])[0]
         items = [{"kind": "storage#object", "name": name, "bucket": BUCKET, "size": str(len(data))}
                  for name, data in sorted(self.objects.items()) if name.startswith(prefix)]
-        return Response(200, {"kind": "storage#objects", "items": items} if items else {"kind": "storage#objects"})
+        start = int(query.get("pageToken", ["0"])[0])  # an opaque token for the client; an offset here
+        page = items[start:start + self.knobs.page_size]
+        body: dict[str, Any] = {"kind": "storage#objects", **({"items": page} if page else {})}
+        if start + self.knobs.page_size < len(items):
+            body["nextPageToken"] = str(start + self.knobs.page_size)
+        return Response(200, body)
 
     def upload(self, request: Request) -> Response:
         query = urllib.parse.parse_qs(request.query)
@@ -591,7 +618,8 @@ def token_contained(vm: Vm) -> list[str]:
               "requests": "".join(r.body.decode(errors="replace") + json.dumps(r.headers) + r.query
                                   for r in vm.google.server.requests if "latest:access" not in r.path
                                   or r.method != "GET")}
-    leaks += [f"token in {where}" for where, text in places.items() if CANARY in text]
-    if ACCESS_TOKEN in json.dumps([c["argv"] for c in vm.calls_of("curl")]) + vm.log():
+    # Any 8 characters of it leak it (a "fingerprint" of the token's first characters in a log line too).
+    leaks += [f"token in {where}" for where, text in places.items() if leaked(CANARY, text, size=8)]
+    if leaked(ACCESS_TOKEN, json.dumps([c["argv"] for c in vm.calls_of("curl")]) + vm.log(), size=8):
         leaks.append("access token in a curl argv or a log")
     return leaks
