@@ -50,11 +50,12 @@ def attributes(config_hash: str = "h1", bundle: str = "v1") -> dict[str, str]:
     (Container("h1", True), State(), ADOPT),  # the supervisor restarted; the container serves this config
     (Container("h1", False, 137), State(applied_hash="h1", phase="serving"), RESTART),  # crashed after serving
     (Container("h1", False), State(applied_hash="h1", phase="restarting", restarts=2), RESTART),
+    (Container("h1", False), State(applied_hash="h1", phase="restarting", restarts=4), RESTART),  # the 5th restart
     (Container("h1", False), State(applied_hash="h1", phase="restarting", restarts=5), GIVE_UP),
     (Container("h1", False), State(applied_hash="h1", phase="failed"), WAIT),  # given up until the config changes
     (None, State(applied_hash="h1", phase="failed"), WAIT),  # a failed apply is not retried in a loop
     (Container("h1", False), State(), APPLY),  # stopped, never seen serving by this supervisor: start afresh
-], ids=["boot", "change", "steady", "adopt", "crash", "crash-again", "give-up", "given-up", "failed", "stopped"])
+], ids=["boot", "change", "steady", "adopt", "crash", "crash-again", "last-restart", "give-up", "given-up", "failed", "stopped"])
 def test_decide(container, state, expected):
     assert decide(attributes(), container, state, own_version="v1") == expected
 
@@ -186,6 +187,8 @@ def test_a_container_that_keeps_crashing_is_given_up_as_failed(vm):
     reason = vm.reasons()[-1]
     assert reason.startswith("the container exited 5 times in a row after serving; giving up until the served config "
                              "changes. Last log lines: ")
+    delays = re.findall(r"after serving; restart (\d)/5 in ([0-9.]+) s", " ".join(vm.reasons()))
+    assert delays == [("1", "0.05"), ("2", "0.1"), ("3", "0.2"), ("4", "0.4"), ("5", "0.8")]  # doubling
     status = read_boot(vm.attributes(), digest)
     assert status.done and not status.ready
     time.sleep(0.5)
@@ -203,6 +206,7 @@ def test_a_config_that_failed_is_not_retried_until_it_changes(vm):
     (vm.state / "pull_failures").write_text("0")
     second = vm.serve(ServingConfig(max_model_len=8192))
     vm.wait_for_stage("serving", second)
+    assert vm.attributes()["reason"] == ""  # the old config's failure is not this one's
 
 
 def test_the_compile_cache_is_restored_before_the_server_starts_and_pushed_after_serving(vm):
@@ -248,6 +252,7 @@ def test_transient_failures_are_retried(vm):
     vm.knobs.secret_statuses = [503, 200]
     serving_vm(vm)
     assert len(vm.calls_of("docker", "pull")) == 3
+    assert re.findall(r"of docker pull \S+ failed; retrying in ([0-9.]+)s", vm.log()) == ["0.05", "0.1"]
     assert len([r for r in vm.google.server.requests if r.path.endswith("latest:access")]) == 2
     assert token_contained(vm) == []
 
@@ -419,6 +424,16 @@ def test_text_only_sends_no_image(vm):
     serving_vm(vm)
     assert all(isinstance(r.json()["messages"][0]["content"], str) for r in vm.google.server.requests
                if r.path.endswith("/chat/completions"))
+
+
+def test_weights_count_as_cached_only_when_a_snapshot_holds_a_file(tmp_path):
+    snapshots = tmp_path / "hub/models--google--gemma-4-E2B-it/snapshots"
+    assert not supervisor.weights_cached(tmp_path, "google/gemma-4-E2B-it")
+    (snapshots / "0f1e").mkdir(parents=True)  # a download that was interrupted before its first file
+    assert not supervisor.weights_cached(tmp_path, "google/gemma-4-E2B-it")
+    (snapshots / "0f1e" / "config.json").write_text("{}")
+    assert supervisor.weights_cached(tmp_path, "google/gemma-4-E2B-it")
+    assert not supervisor.weights_cached(tmp_path, "google/gemma-4-E4B-it")
 
 
 def test_the_bucket_is_the_stacks(vm):
