@@ -192,4 +192,8 @@ def test_list_names_what_would_run(capsys: pytest.CaptureFixture[str]):
     assert main(["--list", "scripts/up.sh"]) == 0
     assert capsys.readouterr().out == ("mutmut modules:\n  \nhand-written mutants:\n"
                                        "  up-default-target-is-local (scripts/up.sh)\n"
-                                       "  up-missing-project-not-fatal (scripts/up.sh)\n")
+                                       "  up-missing-project-not-fatal (scripts/up.sh)\n"
+                                       "  up-extra-arguments-dropped (scripts/up.sh)\n"
+                                       "  up-no-credential-check (scripts/up.sh)\n"
+                                       "  up-installed-cli-not-on-path (scripts/up.sh)\n"
+                                       "  up-project-hint-without-backend (scripts/up.sh)\n")

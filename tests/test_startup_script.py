@@ -104,6 +104,7 @@ def test_a_warm_disk_is_mounted_as_is_and_every_cache_is_used(vms):
     (vm.state / "images.json").write_text(json.dumps({"vllm/vllm-tpu:nightly": IMAGE_DIGEST}))
     boot_to_serving(vm)
     assert vm.calls_of("mkfs.ext4") == []
+    assert len(vm.calls_of("docker", "pull")) == 1  # a tag may have moved: pulled again, found unchanged
     attributes = vm.attributes()
     assert attributes["cache"] == "disk: warm (80 GB free)"
     assert (attributes["image"], attributes["weights"]) == ("cached", "cached")
@@ -114,11 +115,12 @@ def test_a_warm_disk_is_mounted_as_is_and_every_cache_is_used(vms):
 
 @pytest.mark.parametrize("disk, says", [
     ({"fs": "ext4", "fsck_exit": 8}, "is corrupt (fsck.ext4 exit 8)"),
+    ({"fs": "ext4", "fsck_exit": 4}, "is corrupt (fsck.ext4 exit 4)"),  # errors left uncorrected
     ({"fs": "ext4", "mount_fails": True}, "could not be mounted"),
     ({"fs": "ext4", "avail_gb": 5}, "is full (5 GB free, 20 needed)"),
     ({"fs": "xfs"}, "holds a xfs filesystem, not ext4; left untouched"),
     (None, "is not attached"),
-], ids=["corrupt", "unmountable", "full", "foreign-filesystem", "missing"])
+], ids=["corrupt", "uncorrected", "unmountable", "full", "foreign-filesystem", "missing"])
 def test_a_broken_disk_boots_cold_on_the_boot_disk_with_a_warning(vms, disk, says):
     vm = vms(disk=disk)
     boot_to_serving(vm)
@@ -130,6 +132,18 @@ def test_a_broken_disk_boots_cold_on_the_boot_disk_with_a_warning(vms, disk, say
     assert not (vm.root / "etc/docker/daemon.json").exists()  # Docker keeps its default data root
     assert (vm.cache_root / "huggingface").is_dir()  # the same paths, on the boot disk
     assert vm.stages()[-1] == "serving"
+
+
+@pytest.mark.parametrize("disk, cache", [
+    ({"fs": "ext4", "fsck_exit": 1}, "disk: warm (80 GB free)"),  # fsck corrected errors: a usable disk
+    ({"fs": "ext4", "avail_gb": 20}, "disk: warm (20 GB free)"),  # exactly the minimum free space is enough
+], ids=["fsck-corrected", "minimum-free"])
+def test_a_disk_at_the_limits_is_used(vms, disk, cache):
+    vm = vms(disk=disk)
+    vm.serve(ServingConfig())
+    assert vm.boot() == 0, vm.log()  # the script's part is all this needs: no wait for the supervisor
+    assert vm.attributes()["cache"] == cache
+    assert json.loads((vm.root / "etc/docker/daemon.json").read_text()) == {"data-root": f"{vm.cache_root}/docker"}
 
 
 def test_a_stack_without_a_cache_disk_does_not_wait_for_one(vms):
@@ -147,14 +161,52 @@ def test_docker_is_installed_only_when_missing(vms):
     assert vm.calls_of("systemctl", "restart")[0]["argv"] != ["restart", "docker"]  # configured before install
 
 
+def test_apt_failures_are_retried(vms):
+    vm = vms(docker_installed=False, disk={"fs": "ext4"})
+    (vm.state / "apt_update_failures").write_text("1")
+    (vm.state / "apt_install_failures").write_text("4")  # a dpkg lock held at boot, then free
+    vm.serve(ServingConfig())
+    assert vm.boot() == 0, vm.log()
+    assert (len(vm.calls_of("apt-get", "update")), len(vm.calls_of("apt-get", "install"))) == (2, 5)
+    assert "attempt 4/5 of 'apt-get' failed; retrying in 0s" in vm.log()
+
+
+@pytest.mark.parametrize("failing, reason", [("apt_update_failures", "apt-get update failed 5 times"),
+                                             ("apt_install_failures", "could not install docker.io")])
+def test_apt_that_keeps_failing_fails_the_boot_after_5_attempts(vms, failing, reason):
+    vm = vms(docker_installed=False, disk={"fs": "ext4"})
+    (vm.state / failing).write_text("99")
+    vm.serve(ServingConfig())
+    assert vm.boot() == 1
+    assert len(vm.calls_of("apt-get", failing.split("_")[1])) == 5
+    assert (vm.stages()[-1], vm.reasons()[-1]) == ("failed", reason)
+
+
+def test_a_503ing_metadata_server_is_retried_by_the_script(vms):
+    """The retries' log lines stay out of the value read (a served config, or a bundle, with a log line in it would
+    not parse: the config's hash lost, the boot failed)."""
+    vm = vms(disk={"fs": "ext4"})
+    vm.knobs.key_errors = 4  # the served config's read: 4 failures, then its value
+    digest = vm.serve(ServingConfig())
+    assert vm.boot() == 0, vm.log()
+    assert "attempt 4/5 of 'curl' failed; retrying in 0s" in vm.log()
+    assert [v for k, v in vm.guest() if k == "config-hash"][0] == digest  # the script's own report
+
 def test_running_the_script_again_keeps_the_container_that_serves(vms):
     vm = vms(disk={"fs": ""})
     digest = boot_to_serving(vm)
+    # As if the first run were 100 s ago (timestamps are whole seconds): its stages must not join this run's timeline.
+    vm.google.guest = [(key, str(int(value) - 100) if key.startswith("at-") or key == "since" else value, at)
+                       for key, value, at in vm.google.guest]
     writes = len(vm.guest())
     assert vm.boot() == 0, vm.log()
     vm.wait_for(lambda: "keeping it" in vm.log() and vm.attributes()["stage"] == "serving", "the adoption")
+    assert list(boot_timeline(vm.attributes())) == ["preparing-disk", "installing-docker", "starting-supervisor"]
     assert len(vm.calls_of("docker", "run")) == 1 and len(vm.calls_of("docker", "pull")) == 1
     assert len(vm.calls_of("mkfs.ext4")) == 1  # mounted already: not formatted again
+    assert len(vm.calls_of("mount")) == 1 and vm.attributes()["cache"] == "disk: mounted"
+    # Docker keeps running (a restart would stop the container): its data root is already on the disk.
+    assert [c["argv"] for c in vm.calls_of("systemctl", "restart")].count(["restart", "docker"]) == 1
     assert [v for k, v in vm.guest()[writes:] if k == "stage"] == ["preparing-disk", "installing-docker",
                                                                     "starting-supervisor", "serving"]
     assert read_boot(vm.attributes(), digest).ready
@@ -165,10 +217,36 @@ def test_a_missing_supervisor_key_fails_the_boot_naming_it(vms):
     vm = vms(disk={"fs": "ext4"})
     vm.serve(ServingConfig())
     del vm.google.attributes["tpu-serve-supervisor"]
-    assert vm.boot() != 0
+    assert vm.boot() == 1
     assert vm.stages()[-1] == "failed"
     assert vm.reasons()[-1] == ("the tpu-serve-supervisor metadata key is missing or unreadable: the supervisor "
                                 "cannot be installed")
+    # The gate waits for this config: the failure is reported under its hash.
+    assert vm.attributes()["config-hash"] == config_hash(ServingConfig())
+    assert read_boot(vm.attributes(), config_hash(ServingConfig())).done
+
+
+def test_a_boot_after_a_failed_one_clears_the_old_reason_first(vms):
+    vm = vms(disk={"fs": "ext4"})
+    vm.serve(ServingConfig())
+    bundle = vm.google.attributes.pop("tpu-serve-supervisor")
+    assert vm.boot() == 1
+    writes = len(vm.guest())
+    vm.google.set_attributes(**{"tpu-serve-supervisor": bundle})
+    assert vm.boot() == 0
+    second = vm.guest()[writes:]
+    # Cleared before the next stage: the gate never shows the old failure beside this boot's stages.
+    assert second.index(("reason", "")) < second.index(("stage", "installing-docker"))
+
+
+@pytest.mark.parametrize("name", ["../escaped.py", ".hidden"])
+def test_a_bundle_file_named_outside_the_install_directory_fails_the_boot(vms, name):
+    vm = vms(disk={"fs": "ext4"})
+    vm.serve(ServingConfig())
+    vm.google.set_attributes(**{"tpu-serve-supervisor": json.dumps({"version": "1", "files": {name: "x"}})})
+    assert vm.boot() == 1
+    assert vm.reasons()[-1] == "the tpu-serve-supervisor metadata key is not a supervisor bundle"
+    assert not (vm.root / "opt/escaped.py").exists() and not (vm.root / "opt/tpu-serve/.hidden").exists()
 
 
 def test_a_traced_run_never_prints_the_token(vms):

@@ -16,7 +16,7 @@ from tests.vm_sandbox import (BUCKET, IMAGE_DIGEST, SECRET, SERVICE_ACCOUNT, Fak
 from tpuserve import facts
 from tpuserve.observe.gate import boot_timeline, read_boot
 from tpuserve.serving import ServingConfig, tpu_container_run_args
-from vm import supervisor
+from vm import readycheck, supervisor
 from vm.supervisor import (ADOPT, APPLY, GIVE_UP, INVALID, RESTART, UPDATE_SELF, WAIT, Container, Metadata,
                            Settings, State, decide, watch)
 
@@ -50,11 +50,12 @@ def attributes(config_hash: str = "h1", bundle: str = "v1") -> dict[str, str]:
     (Container("h1", True), State(), ADOPT),  # the supervisor restarted; the container serves this config
     (Container("h1", False, 137), State(applied_hash="h1", phase="serving"), RESTART),  # crashed after serving
     (Container("h1", False), State(applied_hash="h1", phase="restarting", restarts=2), RESTART),
+    (Container("h1", False), State(applied_hash="h1", phase="restarting", restarts=4), RESTART),  # the 5th restart
     (Container("h1", False), State(applied_hash="h1", phase="restarting", restarts=5), GIVE_UP),
     (Container("h1", False), State(applied_hash="h1", phase="failed"), WAIT),  # given up until the config changes
     (None, State(applied_hash="h1", phase="failed"), WAIT),  # a failed apply is not retried in a loop
     (Container("h1", False), State(), APPLY),  # stopped, never seen serving by this supervisor: start afresh
-], ids=["boot", "change", "steady", "adopt", "crash", "crash-again", "give-up", "given-up", "failed", "stopped"])
+], ids=["boot", "change", "steady", "adopt", "crash", "crash-again", "last-restart", "give-up", "given-up", "failed", "stopped"])
 def test_decide(container, state, expected):
     assert decide(attributes(), container, state, own_version="v1") == expected
 
@@ -186,6 +187,8 @@ def test_a_container_that_keeps_crashing_is_given_up_as_failed(vm):
     reason = vm.reasons()[-1]
     assert reason.startswith("the container exited 5 times in a row after serving; giving up until the served config "
                              "changes. Last log lines: ")
+    delays = re.findall(r"after serving; restart (\d)/5 in ([0-9.]+) s", " ".join(vm.reasons()))
+    assert delays == [("1", "0.05"), ("2", "0.1"), ("3", "0.2"), ("4", "0.4"), ("5", "0.8")]  # doubling
     status = read_boot(vm.attributes(), digest)
     assert status.done and not status.ready
     time.sleep(0.5)
@@ -203,6 +206,7 @@ def test_a_config_that_failed_is_not_retried_until_it_changes(vm):
     (vm.state / "pull_failures").write_text("0")
     second = vm.serve(ServingConfig(max_model_len=8192))
     vm.wait_for_stage("serving", second)
+    assert vm.attributes()["reason"] == ""  # the old config's failure is not this one's
 
 
 def test_the_compile_cache_is_restored_before_the_server_starts_and_pushed_after_serving(vm):
@@ -248,6 +252,7 @@ def test_transient_failures_are_retried(vm):
     vm.knobs.secret_statuses = [503, 200]
     serving_vm(vm)
     assert len(vm.calls_of("docker", "pull")) == 3
+    assert re.findall(r"of docker pull \S+ failed; retrying in ([0-9.]+)s", vm.log()) == ["0.05", "0.1"]
     assert len([r for r in vm.google.server.requests if r.path.endswith("latest:access")]) == 2
     assert token_contained(vm) == []
 
@@ -317,14 +322,85 @@ def test_a_crashed_container_during_loading_fails_fast_with_its_last_log_lines(v
     assert reason.startswith("container vllm exited: ") and "model weights failed to load" in reason
 
 
-def test_a_server_that_answers_health_but_not_completions_is_not_serving(vm):
-    vm.knobs.completion_content = ""
+@pytest.mark.parametrize("knobs, reason", [
+    ({"answer": "empty"}, "completion: chat completion returned empty content and no reasoning"),
+    ({"answer_status": 500}, "completion: chat completion answered HTTP 500: EngineCore encountered an issue. See "
+                             "stack trace (above) for the root cause."),
+    ({"listed_models": ["google/gemma-4-E4B-it"]},
+     "models: /v1/models lists ['google/gemma-4-E4B-it'], not 'google/gemma-4-E2B-it'"),
+], ids=["empty-answer", "answer-500", "model-not-listed"])
+def test_a_server_that_answers_health_but_does_not_serve_the_model_fails_naming_why(vm, knobs, reason):
+    for name, value in knobs.items():
+        setattr(vm.knobs, name, value)
     digest = vm.serve(ServingConfig())
     vm.start_supervisor()
     vm.wait_for_stage("failed", digest)
     assert "serving" not in vm.stages()
-    assert vm.reasons()[-1] == ("the server is up but not serving: completion: chat completion returned empty "
-                                "content and no reasoning")
+    assert vm.reasons()[-1] == f"the server is up but not serving: {reason}"
+
+
+def test_a_reasoning_only_answer_counts_as_serving(vm):
+    """readycheck's documented rule: a reasoning parser may take every one of the first tokens, leaving content null
+    and the text in `reasoning` (vLLM 0.32's field); the server answered."""
+    vm.knobs.answer = "reasoning-only"
+    serving_vm(vm, ServingConfig(reasoning_parser="gemma4"))
+    chats = [r.json() for r in vm.google.server.requests if r.path == "/v1/chat/completions"]
+    assert [c["model"] for c in chats] == ["google/gemma-4-E2B-it"]
+
+
+def test_a_supervisor_restarted_while_the_model_loads_waits_for_it_before_serving(vm):
+    """Adoption checks the container really serves: one that still loads goes through loading-model first."""
+    digest = serving_vm(vm)
+    writes = len(vm.guest())
+    vm.knobs.health_ok = False  # the engine answers 503 for now
+    vm.start_supervisor()  # a second supervisor process: what a supervisor restart by systemd leaves
+    vm.wait_for(lambda: "keeping it" in vm.log() and "loading-model" in [v for k, v in vm.guest()[writes:]
+                                                                        if k == "stage"], "adoption while loading")
+    vm.knobs.health_ok = True
+    vm.wait_for(lambda: [v for k, v in vm.guest()[writes:] if k == "stage"] == ["loading-model", "serving"],
+                "serving after loading")
+    assert read_boot(vm.attributes(), digest).ready and len(vm.calls_of("docker", "run")) == 1
+
+
+# --- the readiness check against the sandbox's vLLM, which follows the container shim -----------------------------
+
+def run_container(state, argv_tail: list[str], running: bool = True) -> None:
+    """What the docker shim records for a `docker run ... IMAGE vllm serve ARGV_TAIL`."""
+    argv = ["run", "--detach", "--name", "vllm", "--label", "tpu-serve.config-hash=h1", "img", "vllm", "serve",
+            *argv_tail]
+    (state / "container.json").write_text(json.dumps({"labels": {"tpu-serve.config-hash": "h1"}, "running": running,
+                                                      "argv": argv}))
+
+
+E2B, E4B = "google/gemma-4-E2B-it", "google/gemma-4-E4B-it"
+
+
+@pytest.mark.parametrize("container, knobs, model, verdict", [
+    (None, {}, E2B, "health: no answer (RemoteDisconnected)"),
+    ({"running": False}, {}, E2B, "health: no answer (RemoteDisconnected)"),
+    ({}, {}, E2B, None),
+    ({}, {}, E4B, f"models: /v1/models lists ['{E2B}'], not '{E4B}'"),
+    ({}, {"listed_models": [E4B]}, E2B, f"models: /v1/models lists ['{E4B}'], not '{E2B}'"),
+    ({}, {"listed_models": []}, E2B, f"models: /v1/models lists nothing, not '{E2B}'"),
+    ({"tail": [E2B, "--served-model-name", "gemma"]}, {}, E2B, f"models: /v1/models lists ['gemma'], not '{E2B}'"),
+    ({"tail": [E2B, "--served-model-name", "gemma"]}, {}, "gemma", None),
+    ({"tail": [E4B]}, {"listed_models": [E2B]}, E2B,
+     f"completion: chat completion answered HTTP 404: The model `{E2B}` does not exist."),
+    ({}, {"answer": "reasoning-only"}, E2B, None),
+    ({}, {"answer": "empty"}, E2B, "completion: chat completion returned empty content and no reasoning"),
+    ({}, {"answer_status": 503}, E2B, "completion: chat completion answered HTTP 503: EngineCore encountered an "
+                                      "issue. See stack trace (above) for the root cause."),
+    ({}, {"health_ok": False}, E2B, "health: /health answered HTTP 503"),
+], ids=["no-container", "stopped", "ready", "another-model-asked", "another-model-listed", "nothing-listed",
+        "served-name", "served-name-asked", "chat-for-another-model", "reasoning-only", "empty", "answer-503",
+        "health-503"])
+def test_the_readiness_check_follows_the_container(tmp_path, container, knobs, model, verdict):
+    google = FakeGoogle(tmp_path, Knobs(**knobs))
+    if container is not None:
+        run_container(tmp_path, container.get("tail", [E2B, "--port", "8000"]), container.get("running", True))
+    with google.server:
+        found = readycheck.check(google.server.url, model, timeout_s=5)
+    assert found == ((True, f"ready: {model} answered at {google.server.url}") if verdict is None else (False, verdict))
 
 
 def test_vision_warm_up_retries_the_first_422_once(vm):
@@ -348,6 +424,16 @@ def test_text_only_sends_no_image(vm):
     serving_vm(vm)
     assert all(isinstance(r.json()["messages"][0]["content"], str) for r in vm.google.server.requests
                if r.path.endswith("/chat/completions"))
+
+
+def test_weights_count_as_cached_only_when_a_snapshot_holds_a_file(tmp_path):
+    snapshots = tmp_path / "hub/models--google--gemma-4-E2B-it/snapshots"
+    assert not supervisor.weights_cached(tmp_path, "google/gemma-4-E2B-it")
+    (snapshots / "0f1e").mkdir(parents=True)  # a download that was interrupted before its first file
+    assert not supervisor.weights_cached(tmp_path, "google/gemma-4-E2B-it")
+    (snapshots / "0f1e" / "config.json").write_text("{}")
+    assert supervisor.weights_cached(tmp_path, "google/gemma-4-E2B-it")
+    assert not supervisor.weights_cached(tmp_path, "google/gemma-4-E4B-it")
 
 
 def test_the_bucket_is_the_stacks(vm):

@@ -10,11 +10,12 @@ metadata server check is off (NO_GCE_CHECK) and points at a closed port on 127.0
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.pulumi_release import ROOT, Clone, Release, fake_pulumi
+from tests.pulumi_release import Clone, Release, fake_pulumi
 
 PIN = "3.272.0"
 
@@ -43,11 +44,14 @@ TPUSERVE_STUB = '#!/bin/sh\necho "tpuserve $* (pulumi: $(command -v pulumi))" >>
 
 
 def venv_with_stub_tpuserve(venv: Path) -> None:
-    """This checkout's .venv (its python and packages, for the credential check) with `tpuserve` replaced."""
+    """The virtualenv running the tests (this checkout's .venv: its python and packages, for the credential check)
+    with `tpuserve` replaced. sys.prefix, not ROOT/.venv: scripts/mutation.sh runs the tests in a scratch copy of
+    the tree, which has no .venv of its own."""
+    running = Path(sys.prefix)
     (venv / "bin").mkdir(parents=True)
-    (venv / "pyvenv.cfg").write_text((ROOT / ".venv" / "pyvenv.cfg").read_text())
-    (venv / "lib").symlink_to(ROOT / ".venv" / "lib")
-    (venv / "bin" / "python").symlink_to(ROOT / ".venv" / "bin" / "python")
+    (venv / "pyvenv.cfg").write_text((running / "pyvenv.cfg").read_text())
+    (venv / "lib").symlink_to(running / "lib")
+    (venv / "bin" / "python").symlink_to(running / "bin" / "python")
     (venv / "bin" / "tpuserve").write_text(TPUSERVE_STUB)
     (venv / "bin" / "tpuserve").chmod(0o755)
 

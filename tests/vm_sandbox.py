@@ -3,7 +3,13 @@
 - FakeServer plays the metadata server (instance attributes with real long-poll semantics: `wait_for_change`,
   `last_etag`, `timeout_sec`, an `ETag` header that changes exactly when the attributes do; guest attributes;
   the access token and service-account email), Secret Manager, Cloud Storage (objects list / media download /
-  media upload with `ifGenerationMatch=0`) and the local vLLM server.
+  media upload with `ifGenerationMatch=0`) and the local vLLM server. The vLLM routes follow the docker shim's
+  container: nothing answers while it is stopped or gone (the connection is dropped, as nothing listens on the port),
+  `/v1/models` lists the name the running container was started with (from `docker run`'s recorded argv: the
+  `--served-model-name`, else the model after `vllm serve`), and a chat request for another model gets vLLM's 404.
+  Tests choose what the chat route answers (Knobs.answer): content, a reasoning-only message (content null, the text in
+  `reasoning`, the field vLLM 0.32's ChatMessage has: vllm/entrypoints/openai/chat_completion/protocol.py), an empty
+  message or an error status.
 - PATH shims stand in for docker, apt-get, systemctl and the disk tools (blkid, mkfs.ext4, fsck.ext4, mount,
   mountpoint, umount, df); a wrapper around the real curl records its argv. Each shim logs its argv and whether
   HF_TOKEN is in its environment. `systemctl restart tpu-serve-supervisor.service` starts the unit's ExecStart for
@@ -40,6 +46,7 @@ from typing import Any
 from components.startup_script import render_startup_script, served_config, supervisor_bundle
 from tests.fake_openai import completion
 from tests.httpfake import FakeServer, Request, Response
+from tests.leaks import leaked
 from tpuserve.serving import ServingConfig
 
 SECRET = "projects/p-1/secrets/hf-token"
@@ -85,7 +92,16 @@ elif name == "apt-get" and args[:1] == ["install"] and "google-cloud-ops-agent" 
         print("E: Unable to locate package google-cloud-ops-agent", file=sys.stderr)
         sys.exit(100)
     (state / "ops_agent_installed").write_text("")
+elif name == "apt-get" and args[:1] == ["update"]:
+    if counter("apt_update_failures"):
+        print("E: Failed to fetch http://archive.ubuntu.com/ubuntu/dists/jammy/InRelease  Temporary failure "
+              "resolving 'archive.ubuntu.com'", file=sys.stderr)
+        sys.exit(100)
 elif name == "apt-get" and args[:1] == ["install"]:
+    if counter("apt_install_failures"):
+        print("E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 1234 (unattended-upgr)",
+              file=sys.stderr)
+        sys.exit(100)
     (pathlib.Path(sys.argv[0]).parent / "docker").symlink_to(pathlib.Path(sys.argv[0]).resolve())
 elif name == "dpkg-query":  # dpkg-query -W -f='${Status}' PACKAGE
     if not (state / "ops_agent_installed").exists():
@@ -126,6 +142,12 @@ elif name == "systemctl":
         exec_start = [line.split("=", 1)[1] for line in unit_file.read_text().splitlines()
                       if line.startswith("ExecStart=")][0]
         pid_file = state / "supervisor.pid"
+        if args[0] == "start" and pid_file.exists():  # systemd: starting an active unit does nothing
+            try:
+                os.killpg(int(pid_file.read_text()), 0)
+                sys.exit(0)
+            except ProcessLookupError:
+                pass
         if pid_file.exists():
             try:
                 os.killpg(int(pid_file.read_text()), signal.SIGKILL)
@@ -202,8 +224,12 @@ class Knobs:
     secret_statuses: list[int] = field(default_factory=lambda: [200])  # answered in turn, the last one repeated
     token_statuses: list[int] = field(default_factory=lambda: [200])
     attribute_errors: int = 0  # how many attribute reads answer 503 first
-    health_ok: bool = True
-    completion_content: str = "ready"
+    key_errors: int = 0  # how many reads of one attribute (instance/attributes/KEY) answer 503 first
+    page_size: int = 1000  # objects per page of a Cloud Storage listing (the API's default and maximum)
+    health_ok: bool = True  # False: the running server's /health answers 503 (an engine that died)
+    listed_models: list[str] | None = None  # what /v1/models lists; None: the running container's served name
+    answer: str = "content"  # the chat answer: "content", "reasoning-only", "empty"
+    answer_status: int = 200  # another status: the chat route answers vLLM's error body with it
     image_statuses: list[int] = field(default_factory=lambda: [200])  # the multimodal warm-up's answers
     repo_script_statuses: list[int] = field(default_factory=lambda: [200])  # dl.google.com's Ops Agent repo script
 
@@ -222,8 +248,8 @@ class FakeGoogle:
             ("GET", f"{METADATA}instance/service-accounts/default/token"): self.token,
             ("GET", f"{METADATA}instance/service-accounts/default/email"): self.email,
             ("GET", f"/v1/{SECRET}/versions/latest:access"): self.secret,
-            ("GET", "/health"): lambda r: Response(200 if self.knobs.health_ok and self.container_running() else 503),
-            ("GET", "/v1/models"): lambda r: Response(200, {"object": "list", "data": [{"id": MODEL}]}),
+            ("GET", "/health"): self.health,
+            ("GET", "/v1/models"): self.models,
             ("POST", "/v1/chat/completions"): self.chat,
             ("GET", f"/storage/v1/b/{BUCKET}/o"): self.list_objects,
             ("POST", f"/upload/storage/v1/b/{BUCKET}/o"): self.upload,
@@ -262,6 +288,9 @@ class FakeGoogle:
             key = request.path[len(prefix_attr):]
             if request.headers.get("Metadata-Flavor") != "Google":
                 return Response(403, "Missing Metadata-Flavor:Google header.")
+            if self.knobs.key_errors > 0:
+                self.knobs.key_errors -= 1
+                return Response(503, "metadata server unavailable")
             return Response(200, self.attributes[key]) if key in self.attributes else Response(404, "not found")
         if request.method == "PUT" and request.path.startswith(prefix_guest):
             self.guest.append((request.path[len(prefix_guest):], request.body.decode(), time.time()))
@@ -300,29 +329,70 @@ class FakeGoogle:
         code, message = SECRET_ERRORS.get(status, ("UNAVAILABLE", "The service is currently unavailable."))
         return Response(status, {"error": {"code": status, "message": message, "status": code}})
 
+    # vLLM: nothing listens while the container is stopped; /health, /v1/models and chat while it runs
+    def served_names(self) -> list[str]:
+        """The names the running container serves under (vLLM lists --served-model-name, else the model path)."""
+        argv = self.container().get("argv", [])
+        if "--served-model-name" in argv:
+            return [argv[argv.index("--served-model-name") + 1]]
+        return [argv[argv.index("serve") + 1]] if "serve" in argv else []
+
+    def vllm_listening(self) -> None:
+        if not self.container_running():
+            raise ConnectionAbortedError("fake: the vllm container is not running; nothing listens on its port")
+
+    def health(self, request: Request) -> Response:
+        self.vllm_listening()
+        return Response(200 if self.knobs.health_ok else 503)
+
+    def models(self, request: Request) -> Response:
+        self.vllm_listening()
+        names = self.served_names() if self.knobs.listed_models is None else self.knobs.listed_models
+        return Response(200, {"object": "list", "data": [
+            {"id": name, "object": "model", "created": 1780000000, "owned_by": "vllm", "root": name,
+             "parent": None, "max_model_len": 16384} for name in names]})
+
     def chat(self, request: Request) -> Response:
-        content = request.json()["messages"][0]["content"]
+        self.vllm_listening()
+        body = request.json()
+        if body.get("model") not in self.served_names():  # vllm/entrypoints/openai/models/serving.py, check_model
+            return vllm_error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError", "model")
+        content = body["messages"][0]["content"]
         if isinstance(content, list):  # the multimodal warm-up
             status = self.knobs.image_statuses.pop(0) if self.knobs.image_statuses else 200
             return Response(200, completion("red")) if status == 200 else Response(status, {"error": "warming up"})
-        return Response(200, completion(self.knobs.completion_content))
+        if self.knobs.answer_status != 200:
+            return vllm_error(self.knobs.answer_status, "EngineCore encountered an issue. See stack trace (above) "
+                              "for the root cause.", "InternalServerError")
+        message = {"content": {"content": "ready"}, "reasoning-only": {"content": None, "reasoning": "Greet the user"},
+                   "empty": {"content": ""}}[self.knobs.answer]
+        return Response(200, vllm_completion(body["model"], **message))
 
     def repo_script(self, request: Request) -> Response:
         status = next_of(self.knobs.repo_script_statuses)
         return Response(200, FAKE_REPO_SCRIPT) if status == 200 else Response(status, "unavailable")
 
-    def container_running(self) -> bool:
+    def container(self) -> dict[str, Any]:
         path = self.state / "container.json"
-        return path.exists() and json.loads(path.read_text())["running"]
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def container_running(self) -> bool:
+        return bool(self.container().get("running"))
 
     # Cloud Storage
     def list_objects(self, request: Request) -> Response:
         if request.headers.get("Authorization") != f"Bearer {ACCESS_TOKEN}":
             return Response(401, {"error": {"code": 401, "message": "Anonymous caller"}})
-        prefix = urllib.parse.parse_qs(request.query).get("prefix", [""])[0]
+        query = urllib.parse.parse_qs(request.query)
+        prefix = query.get("prefix", [""])[0]
         items = [{"kind": "storage#object", "name": name, "bucket": BUCKET, "size": str(len(data))}
                  for name, data in sorted(self.objects.items()) if name.startswith(prefix)]
-        return Response(200, {"kind": "storage#objects", "items": items} if items else {"kind": "storage#objects"})
+        start = int(query.get("pageToken", ["0"])[0])  # an opaque token for the client; an offset here
+        page = items[start:start + self.knobs.page_size]
+        body: dict[str, Any] = {"kind": "storage#objects", **({"items": page} if page else {})}
+        if start + self.knobs.page_size < len(items):
+            body["nextPageToken"] = str(start + self.knobs.page_size)
+        return Response(200, body)
 
     def upload(self, request: Request) -> Response:
         query = urllib.parse.parse_qs(request.query)
@@ -342,6 +412,22 @@ SECRET_ERRORS = {
                                f"'{SECRET}/versions/latest' (or it may not exist)."),
     404: ("NOT_FOUND", f"Secret [{SECRET}] not found or has no versions."),
 }
+
+
+def vllm_completion(model: str, content: str | None, reasoning: str | None = None) -> dict[str, Any]:
+    """A chat completion as vLLM 0.32 serializes it: ChatMessage has `reasoning` (no `reasoning_content`) and drops an
+    empty `tool_calls` (vllm/entrypoints/openai/chat_completion/protocol.py)."""
+    message = {"role": "assistant", "content": content, "refusal": None, "annotations": None, "audio": None,
+               "function_call": None, "reasoning": reasoning}
+    return {"id": "chatcmpl-sandbox", "object": "chat.completion", "created": 1780000000, "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "length",
+                         "stop_reason": None}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20}}
+
+
+def vllm_error(status: int, message: str, kind: str, param: str | None = None) -> Response:
+    """vLLM's ErrorResponse body (vllm/entrypoints/serve/engine/protocol.py: error.message, type, param, code)."""
+    return Response(status, {"error": {"message": message, "type": kind, "param": param, "code": status}})
 
 
 def next_of(replies: list[int]) -> int:
@@ -419,11 +505,13 @@ class Vm:
         return done.returncode
 
     def start_supervisor(self, iam_wait_s: float = 60) -> None:
-        """Install the supervisor bundle from the metadata and start it, as the startup script's unit would."""
+        """Install the supervisor bundle from the metadata and start it, as the startup script's unit would (a
+        supervisor already running is killed first, as `systemctl restart` does)."""
         import subprocess
 
         from vm.supervisor import install_bundle
 
+        self.stop()
         install_dir = self.root / "opt/tpu-serve"
         install_bundle(json.loads(self.google.attributes["tpu-serve-supervisor"]), install_dir)
         with open(self.state / "supervisor.log", "ab") as out:
@@ -442,6 +530,7 @@ class Vm:
                 pass
         if self.process is not None:
             self.process.wait()
+            self.process = None
 
     # what happened
     def calls(self) -> list[dict[str, Any]]:
@@ -529,7 +618,8 @@ def token_contained(vm: Vm) -> list[str]:
               "requests": "".join(r.body.decode(errors="replace") + json.dumps(r.headers) + r.query
                                   for r in vm.google.server.requests if "latest:access" not in r.path
                                   or r.method != "GET")}
-    leaks += [f"token in {where}" for where, text in places.items() if CANARY in text]
-    if ACCESS_TOKEN in json.dumps([c["argv"] for c in vm.calls_of("curl")]) + vm.log():
+    # Any 8 characters of it leak it (a "fingerprint" of the token's first characters in a log line too).
+    leaks += [f"token in {where}" for where, text in places.items() if leaked(CANARY, text, size=8)]
+    if leaked(ACCESS_TOKEN, json.dumps([c["argv"] for c in vm.calls_of("curl")]) + vm.log(), size=8):
         leaks.append("access token in a curl argv or a log")
     return leaks
