@@ -201,7 +201,8 @@ def test_running_the_script_again_keeps_the_container_that_serves(vms):
     writes = len(vm.guest())
     assert vm.boot() == 0, vm.log()
     vm.wait_for(lambda: "keeping it" in vm.log() and vm.attributes()["stage"] == "serving", "the adoption")
-    assert list(boot_timeline(vm.attributes())) == ["preparing-disk", "installing-docker", "starting-supervisor"]
+    assert list(boot_timeline(vm.attributes())) == ["preparing-disk", "installing-docker", "starting-supervisor",
+                                                    "serving"]
     assert len(vm.calls_of("docker", "run")) == 1 and len(vm.calls_of("docker", "pull")) == 1
     assert len(vm.calls_of("mkfs.ext4")) == 1  # mounted already: not formatted again
     assert len(vm.calls_of("mount")) == 1 and vm.attributes()["cache"] == "disk: mounted"

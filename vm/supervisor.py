@@ -665,6 +665,7 @@ class Supervisor:
             self.wait_until_serving(config)
         self.state.phase, self.state.serving_since = "serving", time.monotonic()
         self.report("config-hash", config.config_hash)
+        self.report("at-serving", str(int(time.time())))  # the rerun's timeline ends where this run began serving
         self.report("stage", "serving")
         log("stage serving (adopted)")
         self.install_ops_agent(config)  # a new bundle may carry a new agent configuration (the installer skips a current one)
