@@ -268,7 +268,7 @@ def test_the_json_verdict_at_breakeven_itself_is_not_above():
 def test_report_and_a_direct_rate_together_are_refused_before_anything_is_priced(tmp_path: Path):
     write_result(tmp_path, 8, 400.0)
     both = CliRunner().invoke(cost, ["--report", str(tmp_path), "--output-tok-s", "100"])
-    assert both.exit_code == 2
+    assert both.exit_code == 2 and "Breakeven" not in both.output
     assert both.output.splitlines()[-1] == "Error: Invalid value for --output-tok-s: give --report or --output-tok-s, " \
                                            "not both"
     alone = CliRunner().invoke(cost, ["--concurrency", "8"])
