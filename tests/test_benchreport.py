@@ -145,11 +145,33 @@ def test_cli_reports_bad_directory_as_a_usage_error(tmp_path: Path):
     assert "no `vllm bench serve` result JSON" in result.output
 
 
-def test_plot_is_a_png_of_sensible_size(sweep_dir: Path, tmp_path: Path):
+def drawn_figures(monkeypatch: pytest.MonkeyPatch, render: bool) -> list:
+    """Every figure saved from now on (rendered to its file too when `render`: drawing is the slow part)."""
+    from matplotlib.figure import Figure
+
+    saved: list = []
+    original = Figure.savefig
+
+    def savefig(self: Figure, *args: object, **kwargs: object) -> None:
+        saved.append(self)
+        if render:
+            original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return saved
+
+
+def test_plot_is_a_png_of_sensible_size(sweep_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     candidate = write_sweep(tmp_path / "b", vllm_result(8, 480.0, 25.0), vllm_result(1, 70.0, 12.0))
     png = tmp_path / "plot.png"
+    figures = drawn_figures(monkeypatch, render=True)
     result = CliRunner().invoke(bench, ["report", str(sweep_dir), str(candidate), "--plot", str(png)])
     assert result.exit_code == 0, result.output
+    # The runs' model, lengths, date and price head the figure; each panel keeps its own metric's label (a loop
+    # variable once shadowed the title, and every plot was headed "TTFT p99 (ms)").
+    (figure,) = figures
+    assert figure.get_suptitle() == "tiny · 64 in / 16 out · 2026-11-29 · $1.35/h"
+    assert [axis.get_ylabel() for axis in figure.axes] == ["Output tok/s", "Per-stream tok/s", "TTFT p99 (ms)"]
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
     width, height = struct.unpack(">II", data[16:24])
@@ -433,3 +455,12 @@ def test_rows_keep_their_source_and_request_counts(tmp_path: Path):
     assert (failed.source, failed.completed, failed.failed, failed.measured) == ("c8.json", 0, 12, False)
     partial = row_from_result(tmp_path / "c4.json", vllm_result(4, 10.0, 5.0, completed=9, failed=3), 1.35)
     assert (partial.source, partial.completed, partial.failed) == ("c4.json", 9, 3)
+
+
+def test_a_plot_without_a_title_has_no_heading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    figures = drawn_figures(monkeypatch, render=False)
+    rows = report_rows(write_sweep(tmp_path / "a", vllm_result(1, 64.0, 12.5)), price_per_hour=1.35)
+    benchreport.plot_runs({"a": rows}, tmp_path / "plot.png")
+    (figure,) = figures
+    assert figure.get_suptitle() == ""
+    assert [line.get_xydata().tolist() for line in figure.axes[0].get_lines()] == [[[1.0, 64.0]]]

@@ -312,3 +312,30 @@ def test_structured_passes_the_name_and_parameters_and_validates_against_the_sch
     with FakeOpenAI(structured="enforced") as fake:
         ChatClient(fake.url, FAKE_MODEL).structured_reply(PROMPT, ANSWER_SCHEMA)
     assert fake.chat_bodies()[0]["response_format"]["json_schema"]["name"] == "answer"
+
+
+# --- issue #12, second run -----------------------------------------------------------------------------------------
+
+def test_an_answer_a_newer_vllm_puts_in_reasoning_is_read() -> None:
+    # vLLM renamed the reasoning parsers' field from `reasoning_content` to `reasoning`; both must be read.
+    body = {"object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": None, "reasoning": '{"answer": "yes", "confident": true}'}}]}
+    reply = ChatReply(body, 0.1)
+    assert reply.answer() == ("reasoning", '{"answer": "yes", "confident": true}')
+    assert reply.reasoning == reply.full_text == '{"answer": "yes", "confident": true}'
+    assert validated_json(reply, ANSWER_SCHEMA) == {"answer": "yes", "confident": True}
+
+
+def test_a_model_lookup_gives_up_after_ten_seconds_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    timeouts: list[float] = []
+    original = requests.Session.get
+
+    def get(self: requests.Session, url: str, **kwargs: object) -> requests.Response:
+        timeouts.append(kwargs["timeout"])  # type: ignore[arg-type]
+        return original(self, url, **kwargs)
+
+    monkeypatch.setattr(requests.Session, "get", get)
+    with FakeServer({("GET", "/v1/models"): lambda request: Response(200, {"data": [{"id": "m"}]})}) as fake:
+        assert served_card(fake.url, None) == {"id": "m"}
+        assert served_model(fake.url) == "m"
+    assert timeouts == [10, 10]

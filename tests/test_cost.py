@@ -263,3 +263,14 @@ def test_the_json_verdict_at_breakeven_itself_is_not_above():
     at = CliRunner().invoke(cost, ["--price-per-hour", "3.6", "--api-price-per-m", "1", "--output-tok-s", "1000",
                                    "--json"])
     assert json.loads(at.output)["session"]["above_breakeven"] is False
+
+
+def test_report_and_a_direct_rate_together_are_refused_before_anything_is_priced(tmp_path: Path):
+    write_result(tmp_path, 8, 400.0)
+    both = CliRunner().invoke(cost, ["--report", str(tmp_path), "--output-tok-s", "100"])
+    assert both.exit_code == 2 and "Breakeven" not in both.output
+    assert both.output.splitlines()[-1] == "Error: Invalid value for --output-tok-s: give --report or --output-tok-s, " \
+                                           "not both"
+    alone = CliRunner().invoke(cost, ["--concurrency", "8"])
+    assert (alone.exit_code, alone.output.splitlines()[-1]) == (2, "Error: Invalid value for --concurrency: needs "
+                                                                   "--report")

@@ -628,3 +628,44 @@ def test_diagnose_with_a_url_never_asks_pulumi(tmp_path: Path, monkeypatch: pyte
     with FakeOpenAI() as fake:
         result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--url", fake.url, "--stack", "dev"])
     assert result.exit_code == 0, result.output
+
+
+# --- issue #12, second run: Cloud Logging's failure paths, and what diagnose adds when nothing was shipped ---------
+
+def test_logs_cloud_without_credentials_says_how_to_log_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_credentials() -> requests.Session:
+        raise MissingCredentials("no application-default credentials: run `gcloud auth application-default login`")
+
+    monkeypatch.setattr("tpuserve.deploy.gce.adc_session", no_credentials)
+    result = CliRunner().invoke(main, ["logs", *VM, "--source", "cloud"])
+    assert (result.exit_code, result.output) == (1, "Error: no application-default credentials: run `gcloud auth "
+                                                    "application-default login`\n")
+
+
+def test_logs_cloud_of_a_vm_the_compute_api_does_not_know_is_one_line(no_adc: None) -> None:
+    # The Compute API's 404 for instances.get (googleapis error JSON; the message as the API words it).
+    message = "The resource 'projects/proj-1/zones/us-east5-b/instances/tpu-serve-dev' was not found"
+    body = {"error": {"code": 404, "message": message, "errors": [{"message": message, "reason": "notFound"}]}}
+    with FakeServer({("GET", INSTANCE_PATH): lambda request: Response(404, body)}) as compute:
+        result = CliRunner().invoke(main, ["logs", *VM, "--source", "cloud", "--compute-url", compute.url,
+                                           "--logging-url", compute.url])
+    assert (result.exit_code, result.output) == (1, f"Error: tpu-serve-dev: Compute API HTTP 404: {message}\n")
+
+
+def test_diagnose_asks_cloud_logging_for_the_last_thousand_lines(no_adc: None) -> None:
+    page_sizes: list[int] = []
+    with compute_with_instance() as compute, FakeServer(fake_logging(CONTAINER_LINES, page_sizes)) as logging_api:
+        result = CliRunner().invoke(main, ["diagnose", *VM, "--compute-url", compute.url, "--logging-url",
+                                           logging_api.url, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert page_sizes[:2] == [1000, 998]  # the fake pages two entries at a time
+
+
+@pytest.mark.parametrize("status", [200, 403], ids=["nothing-shipped", "logging-refused"])
+def test_diagnose_without_shipped_lines_sends_the_serial_console_unchanged(no_adc: None, status: int) -> None:
+    with compute_with_instance() as compute, FakeServer(fake_logging([], status=status)) as logging_api:
+        result = CliRunner().invoke(main, ["diagnose", *VM, "--compute-url", compute.url, "--logging-url",
+                                           logging_api.url, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "(Cloud Logging)" not in result.stdout
+    assert result.stdout.splitlines()[-1] == "docker: Error response from daemon: manifest unknown"

@@ -150,9 +150,10 @@ def test_vision_report(case: str) -> None:
 def test_a_vision_server_that_stalls_is_no_answer_for_each_image() -> None:
     with stalling(0.5) as fake:
         results = run_vision(ChatClient(fake.url, FAKE_MODEL, timeout_s=0.2))
-    assert [(r.verdict, r.latency_s, r.evidence["request"]["image"]) for r in results] == [
-        ("fail", None, "squares-3.png (data URI)"), ("fail", None, "squares-5.png (data URI)"),
-        ("fail", None, "red-square.png (data URI)")]
+    assert [(r.probe, r.scenario, r.verdict, r.latency_s, r.evidence["request"]["image"]) for r in results] == [
+        ("vision", "count 3 squares", "fail", None, "squares-3.png (data URI)"),
+        ("vision", "count 5 squares", "fail", None, "squares-5.png (data URI)"),
+        ("vision", "describe color", "fail", None, "red-square.png (data URI)")]
     assert all(r.reason.startswith("no answer: ReadTimeout: ") for r in results) and len(results) == 3
 
 

@@ -64,3 +64,22 @@ def test_a_server_error_is_a_fail_distinct_from_not_enforced() -> None:
     # Issue #11: the summary never says "not enforced with: none" while hiding the scenarios that failed.
     assert enforcement_summary(results) == (f"schema enforced with: none; not enforced with: none; not judged "
                                             f"(failed or skipped): {OFF}, {ON}, {OBJECT}")
+
+
+# --- issue #12, second run -----------------------------------------------------------------------------------------
+
+def test_json_that_breaks_the_schema_is_not_enforced_and_a_passing_document_is_quoted_to_80_characters() -> None:
+    # A server that honours json_object but not json_schema: every answer is some JSON object, never the schema's.
+    document = '{"note": "any object will do when only json_object mode is honoured by this server"}'  # 84 chars
+    fake = FakeOpenAI()
+    fake.routes[("POST", "/v1/chat/completions")] = lambda request: Response(200, {
+        "object": "chat.completion", "choices": [{"index": 0, "finish_reason": "stop",
+                                                  "message": {"role": "assistant", "content": document}}]})
+    with fake:
+        results = run_structured(ChatClient(fake.url, FAKE_MODEL))
+    broken = ("schema not enforced: the 200 answer is JSON that breaks the schema at (root): Additional properties are "
+              "not allowed ('note' was unexpected)")
+    assert [(r.scenario, r.verdict, r.reason) for r in results] == [
+        ("json_schema thinking=off", NOT_ENFORCED, broken), ("json_schema thinking=on", NOT_ENFORCED, broken),
+        ("json_object", PASS, 'enforced: {"note": "any object will do when only json_object mode is honoured by '
+                              'this serv')]

@@ -94,3 +94,51 @@ def test_a_422_that_persists_after_the_retry_is_a_fail_not_a_skip() -> None:
     assert [r.verdict for r in results] == [FAIL] * len(VISION_SCENARIOS)
     assert results[0].reason == f"server error: HTTP 422: {BOOT_422_MESSAGE}"
     assert len(fake.requests) == 2 * len(VISION_SCENARIOS)
+
+
+# --- issue #12, second run -----------------------------------------------------------------------------------------
+
+# vLLM 0.32's refusal of an image beyond --limit-mm-per-prompt (vllm/multimodal/processing/context.py), which a
+# text-only deployment (image limit 0) answers with HTTP 400.
+IMAGE_LIMIT_0 = "At most 0 image(s) may be provided in one prompt."
+
+
+def refusing(status: int, message: str) -> FakeOpenAI:
+    fake = FakeOpenAI()
+    fake.routes[("POST", "/v1/chat/completions")] = lambda request: Response(
+        status, {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": status})
+    return fake
+
+
+def test_vllms_zero_image_limit_means_text_only() -> None:
+    with refusing(400, IMAGE_LIMIT_0) as fake:
+        results = run_vision(ChatClient(fake.url, FAKE_MODEL))
+    assert [(r.verdict, r.reason) for r in results] == [
+        (SKIPPED, "server is text-only: At most 0 image(s) may be provided in one prompt.")] * 3
+    assert results[0].evidence["status"] == 400 and len(fake.requests) == 1
+
+
+def test_a_long_text_only_refusal_is_quoted_to_160_characters() -> None:
+    message = IMAGE_LIMIT_0 + " (parameter=image)" * 10  # 49 + 180 characters
+    with refusing(400, message) as fake:
+        (first, *_) = run_vision(ChatClient(fake.url, FAKE_MODEL))
+    assert first.reason == ("server is text-only: At most 0 image(s) may be provided in one prompt. (parameter=image) "
+                            "(parameter=image) (parameter=image) (parameter=image) (parameter=image) (parameter=image) "
+                            "(p… (+69 chars)")
+
+
+def test_each_failed_image_scenario_is_named_as_a_vision_result() -> None:
+    with refusing(500, "EngineCore encountered an issue") as fake:
+        results = run_vision(ChatClient(fake.url, FAKE_MODEL))
+    assert [(r.probe, r.scenario, r.verdict) for r in results] == [
+        ("vision", "count 3 squares", FAIL), ("vision", "count 5 squares", FAIL), ("vision", "describe color", FAIL)]
+    assert results[0].reason == "server error: HTTP 500: EngineCore encountered an issue"
+
+
+def test_a_long_wrong_answer_is_quoted_to_60_characters() -> None:
+    answer = "I see a picture with several shapes in it, some of them squares and some circles."  # 81 characters
+    with FakeOpenAI() as fake:
+        fake.routes[("POST", "/v1/chat/completions")] = lambda request: Response(200, completion(f"  {answer}  "))
+        (first, *_) = run_vision(ChatClient(fake.url, FAKE_MODEL))
+    assert first.reason == ("answered 'I see a picture with several shapes in it, some of them squa… (+21 chars)', "
+                            "expected one of ['3', 'three']")

@@ -355,12 +355,12 @@ def plot_runs(runs: dict[str, list[BenchRow]], path: Path, title: str = "") -> N
     panels = (("output_tok_s", "Output tok/s"), ("per_stream_tok_s", "Per-stream tok/s"),
               ("ttft_p99_ms", "TTFT p99 (ms)"))
     figure, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(8, 9), dpi=100)
-    for (attribute, title), axis in zip(panels, axes):
+    for (attribute, ylabel), axis in zip(panels, axes):
         for label, rows in runs.items():
             shown = [row for row in rows if row.measured and math.isfinite(getattr(row, attribute))]
             axis.plot([row.concurrency for row in shown], [getattr(row, attribute) for row in shown], "o-",
                       label=label)
-        axis.set_ylabel(title)
+        axis.set_ylabel(ylabel)
         axis.grid(True, alpha=0.3)
     levels = sorted({row.concurrency for rows in runs.values() for row in rows})
     axes[-1].set_xscale("log", base=2)
