@@ -54,7 +54,7 @@ Validator = Callable[[ResourceValidationArgs, ReportViolation], None]
 
 def stack_of(urn: str) -> str:
     """`urn:pulumi:<stack>::<project>::<type>::<name>` -> stack."""
-    return urn.split("::", 1)[0].split(":", 2)[2]
+    return urn.split("::")[0].removeprefix("urn:pulumi:")
 
 
 def expected_labels(stack: str) -> dict[str, str]:
@@ -104,7 +104,7 @@ def check_firewall_sources(args: ResourceValidationArgs, report: ReportViolation
 
 
 def check_no_external_ip(args: ResourceValidationArgs, report: ReportViolation) -> None:
-    if args.get_config().get("allowExternalIp", False):
+    if args.get_config().get("allowExternalIp"):
         return
     for index, nic in enumerate(args.props.get("networkInterfaces") or []):
         for key in ("accessConfigs", "ipv6AccessConfigs"):
@@ -133,7 +133,7 @@ def check_flex_start_limits(args: ResourceValidationArgs, report: ReportViolatio
 
 def check_boot_disk_size(args: ResourceValidationArgs, report: ReportViolation) -> None:
     scheduling = args.props.get("scheduling") or {}
-    if not str(args.props.get("machineType", "")).startswith("ct") and \
+    if not str(args.props.get("machineType")).startswith("ct") and \
             scheduling.get("provisioningModel") != "FLEX_START":
         return  # not a TPU serving VM (a fleet's router runs the LiteLLM proxy from a small disk)
     boot_disk = args.props.get("bootDisk") or {}
