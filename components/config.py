@@ -222,7 +222,7 @@ class StackConfig:
         if self.price_per_chip_hour < 0:
             raise ConfigError("pricePerChipHour", f"must not be negative, got {self.price_per_chip_hour}")
         self.readiness_timeout_seconds  # noqa: B018 - parses, raising ConfigError on a bad value
-        self.serving.validate(backend="tpu" if self.target in TPU_TARGETS else self.target)
+        self.serving.validate()  # its backend follows the target (__post_init__)
         return self
 
     def _validate_gcp(self) -> None:
