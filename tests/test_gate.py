@@ -567,3 +567,152 @@ def test_the_verdict_says_where_each_part_came_from(monkeypatch: pytest.MonkeyPa
     assert code == 0
     assert json.loads(stdout[-1])["sources"] == warm
     assert "compile cache: 412 entries before, 415 after" in stderr and "image: cached" in stderr
+
+
+# --- what each stage sends, and through what ------------------------------------------------------------------------
+
+class RecordingSession(requests.Session):
+    """A session that notes each request's timeout: every stage must go through the caller's session, with a
+    timeout (a request without one could outlive the gate's own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[object] = []
+
+    def request(self, method, url, *args, **kwargs):  # type: ignore[override]
+        self.timeouts.append(kwargs.get("timeout"))
+        return super().request(method, url, *args, **kwargs)
+
+
+def test_smoke_checks_send_exactly_the_documented_requests_through_the_callers_session():
+    with FakeServer(openai_routes(Response(200, chat_body("Hi")))) as fake, RecordingSession() as http:
+        verdict = watch_url(http, fake.url, MODEL, smoke=["tools", "vision"], timeout_s=3.0, interval_s=0.02)
+    assert verdict.ready
+    assert len(http.timeouts) == len(fake.requests) == 5
+    assert all(isinstance(t, float) and 0 < t <= 3.0 for t in http.timeouts), http.timeouts
+    completion, tools, vision = [r.json() for r in fake.requests[2:]]
+    assert completion == {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+    assert tools == {"model": MODEL, "messages": [{"role": "user", "content": "What time is it in Paris?"}],
+                     "max_tokens": 8, "tool_choice": "auto", "tools": [{"type": "function", "function": {
+                         "name": "get_time", "description": "Current time in a city.",
+                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                        "required": ["city"]}}}]}
+    assert vision == {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": image_data_uri("red-square.png")}},
+        {"type": "text", "text": "What colour is this?"}]}]}
+
+
+def tool_call_body() -> dict:
+    body = chat_body(None)
+    body["choices"][0]["message"]["tool_calls"] = [
+        {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"city": "Paris"}'}}]
+    return body
+
+
+@pytest.mark.parametrize("smoke, reply, reason", [
+    ("tools", chat_body(""), "request with tools returned neither text nor tool calls"),
+    ("vision", chat_body(""), "request with an image returned empty content and no reasoning"),
+    ("vision", tool_call_body(), "request with an image returned empty content and no reasoning"),
+])
+def test_a_smoke_check_answered_with_nothing_is_waited_out_naming_what_was_missing(smoke, reply, reason):
+    def chat(request: Request) -> Response:
+        first_turn = request.json()["messages"][0]["content"]
+        return Response(200, chat_body("Hi") if first_turn == "Say hello." else reply)
+
+    routes = openai_routes(Response(200))
+    routes[("POST", "/v1/chat/completions")] = chat
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, smoke=[smoke], timeout_s=0.3, interval_s=0.02)
+    assert not verdict.ready
+    assert verdict.reason == f"timed out after 0.3 s in stage smoke-{smoke}: {reason}"
+
+
+def test_a_tool_call_without_text_passes_the_tools_smoke():
+    def chat(request: Request) -> Response:
+        return Response(200, tool_call_body() if request.json().get("tools") else chat_body("Hi"))
+
+    routes = openai_routes(Response(200))
+    routes[("POST", "/v1/chat/completions")] = chat
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, smoke=["tools"], **FAST)
+    assert verdict.ready and list(verdict.stages) == ["health", "models", "completion", "smoke-tools"]
+
+
+def test_the_live_status_line_counts_seconds_since_the_gate_started():
+    from rich.console import Console
+
+    console = Console(record=True, width=100)
+    with console.status("x") as status:
+        reporter = ConsoleReporter(console, status)
+        reporter.started -= 42.2  # as if the gate had started 42 s ago
+        reporter.waiting("loading-model", "in loading-model")
+        assert str(status.status) == "loading-model: in loading-model (42 s)"
+
+
+def test_instance_mode_prints_each_stage_and_waits_for_the_config_hash_it_was_given(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(gce, "adc_session", requests.Session)
+    with replaying_compute(stage_snapshots(RECORDED_BOOT)) as fake:
+        code, stdout, stderr = run_gate("--instance", VM.name, "--zone", VM.zone, "--project", VM.project,
+                                        "--compute-url", fake.url, "--interval", "0.02", "--timeout", "0.5",
+                                        "--config-hash", "a-newer-config")
+    assert code == 1
+    verdict = json.loads(stdout[-1])
+    assert verdict["reason"] == ("timed out after 0.5 s in stage serving: reports config abc123 (serving), waiting "
+                                 "for a-newer-config")
+    assert [line.split()[1] for line in stderr.splitlines() if line.startswith("✓")] == [
+        stage for stage, _ in RECORDED_BOOT]
+
+
+def test_missing_credentials_is_a_verdict_of_no_time_and_no_stage(monkeypatch: pytest.MonkeyPatch):
+    def no_credentials() -> requests.Session:
+        raise gce.MissingCredentials("no Google application-default credentials")
+
+    monkeypatch.setattr(gce, "adc_session", no_credentials)
+    code, stdout, _ = run_gate("--instance", VM.name, "--zone", VM.zone, "--project", VM.project)
+    assert code == 1
+    assert json.loads(stdout[-1]) == {"ready": False, "elapsed_s": 0.0, "stages": {},
+                                      "reason": "no Google application-default credentials"}
+
+
+def test_the_json_verdict_rounds_to_milliseconds_and_names_sources_only_when_known():
+    verdict = gate_module.Verdict(False, 12.34567, {"health": 0.00049, "models": 1.23456}, "stage models: gone")
+    assert verdict.json_line() == ('{"ready": false, "elapsed_s": 12.346, "stages": {"health": 0.0, "models": 1.235}, '
+                                   '"reason": "stage models: gone"}')
+    with_sources = gate_module.Verdict(True, 1.0, {}, sources={"image": "cached"})
+    assert json.loads(with_sources.json_line())["sources"] == {"image": "cached"}
+
+
+def test_line_output_prints_details_as_they_are():
+    """A server's answer may hold [brackets] or numbers: they are printed literally, never styled or eaten as markup."""
+    from rich.console import Console
+
+    console = Console(record=True, width=200, force_terminal=True, color_system="standard")
+    reporter = gate_module.LineReporter(console, clock=lambda: 1000.0)
+    reporter.waiting("health", "/health answered [bold]503[/bold] at 10.0.0.7")
+    printed = console.export_text(styles=True)
+    assert printed == "… health: /health answered [bold]503[/bold] at 10.0.0.7 (0 s)\n"
+
+
+def test_the_timeline_table_shows_when_each_stage_began_and_how_long_it_took():
+    from rich.console import Console
+
+    console = Console(record=True, width=60)
+    gate_module.print_timeline(console, gate_module.Verdict(True, 9.0, {"health": 0.25, "models": 1.5,
+                                                                        "completion": 8.75}))
+    assert [line.rstrip() for line in console.export_text().splitlines()] == [
+        "boot timeline",  # on the left, not centred over the table
+        "┏━━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━━┓",
+        "┃ stage      ┃ at (s) ┃ took (s) ┃",
+        "┡━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━┩",
+        "│ health     │    0.2 │      1.2 │",
+        "│ models     │    1.5 │      7.2 │",
+        "│ completion │    8.8 │          │",
+        "└────────────┴────────┴──────────┘"]
+
+
+def test_a_timeline_with_no_stage_says_so():
+    from rich.console import Console
+
+    console = Console(record=True, width=60)
+    gate_module.print_timeline(console, gate_module.Verdict(False, 1.0, {}, "timed out"))
+    assert console.export_text() == "boot timeline: no stage reached\n"
