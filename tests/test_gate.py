@@ -716,3 +716,36 @@ def test_a_timeline_with_no_stage_says_so():
     console = Console(record=True, width=60)
     gate_module.print_timeline(console, gate_module.Verdict(False, 1.0, {}, "timed out"))
     assert console.export_text() == "boot timeline: no stage reached\n"
+
+
+@pytest.mark.parametrize("mode, message", [
+    (dict(url=None, instance=None), "give exactly one of --url (a server) or --instance (a VM)"),
+    (dict(url="http://h:8000", instance="vm"), "give exactly one of --url (a server) or --instance (a VM)"),
+    (dict(url="http://h:8000", config_hash="abc"),
+     "--config-hash works with --instance only (a server's URL does not report it)"),
+    (dict(instance="vm"), "--instance needs --zone and --project"),
+    (dict(instance="vm", project="p"), "--instance needs --zone"),
+    (dict(instance="vm", zone="z"), "--instance needs --project"),
+    (dict(instance="vm", zone="z", project="p", smoke="tools"),
+     "--smoke works with --url only (the VM runs its own checks)"),
+])
+def test_each_mode_mistake_is_one_usage_line(mode: dict, message: str):
+    options = {"url": None, "model": None, "instance": None, "zone": None, "project": None, "smoke": "",
+               "config_hash": None, **mode}
+    with pytest.raises(click.UsageError) as raised:
+        gate_module.check_mode(**options)
+    assert raised.value.message == message
+
+
+@pytest.mark.parametrize("mode", [dict(url="http://h:8000", smoke="tools"),
+                                  dict(instance="vm", zone="z", project="p", config_hash="abc")])
+def test_a_complete_mode_passes(mode: dict):
+    options = {"url": None, "model": None, "instance": None, "zone": None, "project": None, "smoke": "",
+               "config_hash": None, **mode}
+    assert gate_module.check_mode(**options) is None
+
+
+def test_unknown_smoke_checks_are_all_named_with_the_choices():
+    with pytest.raises(click.BadParameter) as raised:
+        parse_smoke("tool,vision,audio")
+    assert raised.value.message == "unknown check tool, audio; choose from tools, vision"
