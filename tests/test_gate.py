@@ -218,7 +218,8 @@ def test_a_server_that_never_comes_up_times_out_naming_the_health_stage():
     with requests.Session() as http:
         verdict = watch_url(http, f"http://127.0.0.1:{free_local_port()}", MODEL, timeout_s=0.5, interval_s=0.05)
     assert not verdict.ready and verdict.stages == {}
-    assert verdict.reason.startswith("timed out after 0.5 s in stage health")
+    assert verdict.reason == "timed out after 0.5 s in stage health: no answer (ConnectionError)"
+    assert 0.5 <= verdict.elapsed_s < 1.0  # polls stop at the deadline, not an interval or a request later
     assert time.monotonic() - started < 2
 
 
@@ -229,8 +230,8 @@ def test_health_turning_200_late_is_followed_promptly():
     with FakeServer(routes) as fake, requests.Session() as http:
         verdict = watch_url(http, fake.url, MODEL, **FAST)
         lag = time.monotonic() - turns_healthy_at
-    print(f"ready {lag:.3f} s after /health turned 200 (interval {FAST['interval_s']} s)")
     assert verdict.ready and verdict.stages["health"] >= 0.35
+    assert lag < 0.5, f"ready {lag:.3f} s after /health turned 200 (interval {FAST['interval_s']} s)"
 
 
 def test_smoke_checks_send_tools_and_an_image_after_the_completion():
@@ -319,6 +320,7 @@ def test_a_vm_stuck_loading_times_out_naming_that_stage():
     with replaying_compute(stage_snapshots(RECORDED_BOOT[:5])) as fake, requests.Session() as http:
         verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=0.3, interval_s=0.02)
     assert not verdict.ready and verdict.reason.startswith("timed out after 0.3 s in stage loading-model")
+    assert verdict.serial_tail.splitlines() == SERIAL_LINES[-30:]  # a timeout shows the console too
 
 
 @pytest.mark.parametrize("status, message", [
@@ -350,7 +352,8 @@ def test_a_deleted_vm_fails_at_once_instead_of_waiting_out_the_timeout():
     with FakeServer(routes) as fake, requests.Session() as http:
         verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=30, interval_s=0.02)
     assert not verdict.ready and verdict.elapsed_s < 1
-    assert verdict.reason.startswith("instance not found: deleted, or flex-start max run ended?")
+    assert verdict.reason == "instance not found: deleted, or flex-start max run ended? (tpu-serve-vm)"
+    assert verdict.serial_tail == ""
 
 
 def test_a_vm_deleted_mid_boot_keeps_its_timeline_and_fails_at_once():
@@ -366,11 +369,12 @@ def test_a_vm_deleted_mid_boot_keeps_its_timeline_and_fails_at_once():
     assert list(verdict.stages) == [stage for stage, _ in RECORDED_BOOT[:3]]
 
 
-@pytest.mark.parametrize("vm_status", sorted(gate_module.STOPPED_STATUSES))
+@pytest.mark.parametrize("vm_status", ["STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"])
 def test_a_stopped_vm_fails_at_once_naming_its_status(vm_status: str):
     with replaying_compute([], not_yet=1, vm_status=vm_status) as fake, requests.Session() as http:
         verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=30, interval_s=0.02)
-    assert not verdict.ready and verdict.elapsed_s < 1 and f"instance is {vm_status}" in verdict.reason
+    assert not verdict.ready and verdict.elapsed_s < 1
+    assert verdict.reason == f"instance is {vm_status}: it stopped before serving" and verdict.serial_tail == ""
 
 
 @pytest.mark.parametrize("vm_status", ["PROVISIONING", "STAGING", "RUNNING"])
@@ -749,3 +753,103 @@ def test_unknown_smoke_checks_are_all_named_with_the_choices():
     with pytest.raises(click.BadParameter) as raised:
         parse_smoke("tool,vision,audio")
     assert raised.value.message == "unknown check tool, audio; choose from tools, vision"
+
+
+@pytest.mark.parametrize("attributes, expected, status", [
+    ({}, None, BootStatus("booting", done=False, detail="no guest attributes yet")),
+    ({"stage": ""}, "def456", BootStatus("booting", done=False, detail="no guest attributes yet")),
+    ({"stage": "loading-model", "config-hash": "abc123"}, "def456",
+     BootStatus("loading-model", done=False, detail="reports config abc123 (in loading-model), waiting for def456")),
+    ({"stage": "serving"}, "def456",
+     BootStatus("serving", done=False, detail="reports config none (serving), waiting for def456")),
+    ({"stage": "serving", "config-hash": "abc123"}, "", BootStatus("serving", done=True, ready=True)),
+    ({"stage": "failed", "reason": "no space left on device"}, None,
+     BootStatus("failed", done=True, detail="boot failed: no space left on device")),
+    ({"stage": "failed", "at-failed": "1795900100", "at-loading-model": "1795900050"}, None,
+     BootStatus("failed", done=True, detail="boot failed during loading-model: no reason given")),
+    ({"stage": "restarting"}, None, BootStatus("restarting", done=False, detail="restarting: no reason given")),
+    ({"stage": "loading-model", "reason": "downloading weights"}, None,
+     BootStatus("loading-model", done=False, detail="in loading-model: downloading weights")),
+])
+def test_what_the_guest_attributes_say(attributes, expected, status):
+    assert read_boot(attributes, expected) == status
+
+
+@pytest.mark.parametrize("attributes, timeline", [
+    ({"at-b": "5", "at-a": "0"}, {"a": 0.0, "b": 5.0}),  # no `since`: every stage counts
+    ({"since": "soon", "at-b": "5", "at-a": "0"}, {"a": 0.0, "b": 5.0}),  # an unreadable `since` too
+    ({"since": "100", "at-old": "99", "at-new": "100", "at-later": "130.5"}, {"new": 0.0, "later": 30.5}),
+    ({"since": "100", "at-old": "99"}, {}),
+    ({"stage": "serving", "config-hash": "abc"}, {}),
+])
+def test_the_timeline_counts_from_the_first_stage_of_the_current_run(attributes, timeline):
+    assert boot_timeline(attributes) == timeline
+    assert list(boot_timeline(attributes)) == list(timeline)
+
+
+def test_an_unreachable_compute_api_is_waited_out_in_the_last_known_stage():
+    with requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, f"http://127.0.0.1:{free_local_port()}"), VM, timeout_s=0.3,
+                                 interval_s=0.02)
+    assert not verdict.ready
+    assert verdict.reason == "timed out after 0.3 s in stage booting: Compute API unreachable (ConnectionError)"
+    assert verdict.serial_tail.startswith("(serial console unavailable: ")
+
+
+def test_a_transient_api_error_mid_boot_keeps_the_stage_it_was_in():
+    reporter = RecordingReporter()
+    with replaying_compute(stage_snapshots(RECORDED_BOOT[:5])) as fake, requests.Session() as http:
+        client = ComputeClient(http, fake.url)
+        unavailable = Response(503, {"error": {"code": 503, "message": "Backend unavailable"}})
+        later = threading.Timer(0.2, lambda: fake.routes.update({
+            ("GET", f"{VM_PATH}/getGuestAttributes"): lambda request: unavailable}))
+        later.start()
+        verdict = watch_instance(client, VM, timeout_s=0.6, interval_s=0.02, reporter=reporter)
+    assert verdict.reason == ("timed out after 0.6 s in stage loading-model: Compute API HTTP 503: Backend "
+                              "unavailable")
+    assert reporter.stages == [stage for stage, _ in RECORDED_BOOT[:5]]  # each once, however often it is read
+
+
+def test_an_api_error_on_the_instance_itself_is_the_verdict_when_waiting_cannot_fix_it():
+    denied = Response(403, {"error": {"code": 403, "message": "Permission 'compute.instances.get' denied"}})
+    routes = {("GET", f"{VM_PATH}/getGuestAttributes"): lambda request: NOT_FOUND,
+              ("GET", VM_PATH): lambda request: denied}
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=30, interval_s=0.02)
+    assert not verdict.ready and verdict.elapsed_s < 1
+    assert verdict.reason == "Compute API HTTP 403: Permission 'compute.instances.get' denied"
+
+
+def test_a_failed_boot_whose_console_cannot_be_read_says_so():
+    snapshots = stage_snapshots(RECORDED_BOOT[:2] + [("failed", 1795900100)], reason=FAILED_REASON)
+    with replaying_compute(snapshots) as fake, requests.Session() as http:
+        fake.routes[("GET", f"{VM_PATH}/serialPort")] = lambda request: Response(
+            503, {"error": {"code": 503, "message": "Backend unavailable"}})
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=30, interval_s=0.02)
+    assert verdict.serial_tail == "(serial console unavailable: Compute API HTTP 503: Backend unavailable)"
+
+
+@pytest.mark.parametrize("models, reason", [
+    (Response(401, {"error": {"message": "unauthorized"}}),
+     "stage models: /v1/models answered HTTP 401 (waiting cannot change this answer)"),
+    (Response(503, {"error": {"message": "loading"}}),
+     "timed out after 0.3 s in stage models: /v1/models answered HTTP 503"),
+    (Response(200, {"object": "list", "data": "gemma"}),
+     "timed out after 0.3 s in stage models: /v1/models lists no model"),
+    (Response(200, ["gemma"]), "timed out after 0.3 s in stage models: /v1/models lists no model"),
+])
+def test_the_models_stage(models: Response, reason: str):
+    routes = openai_routes(Response(200, chat_body("Hi")))
+    routes[("GET", "/v1/models")] = lambda request: models
+    routes[("GET", "/health")] = lambda request: Response(200)
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.02)
+    assert verdict.reason == reason and list(verdict.stages) == ["health"]
+
+
+def test_an_unhealthy_server_is_waited_out_naming_its_status():
+    routes = openai_routes(Response(200, chat_body("Hi")))
+    routes[("GET", "/health")] = lambda request: Response(503)
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.02)
+    assert verdict.reason == "timed out after 0.3 s in stage health: /health answered HTTP 503"
