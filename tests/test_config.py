@@ -224,7 +224,7 @@ LOCAL = {"target": "local", "containerImage": "vllm/vllm-openai:v0.32.0"}
 ROUTER = {"target": "router", "project": "proj-1", "routerMasterKeySecretId": "litellm-master-key"}
 
 
-@pytest.mark.parametrize("base, override", [
+EDGES = [
     (VALID, {"bootDiskSizeGb": "200"}),
     (VALID, {"cacheDiskSizeGb": "0"}),  # no cache disk
     (VALID, {"cacheDiskSizeGb": "50"}),
@@ -262,7 +262,12 @@ ROUTER = {"target": "router", "project": "proj-1", "routerMasterKeySecretId": "l
     (ROUTER, {"routerReplicas": '["dev=http://10.0.0.2:8000", "prod=https://10.0.0.3:8000"]',
               "routerZone": "us-east5-b"}),
     (ROUTER, {"routerMasterKeySecretId": "projects/proj-1/secrets/litellm-master-key"}),
-], ids=lambda value: json.dumps(value)[:60])
+]
+
+
+@pytest.mark.parametrize("base, override", EDGES,
+                         ids=[f"{i}-{base.get('target', 'gcp')}-{next(iter(o), 'defaults')}"
+                              for i, (base, o) in enumerate(EDGES)])
 def test_values_at_the_edge_of_what_is_allowed_pass(base, override):
     cfg = build_stack_config({**base, **override})
     assert cfg.target == base.get("target", "gcp")
