@@ -853,3 +853,27 @@ def test_an_unhealthy_server_is_waited_out_naming_its_status():
     with FakeServer(routes) as fake, requests.Session() as http:
         verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.02)
     assert verdict.reason == "timed out after 0.3 s in stage health: /health answered HTTP 503"
+
+
+def test_a_timeout_names_what_the_stage_answered_last():
+    switch_at = time.monotonic() + 0.15
+    routes = openai_routes(Response(200, chat_body("Hi")))
+    routes[("GET", "/health")] = lambda request: Response(503 if time.monotonic() < switch_at else 500)
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, timeout_s=0.4, interval_s=0.02)
+    assert verdict.reason == "timed out after 0.4 s in stage health: /health answered HTTP 500"
+
+
+def test_a_first_request_cut_by_the_deadline_still_says_what_happened():
+    released = threading.Event()
+
+    def stalled(request: Request) -> Response:
+        released.wait(5)
+        return Response(200)
+
+    with FakeServer({("GET", "/health"): stalled}) as fake, requests.Session() as http:
+        try:
+            verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.02)
+        finally:
+            released.set()
+    assert verdict.reason == "timed out after 0.3 s in stage health: no answer (ReadTimeout)"
