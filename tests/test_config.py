@@ -484,3 +484,27 @@ def test_the_backend_follows_the_target():
     assert build_stack_config(VALID).serving.backend == "tpu"
     assert build_stack_config(GKE).serving.backend == "tpu"
     assert build_stack_config(LOCAL).serving.backend == "gpu"
+
+
+def test_the_program_reads_its_namespace_with_the_token_kept_secret(caplog):
+    """load_stack_config as __main__.py calls it, without running the program: keys of other namespaces are not
+    ours, hfToken arrives as a secret Output, and advice reaches Pulumi's log."""
+    import pulumi
+    from pulumi.runtime.sync_await import _sync_await
+
+    from components.config import load_stack_config
+
+    pulumi.runtime.set_mocks(RecordingMocks(), project="tpu-serve", stack="dev", preview=False)
+    pulumi.runtime.set_all_config({"tpu-serve:project": "proj-1", "tpu-serve:hfToken": "hf_secret_x",
+                                   "tpu-serve:zone": "us-west2-a", "tpu-serve:zones": '["us-west2-a"]',
+                                   "gcp:project": "someone-else"}, ["tpu-serve:hfToken"])
+    with caplog.at_level("WARNING"):
+        cfg = load_stack_config()
+    assert (cfg.project, cfg.zone, cfg.zones) == ("proj-1", "us-west2-a", ("us-west2-a",))
+    assert isinstance(cfg.hf_token, pulumi.Output)
+    assert _sync_await(cfg.hf_token.is_secret()) is True
+    assert _sync_await(cfg.hf_token.future()) == "hf_secret_x"
+    assert [r.getMessage() for r in caplog.records if "us-west2-a" in r.getMessage()] == [
+        "zone/zones: us-west2-a not among the zones known to offer TPU v6e (europe-west4-a, us-east1-d, "
+        "us-central1-b, asia-northeast1-b, us-east5-a, us-east5-b, us-central1-ai1a, us-south1-ai1b); "
+        "`tpuserve preflight` checks them live"]
