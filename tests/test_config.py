@@ -41,7 +41,8 @@ def test_stack_files_are_valid_configs():
     assert build_stack_config(stack_file_config("prod")).serving.mm_limits == {"image": 4, "audio": 1}
 
 
-@pytest.mark.parametrize("text, seconds", [("4h", 14400), ("90m", 5400), ("1d12h", 129600), ("3600s", 3600)])
+@pytest.mark.parametrize("text, seconds", [("4h", 14400), ("90m", 5400), ("1d12h", 129600), ("3600s", 3600),
+                                           ("1s", 1), ("0d1s", 1)])
 def test_durations(text, seconds):
     assert parse_duration("maxRunDuration", text) == seconds
 
@@ -274,6 +275,7 @@ def test_values_at_the_edge_of_what_is_allowed_pass(base, override):
 
 
 BAD_WITH_MESSAGE = [
+    (VALID, {"project": ""}, "project: is required: pulumi config set project <gcp-project-id>"),
     (VALID, {'cacheDiskSizeGb': '49'},
      'cacheDiskSizeGb: must be 0 (no cache disk) or at least 50, got 49'),
     (VALID, {'cacheDiskSizeGb': '-1'},
