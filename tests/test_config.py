@@ -201,7 +201,7 @@ def test_zones_default_to_the_evidence_order_and_the_zone_to_its_first():
     assert listed.zones == ("us-east5-b", "europe-west4-a")
 
 
-def test_a_zone_missing_from_the_offline_list_is_a_warning_not_an_error(caplog):
+def test_a_zone_missing_from_the_offline_list_is_a_warning_not_an_error():
     """Which zones offer ct6e is Compute Engine's to say (preflight asks it live): a new zone must still deploy."""
     cfg = build_stack_config({**VALID, "zone": "us-west2-a", "zones": '["us-west2-a", "europe-west4-a", "me-west1-b"]'})
     assert cfg.zone == "us-west2-a"
@@ -209,6 +209,9 @@ def test_a_zone_missing_from_the_offline_list_is_a_warning_not_an_error(caplog):
         "zone/zones: us-west2-a, me-west1-b not among the zones known to offer TPU v6e (europe-west4-a, us-east1-d, "
         "us-central1-b, asia-northeast1-b, us-east5-a, us-east5-b, us-central1-ai1a, us-south1-ai1b); "
         "`tpuserve preflight` checks them live"]
+
+
+def test_the_zone_warning_reaches_pulumis_log_and_the_stack_deploys(caplog):
     with caplog.at_level("WARNING"):
         run = run_stack({**VALID, "zone": "us-west2-a"})
     assert run.one("gcp:compute/instance:Instance").inputs["zone"] == "us-west2-a"
