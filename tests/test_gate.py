@@ -877,3 +877,10 @@ def test_a_first_request_cut_by_the_deadline_still_says_what_happened():
         finally:
             released.set()
     assert verdict.reason == "timed out after 0.3 s in stage health: no answer (ReadTimeout)"
+
+
+def test_an_empty_completion_is_waited_out_naming_what_was_missing():
+    with FakeServer(openai_routes(Response(200, chat_body("  ")))) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.02)
+    assert verdict.reason == ("timed out after 0.3 s in stage completion: chat completion returned empty content "
+                              "and no reasoning")
