@@ -54,7 +54,7 @@ Validator = Callable[[ResourceValidationArgs, ReportViolation], None]
 
 def stack_of(urn: str) -> str:
     """`urn:pulumi:<stack>::<project>::<type>::<name>` -> stack."""
-    return urn.split("::")[0].removeprefix("urn:pulumi:")
+    return urn.partition("::")[0].removeprefix("urn:pulumi:")
 
 
 def expected_labels(stack: str) -> dict[str, str]:
