@@ -884,3 +884,23 @@ def test_an_empty_completion_is_waited_out_naming_what_was_missing():
         verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.02)
     assert verdict.reason == ("timed out after 0.3 s in stage completion: chat completion returned empty content "
                               "and no reasoning")
+
+
+def test_url_mode_reports_what_it_waits_for_and_a_fatal_answer_is_a_false_verdict():
+    reporter = RecordingReporter()
+    with FakeServer(openai_routes(Response(200, chat_body("Hi")), models=("other/model",))) as fake, \
+            requests.Session() as http:
+        routes_models = fake.routes[("GET", "/v1/models")]
+        fake.routes[("GET", "/v1/models")] = lambda request: (
+            Response(503) if sum(r.path == "/v1/models" for r in fake.requests) < 2 else routes_models(request))
+        verdict = watch_url(http, fake.url, MODEL, timeout_s=30, interval_s=0.02, reporter=reporter)
+    assert verdict.ready is False and json.loads(verdict.json_line())["ready"] is False
+    assert reporter.waits == [("models", "/v1/models answered HTTP 503")]
+
+
+def test_a_vm_that_reports_stages_is_not_asked_for_its_status():
+    """Each poll is a Compute API call: the instance itself is read only while there are no guest attributes."""
+    with replaying_compute(stage_snapshots(RECORDED_BOOT), not_yet=1) as fake, requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, **FAST)
+    assert verdict.ready
+    assert sum(r.path == VM_PATH for r in fake.requests) == 1
