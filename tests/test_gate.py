@@ -780,6 +780,7 @@ def test_what_the_guest_attributes_say(attributes, expected, status):
     ({"since": "soon", "at-b": "5", "at-a": "0"}, {"a": 0.0, "b": 5.0}),  # an unreadable `since` too
     ({"since": "100", "at-old": "99", "at-new": "100", "at-later": "130.5"}, {"new": 0.0, "later": 30.5}),
     ({"since": "100", "at-old": "99"}, {}),
+    ({"at-broken": "12x", "at-a": "0", "at-b": "5"}, {"a": 0.0, "b": 5.0}),  # a half-written value is skipped
     ({"stage": "serving", "config-hash": "abc"}, {}),
 ])
 def test_the_timeline_counts_from_the_first_stage_of_the_current_run(attributes, timeline):
@@ -904,3 +905,11 @@ def test_a_vm_that_reports_stages_is_not_asked_for_its_status():
         verdict = watch_instance(ComputeClient(http, fake.url), VM, **FAST)
     assert verdict.ready
     assert sum(r.path == VM_PATH for r in fake.requests) == 1
+
+
+def test_an_instance_wait_with_no_time_left_says_it_read_nothing():
+    with replaying_compute(stage_snapshots(RECORDED_BOOT)) as fake, requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=0, interval_s=0.02)
+    assert verdict.ready is False and json.loads(verdict.json_line())["ready"] is False
+    assert verdict.reason == "timed out after 0 s in stage booting: not read yet"
+    assert [r.path for r in fake.requests] == [f"{VM_PATH}/serialPort"]
