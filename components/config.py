@@ -222,7 +222,7 @@ class StackConfig:
         if self.price_per_chip_hour < 0:
             raise ConfigError("pricePerChipHour", f"must not be negative, got {self.price_per_chip_hour}")
         self.readiness_timeout_seconds  # noqa: B018 - parses, raising ConfigError on a bad value
-        self.serving.validate(backend="tpu" if self.target in TPU_TARGETS else self.target)
+        self.serving.validate()  # its backend follows the target (__post_init__)
         return self
 
     def _validate_gcp(self) -> None:
@@ -478,7 +478,8 @@ def build_stack_config(raw: Mapping[str, Any]) -> StackConfig:
             value = raw.get(f.metadata["key"])
             if value is None:
                 continue
-            out[f.name] = value if f.name == "hf_token" else _parser_for(f)(f.metadata["key"], value)
+            # hfToken (default None) is read as text, which hands it on unchanged: it may be a secret Output.
+            out[f.name] = _parser_for(f)(f.metadata["key"], value)
         return out
 
     return StackConfig(**values(StackConfig), serving=ServingConfig(**values(ServingConfig))).validate()
@@ -518,7 +519,7 @@ def pulumi_yaml_config() -> dict[str, dict[str, Any]]:
         default = field_default(f)
         if key in ("labels", "hfToken"):
             continue  # an object, and an optional secret: the schema can declare neither (see PULUMI_YAML_HEAD)
-        entry: dict[str, Any] = {}
+        entry: dict[str, Any]
         if key == "multimodalLimits":
             entry = {"type": "string", "default": TEXT_ONLY}
         elif isinstance(default, bool):

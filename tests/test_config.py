@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from components.config import ConfigError, build_stack_config, parse_duration, pulumi_yaml_config, render_pulumi_yaml
+from components.config import (ConfigError, StackConfig, build_stack_config, parse_duration, pulumi_yaml_config,
+                               render_pulumi_yaml)
 from tests.pulumi_harness import ROOT, RecordingMocks, run_stack, stack_file_config
 
 VALID = {"project": "proj-1", "hfTokenSecretId": "hf-token"}
@@ -40,7 +41,8 @@ def test_stack_files_are_valid_configs():
     assert build_stack_config(stack_file_config("prod")).serving.mm_limits == {"image": 4, "audio": 1}
 
 
-@pytest.mark.parametrize("text, seconds", [("4h", 14400), ("90m", 5400), ("1d12h", 129600), ("3600s", 3600)])
+@pytest.mark.parametrize("text, seconds", [("4h", 14400), ("90m", 5400), ("1d12h", 129600), ("3600s", 3600),
+                                           ("1s", 1), ("0d1s", 1)])
 def test_durations(text, seconds):
     assert parse_duration("maxRunDuration", text) == seconds
 
@@ -199,7 +201,7 @@ def test_zones_default_to_the_evidence_order_and_the_zone_to_its_first():
     assert listed.zones == ("us-east5-b", "europe-west4-a")
 
 
-def test_a_zone_missing_from_the_offline_list_is_a_warning_not_an_error(caplog):
+def test_a_zone_missing_from_the_offline_list_is_a_warning_not_an_error():
     """Which zones offer ct6e is Compute Engine's to say (preflight asks it live): a new zone must still deploy."""
     cfg = build_stack_config({**VALID, "zone": "us-west2-a", "zones": '["us-west2-a", "europe-west4-a", "me-west1-b"]'})
     assert cfg.zone == "us-west2-a"
@@ -207,9 +209,306 @@ def test_a_zone_missing_from_the_offline_list_is_a_warning_not_an_error(caplog):
         "zone/zones: us-west2-a, me-west1-b not among the zones known to offer TPU v6e (europe-west4-a, us-east1-d, "
         "us-central1-b, asia-northeast1-b, us-east5-a, us-east5-b, us-central1-ai1a, us-south1-ai1b); "
         "`tpuserve preflight` checks them live"]
+
+
+def test_the_zone_warning_reaches_pulumis_log_and_the_stack_deploys(caplog):
     with caplog.at_level("WARNING"):
         run = run_stack({**VALID, "zone": "us-west2-a"})
     assert run.one("gcp:compute/instance:Instance").inputs["zone"] == "us-west2-a"
+    assert [r.getMessage() for r in caplog.records if "us-west2-a" in r.getMessage()] == [
+        "zone/zones: us-west2-a not among the zones known to offer TPU v6e (europe-west4-a, us-east1-d, "
+        "us-central1-b, asia-northeast1-b, us-east5-a, us-east5-b, us-central1-ai1a, us-south1-ai1b); "
+        "`tpuserve preflight` checks them live"]
+
+
+# --- every target's limits, from both sides, with the line the user reads -------------------------------------------
+
+GKE = {"target": "gke", "project": "proj-1", "zone": "us-east5-b", "hfTokenSecretId": "hf-token"}
+LOCAL = {"target": "local", "containerImage": "vllm/vllm-openai:v0.32.0"}
+ROUTER = {"target": "router", "project": "proj-1", "routerMasterKeySecretId": "litellm-master-key"}
+
+
+EDGES = [
+    (VALID, {"bootDiskSizeGb": "200"}),
+    (VALID, {"cacheDiskSizeGb": "0"}),  # no cache disk
+    (VALID, {"cacheDiskSizeGb": "50"}),
+    (VALID, {"maxRunDuration": "600s"}),  # flex-start's limits are inclusive: 10 min ...
+    (VALID, {"maxRunDuration": "604800s"}),  # ... to 7 days
+    (VALID, {"pricePerChipHour": "0"}),
+    (VALID, {"alertDownAfter": "2m"}),
+    (VALID, {"alertDownAfter": "120s"}),
+    (VALID, {"alertTtftP99Seconds": "0.01"}),
+    (VALID, {"alertQueueDepth": "1"}),
+    (VALID, {"alertNotificationChannels": '["projects/proj-1/notificationChannels/123"]'}),
+    (VALID, {"labels": json.dumps({"a" + "b" * 62: "c" * 63, "team": ""})}),  # 63 characters; an empty value
+    (VALID, {"project": "a" + "b" * 28 + "c"}),  # 30 characters
+    (VALID, {"region": "europe-west4"}),
+    (VALID, {"zones": '["europe-west4-a"]'}),
+    (VALID, {"hfTokenSecretId": "", "hfToken": "hf_x"}),
+    (VALID, {"hfTokenSecretId": "projects/proj-1/secrets/hf-token"}),
+    (VALID, {"externalIp": "True", "createCloudNat": "FALSE"}),
+    (GKE, {}),  # readinessTimeout's default, 25m, is the least gke takes
+    (GKE, {"readinessTimeout": "1500s"}),
+    (GKE, {"gkeMaxNodes": "1", "gkeMinReplicas": "0"}),
+    (GKE, {"gkeMaxNodes": "64", "gkeMinReplicas": "64"}),
+    (GKE, {"gkeMaxNodes": "2", "gkeMinReplicas": "2"}),
+    (GKE, {"gkeCluster": "ml", "gkeClusterLocation": "us-east5"}),  # regional in the zone's region
+    (GKE, {"gkeCluster": "ml", "gkeClusterLocation": "us-east5-b"}),  # zonal in the zone
+    (GKE, {"gkeCluster": "a" + "b" * 39}),  # 40 characters
+    (GKE, {"gkeNamespace": "a" * 63}),
+    (LOCAL, {"localPort": "1"}),
+    (LOCAL, {"localPort": "65535"}),
+    (LOCAL, {"localGpus": ""}),
+    (LOCAL, {"localGpus": "device=0,1"}),
+    (LOCAL, {"localModelCache": "/srv/huggingface"}),
+    (LOCAL, {"readinessTimeout": "1m"}),  # the gke minimum is gke's
+    (ROUTER, {}),
+    (ROUTER, {"routerReplicas": '["dev=http://10.0.0.2:8000", "prod=https://10.0.0.3:8000"]',
+              "routerZone": "us-east5-b"}),
+    (ROUTER, {"routerMasterKeySecretId": "projects/proj-1/secrets/litellm-master-key"}),
+]
+
+
+@pytest.mark.parametrize("base, override", EDGES,
+                         ids=[f"{i}-{base.get('target', 'gcp')}-{next(iter(o), 'defaults')}"
+                              for i, (base, o) in enumerate(EDGES)])
+def test_values_at_the_edge_of_what_is_allowed_pass(base, override):
+    cfg = build_stack_config({**base, **override})
+    assert cfg.target == base.get("target", "gcp")
+
+
+BAD_WITH_MESSAGE = [
+    (VALID, {"project": ""}, "project: is required: pulumi config set project <gcp-project-id>"),
+    (VALID, {'cacheDiskSizeGb': '49'},
+     'cacheDiskSizeGb: must be 0 (no cache disk) or at least 50, got 49'),
+    (VALID, {'cacheDiskSizeGb': '-1'},
+     'cacheDiskSizeGb: must be 0 (no cache disk) or at least 50, got -1'),
+    (VALID, {'bootDiskSizeGb': '199'},
+     'bootDiskSizeGb: must be at least 200, got 199'),
+    (VALID, {'maxRunDuration': '599s'},
+     "maxRunDuration: '599s' is outside flex-start's limits: from 10m to 7d"),
+    (VALID, {'maxRunDuration': '604801s'},
+     "maxRunDuration: '604801s' is outside flex-start's limits: from 10m to 7d"),
+    (VALID, {'maxRunDuration': '0s'},
+     "maxRunDuration: '0s' must be longer than zero"),
+    (VALID, {'maxRunDuration': '0d0h'},
+     "maxRunDuration: '0d0h' must be longer than zero"),
+    (VALID, {'maxRunDuration': '4h '},
+     "maxRunDuration: '4h ' is not a duration like 4h, 90m or 1d12h"),
+    (VALID, {'maxRunDuration': 'h'},
+     "maxRunDuration: 'h' is not a duration like 4h, 90m or 1d12h"),
+    (VALID, {'maxRunDuration': ''},
+     'maxRunDuration: must not be empty (default: 4h)'),
+    (VALID, {'pricePerChipHour': '-0.01'},
+     'pricePerChipHour: must not be negative, got -0.01'),
+    (VALID, {'alertDownAfter': '119s'},
+     "alertDownAfter: '119s' is shorter than 2m: metrics arrive every 15 s and a short gap is not an outage"),
+    (VALID, {'alertTtftP99Seconds': '0'},
+     'alertTtftP99Seconds: must be above zero, got 0.0'),
+    (VALID, {'alertTtftP99Seconds': '-1'},
+     'alertTtftP99Seconds: must be above zero, got -1.0'),
+    (VALID, {'alertQueueDepth': '0'},
+     'alertQueueDepth: must be at least 1, got 0'),
+    (VALID, {'alertNotificationChannels': '["my-pager"]'},
+     "alertNotificationChannels: 'my-pager' is not a notification channel name like "
+     'projects/my-project/notificationChannels/1234567890 (gcloud beta monitoring channels list '
+     "--format='value(name)')"),
+    (VALID, {'labels': '{"abbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb": "x"}'},
+     "labels: abbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb='x': keys and values must be "
+     'lowercase letters, digits, _ or -, at most 63 chars (keys start with a letter)'),
+    (VALID, {'labels': '{"team": "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc"}'},
+     "labels: team='cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc': keys and values must be "
+     'lowercase letters, digits, _ or -, at most 63 chars (keys start with a letter)'),
+    (VALID, {'labels': '{"1team": "x"}'},
+     "labels: 1team='x': keys and values must be lowercase letters, digits, _ or -, at most 63 chars (keys start "
+     'with a letter)'),
+    (VALID, {'project': 'abbbbbbbbbbbbbbbbbbbbbbbbbbbbbc'},
+     "project: 'abbbbbbbbbbbbbbbbbbbbbbbbbbbbbc' is not a GCP project id (6-30 lowercase letters, digits or "
+     "hyphens, starting with a letter, not ending with a hyphen); use the id, not the project's name or number"),
+    (VALID, {'zones': '["europe-west4-a", "europe-west4-a"]'},
+     "zones: 'europe-west4-a' is listed twice"),
+    (VALID, {'zones': '[]'},
+     'zones: must list at least one zone (or leave it unset for the default order)'),
+    (VALID, {'zones': '["europe-west4"]'},
+     "zones: 'europe-west4' is not a zone name like europe-west4-a"),
+    (VALID, {'region': 'us-east1'},
+     "region: 'us-east1' does not contain zone 'europe-west4-a'"),
+    (VALID, {'machineType': 'ct6e-standard-2t'},
+     "machineType: 'ct6e-standard-2t' is not a TPU v6e machine type (ct6e-standard-1t, -4t or -8t)"),
+    (VALID, {'bootDiskType': 'hyperdisk-ml'},
+     "bootDiskType: 'hyperdisk-ml': a TPU v6e boot disk must be hyperdisk-balanced (v6e takes only Hyperdisk "
+     'Balanced and Hyperdisk ML, and Hyperdisk ML cannot boot)'),
+    (VALID, {'hfTokenSecretId': ''},
+     'hfTokenSecretId: set exactly one of hfTokenSecretId (an existing secret) or hfToken (pulumi config set '
+     '--secret hfToken ...)'),
+    (VALID, {'hfToken': 'hf_x'},
+     'hfTokenSecretId: set exactly one of hfTokenSecretId (an existing secret) or hfToken (pulumi config set '
+     '--secret hfToken ...)'),
+    (VALID, {'hfTokenSecretId': 'bad id!'},
+     "hfTokenSecretId: 'bad id!' is not a secret id or projects/P/secrets/S"),
+    (VALID, {'target': 'aws'},
+     "target: 'aws' is not one of gcp, local, gke, router"),
+    (VALID, {'zone': 'europe-west4'},
+     "zone: 'europe-west4' is not a zone name like europe-west4-a"),
+    (VALID, {'externalIp': 'yes'},
+     "externalIp: expected true or false, got 'yes'"),
+    (VALID, {'bootDiskSizeGb': '1.5'},
+     "bootDiskSizeGb: expected an integer, got '1.5'"),
+    (VALID, {'pricePerChipHour': 'cheap'},
+     "pricePerChipHour: expected a number, got 'cheap'"),
+    (VALID, {'pricePerChipHour': 'nan'},
+     "pricePerChipHour: expected a finite number, got 'nan'"),
+    (VALID, {'zones': '"europe-west4-a"'},
+     "zones: expected a list, got 'europe-west4-a'"),
+    (VALID, {'labels': '[1]'},
+     'labels: expected a dict, got [1]'),
+    (VALID, {'labels': '{x'},
+     "labels: expected a JSON dict, got '{x'"),
+    (VALID, {'containerImage': ' '},
+     'containerImage: must not be empty (default: vllm/vllm-tpu:nightly)'),
+    (VALID, {'maxModelLength': '1'},
+     'maxModelLength: unknown setting; known settings are alertDownAfter, alertNotificationChannels, '
+     'alertQueueDepth, alertTtftP99Seconds, allowKnownBrokenModel, bootDiskSizeGb, bootDiskType, bootImage, '
+     'cacheDiskSizeGb, compileCacheBucket, containerImage, createCloudNat, enableAutoToolChoice, externalIp, '
+     'extraArgs, gkeCluster, gkeClusterLocation, gkeMaxNodes, gkeMinReplicas, gkeNamespace, gpuMemoryUtilization, '
+     'hfToken, hfTokenSecretId, keepCaches, kvCacheDtype, labels, localGpus, localModelCache, localPort, '
+     'machineType, maxModelLen, maxNumBatchedTokens, maxRunDuration, model, multimodalLimits, network, '
+     'pricePerChipHour, project, readinessTimeout, reasoningParser, region, routerImage, routerMachineType, '
+     'routerMasterKeySecretId, routerReplicas, routerZone, subnetwork, target, toolCallParser, zone, zones'),
+    (VALID, {'readinessTimeout': 'soon'},
+     "readinessTimeout: 'soon' is not a duration like 4h, 90m or 1d12h"),
+    (GKE, {'gkeMaxNodes': '0'},
+     'gkeMaxNodes: must be between 1 and 64, got 0'),
+    (GKE, {'gkeMaxNodes': '65'},
+     'gkeMaxNodes: must be between 1 and 64, got 65'),
+    (GKE, {'gkeMinReplicas': '3'},
+     'gkeMinReplicas: must be between 0 and gkeMaxNodes (2), got 3'),
+    (GKE, {'gkeMinReplicas': '-1'},
+     'gkeMinReplicas: must be between 0 and gkeMaxNodes (2), got -1'),
+    (GKE, {'readinessTimeout': '1499s'},
+     "readinessTimeout: '1499s': on gke it is the pods' startup probe budget and must cover a cold compile: at "
+     'least 25m'),
+    (GKE, {'gkeClusterLocation': 'us-east5'},
+     'gkeClusterLocation: applies to an existing cluster only; set gkeCluster too, or leave it empty (a new '
+     "cluster is regional in the zone's region)"),
+    (GKE, {'gkeCluster': 'ml', 'gkeClusterLocation': 'us-east1'},
+     "gkeClusterLocation: 'us-east1': the TPU nodes run in zone 'us-east5-b', so the cluster must be regional in "
+     'us-east5 or zonal in us-east5-b'),
+    (GKE, {'gkeCluster': 'abbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb'},
+     "gkeCluster: 'abbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb' is not a GKE cluster name (lowercase letters, digits "
+     'and -, at most 40 characters, starting with a letter)'),
+    (GKE, {'gkeNamespace': 'Serving'},
+     "gkeNamespace: 'Serving' is not a Kubernetes namespace name (lowercase letters, digits and -, at most 63 "
+     'characters)'),
+    (GKE, {'alertQueueDepth': '0'},
+     'alertQueueDepth: must be at least 1, got 0'),
+    (GKE, {'maxRunDuration': '8d'},
+     "maxRunDuration: '8d' is outside flex-start's limits: from 10m to 7d"),
+    (LOCAL, {'localPort': '0'},
+     'localPort: must be a TCP port (1-65535), got 0'),
+    (LOCAL, {'localPort': '65536'},
+     'localPort: must be a TCP port (1-65535), got 65536'),
+    (LOCAL, {'localGpus': '0'},
+     "localGpus: '0' is not a docker --gpus value (all, 2, device=0,1) or empty"),
+    (LOCAL, {'localModelCache': 'rel'},
+     "localModelCache: 'rel' must be an absolute path or start with ~"),
+    (LOCAL, {'hfTokenSecretId': 'x'},
+     'hfTokenSecretId: target local cannot read Secret Manager; set hfToken (pulumi config set --secret hfToken '
+     '...) or nothing for a public model'),
+    (LOCAL, {'containerImage': 'vllm/vllm-tpu:nightly'},
+     "containerImage: 'vllm/vllm-tpu:nightly' needs a TPU host; target local runs the vLLM OpenAI image, e.g. "
+     'vllm/vllm-openai:v0.32.0'),
+    (LOCAL, {'labels': '{"Team": "x"}'},
+     "labels: Team='x': keys and values must be lowercase letters, digits, _ or -, at most 63 chars (keys start "
+     'with a letter)'),
+    (LOCAL, {'readinessTimeout': 'soon'},
+     "readinessTimeout: 'soon' is not a duration like 4h, 90m or 1d12h"),
+    (LOCAL, {'pricePerChipHour': '-1'},
+     'pricePerChipHour: must not be negative, got -1.0'),
+    (ROUTER, {'project': ''},
+     'project: is required: pulumi config set project <gcp-project-id>'),
+    (ROUTER, {'zone': 'bad'},
+     "zone: 'bad' is not a zone name like europe-west4-a"),
+    (ROUTER, {'routerZone': 'us-east5'},
+     "routerZone: 'us-east5' is not a zone name like europe-west4-a"),
+    (ROUTER, {'zones': '[]'},
+     'zones: must list at least one zone (or leave it unset for the default order)'),
+    (ROUTER, {'routerMasterKeySecretId': ''},
+     'routerMasterKeySecretId: is required: the LiteLLM proxy refuses to start without a master key; create one '
+     '(printf \'sk-%s\' "$(openssl rand -hex 32)" | gcloud secrets create litellm-master-key --data-file=-) and '
+     'pulumi config set routerMasterKeySecretId litellm-master-key'),
+    (ROUTER, {'routerMasterKeySecretId': 'bad key!'},
+     "routerMasterKeySecretId: 'bad key!' is not a secret id or projects/P/secrets/S"),
+    (ROUTER, {'routerReplicas': '["dev"]'},
+     "routerReplicas: 'dev' is not `<replica stack>=<endpoint URL>`"),
+    (ROUTER, {'routerReplicas': '["dev=http://10.0.0.2:8000", "dev=http://10.0.0.3:8000", "b=http://x:1", '
+                                '"b=http://y:1"]'},
+     'routerReplicas: b, dev listed twice'),
+    (ROUTER, {'routerMachineType': 'ct6e-standard-1t'},
+     "routerMachineType: 'ct6e-standard-1t': the proxy needs a small CPU machine type such as e2-standard-4, not a "
+     'TPU one'),
+    (ROUTER, {'routerMachineType': ''},
+     'routerMachineType: must not be empty (default: e2-standard-4)'),
+]
+
+
+@pytest.mark.parametrize("base, override, message", BAD_WITH_MESSAGE,
+                         ids=[f"{i}-{next(iter(o))}" for i, (_, o, _) in enumerate(BAD_WITH_MESSAGE)])
+def test_each_bad_value_is_one_line_naming_the_key(base, override, message):
+    with pytest.raises(ConfigError) as err:
+        build_stack_config({**base, **override})
+    assert str(err.value) == message
+    assert err.value.key == message.split(":", 1)[0]
+
+
+def test_a_router_machine_type_left_empty_is_refused_by_validation_too():
+    """build_stack_config stops an empty string earlier; a StackConfig made in code is validated the same."""
+    cfg = StackConfig(target="router", project="proj-1", router_master_key_secret_id="k", router_machine_type="")
+    with pytest.raises(ConfigError, match="^routerMachineType: '': the proxy needs a small CPU machine type"):
+        cfg.validate()
+
+
+@pytest.mark.parametrize("base", [LOCAL, ROUTER])
+def test_zones_unknown_to_the_offline_list_are_no_concern_off_tpu(base):
+    cfg = build_stack_config({**base, "zone": "us-west2-a", "zones": '["us-west2-a"]'})
+    assert cfg.warnings() == []
+
+
+def test_settings_are_parsed_by_the_type_of_their_default():
+    cfg = build_stack_config({**VALID, "zones": '["us-east5-b", "europe-west4-a"]', "labels": '{"team": "ml"}',
+                              "bootDiskSizeGb": "300", "pricePerChipHour": "1.5", "externalIp": "true",
+                              "keepCaches": "false", "multimodalLimits": '{"image": 2}'})
+    assert cfg.zones == ("us-east5-b", "europe-west4-a")  # a tuple, like the default
+    assert dict(cfg.labels) == {"team": "ml"}
+    assert (cfg.boot_disk_gb, cfg.price_per_chip_hour) == (300, 1.5)
+    assert (cfg.external_ip, cfg.keep_caches) == (True, False)
+    assert cfg.serving.mm_limits == {"image": 2}
+
+
+def test_the_backend_follows_the_target():
+    assert build_stack_config(VALID).serving.backend == "tpu"
+    assert build_stack_config(GKE).serving.backend == "tpu"
+    assert build_stack_config(LOCAL).serving.backend == "gpu"
+
+
+def test_the_program_reads_its_namespace_with_the_token_kept_secret(caplog):
+    """load_stack_config as __main__.py calls it, without running the program: keys of other namespaces are not
+    ours, hfToken arrives as a secret Output, and advice reaches Pulumi's log."""
+    import pulumi
+    from pulumi.runtime.sync_await import _sync_await
+
+    from components.config import load_stack_config
+
+    pulumi.runtime.set_mocks(RecordingMocks(), project="tpu-serve", stack="dev", preview=False)
+    pulumi.runtime.set_all_config({"tpu-serve:project": "proj-1", "tpu-serve:hfToken": "hf_secret_x",
+                                   "tpu-serve:zone": "us-west2-a", "tpu-serve:zones": '["us-west2-a"]',
+                                   "gcp:project": "someone-else"}, ["tpu-serve:hfToken"])
+    with caplog.at_level("WARNING"):
+        cfg = load_stack_config()
+    assert (cfg.project, cfg.zone, cfg.zones) == ("proj-1", "us-west2-a", ("us-west2-a",))
+    assert isinstance(cfg.hf_token, pulumi.Output)
+    assert _sync_await(cfg.hf_token.is_secret()) is True
+    assert _sync_await(cfg.hf_token.future()) == "hf_secret_x"
     assert [r.getMessage() for r in caplog.records if "us-west2-a" in r.getMessage()] == [
         "zone/zones: us-west2-a not among the zones known to offer TPU v6e (europe-west4-a, us-east1-d, "
         "us-central1-b, asia-northeast1-b, us-east5-a, us-east5-b, us-central1-ai1a, us-south1-ai1b); "

@@ -218,7 +218,8 @@ def test_a_server_that_never_comes_up_times_out_naming_the_health_stage():
     with requests.Session() as http:
         verdict = watch_url(http, f"http://127.0.0.1:{free_local_port()}", MODEL, timeout_s=0.5, interval_s=0.05)
     assert not verdict.ready and verdict.stages == {}
-    assert verdict.reason.startswith("timed out after 0.5 s in stage health")
+    assert verdict.reason == "timed out after 0.5 s in stage health: no answer (ConnectionError)"
+    assert 0.5 <= verdict.elapsed_s < 1.0  # polls stop at the deadline, not an interval or a request later
     assert time.monotonic() - started < 2
 
 
@@ -229,8 +230,8 @@ def test_health_turning_200_late_is_followed_promptly():
     with FakeServer(routes) as fake, requests.Session() as http:
         verdict = watch_url(http, fake.url, MODEL, **FAST)
         lag = time.monotonic() - turns_healthy_at
-    print(f"ready {lag:.3f} s after /health turned 200 (interval {FAST['interval_s']} s)")
     assert verdict.ready and verdict.stages["health"] >= 0.35
+    assert lag < 0.5, f"ready {lag:.3f} s after /health turned 200 (interval {FAST['interval_s']} s)"
 
 
 def test_smoke_checks_send_tools_and_an_image_after_the_completion():
@@ -319,6 +320,7 @@ def test_a_vm_stuck_loading_times_out_naming_that_stage():
     with replaying_compute(stage_snapshots(RECORDED_BOOT[:5])) as fake, requests.Session() as http:
         verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=0.3, interval_s=0.02)
     assert not verdict.ready and verdict.reason.startswith("timed out after 0.3 s in stage loading-model")
+    assert verdict.serial_tail.splitlines() == SERIAL_LINES[-30:]  # a timeout shows the console too
 
 
 @pytest.mark.parametrize("status, message", [
@@ -350,7 +352,8 @@ def test_a_deleted_vm_fails_at_once_instead_of_waiting_out_the_timeout():
     with FakeServer(routes) as fake, requests.Session() as http:
         verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=30, interval_s=0.02)
     assert not verdict.ready and verdict.elapsed_s < 1
-    assert verdict.reason.startswith("instance not found: deleted, or flex-start max run ended?")
+    assert verdict.reason == "instance not found: deleted, or flex-start max run ended? (tpu-serve-vm)"
+    assert verdict.serial_tail == ""
 
 
 def test_a_vm_deleted_mid_boot_keeps_its_timeline_and_fails_at_once():
@@ -366,11 +369,12 @@ def test_a_vm_deleted_mid_boot_keeps_its_timeline_and_fails_at_once():
     assert list(verdict.stages) == [stage for stage, _ in RECORDED_BOOT[:3]]
 
 
-@pytest.mark.parametrize("vm_status", sorted(gate_module.STOPPED_STATUSES))
+@pytest.mark.parametrize("vm_status", ["STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"])
 def test_a_stopped_vm_fails_at_once_naming_its_status(vm_status: str):
     with replaying_compute([], not_yet=1, vm_status=vm_status) as fake, requests.Session() as http:
         verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=30, interval_s=0.02)
-    assert not verdict.ready and verdict.elapsed_s < 1 and f"instance is {vm_status}" in verdict.reason
+    assert not verdict.ready and verdict.elapsed_s < 1
+    assert verdict.reason == f"instance is {vm_status}: it stopped before serving" and verdict.serial_tail == ""
 
 
 @pytest.mark.parametrize("vm_status", ["PROVISIONING", "STAGING", "RUNNING"])
@@ -567,3 +571,345 @@ def test_the_verdict_says_where_each_part_came_from(monkeypatch: pytest.MonkeyPa
     assert code == 0
     assert json.loads(stdout[-1])["sources"] == warm
     assert "compile cache: 412 entries before, 415 after" in stderr and "image: cached" in stderr
+
+
+# --- what each stage sends, and through what ------------------------------------------------------------------------
+
+class RecordingSession(requests.Session):
+    """A session that notes each request's timeout: every stage must go through the caller's session, with a
+    timeout (a request without one could outlive the gate's own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[object] = []
+
+    def request(self, method, url, *args, **kwargs):  # type: ignore[override]
+        self.timeouts.append(kwargs.get("timeout"))
+        return super().request(method, url, *args, **kwargs)
+
+
+def test_smoke_checks_send_exactly_the_documented_requests_through_the_callers_session():
+    with FakeServer(openai_routes(Response(200, chat_body("Hi")))) as fake, RecordingSession() as http:
+        verdict = watch_url(http, fake.url, MODEL, smoke=["tools", "vision"], timeout_s=3.0, interval_s=0.02)
+    assert verdict.ready
+    assert len(http.timeouts) == len(fake.requests) == 5
+    assert all(isinstance(t, float) and 0 < t <= 3.0 for t in http.timeouts), http.timeouts
+    completion, tools, vision = [r.json() for r in fake.requests[2:]]
+    assert completion == {"model": MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+    assert tools == {"model": MODEL, "messages": [{"role": "user", "content": "What time is it in Paris?"}],
+                     "max_tokens": 8, "tool_choice": "auto", "tools": [{"type": "function", "function": {
+                         "name": "get_time", "description": "Current time in a city.",
+                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                        "required": ["city"]}}}]}
+    assert vision == {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": image_data_uri("red-square.png")}},
+        {"type": "text", "text": "What colour is this?"}]}]}
+
+
+def tool_call_body() -> dict:
+    body = chat_body(None)
+    body["choices"][0]["message"]["tool_calls"] = [
+        {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"city": "Paris"}'}}]
+    return body
+
+
+@pytest.mark.parametrize("smoke, reply, reason", [
+    ("tools", chat_body(""), "request with tools returned neither text nor tool calls"),
+    ("vision", chat_body(""), "request with an image returned empty content and no reasoning"),
+    ("vision", tool_call_body(), "request with an image returned empty content and no reasoning"),
+])
+def test_a_smoke_check_answered_with_nothing_is_waited_out_naming_what_was_missing(smoke, reply, reason):
+    def chat(request: Request) -> Response:
+        first_turn = request.json()["messages"][0]["content"]
+        return Response(200, chat_body("Hi") if first_turn == "Say hello." else reply)
+
+    routes = openai_routes(Response(200))
+    routes[("POST", "/v1/chat/completions")] = chat
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, smoke=[smoke], timeout_s=0.3, interval_s=0.02)
+    assert not verdict.ready
+    assert verdict.reason == f"timed out after 0.3 s in stage smoke-{smoke}: {reason}"
+
+
+def test_a_tool_call_without_text_passes_the_tools_smoke():
+    def chat(request: Request) -> Response:
+        return Response(200, tool_call_body() if request.json().get("tools") else chat_body("Hi"))
+
+    routes = openai_routes(Response(200))
+    routes[("POST", "/v1/chat/completions")] = chat
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, smoke=["tools"], **FAST)
+    assert verdict.ready and list(verdict.stages) == ["health", "models", "completion", "smoke-tools"]
+
+
+def test_the_live_status_line_counts_seconds_since_the_gate_started():
+    from rich.console import Console
+
+    console = Console(record=True, width=100)
+    with console.status("x") as status:
+        reporter = ConsoleReporter(console, status)
+        reporter.started -= 42.2  # as if the gate had started 42 s ago
+        reporter.waiting("loading-model", "in loading-model")
+        assert str(status.status) == "loading-model: in loading-model (42 s)"
+
+
+def test_instance_mode_prints_each_stage_and_waits_for_the_config_hash_it_was_given(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(gce, "adc_session", requests.Session)
+    with replaying_compute(stage_snapshots(RECORDED_BOOT)) as fake:
+        code, stdout, stderr = run_gate("--instance", VM.name, "--zone", VM.zone, "--project", VM.project,
+                                        "--compute-url", fake.url, "--interval", "0.02", "--timeout", "0.5",
+                                        "--config-hash", "a-newer-config")
+    assert code == 1
+    verdict = json.loads(stdout[-1])
+    assert verdict["reason"] == ("timed out after 0.5 s in stage serving: reports config abc123 (serving), waiting "
+                                 "for a-newer-config")
+    assert [line.split()[1] for line in stderr.splitlines() if line.startswith("✓")] == [
+        stage for stage, _ in RECORDED_BOOT]
+
+
+def test_missing_credentials_is_a_verdict_of_no_time_and_no_stage(monkeypatch: pytest.MonkeyPatch):
+    def no_credentials() -> requests.Session:
+        raise gce.MissingCredentials("no Google application-default credentials")
+
+    monkeypatch.setattr(gce, "adc_session", no_credentials)
+    code, stdout, _ = run_gate("--instance", VM.name, "--zone", VM.zone, "--project", VM.project)
+    assert code == 1
+    assert json.loads(stdout[-1]) == {"ready": False, "elapsed_s": 0.0, "stages": {},
+                                      "reason": "no Google application-default credentials"}
+
+
+def test_the_json_verdict_rounds_to_milliseconds_and_names_sources_only_when_known():
+    verdict = gate_module.Verdict(False, 12.34567, {"health": 0.00049, "models": 1.23456}, "stage models: gone")
+    assert verdict.json_line() == ('{"ready": false, "elapsed_s": 12.346, "stages": {"health": 0.0, "models": 1.235}, '
+                                   '"reason": "stage models: gone"}')
+    with_sources = gate_module.Verdict(True, 1.0, {}, sources={"image": "cached"})
+    assert json.loads(with_sources.json_line())["sources"] == {"image": "cached"}
+
+
+def test_line_output_prints_details_as_they_are():
+    """A server's answer may hold [brackets] or numbers: they are printed literally, never styled or eaten as markup."""
+    from rich.console import Console
+
+    console = Console(record=True, width=200, force_terminal=True, color_system="standard")
+    reporter = gate_module.LineReporter(console, clock=lambda: 1000.0)
+    reporter.waiting("health", "/health answered [bold]503[/bold] at 10.0.0.7")
+    printed = console.export_text(styles=True)
+    assert printed == "… health: /health answered [bold]503[/bold] at 10.0.0.7 (0 s)\n"
+
+
+def test_the_timeline_table_shows_when_each_stage_began_and_how_long_it_took():
+    from rich.console import Console
+
+    console = Console(record=True, width=60)
+    gate_module.print_timeline(console, gate_module.Verdict(True, 9.0, {"health": 0.25, "models": 1.5,
+                                                                        "completion": 8.75}))
+    assert [line.rstrip() for line in console.export_text().splitlines()] == [
+        "boot timeline",  # on the left, not centred over the table
+        "┏━━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━━┓",
+        "┃ stage      ┃ at (s) ┃ took (s) ┃",
+        "┡━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━┩",
+        "│ health     │    0.2 │      1.2 │",
+        "│ models     │    1.5 │      7.2 │",
+        "│ completion │    8.8 │          │",
+        "└────────────┴────────┴──────────┘"]
+
+
+def test_a_timeline_with_no_stage_says_so():
+    from rich.console import Console
+
+    console = Console(record=True, width=60)
+    gate_module.print_timeline(console, gate_module.Verdict(False, 1.0, {}, "timed out"))
+    assert console.export_text() == "boot timeline: no stage reached\n"
+
+
+@pytest.mark.parametrize("mode, message", [
+    (dict(url=None, instance=None), "give exactly one of --url (a server) or --instance (a VM)"),
+    (dict(url="http://h:8000", instance="vm"), "give exactly one of --url (a server) or --instance (a VM)"),
+    (dict(url="http://h:8000", config_hash="abc"),
+     "--config-hash works with --instance only (a server's URL does not report it)"),
+    (dict(instance="vm"), "--instance needs --zone and --project"),
+    (dict(instance="vm", project="p"), "--instance needs --zone"),
+    (dict(instance="vm", zone="z"), "--instance needs --project"),
+    (dict(instance="vm", zone="z", project="p", smoke="tools"),
+     "--smoke works with --url only (the VM runs its own checks)"),
+])
+def test_each_mode_mistake_is_one_usage_line(mode: dict, message: str):
+    options = {"url": None, "model": None, "instance": None, "zone": None, "project": None, "smoke": "",
+               "config_hash": None, **mode}
+    with pytest.raises(click.UsageError) as raised:
+        gate_module.check_mode(**options)
+    assert raised.value.message == message
+
+
+@pytest.mark.parametrize("mode", [dict(url="http://h:8000", smoke="tools"),
+                                  dict(instance="vm", zone="z", project="p", config_hash="abc")])
+def test_a_complete_mode_passes(mode: dict):
+    options = {"url": None, "model": None, "instance": None, "zone": None, "project": None, "smoke": "",
+               "config_hash": None, **mode}
+    assert gate_module.check_mode(**options) is None
+
+
+def test_unknown_smoke_checks_are_all_named_with_the_choices():
+    with pytest.raises(click.BadParameter) as raised:
+        parse_smoke("tool,vision,audio")
+    assert raised.value.message == "unknown check tool, audio; choose from tools, vision"
+
+
+@pytest.mark.parametrize("attributes, expected, status", [
+    ({}, None, BootStatus("booting", done=False, detail="no guest attributes yet")),
+    ({"stage": ""}, "def456", BootStatus("booting", done=False, detail="no guest attributes yet")),
+    ({"stage": "loading-model", "config-hash": "abc123"}, "def456",
+     BootStatus("loading-model", done=False, detail="reports config abc123 (in loading-model), waiting for def456")),
+    ({"stage": "serving"}, "def456",
+     BootStatus("serving", done=False, detail="reports config none (serving), waiting for def456")),
+    ({"stage": "serving", "config-hash": "abc123"}, "", BootStatus("serving", done=True, ready=True)),
+    ({"stage": "failed", "reason": "no space left on device"}, None,
+     BootStatus("failed", done=True, detail="boot failed: no space left on device")),
+    ({"stage": "failed", "at-failed": "1795900100", "at-loading-model": "1795900050"}, None,
+     BootStatus("failed", done=True, detail="boot failed during loading-model: no reason given")),
+    ({"stage": "restarting"}, None, BootStatus("restarting", done=False, detail="restarting: no reason given")),
+    ({"stage": "loading-model", "reason": "downloading weights"}, None,
+     BootStatus("loading-model", done=False, detail="in loading-model: downloading weights")),
+])
+def test_what_the_guest_attributes_say(attributes, expected, status):
+    assert read_boot(attributes, expected) == status
+
+
+@pytest.mark.parametrize("attributes, timeline", [
+    ({"at-b": "5", "at-a": "0"}, {"a": 0.0, "b": 5.0}),  # no `since`: every stage counts
+    ({"since": "soon", "at-b": "5", "at-a": "0"}, {"a": 0.0, "b": 5.0}),  # an unreadable `since` too
+    ({"since": "100", "at-old": "99", "at-new": "100", "at-later": "130.5"}, {"new": 0.0, "later": 30.5}),
+    ({"since": "100", "at-old": "99"}, {}),
+    ({"at-broken": "12x", "at-a": "0", "at-b": "5"}, {"a": 0.0, "b": 5.0}),  # a half-written value is skipped
+    ({"stage": "serving", "config-hash": "abc"}, {}),
+])
+def test_the_timeline_counts_from_the_first_stage_of_the_current_run(attributes, timeline):
+    assert boot_timeline(attributes) == timeline
+    assert list(boot_timeline(attributes)) == list(timeline)
+
+
+def test_an_unreachable_compute_api_is_waited_out_in_the_last_known_stage():
+    with requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, f"http://127.0.0.1:{free_local_port()}"), VM, timeout_s=0.3,
+                                 interval_s=0.02)
+    assert not verdict.ready
+    assert verdict.reason == "timed out after 0.3 s in stage booting: Compute API unreachable (ConnectionError)"
+    assert verdict.serial_tail.startswith("(serial console unavailable: ")
+
+
+def test_a_transient_api_error_mid_boot_keeps_the_stage_it_was_in():
+    reporter = RecordingReporter()
+    with replaying_compute(stage_snapshots(RECORDED_BOOT[:5])) as fake, requests.Session() as http:
+        client = ComputeClient(http, fake.url)
+        unavailable = Response(503, {"error": {"code": 503, "message": "Backend unavailable"}})
+        later = threading.Timer(0.2, lambda: fake.routes.update({
+            ("GET", f"{VM_PATH}/getGuestAttributes"): lambda request: unavailable}))
+        later.start()
+        verdict = watch_instance(client, VM, timeout_s=0.6, interval_s=0.02, reporter=reporter)
+    assert verdict.reason == ("timed out after 0.6 s in stage loading-model: Compute API HTTP 503: Backend "
+                              "unavailable")
+    assert reporter.stages == [stage for stage, _ in RECORDED_BOOT[:5]]  # each once, however often it is read
+
+
+def test_an_api_error_on_the_instance_itself_is_the_verdict_when_waiting_cannot_fix_it():
+    denied = Response(403, {"error": {"code": 403, "message": "Permission 'compute.instances.get' denied"}})
+    routes = {("GET", f"{VM_PATH}/getGuestAttributes"): lambda request: NOT_FOUND,
+              ("GET", VM_PATH): lambda request: denied}
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=30, interval_s=0.02)
+    assert not verdict.ready and verdict.elapsed_s < 1
+    assert verdict.reason == "Compute API HTTP 403: Permission 'compute.instances.get' denied"
+
+
+def test_a_failed_boot_whose_console_cannot_be_read_says_so():
+    snapshots = stage_snapshots(RECORDED_BOOT[:2] + [("failed", 1795900100)], reason=FAILED_REASON)
+    with replaying_compute(snapshots) as fake, requests.Session() as http:
+        fake.routes[("GET", f"{VM_PATH}/serialPort")] = lambda request: Response(
+            503, {"error": {"code": 503, "message": "Backend unavailable"}})
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=30, interval_s=0.02)
+    assert verdict.serial_tail == "(serial console unavailable: Compute API HTTP 503: Backend unavailable)"
+
+
+@pytest.mark.parametrize("models, reason", [
+    (Response(401, {"error": {"message": "unauthorized"}}),
+     "stage models: /v1/models answered HTTP 401 (waiting cannot change this answer)"),
+    (Response(503, {"error": {"message": "loading"}}),
+     "timed out after 0.3 s in stage models: /v1/models answered HTTP 503"),
+    (Response(200, {"object": "list", "data": "gemma"}),
+     "timed out after 0.3 s in stage models: /v1/models lists no model"),
+    (Response(200, ["gemma"]), "timed out after 0.3 s in stage models: /v1/models lists no model"),
+])
+def test_the_models_stage(models: Response, reason: str):
+    routes = openai_routes(Response(200, chat_body("Hi")))
+    routes[("GET", "/v1/models")] = lambda request: models
+    routes[("GET", "/health")] = lambda request: Response(200)
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.02)
+    assert verdict.reason == reason and list(verdict.stages) == ["health"]
+
+
+def test_an_unhealthy_server_is_waited_out_naming_its_status():
+    routes = openai_routes(Response(200, chat_body("Hi")))
+    routes[("GET", "/health")] = lambda request: Response(503)
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.02)
+    assert verdict.reason == "timed out after 0.3 s in stage health: /health answered HTTP 503"
+
+
+def test_a_timeout_names_what_the_stage_answered_last():
+    switch_at = time.monotonic() + 0.15
+    routes = openai_routes(Response(200, chat_body("Hi")))
+    routes[("GET", "/health")] = lambda request: Response(503 if time.monotonic() < switch_at else 500)
+    with FakeServer(routes) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, timeout_s=0.4, interval_s=0.02)
+    assert verdict.reason == "timed out after 0.4 s in stage health: /health answered HTTP 500"
+
+
+def test_a_first_request_cut_by_the_deadline_still_says_what_happened():
+    released = threading.Event()
+
+    def stalled(request: Request) -> Response:
+        released.wait(5)
+        return Response(200)
+
+    with FakeServer({("GET", "/health"): stalled}) as fake, requests.Session() as http:
+        try:
+            verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.02)
+        finally:
+            released.set()
+    assert verdict.reason == "timed out after 0.3 s in stage health: no answer (ReadTimeout)"
+
+
+def test_an_empty_completion_is_waited_out_naming_what_was_missing():
+    with FakeServer(openai_routes(Response(200, chat_body("  ")))) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.02)
+    assert verdict.reason == ("timed out after 0.3 s in stage completion: chat completion returned empty content "
+                              "and no reasoning")
+
+
+def test_url_mode_reports_what_it_waits_for_and_a_fatal_answer_is_a_false_verdict():
+    reporter = RecordingReporter()
+    with FakeServer(openai_routes(Response(200, chat_body("Hi")), models=("other/model",))) as fake, \
+            requests.Session() as http:
+        routes_models = fake.routes[("GET", "/v1/models")]
+        fake.routes[("GET", "/v1/models")] = lambda request: (
+            Response(503) if sum(r.path == "/v1/models" for r in fake.requests) < 2 else routes_models(request))
+        verdict = watch_url(http, fake.url, MODEL, timeout_s=30, interval_s=0.02, reporter=reporter)
+    assert verdict.ready is False and json.loads(verdict.json_line())["ready"] is False
+    assert reporter.waits == [("models", "/v1/models answered HTTP 503")]
+
+
+def test_a_vm_that_reports_stages_is_not_asked_for_its_status():
+    """Each poll is a Compute API call: the instance itself is read only while there are no guest attributes."""
+    with replaying_compute(stage_snapshots(RECORDED_BOOT), not_yet=1) as fake, requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, **FAST)
+    assert verdict.ready
+    assert sum(r.path == VM_PATH for r in fake.requests) == 1
+
+
+def test_an_instance_wait_with_no_time_left_says_it_read_nothing():
+    with replaying_compute(stage_snapshots(RECORDED_BOOT)) as fake, requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, fake.url), VM, timeout_s=0, interval_s=0.02)
+    assert verdict.ready is False and json.loads(verdict.json_line())["ready"] is False
+    assert verdict.reason == "timed out after 0 s in stage booting: not read yet"
+    assert [r.path for r in fake.requests] == [f"{VM_PATH}/serialPort"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import inspect
 import json
 import subprocess
@@ -45,7 +46,11 @@ class Captured:
         return found[0]
 
 
+@functools.cache
 def capture(stack: str, **overrides: str) -> Captured:
+    """What the program declares for `stack`, made once per process: it does not depend on the rules, and under
+    mutation testing (mutmut forks each mutant's test run from the process that collected its stats) every mutant
+    of the rules reuses it. Callers copy inputs before changing them."""
     run = run_stack({**stack_file_config(stack), **overrides}, stack)
     return Captured(stack, tuple(r for r in run.resources if r.custom))
 

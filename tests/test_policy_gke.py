@@ -5,6 +5,7 @@ policy/config/gke.json. Same harness as tests/test_policy.py."""
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import pytest
@@ -18,7 +19,9 @@ CLUSTER, NODE_POOL = rules.GKE_CLUSTER, rules.GKE_NODE_POOL
 DEFAULT_SA = "123456789012-compute@developer.gserviceaccount.com"
 
 
+@functools.cache
 def capture(existing: bool = False, **overrides: str) -> Captured:
+    """Made once per process, like tests/test_policy.py's."""
     config = {**stack_file_config("gke"), **overrides}
     if existing:
         config["gkeCluster"] = "ml-shared"

@@ -119,7 +119,7 @@ class NotReady(Exception):
     """The current stage's check failed; the message says what the server answered. `fatal`: it will answer the
     same however long the gate waits."""
 
-    def __init__(self, message: str, fatal: bool = False):
+    def __init__(self, message: str, fatal: bool):
         super().__init__(message)
         self.fatal = fatal
 
