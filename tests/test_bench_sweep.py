@@ -232,15 +232,21 @@ with open(os.path.join(value("--result-dir"), value("--result-filename")), "w") 
 """
 
 
-def test_a_level_where_every_request_failed_fails_the_sweep_quoting_vllm(fake_env: Path, tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch):
+def sweep_against_failing_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str):
+    """`bench sweep` with a `vllm bench serve` that fails requests as ALL_FAILED_LOG says; returns (result, out)."""
     install(tmp_path / "bin", "vllm", FAILING_VLLM)
     monkeypatch.setenv("FAKE_OUTPUT", ALL_FAILED_LOG)
     out = tmp_path / "run"
     with FakeServer(vllm_routes()) as server:
         result = CliRunner().invoke(main, [
             "bench", "sweep", "--url", server.url, "--model", "tiny", "--tokenizer", "/t", "--input-len", "64",
-            "--output-len", "16", "--num-prompts", "6", "--concurrency", "1,2,4,8", "--out", str(out)])
+            "--num-prompts", "6", *args, "--out", str(out)])
+    return result, out
+
+
+def test_a_level_where_every_request_failed_fails_the_sweep_quoting_vllm(fake_env: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch):
+    result, out = sweep_against_failing_vllm(tmp_path, monkeypatch, "--output-len", "16", "--concurrency", "1,2,4,8")
     assert result.exit_code == 1
     assert result.stderr.splitlines()[-1] == (f"Error: concurrency 4: all 6 requests failed; vLLM: Bad Request (log: "
                                               f"{out / 'c4.log'})")
@@ -254,13 +260,7 @@ def test_a_level_where_every_request_failed_fails_the_sweep_quoting_vllm(fake_en
 
 def test_partly_failed_levels_are_named_in_the_summary(fake_env: Path, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch):
-    install(tmp_path / "bin", "vllm", FAILING_VLLM)
-    monkeypatch.setenv("FAKE_OUTPUT", ALL_FAILED_LOG)
-    out = tmp_path / "run"
-    with FakeServer(vllm_routes()) as server:
-        result = CliRunner().invoke(main, [
-            "bench", "sweep", "--url", server.url, "--model", "tiny", "--tokenizer", "/t", "--input-len", "64",
-            "--num-prompts", "6", "--concurrency", "1,2", "--out", str(out)])
+    result, out = sweep_against_failing_vllm(tmp_path, monkeypatch, "--concurrency", "1,2")
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == (f"2 levels saved in {out} (concurrency 2: 2 of 6 failed); `tpuserve bench "
                                      f"report {out}` prints the table.")

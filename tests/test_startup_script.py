@@ -14,7 +14,8 @@ import jinja2
 import pytest
 
 from components.startup_script import render_startup_script, template_environment
-from tests.vm_sandbox import CANARY, IMAGE_DIGEST, MACHINE_TYPE, MODEL, Vm, make_vm, token_contained
+from tests.vm_sandbox import CANARY, IMAGE_DIGEST, MACHINE_TYPE, MODEL, Vm, token_contained
+from tests.vm_sandbox import vms  # noqa: F401 - the sandbox VM fixture
 from tpuserve.observe.gate import boot_timeline, read_boot
 from tpuserve.serving import ServingConfig, config_hash, tpu_container_run_args
 
@@ -24,21 +25,6 @@ XLA_KEY = "abababababababab-ct6e-standard-1t"  # the shim registry's digest (sha
 CACHE = "var/lib/tpu-serve/cache"
 
 
-@pytest.fixture
-def vms(tmp_path):
-    """make(...) -> a sandbox VM whose fakes run for the test; supervisors are stopped at the end."""
-    made: list[Vm] = []
-
-    def make(**kwargs) -> Vm:
-        vm = make_vm(tmp_path / f"vm{len(made)}", **kwargs)
-        vm.google.server.__enter__()
-        made.append(vm)
-        return vm
-
-    yield make
-    for vm in made:
-        vm.stop()
-        vm.google.server.__exit__(None, None, None)
 
 
 def boot_to_serving(vm: Vm, serving: ServingConfig = ServingConfig(), **boot) -> str:

@@ -9,24 +9,11 @@ from __future__ import annotations
 import pytest
 
 from components.ops_agent import render_ops_agent_config
-from tests.vm_sandbox import OPS_AGENT_CONFIG_PATH, Knobs, Vm, make_vm
+from tests.vm_sandbox import OPS_AGENT_CONFIG_PATH, Knobs, Vm
+from tests.vm_sandbox import vms  # noqa: F401 - the sandbox VM fixture
 from tpuserve.serving import ServingConfig
 
 
-@pytest.fixture
-def vms(tmp_path):
-    made: list[Vm] = []
-
-    def make(**kwargs) -> Vm:
-        vm = make_vm(tmp_path / f"vm{len(made)}", **kwargs)
-        vm.google.server.__enter__()
-        made.append(vm)
-        return vm
-
-    yield make
-    for vm in made:
-        vm.stop()
-        vm.google.server.__exit__(None, None, None)
 
 
 def agent_state(vm: Vm) -> str | None:

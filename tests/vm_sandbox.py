@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from components.startup_script import render_startup_script, served_config, supervisor_bundle
 from tests.fake_openai import completion
 from tests.httpfake import FakeServer, Request, Response
@@ -623,3 +625,20 @@ def token_contained(vm: Vm) -> list[str]:
     if leaked(ACCESS_TOKEN, json.dumps([c["argv"] for c in vm.calls_of("curl")]) + vm.log(), size=8):
         leaks.append("access token in a curl argv or a log")
     return leaks
+
+
+@pytest.fixture
+def vms(tmp_path):
+    """make(...) -> a sandbox VM whose fakes run for the test; supervisors are stopped at the end."""
+    made: list[Vm] = []
+
+    def make(**kwargs) -> Vm:
+        vm = make_vm(tmp_path / f"vm{len(made)}", **kwargs)
+        vm.google.server.__enter__()
+        made.append(vm)
+        return vm
+
+    yield make
+    for vm in made:
+        vm.stop()
+        vm.google.server.__exit__(None, None, None)
