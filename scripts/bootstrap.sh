@@ -11,4 +11,6 @@ fi
 if [[ ! -x .venv/bin/uv ]]; then
   .venv/bin/pip install --quiet uv
 fi
-.venv/bin/uv pip install --quiet --python .venv/bin/python -e ".[${extras}]"
+# --compile-bytecode: uv writes no .pyc by default, so every run of the program (each `pulumi preview`/`up`) would
+# compile pulumi_gcp's modules again: importing the stack's modules took 3.6-4.4 s without them, 0.7 s with them.
+.venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python -e ".[${extras}]"

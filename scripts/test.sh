@@ -20,6 +20,11 @@ if ((!fast_only)); then
 fi
 scripts/lint.sh
 
+# The tests start hundreds of Python processes (fakes, the VM's supervisor, pytest-xdist workers). With
+# PYTHONDONTWRITEBYTECODE set (many CI images set it) each would compile the project's modules, and pytest would
+# rewrite every test module's asserts, again in every process.
+unset PYTHONDONTWRITEBYTECODE
+
 pytest() {
   local status=0
   .venv/bin/python -m pytest -ra "$@" || status=$?
