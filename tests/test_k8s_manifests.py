@@ -10,12 +10,15 @@ The objects are taken from what the engine received under mocks, so what is vali
 from __future__ import annotations
 
 import copy
+import functools
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
+import kubernetes_validate.utils
 from kubernetes_validate.utils import all_versions, major_minor
 import pytest
 import yaml
@@ -51,6 +54,16 @@ def declared_objects(run: StackRun) -> list[dict[str, Any]]:
     return objects
 
 
+@pytest.fixture(scope="module", autouse=True)
+def schemas_read_once() -> Iterator[None]:
+    """kubernetes-validate reads a kind's schema and its version's _definitions.json (1.4 MB of JSON) from disk on
+    every validate() call; the files never change, so they are read once here (the validation itself is untouched)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kubernetes_validate.utils, "schema_contents",
+                      functools.cache(kubernetes_validate.utils.schema_contents))
+        yield
+
+
 @pytest.fixture(scope="module", params=["as-declared", "parked", "4-chip-token-from-config"])
 def objects(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     overrides = {"as-declared": {}, "parked": {"gkeMinReplicas": "0"},
@@ -59,8 +72,9 @@ def objects(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     return declared_objects(run_stack({**stack_file_config("gke"), **overrides}, "gke"))
 
 
+@functools.cache  # read once: parsing the CRD (1,135 lines of YAML) for each validation was most of this file's time
 def pod_monitoring_schema() -> dict[str, Any]:
-    crd = yaml.safe_load((CRD_DIR / "monitoring.googleapis.com_podmonitorings.yaml").read_text())
+    crd = yaml.load((CRD_DIR / "monitoring.googleapis.com_podmonitorings.yaml").read_text(), Loader=yaml.CSafeLoader)
     assert crd["spec"]["names"]["kind"] == "PodMonitoring"
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return v1["schema"]["openAPIV3Schema"]
