@@ -1,11 +1,12 @@
 """A fake `pulumi` executable for `tpuserve up` and `tpuserve preflight`, which tests put first on PATH.
 
 It keeps a stack's config, outputs and state in files under $FAKE_PULUMI_HOME and answers the commands the toolkit
-runs (`config --json`, `config set/rm`, `stack output --json`, `stack export`, `refresh`, `up`) in their real output
-shapes (`pulumi config --json`: key -> {"value", "secret"[, "objectValue"]}). `up` reads the stack's current `zone`
-and plays the scenario for it: the output to print (the provider's real error texts, tests/provider_errors.py), the
-exit code (255 for a failed update, as the CLI), how long to take, and whether the VM was created (a gate failure
-happens after the create). On SIGINT it stops the way the CLI does and exits 255. Every call is logged as JSON.
+runs (`config --json`, `config set/rm`, `stack output --json`, `stack export`, `refresh`, `up [--config k=v]`) in their
+real output shapes (`pulumi config --json`: key -> {"value", "secret"[, "objectValue"]}). `up` saves the config it is
+given, reads the stack's `zone` and plays the scenario for it: the output to print (the provider's real error texts,
+tests/provider_errors.py), the exit code (255 for a failed update, as the CLI), how long to take, and whether the VM
+was created (a gate failure happens after the create). On SIGINT it stops the way the CLI does and exits 255. Every
+call is logged as JSON.
 
 Several stacks (what `tpuserve fleet` drives): `dev` keeps its files in $FAKE_PULUMI_HOME itself, any other stack in
 $FAKE_PULUMI_HOME/stacks/<name>/. `stack init --copy-config-from`, `stack ls --json` (the CLI's list of {"name",
@@ -55,7 +56,7 @@ argv = sys.argv[1:]
 with open(os.path.join(root, "calls.jsonl"), "a") as log:
     log.write(dumps(argv) + "\n")
 # The flags that take a value; every other argument not starting with "-" is a word of the command.
-VALUED = ("--stack", "--copy-config-from")
+VALUED = ("--stack", "--copy-config-from", "--config", "-c")
 flags = {flag: argv[index + 1] for index, flag in enumerate(argv[:-1]) if flag in VALUED}
 words = [arg for index, arg in enumerate(argv) if not arg.startswith("-") and (index == 0 or argv[index - 1]
                                                                                    not in VALUED)]
@@ -135,6 +136,15 @@ elif words[:2] == ["stack", "export"]:
 elif words[:1] == ["refresh"]:
     print("Refreshing (dev):\nResources:\n    5 unchanged\n\nDuration: 3s")
 elif words[:1] == ["up"]:
+    # `--config key=value` (also -c): saved in the stack's config, plaintext, before the update starts
+    # (pulumi/pulumi pkg/cmd/pulumi/operations/up.go, parseAndSaveConfigArray: split at the first "=", a key without
+    # a namespace gets the project's).
+    settings = [argv[index + 1] for index, flag in enumerate(argv[:-1]) if flag in ("--config", "-c")]
+    for setting in settings:
+        key, _, text = setting.partition("=")
+        config[key if ":" in key else "tpu-serve:" + key] = {"value": text, "secret": False}
+    if settings:
+        write("config.json", config)
     zone = value("zone")
     scenario = read("scenario.json", {}, root)
     play = scenario.get(f"{stack}:{zone}") or scenario.get(zone) or scenario.get("*") or {"rc": 0}

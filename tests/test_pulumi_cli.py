@@ -48,3 +48,14 @@ def test_a_failed_create_or_removal_makes_it_ask_again(pulumi: FakePulumi) -> No
     assert pulumi.commands() == ["stack init dev-r1", "stack ls", "stack init dev-r1", "stack ls", "stack rm dev-r1",
                                 "stack rm dev-r1", "stack ls"]
 
+
+def test_up_saves_the_config_it_is_given_with_the_update(pulumi: FakePulumi) -> None:
+    cli = PulumiCli("dev")
+    run = cli.up(["--policy-pack", "policy"], 30.0, {"zone": "us-east1-d", "createCloudNat": "false"})
+    assert run.ok and "Updating (dev):" in run.output
+    assert pulumi.calls() == [["up", "--yes", "--skip-preview", "--refresh", "--config", "zone=us-east1-d", "--config",
+                               "createCloudNat=false", "--policy-pack", "policy", "--stack", "dev",
+                               "--non-interactive"]]
+    assert cli.config() == {"project": "my-ml-sandbox", "zone": "us-east1-d", "createCloudNat": "false"}
+    cli.up([], 30.0)
+    assert pulumi.calls()[-1] == ["up", "--yes", "--skip-preview", "--refresh", "--stack", "dev", "--non-interactive"]

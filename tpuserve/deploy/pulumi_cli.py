@@ -16,7 +16,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,8 +46,9 @@ class PulumiCli:
     """The `pulumi` CLI for one stack. Each call starts the CLI (≈ 1 s with a cloud backend), so what only an update
     changes is read once: a stack's outputs until this process runs an update, destroy, refresh, init or rm on it,
     and the project's stack list, which then follows the stacks this process creates and removes (a failed create or
-    removal forgets it). The CLIs `for_stack` hands out share that memory (a fleet command asks about the same
-    replicas again and again)."""
+    removal forgets it). Config an update needs goes with the update (`up --config`) rather than in a call of its
+    own. The CLIs `for_stack` hands out share that memory (a fleet command asks about the same replicas again and
+    again)."""
 
     def __init__(self, stack: str, cwd: Path | None = None, echo: Callable[[str], None] = lambda line: None,
                  _family: dict[str, Any] | None = None):
@@ -162,8 +163,13 @@ class PulumiCli:
         """Read every resource back from GCP and drop pending creates (a VM they made is the orphan sweep's)."""
         return self.stream(["refresh", "--yes", "--skip-preview", "--clear-pending-creates"], timeout_s)
 
-    def up(self, extra: Sequence[str], timeout_s: float) -> Run:
-        return self.stream(["up", "--yes", "--skip-preview", "--refresh", *extra], timeout_s)
+    def up(self, extra: Sequence[str], timeout_s: float, config: Mapping[str, str] | None = None) -> Run:
+        """`pulumi up`; `config` (key -> plaintext value) is saved in the stack's config first, as `pulumi config set`
+        would, by the same command (`--config key=value`: "Config to use during the update and save to the stack
+        config file", pulumi/pulumi pkg/cmd/pulumi/operations/up.go; it is saved before the update starts,
+        parseAndSaveConfigArray), so into the file the update reads even with `--config-file` among `extra`."""
+        settings = [arg for key, value in (config or {}).items() for arg in ("--config", f"{key}={value}")]
+        return self.stream(["up", "--yes", "--skip-preview", "--refresh", *settings, *extra], timeout_s)
 
     def stream(self, args: Sequence[str], timeout_s: float) -> Run:
         """Run a command, echoing each line as it comes; at `timeout_s` interrupt it as Ctrl-C would (Pulumi then
