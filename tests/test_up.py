@@ -110,6 +110,7 @@ def test_the_deadline_interrupts_a_running_pulumi_up(pulumi: FakePulumi):
     assert [(a["zone"], a["class"]) for a in verdict["attempts"]] == [("us-east5-a", "deadline")]
     assert verdict["attempts"][0]["seconds"] == pytest.approx(2.0, abs=1.5)
     assert "deadline reached after 1 attempt(s)" in stderr
+    assert "│ error: update canceled" in stderr  # pulumi got SIGINT (Ctrl-C) and stopped as it does
 
 
 def test_a_failed_readiness_gate_stops_the_sweep_and_keeps_the_zone_of_its_vm(pulumi: FakePulumi):
