@@ -1,134 +1,196 @@
 """A fake `pulumi` executable for `tpuserve up` and `tpuserve preflight`, which tests put first on PATH.
 
 It keeps a stack's config, outputs and state in files under $FAKE_PULUMI_HOME and answers the commands the toolkit
-runs (`config --json`, `config set/rm`, `stack output --json`, `stack export`, `refresh`, `up`) in their real output
-shapes (`pulumi config --json`: key -> {"value", "secret"[, "objectValue"]}). `up` reads the stack's current `zone`
-and plays the scenario for it: the output to print (the provider's real error texts, tests/provider_errors.py), the
-exit code (255 for a failed update, as the CLI), how long to take, and whether the VM was created (a gate failure
-happens after the create). On SIGINT it stops the way the CLI does and exits 255. Every call is logged as JSON.
+runs (`config --json`, `config set/rm`, `stack output --json`, `stack export`, `refresh`, `up [--config k=v]`) in their
+real output shapes (`pulumi config --json`: key -> {"value", "secret"[, "objectValue"]}). `up` saves the config it is
+given, reads the stack's `zone` and plays the scenario for it: the output to print (the provider's real error texts,
+tests/provider_errors.py), the exit code (255 for a failed update, as the CLI), how long to take, and whether the VM
+was created (a gate failure happens after the create). On SIGINT it stops the way the CLI does and exits 255. Every
+call is logged as JSON.
 
 Several stacks (what `tpuserve fleet` drives): `dev` keeps its files in $FAKE_PULUMI_HOME itself, any other stack in
 $FAKE_PULUMI_HOME/stacks/<name>/. `stack init --copy-config-from`, `stack ls --json` (the CLI's list of {"name",
 "current", "updateInProgress", "resourceCount"}), `destroy` and `stack rm` work on them. With capacity.json (zone ->
 how many VMs it holds, in "room"), `up` of a gcp stack gets a VM while its zone has room, counting every stack's VM
-there, and otherwise fails with the provider's stockout text ("stockout", tests/provider_errors.py); a "<stack>:<zone>" key in scenario.json plays for that stack
-only. A router stack's `up` exports the replicas of its `routerReplicas`.
+there, and otherwise fails with the provider's stockout text ("stockout", tests/provider_errors.py); a
+"<stack>:<zone>" key in scenario.json plays for that stack only. A router stack's `up` exports the replicas of its
+`routerReplicas`.
 """
 
 from __future__ import annotations
 
 import json
+import marshal
 import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCRIPT = """#!{python} -S
-import json, os, signal, sys, time
-from pathlib import Path
+# The program behind the executable. It runs hundreds of times per test file and Python's start-up is most of its
+# cost (≈ 11 ms with -S), so it imports only what the interpreter has loaded already (sys, time, _signal), os
+# (≈ 1.5 ms) and json's own C accelerator, `_json` (≈ 0.5 ms): `import json` would take ≈ 20 ms more (it imports
+# re, which imports enum), pathlib ≈ 10 ms, signal (enum again) ≈ 8 ms. `dumps`/`loads` call `_json` as json.dumps
+# and json.loads do (json/encoder.py: `c_make_encoder(markers, default, encoder, indent, key_separator,
+# item_separator, sort_keys, skipkeys, allow_nan)`; json/decoder.py hands `c_make_scanner` an object with the
+# attributes of Decoder).
+PROGRAM = r"""
+import _json, _signal, os, sys, time
 
-root = Path(os.environ["FAKE_PULUMI_HOME"])
+
+class Decoder:
+    strict, object_hook, object_pairs_hook, parse_float, parse_int, parse_constant = True, None, None, float, int, float
+
+
+def loads(text):
+    return _json.make_scanner(Decoder)(text.strip(), 0)[0]
+
+
+def dumps(value):
+    return "".join(_json.make_encoder(None, None, _json.encode_basestring_ascii, None, ": ", ", ", False, False,
+                                      True)(value, 0))
+
+
+root = os.environ["FAKE_PULUMI_HOME"]
 argv = sys.argv[1:]
-with open(root / "calls.jsonl", "a") as log:
-    log.write(json.dumps(argv) + "\\n")
-stack = argv[argv.index("--stack") + 1] if "--stack" in argv else "dev"
-dir_of = lambda name: root if name == "dev" else root / "stacks" / name
-home = dir_of(stack)
-read = lambda name, default, where=None: (json.loads(((where or home) / name).read_text())
-                                         if ((where or home) / name).exists() else default)
-write = lambda name, value: (home / name).write_text(json.dumps(value, indent=1))
-config = read("config.json", {{}})
-words = [a for a in argv if not a.startswith("-")]
-for flag in ("--stack", "--copy-config-from"):
-    if flag in argv:
-        words.remove(argv[argv.index(flag) + 1])
-value = lambda key, default="": config.get("tpu-serve:" + key, {{}}).get("value", default)
-others = lambda: ["dev"] * (root / "config.json").exists() + sorted(
-    p.name for p in (root / "stacks").glob("*") if p.is_dir())
+with open(os.path.join(root, "calls.jsonl"), "a") as log:
+    log.write(dumps(argv) + "\n")
+# The flags that take a value; every other argument not starting with "-" is a word of the command.
+VALUED = ("--stack", "--copy-config-from", "--config", "-c")
+flags = {flag: argv[index + 1] for index, flag in enumerate(argv[:-1]) if flag in VALUED}
+words = [arg for index, arg in enumerate(argv) if not arg.startswith("-") and (index == 0 or argv[index - 1]
+                                                                                   not in VALUED)]
+stack = flags.get("--stack", "dev")
 
-if stack != "dev" and not home.is_dir() and words[:2] != ["stack", "init"] and words[:2] != ["stack", "ls"]:
-    print(f"error: no stack named '{{stack}}' found", file=sys.stderr)
+
+def dir_of(name):
+    return root if name == "dev" else os.path.join(root, "stacks", name)
+
+
+home = dir_of(stack)
+
+
+def read(name, default, where=None):
+    path = os.path.join(where or home, name)
+    if not os.path.exists(path):
+        return default
+    with open(path) as file:
+        return loads(file.read())
+
+
+def write(name, value):
+    with open(os.path.join(home, name), "w") as file:
+        file.write(dumps(value))
+
+
+config = read("config.json", {})
+
+
+def value(key, default=""):
+    return config.get("tpu-serve:" + key, {}).get("value", default)
+
+
+def others():
+    stacks = os.path.join(root, "stacks")
+    return ["dev"] * os.path.exists(os.path.join(root, "config.json")) + sorted(
+        name for name in (os.listdir(stacks) if os.path.isdir(stacks) else []) if os.path.isdir(dir_of(name)))
+
+
+if stack != "dev" and not os.path.isdir(home) and words[:2] != ["stack", "init"] and words[:2] != ["stack", "ls"]:
+    print(f"error: no stack named '{stack}' found", file=sys.stderr)
     sys.exit(255)
 if words[:2] == ["stack", "ls"]:
-    print(json.dumps([{{"name": name, "current": False, "updateInProgress": False,
-                       "resourceCount": len(read("state.json", {{}}, dir_of(name)).get("deployment", {{}})
-                                            .get("resources", []))}} for name in others()]))
+    print(dumps([{"name": name, "current": False, "updateInProgress": False,
+                  "resourceCount": len(read("state.json", {}, dir_of(name)).get("deployment", {})
+                                       .get("resources", []))} for name in others()]))
 elif words[:2] == ["stack", "init"]:
-    if home.is_dir():
-        print(f"error: stack '{{stack}}' already exists", file=sys.stderr)
+    if os.path.isdir(home):
+        print(f"error: stack '{stack}' already exists", file=sys.stderr)
         sys.exit(255)
-    home.mkdir(parents=True)
-    source = argv[argv.index("--copy-config-from") + 1] if "--copy-config-from" in argv else None
-    write("config.json", read("config.json", {{}}, dir_of(source)) if source else {{}})
-    print(f"Created stack '{{stack}}'")
+    os.makedirs(home)
+    source = flags.get("--copy-config-from")
+    write("config.json", read("config.json", {}, dir_of(source)) if source else {})
+    print(f"Created stack '{stack}'")
 elif words[:2] == ["stack", "rm"]:
-    import shutil
-    shutil.rmtree(home)
-    print(f"Stack '{{stack}}' has been removed!")
+    for name in os.listdir(home):  # a stack's files: config.json, outputs.json, state.json
+        os.unlink(os.path.join(home, name))
+    os.rmdir(home)
+    print(f"Stack '{stack}' has been removed!")
 elif words[:1] == ["destroy"]:
     for name in ("state.json", "outputs.json"):
-        (home / name).unlink(missing_ok=True)
-    print(f"Destroying ({{stack}}):\\nResources:\\n    - 9 deleted\\n\\nDuration: 1m2s")
+        if os.path.exists(os.path.join(home, name)):
+            os.unlink(os.path.join(home, name))
+    print(f"Destroying ({stack}):\nResources:\n    - 9 deleted\n\nDuration: 1m2s")
 elif words[:1] == ["config"] and len(words) == 1:
-    print(json.dumps(config))
+    print(dumps(config))
 elif words[:2] == ["config", "set"]:
-    config["tpu-serve:" + words[2]] = {{"value": words[3], "secret": False}}
+    config["tpu-serve:" + words[2]] = {"value": words[3], "secret": False}
     write("config.json", config)
 elif words[:2] == ["config", "rm"]:
     config.pop("tpu-serve:" + words[2], None)
     write("config.json", config)
 elif words[:2] == ["stack", "output"]:
-    print(json.dumps(read("outputs.json", {{}})))
+    print(dumps(read("outputs.json", {})))
 elif words[:2] == ["stack", "export"]:
-    print(json.dumps(read("state.json", {{"version": 3, "deployment": {{"resources": []}}}})))
+    print(dumps(read("state.json", {"version": 3, "deployment": {"resources": []}})))
 elif words[:1] == ["refresh"]:
-    print("Refreshing (dev):\\nResources:\\n    5 unchanged\\n\\nDuration: 3s")
+    print("Refreshing (dev):\nResources:\n    5 unchanged\n\nDuration: 3s")
 elif words[:1] == ["up"]:
-    zone = config.get("tpu-serve:zone", {{}}).get("value", "")
-    scenario = read("scenario.json", {{}}, root)
-    play = scenario.get(f"{{stack}}:{{zone}}") or scenario.get(zone) or scenario.get("*") or {{"rc": 0}}
+    # `--config key=value` (also -c): saved in the stack's config, plaintext, before the update starts
+    # (pulumi/pulumi pkg/cmd/pulumi/operations/up.go, parseAndSaveConfigArray: split at the first "=", a key without
+    # a namespace gets the project's).
+    settings = [argv[index + 1] for index, flag in enumerate(argv[:-1]) if flag in ("--config", "-c")]
+    for setting in settings:
+        key, _, text = setting.partition("=")
+        config[key if ":" in key else "tpu-serve:" + key] = {"value": text, "secret": False}
+    if settings:
+        write("config.json", config)
+    zone = value("zone")
+    scenario = read("scenario.json", {}, root)
+    play = scenario.get(f"{stack}:{zone}") or scenario.get(zone) or scenario.get("*") or {"rc": 0}
     capacity = read("capacity.json", None, root)
     if value("target") == "router":
-        play = {{"rc": 0, "router": True}}
-    elif capacity is not None and not read("outputs.json", {{}}).get("instanceName"):
-        held = sum(read("outputs.json", {{}}, dir_of(name)).get("zone") == zone
-                   and read("outputs.json", {{}}, dir_of(name)).get("target") == "gcp" for name in others())
-        play = {{"rc": 0, "creates": True}} if held < capacity["room"].get(zone, 0) else {{
-            "rc": 255, "output": capacity["stockout"].replace("ZONE", zone).replace("STACK", stack)}}
+        play = {"rc": 0, "router": True}
+    elif capacity is not None and not read("outputs.json", {}).get("instanceName"):
+        held = sum(read("outputs.json", {}, dir_of(name)).get("zone") == zone
+                   and read("outputs.json", {}, dir_of(name)).get("target") == "gcp" for name in others())
+        play = {"rc": 0, "creates": True} if held < capacity["room"].get(zone, 0) else {
+            "rc": 255, "output": capacity["stockout"].replace("ZONE", zone).replace("STACK", stack)}
 
     def interrupted(*_):
         print("^C received; cancelling the current operation. Press ^C again to forcibly exit.", flush=True)
         print("error: update canceled", flush=True)
         sys.exit(255)
 
-    signal.signal(signal.SIGINT, interrupted)
-    print(f"Updating ({{stack}}):", flush=True)
+    _signal.signal(_signal.SIGINT, interrupted)  # `signal` is this with enums, which cost an import of enum
+    print(f"Updating ({stack}):", flush=True)
     time.sleep(play.get("seconds", 0))
     project = value("project")
     if play.get("router"):
-        replicas = json.loads(value("routerReplicas", "[]"))
-        write("outputs.json", {{"target": "router", "zone": zone, "instanceName": f"tpu-serve-{{stack}}",
-                               "project": project, "endpoint": "http://10.164.0.2:4000/v1", "routerConfigHash": "c0ffee",
-                               "iapTunnelCommand": f"gcloud compute start-iap-tunnel tpu-serve-{{stack}} 4000 "
-                                                   f"--local-host-port=localhost:4000 --zone={{zone}} --project={{project}}",
-                               "replicas": [entry.split("=", 1)[0] for entry in replicas]}})
+        replicas = loads(value("routerReplicas", "[]"))
+        write("outputs.json", {
+            "target": "router", "zone": zone, "instanceName": f"tpu-serve-{stack}", "project": project,
+            "endpoint": "http://10.164.0.2:4000/v1", "routerConfigHash": "c0ffee",
+            "iapTunnelCommand": f"gcloud compute start-iap-tunnel tpu-serve-{stack} 4000 "
+                                f"--local-host-port=localhost:4000 --zone={zone} --project={project}",
+            "replicas": [entry.split("=", 1)[0] for entry in replicas]})
     elif play.get("creates"):
-        vm = f"tpu-serve-{{stack}}"
-        write("state.json", {{"version": 3, "deployment": {{"resources": [{{
-            "urn": f"urn:pulumi:{{stack}}::tpu-serve::gcp:compute/instance:Instance::{{vm}}",
+        vm = f"tpu-serve-{stack}"
+        write("state.json", {"version": 3, "deployment": {"resources": [{
+            "urn": f"urn:pulumi:{stack}::tpu-serve::gcp:compute/instance:Instance::{vm}",
             "type": "gcp:compute/instance:Instance",
-            "id": f"projects/{{project}}/zones/{{zone}}/instances/{{vm}}"}}]}}}})
-        address = 10 + len(list(root.glob("stacks/*")))
-        write("outputs.json", {{"target": "gcp", "zone": zone, "instanceName": vm, "project": project,
-            "endpoint": f"http://10.164.0.{{address}}:8000/v1", "model": value("model", "google/gemma-4-E2B-it"),
+            "id": f"projects/{project}/zones/{zone}/instances/{vm}"}]}})
+        stacks = os.path.join(root, "stacks")
+        address = 10 + (len(os.listdir(stacks)) if os.path.isdir(stacks) else 0)
+        write("outputs.json", {"target": "gcp", "zone": zone, "instanceName": vm, "project": project,
+            "endpoint": f"http://10.164.0.{address}:8000/v1", "model": value("model", "google/gemma-4-E2B-it"),
             "configHash": "c0ffee", "maxRunSeconds": 14400,
-            "iapTunnelCommand": f"gcloud compute start-iap-tunnel {{vm}} 8000 --local-host-port=localhost:8000 "
-                                f"--zone={{zone}} --project={{project}}"}})
-    sys.stdout.write(play.get("output", "Resources:\\n    + 9 created\\n\\nDuration: 9m12s\\n"))
+            "iapTunnelCommand": f"gcloud compute start-iap-tunnel {vm} 8000 --local-host-port=localhost:8000 "
+                                f"--zone={zone} --project={project}"})
+    sys.stdout.write(play.get("output", "Resources:\n    + 9 created\n\nDuration: 9m12s\n"))
     sys.exit(play.get("rc", 0))
 else:
-    print(f"error: the fake pulumi does not know {{argv}}", file=sys.stderr)
+    print(f"error: the fake pulumi does not know {argv}", file=sys.stderr)
     sys.exit(2)
 """
 
@@ -193,7 +255,12 @@ def install(bin_dir: Path, home: Path) -> FakePulumi:
     """Write the executable into `bin_dir` (put it first on PATH, and FAKE_PULUMI_HOME=home, in the environment)."""
     bin_dir.mkdir(exist_ok=True)
     home.mkdir(exist_ok=True)
+    # The executable runs PROGRAM as compiled here, once (compiling it would cost ≈ 2 ms a call); its source sits
+    # beside it for tracebacks.
+    source, code = bin_dir / "fake-pulumi-program.py", bin_dir / "fake-pulumi-program.code"
+    source.write_text(PROGRAM)
+    code.write_bytes(marshal.dumps(compile(PROGRAM, str(source), "exec")))
     script = bin_dir / "pulumi"
-    script.write_text(SCRIPT.format(python=sys.executable))
+    script.write_text(f"#!{sys.executable} -S\nimport marshal\nexec(marshal.loads(open({str(code)!r}, 'rb').read()))\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return FakePulumi(home)

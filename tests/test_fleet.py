@@ -156,6 +156,12 @@ def router_replicas(pulumi: FakePulumi) -> list[str]:
     return json.loads(pulumi.stack_config("dev-router")["tpu-serve:routerReplicas"]["value"])
 
 
+def configured(call: list[str], key: str) -> str | None:
+    """The value a pulumi call saves for `key` with `--config key=value`; None if it sets no such key."""
+    pairs = [call[index + 1] for index, arg in enumerate(call[:-1]) if arg == "--config"]
+    return next((pair.split("=", 1)[1] for pair in pairs if pair.split("=", 1)[0] == key), None)
+
+
 def test_up_places_replicas_across_zones_and_routes_to_them(pulumi: FakePulumi, run) -> None:
     """Each new replica tries the zones holding the fewest replicas first: three replicas land in three zones
     without a failed attempt. The router stack comes first (with no replica), then grows one replica at a time,
@@ -181,10 +187,17 @@ def test_up_places_replicas_across_zones_and_routes_to_them(pulumi: FakePulumi, 
         ("created", "dev-r2"), ("gated", "dev-r2"), ("added", "dev-r2"),
         ("created", "dev-r3"), ("gated", "dev-r3"), ("added", "dev-r3")]
     # The router's updates, in order: created empty, then one replica more each time.
-    router_sets = [json.loads(call[3]) for call in pulumi.calls()
-                   if call[:3] == ["config", "set", "routerReplicas"]]
+    router_sets = [json.loads(entries) for call in pulumi.calls()
+                   if (entries := configured(call, "routerReplicas")) is not None]
     assert [[entry.split("=")[0] for entry in s] for s in router_sets] == [
         [], ["dev-r1"], ["dev-r1", "dev-r2"], ["dev-r1", "dev-r2", "dev-r3"]]
+    # Each update saves the config it needs itself (`pulumi up --config`): the router's target and replicas, a
+    # replica's zone and its Cloud NAT.
+    ups = [call for call in pulumi.calls() if call[0] == "up"]
+    assert ups[0] == ["up", "--yes", "--skip-preview", "--refresh", "--config", "target=router", "--config",
+                      "routerReplicas=[]", "--stack", "dev-router", "--non-interactive"]
+    assert ups[1] == ["up", "--yes", "--skip-preview", "--refresh", "--config", "createCloudNat=false", "--config",
+                      "zone=europe-west4-a", "--stack", "dev-r1", "--non-interactive"]
     assert "3 of 3 replica(s) serve behind dev-router" in stderr
 
 
@@ -245,10 +258,10 @@ def test_renew_replaces_a_replica_40_minutes_from_deletion_in_order(pulumi: Fake
     steps = []
     for call in pulumi.calls()[calls_before:]:
         stack = call[call.index("--stack") + 1] if "--stack" in call else None
+        if (entries := configured(call, "routerReplicas")) is not None:
+            steps.append("route " + ",".join(entry.split("=")[0] for entry in json.loads(entries)))
         if call[0] == "up":
             steps.append(f"up {stack}")
-        elif call[:3] == ["config", "set", "routerReplicas"]:
-            steps.append("route " + ",".join(entry.split("=")[0] for entry in json.loads(call[3])))
         elif call[0] in ("destroy",) or call[:2] == ["stack", "rm"]:
             steps.append(f"{' '.join(call[:2]) if call[0] == 'stack' else call[0]} {stack}")
     # (us-central1-b, which holds no replica, is tried first and has no room; europe-west4-a has.)
@@ -257,7 +270,7 @@ def test_renew_replaces_a_replica_40_minutes_from_deletion_in_order(pulumi: Fake
 
     # The drain scraped /metrics after the router dropped dev-r1 and before dev-r1 was destroyed, until 0.
     calls = pulumi.calls()
-    last_route = max(i for i, call in enumerate(calls) if call[:3] == ["config", "set", "routerReplicas"])
+    last_route = max(i for i, call in enumerate(calls) if configured(call, "routerReplicas") is not None)
     destroy = next(i for i, call in enumerate(calls) if call[0] == "destroy")
     assert len(metrics["seen_at"]) == 3
     assert all(last_route < seen <= destroy for seen in metrics["seen_at"])

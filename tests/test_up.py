@@ -72,8 +72,12 @@ def test_stockout_then_regional_quota_then_capacity_in_the_third_zone(pulumi: Fa
     ups = [call for call in pulumi.calls() if call[0] == "up"]
     assert len(ups) == 3
     assert all(call[:4] == ["up", "--yes", "--skip-preview", "--refresh"] and "--policy-pack" in call for call in ups)
-    zones_set = [call[3] for call in pulumi.calls() if call[:2] == ["config", "set"]]
-    assert zones_set == ["us-east5-a", "us-central1-b", "europe-west4-a"]
+    # Each `pulumi up` saves its zone in the stack config itself (`--config`): no `pulumi config set` of its own.
+    assert [call[4:6] for call in ups] == [["--config", "zone=us-east5-a"], ["--config", "zone=us-central1-b"],
+                                          ["--config", "zone=europe-west4-a"]]
+    assert ups[0] == ["up", "--yes", "--skip-preview", "--refresh", "--config", "zone=us-east5-a", "--policy-pack",
+                      "policy", "--stack", "dev", "--non-interactive"]
+    assert not any(call[:2] == ["config", "set"] for call in pulumi.calls())
     assert sum(call[0] == "refresh" for call in pulumi.calls()) == 2 + 1  # after each failure, then the final sweep
 
     assert "attempt 1: us-east5-a" in stderr and "[suggests us-central1-b]" in stderr
@@ -106,6 +110,7 @@ def test_the_deadline_interrupts_a_running_pulumi_up(pulumi: FakePulumi):
     assert [(a["zone"], a["class"]) for a in verdict["attempts"]] == [("us-east5-a", "deadline")]
     assert verdict["attempts"][0]["seconds"] == pytest.approx(2.0, abs=1.5)
     assert "deadline reached after 1 attempt(s)" in stderr
+    assert "│ error: update canceled" in stderr  # pulumi got SIGINT (Ctrl-C) and stopped as it does
 
 
 def test_a_failed_readiness_gate_stops_the_sweep_and_keeps_the_zone_of_its_vm(pulumi: FakePulumi):

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,8 +45,10 @@ class Run:
 class PulumiCli:
     """The `pulumi` CLI for one stack. Each call starts the CLI (≈ 1 s with a cloud backend), so what only an update
     changes is read once: a stack's outputs until this process runs an update, destroy, refresh, init or rm on it,
-    and the project's stack list until one is created or removed. The CLIs `for_stack` hands out share that memory
-    (a fleet command asks about the same replicas again and again)."""
+    and the project's stack list, which then follows the stacks this process creates and removes (a failed create or
+    removal forgets it). Config an update needs goes with the update (`up --config`) rather than in a call of its
+    own. The CLIs `for_stack` hands out share that memory (a fleet command asks about the same replicas again and
+    again)."""
 
     def __init__(self, stack: str, cwd: Path | None = None, echo: Callable[[str], None] = lambda line: None,
                  _family: dict[str, Any] | None = None):
@@ -64,6 +66,13 @@ class PulumiCli:
         self._outputs = None
         if stacks:
             self._family["stacks"] = None
+
+    def _listed(self, present: bool) -> None:
+        """This stack now exists (or no longer does): the stack list, if read, says so without asking again."""
+        known = self._family["stacks"]
+        if known is not None:
+            others = [name for name in known if name != self.stack]
+            self._family["stacks"] = [*others, self.stack] if present else others
 
     def _argv(self, *args: str) -> list[str]:
         return [self.executable, *args, "--stack", self.stack, "--non-interactive"]
@@ -129,18 +138,23 @@ class PulumiCli:
 
     def init(self, copy_config_from: str) -> None:
         """`pulumi stack init` this stack with the settings of `copy_config_from` (secrets re-encrypted for it)."""
-        self._forget(stacks=True)
+        self._forget()
         try:
             self._run("stack", "init", "--copy-config-from", copy_config_from)
-        finally:
-            self._forget(stacks=True)
+        except PulumiError:
+            self._forget(stacks=True)  # created or not: the next question asks the CLI
+            raise
+        self._listed(True)
 
     def remove(self) -> None:
         """`pulumi stack rm`: the stack's config and (empty) state; it must hold no resources."""
+        self._forget()
         try:
             self._run("stack", "rm", "--yes")
-        finally:
+        except PulumiError:
             self._forget(stacks=True)
+            raise
+        self._listed(False)
 
     def destroy(self, timeout_s: float) -> Run:
         return self.stream(["destroy", "--yes", "--skip-preview"], timeout_s)
@@ -149,8 +163,13 @@ class PulumiCli:
         """Read every resource back from GCP and drop pending creates (a VM they made is the orphan sweep's)."""
         return self.stream(["refresh", "--yes", "--skip-preview", "--clear-pending-creates"], timeout_s)
 
-    def up(self, extra: Sequence[str], timeout_s: float) -> Run:
-        return self.stream(["up", "--yes", "--skip-preview", "--refresh", *extra], timeout_s)
+    def up(self, extra: Sequence[str], timeout_s: float, config: Mapping[str, str] | None = None) -> Run:
+        """`pulumi up`; `config` (key -> plaintext value) is saved in the stack's config first, as `pulumi config set`
+        would, by the same command (`--config key=value`: "Config to use during the update and save to the stack
+        config file", pulumi/pulumi pkg/cmd/pulumi/operations/up.go; it is saved before the update starts,
+        parseAndSaveConfigArray), so into the file the update reads even with `--config-file` among `extra`."""
+        settings = [arg for key, value in (config or {}).items() for arg in ("--config", f"{key}={value}")]
+        return self.stream(["up", "--yes", "--skip-preview", "--refresh", *settings, *extra], timeout_s)
 
     def stream(self, args: Sequence[str], timeout_s: float) -> Run:
         """Run a command, echoing each line as it comes; at `timeout_s` interrupt it as Ctrl-C would (Pulumi then

@@ -281,8 +281,8 @@ class Fleet:
             cli.init(self.name)
         # The router stack owns Cloud NAT for every region the fleet uses: one all-subnetworks NAT per network and
         # region is all GCP allows, so replicas sharing a region cannot each make theirs.
-        cli.set_config("createCloudNat", "false")
-        deployer = Deployer(cli, name, self.project, self.extra, self.compute, self.confirm, self.say)
+        deployer = Deployer(cli, name, self.project, self.extra, self.compute, self.confirm, self.say,
+                            settings={"createCloudNat": "false"})
         number = iter(range(1, 10_000))
         self.say(f"{name}: trying {', '.join(zones)}")
         result = sweep(zones, deployer.attempt, deadline_s, retry_until_up=retry_until_up,
@@ -309,20 +309,20 @@ class Fleet:
         `pulumi up`, gate included, succeeded: the router then routes to these replicas and to no other."""
         router = router_name(self.name)
         cli = self.cli(router)
-        if router not in self.stacks():
-            cli.init(self.name)
-            cli.set_config("target", "router")
         entries = []
         for member in members:
             endpoint = self.cli(member).outputs().get("endpoint")
             if not endpoint:
                 raise FleetError(f"{member} has no endpoint output; it cannot join the router")
             entries.append(f"{member}={endpoint}")
-        cli.set_config("routerReplicas", json.dumps(entries))
+        if router not in self.stacks():
+            cli.init(self.name)
         self.say(f"{router}: routing to {', '.join(members) or 'no replica'}")
-        run = cli.up(self.extra, ROUTER_TIMEOUT_S)
+        # `target` with every update: a router stack whose first update never started still has dev's target (gcp).
+        run = cli.up(self.extra, ROUTER_TIMEOUT_S, {"target": "router", "routerReplicas": json.dumps(entries)})
         if not run.ok:
-            zone = str(cli.config().get("routerZone") or cli.config().get("zone") or "")
+            config = cli.config()
+            zone = str(config.get("routerZone") or config.get("zone") or "")
             failure = classify(run.output, zone)
             raise FleetError(f"updating the router ({router}) failed: {failure.kind}: {failure.reason}")
 

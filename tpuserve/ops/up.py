@@ -20,7 +20,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,12 +79,14 @@ class Deployer:
     say: Callable[[str], None]
     orphans: list[dict[str, Any]] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)  # orphans already reported (and deleted, or left) by this run
+    settings: Mapping[str, str] = field(default_factory=dict)  # more stack config every attempt sets
 
     def attempt(self, zone: str, seconds_left: float) -> Failure | None:
+        """`pulumi up` with the stack's `zone` set to `zone` by the same command (it stays set whatever the outcome;
+        after a failed sweep keep_zone_consistent puts the stack's `zone` back)."""
         self.say(f"── {self.stack}: pulumi up in {zone} ({seconds_left / 60:.0f} min left)")
-        if zone != LOCAL:
-            self.pulumi.set_config("zone", zone)
-        run = self.pulumi.up(self.extra, seconds_left)
+        config = {**self.settings, **({} if zone == LOCAL else {"zone": zone})}
+        run = self.pulumi.up(self.extra, seconds_left, config)
         if run.ok:
             return None
         if run.interrupted:
