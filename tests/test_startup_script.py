@@ -68,6 +68,9 @@ def test_a_blank_disk_is_formatted_once_and_the_boot_serves_with_the_token_only_
     assert [c["argv"] for c in vm.calls_of("systemctl", "restart")][0] == ["restart", "docker"]
     # The timeline the gate reads: every stage, in order, from this boot's `since`.
     assert list(boot_timeline(attributes)) == BOOT_STAGES
+    # One timeline: the script's `since`, which the supervisor's first run continues (timestamps are whole seconds:
+    # a second `since` written within the same second would not show in the timeline above).
+    assert [key for key, _ in vm.guest()].count("since") == 1
     assert read_boot(attributes, digest).ready
     [run] = vm.calls_of("docker", "run")
     expected = [a.replace("{xla_cache_key}", XLA_KEY) for a in tpu_container_run_args(ServingConfig(), digest)]
