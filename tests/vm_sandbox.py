@@ -41,8 +41,8 @@ import socketserver
 import subprocess
 import sys
 import threading
-import traceback
 import time
+import traceback
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
