@@ -105,10 +105,8 @@ def test_watch_retries_a_503_with_exponential_backoff(tmp_path, capsys):
 
 @pytest.fixture
 def vm(tmp_path):
-    made = make_vm(tmp_path / "vm", disk={"fs": "ext4"})
-    with made.google.server:
+    with make_vm(tmp_path / "vm", disk={"fs": "ext4"}) as made:
         yield made
-        made.stop()
 
 
 def serving_vm(vm: Vm, serving: ServingConfig = ServingConfig(), iam_wait_s: float = 60) -> str:
