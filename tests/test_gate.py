@@ -38,6 +38,34 @@ FAILED_REASON = "docker pull vllm/vllm-tpu@sha256:0123: manifest unknown"
 SERIAL_LINES = [f"startup-script: line {n}" for n in range(1, 51)]
 
 
+
+class VirtualTime:
+    """The gate's clock in these tests: each pause moves it forward at once instead of sleeping, so a test waiting
+    out a 1.5 s timeout polls as often as it would, without the wait. Everything else about time is real: requests
+    still take as long as they take (and count against the deadline), a stalled server still stalls."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.skipped
+
+    def sleep(self, seconds: float) -> None:
+        self.skipped += seconds
+        time.sleep(0)  # let the fake server's threads run, as a real pause would
+
+
+@pytest.fixture(autouse=True)
+def virtual_time(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> VirtualTime | None:
+    """Every test here runs the gate on VirtualTime, except those marked real_time: their fake server changes its
+    answers on the wall clock (a timer thread, a time of day), which only real pauses reach."""
+    if request.node.get_closest_marker("real_time"):
+        return None
+    clock = VirtualTime()
+    monkeypatch.setattr(gate_module, "time", clock)
+    return clock
+
+
 def chat_body(content: str | None) -> dict:
     return {"object": "chat.completion", "model": MODEL,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "length"}]}
@@ -223,6 +251,7 @@ def test_a_server_that_never_comes_up_times_out_naming_the_health_stage():
     assert time.monotonic() - started < 2
 
 
+@pytest.mark.real_time
 def test_health_turning_200_late_is_followed_promptly():
     turns_healthy_at = time.monotonic() + 0.4
     routes = openai_routes(Response(200, chat_body("Hi")))
@@ -356,6 +385,7 @@ def test_a_deleted_vm_fails_at_once_instead_of_waiting_out_the_timeout():
     assert verdict.serial_tail == ""
 
 
+@pytest.mark.real_time
 def test_a_vm_deleted_mid_boot_keeps_its_timeline_and_fails_at_once():
     reporter = RecordingReporter()
     with replaying_compute(stage_snapshots(RECORDED_BOOT[:3])) as fake, requests.Session() as http:
@@ -797,6 +827,7 @@ def test_an_unreachable_compute_api_is_waited_out_in_the_last_known_stage():
     assert verdict.serial_tail.startswith("(serial console unavailable: ")
 
 
+@pytest.mark.real_time
 def test_a_transient_api_error_mid_boot_keeps_the_stage_it_was_in():
     reporter = RecordingReporter()
     with replaying_compute(stage_snapshots(RECORDED_BOOT[:5])) as fake, requests.Session() as http:
@@ -856,6 +887,7 @@ def test_an_unhealthy_server_is_waited_out_naming_its_status():
     assert verdict.reason == "timed out after 0.3 s in stage health: /health answered HTTP 503"
 
 
+@pytest.mark.real_time
 def test_a_timeout_names_what_the_stage_answered_last():
     switch_at = time.monotonic() + 0.15
     routes = openai_routes(Response(200, chat_body("Hi")))
