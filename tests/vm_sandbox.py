@@ -707,8 +707,9 @@ def token_contained(vm: Vm) -> list[str]:
                                   or r.method != "GET")}
     # Any 8 characters of it leak it (a "fingerprint" of the token's first characters in a log line too).
     leaks += [f"token in {where}" for where, text in places.items() if leaked(CANARY, text, size=8)]
-    if leaked(ACCESS_TOKEN, json.dumps([c["argv"] for c in vm.calls_of("curl")]) + vm.log(), size=8):
-        leaks.append("access token in a curl argv or a log")
+    # The supervisor's access token: in no command's argv (which `ps` shows every user) and no log.
+    if leaked(ACCESS_TOKEN, places["argv"] + vm.log(), size=8):
+        leaks.append("access token in an argv or a log")
     return leaks
 
 
