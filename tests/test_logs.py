@@ -465,12 +465,14 @@ def test_a_refused_serial_console_is_one_line_naming_the_vm(no_adc: None, json_f
                                               "'compute.instances.getSerialPortOutput' permission")
 
 
-def test_without_credentials_the_serial_console_says_how_to_log_in(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("source", ["serial", "cloud"])
+def test_without_credentials_the_google_sources_say_how_to_log_in(monkeypatch: pytest.MonkeyPatch,
+                                                                    source: str) -> None:
     def no_credentials() -> requests.Session:
         raise MissingCredentials("no application-default credentials: run `gcloud auth application-default login`")
 
     monkeypatch.setattr("tpuserve.deploy.gce.adc_session", no_credentials)
-    result = CliRunner().invoke(main, ["logs", *VM, "--source", "serial"])
+    result = CliRunner().invoke(main, ["logs", *VM, "--source", source])
     assert (result.exit_code, result.output) == (1, "Error: no application-default credentials: run `gcloud auth "
                                                     "application-default login`\n")
 
@@ -631,16 +633,6 @@ def test_diagnose_with_a_url_never_asks_pulumi(tmp_path: Path, monkeypatch: pyte
 
 
 # --- issue #12, second run: Cloud Logging's failure paths, and what diagnose adds when nothing was shipped ---------
-
-def test_logs_cloud_without_credentials_says_how_to_log_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_credentials() -> requests.Session:
-        raise MissingCredentials("no application-default credentials: run `gcloud auth application-default login`")
-
-    monkeypatch.setattr("tpuserve.deploy.gce.adc_session", no_credentials)
-    result = CliRunner().invoke(main, ["logs", *VM, "--source", "cloud"])
-    assert (result.exit_code, result.output) == (1, "Error: no application-default credentials: run `gcloud auth "
-                                                    "application-default login`\n")
-
 
 def test_logs_cloud_of_a_vm_the_compute_api_does_not_know_is_one_line(no_adc: None) -> None:
     # The Compute API's 404 for instances.get (googleapis error JSON; the message as the API words it).
