@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,13 @@ if args[0] == "inspect":
 if args[0] == "run":
     open(state, "w").close()
     shutil.copy(config, loaded)
+    if os.environ.get("FAKE_DOCKER_WEDGES") == "1":  # its worker wedges at boot (vm/router_agent.py's docstring)
+        open(os.path.join(home, "wedged"), "w").close()
     print("4f1c0ffee")
 if args[0] == "kill" and os.environ.get("FAKE_DOCKER_RELOADS", "1") == "1":
     shutil.copy(config, loaded)
+    if os.path.exists(os.path.join(home, "wedged")):  # gunicorn's HUP forks new workers
+        os.remove(os.path.join(home, "wedged"))
 """
 
 
@@ -93,6 +98,9 @@ def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     def model_info(request: Request) -> Response:
         if request.headers.get("Authorization") != f"Bearer {MASTER_KEY}":
             return Response(401, {"error": {"message": "Authentication Error"}})
+        if (docker_home / "wedged").exists():  # the master took the connection; no worker will ever answer it
+            time.sleep(0.5)
+            return Response(504, "")
         loaded = docker_home / "loaded.json"
         entries = json.loads(loaded.read_text())["model_list"] if loaded.exists() else []
         return Response(200, {"data": [{"model_name": e["model_name"], "model_info": e["model_info"]}
@@ -101,7 +109,7 @@ def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     with FakeServer(metadata.routes()) as meta, FakeServer({("GET", "/model/info"): model_info}) as proxy:
         agent = router_agent.Agent(IMAGE, str(config_dir), str(run_dir / "master-key"), "tpu-serve",
                                    metadata_url=meta.url, proxy_url=proxy.url, docker=str(docker),
-                                   confirm_timeout_s=3.0, poll_s=0.01)
+                                   confirm_timeout_s=3.0, poll_s=0.01, wedged_after_s=0.5, probe_timeout_s=0.1)
 
         def calls() -> list[list[str]]:
             log = docker_home / "calls.jsonl"
@@ -157,6 +165,7 @@ def test_a_proxy_that_does_not_pick_up_the_config_is_not_reported_as_serving_it(
     old_hash = metadata.attributes["config-hash"]
     monkeypatch.setenv("FAKE_DOCKER_RELOADS", "0")
     metadata.set(config("dev-r2"))
+    agent.confirm_timeout_s = 0.6
     with pytest.raises(RuntimeError, match="did not serve config"):
         agent.step()
     assert metadata.attributes["config-hash"] == old_hash  # the gate keeps waiting; the fleet does not move on
@@ -171,3 +180,48 @@ def test_a_config_that_is_not_json_never_touches_the_running_proxy(rig) -> None:
     with pytest.raises(ValueError):
         agent.step()
     assert calls()[before:] == [] and (config_dir / "config.yaml").read_text() == written
+
+
+def test_workers_wedged_at_boot_are_reforked_once_and_the_config_served(rig, monkeypatch) -> None:
+    """Connections taken and none answered for wedged_after_s (0.5 s here): one SIGHUP, then the new worker serves."""
+    agent, metadata, calls, _, _ = rig
+    monkeypatch.setenv("FAKE_DOCKER_WEDGES", "1")
+    agent.step(wait=False)
+
+    assert [call[0] for call in calls()] == ["inspect", "pull", "rm", "run", "kill"]
+    assert calls()[-1] == ["kill", "--signal", "HUP", "tpu-serve-router"]
+    assert any("answered none" in line and "re-forking them (SIGHUP)" in line for line in agent.log)
+    assert metadata.attributes["config-hash"] == router_agent.digest(metadata.value)
+    assert metadata.attributes["stage"] == "serving"
+
+
+@pytest.mark.parametrize("proxy", ["refuses connections", "answers 503", "stalls less than wedged_after_s"])
+def test_a_proxy_that_is_down_failing_or_briefly_slow_is_not_reforked(rig, proxy) -> None:
+    """Refused connections (the master still loading, or gone) and error answers are not wedged workers, nor is a
+    stall shorter than wedged_after_s: none of them gets a SIGHUP."""
+    agent, metadata, calls, _, _ = rig
+    agent.confirm_timeout_s = 0.6
+    with FakeServer({("GET", "/model/info"): lambda request: Response(503, {"error": "starting"})}) as failing:
+        if proxy == "refuses connections":
+            agent.proxy_url = "http://127.0.0.1:9"  # the discard port: nothing listens on it here
+        elif proxy == "answers 503":
+            agent.proxy_url = failing.url
+        else:
+            agent.wedged_after_s = 60.0
+            (Path(os.environ["FAKE_DOCKER_HOME"]) / "wedged").touch()
+        with pytest.raises(RuntimeError, match="did not serve config"):
+            agent.step(wait=False)
+    assert [call[0] for call in calls()] == ["inspect", "pull", "rm", "run"]  # no kill
+    assert not any("wedged" in line for line in agent.log)
+
+
+def test_workers_that_stay_wedged_are_reforked_once_per_wedged_after_s_not_at_every_poll(rig, monkeypatch) -> None:
+    agent, metadata, calls, _, _ = rig
+    monkeypatch.setenv("FAKE_DOCKER_WEDGES", "1")
+    monkeypatch.setenv("FAKE_DOCKER_RELOADS", "0")  # the HUP changes nothing
+    agent.confirm_timeout_s, agent.wedged_after_s = 1.0, 0.4
+    with pytest.raises(RuntimeError, match="did not serve config"):
+        agent.step(wait=False)
+    hups = [call for call in calls() if call[0] == "kill"]
+    assert 1 <= len(hups) <= 3  # about 0.4 s apart; polls come every 0.1 s (the probe's timeout)
+    assert "config-hash" not in metadata.attributes

@@ -13,6 +13,17 @@ service the startup script installs, does three small things (after GoogleCloudP
 - report: once the proxy's /model/info lists exactly the new config's deployment ids, write the guest attributes
   `config-hash` (the config's digest) and `stage` = serving, which `tpuserve gate --config-hash` waits for.
 
+A worker can wedge at boot: LiteLLM (1.108.7, litellm/proxy/proxy_cli.py `run_gunicorn_server`) starts its
+query-engine reaper thread in the gunicorn master just before gunicorn forks the workers (`preload`), and the thread's
+first /proc scan imports the `ascii` codec (`open(..., encoding="ascii")`). A fork that lands inside that import
+leaves the module's import lock held in the worker by a thread that does not exist there, and the worker's first
+`ascii` lookup (tzlocal, from APScheduler's setup in the proxy's startup) waits forever: py-spy shows it in
+`_ModuleLock.acquire` under `proxy_startup_event`. It happened to 8 of 23 starts here; the mechanism is the one
+feast-dev/feast#6647 describes. The port then takes connections (the master listens) but nothing answers until
+gunicorn's worker timeout (600 s as LiteLLM sets it; a worker notifies only once it serves) kills the worker. The
+agent reads that state as wedged workers and sends SIGHUP after WEDGED_AFTER_S: the master, whose reaper finished
+that import long ago, forks new workers (they served within a second here) and retires the wedged one.
+
 Standard library only; imports nothing from tpuserve. The config is JSON (YAML's subset, which LiteLLM loads).
 """
 
@@ -37,6 +48,10 @@ WAIT_S = 300  # one long poll; the metadata server answers earlier when the valu
 CONFIRM_TIMEOUT_S = 600.0  # a first start pulls the image and boots the proxy (about 30 s here, minutes on a VM)
 CONFIRM_TIMES = 3  # consecutive /model/info answers with the new ids: old workers may answer right after a HUP
 POLL_S = 2.0
+WEDGED_AFTER_S = 30.0  # connections taken, none answered, this long: re-fork the workers (see the docstring);
+# a worker's own startup takes about a second (the master preloads the app), and a needless HUP is a graceful reload
+PROBE_TIMEOUT_S = 10.0  # /model/info answers in milliseconds once a worker serves
+STALLED = -1  # _request's status when the server took the connection and sent no answer within the timeout
 MAX_BACKOFF_S = 60.0
 
 
@@ -52,13 +67,16 @@ def deployment_ids(config: str) -> list[str]:
 
 def _request(url: str, method: str = "GET", data: bytes | None = None, headers: dict[str, str] | None = None,
              timeout_s: float = 30.0) -> tuple[int, bytes, dict[str, str]]:
-    """(status, body, headers); status 0 when nothing answered."""
+    """(status, body, headers); status 0 when nothing took the connection or it failed, STALLED when the server took
+    it and did not answer within the timeout (urllib raises a read timeout bare, a connect failure as URLError)."""
     request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
             return response.status, response.read(), dict(response.headers.items())
     except urllib.error.HTTPError as err:
         return err.code, err.read(), dict(err.headers.items())
+    except TimeoutError:
+        return STALLED, b"", {}
     except OSError:
         return 0, b"", {}
 
@@ -76,6 +94,8 @@ class Agent:
     docker: str = "docker"
     confirm_timeout_s: float = CONFIRM_TIMEOUT_S
     poll_s: float = POLL_S
+    wedged_after_s: float = WEDGED_AFTER_S
+    probe_timeout_s: float = PROBE_TIMEOUT_S
     etag: str = "0"
     applied: str | None = None  # digest of the config the proxy serves
     log: list[str] = field(default_factory=list)
@@ -88,7 +108,7 @@ class Agent:
         status, body, headers = _request(
             f"{self.metadata_url}/computeMetadata/v1/instance/attributes/{ATTRIBUTE}{query}",
             headers={"Metadata-Flavor": "Google"}, timeout_s=WAIT_S + 30)
-        if status == 0 or status >= 500:
+        if status <= 0 or status >= 500:
             return None, False
         self.etag = headers.get("ETag", headers.get("Etag", self.etag))
         return (body.decode() if status == 200 else None), True
@@ -160,28 +180,36 @@ class Agent:
         if hup.returncode != 0:
             raise RuntimeError(f"docker kill --signal HUP failed: {hup.stderr.strip()[-300:]}")
 
-    def served_ids(self) -> list[str] | None:
-        """The deployment ids the proxy serves now (/model/info, with the master key), or None if it does not
-        answer."""
+    def served_ids(self) -> tuple[list[str] | None, int]:
+        """(the deployment ids the proxy serves now, from /model/info with the master key, or None; the status)."""
         with open(self.master_key_file) as source:
             key = source.read().strip()
         status, body, _ = _request(f"{self.proxy_url or f'http://127.0.0.1:{self.port}'}/model/info",
-                                   headers={"Authorization": f"Bearer {key}"}, timeout_s=10)
+                                   headers={"Authorization": f"Bearer {key}"}, timeout_s=self.probe_timeout_s)
         if status != 200:
-            return None
+            return None, status
         try:
-            return sorted(str(entry.get("model_info", {}).get("id")) for entry in json.loads(body)["data"])
+            return sorted(str(entry.get("model_info", {}).get("id")) for entry in json.loads(body)["data"]), status
         except (ValueError, KeyError, TypeError, AttributeError):
-            return None
+            return None, status
 
     def confirm(self, config: str) -> bool:
-        """Wait until the proxy answers with exactly the config's deployments, CONFIRM_TIMES in a row."""
-        expected, streak = deployment_ids(config), 0
+        """Wait until the proxy answers with exactly the config's deployments, CONFIRM_TIMES in a row. Connections
+        taken and none answered for wedged_after_s: the workers are wedged (module docstring), re-fork them."""
+        expected, streak, stalled_since = deployment_ids(config), 0, None
         deadline = time.monotonic() + self.confirm_timeout_s
         while time.monotonic() < deadline:
-            streak = streak + 1 if self.served_ids() == expected else 0
+            ids, status = self.served_ids()
+            streak = streak + 1 if ids == expected else 0
             if streak >= CONFIRM_TIMES:
                 return True
+            now = time.monotonic()
+            stalled_since = (now if stalled_since is None else stalled_since) if status == STALLED else None
+            if stalled_since is not None and now - stalled_since >= self.wedged_after_s:
+                self.say(f"the proxy took connections and answered none for {now - stalled_since:.0f} s: its "
+                         "workers are wedged; re-forking them (SIGHUP)")
+                self.reload()
+                stalled_since = None
             time.sleep(self.poll_s)
         return False
 

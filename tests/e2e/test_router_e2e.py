@@ -10,7 +10,8 @@
   agent (vm/router_agent.py) through a `docker` shim that runs the proxy as a local process: a config change while
   requests are in flight is applied in place; every request ends 200, the ones in flight on the old replica
   finish there, and new ones go to the new replica. Fake replicas there answer after a delay (recorded vLLM body
-  shape, tests/fake_openai.py) so requests are in flight during the reload.
+  shape, tests/fake_openai.py) so requests are in flight during the reload. About one start in three wedges its
+  worker (vm/router_agent.py's docstring): the agent then re-forks it, and the test still passes.
 """
 
 from __future__ import annotations
@@ -163,6 +164,20 @@ elif args[0] == "kill":
 """
 
 
+def stop_process_group(pid: int, grace_s: float = 10.0) -> None:
+    """SIGTERM the proxy's process group, SIGKILL what is left after grace_s: gunicorn waits its graceful timeout for
+    a wedged worker, and the e2e tier has no memory to spare for one."""
+    os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.killpg(pid, signal.SIGKILL)
+
+
 def proxy_config(replicas: dict[str, str]) -> str:
     """The router VM's config for these replicas: the generator's output as JSON, as components/router.py ships it."""
     args = [arg for name, url in replicas.items() for arg in ("--replica", f"{name}={url}")]
@@ -236,9 +251,12 @@ def test_the_router_applies_a_new_replica_set_without_dropping_a_request(litellm
             finally:
                 pid = int((shim_home / "proxy.pid").read_text()) if (shim_home / "proxy.pid").exists() else None
                 if pid:
-                    os.killpg(pid, signal.SIGTERM)
+                    stop_process_group(pid)
+                proxy_log = shim_home / "proxy.log"
+                log = proxy_log.read_text(errors="replace") if proxy_log.exists() else ""
+                print("--- the agent's log ---", *agent.log, sep="\n")  # shown on failure
+                print(f"--- the proxy's log (pid {pid}), last 6000 characters ---\n{log[-6000:]}")
 
-    log = (shim_home / "proxy.log").read_text(errors="replace") if (shim_home / "proxy.log").exists() else ""
     assert [r["status"] for r in sorted(results, key=lambda r: r["index"])] == [200] * 12, (results, log[-3000:])
     assert {r["by"] for r in results if r["index"] < 6} == {"from dev-r1"}  # finished where they started
     assert {r["by"] for r in results if r["began"] > applied} == {"from dev-r2"}
