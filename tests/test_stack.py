@@ -3,6 +3,7 @@
 
 import json
 import shlex
+import sys
 
 import pulumi
 import pytest
@@ -258,3 +259,13 @@ def test_a_four_chip_vm_serves_on_four_chips():
     assert "--tensor-parallel-size" in served(run)["docker_run_args"]
     assert served(run)["docker_run_args"][served(run)["docker_run_args"].index("--tensor-parallel-size") + 1] == "4"
     assert run.outputs["worstCaseCostUsd"] == pytest.approx(4 * 4 * 1.35)
+
+
+def test_a_gcp_stack_loads_no_other_targets_components(monkeypatch: pytest.MonkeyPatch) -> None:
+    """__main__.py imports the chosen target's component only: the others bring SDKs a gcp stack never uses
+    (pulumi_kubernetes, pulumi_docker), and every `pulumi preview` would import them."""
+    others = ("components.gke_deployment", "components.k8s_serving", "components.local", "components.router")
+    for name in others:
+        monkeypatch.delitem(sys.modules, name, raising=False)  # put back after the test
+    run = run_stack(stack_file_config("dev"), "dev")
+    assert run.outputs and [name for name in others if name in sys.modules] == []
