@@ -22,13 +22,12 @@ import pytest
 
 PULUMI_PROGRAM_FILES = frozenset({  # each calls tests/pulumi_harness.py's run_stack
     "test_stack.py", "test_k8s_manifests.py", "test_gke_stack.py", "test_policy_gke.py", "test_monitoring.py",
-    "test_policy.py", "test_config.py", "test_router_stack.py", "test_stack_options.py", "test_stack_gke.py",
-    "test_local_stack.py",
+    "test_policy.py", "test_config.py", "test_router_stack.py", "test_local_stack.py",
 })
 PULUMI_SCOPE = "tests/[pulumi programs]"
 
 LONGEST_FIRST = (  # seconds each took in one run of the tier on 2 cores
-    *sorted(PULUMI_PROGRAM_FILES),  # 19, together
+    *sorted(PULUMI_PROGRAM_FILES),  # 18, together
     "test_supervisor.py",  # 23
     "test_startup_script.py",  # 19
     "test_fleet.py",  # 9

@@ -85,3 +85,12 @@ def test_a_planted_upward_import_is_caught(tmp_path):
     planted.write_text("from tpuserve.observe.gate import watch_url\nimport tpuserve.serving\n")
     upward = [name for name in imported_modules(planted) if floor_of(name) not in ALLOWED["deploy"]]
     assert sorted(upward) == ["tpuserve.observe.gate", "tpuserve.observe.gate.watch_url"]
+
+
+def test_the_files_that_run_pulumi_programs_are_the_ones_conftest_schedules_together() -> None:
+    """tests/conftest.py runs these files on one xdist worker; a new one left out would import the SDKs again."""
+    from tests.conftest import PULUMI_PROGRAM_FILES
+
+    running = {path.name for path in (ROOT / "tests").glob("test_*.py")
+               if path.name != "test_layout.py" and "run_stack(" in path.read_text()}
+    assert running == PULUMI_PROGRAM_FILES
