@@ -3,9 +3,12 @@
 - the committed recording (tests/data/vllm-0.32.0-metrics.prom) is what vLLM exports today: every `vllm:` series,
   by name and label names, neither missing nor new. The fast tests check the dashboard and alerts against it.
 - `tpuserve status --url` while `vllm bench serve` runs shows requests running and TTFT quantiles, and over a window
-  that holds exactly the bench's requests its TTFT and ITL quantiles (from histogram-bucket deltas) agree with the
-  bench's own client-side figures: never later than the client's TTFT at p50 and p95 (`never_later`), the TTFT
-  medians at most two buckets apart (the client's the later) and the ITL medians within one bucket (`close`).
+  that holds exactly the bench's requests its TTFT and ITL quantiles (from histogram-bucket deltas) lie in the
+  bucket the server's own histograms put them in (scraped by the test before and after the bench, `true_bucket`),
+  and its TTFT is never later than the bench's client-side TTFT at p50 and p95 (`never_later`). How much earlier
+  depends on the machine's load: the client's figure holds the API server's queueing, which the engine's clock
+  never sees (8-30 ms at the median on an idle 2-core machine, 150 ms in one CI run), so no closeness to the
+  client's median is asserted.
 
 Re-record after a vLLM upgrade: TPUSERVE_RECORD_METRICS=1 .venv/bin/python -m pytest -m e2e
 tests/e2e/test_metrics_e2e.py -k recording, then review the diff and the dashboard queries.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -86,14 +90,29 @@ def never_later(estimate: float, q: float, client_ttfts: list[float], bounds: li
     return estimate <= [*bounds, math.inf][bucket(nth, bounds)]
 
 
-def close(estimate: float, client: float, bounds: list[float], later_by: int = 1) -> bool:
-    """A median's tolerance: Prometheus' estimate is only located to its bucket (inside it, interpolation assumes
-    evenly spread values), so it may sit one bucket off the client's figure. For TTFT the client's figure also holds
-    what the server's clock never sees (the HTTP round trip, the API server's request handling, the client's own
-    scheduling: 8-30 ms at the median on this shared 2-core machine, about one more bucket at these TTFTs), so the
-    client's bucket may be `later_by` buckets higher; it is never lower (see never_later)."""
-    return 0 <= bucket(client, bounds) - bucket(estimate, bounds) <= later_by if later_by > 1 else \
-        abs(bucket(client, bounds) - bucket(estimate, bounds)) <= 1
+def cumulative_buckets(text: str, histogram: str) -> dict[float, float]:
+    """`le` -> cumulative count of a histogram in a /metrics text, summed over its label sets. Read here with a regex,
+    not with tpuserve's parser, so that the two are independent."""
+    counts: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(f"{histogram}_bucket{{"):
+            le = float(re.search(r'le="([^"]+)"', line).group(1))
+            counts[le] = counts.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def true_bucket(before: str, after: str, histogram: str, q: float) -> tuple[float, float, float]:
+    """(lower edge, upper edge, observations) of the bucket holding the rank-q*N observation of the histogram's
+    growth between two scrapes: where any correct quantile estimate over that window lies."""
+    start, end = cumulative_buckets(before, histogram), cumulative_buckets(after, histogram)
+    growth = sorted((le, count - start.get(le, 0.0)) for le, count in end.items())
+    total = growth[-1][1]
+    lower = 0.0
+    for le, count in growth:
+        if count >= q * total:
+            return lower, le, total
+        lower = le
+    raise AssertionError(f"{histogram}: no bucket reaches rank {q} of {total}")
 
 
 def test_status_during_a_bench_run_agrees_with_the_bench(vllm_server, vllm_bin: Path, tmp_path: Path):
@@ -104,6 +123,7 @@ def test_status_during_a_bench_run_agrees_with_the_bench(vllm_server, vllm_bin: 
         "--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,95", "--save-detailed"]
     window = status_json(vllm_server.url, WINDOW_S)
     time.sleep(1)  # the window's first read happens before the bench's first request
+    before = requests.get(f"{vllm_server.url}/metrics", timeout=30).text
     with (tmp_path / "bench.log").open("w") as log:
         bench = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ,
                                                                                 "HF_HUB_OFFLINE": "1"})
@@ -114,6 +134,7 @@ def test_status_during_a_bench_run_agrees_with_the_bench(vllm_server, vllm_bin: 
     bench.wait(timeout=300)
     bench_ended = time.monotonic()
     time.sleep(1.5)  # the watcher's last interval ends after the bench's last request
+    after = requests.get(f"{vllm_server.url}/metrics", timeout=30).text
     watcher.send_signal(signal.SIGINT)  # Ctrl-C, as a user stops --watch
     watched, watcher_err = watcher.communicate(timeout=30)
     assert watcher.returncode == 0, watcher_err
@@ -133,20 +154,18 @@ def test_status_during_a_bench_run_agrees_with_the_bench(vllm_server, vllm_bin: 
     assert result["completed"] == NUM_PROMPTS
     assert server["first_tokens"] == NUM_PROMPTS  # the window holds exactly the bench's requests
     assert server["finished"] == NUM_PROMPTS
-    ttft_bounds = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                   40.0, 80.0, 160.0, 640.0, 2560.0]  # vLLM 0.32's TTFT buckets, as in the recording
-    itl_bounds = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                  40.0, 80.0]
+    assert true_bucket(before, after, vllm_metrics.TTFT, 0.5)[2] == NUM_PROMPTS  # the test's scrapes: the bench alone
     report = []
-    for metric, bounds in (("ttft", ttft_bounds), ("itl", itl_bounds)):
-        for q in ("p50", "p95"):
-            estimate, client = server[f"{metric}_s"][q], result[f"{q}_{metric}_ms"] / 1000
-            report.append(f"{metric} {q}: status (server histogram) {estimate * 1000:.1f} ms, vllm bench serve "
-                          f"(client) {client * 1000:.1f} ms")
+    for metric, histogram in (("ttft", vllm_metrics.TTFT), ("itl", vllm_metrics.ITL)):
+        for q in (0.5, 0.95):
+            estimate, client = server[f"{metric}_s"][f"p{q * 100:g}"], result[f"p{q * 100:g}_{metric}_ms"] / 1000
+            lower, upper, total = true_bucket(before, after, histogram, q)
+            report.append(f"{metric} p{q * 100:g}: status {estimate * 1000:.1f} ms, the server's bucket "
+                          f"({lower * 1000:g}, {upper * 1000:g}] ms of {total:g}, vllm bench serve (client) "
+                          f"{client * 1000:.1f} ms")
+            assert lower <= estimate <= upper, report
     print("\n".join(report))
-    # The tails differ most: the client's holds CPU contention in the API server that the engine's clock never sees.
+    ttft_bounds = sorted(cumulative_buckets(after, vllm_metrics.TTFT))[:-1]  # the finite upper bounds
     assert len(result["ttfts"]) == NUM_PROMPTS
     for q in (0.5, 0.95):
         assert never_later(server["ttft_s"][f"p{q * 100:g}"], q, result["ttfts"], ttft_bounds), report
-    assert close(server["ttft_s"]["p50"], result["p50_ttft_ms"] / 1000, ttft_bounds, later_by=2), report
-    assert close(server["itl_s"]["p50"], result["p50_itl_ms"] / 1000, itl_bounds), report
