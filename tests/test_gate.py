@@ -107,6 +107,18 @@ def replaying_compute(snapshots: list[dict[str, str]], not_yet: int = 1, vm_stat
                            200, {"contents": "\n".join(SERIAL_LINES) + "\n"})})
 
 
+def after_calls(count: int, first: Any, then: Any) -> Any:
+    """A route that answers with `first` for its first `count` requests, then with `then`: a server that changes
+    after the gate has read what it had to, however slowly the machine runs (a timer would race the polls)."""
+    seen: list[Request] = []
+
+    def route(request: Request) -> Response:
+        seen.append(request)
+        return (first if len(seen) <= count else then)(request)
+
+    return route
+
+
 def instance_body(status: str) -> dict:
     return {"kind": "compute#instance", "name": VM.name, "status": status}
 
@@ -385,15 +397,18 @@ def test_a_deleted_vm_fails_at_once_instead_of_waiting_out_the_timeout():
     assert verdict.serial_tail == ""
 
 
-@pytest.mark.real_time
 def test_a_vm_deleted_mid_boot_keeps_its_timeline_and_fails_at_once():
     reporter = RecordingReporter()
     with replaying_compute(stage_snapshots(RECORDED_BOOT[:3])) as fake, requests.Session() as http:
         client = ComputeClient(http, fake.url)
-        deleted = threading.Timer(0.3, lambda: fake.routes.update({
-            ("GET", f"{VM_PATH}/getGuestAttributes"): lambda request: NOT_FOUND,
-            ("GET", VM_PATH): lambda request: NOT_FOUND}))
-        deleted.start()
+        attributes, instance = ("GET", f"{VM_PATH}/getGuestAttributes"), ("GET", VM_PATH)
+        replay, alive = fake.routes[attributes], fake.routes[instance]
+
+        def deleted() -> bool:  # once the gate has read the 404, the three snapshots and the last one three more times
+            return sum(r.path.endswith("/getGuestAttributes") for r in fake.requests) > 1 + 3 + 3
+
+        fake.routes[attributes] = lambda request: NOT_FOUND if deleted() else replay(request)
+        fake.routes[instance] = lambda request: NOT_FOUND if deleted() else alive(request)
         verdict = watch_instance(client, VM, timeout_s=30, interval_s=0.02, reporter=reporter)
     assert not verdict.ready and "instance not found" in verdict.reason and verdict.elapsed_s < 2
     assert list(verdict.stages) == [stage for stage, _ in RECORDED_BOOT[:3]]
@@ -827,15 +842,14 @@ def test_an_unreachable_compute_api_is_waited_out_in_the_last_known_stage():
     assert verdict.serial_tail.startswith("(serial console unavailable: ")
 
 
-@pytest.mark.real_time
 def test_a_transient_api_error_mid_boot_keeps_the_stage_it_was_in():
     reporter = RecordingReporter()
     with replaying_compute(stage_snapshots(RECORDED_BOOT[:5])) as fake, requests.Session() as http:
         client = ComputeClient(http, fake.url)
         unavailable = Response(503, {"error": {"code": 503, "message": "Backend unavailable"}})
-        later = threading.Timer(0.2, lambda: fake.routes.update({
-            ("GET", f"{VM_PATH}/getGuestAttributes"): lambda request: unavailable}))
-        later.start()
+        route = ("GET", f"{VM_PATH}/getGuestAttributes")
+        # the 404, the five snapshots, the last one read three more times; then the API fails until the deadline
+        fake.routes[route] = after_calls(1 + 5 + 3, fake.routes[route], lambda request: unavailable)
         verdict = watch_instance(client, VM, timeout_s=0.6, interval_s=0.02, reporter=reporter)
     assert verdict.reason == ("timed out after 0.6 s in stage loading-model: Compute API HTTP 503: Backend "
                               "unavailable")
@@ -887,11 +901,9 @@ def test_an_unhealthy_server_is_waited_out_naming_its_status():
     assert verdict.reason == "timed out after 0.3 s in stage health: /health answered HTTP 503"
 
 
-@pytest.mark.real_time
 def test_a_timeout_names_what_the_stage_answered_last():
-    switch_at = time.monotonic() + 0.15
     routes = openai_routes(Response(200, chat_body("Hi")))
-    routes[("GET", "/health")] = lambda request: Response(503 if time.monotonic() < switch_at else 500)
+    routes[("GET", "/health")] = after_calls(3, lambda request: Response(503), lambda request: Response(500))
     with FakeServer(routes) as fake, requests.Session() as http:
         verdict = watch_url(http, fake.url, MODEL, timeout_s=0.4, interval_s=0.02)
     assert verdict.reason == "timed out after 0.4 s in stage health: /health answered HTTP 500"
