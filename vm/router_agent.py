@@ -18,7 +18,7 @@ query-engine reaper thread in the gunicorn master just before gunicorn forks the
 first /proc scan imports the `ascii` codec (`open(..., encoding="ascii")`). A fork that lands inside that import
 leaves the module's import lock held in the worker by a thread that does not exist there, and the worker's first
 `ascii` lookup (tzlocal, from APScheduler's setup in the proxy's startup) waits forever: py-spy shows it in
-`_ModuleLock.acquire` under `proxy_startup_event`. It happened to 8 of 23 starts here; the mechanism is the one
+`_ModuleLock.acquire` under `proxy_startup_event`. It happened to 8 of 22 starts here; the mechanism is the one
 feast-dev/feast#6647 describes. The port then takes connections (the master listens) but nothing answers until
 gunicorn's worker timeout (600 s as LiteLLM sets it; a worker notifies only once it serves) kills the worker. The
 agent reads that state as wedged workers and sends SIGHUP after WEDGED_AFTER_S: the master, whose reaper finished
