@@ -21,7 +21,10 @@ from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, HYPERDISK_BALANCED_USD_PER_GB
 from tpuserve.serving import DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting
 
 PROJECT_NAME = "tpu-serve"
-TARGETS = ("gcp", "local", "gke", "router")
+# target -> the component that deploys it, as "module:Class": __main__.py imports only the one a stack names (the
+# others bring provider SDKs it does not use: pulumi_kubernetes, pulumi_docker).
+TARGETS = {"gcp": "components.deployment:TpuServeDeployment", "local": "components.local:LocalVllm",
+           "gke": "components.gke_deployment:GkeTpuServe", "router": "components.router:FleetRouter"}
 TPU_TARGETS = ("gcp", "gke")  # targets that run vLLM on TPU v6e and share the gcp settings and rules
 MIN_BOOT_DISK_GB = 200
 # A cache disk must hold one vLLM TPU image, one model's weights and the compile cache with room to spare (the boot
