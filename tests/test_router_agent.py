@@ -98,7 +98,9 @@ def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     def model_info(request: Request) -> Response:
         if request.headers.get("Authorization") != f"Bearer {MASTER_KEY}":
             return Response(401, {"error": {"message": "Authentication Error"}})
-        if (docker_home / "wedged").exists():  # the master took the connection; no worker will ever answer it
+        if (docker_home / "wedged").exists():
+            # The real wedge (py-spy, vm/router_agent.py's docstring): gunicorn's master took the connection and no
+            # worker ever answers. Every probe here times out (probe_timeout_s <= 0.4) before this late 504.
             time.sleep(0.5)
             return Response(504, "")
         loaded = docker_home / "loaded.json"
@@ -201,6 +203,7 @@ def test_a_proxy_that_is_down_failing_or_briefly_slow_is_not_reforked(rig, proxy
     stall shorter than wedged_after_s: none of them gets a SIGHUP."""
     agent, metadata, calls, _, _ = rig
     agent.confirm_timeout_s = 0.6
+    # Only the status matters to the agent; the body is never read.
     with FakeServer({("GET", "/model/info"): lambda request: Response(503, {"error": "starting"})}) as failing:
         if proxy == "refuses connections":
             agent.proxy_url = "http://127.0.0.1:9"  # the discard port: nothing listens on it here
@@ -225,3 +228,13 @@ def test_workers_that_stay_wedged_are_reforked_once_per_wedged_after_s_not_at_ev
     hups = [call for call in calls() if call[0] == "kill"]
     assert 1 <= len(hups) <= 3  # about 0.4 s apart; polls come every 0.1 s (the probe's timeout)
     assert "config-hash" not in metadata.attributes
+
+
+def test_the_wedge_is_timed_from_the_first_unanswered_request_not_from_its_timeout(rig, monkeypatch) -> None:
+    """A probe that waits 0.4 s for no answer is already a 0.4 s stall: with wedged_after_s 0.35 the HUP follows the
+    first such probe, inside a 0.7 s window a second probe would not fit in."""
+    agent, metadata, calls, _, _ = rig
+    monkeypatch.setenv("FAKE_DOCKER_WEDGES", "1")
+    agent.probe_timeout_s, agent.wedged_after_s, agent.confirm_timeout_s = 0.4, 0.35, 0.7
+    agent.step(wait=False)
+    assert [call[0] for call in calls()][-1] == "kill" and metadata.attributes["stage"] == "serving"

@@ -198,13 +198,14 @@ class Agent:
         taken and none answered for wedged_after_s: the workers are wedged (module docstring), re-fork them."""
         expected, streak, stalled_since = deployment_ids(config), 0, None
         deadline = time.monotonic() + self.confirm_timeout_s
-        while time.monotonic() < deadline:
+        while (asked := time.monotonic()) < deadline:
             ids, status = self.served_ids()
             streak = streak + 1 if ids == expected else 0
             if streak >= CONFIRM_TIMES:
                 return True
             now = time.monotonic()
-            stalled_since = (now if stalled_since is None else stalled_since) if status == STALLED else None
+            # unanswered since the first request that got no answer was sent (not since its timeout ran out)
+            stalled_since = (asked if stalled_since is None else stalled_since) if status == STALLED else None
             if stalled_since is not None and now - stalled_since >= self.wedged_after_s:
                 self.say(f"the proxy took connections and answered none for {now - stalled_since:.0f} s: its "
                          "workers are wedged; re-forking them (SIGHUP)")
