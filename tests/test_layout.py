@@ -94,3 +94,16 @@ def test_the_files_that_run_pulumi_programs_are_the_ones_conftest_schedules_toge
     running = {path.name for path in (ROOT / "tests").glob("test_*.py")
                if path.name != "test_layout.py" and "run_stack(" in path.read_text()}
     assert running == PULUMI_PROGRAM_FILES
+
+
+def test_loadfile_gets_one_scope_for_the_pulumi_files_and_a_scope_per_other_file(request, monkeypatch) -> None:
+    from tests import conftest
+
+    for option, value in (("dist", "loadfile"), ("numprocesses", 4), ("tx", ["4*popen"])):
+        monkeypatch.setattr(request.config.option, option, value, raising=False)
+    scope = conftest.pytest_xdist_make_scheduler(request.config, None)._split_scope
+    assert scope("tests/test_stack.py::test_a[dev]") == scope("tests/test_gke_stack.py::test_b") == \
+        "tests/[pulumi programs]"
+    assert scope("tests/test_gate.py::test_c") == "tests/test_gate.py"
+    monkeypatch.setattr(request.config.option, "dist", "load")
+    assert conftest.pytest_xdist_make_scheduler(request.config, None) is None  # xdist's own for other modes
