@@ -2,7 +2,7 @@
 
 Both adopt an existing disk or bucket of the same name (tpuserve/deploy/cache_provider.py) and, with `keepCaches`
 (default), survive `pulumi destroy`: the next deployment, or a zone change back here, boots warm. The VM's service
-account may read and write objects in this bucket only. See README "Caches" for the lifecycle.
+account may read and write objects in this bucket only. See docs/boot-and-caches.md, "Caches", for the lifecycle.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""scripts/mutation.py, the mutation-testing driver: its hand-written mutant list applies, its scoring is the one the
-README states, and a hand-written mutant runs against a scratch copy (a toy repository here; no mutmut run)."""
+"""scripts/mutation.py, the mutation-testing driver: its hand-written mutant list applies, its scoring is the one
+docs/testing.md states, and a hand-written mutant runs against a scratch copy (a toy repository here; no mutmut
+run)."""
 
 from __future__ import annotations
 
@@ -27,14 +28,14 @@ def test_every_hand_written_mutant_applies_exactly_once_and_names_existing_tests
         assert mutated(text, mutant) != text
 
 
-def test_the_modules_mutmut_mutates_are_the_ones_the_readme_scores():
+def test_the_modules_mutmut_mutates_are_the_ones_the_docs_score():
     modules = mutmut_modules(ROOT / "pyproject.toml")
     assert modules == ["tpuserve/observe/logs.py", "tpuserve/measure/benchreport.py", "tpuserve/measure/cost.py",
                        "tpuserve/client.py", "tpuserve/measure/probe.py", "tpuserve/serving.py", "tpuserve/urls.py",
                        "tpuserve/observe/gate.py", "components/config.py", "policy/rules.py"]
-    readme = (ROOT / "README.md").read_text()
+    scores = (ROOT / "docs" / "testing.md").read_text()
     for module in modules:
-        assert f"\n| `{module}` |" in readme
+        assert f"\n| `{module}` |" in scores
 
 
 def test_every_equivalent_names_a_reason():
@@ -53,7 +54,7 @@ def test_every_equivalent_names_a_reason():
     (0, "survived"), (5, "no tests"), (33, "no tests"),
     (None, "not judged"), (2, "not judged"), (34, "not judged"), (35, "not judged"), (37, "not judged"),
 ])
-def test_mutmut_exit_codes_are_scored_as_the_readme_says(code, status):
+def test_mutmut_exit_codes_are_scored_as_the_docs_say(code, status):
     assert status_of(code) == status
 
 

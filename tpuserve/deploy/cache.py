@@ -1,9 +1,10 @@
 """The caches that outlive a VM: one Hyperdisk Balanced cache disk per zone and the compile-cache bucket.
 
-Lifetime (the design, README "Caches"): the stack declares the disk of its zone and the bucket as resources that
-adopt what already exists and are kept on `pulumi destroy` (`keepCaches`, default true), so the next `pulumi up`,
-in this zone or after a zone change back to it, finds them warm. `tpuserve cache ls|rm --stack S` lists and removes
-them; `zones_by_warm_cache` orders candidate zones so that a capacity sweep tries the zones with a warm disk first.
+Lifetime (the design, docs/boot-and-caches.md "Caches"): the stack declares the disk of its zone and the bucket as
+resources that adopt what already exists and are kept on `pulumi destroy` (`keepCaches`, default true), so the next
+`pulumi up`, in this zone or after a zone change back to it, finds them warm. `tpuserve cache ls|rm --stack S` lists and
+removes them; `zones_by_warm_cache` orders candidate zones so that a capacity sweep tries the zones with a warm disk
+first.
 
 Both are found by the label `tpu-serve-cache=<stack>` (facts.CACHE_LABEL) in every zone.
 """

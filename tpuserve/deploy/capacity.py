@@ -162,7 +162,7 @@ RULES: tuple[Rule, ...] = (
     _stop("config", PROGRAM, "the program or the stack config failed before anything was created: fix the key "
                              "it names"),
     _stop("credentials", CREDENTIALS, "run `gcloud auth application-default login` (CI: Workload Identity "
-                                      "Federation, see the README)"),
+                                      "Federation, see docs/pipelines-and-policy.md)"),
     _capacity,
     _quota,
     _next_zone("unavailable", UNAVAILABLE, lasting=True),
