@@ -16,6 +16,8 @@ Order and placement only: every test still runs, and none depends on another.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -62,3 +64,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return scope_of(nodeid)
 
     return PulumiProgramsTogether(config, log)
+
+
+# --- the stateful fake cloud (tests/fake_cloud.py), for any test that wants one ---------------------------------
+
+@pytest.fixture
+def fake_cloud() -> Iterator[Any]:
+    """A started FakeCloud, fresh per test (imported here lazily: most tests never start one)."""
+    from tests.fake_cloud import FakeCloud
+
+    with FakeCloud() as cloud:
+        yield cloud
+
+
+@pytest.fixture
+def fake_cloud_env(fake_cloud: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The fake cloud, with application-default credentials in the environment that only it accepts: the real
+    `tpuserve.deploy.gce.adc_session()` works and nothing leaves 127.0.0.1 (FakeCloud.env). Subprocesses inherit
+    the same variables."""
+    for name, value in fake_cloud.env(tmp_path / "fake-cloud-adc").items():
+        monkeypatch.setenv(name, value)
+    return fake_cloud

@@ -79,7 +79,7 @@ class FakeServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            do_GET = do_POST = do_PUT = do_DELETE = _serve
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 
             def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
                 pass
