@@ -180,6 +180,9 @@ def test_list_filters_take_the_forms_the_toolkit_writes(expression: str, expecte
 def test_an_unparsable_filter_is_refused_not_guessed(cloud: FakeCloud, session: requests.Session):
     response = session.get(compute_url(cloud, f"zones/{ZONE}/disks"), params={"filter": "labels.a = x OR b = y"})
     assert response.status_code == 400 and "Invalid list filter expression" in response.json()["error"]["message"]
+    garbled = session.post(compute_url(cloud, f"zones/{ZONE}/disks"), data=b"{name: x",
+                           headers={"Content-Type": "application/json"})
+    assert garbled.status_code == 400 and garbled.json()["error"]["message"] == "Invalid JSON payload received."
 
 
 def test_aggregated_lists_are_keyed_by_zone_with_warnings_for_empty_ones(cloud: FakeCloud, session: requests.Session):
@@ -275,6 +278,17 @@ def test_flex_start_deletes_the_vm_at_its_end_and_keeps_the_cache_disk(cloud: Fa
     assert "users" not in left and left["lastDetachTimestamp"] == "2026-11-28T20:00:00.000-08:00"
     warm = cache.cache_disks(disks, PROJECT, "dev")
     assert warm[0].last_attached == attached["lastAttachTimestamp"] and warm[0].users == ()
+
+
+def test_a_termination_time_before_the_max_run_ends_the_vm_then(cloud: FakeCloud, session: requests.Session):
+    body = flex_vm(max_run_s=4 * 3600)
+    body["scheduling"]["terminationTime"] = "2026-11-29T03:00:00Z"
+    poll(session, cloud, insert(session, cloud, body))
+    assert cloud.instance("tpu-serve-dev", ZONE)["resourceStatus"]["scheduling"]["terminationTimestamp"] == \
+        "2026-11-28T19:00:00.000-08:00"
+    cloud.clock.advance(HOUR)
+    assert cloud.inventory() == []
+    assert cloud.bill().usd("instance") == pytest.approx(PRICE_PER_CHIP_HOUR)
 
 
 def test_the_bill_of_a_known_timeline(cloud: FakeCloud, session: requests.Session):
@@ -483,6 +497,17 @@ def test_object_generations_and_preconditions_make_a_lease(cloud: FakeCloud, ses
     assert missing.status_code == 404 and missing.json()["error"]["message"] == "No such object: fleet/lease/fleet"
 
 
+def test_one_lease_wins_a_race(cloud: FakeCloud):
+    """Requests are served concurrently and the state is locked: of eight creates with ifGenerationMatch=0, one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ensure_bucket(Buckets(requests.Session(), cloud.url), BucketSpec(PROJECT, "fleet", "US", {}))
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda i: upload(requests.Session(), cloud, "fleet", "lease", str(i).encode(),
+                                               ifGenerationMatch=0).status_code, range(8)))
+    assert sorted(codes) == [200] + [412] * 7
+
+
 def test_buckets_are_global_and_refuse_deletion_while_not_empty(cloud: FakeCloud, session: requests.Session):
     buckets = Buckets(session, cloud.url)
     spec = BucketSpec(PROJECT, f"{PROJECT}-tpu-serve-dev-cache", "europe-west4", {CACHE_LABEL: "dev"})
@@ -573,6 +598,7 @@ def test_secrets_and_their_versions(cloud: FakeCloud, session: requests.Session)
     version = session.post(f"{url}/hf-token:addVersion", json={"payload": {"data": "aGZfeHl6"}}).json()
     assert version["state"] == "ENABLED" and version["name"].endswith("/versions/1")
     assert session.get(f"{url}/hf-token/versions/latest:access").json()["payload"]["data"] == "aGZfeHl6"
+    assert session.get(f"{cloud.url}/v1/{version['name']}:access").ok  # by the number in its name
     [record] = cloud.inventory()
     assert (record.kind, record.billing, record.usd_per_month) == ("secret", True, PRICES["secret-version"].usd)
     session.delete(f"{url}/hf-token")
@@ -585,8 +611,8 @@ def test_dashboards_and_alert_policies_are_inventoried(cloud: FakeCloud, session
     policy = session.post(f"{cloud.url}/v3/projects/{PROJECT}/alertPolicies",
                           json={"displayName": "tpu-serve dev: not serving", "conditions": []}).json()
     assert kinds(cloud) == [("alertPolicy", "tpu-serve dev: not serving"), ("dashboard", "tpu-serve dev")]
-    session.delete(f"{cloud.url}/v1/{dashboard['name']}".replace(
-        f"projects/{dashboard['name'].split('/')[1]}", f"projects/{PROJECT}"))
+    assert dashboard["name"].split("/")[1].isdigit()  # the project number, which paths take as well
+    session.delete(f"{cloud.url}/v1/{dashboard['name']}")
     session.delete(f"{cloud.url}/v3/{policy['name']}")
     assert cloud.inventory() == []
 
