@@ -809,6 +809,10 @@ class FakeCloud:
         c = r"/compute/(?P<version>v1|beta)/projects/(?P<project>[^/]+)"
         zone, region = r"/zones/(?P<zone>[^/]+)", r"/regions/(?P<region>[^/]+)"
         name = r"(?P<name>[^/]+)"
+        v1 = "/v1/projects/(?P<project>[^/]+)"
+        bucket, obj = "/storage/v1/b/(?P<bucket>[^/]+)", "/o/(?P<object>.+)"
+        secret = f"{v1}/secrets/(?P<secret>[^/:]+)"
+        monitoring = "/v[13]/projects/(?P<project>[^/]+)/(?P<collection>dashboards|alertPolicies)"
         routes = [
             ("GET", f"{c}{zone}/instances", self._instances_list),
             ("POST", f"{c}{zone}/instances", self._instances_insert),
@@ -855,46 +859,38 @@ class FakeCloud:
             ("GET", f"{c}/global/operations/{name}", self._operations_get),
             ("POST", f"{c}/global/operations/{name}/wait", self._operations_get),
             # Cloud Storage JSON API v1
-            ("GET", r"/storage/v1/b", self._buckets_list),
-            ("POST", r"/storage/v1/b", self._buckets_insert),
-            ("GET", r"/storage/v1/b/(?P<bucket>[^/]+)", self._buckets_get),
-            ("PATCH", r"/storage/v1/b/(?P<bucket>[^/]+)", self._buckets_patch),
-            ("DELETE", r"/storage/v1/b/(?P<bucket>[^/]+)", self._buckets_delete),
-            ("GET", r"/storage/v1/b/(?P<bucket>[^/]+)/o", self._objects_list),
-            ("GET", r"/(?:storage|download/storage)/v1/b/(?P<bucket>[^/]+)/o/(?P<object>.+)", self._objects_get),
-            ("PATCH", r"/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<object>.+)", self._objects_patch),
-            ("DELETE", r"/storage/v1/b/(?P<bucket>[^/]+)/o/(?P<object>.+)", self._objects_delete),
-            ("POST", r"/upload/storage/v1/b/(?P<bucket>[^/]+)/o", self._objects_upload),
+            ("GET", "/storage/v1/b", self._buckets_list),
+            ("POST", "/storage/v1/b", self._buckets_insert),
+            ("GET", bucket, self._buckets_get),
+            ("PATCH", bucket, self._buckets_patch),
+            ("DELETE", bucket, self._buckets_delete),
+            ("GET", f"{bucket}/o", self._objects_list),
+            ("GET", f"/(?:download/)?{bucket[1:]}{obj}", self._objects_get),
+            ("PATCH", f"{bucket}{obj}", self._objects_patch),
+            ("DELETE", f"{bucket}{obj}", self._objects_delete),
+            ("POST", f"/upload{bucket}/o", self._objects_upload),
             # IAM, Secret Manager, Monitoring, and what preflight asks
-            ("GET", r"/v1/projects/(?P<project>[^/]+)/serviceAccounts", self._accounts_list),
-            ("POST", r"/v1/projects/(?P<project>[^/]+)/serviceAccounts", self._accounts_create),
-            ("GET", r"/v1/projects/(?P<project>[^/]+)/serviceAccounts/(?P<account>[^/:]+)", self._accounts_get),
-            ("DELETE", r"/v1/projects/(?P<project>[^/]+)/serviceAccounts/(?P<account>[^/:]+)",
-             self._accounts_delete),
-            ("GET", r"/v1/projects/(?P<project>[^/]+)/secrets", self._secrets_list),
-            ("POST", r"/v1/projects/(?P<project>[^/]+)/secrets", self._secrets_create),
-            ("GET", r"/v1/projects/(?P<project>[^/]+)/secrets/(?P<secret>[^/:]+)", self._secrets_get),
-            ("DELETE", r"/v1/projects/(?P<project>[^/]+)/secrets/(?P<secret>[^/:]+)", self._secrets_delete),
-            ("POST", r"/v1/projects/(?P<project>[^/]+)/secrets/(?P<secret>[^/:]+):addVersion",
-             self._secrets_add_version),
-            ("GET", r"/v1/projects/(?P<project>[^/]+)/secrets/(?P<secret>[^/:]+)/versions", self._versions_list),
-            ("GET", r"/v1/projects/(?P<project>[^/]+)/secrets/(?P<secret>[^/:]+)/versions/(?P<version>[^/:]+)",
-             self._versions_get),
-            ("GET", r"/v1/projects/(?P<project>[^/]+)/secrets/(?P<secret>[^/:]+)/versions/(?P<version>[^/:]+)"
-                    r":access", self._versions_access),
-            ("GET", r"/v1/projects/(?P<project>[^/]+)/dashboards", self._dashboards_list),
-            ("POST", r"/v1/projects/(?P<project>[^/]+)/dashboards", self._dashboards_create),
-            ("GET", r"/v1/projects/(?P<project>[^/]+)/dashboards/(?P<id>[^/]+)", self._dashboards_get),
-            ("DELETE", r"/v1/projects/(?P<project>[^/]+)/dashboards/(?P<id>[^/]+)", self._dashboards_delete),
-            ("GET", r"/v3/projects/(?P<project>[^/]+)/alertPolicies", self._alerts_list),
-            ("POST", r"/v3/projects/(?P<project>[^/]+)/alertPolicies", self._alerts_create),
-            ("GET", r"/v3/projects/(?P<project>[^/]+)/alertPolicies/(?P<id>[^/]+)", self._alerts_get),
-            ("DELETE", r"/v3/projects/(?P<project>[^/]+)/alertPolicies/(?P<id>[^/]+)", self._alerts_delete),
-            ("GET", r"/v1/projects/(?P<project>[^/:]+)", self._project_get),
-            ("POST", r"/v1/projects/(?P<project>[^/:]+):testIamPermissions", self._test_permissions),
-            ("GET", r"/v1/projects/(?P<project>[^/]+)/services:batchGet", self._services_batch_get),
-            ("GET", r"/v1/projects/(?P<project>[^/]+)/locations/global/services/compute.googleapis.com/"
-                    r"quotaInfos/(?P<quota>[^/]+)", self._quota_info),
+            ("GET", f"{v1}/serviceAccounts", self._accounts_list),
+            ("POST", f"{v1}/serviceAccounts", self._accounts_create),
+            ("GET", f"{v1}/serviceAccounts/(?P<account>[^/:]+)", self._accounts_get),
+            ("DELETE", f"{v1}/serviceAccounts/(?P<account>[^/:]+)", self._accounts_delete),
+            ("GET", f"{v1}/secrets", self._secrets_list),
+            ("POST", f"{v1}/secrets", self._secrets_create),
+            ("GET", secret, self._secrets_get),
+            ("DELETE", secret, self._secrets_delete),
+            ("POST", f"{secret}:addVersion", self._secrets_add_version),
+            ("GET", f"{secret}/versions", self._versions_list),
+            ("GET", f"{secret}/versions/(?P<version>[^/:]+)", self._versions_get),
+            ("GET", f"{secret}/versions/(?P<version>[^/:]+):access", self._versions_access),
+            ("GET", monitoring, self._monitoring_list),
+            ("POST", monitoring, self._monitoring_create),
+            ("GET", f"{monitoring}/(?P<id>[^/]+)", self._monitoring_get),
+            ("DELETE", f"{monitoring}/(?P<id>[^/]+)", self._monitoring_delete),
+            ("GET", "/v1/projects/(?P<project>[^/:]+)", self._project_get),
+            ("POST", "/v1/projects/(?P<project>[^/:]+):testIamPermissions", self._test_permissions),
+            ("GET", f"{v1}/services:batchGet", self._services_batch_get),
+            ("GET", f"{v1}/locations/global/services/compute.googleapis.com/quotaInfos/(?P<quota>[^/]+)",
+             self._quota_info),
             ("POST", r"/token", self._token),
         ]
         return [(method, _compiled(pattern), handler) for method, pattern, handler in routes]
@@ -1084,16 +1080,24 @@ class FakeCloud:
             raise not_found(f"projects/{project}/zones/{zone}/instances/{name}")
         return found
 
-    def _instances_list(self, project: str, zone: str, query: dict[str, list[str]], **_: Any) -> Response:
-        items = [i for (p, z, _), i in self.instances.items() if p == project and z == zone]
-        return self._list("instance", items, self._link(project, "zones", zone, "instances"), query)
+    def _zonal_list(self, kind: str, store: Mapping[tuple[str, str, str], dict[str, Any]], project: str,
+                    zone: str, query: dict[str, list[str]]) -> Response:
+        items = [i for (p, z, _), i in store.items() if p == project and z == zone]
+        return self._list(kind, items, self._link(project, "zones", zone, f"{kind}s"), query)
 
-    def _instances_aggregated(self, project: str, query: dict[str, list[str]], **_: Any) -> Response:
+    def _zonal_aggregated(self, kind: str, store: Mapping[tuple[str, str, str], dict[str, Any]], project: str,
+                          query: dict[str, list[str]]) -> Response:
         scoped: dict[str, list[dict[str, Any]]] = {f"zones/{z}": [] for z in self._zones()}
-        for (p, z, _), item in self.instances.items():
+        for (p, z, _), item in store.items():
             if p == project:
                 scoped[f"zones/{z}"].append(item)
-        return self._aggregated("instance", "instances", scoped, project, query)
+        return self._aggregated(kind, f"{kind}s", scoped, project, query)
+
+    def _instances_list(self, project: str, zone: str, query: dict[str, list[str]], **_: Any) -> Response:
+        return self._zonal_list("instance", self.instances, project, zone, query)
+
+    def _instances_aggregated(self, project: str, query: dict[str, list[str]], **_: Any) -> Response:
+        return self._zonal_aggregated("instance", self.instances, project, query)
 
     def _instances_get(self, project: str, zone: str, name: str, **_: Any) -> Response:
         return Response(200, _public(self._instance(project, zone, name)))
@@ -1548,15 +1552,10 @@ class FakeCloud:
         return disk
 
     def _disks_list(self, project: str, zone: str, query: dict[str, list[str]], **_: Any) -> Response:
-        items = [d for (p, z, _), d in self.disks.items() if p == project and z == zone]
-        return self._list("disk", items, self._link(project, "zones", zone, "disks"), query)
+        return self._zonal_list("disk", self.disks, project, zone, query)
 
     def _disks_aggregated(self, project: str, query: dict[str, list[str]], **_: Any) -> Response:
-        scoped: dict[str, list[dict[str, Any]]] = {f"zones/{z}": [] for z in self._zones()}
-        for (p, z, _), item in self.disks.items():
-            if p == project:
-                scoped[f"zones/{z}"].append(item)
-        return self._aggregated("disk", "disks", scoped, project, query)
+        return self._zonal_aggregated("disk", self.disks, project, query)
 
     def _disks_get(self, project: str, zone: str, name: str, **_: Any) -> Response:
         return Response(200, _public(self._disk(project, zone, name)))
@@ -2090,8 +2089,26 @@ class FakeCloud:
 
     # --- Cloud Monitoring (inventory only) ---------------------------------------------------------------------
 
-    def _monitoring_create(self, store: dict[tuple[str, str], dict[str, Any]], kind: str, name: str,
-                           project: str, body: dict[str, Any]) -> Response:
+    # collection -> (store, inventory kind, resource name): dashboards are named by project number
+    # (https://cloud.google.com/monitoring/api/ref_v3/rest/v1/projects.dashboards), alert policies by project id
+    # (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies).
+    def _monitoring(self, collection: str) -> tuple[dict[tuple[str, str], dict[str, Any]], str, str]:
+        if collection == "dashboards":
+            return self.dashboards, "dashboard", "projects/{number}/dashboards/{id}"
+        return self.alert_policies, "alertPolicy", "projects/{project}/alertPolicies/{id}"
+
+    def _monitoring_item(self, project: str, collection: str, id: str) -> dict[str, Any]:
+        found = self._monitoring(collection)[0].get((project, id))
+        if found is None:
+            raise ApiError(404, "Requested entity was not found.", status="NOT_FOUND")
+        return found
+
+    def _monitoring_list(self, project: str, collection: str, **_: Any) -> Response:
+        items = [_public(d) for (p, _), d in sorted(self._monitoring(collection)[0].items()) if p == project]
+        return Response(200, {collection: items} if items else {})
+
+    def _monitoring_create(self, project: str, collection: str, body: dict[str, Any], **_: Any) -> Response:
+        store, kind, name = self._monitoring(collection)
         resource_id = hashlib.sha256(f"{project}/{kind}/{next(_ids)}".encode()).hexdigest()[:20]
         item = {**body, "name": name.format(number=project_number(project), project=project, id=resource_id),
                 "etag": fingerprint([resource_id]), "_created": self.clock.now(),
@@ -2100,45 +2117,12 @@ class FakeCloud:
         self._ledger(kind, project, "global", item)
         return Response(200, _public(item))
 
-    def _monitoring_get(self, store: dict[tuple[str, str], dict[str, Any]], project: str, resource_id: str,
-                        ) -> dict[str, Any]:
-        found = store.get((project, resource_id))
-        if found is None:
-            raise ApiError(404, f"Requested entity was not found.", status="NOT_FOUND")
-        return found
+    def _monitoring_get(self, project: str, collection: str, id: str, **_: Any) -> Response:
+        return Response(200, _public(self._monitoring_item(project, collection, id)))
 
-    def _dashboards_list(self, project: str, **_: Any) -> Response:
-        items = [_public(d) for (p, _), d in sorted(self.dashboards.items()) if p == project]
-        return Response(200, {"dashboards": items} if items else {})
-
-    def _dashboards_create(self, project: str, body: dict[str, Any], **_: Any) -> Response:
-        # https://cloud.google.com/monitoring/api/ref_v3/rest/v1/projects.dashboards (name: projects/N/dashboards/ID)
-        return self._monitoring_create(self.dashboards, "dashboard", "projects/{number}/dashboards/{id}", project,
-                                       body)
-
-    def _dashboards_get(self, project: str, id: str, **_: Any) -> Response:
-        return Response(200, _public(self._monitoring_get(self.dashboards, project, id)))
-
-    def _dashboards_delete(self, project: str, id: str, **_: Any) -> Response:
-        self._monitoring_get(self.dashboards, project, id)
-        del self.dashboards[(project, id)]
-        return Response(200, {})
-
-    def _alerts_list(self, project: str, **_: Any) -> Response:
-        items = [_public(a) for (p, _), a in sorted(self.alert_policies.items()) if p == project]
-        return Response(200, {"alertPolicies": items, "totalSize": len(items)} if items else {})
-
-    def _alerts_create(self, project: str, body: dict[str, Any], **_: Any) -> Response:
-        # https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies
-        return self._monitoring_create(self.alert_policies, "alertPolicy", "projects/{project}/alertPolicies/{id}",
-                                       project, body)
-
-    def _alerts_get(self, project: str, id: str, **_: Any) -> Response:
-        return Response(200, _public(self._monitoring_get(self.alert_policies, project, id)))
-
-    def _alerts_delete(self, project: str, id: str, **_: Any) -> Response:
-        self._monitoring_get(self.alert_policies, project, id)
-        del self.alert_policies[(project, id)]
+    def _monitoring_delete(self, project: str, collection: str, id: str, **_: Any) -> Response:
+        self._monitoring_item(project, collection, id)
+        del self._monitoring(collection)[0][(project, id)]
         return Response(200, {})
 
     # --- what preflight asks ---------------------------------------------------------------------------------------
