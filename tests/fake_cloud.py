@@ -519,7 +519,7 @@ class _Operation:
     project: str
     due: float
     polls_needed: int
-    effect: Callable[[], ApiError | dict[str, Any] | None] | None
+    effect: Callable[[], dict[str, Any] | None] | None
     polls: int = 0
     applied: bool = False
 
@@ -937,11 +937,12 @@ class FakeCloud:
                            "rateLimitExceeded", "RESOURCE_EXHAUSTED", domain="usageLimits")
 
     def _operation(self, project: str, scope: tuple[str, str], operation_type: str, target: str, target_id: str,
-                   effect: Callable[[], ApiError | dict[str, Any] | None] | None, seconds: float | None = None,
+                   effect: Callable[[], dict[str, Any] | None] | None, seconds: float | None = None,
                    ) -> Response:
         """Start an Operation (https://cloud.google.com/compute/docs/reference/rest/v1/zoneOperations): RUNNING
         now; `effect` runs when `seconds` (default `operation_seconds`) of virtual time have passed, and returns
-        an ApiError (or an operation `error` dict) when the operation fails."""
+        the operation's `error` ({"errors": [...], "_http": (httpErrorStatusCode, httpErrorMessage)}) when it
+        fails."""
         now = self.clock.now()
         name = f"operation-{int(now * 1000)}-{hashlib.sha256(str(next(_ids)).encode()).hexdigest()[:13]}"
         kind, where = scope
@@ -968,9 +969,6 @@ class FakeCloud:
         outcome = op.effect() if op.effect else None
         now = self.clock.now()
         op.body.update(progress=100, endTime=compute_time(max(now, op.due)))
-        if isinstance(outcome, ApiError):
-            outcome = {"errors": [{"code": outcome.reason, "message": outcome.message}],
-                       "_http": (outcome.code, outcome.status)}
         if outcome:
             code, status = outcome.pop("_http", (400, "BAD REQUEST"))
             op.body.update(error=outcome, httpErrorStatusCode=code, httpErrorMessage=status)
