@@ -546,7 +546,8 @@ class FakeCloud:
 
     Knobs (change them any time; they take effect on the next request):
     - capacity[(zone, machine_type)] = units the zone has for that type (TPU chips; 1 per VM for other types),
-      held by the VMs there that are not stopped; unlisted: unlimited. An insert beyond it fails on its operation with ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS].
+      held by the VMs there that are not stopped; unlisted: unlimited. An insert beyond it fails on its
+      operation with ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS].
     - quota[region] = TPU chips the project may run there; unlisted: unlimited. QUOTA_EXCEEDED on the operation.
     - create_delay_s[zone] = virtual seconds an instance insert there takes (the "create that times out and
       appears later": the client gives up waiting, the instance is PROVISIONING, `clock.advance` makes it RUNNING).

@@ -428,7 +428,10 @@ def test_a_network_takes_one_all_subnetworks_nat_per_region(cloud: FakeCloud, se
     nat = {"name": "nat", "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
            "natIpAllocateOption": "AUTO_ONLY"}
     routers = compute_url(cloud, "regions/europe-west4/routers")
-    poll_region = lambda op: session.get(compute_url(cloud, f"regions/europe-west4/operations/{op['name']}")).json()  # noqa: E731
+
+    def poll_region(operation: dict[str, Any]) -> dict[str, Any]:
+        return session.get(compute_url(cloud, f"regions/europe-west4/operations/{operation['name']}")).json()
+
     assert poll_region(session.post(routers, json={"name": "dev-router", "network": "global/networks/default",
                                                    "nats": [nat]}).json())["status"] == "DONE"
     second = session.post(routers, json={"name": "fleet-router", "network": "global/networks/default",
