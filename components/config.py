@@ -8,12 +8,14 @@ Every setting is a dataclass field whose metadata holds its stack config key and
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import math
 import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, HYPERDISK_BALANCED_USD_PER_GB_MONTH, LITELLM_VERSION,
@@ -55,6 +57,14 @@ SECONDS_PER_UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 GKE_CLUSTER_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC 1123 label
 GKE_MAX_NODES = 64  # a bound on cost mistakes, not a GKE limit: 64 ct6e-standard-8t nodes are $691/h at $1.35
+# Where GKE offers flex-start TPU v6e node pools: GKE's own list (narrower than Compute Engine's V6E_ZONES), kept as
+# data with its source and the date it was read.
+GKE_FLEX_START = json.loads(resources.files("tpuserve").joinpath("data/gke-flex-start-tpu.json").read_text())
+GKE_FLEX_START_V6E_ZONES: tuple[str, ...] = tuple(GKE_FLEX_START["zones"]["v6e"])
+GKE_ROUTERS = ("service", "inference-gateway")
+# A proxy-only subnet for a regional Envoy-based load balancer: /23 recommended, /26 at least
+# (https://cloud.google.com/load-balancing/docs/proxy-only-subnets).
+MAX_PROXY_SUBNET_PREFIX = 26
 NOTIFICATION_CHANNEL = re.compile(r"^projects/[^/]+/notificationChannels/[0-9]+$")
 # Target router (a fleet's LiteLLM proxy, components/router.py): one `routerReplicas` entry is `<replica stack>=<its
 # endpoint>`, written by `tpuserve fleet`.
@@ -140,6 +150,21 @@ class StackConfig:
     gke_min_replicas: int = setting("gkeMinReplicas", "Target gke: fewest vLLM replicas the autoscaler keeps; 0 parks "
                                     "the deployment so the TPU node pool scales to zero.", 1)
     gke_namespace: str = setting("gkeNamespace", "Target gke: Kubernetes namespace of the deployment.", "tpu-serve")
+    gke_zones: tuple[str, ...] = setting(
+        "gkeZones", "Target gke: zones of the TPU node pool, all in the zone's region; empty = every zone of that "
+        "region where GKE offers flex-start TPU v6e, so a stockout in one zone does not stop scale-up.", ())
+    gke_surge_node: bool = setting(
+        "gkeSurgeNode", "Target gke: the TPU node pool may grow one node past gkeMaxNodes, so a rollout or a renewal "
+        "starts each new pod before the one it replaces stops (maxSurge 1); false = no extra node: a rollout stops a "
+        "pod first (maxSurge 0, maxUnavailable 1) and a lone replica is down while its successor boots.", True)
+    gke_router: str = setting(
+        "gkeRouter", "Target gke: what routes requests to the replicas: service (a ClusterIP Service, round robin) "
+        "or inference-gateway (GKE Inference Gateway: an internal Gateway and an InferencePool whose endpoint "
+        "picker routes by each replica's queue, KV cache and prefix cache).", GKE_ROUTERS[0])
+    gke_proxy_subnet_range: str = setting(
+        "gkeProxySubnetRange", "Target gke, gkeRouter inference-gateway: CIDR of the proxy-only subnet the stack "
+        "creates for the regional internal load balancer; empty for none (the network already has one in the "
+        "region).", "10.129.0.0/23")
     # Target router (components/router.py): a fleet's LiteLLM proxy VM. `tpuserve fleet` creates the stack from the
     # fleet's own and writes routerReplicas; project, zone, zones (Cloud NAT for each of their regions), network,
     # createCloudNat, labels and the served model mean the same as for gcp.
@@ -179,6 +204,20 @@ class StackConfig:
     @property
     def effective_region(self) -> str:
         return self.region or self.zone.rsplit("-", 1)[0]
+
+    @property
+    def gke_pool_zones(self) -> tuple[str, ...]:
+        """The TPU node pool's zones: gkeZones, else GKE's flex-start v6e zones of the zone's region. A zonal
+        cluster's pools may also span its region (terraform-provider-google `node_locations`)."""
+        if self.gke_zones:
+            return tuple(self.gke_zones)
+        region = self.zone.rsplit("-", 1)[0]
+        return tuple(zone for zone in GKE_FLEX_START_V6E_ZONES if zone.rsplit("-", 1)[0] == region)
+
+    @property
+    def gke_pool_max_nodes(self) -> int:
+        """Nodes the TPU pool may reach: one per replica the HPA may ask for, plus the surge node."""
+        return self.gke_max_nodes + (1 if self.gke_surge_node else 0)
 
     @property
     def chips(self) -> int:
@@ -284,6 +323,40 @@ class StackConfig:
         if self.readiness_timeout_seconds < READY_TIMEOUT_S:
             raise ConfigError("readinessTimeout", f"{self.readiness_timeout!r}: on gke it is the pods' startup "
                               f"probe budget and must cover a cold compile: at least {READY_TIMEOUT_S // 60}m")
+        if self.max_run_seconds <= self.readiness_timeout_seconds:
+            raise ConfigError("maxRunDuration", f"{self.max_run_duration!r} is not longer than readinessTimeout "
+                              f"({self.readiness_timeout}): a node could be deleted before its pod's startup budget "
+                              "ends, and a rollout would wait for a pod that never serves; set maxRunDuration to "
+                              "several hours")
+        self._validate_gke_zones()
+        if self.gke_router not in GKE_ROUTERS:
+            raise ConfigError("gkeRouter", f"{self.gke_router!r} is not one of {', '.join(GKE_ROUTERS)}")
+        if self.gke_router == "inference-gateway" and self.gke_proxy_subnet_range:
+            try:
+                network = ipaddress.ip_network(self.gke_proxy_subnet_range)
+            except ValueError:
+                network = None
+            if network is None or network.version != 4 or network.prefixlen > MAX_PROXY_SUBNET_PREFIX:
+                raise ConfigError("gkeProxySubnetRange", f"{self.gke_proxy_subnet_range!r} is not an IPv4 CIDR of "
+                                  f"/{MAX_PROXY_SUBNET_PREFIX} or larger (e.g. 10.129.0.0/23), or empty when the "
+                                  "network already has a proxy-only subnet in the region")
+
+    def _validate_gke_zones(self) -> None:
+        offered = ", ".join(GKE_FLEX_START_V6E_ZONES)
+        where = f"GKE offers flex-start TPU v6e only in {offered} ({GKE_FLEX_START['source'].split()[0]})"
+        if self.zone not in GKE_FLEX_START_V6E_ZONES:
+            raise ConfigError("zone", f"{self.zone!r}: {where}; pulumi config set zone {GKE_FLEX_START_V6E_ZONES[-1]}")
+        region = self.zone.rsplit("-", 1)[0]
+        for zone in self.gke_zones:
+            if not isinstance(zone, str) or not ZONE_FORMAT.match(zone):
+                raise ConfigError("gkeZones", f"{zone!r} is not a zone name like us-east5-a")
+            if self.gke_zones.count(zone) > 1:
+                raise ConfigError("gkeZones", f"{zone!r} is listed twice")
+            if zone not in GKE_FLEX_START_V6E_ZONES:
+                raise ConfigError("gkeZones", f"{zone!r}: {where}")
+            if zone.rsplit("-", 1)[0] != region:
+                raise ConfigError("gkeZones", f"{zone!r} is not in {region}, the region of zone {self.zone!r} and "
+                                  "of the cluster; a node pool spans one region")
 
     def _validate_zones(self) -> None:
         if not self.zones:
@@ -299,11 +372,24 @@ class StackConfig:
         preflight` asks it); the built-in list only flags a likely typo, offline."""
         if self.target not in TPU_TARGETS:
             return []
+        if self.target == "gke":
+            return self._gke_warnings()
         unknown = [zone for zone in dict.fromkeys((self.zone, *self.zones)) if zone not in V6E_ZONES]
         if not unknown:
             return []
         return [f"zone/zones: {', '.join(unknown)} not among the zones known to offer TPU v6e "
                 f"({', '.join(V6E_ZONES)}); `tpuserve preflight` checks them live"]
+
+    def _gke_warnings(self) -> list[str]:
+        found = []
+        if not self.gke_surge_node and self.gke_min_replicas == 1:
+            found.append("gkeSurgeNode: false with gkeMinReplicas 1: every rollout and every node renewal stops the "
+                         "only replica before its successor serves (a pod start, 5-10 min, of no service)")
+        if "@sha256:" not in self.serving.image:
+            found.append(f"containerImage: {self.serving.image!r} is a tag: each new node pulls what it names at that "
+                         "moment, so replicas may run different builds, and the compile cache is keyed by the tag "
+                         "instead of the build; pin a digest (image@sha256:...)")
+        return found
 
     @property
     def alert_down_after_seconds(self) -> int:

@@ -10,6 +10,18 @@ consumption option (GoogleCloudPlatform/cluster-toolkit blueprints: `enable_flex
 flex_start`, `max_run_duration` as "<seconds>s", `reservation_affinity.consume_reservation_type`,
 `NodePoolManagementArgs.auto_repair`, `NodePoolNetworkConfigArgs.enable_private_nodes`). Flex-start TPUs on GKE need
 GKE 1.33.0-gke.1712000 or later (https://cloud.google.com/kubernetes-engine/docs/concepts/dws).
+
+The TPU pool spans every zone of the region where GKE offers flex-start v6e (`node_locations`; the zones are data,
+tpuserve/data/gke-flex-start-tpu.json), with total (not per-zone) autoscaling limits and `location_policy: ANY`, so
+the autoscaler takes a node wherever there is capacity; changing the zones updates the pool in place
+(terraform-provider-google `resource_container_node_pool.go`: `node_locations` is not ForceNew). Its maximum is
+`pool_max_nodes`: the HPA's maximum plus, with gkeSurgeNode, one node for the pod a rollout or renewal starts
+before the one it replaces stops.
+
+Warm pods need the Cloud Storage FUSE CSI driver (the compile cache and the weights live in a bucket), and the
+inference-gateway router needs GKE's Gateway API (CHANNEL_STANDARD) and a proxy-only subnet for the regional internal
+load balancer (https://cloud.google.com/kubernetes-engine/docs/how-to/deploy-gke-inference-gateway). A new cluster
+gets both; an existing one is checked and refused with the command that enables what it lacks.
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 from pulumi_gcp import compute, container, projects, serviceaccount
@@ -66,22 +79,48 @@ def node_pool_name(base: str) -> str:
     return f"{base[:36].rstrip('-')}-tpu"
 
 
-def check_existing_cluster(name: str, project: str, pool: str | None) -> None:
-    """An existing cluster must have Workload Identity, or the pods cannot read the token secret."""
+GATEWAY_API_CHANNEL = "CHANNEL_STANDARD"
+PROXY_SUBNET_PURPOSE = "REGIONAL_MANAGED_PROXY"  # the proxy-only subnet of regional Envoy-based load balancers
+
+
+def _first(items: Any) -> Any:
+    return items[0] if items else None
+
+
+def check_existing_cluster(cluster: Any, project: str, location: str, gateway: bool) -> str:
+    """An existing cluster must have Workload Identity (the pods read the token secret and the cache bucket as
+    their own account), the Cloud Storage FUSE CSI driver (the caches' volumes) and, for the inference-gateway
+    router, the Gateway API. Returns its name."""
+    name = cluster.name
+    update = f"gcloud container clusters update {name} --location {location}"
+    identity = _first(cluster.workload_identity_configs)
+    pool = identity.workload_pool if identity else None
     if pool != workload_pool(project):
         raise pulumi.RunError(f"gkeCluster: cluster {name!r} has no Workload Identity pool {workload_pool(project)!r} "
-                              f"(found {pool!r}); enable it: gcloud container clusters update {name} "
-                              f"--workload-pool={workload_pool(project)}")
+                              f"(found {pool!r}); enable it: {update} --workload-pool={workload_pool(project)}")
+    addons = _first(cluster.addons_configs)
+    fuse = _first(addons.gcs_fuse_csi_driver_configs) if addons else None
+    if not (fuse and fuse.enabled):
+        raise pulumi.RunError(f"gkeCluster: cluster {name!r} has no Cloud Storage FUSE CSI driver, which mounts the "
+                              f"pods' compile cache and weights; enable it: {update} "
+                              "--update-addons GcsFuseCsiDriver=ENABLED")
+    channel = getattr(_first(cluster.gateway_api_configs), "channel", None)
+    if gateway and channel != GATEWAY_API_CHANNEL:
+        raise pulumi.RunError(f"gkeRouter: inference-gateway needs the Gateway API on cluster {name!r} (found "
+                              f"{channel or 'none'}); enable it: {update} --gateway-api=standard, or set gkeRouter "
+                              "service")
+    return name
 
 
 @dataclass(frozen=True)
 class GkeTpuClusterArgs:
     project: str
-    zone: str
+    zone: str  # the system pool's zone; the TPU pool spans `zones`
     region: str
+    zones: tuple[str, ...]
     machine_type: str
     chips: int
-    max_nodes: int
+    max_nodes: int  # the TPU pool's maximum: the HPA's plus the surge node
     max_run_seconds: int
     boot_disk_gb: int
     boot_disk_type: str
@@ -94,6 +133,8 @@ class GkeTpuClusterArgs:
     workload_gsa_email: pulumi.Input[str]
     existing_cluster: str = ""  # empty: create a regional cluster in `region`
     existing_location: str = ""
+    gateway: bool = False  # the inference-gateway router: Gateway API on, a proxy-only subnet
+    proxy_subnet_range: str = ""  # empty: the network already has a proxy-only subnet in the region
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -125,9 +166,8 @@ class GkeTpuCluster(pulumi.ComponentResource):
                                                  project=args.project, opts=pulumi.InvokeOutputOptions(parent=self))
             endpoint = found.endpoint
             ca_certificate = found.master_auths.apply(lambda auths: auths[0].cluster_ca_certificate)
-            self.cluster_name = found.apply(lambda c: (check_existing_cluster(
-                c.name, args.project, c.workload_identity_configs[0].workload_pool if c.workload_identity_configs
-                else None), c.name)[1])
+            self.cluster_name = found.apply(lambda c: check_existing_cluster(c, args.project, location,
+                                                                              args.gateway))
             self.location = pulumi.Output.from_input(location)
             cluster_ready: list[pulumi.Resource] = []
         else:
@@ -157,6 +197,10 @@ class GkeTpuCluster(pulumi.ComponentResource):
                 monitoring_config=container.ClusterMonitoringConfigArgs(
                     enable_components=["SYSTEM_COMPONENTS"],
                     managed_prometheus=container.ClusterMonitoringConfigManagedPrometheusArgs(enabled=True)),
+                addons_config=container.ClusterAddonsConfigArgs(
+                    gcs_fuse_csi_driver_config=container.ClusterAddonsConfigGcsFuseCsiDriverConfigArgs(enabled=True)),
+                gateway_api_config=container.ClusterGatewayApiConfigArgs(channel=GATEWAY_API_CHANNEL)
+                if args.gateway else None,
                 resource_labels=dict(args.labels), deletion_protection=False,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=node_grants,
                                             custom_timeouts=pulumi.CustomTimeouts(create=CLUSTER_TIMEOUT)))
@@ -178,7 +222,9 @@ class GkeTpuCluster(pulumi.ComponentResource):
         pool_name = node_pool_name(name)
         self.node_pool = container.NodePool(
             f"{name}-tpu", name=pool_name, project=args.project, cluster=self.cluster_name,
-            location=self.location, node_locations=[args.zone], initial_node_count=0,
+            location=self.location, node_locations=list(args.zones), initial_node_count=0,
+            # Total limits over all zones (per-zone min/max would multiply by the zones); ANY: the autoscaler
+            # takes a node in whichever zone has capacity (flex-start supports no other policy).
             autoscaling=container.NodePoolAutoscalingArgs(total_min_node_count=0, total_max_node_count=args.max_nodes,
                                                           location_policy="ANY"),
             # Flex-start nodes are deleted at their max run duration and do not work with auto-repair; release
@@ -194,6 +240,15 @@ class GkeTpuCluster(pulumi.ComponentResource):
                 resource_labels=dict(args.labels)),
             opts=pulumi.ResourceOptions(parent=self, depends_on=cluster_ready + node_grants,
                                         custom_timeouts=pulumi.CustomTimeouts(create=NODE_POOL_TIMEOUT)))
+
+        # The regional internal Application Load Balancer behind the inference gateway runs its proxies in the
+        # region's proxy-only subnet; one per network and region (so an existing one is used as it is).
+        self.proxy_subnet: list[pulumi.Resource] = []
+        if args.gateway and args.proxy_subnet_range:
+            self.proxy_subnet.append(compute.Subnetwork(
+                f"{name}-proxy-only", name=f"{name[:50]}-proxy-only", project=args.project, region=args.region,
+                network=args.network, ip_cidr_range=args.proxy_subnet_range, purpose=PROXY_SUBNET_PURPOSE,
+                role="ACTIVE", opts=child))
 
         namespace, ksa = args.workload_ksa
         serviceaccount.IAMMember(

@@ -1,4 +1,5 @@
-"""The `gke` target: the pods' identity, the cluster with its flex-start TPU node pool, and the serving objects."""
+"""The `gke` target: the pods' identity, the cache bucket, the cluster with its flex-start TPU node pool, the serving
+objects and, with gkeRouter inference-gateway, GKE Inference Gateway in front of them."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ from typing import Any
 
 import pulumi
 
+from components import inference_gateway
+from components.cache import ServingCache, ServingCacheArgs
 from components.config import StackConfig
 from components.deployment import base_name, stack_labels
 from components.gke import GkeTpuCluster, GkeTpuClusterArgs
 from components.identity import ServingIdentity, ServingIdentityArgs
 from components.k8s_serving import SERVICE_ACCOUNT, GkeServing, GkeServingArgs, ServingManifestArgs
+from tpuserve.deploy.cache import bucket_name, disk_name
 from tpuserve.serving import config_hash, vllm_serve_args
 
 DEPLOYMENT_NAME = "vllm"
@@ -32,21 +36,35 @@ class GkeTpuServe(pulumi.ComponentResource):
             hf_token=cfg.hf_token, new_secret_id=f"{base}-hf-token", labels=labels, project_roles=(),
             display_name="tpu-serve vLLM pods (GKE)",
             description="Workload Identity of tpu-serve's vLLM pods; reads only the HF token secret."), opts=child)
+        # The weights and the XLA compile cache of every pod (compileCacheBucket false: none, every pod cold); kept
+        # across `pulumi destroy` with keepCaches, like the gcp target's.
+        cache = ServingCache(base, ServingCacheArgs(
+            project=cfg.project, zone=cfg.zone, region=cfg.effective_region, disk_name=disk_name(base),
+            bucket_name=bucket_name(cfg.project, base), disk_gb=0, bucket=cfg.compile_cache_bucket,
+            keep=cfg.keep_caches, reader_email=identity.email, labels=labels), opts=child)
+        gateway = cfg.gke_router == "inference-gateway"
         cluster = GkeTpuCluster(base, GkeTpuClusterArgs(
-            project=cfg.project, zone=cfg.zone, region=cfg.effective_region, machine_type=cfg.machine_type,
-            chips=cfg.chips, max_nodes=cfg.gke_max_nodes, max_run_seconds=cfg.max_run_seconds,
+            project=cfg.project, zone=cfg.zone, region=cfg.effective_region, zones=cfg.gke_pool_zones,
+            machine_type=cfg.machine_type, chips=cfg.chips, max_nodes=cfg.gke_pool_max_nodes,
+            max_run_seconds=cfg.max_run_seconds,
             boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type, network=cfg.network,
             subnetwork=cfg.subnetwork, create_nat=cfg.create_cloud_nat, workload_ksa=(cfg.gke_namespace,
                                                                                      SERVICE_ACCOUNT),
             workload_gsa_email=identity.email, existing_cluster=cfg.gke_cluster,
-            existing_location=cfg.gke_cluster_location, labels=labels), opts=child)
+            existing_location=cfg.gke_cluster_location, gateway=gateway,
+            proxy_subnet_range=cfg.gke_proxy_subnet_range, labels=labels), opts=child)
+        manifest = ServingManifestArgs(
+            name=DEPLOYMENT_NAME, namespace=cfg.gke_namespace, serving=cfg.serving,
+            secret_name=identity.secret_name, gsa_email=identity.email, chips=cfg.chips,
+            node_labels=cluster.node_labels, min_replicas=cfg.gke_min_replicas, max_replicas=cfg.gke_max_nodes,
+            startup_budget_s=cfg.readiness_timeout_seconds, config_hash=serving_hash,
+            machine_type=cfg.machine_type,
+            cache_bucket=cache.bucket_name if cfg.compile_cache_bucket else "", surge=cfg.gke_surge_node,
+            router=cfg.gke_router, labels=labels)
         GkeServing(f"{base}-serving", GkeServingArgs(
-            manifest=ServingManifestArgs(
-                name=DEPLOYMENT_NAME, namespace=cfg.gke_namespace, serving=cfg.serving,
-                secret_name=identity.secret_name, gsa_email=identity.email, chips=cfg.chips,
-                node_labels=cluster.node_labels, min_replicas=cfg.gke_min_replicas, max_replicas=cfg.gke_max_nodes,
-                startup_budget_s=cfg.readiness_timeout_seconds, config_hash=serving_hash, labels=labels),
-            kubeconfig=cluster.kubeconfig, depends_on=(cluster, identity)), opts=child)
+            manifest=manifest, kubeconfig=cluster.kubeconfig, depends_on=(cluster, identity, cache),
+            gateway_objects=tuple(inference_gateway.manifests(manifest)),
+            gateway_depends_on=tuple(cluster.proxy_subnet)), opts=child)
 
         port = cfg.serving.port
         self.outputs: dict[str, Any] = {
@@ -56,6 +74,13 @@ class GkeTpuServe(pulumi.ComponentResource):
             "clusterLocation": cluster.location,
             "zone": cfg.zone,
             "nodePool": cluster.node_pool.name,
+            "nodePoolZones": list(cfg.gke_pool_zones),
+            # Replicas at most (the HPA's maximum), and the pool's: one more with the surge node.
+            "maxReplicas": cfg.gke_max_nodes,
+            "nodePoolMaxNodes": cfg.gke_pool_max_nodes,
+            "deployment": DEPLOYMENT_NAME,
+            "cacheBucket": cache.bucket_name,
+            "router": cfg.gke_router,
             "namespace": cfg.gke_namespace,
             "service": DEPLOYMENT_NAME,
             "port": port,
@@ -69,7 +94,13 @@ class GkeTpuServe(pulumi.ComponentResource):
             "vllmArgs": vllm_serve_args(cfg.serving),
             "configHash": serving_hash,
             "maxRunSeconds": cfg.max_run_seconds,
-            # Every node of the pool busy: the most the TPUs can cost per hour (the cluster fee comes on top).
+            # Every replica's node busy: the most the TPUs cost per hour in steady state (the cluster fee comes on
+            # top; a rollout or renewal adds the surge node for its duration).
             "maxTpuCostPerHourUsd": round(cfg.gke_max_nodes * cfg.chips * cfg.price_per_chip_hour, 2),
         }
+        if gateway:
+            self.outputs["gateway"] = DEPLOYMENT_NAME
+            self.outputs["gatewayAddressCommand"] = (
+                f"kubectl get gateway {DEPLOYMENT_NAME} --namespace {cfg.gke_namespace} "
+                "--output jsonpath='{.status.addresses[0].value}'")
         self.register_outputs(self.outputs)

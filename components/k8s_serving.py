@@ -6,9 +6,23 @@ schema and the PodMonitoring CRD), then handed to typed pulumi-kubernetes resour
   the node's `google.com/tpu` chips, selecting the flex-start v6e pool by its labels and tolerating the TPU taint.
   The Hugging Face token never enters a Kubernetes object: an init container (vm/hf_token.py) reads the secret from
   Secret Manager as the pod's Workload Identity into an in-memory emptyDir, and huggingface_hub reads it from
-  HF_TOKEN_PATH. Probes: startup on /health for the whole cold-start budget (image pull + XLA compile), readiness
-  runs vm/readycheck.py (the readiness gate's rules: /health, the model listed, a real completion), liveness on
-  /health. Pulumi's own await logic waits for the rollout, so `pulumi up` turns green only when a pod is ready.
+  HF_TOKEN_PATH. Probes: startup runs vm/pod_boot.py (/health, for the whole cold-start budget, and the boot
+  timeline: what was warm), readiness runs vm/readycheck.py (the readiness gate's rules: /health, the model listed,
+  a real completion), liveness on /health. Pulumi's own await logic waits for the rollout, so `pulumi up` turns
+  green only when a pod is ready.
+- Warm pods: the caches of the VM, in the stack's bucket through the Cloud Storage FUSE CSI driver's sidecar, as
+  Google's vLLM-on-TPU recipe mounts them (GoogleCloudPlatform/kubernetes-engine-samples
+  ai-ml/vllm-tpu/vllm-llama3-70b.yaml: `gke-gcsfuse/volumes`, an ephemeral `gcsfuse.csi.storage.gke.io` volume with
+  the file cache on the `gke-gcsfuse-cache` emptyDir, VLLM_XLA_CACHE_PATH and the download dir on the bucket). The
+  Hugging Face cache (HF_HOME) is the bucket's `huggingface/`: the first pod downloads the weights into it, every
+  later one reads them from the bucket through the file cache. The XLA compile cache is `xla/<key>/`, the VM's
+  layout and key (vm/supervisor.py `cache_key`: image digest and machine type), so a pod compiles into and loads
+  from exactly what a VM of the same image and machine type would. The environment is the VM container's
+  (tpuserve.serving.TPU_CACHE_ENV).
+- Rollouts that fit: with the surge node (gkeSurgeNode) a new pod starts before the one it replaces stops
+  (maxSurge 1, maxUnavailable 0) and the PodDisruptionBudget lets nothing evict a serving pod (maxUnavailable 0:
+  a rollout or `tpuserve gke renew` replaces first, then removes); without it one pod stops first (maxSurge 0,
+  maxUnavailable 1) and the budget allows the same one at a time.
 - Service (ClusterIP), PodDisruptionBudget, a Managed Prometheus PodMonitoring for /metrics, and an HPA on
   `vllm:num_requests_waiting` through the Custom Metrics Stackdriver Adapter, whose metric names are
   `prometheus.googleapis.com|<metric>|<kind>` (https://cloud.google.com/kubernetes-engine/docs/tutorials/
@@ -27,10 +41,13 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from tpuserve.serving import ServingConfig, vllm_serve_args
+from tpuserve.facts import CONTAINER_HF_HOME, CONTAINER_XLA_CACHE
+from tpuserve.serving import TPU_CACHE_ENV, ServingConfig, vllm_serve_args
+from vm.supervisor import cache_key
 
 VM_DIR = Path(__file__).resolve().parent.parent / "vm"
-SCRIPTS = ("readycheck.py", "hf_token.py")  # shipped to the pod in a ConfigMap, run by the image's python3
+# Shipped to the pod in a ConfigMap, run by the image's python3 (pod_boot.py imports compile_cache.py).
+SCRIPTS = ("readycheck.py", "hf_token.py", "pod_boot.py", "compile_cache.py")
 SCRIPTS_DIR = "/opt/tpu-serve"
 TOKEN_DIR = "/var/run/tpu-serve/hf"
 TOKEN_FILE = f"{TOKEN_DIR}/token"
@@ -48,6 +65,23 @@ LIVENESS_PERIOD_S = 15
 CAPACITY_WAIT_S = 60 * 60
 # A replica costs a cold start (~10 min) and a node-hour: scale up at once, scale down slowly.
 SCALE_DOWN_WINDOW_S = 15 * 60
+# Cloud Storage FUSE (https://cloud.google.com/kubernetes-engine/docs/how-to/cloud-storage-fuse-csi-driver-setup):
+# the annotation makes GKE inject the sidecar; "0" lifts its CPU, memory and disk limits, as Google's vLLM-on-TPU
+# recipe sets them (a limited sidecar is OOM-killed under a 10 GB read, and the mount goes with it).
+GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+GCSFUSE_ANNOTATIONS = {"gke-gcsfuse/volumes": "true", "gke-gcsfuse/cpu-limit": "0", "gke-gcsfuse/memory-limit": "0",
+                       "gke-gcsfuse/ephemeral-storage-limit": "0"}
+# The sidecar keeps its file cache on the pod's volume of this name (an in-memory emptyDir, as in the recipe).
+GCSFUSE_CACHE_VOLUME = "gke-gcsfuse-cache"
+# The recipe's mount options for the weights: the file cache, with parallel downloads of each file.
+WEIGHTS_MOUNT_OPTIONS = ("implicit-dirs,file-cache:enable-parallel-downloads:true,"
+                         "file-cache:parallel-downloads-per-file:100,file-cache:max-parallel-downloads:-1,"
+                         "file-cache:download-chunk-size-mb:10,file-cache:max-size-mb:-1")
+HF_BUCKET_DIR = "huggingface"  # the bucket's folder for HF_HOME; the compile cache is xla/<key>, as on the VM
+# huggingface_hub's Xet chunk cache defaults to HF_HOME/xet: thousands of small files, which stay off the bucket.
+XET_CACHE_DIR = "/tmp/hf-xet"
+# The startup probe's timeline lives in the container's own filesystem: a restarted container starts a new one.
+BOOT_STATE = "/tmp/tpu-serve-boot.json"
 
 
 @dataclass(frozen=True)
@@ -65,7 +99,22 @@ class ServingManifestArgs:
     max_replicas: int
     startup_budget_s: int
     config_hash: str
+    machine_type: str = "ct6e-standard-1t"
+    cache_bucket: pulumi.Input[str] = ""  # the stack's bucket: weights and compile cache
+    surge: bool = True  # the pool has a node for the pod a rollout starts before it stops one
+    router: str = "service"  # or inference-gateway (components/inference_gateway.py)
     labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def xla_cache_key(image: str, machine_type: str) -> str:
+    """The compile cache's folder: the VM's key (vm/supervisor.py `cache_key`: image digest + machine type). A
+    pinned image gives its digest, as on the VM. A tag has none until a node pulls it, so its key is made from the
+    image reference: one folder per tag, shared by the builds the tag names over time (JAX's own cache key, which
+    covers the jaxlib and libtpu versions, tells them apart: a stale entry is a miss, never a wrong program)."""
+    _, at, digest = image.partition("@")
+    if not (at and digest.startswith("sha256:")):
+        digest = "ref:" + hashlib.sha256(image.encode()).hexdigest()
+    return cache_key(digest, machine_type)
 
 
 def selector(args: ServingManifestArgs) -> dict[str, str]:
@@ -109,8 +158,10 @@ def config_map(args: ServingManifestArgs) -> dict[str, Any]:
 
 def vllm_container(args: ServingManifestArgs) -> dict[str, Any]:
     cfg = args.serving
-    readycheck = ["python3", f"{SCRIPTS_DIR}/readycheck.py", "--url", f"http://127.0.0.1:{cfg.port}",
-                  "--model", cfg.model, "--timeout", str(READYCHECK_REQUEST_TIMEOUT_S)]
+    url = f"http://127.0.0.1:{cfg.port}"
+    readycheck = ["python3", f"{SCRIPTS_DIR}/readycheck.py", "--url", url, "--model", cfg.model,
+                  "--timeout", str(READYCHECK_REQUEST_TIMEOUT_S)]
+    boot = ["python3", f"{SCRIPTS_DIR}/pod_boot.py", "--url", url, "--model", cfg.model, "--state", BOOT_STATE]
     chips = str(args.chips)
     return {
         "name": "vllm",
@@ -118,22 +169,40 @@ def vllm_container(args: ServingManifestArgs) -> dict[str, Any]:
         "command": ["vllm", "serve"],
         "args": vllm_serve_args(cfg),
         "ports": [{"name": "http", "containerPort": cfg.port, "protocol": "TCP"}],
-        # Weights under /dev/shm (HF_HOME): a pod has no cache disk (the VM keeps them on one). The token is a file,
-        # never an environment value.
-        "env": [{"name": "HF_HOME", "value": "/dev/shm"}, {"name": "HF_TOKEN_PATH", "value": TOKEN_FILE}],
+        # The caches' variables of the VM's container; the token is a file, never an environment value.
+        "env": [{"name": key, "value": value} for key, value in TPU_CACHE_ENV.items()]
+        + [{"name": "HF_TOKEN_PATH", "value": TOKEN_FILE}, {"name": "HF_XET_CACHE", "value": XET_CACHE_DIR}],
         "resources": {"requests": {TPU_RESOURCE: chips}, "limits": {TPU_RESOURCE: chips}},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
+                         {"name": "weights", "mountPath": CONTAINER_HF_HOME},
+                         {"name": "compile-cache", "mountPath": CONTAINER_XLA_CACHE},
                          {"name": "hf-token", "mountPath": TOKEN_DIR, "readOnly": True},
                          {"name": "scripts", "mountPath": SCRIPTS_DIR, "readOnly": True}],
-        # Image pull happens before the probes start; this covers engine start, weights and the XLA compile.
-        "startupProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": STARTUP_PERIOD_S,
-                         "timeoutSeconds": 5,
+        # Image pull happens before the probes start; this covers engine start, weights and the XLA compile, and
+        # leaves the boot timeline in the container's log. A probe run lists the compile cache on the bucket
+        # twice at most, hence the long timeout.
+        "startupProbe": {"exec": {"command": boot}, "periodSeconds": STARTUP_PERIOD_S, "timeoutSeconds": 30,
                          "failureThreshold": math.ceil(args.startup_budget_s / STARTUP_PERIOD_S)},
         "readinessProbe": {"exec": {"command": readycheck}, "periodSeconds": READINESS_PERIOD_S,
                            "timeoutSeconds": 3 * READYCHECK_REQUEST_TIMEOUT_S + 5, "failureThreshold": 2},
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": LIVENESS_PERIOD_S,
                           "timeoutSeconds": 5, "failureThreshold": 4},
     }
+
+
+def cache_volumes(args: ServingManifestArgs) -> list[dict[str, Any]]:
+    """The bucket's two folders as ephemeral Cloud Storage FUSE volumes, and the sidecar's file cache; without a
+    bucket (compileCacheBucket false) empty directories: every pod downloads and compiles cold."""
+    if not args.cache_bucket:
+        return [{"name": "weights", "emptyDir": {}}, {"name": "compile-cache", "emptyDir": {}}]
+
+    def bucket(options: str) -> dict[str, Any]:
+        return {"driver": GCSFUSE_DRIVER, "volumeAttributes": {"bucketName": args.cache_bucket,
+                                                                "mountOptions": options}}
+    key = xla_cache_key(args.serving.image, args.machine_type)
+    return [{"name": "weights", "csi": bucket(f"{WEIGHTS_MOUNT_OPTIONS},only-dir={HF_BUCKET_DIR}")},
+            {"name": "compile-cache", "csi": bucket(f"implicit-dirs,only-dir=xla/{key}")},
+            {"name": GCSFUSE_CACHE_VOLUME, "emptyDir": {"medium": "Memory"}}]
 
 
 def token_init_container(args: ServingManifestArgs) -> dict[str, Any]:
@@ -147,15 +216,21 @@ def token_init_container(args: ServingManifestArgs) -> dict[str, Any]:
     }
 
 
+def rolling_update(args: ServingManifestArgs) -> dict[str, int]:
+    """With the surge node a new pod (on a new flex-start node) is ready before an old one goes; without it one
+    old pod goes first, since a surge pod would wait for a node the pool may not add."""
+    return {"maxSurge": 1, "maxUnavailable": 0} if args.surge else {"maxSurge": 0, "maxUnavailable": 1}
+
+
 def deployment(args: ServingManifestArgs) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "selector": {"matchLabels": selector(args)},
-        # A new pod (on a new flex-start node) must be ready before an old one goes.
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update(args)},
         "template": {
             "metadata": {"labels": metadata(args)["labels"],
                          "annotations": {"tpu-serve/config-hash": args.config_hash,
-                                         "tpu-serve/scripts-hash": scripts_hash()}},
+                                         "tpu-serve/scripts-hash": scripts_hash(),
+                                         **(GCSFUSE_ANNOTATIONS if args.cache_bucket else {})}},
             "spec": {
                 "serviceAccountName": SERVICE_ACCOUNT,
                 "nodeSelector": dict(args.node_labels),
@@ -163,7 +238,7 @@ def deployment(args: ServingManifestArgs) -> dict[str, Any]:
                 "terminationGracePeriodSeconds": 60,
                 "initContainers": [token_init_container(args)],
                 "containers": [vllm_container(args)],
-                "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
+                "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, *cache_volumes(args),
                             {"name": "hf-token", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
                             {"name": "scripts", "configMap": {"name": f"{args.name}-scripts"}}],
             },
@@ -183,8 +258,11 @@ def service(args: ServingManifestArgs) -> dict[str, Any]:
 
 
 def disruption_budget(args: ServingManifestArgs) -> dict[str, Any]:
+    """The rollout's promise for evictions too (node drains, the cluster autoscaler): with the surge node no
+    serving pod is evicted (replace first, as a rollout and `tpuserve gke renew` do), without it one at a time."""
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": metadata(args),
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(args)}}}
+            "spec": {"maxUnavailable": rolling_update(args)["maxUnavailable"],
+                     "selector": {"matchLabels": selector(args)}}}
 
 
 def pod_monitoring(args: ServingManifestArgs) -> dict[str, Any]:
@@ -209,10 +287,23 @@ def autoscaler(args: ServingManifestArgs) -> dict[str, Any]:
 
 
 def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
-    """Every object the gke target declares in the cluster, in apply order. No HPA while parked (minReplicas 0)."""
+    """Every serving object the gke target declares in the cluster, in apply order. No HPA while parked
+    (minReplicas 0). The inference-gateway router's objects come from components/inference_gateway.py."""
     objects = [namespace(args), service_account(args), config_map(args), deployment(args), service(args),
                disruption_budget(args), pod_monitoring(args)]
     return objects + ([autoscaler(args)] if args.min_replicas > 0 else [])
+
+
+# Kinds with a typed pulumi-kubernetes class; any other kind (the CRDs: PodMonitoring, InferencePool, Gateway,
+# HTTPRoute, GKE's policies) is a CustomResource.
+TYPED = {
+    "Namespace": k8s.core.v1.Namespace, "ServiceAccount": k8s.core.v1.ServiceAccount,
+    "ConfigMap": k8s.core.v1.ConfigMap, "Service": k8s.core.v1.Service, "Deployment": k8s.apps.v1.Deployment,
+    "PodDisruptionBudget": k8s.policy.v1.PodDisruptionBudget,
+    "HorizontalPodAutoscaler": k8s.autoscaling.v2.HorizontalPodAutoscaler,
+    "Role": k8s.rbac.v1.Role, "RoleBinding": k8s.rbac.v1.RoleBinding,
+}
+FIELD_ARGS = {"roleRef": "role_ref"}  # top-level fields whose Python argument is not their name
 
 
 @dataclass(frozen=True)
@@ -221,48 +312,52 @@ class GkeServingArgs:
     kubeconfig: pulumi.Input[str]
     # The Deployment waits for these (the node pool, the Workload Identity binding) before it is applied.
     depends_on: tuple[pulumi.Resource, ...] = ()
+    # The inference gateway's objects (inference_gateway.manifests) and what its Gateway waits for (the
+    # proxy-only subnet of the load balancer).
+    gateway_objects: tuple[dict[str, Any], ...] = ()
+    gateway_depends_on: tuple[pulumi.Resource, ...] = ()
 
 
 class GkeServing(pulumi.ComponentResource):
-    """Declares `manifests(...)` through a pulumi-kubernetes provider for the cluster. The Deployment is awaited:
-    `pulumi up` fails unless a pod passes its readiness probe within the capacity wait plus the startup budget."""
+    """Declares `manifests(...)` (and the inference gateway's objects) through a pulumi-kubernetes provider for the
+    cluster. The vLLM Deployment is awaited: `pulumi up` fails unless a pod passes its readiness probe within the
+    capacity wait plus the startup budget."""
 
     def __init__(self, name: str, args: GkeServingArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:gke:GkeServing", name, None, opts)
         provider = k8s.Provider(f"{name}-k8s", kubeconfig=args.kubeconfig, enable_server_side_apply=True,
                                 opts=pulumi.ResourceOptions(parent=self))
         timeout = f"{CAPACITY_WAIT_S + args.manifest.startup_budget_s}s"
-        created: dict[str, pulumi.CustomResource] = {}
-        for obj in manifests(args.manifest):
-            kind, meta = obj["kind"], obj["metadata"]
-            opts_ = pulumi.ResourceOptions(parent=self, provider=provider,
-                                           depends_on=[created["Namespace"]] if "Namespace" in created else [])
-            fields = {key: value for key, value in obj.items() if key not in ("apiVersion", "kind", "metadata")}
-            resource_name = f"{name}-{kind.lower()}"
-            if kind == "Namespace":
-                resource = k8s.core.v1.Namespace(resource_name, metadata=meta, opts=opts_)
-            elif kind == "ServiceAccount":
-                resource = k8s.core.v1.ServiceAccount(resource_name, metadata=meta, opts=opts_)
-            elif kind == "ConfigMap":
-                resource = k8s.core.v1.ConfigMap(resource_name, metadata=meta, data=fields["data"], opts=opts_)
-            elif kind == "Deployment":
-                resource = k8s.apps.v1.Deployment(resource_name, metadata=meta, spec=fields["spec"], opts=opts_.merge(
-                    pulumi.ResourceOptions(
-                        depends_on=[created["ServiceAccount"], created["ConfigMap"], *args.depends_on],
-                        custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout))))
-            elif kind == "Service":
-                resource = k8s.core.v1.Service(resource_name, metadata=meta, spec=fields["spec"], opts=opts_)
-            elif kind == "PodDisruptionBudget":
-                resource = k8s.policy.v1.PodDisruptionBudget(resource_name, metadata=meta, spec=fields["spec"],
-                                                             opts=opts_)
-            elif kind == "HorizontalPodAutoscaler":
-                resource = k8s.autoscaling.v2.HorizontalPodAutoscaler(resource_name, metadata=meta,
-                                                                      spec=fields["spec"], opts=opts_)
-            else:  # PodMonitoring: a CRD that GKE Managed Prometheus installs
-                resource = k8s.apiextensions.CustomResource(resource_name, api_version=obj["apiVersion"], kind=kind,
-                                                            metadata=meta, spec=fields["spec"], opts=opts_)
-            created[kind] = resource
+        declared: list[pulumi.CustomResource] = []
 
-        self.deployment = created["Deployment"]
+        def declare(obj: dict[str, Any], resource_name: str, depends_on: list[pulumi.Resource],
+                    timeouts: pulumi.CustomTimeouts | None = None) -> pulumi.CustomResource:
+            kind, meta = obj["kind"], obj["metadata"]
+            fields = {FIELD_ARGS.get(key, key): value for key, value in obj.items()
+                      if key not in ("apiVersion", "kind", "metadata")}
+            # A Deployment waits for what was declared before it (its account, role, config; not another
+            # Deployment's rollout); the rest for the namespace only.
+            before = [r for r in declared if isinstance(r, k8s.core.v1.Namespace) or (
+                kind == "Deployment" and not isinstance(r, k8s.apps.v1.Deployment))]
+            opts_ = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=before + depends_on,
+                                           custom_timeouts=timeouts)
+            if kind in TYPED:
+                resource = TYPED[kind](resource_name, metadata=meta, opts=opts_, **fields)
+            else:
+                resource = k8s.apiextensions.CustomResource(resource_name, api_version=obj["apiVersion"], kind=kind,
+                                                            metadata=meta, opts=opts_, **fields)
+            declared.append(resource)
+            return resource
+
+        for obj in manifests(args.manifest):
+            is_vllm = obj["kind"] == "Deployment"
+            resource = declare(obj, f"{name}-{obj['kind'].lower()}", list(args.depends_on) if is_vllm else [],
+                               pulumi.CustomTimeouts(create=timeout, update=timeout) if is_vllm else None)
+            if is_vllm:
+                self.deployment = resource
+        for obj in args.gateway_objects:
+            declare(obj, f"{name}-{obj['metadata']['name']}-{obj['kind'].lower()}",
+                    list(args.gateway_depends_on) if obj["kind"] == "Gateway" else [])
+
         self.service_name = args.manifest.name
         self.register_outputs({"deployment": args.manifest.name, "namespace": args.manifest.namespace})

@@ -370,8 +370,8 @@ BAD_WITH_MESSAGE = [
      'maxModelLength: unknown setting; known settings are alertDownAfter, alertNotificationChannels, '
      'alertQueueDepth, alertTtftP99Seconds, allowKnownBrokenModel, bootDiskSizeGb, bootDiskType, bootImage, '
      'cacheDiskSizeGb, compileCacheBucket, containerImage, createCloudNat, enableAutoToolChoice, externalIp, '
-     'extraArgs, gkeCluster, gkeClusterLocation, gkeMaxNodes, gkeMinReplicas, gkeNamespace, gpuMemoryUtilization, '
-     'hfToken, hfTokenSecretId, keepCaches, kvCacheDtype, labels, localGpus, localModelCache, localPort, '
+     'extraArgs, gkeCluster, gkeClusterLocation, gkeMaxNodes, gkeMinReplicas, gkeNamespace, gkeProxySubnetRange, '
+     'gkeRouter, gkeSurgeNode, gkeZones, gpuMemoryUtilization, hfToken, hfTokenSecretId, keepCaches, kvCacheDtype, labels, localGpus, localModelCache, localPort, '
      'machineType, maxModelLen, maxNumBatchedTokens, maxRunDuration, model, multimodalLimits, network, '
      'pricePerChipHour, project, readinessTimeout, reasoningParser, region, routerImage, routerMachineType, '
      'routerMasterKeySecretId, routerReplicas, routerZone, subnetwork, target, toolCallParser, zone, zones'),

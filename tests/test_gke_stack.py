@@ -21,9 +21,12 @@ NODE_POOL = "gcp:container/nodePool:NodePool"
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
 HPA = "kubernetes:autoscaling/v2:HorizontalPodAutoscaler"
 K8S_PROVIDER = "pulumi:providers:kubernetes"
+# An existing cluster as getCluster describes it (pulumi-gcp 10.2 GetClusterResult: list-valued blocks).
 EXISTING = {"name": "ml-shared", "location": "us-east5", "endpoint": "203.0.113.20",
             "masterAuths": [{"clusterCaCertificate": "Q0EtZXhpc3Rpbmc="}],
-            "workloadIdentityConfigs": [{"workloadPool": "my-ml-sandbox.svc.id.goog"}]}
+            "workloadIdentityConfigs": [{"workloadPool": "my-ml-sandbox.svc.id.goog"}],
+            "addonsConfigs": [{"gcsFuseCsiDriverConfigs": [{"enabled": True}]}],
+            "gatewayApiConfigs": []}
 
 
 def gke_config(**overrides: str) -> dict[str, str]:
@@ -67,10 +70,10 @@ def test_tpu_node_pool_is_flex_start_from_zero_without_repair_or_reservation(gke
     assert node["maxRunDuration"] == "86400s"  # Pulumi.gke.yaml: maxRunDuration 1d
     assert node["machineType"] == "ct6e-standard-1t"
     assert node["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
-    assert pool["autoscaling"]["totalMinNodeCount"] == 0 and pool["autoscaling"]["totalMaxNodeCount"] == 2
+    assert pool["autoscaling"] == {"totalMinNodeCount": 0, "totalMaxNodeCount": 3, "locationPolicy": "ANY"}
     assert pool["initialNodeCount"] == 0
     assert pool["management"]["autoRepair"] is False
-    assert pool["nodeLocations"] == ["us-east5-b"]
+    assert pool["nodeLocations"] == ["us-east5-a", "us-east5-b"]  # GKE's flex-start v6e zones of us-east5
     assert pool["networkConfig"] == {"enablePrivateNodes": True}
     assert node["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
     assert (node["diskType"], node["diskSizeGb"]) == ("hyperdisk-balanced", 200.0)
@@ -121,7 +124,8 @@ def test_bigger_machines_take_all_their_chips_and_topology(machine_type: str, ch
 def test_probes_cover_a_cold_start_and_use_the_gate_rules(gke_run: StackRun) -> None:
     container = vllm_container(gke_run)
     startup = container["startupProbe"]
-    assert startup["httpGet"] == {"path": "/health", "port": "http"}
+    assert startup["exec"]["command"] == ["python3", "/opt/tpu-serve/pod_boot.py", "--url", "http://127.0.0.1:8000",
+                                          "--model", "google/gemma-4-E2B-it", "--state", "/tmp/tpu-serve-boot.json"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 25 * 60
     assert container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     command = container["readinessProbe"]["exec"]["command"]
@@ -131,6 +135,8 @@ def test_probes_cover_a_cold_start_and_use_the_gate_rules(gke_run: StackRun) -> 
     scripts = gke_run.one("kubernetes:core/v1:ConfigMap").inputs
     assert scripts["data"]["readycheck.py"] == (ROOT / "vm" / "readycheck.py").read_text()
     assert scripts["data"]["hf_token.py"] == (ROOT / "vm" / "hf_token.py").read_text()
+    assert scripts["data"]["pod_boot.py"] == (ROOT / "vm" / "pod_boot.py").read_text()
+    assert scripts["data"]["compile_cache.py"] == (ROOT / "vm" / "compile_cache.py").read_text()  # pod_boot's import
     assert {"name": "scripts", "configMap": {"name": scripts["metadata"]["name"]}} in pod_spec(gke_run)["volumes"]
 
 
@@ -222,7 +228,10 @@ def test_outputs(gke_run: StackRun) -> None:
     cfg = build_stack_config(gke_config())
     assert gke_run.outputs == {
         "target": "gke", "project": "my-ml-sandbox", "cluster": "tpu-serve-gke", "clusterLocation": "us-east5",
-        "zone": "us-east5-b", "nodePool": "tpu-serve-gke-tpu", "namespace": "tpu-serve", "service": "vllm",
+        "zone": "us-east5-b", "nodePool": "tpu-serve-gke-tpu", "nodePoolZones": ["us-east5-a", "us-east5-b"],
+        "maxReplicas": 2, "nodePoolMaxNodes": 3, "deployment": "vllm",
+        "cacheBucket": "my-ml-sandbox-tpu-serve-gke-cache", "router": "service",
+        "namespace": "tpu-serve", "service": "vllm",
         "port": 8000, "endpoint": "http://vllm.tpu-serve.svc.cluster.local:8000/v1",
         "getCredentialsCommand": "gcloud container clusters get-credentials tpu-serve-gke --location us-east5 "
                                  "--project my-ml-sandbox",

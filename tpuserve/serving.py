@@ -240,6 +240,12 @@ def vllm_serve_args(cfg: ServingConfig) -> list[str]:
     return args + list(cfg.extra_args)
 
 
+# The caches' environment of every vLLM TPU container: the VM's `docker run` (below) and the gke pods'
+# (components/k8s_serving.py), so both load weights from and compile into the same layout. HF_HOME first.
+TPU_CACHE_ENV = {"HF_HOME": CONTAINER_HF_HOME, "VLLM_XLA_CACHE_PATH": CONTAINER_XLA_CACHE,
+                 "JAX_COMPILATION_CACHE_DIR": CONTAINER_XLA_CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+
+
 def tpu_container_run_args(cfg: ServingConfig, config_hash: str) -> list[str]:
     """`docker run` arguments on the TPU VM. HF_TOKEN is passed by name only, so its value is never in an argv.
 
@@ -255,12 +261,11 @@ def tpu_container_run_args(cfg: ServingConfig, config_hash: str) -> list[str]:
     /dev/shm stays bind-mounted (the reference deployment's flag); no --shm-size, which Docker ignores when
     /dev/shm is mounted (moby daemon/container_operations_unix.go, `HasMountFor("/dev/shm")`)."""
     xla_host_dir = f"{CACHE_ROOT}/xla/{XLA_CACHE_KEY_PLACEHOLDER}"
+    hf_env, *xla_env = (["-e", f"{key}={value}"] for key, value in TPU_CACHE_ENV.items())
     return ["run", "--detach", "--name", CONTAINER_NAME, "--privileged", "--net=host",
             "-v", "/dev/shm:/dev/shm",
-            "-v", f"{CACHE_ROOT}/huggingface:{CONTAINER_HF_HOME}", "-e", f"HF_HOME={CONTAINER_HF_HOME}",
-            "-v", f"{xla_host_dir}:{CONTAINER_XLA_CACHE}",
-            "-e", f"VLLM_XLA_CACHE_PATH={CONTAINER_XLA_CACHE}", "-e", f"JAX_COMPILATION_CACHE_DIR={CONTAINER_XLA_CACHE}",
-            "-e", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0",
+            "-v", f"{CACHE_ROOT}/huggingface:{CONTAINER_HF_HOME}", *hf_env,
+            "-v", f"{xla_host_dir}:{CONTAINER_XLA_CACHE}", *(arg for pair in xla_env for arg in pair),
             "-e", "HF_TOKEN",
             "--label", f"tpu-serve.config-hash={config_hash}",
             cfg.image, "vllm", "serve", *vllm_serve_args(cfg)]

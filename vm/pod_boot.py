@@ -1,0 +1,145 @@
+"""The gke pods' startup probe, and the boot timeline it leaves: what was warm, and how long loading took.
+
+The kubelet runs this every few seconds from the container's start until it exits 0; then the readiness probe
+(readycheck.py) takes over. Each run records which stage the pod is in; a change of stage is one line on the
+container's own output (/proc/1/fd/1, the serving process's stdout, so `kubectl logs` and Cloud Logging show it among
+vLLM's lines), and the whole timeline stays in --state (an emptyDir, kept across container restarts of the pod):
+
+    tpu-serve boot: loading-model at +2 s: weights cached (google/gemma-4-E2B-it), compile cache 412 entries
+    tpu-serve boot: healthy at +96 s: weights were cached, compile cache 412 -> 412 entries (warm)
+
+Stages: `loading-model` from the container's start (vLLM loads the weights, from the bucket or from Hugging Face
+into the bucket, then compiles, into and from the bucket's compile cache), `healthy` once /health answers 200. What
+comes before the container starts (scheduling, the node, the image pull, the token) is in the pod's own conditions
+and events. The weights count as cached when huggingface_hub finds the model's config and a safetensors file in
+HF_HOME (its own cache lookup, `try_to_load_from_cache`); the compile cache is counted as the VM counts it
+(compile_cache.entries), once at the start and once when healthy, since listing a bucket mount is not free.
+
+    python3 pod_boot.py --url http://127.0.0.1:8000 --model google/gemma-4-E2B-it --state /var/run/tpu-serve/boot/t.json
+
+Exit 0 once /health answers 200, 1 before; one line on stdout says why (the kubelet records it on a failure).
+Imports nothing from tpuserve; runs with the serving image's python3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import compile_cache  # noqa: E402 - a sibling, shipped beside this file
+
+PREFIX = "tpu-serve boot:"
+LOADING, HEALTHY = "loading-model", "healthy"
+
+
+def weights_cached(hf_home: str, model: str) -> bool | None:
+    """Whether huggingface_hub's cache under `hf_home` holds the model's config and weights (None: no
+    huggingface_hub to ask)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    config = try_to_load_from_cache(model, "config.json", cache_dir=os.path.join(hf_home, "hub"))
+    if not isinstance(config, str):
+        return False
+    return any(name.endswith(".safetensors") for name in os.listdir(os.path.dirname(config)))
+
+
+def container_started() -> float | None:
+    """When the container's first process started (its /proc stat start time, in clock ticks after boot)."""
+    try:
+        ticks = int(Path("/proc/1/stat").read_text().rsplit(")", 1)[1].split()[19])
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def healthy(url: str, timeout_s: float) -> tuple[bool, str]:
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout_s) as response:  # noqa: S310
+            return response.status == 200, f"/health answered HTTP {response.status}"
+    except urllib.error.HTTPError as err:
+        return False, f"/health answered HTTP {err.code}"
+    except OSError as err:
+        return False, f"/health not answering ({getattr(err, 'reason', err)})"
+
+
+def describe_weights(cached: bool | None, model: str) -> str:
+    return {True: f"weights cached ({model})", False: f"weights not cached: downloading {model} into the cache",
+            None: "weights: unknown (no huggingface_hub)"}[cached]
+
+
+def emit(log: str, line: str) -> None:
+    """One timeline line on the container's output; a probe never fails for want of a log."""
+    try:
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+    except OSError:
+        pass
+
+
+def probe(args: argparse.Namespace, now: float) -> tuple[int, str]:
+    state_path = Path(args.state)
+    try:
+        state: dict[str, Any] = json.loads(state_path.read_text())
+    except (OSError, ValueError):
+        state = {}
+    if not state.get("stages"):
+        started = args.started if args.started is not None else container_started()
+        state = {"started": started if started is not None and started <= now else now, "stages": {},
+                 "weights": weights_cached(args.hf_home, args.model),
+                 "compileBefore": compile_cache.entries(Path(args.xla_dir))}
+        state["stages"][LOADING] = round(now - state["started"])
+        emit(args.log, f"{PREFIX} {LOADING} at +{state['stages'][LOADING]} s: "
+                       f"{describe_weights(state['weights'], args.model)}, "
+                       f"compile cache {state['compileBefore']} entries")
+    elapsed = round(now - state["started"])
+    if HEALTHY in state["stages"]:
+        return 0, f"{HEALTHY} since +{state['stages'][HEALTHY]} s"
+    ok, detail = healthy(args.url, args.timeout)
+    if ok:
+        state["stages"][HEALTHY] = elapsed
+        state["compileAfter"] = compile_cache.entries(Path(args.xla_dir))
+        warmth = "warm" if state["compileBefore"] and state["compileAfter"] <= state["compileBefore"] else \
+            "compiled cold" if not state["compileBefore"] else "partly warm"
+        weights = {True: "were cached", False: "were downloaded", None: "unknown"}[state["weights"]]
+        emit(args.log, f"{PREFIX} {HEALTHY} at +{elapsed} s: weights {weights}, compile cache "
+                       f"{state['compileBefore']} -> {state['compileAfter']} entries ({warmth})")
+    state_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = state_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state))
+    tmp.replace(state_path)
+    if ok:
+        return 0, f"{HEALTHY} at +{elapsed} s"
+    return 1, f"{LOADING} for {elapsed} s: {detail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--state", required=True)
+    parser.add_argument("--hf-home", default=os.environ.get("HF_HOME", ""))
+    parser.add_argument("--xla-dir", default=os.environ.get("VLLM_XLA_CACHE_PATH", ""))
+    parser.add_argument("--log", default="/proc/1/fd/1")
+    parser.add_argument("--timeout", type=float, default=5.0)
+    parser.add_argument("--started", type=float, default=None, help=argparse.SUPPRESS)  # tests: the start time
+    args = parser.parse_args(argv)
+    code, line = probe(args, time.time())
+    print(line)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
