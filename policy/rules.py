@@ -13,6 +13,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from pulumi_policy import (
@@ -38,6 +39,11 @@ PROJECT_IAM_BINDING = "gcp:projects/iAMBinding:IAMBinding"
 PROJECT_IAM_POLICY = "gcp:projects/iAMPolicy:IAMPolicy"
 GKE_CLUSTER = "gcp:container/cluster:Cluster"
 GKE_NODE_POOL = "gcp:container/nodePool:NodePool"
+# Where GKE offers flex-start TPU v6e: the stack's own data file (its source and date inside), read from the
+# repository (the pack's environment has pulumi-policy, not the toolkit).
+GKE_FLEX_START_FILE = Path(__file__).resolve().parent.parent / "tpuserve" / "data" / "gke-flex-start-tpu.json"
+GKE_FLEX_START_V6E_ZONES = tuple(json.loads(GKE_FLEX_START_FILE.read_text())["zones"]["v6e"])
+V6E_MACHINE = re.compile(r"^ct6e-")
 # GCP types a tpu-serve stack may declare that take `labels` (tests/test_policy.py checks this against pulumi-gcp).
 LABELLED_TYPES = frozenset({
     INSTANCE,
@@ -236,6 +242,31 @@ def check_gke_flex_start_pool(args: ResourceValidationArgs, report: ReportViolat
                f"NO_RESERVATION, not {affinity!r}", None)
 
 
+def check_gke_flex_start_zones(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """A flex-start TPU v6e pool lies only in zones where GKE offers it, and scales by total limits with location
+    policy ANY, so a stockout in one zone does not hold a scale-up the other zones could serve."""
+    node_config = args.props.get("nodeConfig") or {}
+    if node_config.get("flexStart") is not True or not V6E_MACHINE.match(str(node_config.get("machineType") or "")):
+        return
+    allowed = (args.get_config() or {}).get("allowedZones") or list(GKE_FLEX_START_V6E_ZONES)
+    zones = list(args.props.get("nodeLocations") or [])
+    if not zones:
+        report("flex-start TPU v6e pool without nodeLocations: it takes the cluster's zones, which GKE may not "
+               f"offer flex-start v6e in (only {', '.join(allowed)})", None)
+    outside = [zone for zone in zones if zone not in allowed]
+    if outside:
+        report(f"nodeLocations {', '.join(outside)}: GKE offers flex-start TPU v6e only in {', '.join(allowed)} "
+               f"({GKE_FLEX_START_FILE.name})", None)
+    autoscaling = args.props.get("autoscaling") or {}
+    if autoscaling.get("minNodeCount") is not None or autoscaling.get("maxNodeCount") is not None or \
+            autoscaling.get("totalMaxNodeCount") is None:
+        report("autoscaling must use totalMinNodeCount/totalMaxNodeCount: per-zone limits multiply by the zones "
+               "and cap each zone on its own", None)
+    if autoscaling.get("locationPolicy") != "ANY":
+        report(f"autoscaling.locationPolicy is {autoscaling.get('locationPolicy')!r}, not 'ANY': flex-start takes "
+               "capacity wherever it is (GKE supports no other policy for it)", None)
+
+
 def _missing_labels(labels: Mapping[str, Any] | None, expected: Mapping[str, str]) -> list[str]:
     labels = labels or {}
     return [f"{key}={value}" for key, value in expected.items() if labels.get(key) != value]
@@ -302,4 +333,9 @@ POLICIES = [
             GKE_TYPES, check_gke_workload_identity),
     _policy("gke-flex-start-node-pool", "Flex-start node pools run at most 7 days, without auto-repair or a "
             "reservation.", [GKE_NODE_POOL], check_gke_flex_start_pool),
+    _policy("gke-flex-start-zones", "Flex-start TPU v6e pools lie in GKE's flex-start zones and scale by total "
+            "limits with location policy ANY.", [GKE_NODE_POOL], check_gke_flex_start_zones,
+            {"allowedZones": {"type": "array", "items": {"type": "string"}, "default": list(GKE_FLEX_START_V6E_ZONES),
+                              "description": "Zones a flex-start TPU v6e node pool may use (GKE's list: "
+                                             "tpuserve/data/gke-flex-start-tpu.json)."}}),
 ]

@@ -261,3 +261,213 @@ def test_bad_gke_settings_name_their_key(overrides: dict[str, str], key: str) ->
     with pytest.raises(ConfigError) as err:
         build_stack_config(gke_config(**overrides))
     assert err.value.key == key
+
+
+# --- rollouts that fit, a regional pool ---------------------------------------------------------------------------
+
+def rollout_room(run: StackRun) -> tuple[int, int, dict, dict]:
+    """(the pool's maximum, the replicas the HPA may ask for, the rolling update, the disruption budget)."""
+    hpas = run.of_type(HPA)
+    replicas = int(hpas[0].inputs["spec"]["maxReplicas"]) if hpas else 0
+    budget = run.one("kubernetes:policy/v1:PodDisruptionBudget").inputs["spec"]
+    return (int(tpu_pool(run)["autoscaling"]["totalMaxNodeCount"]), replicas,
+            run.one(DEPLOYMENT).inputs["spec"]["strategy"]["rollingUpdate"], budget)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"gkeMaxNodes": "1"}, {"gkeMaxNodes": "1", "gkeSurgeNode": "false"},
+                                       {"gkeMaxNodes": "5", "gkeMinReplicas": "5"},
+                                       {"gkeMaxNodes": "3", "gkeSurgeNode": "false"}])
+def test_a_rollout_at_full_scale_always_has_a_node_for_its_new_pod(overrides: dict[str, str]) -> None:
+    """At the HPA's maximum, a rolling update holds replicas + maxSurge pods, one per node (each takes every chip):
+    the pool must reach that, or the new pod waits Pending for a node and `pulumi up` for its whole timeout."""
+    pool_max, replicas, rolling, budget = rollout_room(run_stack(gke_config(**overrides), "gke"))
+    assert replicas == int(overrides.get("gkeMaxNodes", "2"))
+    assert replicas + rolling["maxSurge"] <= pool_max
+    assert rolling["maxSurge"] + rolling["maxUnavailable"] == 1  # one pod at a time, either way
+    # The budget promises what the rollout does: nothing serving is evicted while a spare node can take its
+    # successor first; one at a time without one.
+    assert budget["maxUnavailable"] == rolling["maxUnavailable"]
+
+
+def test_the_surge_node_is_the_pools_only_extra_node() -> None:
+    with_surge = rollout_room(run_stack(gke_config(gkeMaxNodes="1"), "gke"))
+    without = rollout_room(run_stack(gke_config(gkeMaxNodes="1", gkeSurgeNode="false"), "gke"))
+    assert (with_surge[0], with_surge[2]) == (2, {"maxSurge": 1, "maxUnavailable": 0})
+    assert (without[0], without[2]) == (1, {"maxSurge": 0, "maxUnavailable": 1})
+    assert build_stack_config(gke_config(gkeSurgeNode="false")).warnings()[0].startswith(
+        "gkeSurgeNode: false with gkeMinReplicas 1: every rollout and every node renewal stops the only replica")
+
+
+def test_the_pool_spans_gkes_flex_start_zones_of_the_region_and_only_those() -> None:
+    listed = json.loads((ROOT / "tpuserve" / "data" / "gke-flex-start-tpu.json").read_text())
+    assert listed["source"].startswith("https://cloud.google.com/kubernetes-engine/docs/concepts/dws")
+    assert listed["zones"]["v6e"] == ["asia-northeast1-b", "us-east5-a", "us-east5-b"]
+    tokyo = run_stack(gke_config(zone="asia-northeast1-b"), "gke")
+    assert tpu_pool(tokyo)["nodeLocations"] == ["asia-northeast1-b"]
+    assert tokyo.one(CLUSTER).inputs["location"] == "asia-northeast1"
+    one_zone = run_stack(gke_config(gkeZones='["us-east5-a"]'), "gke")
+    assert tpu_pool(one_zone)["nodeLocations"] == ["us-east5-a"]
+    system = next(r.inputs for r in one_zone.of_type(NODE_POOL) if r.name.endswith("-system"))
+    assert system["nodeLocations"] == ["us-east5-b"]  # the system node stays in the stack's zone
+
+
+@pytest.mark.parametrize(("overrides", "key", "says"), [
+    ({"zone": "europe-west4-a"}, "zone", "GKE offers flex-start TPU v6e only in asia-northeast1-b, us-east5-a, "
+                                         "us-east5-b"),
+    ({"zone": "us-central1-b"}, "zone", "pulumi config set zone us-east5-b"),
+    ({"gkeZones": '["us-east5-c"]'}, "gkeZones", "GKE offers flex-start TPU v6e only in"),
+    ({"gkeZones": '["asia-northeast1-b"]'}, "gkeZones", "not in us-east5, the region of zone 'us-east5-b'"),
+    ({"gkeZones": '["us-east5-a", "us-east5-a"]'}, "gkeZones", "listed twice"),
+    ({"gkeZones": '["east"]'}, "gkeZones", "not a zone name"),
+    ({"gkeRouter": "istio"}, "gkeRouter", "not one of service, inference-gateway"),
+    ({"gkeRouter": "inference-gateway", "gkeProxySubnetRange": "10.129.0.0/28"}, "gkeProxySubnetRange", "/26 or"),
+    ({"gkeRouter": "inference-gateway", "gkeProxySubnetRange": "10.129.0/23"}, "gkeProxySubnetRange", "IPv4 CIDR"),
+    ({"maxRunDuration": "20m"}, "maxRunDuration", "not longer than readinessTimeout (25m)"),
+])
+def test_settings_that_cannot_roll_out_are_refused_with_the_fix(overrides: dict[str, str], key: str,
+                                                                  says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        build_stack_config(gke_config(**overrides))
+    assert err.value.key == key and says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_proxy_subnet_range_is_checked_only_for_the_gateway() -> None:
+    assert build_stack_config(gke_config(gkeProxySubnetRange="nonsense")).gke_router == "service"
+    assert build_stack_config(gke_config(gkeRouter="inference-gateway", gkeProxySubnetRange="")).gke_router
+
+
+# --- warm pods ----------------------------------------------------------------------------------------------------
+
+def volumes(run: StackRun) -> dict[str, dict]:
+    return {v["name"]: v for v in pod_spec(run)["volumes"]}
+
+
+def test_weights_and_compile_cache_live_in_the_stacks_bucket_through_gcs_fuse(gke_run: StackRun) -> None:
+    bucket = gke_run.outputs["cacheBucket"]
+    assert bucket == "my-ml-sandbox-tpu-serve-gke-cache"
+    found = volumes(gke_run)
+    weights, compiled = found["weights"]["csi"], found["compile-cache"]["csi"]
+    assert weights["driver"] == compiled["driver"] == "gcsfuse.csi.storage.gke.io"
+    assert weights["volumeAttributes"]["bucketName"] == compiled["volumeAttributes"]["bucketName"] == bucket
+    # Google's recipe (kubernetes-engine-samples ai-ml/vllm-tpu): the file cache, with parallel downloads
+    assert weights["volumeAttributes"]["mountOptions"].split(",") == [
+        "implicit-dirs", "file-cache:enable-parallel-downloads:true", "file-cache:parallel-downloads-per-file:100",
+        "file-cache:max-parallel-downloads:-1", "file-cache:download-chunk-size-mb:10", "file-cache:max-size-mb:-1",
+        "only-dir=huggingface"]
+    assert found["gke-gcsfuse-cache"] == {"name": "gke-gcsfuse-cache", "emptyDir": {"medium": "Memory"}}
+    annotations = gke_run.one(DEPLOYMENT).inputs["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["gke-gcsfuse/volumes"] == "true" and annotations["gke-gcsfuse/memory-limit"] == "0"
+    mounts = {m["name"]: m["mountPath"] for m in vllm_container(gke_run)["volumeMounts"]}
+    assert (mounts["weights"], mounts["compile-cache"]) == ("/cache/huggingface", "/cache/xla")
+    grant = gke_run.one("gcp:storage/bucketIAMMember:BucketIAMMember").inputs
+    ksa_gsa = gke_run.one("kubernetes:core/v1:ServiceAccount").inputs["metadata"]["annotations"][
+        "iam.gke.io/gcp-service-account"]
+    assert (grant["bucket"], grant["member"]) == (bucket, f"serviceAccount:{ksa_gsa}")  # the pods' own account
+
+
+def test_the_pod_has_the_vm_containers_cache_variables(gke_run: StackRun) -> None:
+    from tpuserve.serving import tpu_container_run_args
+
+    cfg = build_stack_config(gke_config())
+    run = tpu_container_run_args(cfg.serving, config_hash(cfg.serving))
+    vm_env = dict(run[i + 1].split("=", 1) for i, arg in enumerate(run) if arg == "-e" and "=" in run[i + 1])
+    pod_env = {e["name"]: e["value"] for e in vllm_container(gke_run)["env"]}
+    assert vm_env == {"HF_HOME": "/cache/huggingface", "VLLM_XLA_CACHE_PATH": "/cache/xla",
+                      "JAX_COMPILATION_CACHE_DIR": "/cache/xla", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    assert {k: pod_env[k] for k in vm_env} == vm_env
+    assert set(pod_env) - set(vm_env) == {"HF_TOKEN_PATH", "HF_XET_CACHE"}
+
+
+def test_the_compile_cache_folder_is_the_vms_key(gke_run: StackRun) -> None:
+    from vm import supervisor
+
+    digest = "sha256:" + "ab12" * 16
+    pinned = run_stack(gke_config(containerImage=f"vllm/vllm-tpu@{digest}", machineType="ct6e-standard-4t"), "gke")
+    options = volumes(pinned)["compile-cache"]["csi"]["volumeAttributes"]["mountOptions"]
+    # what the VM's supervisor names the folder for this image and machine type (vm/compile_cache.py: xla/<key>/)
+    assert options == f"implicit-dirs,only-dir=xla/{supervisor.cache_key(digest, 'ct6e-standard-4t')}"
+    assert options.endswith("only-dir=xla/ab12ab12ab12ab12-ct6e-standard-4t")
+    tagged = volumes(gke_run)["compile-cache"]["csi"]["volumeAttributes"]["mountOptions"]
+    assert tagged.startswith("implicit-dirs,only-dir=xla/") and tagged.endswith("-ct6e-standard-1t")
+    assert tagged != options and "unknown-image" not in tagged  # one folder per tag, never a shared catch-all
+
+
+def test_without_the_bucket_every_pod_starts_cold() -> None:
+    run = run_stack(gke_config(compileCacheBucket="false"), "gke")
+    assert volumes(run)["weights"] == {"name": "weights", "emptyDir": {}}
+    assert "gke-gcsfuse/volumes" not in run.one(DEPLOYMENT).inputs["spec"]["template"]["metadata"]["annotations"]
+    assert run.of_type("gcp:storage/bucketIAMMember:BucketIAMMember") == []
+
+
+def test_an_existing_cluster_without_the_gcs_fuse_driver_is_refused() -> None:
+    mocks = RecordingMocks(clusters={"ml-shared": {**EXISTING, "addonsConfigs": [
+        {"gcsFuseCsiDriverConfigs": [{"enabled": False}]}]}})
+    with pytest.raises(Exception, match="no Cloud Storage FUSE CSI driver.*--update-addons GcsFuseCsiDriver=ENABLED"):
+        run_stack(gke_config(gkeCluster="ml-shared"), "gke", mocks)
+
+
+# --- the inference gateway ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gateway_run() -> StackRun:
+    return run_stack(gke_config(gkeRouter="inference-gateway"), "gke")
+
+
+def custom(run: StackRun, kind: str) -> dict:
+    (found,) = [r.inputs for r in run.resources if r.type.endswith(f":{kind}") and r.custom]
+    return found
+
+
+def test_the_gateway_routes_every_path_to_the_pool_of_the_vllm_pods(gateway_run: StackRun) -> None:
+    pool = custom(gateway_run, "InferencePool")["spec"]
+    vllm = next(r.inputs for r in gateway_run.of_type(DEPLOYMENT) if r.inputs["metadata"]["name"] == "vllm")
+    assert pool["selector"]["matchLabels"] == vllm["spec"]["selector"]["matchLabels"]
+    assert pool["targetPorts"] == [{"number": 8000.0}]
+    assert pool["endpointPickerRef"] == {"name": "vllm-epp", "port": {"number": 9002.0}, "failureMode": "FailOpen"}
+    route = custom(gateway_run, "HTTPRoute")["spec"]
+    assert route["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "vllm"}]
+    assert route["rules"][0]["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
+                                                 "name": "vllm"}]
+    assert custom(gateway_run, "Gateway")["spec"]["gatewayClassName"] == "gke-l7-rilb"
+    assert gateway_run.outputs["gateway"] == "vllm" and gateway_run.outputs["router"] == "inference-gateway"
+
+
+def test_the_endpoint_picker_reads_metrics_vllm_serves(gateway_run: StackRun) -> None:
+    from components import inference_gateway
+
+    epp = next(r.inputs for r in gateway_run.of_type(DEPLOYMENT) if r.inputs["metadata"]["name"] == "vllm-epp")
+    (container,) = epp["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0"
+    assert container["args"][:6] == ["--pool-name", "vllm", "--pool-namespace", "tpu-serve", "--pool-group",
+                                     "inference.networking.k8s.io"]
+    assert "nodeSelector" not in epp["spec"]["template"]["spec"]  # the system node: it tolerates no TPU taint
+    config = next(r.inputs for r in gateway_run.of_type("kubernetes:core/v1:ConfigMap")
+                  if r.inputs["metadata"]["name"] == "vllm-epp")
+    assert yaml.safe_load(config["data"]["default-plugins.yaml"]) == inference_gateway.PLUGINS_CONFIG
+    # The vLLM metrics the picker's vLLM extractor reads (v1.5.0 factories.go), each in a real vLLM 0.32 scrape.
+    scrape = (ROOT / "tests" / "data" / "vllm-0.32.0-metrics.prom").read_text()
+    for metric in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                   "vllm:cache_config_info"):
+        assert f"\n{metric}{{" in scrape, metric
+    role = custom(gateway_run, "Role")
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "watch", "list"]} in role["rules"]
+
+
+def test_the_gateway_gets_the_cluster_features_and_the_proxy_only_subnet_it_needs(gateway_run: StackRun) -> None:
+    assert gateway_run.one(CLUSTER).inputs["gatewayApiConfig"] == {"channel": "CHANNEL_STANDARD"}
+    subnet = gateway_run.one("gcp:compute/subnetwork:Subnetwork").inputs
+    assert (subnet["purpose"], subnet["role"], subnet["ipCidrRange"], subnet["region"]) == (
+        "REGIONAL_MANAGED_PROXY", "ACTIVE", "10.129.0.0/23", "us-east5")
+    mocks = RecordingMocks(clusters={"ml-shared": EXISTING})
+    with pytest.raises(Exception, match="inference-gateway needs the Gateway API.*--gateway-api=standard"):
+        run_stack(gke_config(gkeRouter="inference-gateway", gkeCluster="ml-shared"), "gke", mocks)
+    ready = RecordingMocks(clusters={"ml-shared": {**EXISTING, "gatewayApiConfigs": [{"channel": "CHANNEL_STANDARD"}]}})
+    existing = run_stack(gke_config(gkeRouter="inference-gateway", gkeCluster="ml-shared", gkeProxySubnetRange=""),
+                         "gke", ready)
+    assert existing.of_type("gcp:compute/subnetwork:Subnetwork") == []  # the network has its own
+    assert custom(existing, "Gateway")
+
+
+def test_the_service_router_declares_no_gateway(gke_run: StackRun) -> None:
+    assert not [r for r in gke_run.resources if "gateway" in r.type.lower() or "inference" in r.type.lower()]
+    assert "gatewayApiConfig" not in gke_run.one(CLUSTER).inputs

@@ -1,8 +1,13 @@
 """Every Kubernetes object the gke stack declares, validated with real validators: the built-in kinds against the
 Kubernetes OpenAPI schemas that `kubernetes-validate` ships (strict: unknown fields are errors), for every minor
 version from GKE_MIN_VERSION (the new cluster's floor, flex-start TPUs' minimum) to the newest the package knows,
-since a release channel upgrades the cluster under the stack; PodMonitoring against the CRD GKE Managed Prometheus
-installs (tests/data/crds/, copied from GoogleCloudPlatform/prometheus-engine with its commit noted).
+since a release channel upgrades the cluster under the stack; the custom resources against their published CRDs
+(tests/data/crds/, each file's source and commit in its header): PodMonitoring (GoogleCloudPlatform/prometheus-engine),
+InferencePool (kubernetes-sigs/gateway-api-inference-extension v1.5.0), Gateway and HTTPRoute (kubernetes-sigs/
+gateway-api v1.5.1). CRD schemas are made strict the way kubernetes-validate's strict schemas are: an object schema
+that lists its properties takes no others (the API server drops or, with strict field validation, rejects unknown
+fields). Not checked: the CRDs' CEL rules (x-kubernetes-validations), and GKE's HealthCheckPolicy and
+GCPBackendPolicy (networking.gke.io), whose CRDs GKE installs but does not publish.
 
 The objects are taken from what the engine received under mocks, so what is validated is what `pulumi up` sends.
 """
@@ -64,20 +69,57 @@ def schemas_read_once() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="module", params=["as-declared", "parked", "4-chip-token-from-config"])
+VARIANTS = {"as-declared": {}, "parked": {"gkeMinReplicas": "0"},
+            "4-chip-token-from-config": {"machineType": "ct6e-standard-4t", "hfTokenSecretId": "",
+                                         "hfToken": "hf_validate"},
+            "inference-gateway-no-surge-no-bucket": {"gkeRouter": "inference-gateway", "gkeSurgeNode": "false",
+                                                     "compileCacheBucket": "false"}}
+CRD_FILES = {"PodMonitoring": "monitoring.googleapis.com_podmonitorings.yaml",
+             "InferencePool": "inference.networking.k8s.io_inferencepools.yaml",
+             "Gateway": "gateway.networking.k8s.io_gateways.yaml",
+             "HTTPRoute": "gateway.networking.k8s.io_httproutes.yaml"}
+UNPUBLISHED = {"HealthCheckPolicy", "GCPBackendPolicy"}  # networking.gke.io: GKE's own, no published schema
+
+
+BUILT_IN_GROUPS = {"", "apps", "policy", "autoscaling", "rbac.authorization.k8s.io"}
+GATEWAY_VARIANT = "inference-gateway-no-surge-no-bucket"
+
+
+@functools.cache
+def variant_objects(variant: str) -> list[dict[str, Any]]:
+    return declared_objects(run_stack({**stack_file_config("gke"), **VARIANTS[variant]}, "gke"))
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
 def objects(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    overrides = {"as-declared": {}, "parked": {"gkeMinReplicas": "0"},
-                 "4-chip-token-from-config": {"machineType": "ct6e-standard-4t", "hfTokenSecretId": "",
-                                              "hfToken": "hf_validate"}}[request.param]
-    return declared_objects(run_stack({**stack_file_config("gke"), **overrides}, "gke"))
+    return variant_objects(request.param)
 
 
-@functools.cache  # read once: parsing the CRD (1,135 lines of YAML) for each validation was most of this file's time
-def pod_monitoring_schema() -> dict[str, Any]:
-    crd = yaml.load((CRD_DIR / "monitoring.googleapis.com_podmonitorings.yaml").read_text(), Loader=yaml.CSafeLoader)
-    assert crd["spec"]["names"]["kind"] == "PodMonitoring"
+def strict(schema: Any) -> Any:
+    """The schema with `additionalProperties: false` on every object schema that lists its properties and does not
+    keep unknown fields (x-kubernetes-preserve-unknown-fields) or say otherwise."""
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: strict(value) for key, value in schema.items()}
+    if "properties" in out and "additionalProperties" not in out and \
+            not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.cache  # read once: parsing a CRD (up to 6,931 lines of YAML) for each validation was most of the time
+def crd_schema(kind: str) -> dict[str, Any]:
+    crd = yaml.load((CRD_DIR / CRD_FILES[kind]).read_text(), Loader=yaml.CSafeLoader)
+    assert crd["spec"]["names"]["kind"] == kind
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    return v1["schema"]["openAPIV3Schema"]
+    assert v1["served"] and v1["storage"]
+    return strict(v1["schema"]["openAPIV3Schema"])
+
+
+def pod_monitoring_schema() -> dict[str, Any]:
+    return crd_schema("PodMonitoring")
 
 
 # The API server checks `format: duration` with Go's time.ParseDuration ("30s", "1m30s"), not ISO 8601.
@@ -86,14 +128,19 @@ FORMATS = jsonschema.FormatChecker(formats=())
 FORMATS.checks("duration")(lambda value: not isinstance(value, str) or bool(GO_DURATION.match(value)))
 
 
+@functools.cache
+def crd_validator(kind: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(crd_schema(kind), format_checker=FORMATS)
+
+
 def validate_crd(obj: dict[str, Any]) -> None:
-    jsonschema.Draft202012Validator(pod_monitoring_schema(), format_checker=FORMATS).validate(obj)
+    crd_validator(obj["kind"]).validate(obj)
 
 
 def validate(obj: dict[str, Any], version: str) -> None:
-    if obj["kind"] == "PodMonitoring":
+    if obj["kind"] in CRD_FILES:
         validate_crd(obj)
-    else:
+    elif obj["kind"] not in UNPUBLISHED:
         kubernetes_validate.validate(obj, version, strict=True)
 
 
@@ -135,6 +182,33 @@ def test_the_validator_rejects_a_broken_deployment(objects: list[dict[str, Any]]
 def test_the_crd_schema_rejects_a_broken_pod_monitoring(objects: list[dict[str, Any]], mutation,
                                                          complaint: str) -> None:
     broken = copy.deepcopy(next(obj for obj in objects if obj["kind"] == "PodMonitoring"))
+    mutation(broken["spec"])
+    with pytest.raises(jsonschema.ValidationError, match=complaint):
+        validate_crd(broken)
+
+
+def test_only_the_inference_gateway_router_declares_its_objects(objects) -> None:
+    kinds = {obj["kind"] for obj in objects}
+    routed = objects is variant_objects(GATEWAY_VARIANT)
+    assert ({"InferencePool", "Gateway", "HTTPRoute"} | UNPUBLISHED <= kinds) == routed
+    assert not ({"InferencePool", "Gateway", "HTTPRoute"} | UNPUBLISHED) & kinds or routed
+    custom = {obj["kind"] for obj in objects if obj["apiVersion"].rpartition("/")[0] not in BUILT_IN_GROUPS}
+    assert custom <= set(CRD_FILES) | UNPUBLISHED  # every other custom kind is validated against a schema here
+
+
+@pytest.mark.parametrize(("kind", "mutation", "complaint"), [
+    ("InferencePool", lambda spec: spec.pop("targetPorts"), "'targetPorts' is a required property"),
+    ("InferencePool", lambda spec: spec["endpointPickerRef"].update(failureMode="Sometimes"), "Sometimes"),
+    ("InferencePool", lambda spec: spec.update(selectors={}), "'selectors' was unexpected"),  # strict: a typo
+    ("HTTPRoute", lambda spec: spec["rules"][0]["backendRefs"][0].update(weight=-1), "-1"),
+    ("HTTPRoute", lambda spec: spec["rules"][0].update(backendRef={}), "'backendRef' was unexpected"),
+    ("Gateway", lambda spec: spec.pop("gatewayClassName"), "'gatewayClassName' is a required property"),
+    ("Gateway", lambda spec: spec["listeners"][0].update(port=0), "0"),
+])
+def test_the_crd_schemas_reject_a_broken_gateway_object(kind: str, mutation, complaint: str) -> None:
+    (declared,) = [obj for obj in variant_objects(GATEWAY_VARIANT) if obj["kind"] == kind]
+    broken = copy.deepcopy(declared)
+    validate_crd(broken)
     mutation(broken["spec"])
     with pytest.raises(jsonschema.ValidationError, match=complaint):
         validate_crd(broken)

@@ -74,6 +74,16 @@ UNSAFE: dict[str, tuple[str, str, Any, str]] = {
     "flex-start auto-repair left to GKE": (NODE_POOL, "-tpu", delete_path("management"), "gke-flex-start-node-pool"),
     "flex-start on a reservation": (NODE_POOL, "-tpu", set_path(
         "nodeConfig.reservationAffinity.consumeReservationType", "ANY_RESERVATION"), "gke-flex-start-node-pool"),
+    "TPU pool outside GKE's flex-start zones": (NODE_POOL, "-tpu", set_path("nodeLocations", ["us-east5-b",
+                                                                                                 "us-east5-c"]),
+                                                "gke-flex-start-zones"),
+    "TPU pool in the cluster's zones": (NODE_POOL, "-tpu", delete_path("nodeLocations"), "gke-flex-start-zones"),
+    "TPU pool with per-zone limits": (NODE_POOL, "-tpu", set_path("autoscaling.maxNodeCount", 2),
+                                      "gke-flex-start-zones"),
+    "TPU pool without a total maximum": (NODE_POOL, "-tpu", delete_path("autoscaling.totalMaxNodeCount"),
+                                         "gke-flex-start-zones"),
+    "TPU pool balancing zones": (NODE_POOL, "-tpu", set_path("autoscaling.locationPolicy", "BALANCED"),
+                                 "gke-flex-start-zones"),
     "cluster without labels": (CLUSTER, "", delete_path("resourceLabels"), "stack-labels"),
     "TPU nodes labelled for another stack": (NODE_POOL, "-tpu", set_path("nodeConfig.resourceLabels.stack", "dev"),
                                              "stack-labels"),
@@ -94,6 +104,15 @@ def test_a_pool_that_is_not_flex_start_is_not_held_to_flex_start_limits(captured
     system = captured["new cluster"].one(NODE_POOL, "-system")
     assert system.inputs["management"]["autoRepair"] is True and "flexStart" not in system.inputs["nodeConfig"]
     assert "gke-flex-start-node-pool" not in violations(system, "gke")
+    assert system.inputs["nodeLocations"] == ["us-east5-b"] and "autoscaling" not in system.inputs
+    assert "gke-flex-start-zones" not in violations(system, "gke")
+
+
+def test_the_policys_zones_are_the_stacks_data() -> None:
+    from components.config import GKE_FLEX_START_V6E_ZONES
+
+    assert rules.GKE_FLEX_START_V6E_ZONES == GKE_FLEX_START_V6E_ZONES == ("asia-northeast1-b", "us-east5-a",
+                                                                          "us-east5-b")
 
 
 def test_gke_types_need_no_entry_in_the_labels_table(captured: dict[str, Captured]) -> None:
