@@ -110,16 +110,15 @@ def iap_tunnel(outputs: Mapping[str, Any], timeout_s: float = TUNNEL_READY_TIMEO
 
 
 @contextmanager
-def kube_port_forward(outputs: Mapping[str, Any], timeout_s: float = TUNNEL_READY_TIMEOUT_S) -> Iterator[str]:
-    """Reach a gke stack's Service: credentials for its cluster in a throwaway kubeconfig (`gcloud container
-    clusters get-credentials`, so the user's own kubeconfig is never touched), then `kubectl port-forward` to the
-    Service on a free local port for as long as the block runs; yield that endpoint's …/v1 URL."""
+def gke_credentials(outputs: Mapping[str, Any]) -> Iterator[dict[str, str]]:
+    """For as long as the block runs, an environment whose KUBECONFIG reaches a gke stack's cluster: credentials in a
+    throwaway kubeconfig (`gcloud container clusters get-credentials`, so the user's own kubeconfig is never
+    touched). Yields the environment and the kubectl to run with it under "KUBECTL"."""
     gcloud, kubectl = shutil.which("gcloud"), shutil.which("kubectl")
     if gcloud is None or kubectl is None:
         raise ConfigError(OPTION, f"stack runs on GKE (cluster {outputs['cluster']}): reaching it needs gcloud and "
                           "kubectl (with gke-gcloud-auth-plugin) on PATH")
-    local_port = free_local_port()
-    with tempfile.TemporaryDirectory(prefix="tpuserve-kube-") as home, tempfile.TemporaryFile() as stderr:
+    with tempfile.TemporaryDirectory(prefix="tpuserve-kube-") as home:
         env = {**os.environ, "KUBECONFIG": os.path.join(home, "kubeconfig")}
         credentials = subprocess.run(
             [gcloud, "container", "clusters", "get-credentials", outputs["cluster"], "--location",
@@ -128,8 +127,17 @@ def kube_port_forward(outputs: Mapping[str, Any], timeout_s: float = TUNNEL_READ
         if credentials.returncode != 0:
             raise TunnelError(f"gcloud container clusters get-credentials exited with {credentials.returncode}: "
                               f"{credentials.stderr.strip()}")
+        yield {**env, "KUBECTL": kubectl}
+
+
+@contextmanager
+def kube_port_forward(outputs: Mapping[str, Any], timeout_s: float = TUNNEL_READY_TIMEOUT_S) -> Iterator[str]:
+    """Reach a gke stack's Service: credentials for its cluster (gke_credentials), then `kubectl port-forward` to the
+    Service on a free local port for as long as the block runs; yield that endpoint's …/v1 URL."""
+    local_port = free_local_port()
+    with gke_credentials(outputs) as env, tempfile.TemporaryFile() as stderr:
         process = subprocess.Popen(
-            [kubectl, "port-forward", "--namespace", outputs["namespace"], "--address", "127.0.0.1",
+            [env["KUBECTL"], "port-forward", "--namespace", outputs["namespace"], "--address", "127.0.0.1",
              f"service/{outputs['service']}", f"{local_port}:{outputs['port']}"],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
         try:
