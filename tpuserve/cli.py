@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "fleet": ("tpuserve.ops.fleet:fleet",
               "Replicas across zones behind a LiteLLM router, renewed before flex-start deletes them: up, status, renew."),
     "gate": ("tpuserve.observe.gate:gate", "Wait until a deployment really serves; exit 0 only then."),
+    "gke": ("tpuserve.ops.gke_renew:gke", "A gke stack's TPU nodes: renew each replica's node before flex-start deletes it; status."),
     "litellm": ("tpuserve.deploy.litellm_config:litellm",
                 "Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`)."),
     "logs": ("tpuserve.observe.logs:logs", "Print the VM's serial console and the vLLM container's logs."),
