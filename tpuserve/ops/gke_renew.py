@@ -402,14 +402,15 @@ def run_command(stack: str, cwd: Path, as_json: bool, action: Callable[[Renewer]
     raise SystemExit(code)
 
 
+STACK_OPTION = click.option("--stack", required=True, help="The gke stack.")
+CWD_OPTION = click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
+                          show_default=True, help="The Pulumi project directory.")
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="End with one JSON line.")
+
+
 def common(command: Callable[..., Any]) -> Callable[..., Any]:
-    for decorator in reversed((
-            click.option("--stack", required=True, help="The gke stack."),
-            click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
-                         show_default=True, help="The Pulumi project directory."),
-            click.option("--json", "as_json", is_flag=True, help="End with one JSON line."))):
-        command = decorator(command)
-    return command
+    """--stack, --cwd and --json, in that order in --help."""
+    return STACK_OPTION(CWD_OPTION(JSON_OPTION(command)))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -419,12 +420,12 @@ def gke() -> None:
 
 @gke.command("renew")
 @common
+@click.option("--node", "only", help="Renew this node now, whatever its deletion time (instead of `kubectl drain`, "
+              "which the budget blocks while it serves).")
 @click.option("--lead", "lead_text", default=DEFAULT_LEAD, show_default=True,
               help="Renew a node whose flex-start deletion is less than this far away.")
 @click.option("--timeout", "timeout_text", default=DEFAULT_TIMEOUT, show_default=True,
               help="Give up waiting for a successor to serve after this long (it may wait for capacity).")
-@click.option("--node", "only", help="Renew this node now, whatever its deletion time (instead of `kubectl drain`, "
-              "which the budget blocks while it serves).")
 def gke_renew(stack: str, cwd: Path, as_json: bool, lead_text: str, timeout_text: str, only: str | None) -> None:
     """Replace each replica whose node flex-start deletes within --lead: successor first, then the old pod;
     without a successor in time the old one serves on (exit 3). Run it every 15 minutes."""
