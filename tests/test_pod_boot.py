@@ -9,7 +9,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from tests.httpfake import FakeServer, Response
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "google/gemma-4-E2B-it"
 COMMIT = "1f0a2b3c4d5e6f708192a3b4c5d6e7f801234567"
+T = 1_796_112_000.0  # 2026-12-01 08:00 UTC: the container's start in the tests that need no real clock
 
 
 def cached_model(hf_home: Path) -> None:
@@ -62,13 +62,13 @@ def pod(tmp_path: Path):
         yield scripts, vllm, tmp_path
 
 
-def probe(pod, started: float) -> tuple[int, str, list[str]]:
+def probe(pod, started: float, now: float) -> tuple[int, str, list[str]]:
     scripts, vllm, tmp = pod
     log = tmp / "container-stdout"
     done = subprocess.run(
         [sys.executable, "-I", str(scripts / "pod_boot.py"), "--url", vllm.server.url, "--model", MODEL,
          "--state", str(tmp / "boot.json"), "--hf-home", str(tmp / "huggingface"), "--xla-dir", str(tmp / "xla"),
-         "--log", str(log), "--started", str(started)],
+         "--log", str(log), "--started", str(started), "--now", str(now)],
         capture_output=True, text=True, timeout=60, cwd="/")
     lines = log.read_text().splitlines() if log.exists() else []
     return done.returncode, done.stdout.strip(), lines
@@ -76,18 +76,18 @@ def probe(pod, started: float) -> tuple[int, str, list[str]]:
 
 def test_a_cold_pod_says_it_downloaded_and_compiled(pod) -> None:
     _, vllm, tmp = pod
-    started = time.time() - 40
-    code, said, log = probe(pod, started)
+    started = T
+    code, said, log = probe(pod, started, started + 40)
     assert (code, said) == (1, "loading-model for 40 s: /health answered HTTP 503")
     assert log == [f"tpu-serve boot: loading-model at +40 s: weights not cached: downloading {MODEL} into the "
                    "cache, compile cache 0 entries"]
     cached_model(tmp / "huggingface")  # what vLLM did meanwhile: the weights into the bucket, 3 programs compiled
     compiled(tmp / "xla", 3)
     vllm.up = True
-    code, said, log = probe(pod, started - 300)  # the start time is the first look's: this one is ignored
-    assert (code, said) == (0, f"healthy at +{round(time.time() - started)} s")
-    assert log[1] == (f"tpu-serve boot: healthy at +{round(time.time() - started)} s: weights were downloaded, "
-                      "compile cache 0 -> 3 entries (compiled cold)")
+    code, said, log = probe(pod, started - 300, started + 250)  # the first look's start time holds
+    assert (code, said) == (0, "healthy at +250 s")
+    assert log[1] == ("tpu-serve boot: healthy at +250 s: weights were downloaded, compile cache 0 -> 3 entries "
+                      "(compiled cold)")
     state = json.loads((tmp / "boot.json").read_text())
     assert (state["weights"], state["compileBefore"], state["compileAfter"]) == (False, 0, 3)
     assert set(state["stages"]) == {"loading-model", "healthy"}
@@ -98,17 +98,17 @@ def test_a_warm_pod_says_what_was_warm_and_is_quiet_after(pod) -> None:
     cached_model(tmp / "huggingface")
     compiled(tmp / "xla", 412)
     vllm.up = True
-    code, said, log = probe(pod, time.time() - 95)
+    code, said, log = probe(pod, T, T + 95)
     assert (code, said) == (0, "healthy at +95 s")
     assert log == [f"tpu-serve boot: loading-model at +95 s: weights cached ({MODEL}), compile cache 412 entries",
                    "tpu-serve boot: healthy at +95 s: weights were cached, compile cache 412 -> 412 entries (warm)"]
     shutil.rmtree(tmp / "xla")  # a later look neither counts again nor writes another line
     vllm.up = False
-    assert probe(pod, time.time()) == (0, "healthy since +95 s", log)
+    assert probe(pod, T, T + 500) == (0, "healthy since +95 s", log)
 
 
 def test_nothing_listening_keeps_the_pod_starting(pod, tmp_path: Path) -> None:
     scripts, vllm, _ = pod
     vllm.server.__exit__(None, None, None)
-    code, said, _ = probe(pod, time.time())
+    code, said, _ = probe(pod, T, T)
     assert code == 1 and said.startswith("loading-model for 0 s: /health not answering (")
