@@ -21,7 +21,9 @@ so `pulumi preview` shows them and tests validate them against the published CRD
   request logging) on the pool (templates/gke.yaml).
 - Gateway `vllm` of class `gke-l7-rilb`, GKE's regional internal Application Load Balancer (clients in the VPC; it
   needs the region's proxy-only subnet, components/gke.py), with an HTTP listener on port 80, and the HTTPRoute that
-  sends every path to the pool (templates/httproute.yaml).
+  sends every path to the pool (templates/httproute.yaml). The extension's own GKE example
+  (config/manifests/gateway/gke/gateway.yaml) uses the external `gke-l7-regional-external-managed`; internal is
+  chosen for the reason the gcp target's VM has no external IP: nothing here authenticates a caller.
 
 Left out of the chart: its PodMonitoring of the picker's own metrics (it needs a token Secret and cluster roles for
 the Managed Prometheus collector) and the optional InferenceObjectives.
