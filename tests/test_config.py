@@ -371,7 +371,8 @@ BAD_WITH_MESSAGE = [
      'alertQueueDepth, alertTtftP99Seconds, allowKnownBrokenModel, bootDiskSizeGb, bootDiskType, bootImage, '
      'cacheDiskSizeGb, compileCacheBucket, containerImage, createCloudNat, enableAutoToolChoice, externalIp, '
      'extraArgs, gkeCluster, gkeClusterLocation, gkeMaxNodes, gkeMinReplicas, gkeNamespace, gkeProxySubnetRange, '
-     'gkeRouter, gkeSurgeNode, gkeZones, gpuMemoryUtilization, hfToken, hfTokenSecretId, keepCaches, kvCacheDtype, labels, localGpus, localModelCache, localPort, '
+     'gkeRouter, gkeSurgeNode, gkeZones, gpuMemoryUtilization, hfToken, hfTokenSecretId, keepCaches, kvCacheDtype, '
+     'labels, localGpus, localModelCache, localPort, '
      'machineType, maxModelLen, maxNumBatchedTokens, maxRunDuration, model, multimodalLimits, network, '
      'pricePerChipHour, project, readinessTimeout, reasoningParser, region, routerImage, routerMachineType, '
      'routerMasterKeySecretId, routerReplicas, routerZone, subnetwork, target, toolCallParser, zone, zones'),
