@@ -145,8 +145,8 @@ class StackConfig:
                                "")
     gke_cluster_location: str = setting("gkeClusterLocation", "Target gke: location (region or zone) of gkeCluster; "
                                         "empty = the zone's region.", "")
-    gke_max_nodes: int = setting("gkeMaxNodes", "Target gke: most flex-start TPU nodes (one vLLM replica each) the "
-                                 "node pool scales up to.", 2)
+    gke_max_nodes: int = setting("gkeMaxNodes", "Target gke: most vLLM replicas (one flex-start TPU node each) the "
+                                 "autoscaler scales to; the node pool may add the surge node (gkeSurgeNode).", 2)
     gke_min_replicas: int = setting("gkeMinReplicas", "Target gke: fewest vLLM replicas the autoscaler keeps; 0 parks "
                                     "the deployment so the TPU node pool scales to zero.", 1)
     gke_namespace: str = setting("gkeNamespace", "Target gke: Kubernetes namespace of the deployment.", "tpu-serve")
