@@ -32,10 +32,12 @@ def capture(existing: bool = False, **overrides: str) -> Captured:
 @pytest.fixture(scope="module")
 def captured() -> dict[str, Captured]:
     return {"new cluster": capture(), "existing cluster": capture(existing=True),
-            "token from config": capture(hfTokenSecretId="", hfToken="hf_policy_gke")}
+            "token from config": capture(hfTokenSecretId="", hfToken="hf_policy_gke"),
+            "inference gateway, one zone": capture(gkeRouter="inference-gateway", gkeZones='["us-east5-a"]')}
 
 
-@pytest.mark.parametrize("run_name", ["new cluster", "existing cluster", "token from config"])
+@pytest.mark.parametrize("run_name", ["new cluster", "existing cluster", "token from config",
+                                      "inference gateway, one zone"])
 def test_declared_gke_stacks_pass_every_rule(captured: dict[str, Captured], run_name: str) -> None:
     run = captured[run_name]
     assert {r.name: violations(r, "gke") for r in run.resources} == {r.name: {} for r in run.resources}
