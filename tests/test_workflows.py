@@ -1,14 +1,19 @@
-"""The deploy pipeline runs `tpuserve up` with a deadline: its command line parses with the real command, and the
-deadline plus the clean-up fit the job's timeout."""
+"""The pipelines: the deploy runs `tpuserve up` with a deadline (its command line parses with the real command; the
+deadline plus the clean-up fit the job's timeout), renewals run `tpuserve fleet renew`, and the concurrency groups
+keep updates of one stack apart without a renewal and a deploy cancelling or holding each other."""
 
 from __future__ import annotations
 
+import itertools
+import re
 import shlex
+from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
 from tests.pulumi_harness import ROOT
-from tpuserve.ops.fleet import DESTROY_TIMEOUT_S, DRAIN_TIMEOUT_S, ROUTER_TIMEOUT_S, fleet
+from tpuserve.ops.fleet import DEFAULT_LEAD, DESTROY_TIMEOUT_S, DRAIN_TIMEOUT_S, ROUTER_TIMEOUT_S, fleet
 from tpuserve.ops.up import CLEANUP_TIMEOUT_S, parse_deadline, up
 
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -38,14 +43,13 @@ def test_the_up_step_is_a_valid_tpuserve_up_command_with_the_policy_pack():
                                           "inputs.command || '' }}")
 
 
-def test_renewal_runs_every_15_minutes_in_the_deploy_job_with_its_auth_and_concurrency_group():
+def test_renewal_runs_every_15_minutes_in_the_deploy_job_with_its_auth():
     renew = yaml.safe_load((WORKFLOWS / "renew.yml").read_text())
     assert renew[True]["schedule"] == [{"cron": "*/15 * * * *"}]  # yaml reads the `on:` key as True
     job = renew["jobs"]["dev"]
-    assert job["uses"] == "./.github/workflows/pulumi.yml"  # the deploy's own job: same auth, environment, group
+    assert job["uses"] == "./.github/workflows/pulumi.yml"  # the deploy's own job: same auth and environment
     assert job["with"]["command"] == "fleet-renew" and job["with"]["stack"] == "dev"
     pulumi_job = yaml.safe_load((WORKFLOWS / "pulumi.yml").read_text())["jobs"]["pulumi"]
-    assert "'update'" in pulumi_job["concurrency"]["group"]  # non-preview commands of a stack share one group
     # One renewal at its worst (the deadline, two router updates, a drain, a destroy) fits the job's timeout.
     budget = parse_deadline(job["with"]["deadline"]) + 2 * ROUTER_TIMEOUT_S + DRAIN_TIMEOUT_S + DESTROY_TIMEOUT_S
     assert budget <= pulumi_job["timeout-minutes"] * 60
@@ -60,3 +64,284 @@ def test_the_renew_step_is_a_valid_fleet_renew_command_with_the_policy_pack():
     assert params["stack"] == "dev" and params["deadline_text"] == "30m" and params["yes"] and params["as_json"]
     assert params["lead_text"] == "45m"
     assert params["pulumi_args"] == ("--policy-pack", "policy", "--policy-pack-config", "policy/config/dev.json")
+
+
+# --- concurrency: the groups each caller's jobs land in, and GitHub's rules replayed on them -------------------------
+#
+# GitHub's semantics (docs.github.com/en/actions/using-jobs/using-concurrency): a group holds at most one running and
+# one pending job; a job queued while another of the group runs becomes the pending one and cancels any pending job
+# before it; `cancel-in-progress` true also cancels the running one. Group names are case-insensitive. The group and
+# cancel-in-progress of the reusable job are expressions of its inputs, so they are evaluated here for every caller,
+# by a small evaluator of the expression syntax they use (docs.github.com, "Evaluate expressions in workflows":
+# literals, contexts, ==, !=, !, && and || returning an operand, format()).
+
+TOKEN = re.compile(r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<num>\d+(?:\.\d+)?)|(?P<op>==|!=|&&|\|\||[!(),])"
+                   r"|(?P<name>[A-Za-z_][A-Za-z0-9_.-]*))")
+
+
+def evaluate(expression: str, contexts: dict[str, Any]) -> Any:
+    """The value of one `${{ }}` body."""
+    tokens: list[tuple[str, str]] = []
+    position = 0
+    while position < len(expression.rstrip()):
+        match = TOKEN.match(expression, position)
+        assert match, f"cannot read {expression[position:]!r}"
+        kind = match.lastgroup or ""
+        tokens.append((kind, match[kind]))
+        position = match.end()
+    tokens.append(("end", ""))
+    at = 0
+
+    def peek() -> str:
+        return tokens[at][1]
+
+    def take(expected: str | None = None) -> tuple[str, str]:
+        nonlocal at
+        token = tokens[at]
+        assert expected is None or token[1] == expected, (expected, token, expression)
+        at += 1
+        return token
+
+    def primary() -> Any:
+        kind, text = take()
+        if text == "!":
+            return not truthy(primary())
+        if text == "(":
+            value = either()
+            take(")")
+            return value
+        if kind == "str":
+            return text[1:-1].replace("''", "'")
+        if kind == "num":
+            return float(text)
+        if text in ("true", "false", "null"):
+            return {"true": True, "false": False, "null": None}[text]
+        if peek() == "(":  # a function call: format() is the only one these files use
+            take("(")
+            args = [either()]
+            while peek() == ",":
+                take(",")
+                args.append(either())
+            take(")")
+            assert text == "format", text
+            return re.sub(r"\{(\d+)\}", lambda m: str(args[1 + int(m[1])]), args[0])
+        value: Any = contexts
+        for part in text.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return value
+
+    def comparison() -> Any:
+        left = primary()
+        while peek() in ("==", "!="):
+            op = take()[1]
+            right = primary()
+            same = str(left).lower() == str(right).lower() if isinstance(left, str) and isinstance(right, str) \
+                else left == right
+            left = same if op == "==" else not same
+        return left
+
+    def both() -> Any:
+        left = comparison()
+        while peek() == "&&":
+            take()
+            right = comparison()
+            left = right if truthy(left) else left
+        return left
+
+    def either() -> Any:
+        left = both()
+        while peek() == "||":
+            take()
+            right = both()
+            left = left if truthy(left) else right
+        return left
+
+    value = either()
+    assert tokens[at][0] == "end", (tokens[at:], expression)
+    return value
+
+
+def truthy(value: Any) -> bool:
+    return value not in (False, 0, 0.0, "", None)
+
+
+def interpolate(value: Any, contexts: dict[str, Any]) -> Any:
+    """A workflow value: a lone `${{ }}` keeps its type, text around expressions is joined as strings."""
+    if not isinstance(value, str) or "${{" not in value:
+        return value
+    parts = re.split(r"\$\{\{(.*?)\}\}", value.strip(), flags=re.S)
+    if len(parts) == 3 and not parts[0] and not parts[2]:
+        return evaluate(parts[1], contexts)
+    return "".join(part if index % 2 == 0 else str(evaluate(part, contexts)) for index, part in enumerate(parts))
+
+
+@dataclass(frozen=True)
+class CallerJob:
+    """One job instance calling pulumi.yml: which workflow, which job, its inputs, and where its job lands."""
+
+    workflow: str
+    job: str
+    inputs: dict[str, Any]
+    needs: tuple[str, ...]
+    group: str
+    cancel_in_progress: bool
+
+    @property
+    def updates(self) -> frozenset[str]:
+        """The Pulumi stacks this job updates: up/destroy its stack; fleet-renew the fleet's replica and router
+        stacks (tpuserve/ops/fleet.py: <stack>-rN, <stack>-router); a preview none."""
+        stack, command = self.inputs["stack"], self.inputs["command"]
+        return frozenset({"up": {stack}, "destroy": {stack}, "fleet-renew": {f"{stack}-r*", f"{stack}-router"},
+                          "preview": set()}[command])
+
+
+def github_context(workflow: dict[str, Any]) -> dict[str, Any]:
+    on = workflow[True]  # yaml reads `on:` as True
+    if "pull_request" in on:
+        return {"ref": "refs/pull/7/merge", "event_name": "pull_request"}
+    return {"ref": "refs/heads/main", "event_name": "push" if "push" in on else "workflow_dispatch"}
+
+
+def caller_jobs() -> list[CallerJob]:
+    """Every job instance of every workflow that calls pulumi.yml (matrix and dispatch choices expanded), with the
+    group and cancel-in-progress of pulumi.yml's job evaluated for its inputs."""
+    reusable = yaml.safe_load((WORKFLOWS / "pulumi.yml").read_text())
+    concurrency = reusable["jobs"]["pulumi"]["concurrency"]
+    defaults = {name: spec.get("default") for name, spec in reusable[True]["workflow_call"]["inputs"].items()}
+    found = []
+    for path in sorted(WORKFLOWS.glob("*.yml")):
+        workflow = yaml.safe_load(path.read_text())
+        github = github_context(workflow)
+        dispatch = (workflow[True].get("workflow_dispatch") or {}).get("inputs") or {}
+        choices = [dict(zip(dispatch, values)) for values in itertools.product(
+            *[spec.get("options") or ["x"] for spec in dispatch.values()])] or [{}]
+        for job_name, job in workflow["jobs"].items():
+            if job.get("uses") != "./.github/workflows/pulumi.yml":
+                continue
+            matrix = (job.get("strategy") or {}).get("matrix") or {}
+            for combo in itertools.product(*matrix.values()):
+                for dispatched in choices:
+                    outer = {"github": github, "matrix": dict(zip(matrix, combo)), "inputs": dispatched}
+                    inputs = {**defaults, **{k: interpolate(v, outer) for k, v in job["with"].items()}}
+                    inner = {"github": github, "inputs": inputs}
+                    needs = job.get("needs") or ()
+                    found.append(CallerJob(path.stem, job_name, inputs, (needs,) if isinstance(needs, str)
+                                           else tuple(needs), str(interpolate(concurrency["group"], inner)).lower(),
+                                           truthy(interpolate(concurrency["cancel-in-progress"], inner))))
+    return found
+
+
+def test_every_caller_is_found_with_its_evaluated_group() -> None:
+    """The evaluator reads the real expressions: each command lands where the comment in pulumi.yml says."""
+    groups = {(job.workflow, job.inputs["stack"], job.inputs["command"]): job.group for job in caller_jobs()}
+    assert groups == {
+        ("deploy", "dev", "up"): "pulumi-dev-update", ("deploy", "prod", "up"): "pulumi-prod-update",
+        ("destroy", "dev", "destroy"): "pulumi-dev-update", ("destroy", "prod", "destroy"): "pulumi-prod-update",
+        ("preview", "dev", "preview"): "pulumi-dev-preview-refs/pull/7/merge",
+        ("preview", "prod", "preview"): "pulumi-prod-preview-refs/pull/7/merge",
+        ("renew", "dev", "fleet-renew"): "pulumi-dev-fleet"}
+    assert evaluate("a == 'A' && format('x-{0}-{1}', 'y', 2) || 'z'", {"a": "a"}) == "x-y-2.0"  # GitHub's == is
+    assert evaluate("!(1 == 2) && ''", {}) == ""  # case-insensitive on strings; && and || return an operand
+
+
+def test_jobs_that_update_one_stack_share_a_group_and_no_update_is_ever_cancelled_while_running() -> None:
+    jobs = caller_jobs()
+    for first, second in itertools.combinations(jobs, 2):
+        if first.updates & second.updates:  # two updates of one stack would fight over its lock: they queue
+            assert first.group == second.group, (first, second)
+    for job in jobs:
+        # A cancelled `pulumi up`/`destroy`/renewal leaves a locked, half-applied stack: only previews cancel.
+        assert job.cancel_in_progress == (job.inputs["command"] == "preview"), job
+        if not job.updates:  # read-only jobs never share a group with an update (they would cancel its pending one)
+            assert all(other.group != job.group for other in jobs if other.updates), job
+
+
+def test_renewals_and_deploys_never_share_a_group() -> None:
+    jobs = caller_jobs()
+    renewals = [job for job in jobs if job.inputs["command"] == "fleet-renew"]
+    assert renewals
+    for renewal in renewals:
+        for other in jobs:
+            if other.inputs["command"] != "fleet-renew":
+                assert other.group != renewal.group, (renewal, other)
+
+
+class Actions:
+    """GitHub's concurrency rules for job instances, replayed on a clock (minutes): queue, start, finish, cancel."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, tuple[str, float]] = {}  # group -> (job id, ends at)
+        self.pending: dict[str, tuple[str, float, float]] = {}  # group -> (job id, duration, queued at)
+        self.log: dict[str, dict[str, Any]] = {}  # job id -> queued, started, finished or cancelled
+
+    def queue(self, job_id: str, job: CallerJob, duration: float, now: float) -> None:
+        self.log[job_id] = {"queued": now, "job": job}
+        if job.cancel_in_progress and job.group in self.running:
+            self.log[self.running.pop(job.group)[0]]["cancelled"] = now
+        if job.group not in self.running:
+            self.start(job_id, job.group, duration, now)
+            return
+        if job.group in self.pending:
+            self.log[self.pending[job.group][0]]["cancelled"] = now
+        self.pending[job.group] = (job_id, duration, now)
+
+    def start(self, job_id: str, group: str, duration: float, now: float) -> None:
+        self.running[group] = (job_id, now + duration)
+        self.log[job_id]["started"] = now
+
+    def advance(self, now: float, on_finish: Any) -> None:
+        """Finish every job that ends by `now`, in time order, starting pending ones as their group frees."""
+        while True:
+            ending = sorted((end, group) for group, (_, end) in self.running.items() if end <= now)
+            if not ending:
+                return
+            end, group = ending[0]
+            job_id = self.running.pop(group)[0]
+            self.log[job_id]["finished"] = end
+            if group in self.pending:
+                pending_id, duration, _ = self.pending.pop(group)
+                self.start(pending_id, group, duration, end)
+            on_finish(job_id, end)
+
+
+def test_github_rules_replayed_renewals_keep_their_lead_and_every_pushed_deploy_reaches_prod() -> None:
+    """Three pushes to main a minute apart deploy dev with `--retry-until-up` for 100 minutes each while renewals
+    come every 15 minutes (2 minutes when nothing is due; 25 when one renews: a successor's boot, two router updates,
+    a drain; one 40 minutes, its capacity search running to the deadline). A renewal is cancelled only by a newer one (which renews the same replicas), every tick is followed by
+    a renewal start within one renewal's length (well inside the lead), the only deploy cancelled is the first push's
+    pending one (the newest main supersedes it), and the newest push's prod runs after its dev."""
+    by_key = {(job.workflow, job.job): job for job in caller_jobs()}
+    deploy_dev, deploy_prod, renew = by_key[("deploy", "dev")], by_key[("deploy", "prod")], by_key[("renew", "dev")]
+    assert deploy_prod.needs == ("dev",)
+    actions = Actions()
+    waiting_for: dict[str, str] = {}  # a job id -> the job id it needs
+
+    def on_finish(job_id: str, end: float) -> None:
+        for dependent, needed in list(waiting_for.items()):
+            if needed == job_id:
+                del waiting_for[dependent]
+                actions.queue(dependent, deploy_prod, 5, end)
+
+    events = [(0.0, "push-0"), (1.0, "push-1"), (2.0, "push-2")] + [(15.0 * n, f"renew-{n}") for n in range(1, 16)]
+    for at, name in sorted(events):
+        actions.advance(at, on_finish)
+        if name.startswith("push"):
+            actions.queue(f"{name}/dev", deploy_dev, 100, at)
+            waiting_for[f"{name}/prod"] = f"{name}/dev"
+        else:
+            number = int(name.split("-")[1])
+            actions.queue(name, renew, 40 if number == 4 else 25 if number % 3 == 1 else 2, at)
+    actions.advance(10_000, on_finish)
+
+    log = actions.log
+    started = sorted(entry["started"] for job_id, entry in log.items() if job_id.startswith("renew") and
+                     "started" in entry)
+    for at, name in events:
+        if name.startswith("renew"):
+            assert any(at <= start <= at + 40 - 15 for start in started), name
+    assert parse_deadline(DEFAULT_LEAD) / 60 > 15 + 25  # the lead covers a schedule interval plus that wait
+    cancelled = {job_id for job_id, entry in log.items() if "cancelled" in entry}
+    assert {job_id for job_id in cancelled if not job_id.startswith("renew")} == {"push-1/dev"}  # push 2 supersedes
+    assert cancelled - {"push-1/dev"} == {"renew-5"}  # pending behind the 40-minute one, replaced by renew-6
+    assert log["push-0/prod"]["started"] >= log["push-0/dev"]["finished"]
+    assert log["push-2/prod"]["started"] >= log["push-2/dev"]["finished"] and "finished" in log["push-2/prod"]
