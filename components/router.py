@@ -32,7 +32,8 @@ from components.startup_script import METADATA_URL, template_environment
 from tpuserve.deploy.litellm_config import fleet_config
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE, IAM_PROPAGATION_WAIT_S, SECRET_ACCESSOR_ROLE
 
-ROUTER_PORT = 4000  # the LiteLLM proxy's port
+ROUTER_PORT = 4000  # HAProxy's, in front of the LiteLLM proxies (vm/router_agent.py)
+REDIS_PORT = 6379  # the router VM's own Redis, shared by its proxies (vm/router_agent.py REDIS_PORT)
 ROUTER_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 ROUTER_DISK_GB = 20
 CONFIG_ATTRIBUTE = "litellm-config"  # vm/router_agent.py ATTRIBUTE
@@ -68,7 +69,8 @@ def render_router_script(image: str, secret_name: str, *, metadata_url: str = ME
     return template_environment().get_template("router-startup.sh.j2").render(
         metadata_url=metadata_url, guest_namespace=GUEST_ATTRIBUTE_NAMESPACE, secret_name=secret_name,
         secret_role=SECRET_ACCESSOR_ROLE, image=image, port=ROUTER_PORT,
-        iam_wait_s=iam_wait_s, iam_poll_s=iam_poll_s, secret_reader_source=embedded_source("hf_token.py"),
+        iam_wait_s=iam_wait_s, iam_poll_s=iam_poll_s, redis_port=REDIS_PORT,
+        secret_reader_source=embedded_source("hf_token.py"),
         agent_source=embedded_source("router_agent.py"))
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install the LiteLLM proxy (litellm[proxy], the version the fleet's router VM runs) into its own venv, for the
-# router tests and benchmarks/router_overhead.py: `litellm --config FILE` on 127.0.0.1.
+# router tests and benchmarks/router_overhead.py: `litellm --config FILE` on 127.0.0.1. Also Debian's haproxy and
+# redis-server, which the router VM runs in front of and beside its proxies (templates/router-startup.sh.j2), when
+# missing and apt-get can install them (as root).
 #
 # Usage: scripts/install-litellm-proxy.sh [VENV_DIR]   (default: $TPUSERVE_LITELLM_VENV or
 #        ~/.cache/tpuserve/litellm-proxy-venv)
@@ -17,6 +19,18 @@ RECIPE="litellm[proxy]==${LITELLM_VERSION}"
 venv="${1:-${TPUSERVE_LITELLM_VENV:-$HOME/.cache/tpuserve/litellm-proxy-venv}}"
 stamp="$venv/.tpuserve-install-recipe"
 base_python="${TPUSERVE_PYTHON:-python3}"
+
+missing=()
+for binary in haproxy redis-server; do
+  command -v "$binary" > /dev/null 2>&1 || missing+=("$binary")
+done
+if [[ -n "${missing[*]}" ]]; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get > /dev/null 2>&1; then
+    apt-get update -q > /dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" > /dev/null
+  else
+    echo "warning: the router e2e tests need ${missing[*]} (Debian: sudo apt-get install ${missing[*]})" >&2
+  fi
+fi
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$RECIPE" ]]; then
   echo "litellm proxy ${LITELLM_VERSION} already installed in $venv"

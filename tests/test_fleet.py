@@ -53,6 +53,9 @@ class FleetCompute:
     def __init__(self, pulumi: FakePulumi, clock: Clock):
         self.pulumi, self.clock = pulumi, clock
         self.started: dict[str, datetime] = {}
+        # The router's agent answers for every replica it routes to (vm/router_agent.py `answered`): "ok" unless
+        # set here.
+        self.router_answers: dict[str, str] = {}
 
     def exists(self, stack: str, zone: str) -> bool:
         outputs = self.pulumi.outputs(stack)
@@ -77,9 +80,14 @@ class FleetCompute:
         def serve(request: Request) -> Response:
             if not self.exists(stack, zone):
                 return Response(404, {"error": {"code": 404, "message": "not found", "status": "NOT_FOUND"}})
-            return Response(200, {"kind": "compute#guestAttributes", "queryPath": "tpu-serve/", "queryValue": {
-                "items": [{"namespace": "tpu-serve", "key": "stage", "value": "serving"},
-                          {"namespace": "tpu-serve", "key": "config-hash", "value": "c0ffee"}]}})
+            items = [{"namespace": "tpu-serve", "key": "stage", "value": "serving"},
+                     {"namespace": "tpu-serve", "key": "config-hash", "value": "c0ffee"}]
+            if stack.endswith("-router"):
+                routed = self.pulumi.outputs(stack).get("replicas") or []
+                items.append({"namespace": "tpu-serve", "key": "answered", "value": json.dumps({
+                    "config": "c0ffee", "deployments": {r: self.router_answers.get(r, "ok") for r in routed}})})
+            return Response(200, {"kind": "compute#guestAttributes", "queryPath": "tpu-serve/",
+                                  "queryValue": {"items": items}})
         return serve
 
     def install(self, server: FakeServer) -> None:
@@ -246,11 +254,12 @@ def test_renew_replaces_a_replica_40_minutes_from_deletion_in_order(pulumi: Fake
 
     assert code == 0, stderr
     assert [(e["event"], e["replica"]) for e in verdict["events"]] == [
-        ("created", "dev-r3"), ("gated", "dev-r3"), ("added", "dev-r3"), ("drained", "dev-r1"),
-        ("destroyed", "dev-r1")]
+        ("created", "dev-r3"), ("gated", "dev-r3"), ("added", "dev-r3"), ("answered", "dev-r3"),
+        ("drained", "dev-r1"), ("destroyed", "dev-r1")]
     assert verdict["renewed"] == [{"replica": "dev-r1", "successor": "dev-r3", "zone": "europe-west4-a"}]
     assert "dev-r1 (europe-west4-a) is deleted at 09:40 UTC, in 40 min: renewing it" in stderr
-    assert "no request in flight" in verdict["events"][3]["detail"]
+    assert verdict["events"][3]["detail"] == "answered a completion through the router"
+    assert "no request in flight" in verdict["events"][4]["detail"]
     assert pulumi.stacks() == ["dev-r2", "dev-r3", "dev-router"]
 
     # The pulumi calls of the renewal, in order: the successor's up, the router with both, the router without the
@@ -274,6 +283,29 @@ def test_renew_replaces_a_replica_40_minutes_from_deletion_in_order(pulumi: Fake
     destroy = next(i for i, call in enumerate(calls) if call[0] == "destroy")
     assert len(metrics["seen_at"]) == 3
     assert all(last_route < seen <= destroy for seen in metrics["seen_at"])
+
+
+def test_renew_keeps_the_old_replica_when_the_successor_does_not_answer_through_the_router(
+        pulumi: FakePulumi, run, clock: Clock) -> None:
+    """The successor passed its own gate, but the router's pinned completion to it failed (a wrong key, a firewall
+    in the way): it leaves the router and is destroyed, the old replica stays routed and serving, exit 1."""
+    pulumi.capacity({"europe-west4-a": 2, "us-east1-d": 1})
+    assert run("up", "--replicas", "2")[0] == 0
+    run.compute.started["dev-r1"] = NOW - timedelta(hours=3, minutes=20)
+    run.compute.started["dev-r2"] = NOW - timedelta(minutes=30)
+    run.compute.router_answers["dev-r3"] = "HTTP 401: Unauthorized"
+
+    code, verdict, stderr = run("renew")
+
+    assert code == 1, stderr
+    assert [(e["event"], e["replica"]) for e in verdict["events"]] == [
+        ("created", "dev-r3"), ("gated", "dev-r3"), ("added", "dev-r3"), ("drained", "dev-r3"),
+        ("destroyed", "dev-r3")]
+    assert verdict["renewed"] == [] and verdict["kept"][0]["replica"] == "dev-r1"
+    assert "dev-r3 did not answer through the router (HTTP 401: Unauthorized)" in stderr
+    assert pulumi.stacks() == ["dev-r1", "dev-r2", "dev-router"]
+    assert [entry.split("=")[0] for entry in router_replicas(pulumi)] == ["dev-r1", "dev-r2"]
+    assert not any(call[0] == "destroy" and "dev-r1" in call for call in pulumi.calls())
 
 
 def test_renew_without_capacity_keeps_the_old_replica_and_says_so(pulumi: FakePulumi, run, clock: Clock) -> None:

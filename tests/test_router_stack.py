@@ -126,3 +126,7 @@ def test_the_rendered_router_script_is_valid_shell_and_embeds_the_agent(tmp_path
     subprocess.run(["bash", "-n", str(tmp_path / "router.sh")], check=True)
     assert (ROOT / "vm" / "router_agent.py").read_text().rstrip("\n") in script
     assert "readonly IMAGE=ghcr.io/berriai/litellm:v1.108.7" in script
+    # One container (one worker) per vCPU behind HAProxy, sharing the Redis the agent names in their config.
+    assert 'PROXIES="$(nproc)"' in script and "--proxies $PROXIES --redis-port $REDIS_PORT" in script
+    assert f"readonly REDIS_PORT={router_agent.REDIS_PORT}" in script
+    assert "router_agent.py\" --print-haproxy-config --port \"$PORT\" --proxies \"$PROXIES\"" in script

@@ -17,13 +17,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import stat
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +43,7 @@ from tests.fake_openai import FAKE_MODEL, FakeOpenAI, completion
 from tests.httpfake import FakeServer, Request, Response
 from tests.test_router_agent import Metadata
 from tpuserve.cli import main
+from tpuserve.deploy.litellm_config import ALLOWED_FAILS, COOLDOWN_S
 from tpuserve.deploy.stack import free_local_port
 from vm import router_agent
 
@@ -131,16 +139,17 @@ def test_adding_and_removing_a_replica_in_the_config_changes_where_requests_go(v
     assert served.count("dev-r3") == both.count("dev-r3")  # no request reached dev-r3 once it left the config
 
 
-# --- the proxy itself, reloaded in place by the agent -----------------------------------------------------------------
+# --- the proxy itself, as the router VM runs it: the agent, its containers, HAProxy, Redis -----------------------------
 
 DOCKER_SHIM = """#!{python}
 # `docker` for vm/router_agent.py on a machine without Docker: `run` starts the proxy (the arguments after the
-# image are the litellm CLI's) as a local process on 127.0.0.1, `kill --signal HUP` signals it, `inspect` says
-# whether it runs.
+# image are the litellm CLI's) as a local process, `kill --signal HUP` signals it, `inspect` says whether it runs;
+# one pid file per container name.
 import os, signal, subprocess, sys
 home = os.environ["SHIM_HOME"]
-pid_file = os.path.join(home, "proxy.pid")
 args = sys.argv[1:]
+name = args[args.index("--name") + 1] if args[0] == "run" else args[-1]
+pid_file = os.path.join(home, name + ".pid")
 def alive():
     try:
         os.kill(int(open(pid_file).read()), 0)
@@ -153,8 +162,7 @@ elif args[0] == "run":
     env_file = args[args.index("--env-file") + 1]
     env = dict(os.environ, **dict(line.split("=", 1) for line in open(env_file).read().splitlines() if line))
     cli = args[args.index(os.environ["SHIM_IMAGE"]) + 1:]
-    cli[cli.index("--host") + 1] = "127.0.0.1"
-    with open(os.path.join(home, "proxy.log"), "ab") as log:
+    with open(os.path.join(home, name + ".log"), "ab") as log:
         process = subprocess.Popen([os.environ["SHIM_LITELLM"], *cli], env=env, stdout=log, stderr=log,
                                    stdin=subprocess.DEVNULL, start_new_session=True)
     open(pid_file, "w").write(str(process.pid))
@@ -162,12 +170,16 @@ elif args[0] == "run":
 elif args[0] == "kill":
     os.kill(int(open(pid_file).read()), getattr(signal, "SIG" + args[args.index("--signal") + 1]))
 """
+IMAGE = "ghcr.io/berriai/litellm:test"
 
 
 def stop_process_group(pid: int, grace_s: float = 10.0) -> None:
-    """SIGTERM the proxy's process group, SIGKILL what is left after grace_s: gunicorn waits its graceful timeout for
-    a wedged worker, and the e2e tier has no memory to spare for one."""
-    os.killpg(pid, signal.SIGTERM)
+    """SIGTERM the process group, SIGKILL what is left after grace_s: gunicorn waits its graceful timeout for a
+    wedged worker, and the e2e tier has no memory to spare for one."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
         try:
@@ -186,82 +198,248 @@ def proxy_config(replicas: dict[str, str]) -> str:
     return json.dumps(yaml.safe_load(result.output), indent=1)
 
 
-def test_the_router_applies_a_new_replica_set_without_dropping_a_request(litellm_proxy_bin: Path, tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    bin_dir, shim_home, config_dir, run_dir = (tmp_path / name for name in ("bin", "shim", "etc", "run"))
-    for folder in (bin_dir, shim_home, run_dir):
+def needed_binary(name: str) -> str:
+    """A Debian binary the router VM installs (scripts/install-litellm-proxy.sh installs it for these tests)."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: the router VM runs Debian's; apt-get install {name} (or run "
+                    "scripts/install-litellm-proxy.sh as root)")
+    return path
+
+
+@contextlib.contextmanager
+def background(argv: list[str], log: Path) -> Iterator[subprocess.Popen]:
+    with log.open("ab") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield process
+    finally:
+        stop_process_group(process.pid, grace_s=5.0)
+        process.wait(timeout=10)
+
+
+def wait_for_port(port: int, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:.0f} s")
+
+
+@dataclass
+class RouterVm:
+    """The agent driving real proxies through the docker shim, with the metadata fake it watches."""
+
+    agent: router_agent.Agent
+    metadata: Metadata
+    home: Path
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {log.name}, last 4000 characters ---\n{log.read_text(errors='replace')[-4000:]}"
+                         for log in sorted(self.home.glob("*.log")))
+
+    def chat(self, port: int, text: str, model: str = "tiny-gemma4", timeout_s: float = 60.0) -> requests.Response:
+        return requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=timeout_s,
+                             headers={"Authorization": f"Bearer {MASTER_KEY}"},
+                             json={"model": model, "messages": [{"role": "user", "content": text}]})
+
+
+@pytest.fixture
+def router_vm(litellm_proxy_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """router_vm(replicas, proxies=1, redis_port=None) -> RouterVm: the agent started on that config (proxies on
+    free ports, one worker each); every proxy is stopped by its process group afterwards."""
+    bin_dir, home, run_dir = (tmp_path / name for name in ("bin", "shim", "run"))
+    for folder in (bin_dir, home, run_dir):
         folder.mkdir()
     shim = bin_dir / "docker"
     shim.write_text(DOCKER_SHIM.format(python=sys.executable))
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("SHIM_HOME", str(shim_home))
+    monkeypatch.setenv("SHIM_HOME", str(home))
     monkeypatch.setenv("SHIM_LITELLM", str(litellm_proxy_bin))
-    monkeypatch.setenv("SHIM_IMAGE", "ghcr.io/berriai/litellm:test")
+    monkeypatch.setenv("SHIM_IMAGE", IMAGE)
     (run_dir / "master-key").write_text(MASTER_KEY)
+    made: list[RouterVm] = []
 
-    def replica(name: str, delay_s: float) -> Any:
-        def answer(request: Request) -> Response:
-            time.sleep(delay_s)
-            return Response(200, {**completion(f"from {name}"), "model": "tiny-gemma4"})
-        return answer
+    with contextlib.ExitStack() as stack:
+        def start(replicas: dict[str, str], proxies: int = 1, redis_port: int | None = None) -> RouterVm:
+            metadata = Metadata(proxy_config(replicas))
+            meta = stack.enter_context(FakeServer(metadata.routes()))
+            port = free_local_port()
+            while any(not port_free(port + offset) for offset in range(proxies + 1)):
+                port = free_local_port()
+            agent = router_agent.Agent(IMAGE, str(tmp_path / "etc"), str(run_dir / "master-key"), "tpu-serve",
+                                       port=port, proxies=proxies, metadata_url=meta.url, docker=str(shim),
+                                       redis_port=redis_port or router_agent.REDIS_PORT, confirm_timeout_s=240.0,
+                                       poll_s=0.5)
+            vm = RouterVm(agent, metadata, home)
+            made.append(vm)
+            agent.step(wait=False)  # starts the real proxies on the first config
+            assert metadata.attributes["config-hash"] == router_agent.digest(metadata.value)
+            return vm
 
-    with FakeServer({("POST", "/v1/chat/completions"): replica("dev-r1", 3.0)}) as old, \
-            FakeServer({("POST", "/v1/chat/completions"): replica("dev-r2", 0.0)}) as new:
-        metadata = Metadata(proxy_config({"dev-r1": old.url}))
-        port = free_local_port()
-        with FakeServer(metadata.routes()) as meta:
-            agent = router_agent.Agent("ghcr.io/berriai/litellm:test", str(config_dir), str(run_dir / "master-key"),
-                                       "tpu-serve", port=port, workers=1, metadata_url=meta.url, docker=str(shim),
-                                       confirm_timeout_s=240.0, poll_s=0.5)
-            try:
-                agent.step(wait=False)  # starts the real proxy on the first config
-                assert metadata.attributes["config-hash"] == router_agent.digest(metadata.value)
-                results: list[dict[str, Any]] = []
+        try:
+            yield start
+        finally:
+            for pid_file in home.glob("*.pid"):
+                stop_process_group(int(pid_file.read_text()))
+            for vm in made:
+                print("--- the agent's log ---", *vm.agent.log, sep="\n")  # shown on failure
+                print(vm.logs())
 
-                def ask(index: int) -> None:
-                    began = time.monotonic()
-                    try:
-                        response = requests.post(
-                            f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
-                            headers={"Authorization": f"Bearer {MASTER_KEY}"},
-                            json={"model": "tiny-gemma4", "messages": [{"role": "user", "content": f"q{index}"}]})
-                    except requests.RequestException as err:  # a refused or cut connection is a dropped request
-                        results.append({"index": index, "began": began, "status": repr(err), "by": None})
-                        return
-                    body = response.json() if response.ok else {}
-                    results.append({"index": index, "began": began, "status": response.status_code,
-                                    "by": (body.get("choices") or [{}])[0].get("message", {}).get("content")})
 
-                ask(-1)  # warm: the first request of a fresh proxy is slow; a router being changed has served many
-                assert results.pop()["status"] == 200
-                threads = []
-                for index in range(6):  # in flight on dev-r1 (3 s each) when the config changes
-                    threads.append(threading.Thread(target=ask, args=(index,)))
-                    threads[-1].start()
-                    time.sleep(0.2)
-                metadata.set(proxy_config({"dev-r2": new.url}))
-                agent.step()  # writes the file, SIGHUPs gunicorn, waits until /model/info lists only dev-r2
-                applied = time.monotonic()
-                for index in range(6, 12):
-                    threads.append(threading.Thread(target=ask, args=(index,)))
-                    threads[-1].start()
-                    time.sleep(0.2)
-                for thread in threads:
-                    thread.join()
-            finally:
-                pid = int((shim_home / "proxy.pid").read_text()) if (shim_home / "proxy.pid").exists() else None
-                if pid:
-                    stop_process_group(pid)
-                proxy_log = shim_home / "proxy.log"
-                log = proxy_log.read_text(errors="replace") if proxy_log.exists() else ""
-                print("--- the agent's log ---", *agent.log, sep="\n")  # shown on failure
-                print(f"--- the proxy's log (pid {pid}), last 6000 characters ---\n{log[-6000:]}")
+def port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
+
+def delayed(name: str, delay_s: float) -> Any:
+    def answer(request: Request) -> Response:
+        time.sleep(delay_s)
+        return Response(200, {**completion(f"from {name}"), "model": "tiny-gemma4"})
+    return answer
+
+
+def test_the_router_applies_a_new_replica_set_without_dropping_a_request(router_vm, tmp_path: Path) -> None:
+    """Through HAProxy on the router's port, as clients reach it: a config change while requests are in flight is
+    applied in place; every request ends 200, those in flight on the old replica finish there, new ones go to the
+    new replica."""
+    with FakeServer({("POST", "/v1/chat/completions"): delayed("dev-r1", 3.0)}) as old, \
+            FakeServer({("POST", "/v1/chat/completions"): delayed("dev-r2", 0.0)}) as new:
+        vm = router_vm({"dev-r1": old.url})
+        haproxy = tmp_path / "haproxy.cfg"
+        haproxy.write_text(router_agent.haproxy_config(vm.agent.port, [vm.agent.proxy_port(0)]))
+        with background([needed_binary("haproxy"), "-db", "-f", str(haproxy)], tmp_path / "haproxy.log"):
+            wait_for_port(vm.agent.port)
+            results: list[dict[str, Any]] = []
+
+            def ask(index: int) -> None:
+                began = time.monotonic()
+                try:
+                    response = vm.chat(vm.agent.port, f"q{index}")
+                except requests.RequestException as err:  # a refused or cut connection is a dropped request
+                    results.append({"index": index, "began": began, "status": repr(err), "by": None})
+                    return
+                body = response.json() if response.ok else {}
+                results.append({"index": index, "began": began, "status": response.status_code,
+                                "by": (body.get("choices") or [{}])[0].get("message", {}).get("content")})
+
+            ask(-1)  # warm: the first request of a fresh proxy is slow; a router being changed has served many
+            assert results.pop()["status"] == 200, vm.logs()
+            threads = []
+            for index in range(6):  # in flight on dev-r1 (3 s each) when the config changes
+                threads.append(threading.Thread(target=ask, args=(index,)))
+                threads[-1].start()
+                time.sleep(0.2)
+            vm.metadata.set(proxy_config({"dev-r2": new.url}))
+            vm.agent.step()  # writes the file, SIGHUPs gunicorn, waits until /model/info lists only dev-r2
+            applied = time.monotonic()
+            for index in range(6, 12):
+                threads.append(threading.Thread(target=ask, args=(index,)))
+                threads[-1].start()
+                time.sleep(0.2)
+            for thread in threads:
+                thread.join()
+
+    log = vm.logs()
     assert [r["status"] for r in sorted(results, key=lambda r: r["index"])] == [200] * 12, (results, log[-3000:])
     assert {r["by"] for r in results if r["index"] < 6} == {"from dev-r1"}  # finished where they started
     assert {r["by"] for r in results if r["began"] > applied} == {"from dev-r2"}
-    assert metadata.attributes["config-hash"] == router_agent.digest(metadata.value)
+    assert vm.metadata.attributes["config-hash"] == router_agent.digest(vm.metadata.value)
     assert "Handling signal: hup" in log  # gunicorn's own line: a reload, not a restart
+    # Before reporting the new config, a real completion pinned to the new replica went through the proxy.
+    assert json.loads(vm.metadata.attributes["answered"]) == {"config": router_agent.digest(vm.metadata.value),
+                                                              "deployments": {"dev-r2": "ok"}}
+    assert any(b"Say hello." in request.body for request in new.requests)  # the pinned one reached dev-r2
+
+
+def failing_and_healthy() -> tuple[list[str], dict[str, bool], FakeServer, FakeServer]:
+    """A replica that answers (the agent's pinned completion finds it healthy) until `state["failing"]`, then 503
+    (the body vLLM's server sends), recording each request it fails; and one that always answers."""
+    hits: list[str] = []
+    state = {"failing": False}
+
+    def flaky(request: Request) -> Response:
+        if not state["failing"]:
+            return Response(200, {**completion("from dev-r2"), "model": "tiny-gemma4"})
+        hits.append(request.json()["messages"][0]["content"])
+        return Response(503, UNAVAILABLE)
+
+    return (hits, state, FakeServer({("POST", "/v1/chat/completions"): flaky}),
+            FakeServer({("POST", "/v1/chat/completions"): delayed("dev-r1", 0.05)}))
+
+
+def burst(vm: RouterVm, port: int, prefix: str, count: int, parallel: int = 4) -> list[requests.Response]:
+    """`count` requests, `parallel` at a time (so least-busy, which sends to the replica with fewer in flight, has
+    the failing one idle and picks it whenever it may)."""
+    with ThreadPoolExecutor(parallel) as pool:
+        return list(pool.map(lambda index: vm.chat(port, f"{prefix}{index}"), range(count)))
+
+
+def until_cooled(vm: RouterVm, port: int, hits: list[str], prefix: str) -> list[requests.Response]:
+    """Bursts until the failing replica failed more than allowed_fails times (least-busy sends it requests only
+    while the healthy one is busy), then a second for LiteLLM's failure callbacks, which set the cooldown in the
+    background, to have run."""
+    replies: list[requests.Response] = []
+    for round_ in range(10):
+        replies += burst(vm, port, f"{prefix}{round_}-", 8)
+        if len(hits) > ALLOWED_FAILS:
+            time.sleep(1.0)
+            return replies
+    raise AssertionError(f"the failing replica was asked {len(hits)} times in 80 requests: {vm.logs()[-3000:]}")
+
+
+def test_one_worker_per_container_cools_a_failing_replica_down_for_every_request(router_vm) -> None:
+    """A real proxy of one worker: once the failing replica failed more than allowed_fails times in the minute
+    (LiteLLM's cooldown rule), it gets none of the next 40 requests, 4 at a time (least-busy would pick the idle
+    failing replica whenever the healthy one is busy), and every client request ends 200 (each failure is retried
+    on the healthy replica)."""
+    hits, state, failing, healthy = failing_and_healthy()
+    with failing, healthy:
+        vm = router_vm({"dev-r1": healthy.url, "dev-r2": failing.url})
+        assert json.loads(vm.metadata.attributes["answered"])["deployments"] == {"dev-r1": "ok", "dev-r2": "ok"}
+        state["failing"] = True
+        started = time.monotonic()
+        warm = until_cooled(vm, vm.agent.proxy_port(0), hits, "warm-")
+        replies = burst(vm, vm.agent.proxy_port(0), "q", 40)
+        elapsed = time.monotonic() - started
+        # A pinned completion reports the failing replica as it is (and never counts a healthy one for it).
+        vm.metadata.set(proxy_config({"dev-r1": healthy.url, "dev-r2": failing.url, "dev-r3": healthy.url}))
+        vm.agent.step()
+
+    assert elapsed < COOLDOWN_S  # the whole run fell inside one cooldown
+    assert {reply.status_code for reply in warm} == {200} and [reply.status_code for reply in replies] == [200] * 40
+    assert {reply.json()["choices"][0]["message"]["content"] for reply in replies} == {"from dev-r1"}
+    assert [hit for hit in hits if hit.startswith("q")] == [], hits  # none of the 40 was sent to it
+    deployments = json.loads(vm.metadata.attributes["answered"])["deployments"]
+    assert deployments["dev-r1"] == deployments["dev-r3"] == "ok"
+    assert deployments["dev-r2"].startswith("HTTP 503"), deployments
+
+
+def test_containers_sharing_redis_cool_a_replica_down_for_each_other(router_vm, tmp_path: Path) -> None:
+    """Two containers of one worker each and the local Redis, as on a router VM with two vCPUs: the failures one
+    container saw cool the replica down in the other too, which sends it nothing (without Redis each would need
+    its own allowed_fails + 1 failures: "What Needs Redis", docs.litellm.ai)."""
+    redis_port = free_local_port()
+    with background([needed_binary("redis-server"), "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                     "--appendonly", "no"], tmp_path / "redis.log"):
+        wait_for_port(redis_port)
+        hits, state, failing, healthy = failing_and_healthy()
+        with failing, healthy:
+            vm = router_vm({"dev-r1": healthy.url, "dev-r2": failing.url}, proxies=2, redis_port=redis_port)
+            state["failing"] = True
+            first = until_cooled(vm, vm.agent.proxy_port(0), hits, "first-")
+            time.sleep(1.0)  # a sibling re-reads cooldowns from Redis every second (the agent's docstring)
+            second = burst(vm, vm.agent.proxy_port(1), "second-", 40)
+
+    assert {reply.status_code for reply in first} == {200} and [reply.status_code for reply in second] == [200] * 40
+    assert len(hits) > ALLOWED_FAILS, hits
+    assert [hit for hit in hits if hit.startswith("second-")] == [], hits  # the second container never tried it
+    assert json.loads((tmp_path / "etc" / "config.yaml").read_text())["router_settings"]["redis_port"] == redis_port
 
 
 def test_a_litellm_router_built_from_the_file_completes_through_the_alias(offline, monkeypatch) -> None:

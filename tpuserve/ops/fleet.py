@@ -14,8 +14,9 @@ would put every replica in each update, under one lock, and one failed create wo
   readiness gate passed (its own `pulumi up` runs the gate; the fleet checks `serving` again through the Compute
   API), and leaves it before it is destroyed.
 - `fleet renew` replaces every replica whose flex-start deletion is less than `--lead` away: successor placed and
-  gated, added to the router, the old one removed from the router and drained (until vLLM reports no request
-  running or waiting, up to a bound), then destroyed. Without capacity for a successor the old replica keeps
+  gated, added to the router and seen answering a completion through it (deploy/router_probe.py; one that does not
+  is removed again), the old one removed from the router and drained (until vLLM reports no request running or
+  waiting, up to a bound), then destroyed. Without capacity for a successor the old replica keeps
   serving until its deletion, and the command says so and exits 3.
 - `fleet status` shows each replica (zone, stage, in the router or not, time to deletion) and the router.
 
@@ -50,6 +51,7 @@ from tpuserve.deploy.orphans import Orphan
 from tpuserve.deploy.preflight import Endpoints, configured_zones, endpoint_option, preflight, print_report, \
     target_from_config
 from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
+from tpuserve.deploy.router_probe import answered_through_router
 from tpuserve.deploy.stack import TunnelError, endpoint_for
 from tpuserve.deploy.sweep import SweepResult, region_of, sweep
 from tpuserve import vllm_metrics
@@ -671,6 +673,19 @@ def fleet_renew(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]
             members.append(successor.name)
             fleet_.route(members)
             fleet_.event("added", successor.name)
+            # The router must reach the successor with a real completion before the old replica leaves it.
+            answered, why = answered_through_router(fleet_.compute, fleet_.router_outputs(), successor.name,
+                                                    fleet_.project)
+            if not answered:
+                fleet_.say(f"{successor.name} did not answer through the router ({why}); it is removed again and "
+                           f"{old.name} keeps serving")
+                fleet_.remove(successor, members)
+                current.remove(successor)
+                kept.append({"replica": old.name, "expiry": old.expiry.isoformat() if old.expiry else None,
+                             "reason": f"{successor.name} did not answer through the router: {why}", "attempts": []})
+                code = EXIT_FAILED
+                continue
+            fleet_.event("answered", successor.name, why)
             fleet_.remove(old, members)
             current.remove(old)
             renewed.append({"replica": old.name, "successor": successor.name, "zone": successor.zone})
