@@ -70,6 +70,7 @@ NOTIFICATION_CHANNEL = re.compile(r"^projects/[^/]+/notificationChannels/[0-9]+$
 # endpoint>`, written by `tpuserve fleet`.
 ROUTER_REPLICA = re.compile(r"^(?P<name>[a-z0-9][a-z0-9_.-]*)=(?P<url>https?://[^\s=]+)$")
 SECRET_ID = re.compile(r"^(projects/[^/]+/secrets/)?[A-Za-z0-9_-]{1,255}$")
+STACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # Pulumi's stack name characters
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,12 @@ class StackConfig:
     router_replicas: tuple[str, ...] = setting(
         "routerReplicas", "Target router: the replicas the proxy routes to, each `<replica stack>=<endpoint>`; "
         "`tpuserve fleet` writes it.", ())
+    vllm_api_key_secret_id: str = setting(
+        "vllmApiKeySecretId", "Secret Manager secret (id or projects/P/secrets/S) holding the API key vLLM requires on "
+        "/v1 (clients send it as TPUSERVE_API_KEY); empty for none. A fleet needs one: its router presents it to the "
+        "replicas.", "")
+    fleet: str = setting("fleet", "Set by `tpuserve fleet` on its replica stacks: the fleet whose firewall (the "
+                         "router's stack) admits only the router and IAP to the VM's vLLM port; empty for none.", "")
     router_master_key_secret_id: str = setting(
         "routerMasterKeySecretId", "Secret Manager secret (id or projects/P/secrets/S) holding the LiteLLM proxy's "
         "master key, which clients of a fleet's router present; required by `tpuserve fleet`.", "")
@@ -261,6 +268,14 @@ class StackConfig:
             if not LABEL_KEY.match(str(key)) or not LABEL_VALUE.match(str(value)):
                 raise ConfigError("labels", f"{key}={value!r}: keys and values must be lowercase letters, digits, "
                                   "_ or -, at most 63 chars (keys start with a letter)")
+        if self.vllm_api_key_secret_id and self.target not in ("gcp", "router"):
+            raise ConfigError("vllmApiKeySecretId", f"applies to targets gcp and router (a fleet), not {self.target}")
+        if self.vllm_api_key_secret_id and not SECRET_ID.match(self.vllm_api_key_secret_id):
+            raise ConfigError("vllmApiKeySecretId", f"{self.vllm_api_key_secret_id!r} is not a secret id or "
+                              "projects/P/secrets/S")
+        if self.fleet and (self.target != "gcp" or not STACK_NAME.match(self.fleet)):
+            raise ConfigError("fleet", f"{self.fleet!r}: set by `tpuserve fleet` on a replica stack (target gcp) to "
+                              "its fleet's stack name; leave it unset")
         if self.price_per_chip_hour < 0:
             raise ConfigError("pricePerChipHour", f"must not be negative, got {self.price_per_chip_hour}")
         self.readiness_timeout_seconds  # noqa: B018 - parses, raising ConfigError on a bad value
@@ -430,6 +445,11 @@ class StackConfig:
                               "master key; create one (printf 'sk-%s' \"$(openssl rand -hex 32)\" | gcloud secrets "
                               "create litellm-master-key --data-file=-) and pulumi config set routerMasterKeySecretId "
                               "litellm-master-key")
+        if not self.vllm_api_key_secret_id:
+            raise ConfigError("vllmApiKeySecretId", "is required for a fleet: its replicas answer only requests with "
+                              "the key, which the router presents; create one (printf 'sk-%s' \"$(openssl rand -hex "
+                              "32)\" | gcloud secrets create vllm-api-key --data-file=-) and pulumi config set "
+                              "vllmApiKeySecretId vllm-api-key on the fleet's stack")
         if not SECRET_ID.match(self.router_master_key_secret_id):
             raise ConfigError("routerMasterKeySecretId", f"{self.router_master_key_secret_id!r} is not a secret id "
                               "or projects/P/secrets/S")

@@ -8,23 +8,30 @@ from datetime import datetime, timedelta
 import pulumi
 
 from components.config import PROJECT_NAME, StackConfig
-from components.identity import ServingIdentity, ServingIdentityArgs
+from components.identity import ServingIdentity, ServingIdentityArgs, full_secret_name
 from components.instance import FlexStartTpuVm, FlexStartTpuVmArgs
 from components.monitoring import ServingMonitoring, ServingMonitoringArgs
 from components.network import ServingNetwork, ServingNetworkArgs
 from components.readiness import ReadinessGate, ReadinessGateArgs, instance_gate_timeout_s, instance_target
 from components.cache import ServingCache, ServingCacheArgs
-from components.startup_script import render_startup_script, served_config, supervisor_bundle
+from components.startup_script import API_KEY_ENV, render_startup_script, served_config, served_hash, \
+    supervisor_bundle
 from tpuserve.deploy import orphans
 from tpuserve.deploy.cache import bucket_name, disk_name
 from tpuserve.facts import CACHE_DEVICE_NAME, CACHE_LABEL, SERVED_CONFIG_KEY, STARTUP_SCRIPT_KEY, SUPERVISOR_KEY
-from tpuserve.serving import config_hash, vllm_serve_args
+from tpuserve.serving import vllm_serve_args
 
 
 def base_name(stack: str) -> str:
     """`tpu-serve-<stack>` in the character set every GCP resource name accepts."""
     slug = re.sub(r"[^a-z0-9-]+", "-", stack.lower()).strip("-") or "stack"
     return f"{PROJECT_NAME}-{slug}"[:40].rstrip("-")
+
+
+def fleet_tag(fleet: str) -> str:
+    """The network tag every replica of fleet `fleet` carries, whatever its number: the fleet's firewall rules
+    (components/router.py) target it, so they never change while replicas come and go."""
+    return f"{base_name(fleet)[:34].rstrip('-')}-fleet"
 
 
 def stack_labels(stack: str, extra: dict[str, str]) -> dict[str, str]:
@@ -44,11 +51,14 @@ class TpuServeDeployment(pulumi.ComponentResource):
         base = base_name(stack)
         labels = stack_labels(stack, dict(cfg.labels))
         child = pulumi.ResourceOptions(parent=self)
-        serving_hash = config_hash(cfg.serving)
+        api_key_secret = full_secret_name(cfg.project, cfg.vllm_api_key_secret_id) if cfg.vllm_api_key_secret_id \
+            else ""
+        serving_hash = served_hash(cfg.serving, {API_KEY_ENV: api_key_secret} if api_key_secret else None)
 
         identity = ServingIdentity(base, ServingIdentityArgs(
             project=cfg.project, account_id=base[:30].rstrip("-"), existing_secret=cfg.hf_token_secret_id,
-            hf_token=cfg.hf_token, new_secret_id=f"{base}-hf-token", labels=labels), opts=child)
+            hf_token=cfg.hf_token, new_secret_id=f"{base}-hf-token", labels=labels,
+            readable_secrets=(api_key_secret,) if api_key_secret else ()), opts=child)
         network = ServingNetwork(base, ServingNetworkArgs(
             project=cfg.project, region=cfg.effective_region, network=cfg.network, target_tag=base,
             create_nat=cfg.create_cloud_nat and not cfg.external_ip), opts=child)
@@ -64,7 +74,8 @@ class TpuServeDeployment(pulumi.ComponentResource):
             SERVED_CONFIG_KEY: pulumi.Output.all(identity.secret_name, cache.bucket_name).apply(
                 lambda values: served_config(cfg.serving, values[0], machine_type=cfg.machine_type,
                                              compile_cache_bucket=values[1],
-                                             ready_timeout_s=cfg.readiness_timeout_seconds)),
+                                             ready_timeout_s=cfg.readiness_timeout_seconds,
+                                             api_key_secret=api_key_secret)),
             SUPERVISOR_KEY: supervisor_bundle(port=cfg.serving.port),
         }
         vm = FlexStartTpuVm(base, FlexStartTpuVmArgs(
@@ -72,7 +83,7 @@ class TpuServeDeployment(pulumi.ComponentResource):
             boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type, max_run_seconds=cfg.max_run_seconds,
             network=cfg.network, subnetwork=cfg.subnetwork, external_ip=cfg.external_ip,
             service_account_email=identity.email, metadata=metadata,
-            network_tag=base, labels=labels, cache_disk=cache.disk_source, cache_device_name=CACHE_DEVICE_NAME),
+            network_tags=(base, fleet_tag(cfg.fleet)) if cfg.fleet else (base,), labels=labels, cache_disk=cache.disk_source, cache_device_name=CACHE_DEVICE_NAME),
             # The VM needs its token grant, its egress and its caches before the startup script runs.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[identity, network, cache]))
         gate = ReadinessGate(f"{base}-ready", ReadinessGateArgs(

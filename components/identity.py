@@ -24,6 +24,8 @@ class ServingIdentityArgs:
     labels: Mapping[str, str] = field(default_factory=dict)
     # Project-level write roles; a GKE pod needs none (its node ships its logs and metrics).
     project_roles: tuple[str, ...] = PROJECT_ROLES
+    # More secrets the account may read (projects/P/secrets/S): vLLM's API key on a fleet's VMs.
+    readable_secrets: tuple[str, ...] = ()
     display_name: str = "tpu-serve vLLM VM"
     description: str = "Runs one tpu-serve TPU VM; reads only its HF token secret."
 
@@ -60,6 +62,10 @@ class ServingIdentity(pulumi.ComponentResource):
         secretmanager.SecretIamMember(
             f"{name}-hf-token-reader", project=args.project, secret_id=self.secret_name,
             role=SECRET_ACCESSOR, member=member, opts=child)
+        for index, secret in enumerate(args.readable_secrets, 1):
+            secretmanager.SecretIamMember(
+                f"{name}-secret-reader-{index}", project=args.project, secret_id=secret, role=SECRET_ACCESSOR,
+                member=member, opts=child)
         for role in args.project_roles:
             projects.IAMMember(f"{name}-{role.split('/')[1]}", project=args.project, role=role, member=member,
                                opts=child)

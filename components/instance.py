@@ -34,7 +34,7 @@ class FlexStartTpuVmArgs:
     # Instance metadata beside enable-guest-attributes and enable-oslogin: `startup-script`, the served config and
     # the supervisor (components/startup_script.py). All of it updates in place (setMetadata).
     metadata: Mapping[str, pulumi.Input[str]]
-    network_tag: str
+    network_tags: tuple[str, ...]  # its own (the IAP rule's target) and, for a fleet's replica, the fleet's
     labels: Mapping[str, str] = field(default_factory=dict)
     # A data disk to attach (projects/P/zones/Z/disks/NAME) under `cache_device_name`; never deleted with the VM.
     cache_disk: pulumi.Input[str] | None = None
@@ -86,7 +86,7 @@ class FlexStartTpuVm(pulumi.ComponentResource):
             attached_disks=[compute.InstanceAttachedDiskArgs(
                 source=args.cache_disk, device_name=args.cache_device_name, mode="READ_WRITE")]
             if args.cache_disk is not None else None,
-            tags=[args.network_tag],
+            tags=list(args.network_tags),
             labels=dict(args.labels),
             deletion_protection=False,
             opts=pulumi.ResourceOptions(parent=self, custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT)))

@@ -11,6 +11,14 @@ from tpuserve.serving import DEFAULT_PORT
 
 IAP_SOURCE_RANGE = "35.235.240.0/20"  # Google's Identity-Aware Proxy TCP forwarding range
 INGRESS_PORTS = ("22", str(DEFAULT_PORT))  # ssh, and vLLM's OpenAI API
+# A fleet's replicas (fleet_firewall). The lowest number wins, and at equal priority a deny beats an allow
+# (Compute API Firewall.priority); the default network's default-allow-internal admits the whole VPC (10.128.0.0/9)
+# at 65534 (cloud.google.com/vpc/docs/firewalls, "Pre-populated rules in the default network"). The deny sits
+# below 1000, GCP's default priority, so a custom allow-internal rule made with the default does not undo it; the
+# two allows sit below the deny.
+FLEET_ALLOW_PRIORITY = 900
+FLEET_DENY_PRIORITY = 950
+ANY_SOURCE = "0.0.0.0/0"
 
 
 @dataclass(frozen=True)
@@ -59,3 +67,32 @@ def cloud_nat(name: str, project: str, region: str, network: str, parent: pulumi
         nat_ip_allocate_option="AUTO_ONLY",
         source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
         log_config=compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"), opts=regional)
+
+
+def fleet_firewall(name: str, project: str, network: str, router_tag: str, fleet_tag: str, port: int,
+                   parent: pulumi.Resource) -> list[compute.Firewall]:
+    """A fleet's replicas take requests on vLLM's port from the router and IAP only: allow the router's tag and the
+    IAP range to the fleet's tag, deny every other source there. Source tags, not the router's service account:
+    a rule with sourceServiceAccounts cannot target tags (terraform-provider-google-beta v7.45
+    resource_compute_firewall.go, source_service_accounts ConflictsWith target_tags), and only the tag is stable
+    across a fleet's replicas (each runs as its own account)."""
+    child = pulumi.ResourceOptions(parent=parent)
+    vllm = [str(port)]
+    return [
+        compute.Firewall(
+            f"{name}-to-replicas", project=project, network=network, direction="INGRESS",
+            priority=FLEET_ALLOW_PRIORITY, description="tpu-serve: the fleet's router to its replicas' vLLM port",
+            source_tags=[router_tag], target_tags=[fleet_tag],
+            allows=[compute.FirewallAllowArgs(protocol="tcp", ports=vllm)], opts=child),
+        compute.Firewall(
+            f"{name}-iap-to-replicas", project=project, network=network, direction="INGRESS",
+            priority=FLEET_ALLOW_PRIORITY, description="tpu-serve: IAP TCP forwarding to the fleet's vLLM port",
+            source_ranges=[IAP_SOURCE_RANGE], target_tags=[fleet_tag],
+            allows=[compute.FirewallAllowArgs(protocol="tcp", ports=vllm)], opts=child),
+        compute.Firewall(
+            f"{name}-deny-replicas", project=project, network=network, direction="INGRESS",
+            priority=FLEET_DENY_PRIORITY, description="tpu-serve: no other source reaches the fleet's vLLM port "
+            "(default-allow-internal would admit the whole VPC)",
+            source_ranges=[ANY_SOURCE], target_tags=[fleet_tag],
+            denies=[compute.FirewallDenyArgs(protocol="tcp", ports=vllm)], opts=child),
+    ]

@@ -11,7 +11,10 @@ stack returns only once the router serves the new set.
 
 The stack also owns what the replicas share: Cloud NAT in every region a replica may be placed in (a network takes
 one all-subnetworks NAT per region, so N replica stacks could not each make one; they run with createCloudNat
-false), and the firewall rule that lets the router, by its network tag, reach the replicas' vLLM port.
+false), and the fleet's firewall on the tag every replica carries (components/network.py fleet_firewall): the
+router, by its network tag, and IAP reach the replicas' vLLM port, no other source does (the default network's
+default-allow-internal would admit every VM of the VPC). The replicas also take requests only with vLLM's API key
+(vllmApiKeySecretId), which the VM reads from Secret Manager and the proxies present (os.environ/TPUSERVE_API_KEY).
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ import pulumi
 from pulumi_gcp import compute
 
 from components.config import StackConfig
-from components.deployment import base_name, stack_labels
+from components.deployment import base_name, fleet_tag, stack_labels
 from components.identity import ServingIdentity, ServingIdentityArgs, full_secret_name
-from components.network import ServingNetwork, ServingNetworkArgs, cloud_nat
+from components.network import ServingNetwork, ServingNetworkArgs, cloud_nat, fleet_firewall
 from components.readiness import ReadinessGate, ReadinessGateArgs, instance_target
 from components.startup_script import METADATA_URL, template_environment
 from tpuserve.deploy.litellm_config import fleet_config
@@ -64,10 +67,11 @@ def embedded_source(name: str) -> str:
     return source
 
 
-def render_router_script(image: str, secret_name: str, *, metadata_url: str = METADATA_URL,
+def render_router_script(image: str, secret_name: str, replica_key_secret: str, *, metadata_url: str = METADATA_URL,
                          iam_wait_s: int = IAM_PROPAGATION_WAIT_S, iam_poll_s: int = 15) -> str:
     return template_environment().get_template("router-startup.sh.j2").render(
         metadata_url=metadata_url, guest_namespace=GUEST_ATTRIBUTE_NAMESPACE, secret_name=secret_name,
+        replica_key_secret=replica_key_secret,
         secret_role=SECRET_ACCESSOR_ROLE, image=image, port=ROUTER_PORT,
         iam_wait_s=iam_wait_s, iam_poll_s=iam_poll_s, redis_port=REDIS_PORT,
         secret_reader_source=embedded_source("hf_token.py"),
@@ -75,8 +79,8 @@ def render_router_script(image: str, secret_name: str, *, metadata_url: str = ME
 
 
 class FleetRouter(pulumi.ComponentResource):
-    """Identity (reads only the master key secret), IAP-only ingress on ssh and the proxy port, NAT per region,
-    router-to-replica firewall, the proxy VM (no external IP) and its readiness gate."""
+    """Identity (reads only the master key and the replicas' API key), IAP-only ingress on ssh and the proxy port,
+    NAT per region, the fleet's firewall, the proxy VM (no external IP) and its readiness gate."""
 
     def __init__(self, name: str, cfg: StackConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:index:FleetRouter", name, None, opts)
@@ -87,25 +91,22 @@ class FleetRouter(pulumi.ComponentResource):
         config_text = router_config(cfg)
         digest = config_digest(config_text)
         secret = full_secret_name(cfg.project, cfg.router_master_key_secret_id)
+        replica_key = full_secret_name(cfg.project, cfg.vllm_api_key_secret_id)
 
         identity = ServingIdentity(base, ServingIdentityArgs(
             project=cfg.project, account_id=base[:30].rstrip("-"), existing_secret=cfg.router_master_key_secret_id,
-            labels=labels, display_name="tpu-serve fleet router",
-            description="Runs a tpu-serve fleet's LiteLLM proxy; reads only its master key secret."), opts=child)
+            labels=labels, display_name="tpu-serve fleet router", readable_secrets=(replica_key,),
+            description="Runs a tpu-serve fleet's LiteLLM proxy; reads only its master key and the replicas' API key."),
+            opts=child)
         network = ServingNetwork(base, ServingNetworkArgs(
             project=cfg.project, region=region, network=cfg.network, target_tag=base, create_nat=False,
             ports=("22", str(ROUTER_PORT))), opts=child)
         nats = [cloud_nat(f"{base[:28]}-{nat_region}", cfg.project, nat_region, cfg.network, self)
                 for nat_region in nat_regions(cfg)] if cfg.create_cloud_nat else []
-        replica_tags = [base_name(replica) for replica, _ in cfg.replica_endpoints]
-        if replica_tags:
-            # Source tags, not ranges: only this router's VM may reach the replicas' vLLM port. The policy pack
-            # admits it where the stack's policy config lists the tag (allowedSourceTags).
-            compute.Firewall(
-                f"{base}-to-replicas", project=cfg.project, network=cfg.network, direction="INGRESS",
-                description="tpu-serve: the fleet's router to its replicas' vLLM port",
-                source_tags=[base], target_tags=replica_tags,
-                allows=[compute.FirewallAllowArgs(protocol="tcp", ports=[str(cfg.serving.port)])], opts=child)
+        # The fleet's firewall targets the tag all its replicas carry (fleet_tag): it never changes as they come
+        # and go. The router stack is `<fleet>-router` (tpuserve/ops/fleet.py router_name).
+        tag = fleet_tag(stack.removesuffix("-router"))
+        fleet_firewall(base, cfg.project, cfg.network, base, tag, cfg.serving.port, self)
 
         vm = compute.Instance(
             base, name=base, project=cfg.project, zone=zone, machine_type=cfg.router_machine_type,
@@ -118,7 +119,7 @@ class FleetRouter(pulumi.ComponentResource):
                 email=identity.email, scopes=["https://www.googleapis.com/auth/cloud-platform"]),
             # Changing the replica set changes only `litellm-config`: an in-place metadata update, no new VM.
             metadata={"enable-guest-attributes": "TRUE", "enable-oslogin": "TRUE", CONFIG_ATTRIBUTE: config_text},
-            metadata_startup_script=render_router_script(cfg.router_image, secret),
+            metadata_startup_script=render_router_script(cfg.router_image, secret, replica_key),
             tags=[base], labels=dict(labels), allow_stopping_for_update=True,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[identity, network, *nats]))
         gate = ReadinessGate(f"{base}-ready", ReadinessGateArgs(
@@ -140,6 +141,8 @@ class FleetRouter(pulumi.ComponentResource):
             "replicas": [replica for replica, _ in cfg.replica_endpoints],
             "routerConfigHash": digest,
             "masterKeySecret": secret,
+            "replicaApiKeySecret": replica_key,
+            "fleetTag": tag,
             "natRegions": nat_regions(cfg) if cfg.create_cloud_nat else [],
             "bootTimeline": gate.timeline,
         }

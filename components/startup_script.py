@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 
 import jinja2
@@ -77,15 +78,34 @@ def render_startup_script(*, cache_disk: bool = True, metadata_url: str = METADA
     )
 
 
-def served_config(serving: ServingConfig, secret_name: str, *, machine_type: str, compile_cache_bucket: str = "",
-                  ready_timeout_s: int = 3600, server_url: str | None = None) -> str:
-    """The `tpu-serve-config` metadata value (JSON, keys sorted so equal configs are equal strings)."""
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM's API key from the environment (vllm/envs.py), never --api-key in the argv
+
+
+def served_hash(serving: ServingConfig, secret_env: Mapping[str, str] | None = None) -> str:
+    """What the VM reports as `config-hash` and the gate waits for: tpuserve.serving.config_hash, and with secrets
+    in the container's environment (`secret_env`: variable -> secret name) those too, so adding or changing vLLM's
+    API key restarts the server (the supervisor restarts on a new hash) instead of leaving it without one."""
     digest = config_hash(serving)
+    if not secret_env:
+        return digest
+    return hashlib.sha256(json.dumps([digest, sorted(secret_env.items())]).encode()).hexdigest()[:16]
+
+
+def served_config(serving: ServingConfig, secret_name: str, *, machine_type: str, compile_cache_bucket: str = "",
+                  ready_timeout_s: int = 3600, server_url: str | None = None,
+                  api_key_secret: str = "") -> str:
+    """The `tpu-serve-config` metadata value (JSON, keys sorted so equal configs are equal strings). With
+    `api_key_secret`, vLLM takes requests on /v1 only with that secret's value (VLLM_API_KEY): `secret_env` names
+    the secrets the supervisor fetches into the container's environment and `api_key_env` the one its readiness
+    checks present."""
+    secret_env = {API_KEY_ENV: api_key_secret} if api_key_secret else {}
+    digest = served_hash(serving, secret_env)
     return json.dumps({
         "config_hash": digest,
         "model": serving.model,
         "image": serving.image,
-        "docker_run_args": tpu_container_run_args(serving, digest),
+        "docker_run_args": tpu_container_run_args(serving, digest, tuple(secret_env)),
+        **({"secret_env": secret_env, "api_key_env": API_KEY_ENV} if secret_env else {}),
         "machine_type": machine_type,
         "hf_token_secret": secret_name,
         "server_url": server_url or f"http://127.0.0.1:{serving.port}",

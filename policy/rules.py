@@ -89,6 +89,8 @@ def _outside(source: str, allowed: Iterable[str]) -> bool:
 def check_firewall_sources(args: ResourceValidationArgs, report: ReportViolation) -> None:
     if args.props.get("direction", "INGRESS") != "INGRESS":
         return
+    if args.props.get("denies") and not args.props.get("allows"):
+        return  # a deny rule admits nothing, whatever its sources (a fleet's firewall denies 0.0.0.0/0 on vLLM's port)
     allowed = args.get_config().get("allowedSourceRanges", [IAP_SOURCE_RANGE])
     allowed_tags = args.get_config().get("allowedSourceTags", [])
     sources = args.props.get("sourceRanges") or []

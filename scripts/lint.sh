@@ -30,7 +30,8 @@ for stack_file in sorted(Path(".").glob("Pulumi.*.yaml")):
 # A fleet's router VM (components/router.py), with the image and secret a dev fleet would give it.
 from components.router import render_router_script
 
-router = render_router_script("ghcr.io/berriai/litellm:v1.108.7", "projects/my-ml-sandbox/secrets/litellm-master-key")
+router = render_router_script("ghcr.io/berriai/litellm:v1.108.7", "projects/my-ml-sandbox/secrets/litellm-master-key",
+                              "projects/my-ml-sandbox/secrets/vllm-api-key")
 (Path(sys.argv[1]) / "startup-router.sh").write_text(router)
 PY
 

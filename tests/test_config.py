@@ -225,7 +225,8 @@ def test_the_zone_warning_reaches_pulumis_log_and_the_stack_deploys(caplog):
 
 GKE = {"target": "gke", "project": "proj-1", "zone": "us-east5-b", "hfTokenSecretId": "hf-token"}
 LOCAL = {"target": "local", "containerImage": "vllm/vllm-openai:v0.32.0"}
-ROUTER = {"target": "router", "project": "proj-1", "routerMasterKeySecretId": "litellm-master-key"}
+ROUTER = {"target": "router", "project": "proj-1", "routerMasterKeySecretId": "litellm-master-key",
+          "vllmApiKeySecretId": "vllm-api-key"}
 
 
 EDGES = [
@@ -370,12 +371,14 @@ BAD_WITH_MESSAGE = [
      'maxModelLength: unknown setting; known settings are alertDownAfter, alertNotificationChannels, '
      'alertQueueDepth, alertTtftP99Seconds, allowKnownBrokenModel, bootDiskSizeGb, bootDiskType, bootImage, '
      'cacheDiskSizeGb, compileCacheBucket, containerImage, createCloudNat, enableAutoToolChoice, externalIp, '
-     'extraArgs, gkeCluster, gkeClusterLocation, gkeMaxNodes, gkeMinReplicas, gkeNamespace, gkeProxySubnetRange, '
+     'extraArgs, fleet, gkeCluster, gkeClusterLocation, gkeMaxNodes, gkeMinReplicas, gkeNamespace, '
+     'gkeProxySubnetRange, '
      'gkeRouter, gkeSurgeNode, gkeZones, gpuMemoryUtilization, hfToken, hfTokenSecretId, keepCaches, kvCacheDtype, '
      'labels, localGpus, localModelCache, localPort, '
      'machineType, maxModelLen, maxNumBatchedTokens, maxRunDuration, model, multimodalLimits, network, '
      'pricePerChipHour, project, readinessTimeout, reasoningParser, region, routerImage, routerMachineType, '
-     'routerMasterKeySecretId, routerReplicas, routerZone, subnetwork, target, toolCallParser, zone, zones'),
+     'routerMasterKeySecretId, routerReplicas, routerZone, subnetwork, target, toolCallParser, vllmApiKeySecretId, '
+     'zone, zones'),
     (VALID, {'readinessTimeout': 'soon'},
      "readinessTimeout: 'soon' is not a duration like 4h, 90m or 1d12h"),
     (GKE, {'gkeMaxNodes': '0'},
@@ -464,7 +467,8 @@ def test_each_bad_value_is_one_line_naming_the_key(base, override, message):
 
 def test_a_router_machine_type_left_empty_is_refused_by_validation_too():
     """build_stack_config stops an empty string earlier; a StackConfig made in code is validated the same."""
-    cfg = StackConfig(target="router", project="proj-1", router_master_key_secret_id="k", router_machine_type="")
+    cfg = StackConfig(target="router", project="proj-1", router_master_key_secret_id="k", vllm_api_key_secret_id="v",
+                      router_machine_type="")
     with pytest.raises(ConfigError, match="^routerMachineType: '': the proxy needs a small CPU machine type"):
         cfg.validate()
 

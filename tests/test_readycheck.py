@@ -116,3 +116,35 @@ def test_probe_exits_0_when_ready_and_1_with_the_reason() -> None:
 def test_probe_usage_error_exits_2() -> None:
     done = run_probe("--url", "http://127.0.0.1:1")
     assert done.returncode == 2 and "--model" in done.stderr
+
+
+def keyed(key: str) -> FakeServer:
+    """vLLM with an API key: /v1 answers 401 `{"error": "Unauthorized"}` without `Bearer <key>`, /health is open
+    (vllm/entrypoints/serve/middleware/authenticate.py, vLLM 0.32)."""
+    fake = honest()
+    for route, handler in list(fake.routes.items()):
+        if route[1].startswith("/v1"):
+            fake.routes[route] = (lambda inner: lambda request: inner(request) if request.headers.get(
+                "Authorization") == f"Bearer {key}" else Response(401, {"error": "Unauthorized"}))(handler)
+    return fake
+
+
+def test_a_keyed_server_is_ready_only_for_a_check_that_presents_its_key(monkeypatch) -> None:
+    with keyed("sk-replica-key") as fake:
+        assert readycheck.check(fake.url, FAKE_MODEL) == (False, "models: /v1/models answered HTTP 401")
+        assert readycheck.check(fake.url, FAKE_MODEL, api_key="wrong")[0] is False
+        assert readycheck.check(fake.url, FAKE_MODEL, api_key="sk-replica-key")[0] is True
+        monkeypatch.setenv("REPLICA_KEY", "sk-replica-key")
+        probe = subprocess.run([sys.executable, str(SCRIPT), "--url", fake.url, "--model", FAKE_MODEL,
+                                "--api-key-env", "REPLICA_KEY"], capture_output=True, text=True)
+        assert probe.returncode == 0, probe.stdout
+        # The gate's URL mode presents $TPUSERVE_API_KEY the same way.
+        from click.testing import CliRunner
+
+        from tpuserve.observe.gate import gate
+        monkeypatch.setenv("TPUSERVE_API_KEY", "sk-replica-key")
+        before = len(fake.requests)
+        result = CliRunner().invoke(gate, ["--url", fake.url, "--model", FAKE_MODEL, "--timeout", "20"])
+        assert result.exit_code == 0, result.output
+        assert all(request.headers.get("Authorization") == "Bearer sk-replica-key"
+                   for request in fake.requests[before:] if request.path.startswith("/v1"))

@@ -25,6 +25,7 @@ from tests.httpfake import FakeServer, Request, Response
 from vm import router_agent
 
 MASTER_KEY = "sk-router-canary-0123456789abcdef"
+REPLICA_KEY = "sk-replica-canary-fedcba9876543210"
 IMAGE = "ghcr.io/berriai/litellm:v1.108.7"
 DOCKER = """#!{python} -S
 import json, os, shutil, sys
@@ -137,6 +138,7 @@ def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.Fixture
     monkeypatch.setenv("FAKE_DOCKER_HOME", str(docker_home))
     monkeypatch.setenv("FAKE_CONFIG_DIR", str(config_dir))
     (run_dir / "master-key").write_text(MASTER_KEY + "\n")
+    (run_dir / "replica-api-key").write_text(REPLICA_KEY + "\n")
     metadata = Metadata(config("dev-r1"))
 
     with contextlib.ExitStack() as stack:
@@ -145,6 +147,7 @@ def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.Fixture
                  for index in range(1, proxies + 1)]
         agent = router_agent.Agent(IMAGE, str(config_dir), str(run_dir / "master-key"), "tpu-serve",
                                    proxies=proxies, metadata_url=meta.url,
+                                   replica_key_file=str(run_dir / "replica-api-key"),
                                    proxy_urls=[f.url for f in fakes],
                                    docker=str(docker), confirm_timeout_s=3.0, poll_s=0.01, wedged_after_s=0.5,
                                    probe_timeout_s=0.1, answer_timeout_s=2.0, answer_retry_s=0.01)
@@ -171,9 +174,11 @@ def test_the_first_config_starts_the_proxy_and_reports_its_hash(rig) -> None:
     assert run[run.index(IMAGE) + 1:] == ["--config", f"{config_dir}/config.yaml", "--host", "127.0.0.1", "--port",
                                           "4001", "--run_gunicorn", "--num_workers", "1"]
     assert (config_dir / "config.yaml").read_text() == metadata.value
-    assert MASTER_KEY not in json.dumps(calls())  # the key reaches the container through an env file only
+    # The keys reach the container through an env file only (the config names os.environ/TPUSERVE_API_KEY).
+    assert MASTER_KEY not in json.dumps(calls()) and REPLICA_KEY not in json.dumps(calls())
+    assert REPLICA_KEY not in (config_dir / "config.yaml").read_text()
     env_file = Path(run[run.index("--env-file") + 1])
-    assert env_file.read_text().splitlines() == [f"LITELLM_MASTER_KEY={MASTER_KEY}", "TPUSERVE_API_KEY=none",
+    assert env_file.read_text().splitlines() == [f"LITELLM_MASTER_KEY={MASTER_KEY}", f"TPUSERVE_API_KEY={REPLICA_KEY}",
                                                  "LITELLM_LOCAL_MODEL_COST_MAP=True"]
     assert stat.S_IMODE(os.stat(env_file).st_mode) == 0o600
     assert metadata.attributes["config-hash"] == router_agent.digest(metadata.value)

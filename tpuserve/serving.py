@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -246,8 +246,10 @@ TPU_CACHE_ENV = {"HF_HOME": CONTAINER_HF_HOME, "VLLM_XLA_CACHE_PATH": CONTAINER_
                  "JAX_COMPILATION_CACHE_DIR": CONTAINER_XLA_CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
-def tpu_container_run_args(cfg: ServingConfig, config_hash: str) -> list[str]:
-    """`docker run` arguments on the TPU VM. HF_TOKEN is passed by name only, so its value is never in an argv.
+def tpu_container_run_args(cfg: ServingConfig, config_hash: str, secret_env: Sequence[str] = ()) -> list[str]:
+    """`docker run` arguments on the TPU VM. HF_TOKEN and the names in `secret_env` (VLLM_API_KEY, which vLLM reads
+    as its API key: vllm/entrypoints/serve/middleware/register.py) are passed by name only, so their values are never
+    in an argv: the supervisor fetches them and gives them to that one `docker run` through its environment.
 
     Caches live under facts.CACHE_ROOT (the cache disk when it is usable): the Hugging Face cache (HF_HOME) and the
     XLA compilation cache, whose host directory is keyed on the VM by image digest and machine type (the supervisor
@@ -266,7 +268,7 @@ def tpu_container_run_args(cfg: ServingConfig, config_hash: str) -> list[str]:
             "-v", "/dev/shm:/dev/shm",
             "-v", f"{CACHE_ROOT}/huggingface:{CONTAINER_HF_HOME}", *hf_env,
             "-v", f"{xla_host_dir}:{CONTAINER_XLA_CACHE}", *(arg for pair in xla_env for arg in pair),
-            "-e", "HF_TOKEN",
+            "-e", "HF_TOKEN", *(arg for name in secret_env for arg in ("-e", name)),
             "--label", f"tpu-serve.config-hash={config_hash}",
             cfg.image, "vllm", "serve", *vllm_serve_args(cfg)]
 

@@ -7,7 +7,12 @@ tests/test_readycheck.py runs this module and the gate side by side on the same 
 verdicts. It imports nothing from tpuserve: it runs inside the serving container (a Kubernetes exec readiness probe
 on the gke target) and on bare VM images.
 
-    python3 readycheck.py --url http://127.0.0.1:8000 --model google/gemma-4-E2B-it [--timeout 10]
+    python3 readycheck.py --url http://127.0.0.1:8000 --model google/gemma-4-E2B-it [--timeout 10] \
+        [--api-key-env VLLM_API_KEY]
+
+A server started with an API key (vLLM's --api-key or VLLM_API_KEY) answers /v1 only with it
+(vllm/entrypoints/serve/middleware/authenticate.py guards /v1, /v2, /inference, /cohere; /health is open): the key
+is then sent as a bearer token on the /v1 requests.
 
 Exit 0 when ready, 1 when not; one line on stdout says what was found (the kubelet records it on probe failure).
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -26,10 +32,16 @@ PROMPT = "Say hello."
 REASONING_FIELDS = ("reasoning_content", "reasoning")  # where vLLM's reasoning parsers put the text
 
 
-def _request(url: str, timeout_s: float, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+def auth_header(api_key: str) -> dict[str, str]:
+    """The header that presents vLLM's API key; none without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _request(url: str, timeout_s: float, body: dict[str, Any] | None = None, api_key: str = "") -> tuple[int, Any]:
     """(HTTP status, parsed JSON body or None). A refused or timed-out connection raises OSError."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    headers = {**({"Content-Type": "application/json"} if data else {}), **auth_header(api_key)}
+    request = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - a URL we were given
             status, raw = response.status, response.read()
@@ -55,13 +67,13 @@ def _has_text(message: dict[str, Any]) -> bool:
     return any((message.get(field) or "").strip() for field in REASONING_FIELDS)
 
 
-def _health(root: str, model: str, timeout_s: float) -> tuple[bool, str]:
+def _health(root: str, model: str, timeout_s: float, api_key: str = "") -> tuple[bool, str]:
     status, _ = _request(f"{root}/health", timeout_s)
     return status == 200, f"/health answered HTTP {status}"
 
 
-def _models(root: str, model: str, timeout_s: float) -> tuple[bool, str]:
-    status, body = _request(f"{root}/v1/models", timeout_s)
+def _models(root: str, model: str, timeout_s: float, api_key: str = "") -> tuple[bool, str]:
+    status, body = _request(f"{root}/v1/models", timeout_s, api_key=api_key)
     if status != 200:
         return False, f"/v1/models answered HTTP {status}"
     entries = body.get("data") if isinstance(body, dict) else None
@@ -69,10 +81,10 @@ def _models(root: str, model: str, timeout_s: float) -> tuple[bool, str]:
     return model in listed, f"/v1/models lists {listed or 'nothing'}, not {model!r}"
 
 
-def _completion(root: str, model: str, timeout_s: float) -> tuple[bool, str]:
+def _completion(root: str, model: str, timeout_s: float, api_key: str = "") -> tuple[bool, str]:
     status, body = _request(f"{root}/v1/chat/completions", timeout_s, {
         "model": model, "max_tokens": COMPLETION_MAX_TOKENS,
-        "messages": [{"role": "user", "content": PROMPT}]})
+        "messages": [{"role": "user", "content": PROMPT}]}, api_key=api_key)
     if status != 200:
         return False, f"chat completion answered HTTP {status}: {_error_text(body)}"
     try:
@@ -87,12 +99,13 @@ def _completion(root: str, model: str, timeout_s: float) -> tuple[bool, str]:
 STAGES = (("health", _health), ("models", _models), ("completion", _completion))
 
 
-def check(base_url: str, model: str, timeout_s: float = 10.0) -> tuple[bool, str]:
-    """(ready, detail). `base_url` may end in /v1. Stops at the first stage that fails; `detail` names it."""
+def check(base_url: str, model: str, timeout_s: float = 10.0, api_key: str = "") -> tuple[bool, str]:
+    """(ready, detail). `base_url` may end in /v1; `api_key` is the server's, if it has one. Stops at the first
+    stage that fails; `detail` names it."""
     root = base_url.rstrip("/").removesuffix("/v1")
     for name, stage in STAGES:
         try:
-            ok, detail = stage(root, model, timeout_s)
+            ok, detail = stage(root, model, timeout_s, api_key)
         except OSError as err:  # refused, reset, timed out (socket.timeout and URLError are OSErrors)
             ok, detail = False, f"no answer ({type(getattr(err, 'reason', err)).__name__})"
         if not ok:
@@ -105,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", required=True, help="server root or its /v1 base URL")
     parser.add_argument("--model", required=True, help="the model name the server must list and answer as")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
+    parser.add_argument("--api-key-env", default="", help="environment variable holding the server's API key")
     args = parser.parse_args(argv)
-    ok, detail = check(args.url, args.model, args.timeout)
+    ok, detail = check(args.url, args.model, args.timeout, os.environ.get(args.api_key_env, "") if args.api_key_env
+                       else "")
     print(detail)
     return 0 if ok else 1
 

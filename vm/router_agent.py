@@ -191,6 +191,7 @@ class Agent:
     metadata_url: str = METADATA_URL
     proxy_urls: list[str] = field(default_factory=list)  # default http://127.0.0.1:<port+i>
     docker: str = "docker"
+    replica_key_file: str = ""  # vLLM's API key of the replicas (the config names it os.environ/TPUSERVE_API_KEY)
     redis_host: str = REDIS_HOST
     redis_port: int = REDIS_PORT
     confirm_timeout_s: float = CONFIRM_TIMEOUT_S
@@ -259,12 +260,16 @@ class Agent:
         return inspect.returncode == 0 and inspect.stdout.strip() == "true"
 
     def env_file(self) -> str:
-        """The containers' environment, owner-readable only: the master key and the replicas' (unused) API key."""
+        """The containers' environment, owner-readable only: the master key and the replicas' API key (a replica
+        without one ignores it; LiteLLM still wants a value). The cost map ships with the package."""
+        replica_key = "none"
+        if self.replica_key_file:
+            with open(self.replica_key_file) as source:
+                replica_key = source.read().strip()
         path = os.path.join(os.path.dirname(self.master_key_file), "proxy.env")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
-            # vLLM replicas take no key; LiteLLM still wants a value. The cost map ships with the package.
-            out.write(f"LITELLM_MASTER_KEY={self.master_key()}\nTPUSERVE_API_KEY=none\n"
+            out.write(f"LITELLM_MASTER_KEY={self.master_key()}\nTPUSERVE_API_KEY={replica_key}\n"
                       "LITELLM_LOCAL_MODEL_COST_MAP=True\n")
         return path
 
@@ -423,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace", help="guest attribute namespace the gate reads")
     parser.add_argument("--port", type=int, default=4000, help="HAProxy's port; the proxies listen on the next ones")
     parser.add_argument("--proxies", type=int, default=1, help="proxy containers, one gunicorn worker each")
+    parser.add_argument("--replica-key-file", default="", help="file holding the replicas' vLLM API key")
     parser.add_argument("--redis-port", type=int, default=REDIS_PORT)
     parser.add_argument("--metadata-url", default=METADATA_URL)
     args = parser.parse_args(argv)
@@ -436,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         parser.error(f"--{missing[0].replace('_', '-')} is required")
     Agent(args.image, args.config_dir, args.master_key_file, args.namespace, args.port, args.proxies,
-          args.metadata_url, redis_port=args.redis_port).run()
+          args.metadata_url, replica_key_file=args.replica_key_file, redis_port=args.redis_port).run()
     return 0
 
 

@@ -220,6 +220,10 @@ class ServedConfig:
     warmup_image: str = ""
     compile_cache_bucket: str = ""
     ready_timeout_s: float = 3600.0
+    # Secrets fetched into the container's environment beside HF_TOKEN, (variable, secret name); `api_key_env` is
+    # the one that is vLLM's API key, which the readiness checks then present (components/startup_script.py).
+    secret_env: tuple[tuple[str, str], ...] = ()
+    api_key_env: str = ""
 
     @classmethod
     def parse(cls, text: str | None) -> ServedConfig:
@@ -233,7 +237,9 @@ class ServedConfig:
                        server_url=str(raw.get("server_url") or cls.server_url),
                        warmup_image=str(raw.get("warmup_image") or ""),
                        compile_cache_bucket=str(raw.get("compile_cache_bucket") or ""),
-                       ready_timeout_s=float(raw.get("ready_timeout_s") or cls.ready_timeout_s))
+                       ready_timeout_s=float(raw.get("ready_timeout_s") or cls.ready_timeout_s),
+                       secret_env=tuple(sorted((str(k), str(v)) for k, v in (raw.get("secret_env") or {}).items())),
+                       api_key_env=str(raw.get("api_key_env") or ""))
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"the {SERVED_CONFIG_KEY} metadata key is unreadable ({type(err).__name__}: {err})") \
                 from None
@@ -379,6 +385,7 @@ class Supervisor:
         self.ops_agent: threading.Thread | None = None
         self.current: ServedConfig | None = None
         self.xla_key = ""
+        self.api_key = ""  # vLLM's API key when the config sets one: every readiness check presents it
         self.compile_before = self.compile_after = self.compile_restored = 0
 
     def _read_boot_hash(self) -> str:
@@ -487,9 +494,10 @@ class Supervisor:
         weights = "cached" if weights_cached(hf_home, config.model) else "downloaded"
         self.stage("fetching-token")
         token = self.fetch_token(config)
+        secrets = self.fetch_secret_env(config)
         self.stage("starting-server")
-        self.start_container(config, token)
-        token = ""
+        self.start_container(config, token, secrets)
+        token, secrets = "", {}
         self.stage("loading-model")
         self.wait_until_serving(config)
         self.report("image", image)
@@ -533,23 +541,33 @@ class Supervisor:
         return bearer
 
     def fetch_token(self, config: ServedConfig) -> str:
+        return self.read_secret(config.hf_token_secret)
+
+    def read_secret(self, secret: str, what: str = "") -> str:
+        """A secret's latest version as the VM's account, waiting out a fresh grant; Failed names `what` it is."""
         grant = (f"grant {SECRET_ROLE} on it to {self.metadata.email()} (a new grant takes 2-7 min to propagate)")
         try:
             return hf_token.read_secret(
-                config.hf_token_secret, self.settings.metadata_url, self.settings.secret_manager_url,
+                secret, self.settings.metadata_url, self.settings.secret_manager_url,
                 retry_delay_s=self.settings.retry_delay_s, iam_wait_s=self.settings.iam_wait_s,
                 iam_poll_s=self.settings.iam_poll_s, on_wait=lambda why: self.report("reason", why),
                 grant_hint=grant, token_hint="Secret Manager was not asked")
         except hf_token.TokenError as err:
-            raise Failed(str(err)) from None
+            raise Failed(f"{what}: {err}" if what else str(err)) from None
+
+    def fetch_secret_env(self, config: ServedConfig) -> dict[str, str]:
+        """The config's `secret_env`, each read like the token; keeps vLLM's API key for the readiness checks."""
+        values = {name: self.read_secret(secret, name) for name, secret in config.secret_env}
+        self.api_key = values.get(config.api_key_env, "") if config.api_key_env else ""
+        return values
 
     def docker_run_args(self, config: ServedConfig) -> list[str]:
         return [arg.replace(XLA_CACHE_KEY_PLACEHOLDER, self.xla_key) for arg in config.docker_run_args]
 
-    def start_container(self, config: ServedConfig, token: str) -> None:
+    def start_container(self, config: ServedConfig, token: str, secrets: dict[str, str] | None = None) -> None:
         docker("rm", "-f", CONTAINER, timeout_s=120)
-        # The token goes to this one `docker run` through its environment; the argv names HF_TOKEN only.
-        env = {**os.environ, "HF_TOKEN": token}
+        # The token and the secrets go to this one `docker run` through its environment; the argv names them only.
+        env = {**os.environ, "HF_TOKEN": token, **(secrets or {})}
         done = docker(*self.docker_run_args(config), env=env, timeout_s=600)
         if done.returncode != 0:
             raise Failed(f"docker run of {config.image} failed: {' '.join(done.stderr.split())[-600:]}")
@@ -572,7 +590,7 @@ class Supervisor:
                 raise Failed(f"vLLM did not report healthy within {config.ready_timeout_s:g}s")
             self.pause(config, self.settings.poll_s)
         log("/health is 200")
-        ready, detail = readycheck.check(root, config.model, timeout_s=300)
+        ready, detail = readycheck.check(root, config.model, timeout_s=300, api_key=self.api_key)
         if not ready:
             raise Failed(f"the server is up but not serving: {detail}")
         log("first completion answered")
@@ -585,7 +603,8 @@ class Supervisor:
             {"type": "text", "text": "What color is this?"}]}]}).encode()
         for attempt in (1, 2):  # the first multimodal request after boot can answer 422; one retry should pass
             request = urllib.request.Request(f"{config.server_url}/v1/chat/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
+                                             headers={"Content-Type": "application/json",
+                                                      **readycheck.auth_header(self.api_key)})
             try:
                 with urllib.request.urlopen(request, timeout=300):  # noqa: S310
                     log("multimodal warm-up answered")
@@ -659,7 +678,9 @@ class Supervisor:
         self.current = config
         self.xla_key = self.xla_key or cache_key(config.pinned_digest or image_digest(config.image),
                                                  config.machine_type)
-        ready, _ = readycheck.check(config.server_url, config.model, timeout_s=30)
+        if config.secret_env:
+            self.fetch_secret_env(config)  # the running server's key, for the readiness checks
+        ready, _ = readycheck.check(config.server_url, config.model, timeout_s=30, api_key=self.api_key)
         if not ready:
             self.stage("loading-model")
             self.wait_until_serving(config)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ import click
 import requests
 
 from tpuserve.cli import json_option
-from tpuserve.client import ChatClient, ChatReply, EndpointError, ModelNotServed, json_or_none, pick_model, server_root
+from tpuserve.client import API_KEY_ENV, ChatClient, ChatReply, EndpointError, ModelNotServed, json_or_none, pick_model, server_root
 from tpuserve.facts import (BOOT_STAGES, FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S,
                             RESTARTING_STAGE)
 from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
@@ -127,7 +128,8 @@ class NotReady(Exception):
 def ask(http: requests.Session, root: str, model: str, timeout_s: float, messages: list[dict[str, Any]],
         **params: Any) -> ChatReply:
     """One short chat completion; NotReady unless the server answers 200 with a message (fatal for a status in
-    FATAL_API_STATUSES). Like /health and /v1/models, it goes without an API key."""
+    FATAL_API_STATUSES). Like /health and /v1/models, it presents the session's API key, if any (the command sets
+    $TPUSERVE_API_KEY on the session)."""
     client = ChatClient(root, model, api_key="", timeout_s=timeout_s, session=http)
     try:
         return client.chat(messages, max_tokens=COMPLETION_MAX_TOKENS, **params)
@@ -486,6 +488,10 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
         reporter = ConsoleReporter(console, status) if console.is_terminal else LineReporter(console)
         if url:
             with requests.Session() as http:
+                # A server with an API key (vLLM's --api-key / VLLM_API_KEY) answers /v1 only with it: the gate
+                # presents $TPUSERVE_API_KEY on every request, as the other commands do (tpuserve/client.py).
+                if os.environ.get(API_KEY_ENV):
+                    http.headers["Authorization"] = f"Bearer {os.environ[API_KEY_ENV]}"
                 verdict = watch_url(http, url, model, smoke_checks, timeout_s, interval_s or URL_INTERVAL_S,
                                     reporter)
         else:

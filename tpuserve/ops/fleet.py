@@ -284,7 +284,7 @@ class Fleet:
         # The router stack owns Cloud NAT for every region the fleet uses: one all-subnetworks NAT per network and
         # region is all GCP allows, so replicas sharing a region cannot each make theirs.
         deployer = Deployer(cli, name, self.project, self.extra, self.compute, self.confirm, self.say,
-                            settings={"createCloudNat": "false"})
+                            settings={"createCloudNat": "false", "fleet": self.name})
         number = iter(range(1, 10_000))
         self.say(f"{name}: trying {', '.join(zones)}")
         result = sweep(zones, deployer.attempt, deadline_s, retry_until_up=retry_until_up,

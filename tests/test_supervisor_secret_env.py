@@ -1,0 +1,96 @@
+"""vm/supervisor.py's `secret_env` (components/startup_script.py served_config with vllmApiKeySecretId): the secrets
+it names are read like the token and handed to `docker run` through its environment only, and vLLM's API key is
+presented by the readiness checks, after a boot and after an adoption. Secret Manager and Docker are stand-ins
+here (their real paths are tests/test_supervisor.py's, in the sandbox); the request shapes are vm/readycheck.py's
+against a fake vLLM that answers /v1 only with the key (tests/test_readycheck.py `keyed`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import pytest
+
+from components.startup_script import served_config
+from tests.test_readycheck import keyed
+from tpuserve.serving import ServingConfig
+from tests.fake_openai import FAKE_MODEL
+from vm import readycheck, supervisor
+
+KEY = "sk-vllm-key-canary-31415926"
+SECRET = "projects/p-1/secrets/vllm-api-key"
+
+
+class FakeMetadata:
+    def email(self) -> str:
+        return "tpu-serve-dev-r3@p-1.iam.gserviceaccount.com"
+
+    def put_guest(self, key: str, value: str) -> None:
+        pass
+
+
+@pytest.fixture
+def config() -> supervisor.ServedConfig:
+    text = served_config(ServingConfig(), "projects/p-1/secrets/hf-token", machine_type="ct6e-standard-1t",
+                         api_key_secret=SECRET)
+    return supervisor.ServedConfig.parse(text)
+
+
+def make(monkeypatch: pytest.MonkeyPatch) -> tuple[supervisor.Supervisor, list[dict[str, Any]]]:
+    read: list[dict[str, Any]] = []
+
+    def read_secret(secret: str, *args: Any, **kwargs: Any) -> str:
+        read.append({"secret": secret})
+        return {SECRET: KEY, "projects/p-1/secrets/hf-token": "hf_canary"}[secret]
+
+    # The supervisor imports its siblings as top-level modules (as on the VM): patch the one it uses.
+    monkeypatch.setattr(supervisor.hf_token, "read_secret", read_secret)
+    sup = supervisor.Supervisor.__new__(supervisor.Supervisor)
+    sup.settings, sup.metadata, sup.api_key = supervisor.Settings(), FakeMetadata(), ""
+    sup.report = lambda key, value: None  # type: ignore[method-assign]
+    return sup, read
+
+
+def test_the_served_config_names_the_key_by_secret_and_variable(config) -> None:
+    assert config.secret_env == (("VLLM_API_KEY", SECRET),) and config.api_key_env == "VLLM_API_KEY"
+    assert KEY not in json.dumps(config.docker_run_args)
+    assert config.docker_run_args[config.docker_run_args.index("HF_TOKEN") + 1:][:2] == ("-e", "VLLM_API_KEY")
+
+
+def test_the_key_goes_to_docker_run_through_its_environment_only(config, monkeypatch) -> None:
+    sup, read = make(monkeypatch)
+    runs: list[dict[str, Any]] = []
+
+    def docker(*args: str, env: dict[str, str] | None = None, timeout_s: float = 600) -> subprocess.CompletedProcess:
+        runs.append({"args": args, "env": env})
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    monkeypatch.setattr(supervisor, "docker", docker)
+    sup.xla_key = "k"
+    secrets = sup.fetch_secret_env(config)
+    sup.start_container(config, "hf_canary", secrets)
+
+    assert read == [{"secret": SECRET}] and sup.api_key == KEY
+    run = runs[-1]
+    assert run["args"][0] == "run" and KEY not in json.dumps(run["args"])
+    assert run["env"]["VLLM_API_KEY"] == KEY and run["env"]["HF_TOKEN"] == "hf_canary"
+    assert all(KEY not in json.dumps(r["args"]) for r in runs)
+
+
+def test_the_readiness_checks_present_the_key_after_boot_and_after_adoption(config, monkeypatch) -> None:
+    sup, _ = make(monkeypatch)
+    with keyed(KEY) as fake:
+        keyed_config = supervisor.ServedConfig(**{**config.__dict__, "server_url": fake.url, "model": FAKE_MODEL})
+        assert readycheck.check(fake.url, FAKE_MODEL)[0] is False  # the server refuses a check without the key
+        sup.fetch_secret_env(keyed_config)
+        sup.wait_until_serving(keyed_config)  # raises supervisor.Failed unless the checks pass
+        sup.api_key = ""  # a restarted supervisor knows no key until it adopts the container
+        seen: list[str] = []
+        monkeypatch.setattr(supervisor.readycheck, "check", lambda url, model, timeout_s=10.0, api_key="": (
+            seen.append(api_key) or (True, "ready")))
+        sup.state, sup.xla_key = supervisor.State(), "k"
+        sup.stage = lambda name: None  # type: ignore[method-assign]
+        sup.install_ops_agent = lambda config: None  # type: ignore[method-assign]
+        sup.adopt(keyed_config)
+        assert seen == [KEY]
