@@ -719,6 +719,9 @@ CHANGE_EFFECTS: dict[str, str] = {
     "gkeSurgeNode": "the node pool's limit, the rollout strategy and the disruption budget in place",
     "gkeRouter": "the gateway's objects, its proxy-only subnet and the cluster's Gateway API added or removed",
     "gkeProxySubnetRange": "a new proxy-only subnet (the gateway's load balancer is reprogrammed)",
+    "vllmApiKeySecretId": "gcp: the grant, and vLLM restarts with the key (in place); router: replaces the router VM "
+                          "(its startup script)",
+    "fleet": "the VM's network tags in place (written by `tpuserve fleet`)",
     "routerReplicas": "the router's config in place (written by `tpuserve fleet`)",
     "routerMasterKeySecretId": "replaces the router VM (its startup script)",
     "routerMachineType": "the router VM is stopped, resized and started",

@@ -277,11 +277,16 @@ def test_workers_that_stay_wedged_are_reforked_once_per_wedged_after_s_not_at_ev
 
 def test_the_wedge_is_timed_from_the_first_unanswered_request_not_from_its_timeout(rig, monkeypatch) -> None:
     """A probe that waits 0.4 s for no answer is already a 0.4 s stall: with wedged_after_s 0.35 the HUP follows the
-    first such probe, inside a 0.7 s window a second probe would not fit in."""
+    first such probe, not a second one (counted, so a busy machine's slowness cannot pass or fail it)."""
     agent, metadata, calls, _, _ = rig
     monkeypatch.setenv("FAKE_DOCKER_WEDGES", ONE)
-    agent.probe_timeout_s, agent.wedged_after_s, agent.confirm_timeout_s = 0.4, 0.35, 0.7
+    agent.probe_timeout_s, agent.wedged_after_s, agent.confirm_timeout_s = 0.4, 0.35, 10.0
+    probes, probes_at_hup = [], []
+    served_ids, reload = agent.served_ids, agent.reload
+    monkeypatch.setattr(agent, "served_ids", lambda index: (probes.append(index), served_ids(index))[1])
+    monkeypatch.setattr(agent, "reload", lambda index: (probes_at_hup.append(len(probes)), reload(index))[1])
     agent.step(wait=False)
+    assert probes_at_hup == [1]  # one HUP, right after the first unanswered probe
     assert [call[0] for call in calls()][-1] == "kill" and metadata.attributes["stage"] == "serving"
 
 

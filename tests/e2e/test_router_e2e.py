@@ -6,12 +6,15 @@
   loads), in front of the real CPU vLLM server (tiny random Gemma 4, tests/e2e/conftest.py) and a fake replica that
   answers 503 (the OpenAI error body vLLM's server sends): every request ends 200, and the failing replica is
   cooled down. Regenerating the config without it, or with another replica, changes where requests go.
-- The real LiteLLM proxy (`litellm --run_gunicorn`, the version the router VM's image pins) driven by the router
-  agent (vm/router_agent.py) through a `docker` shim that runs the proxy as a local process: a config change while
-  requests are in flight is applied in place; every request ends 200, the ones in flight on the old replica
-  finish there, and new ones go to the new replica. Fake replicas there answer after a delay (recorded vLLM body
-  shape, tests/fake_openai.py) so requests are in flight during the reload. About one start in three wedges its
-  worker (vm/router_agent.py's docstring): the agent then re-forks it, and the test still passes.
+- The real LiteLLM proxy (`litellm --run_gunicorn`, the version the router VM's image pins, one worker per
+  container) driven by the router agent (vm/router_agent.py) through a `docker` shim that runs each container as a
+  local process: behind real HAProxy (the agent's haproxy_config), a config change while requests are in flight is
+  applied in place; every request ends 200, the ones in flight on the old replica finish there, new ones go to the
+  new replica, which first answered the agent's pinned completion. One worker cools a failing replica down for
+  every request of the next burst; two containers sharing a real redis-server (Debian's, as on the VM) cool it down
+  for each other. Fake replicas answer after a delay (recorded vLLM body shape, tests/fake_openai.py) so requests
+  are in flight during the reload. About one start in three wedges its worker (vm/router_agent.py's docstring):
+  the agent then re-forks it, and the tests still pass.
 """
 
 from __future__ import annotations
