@@ -681,11 +681,17 @@ def bridged_resource(trees: dict[str, Tree], prefix: str, token: str, names_cach
     resource = reader.resource(registration)
     attrs = reader.schema_map(resource.get("Schema"))
     names = PulumiNames(sdk, aliases)
-    force_new = []
+    force_new, computed, sets = [], [], []
     for tf_path, attr in walk(attrs):
-        if not attr.force_new or not attr.optional:
+        if not attr.optional:
             continue
         pulumi_path = names.path(token, tf_path, tf_name)
+        if pulumi_path is not None and attr.type == "TypeSet":
+            sets.append(pulumi_path)
+        if not attr.force_new:
+            if attr.computed and pulumi_path is not None:
+                computed.append(pulumi_path)
+            continue
         kind = ("map" if attr.type == "TypeMap" else
                 "block" if attr.elem is not None and attr.max_items == 1 and _max_items_one(aliases, tf_name, tf_path)
                 else attr.type.removeprefix("Type").lower())
@@ -698,6 +704,10 @@ def bridged_resource(trees: dict[str, Tree], prefix: str, token: str, names_cach
     facts: dict[str, Any] = {
         "provider": provider_key, "terraform": tf_name, "file": main_file, "line": resource.line,
         "force_new": force_new,
+        # Optional+Computed inputs that are not ForceNew: removing one keeps the old value (no diff), as for the
+        # ForceNew entries marked computed.
+        "computed": computed,
+        "sets": sets,  # TypeSet inputs: compared as sets of elements, not by position
         "customize_diff": customize_diff(source, reader, resource, tf_name, token, names),
         "delete_before_replace": delete_before_replace_rule(pulumi_tree, tf_name, attrs, token, names),
     }
@@ -955,6 +965,8 @@ def instance_update(source: Source, resource: Node, token: str, names: PulumiNam
                 if "allow_stopping_for_update" in ctext:
                     condition = " (only counted when allow_stopping_for_update is true)"
             add(f"scheduling.{keys[0]}", cline, f"{helper} -> {called}{condition}", cctx.file)
+            if condition:
+                paths[-1]["only_if"] = names.path(token, ("allow_stopping_for_update",), tf_name)
     return {
         "function": update.text, "file": fctx.file, "line": line,
         "order": calls,
