@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import pulumi
 from pulumi_gcp import compute
 
+from tpuserve.deploy.changes import stop_requiring_paths
+
 # A flex-start create without a wait time is immediate-or-fail: pulumi-gcp 10.2 cannot set the request's wait time
 # (the Compute API's `Instance.params.requestValidForDuration`; `InstanceParamsArgs` has only resource_manager_tags),
 # and without it Compute Engine "only allocates resources if they are immediately available" (flex-start docs). The
@@ -16,6 +18,14 @@ from pulumi_gcp import compute
 # default for this resource is 20 min) and frees the sweep from a stuck one; a VM that appears after the timeout is
 # not in the state, and `tpuserve up`'s orphan sweep finds it by the stack's labels.
 CREATE_TIMEOUT = "10m"
+INSTANCE = "gcp:compute/instance:Instance"
+# What must never reach a running VM as an update: the provider's update sends setMetadata (the new served config)
+# first and only then finds that machine type, service account, network or max run need a stopped instance, which it
+# refuses on a RUNNING one without allow_stopping_for_update (resourceComputeInstanceUpdate; paths and lines in
+# tpuserve/data/provider-facts.json). A change to any of them replaces the VM instead, old one first: a
+# replacement that only replaceOnChanges asks for gets no delete-before-replace from the bridge, and a second
+# instance of the same name could not be created (pulumi-terraform-bridge provider.go Diff).
+REPLACE_ON_CHANGES = list(stop_requiring_paths(INSTANCE))
 
 
 @dataclass(frozen=True)
@@ -46,7 +56,9 @@ class FlexStartTpuVm(pulumi.ComponentResource):
 
     Everything the VM runs comes through `metadata` (never `metadata_startup_script`, which pulumi-gcp and the
     Terraform provider mark ForceNew): a serving change is a setMetadata on the running VM, which its supervisor
-    applies; machine type, zone, boot image, boot disk and service account still replace it. The cache disk is
+    applies. Zone, boot image and disk type, max run replace it (ForceNew); machine type, service account and network,
+    which the provider could only change on a stopped VM after pushing the new metadata, replace it too
+    (REPLACE_ON_CHANGES). The cache disk is
     attached with auto-delete off. The create does not wait for capacity: it gets the VM in this zone now or fails
     (see CREATE_TIMEOUT); `tpuserve up` moves on to the next zone."""
 
@@ -89,7 +101,8 @@ class FlexStartTpuVm(pulumi.ComponentResource):
             tags=list(args.network_tags),
             labels=dict(args.labels),
             deletion_protection=False,
-            opts=pulumi.ResourceOptions(parent=self, custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT)))
+            opts=pulumi.ResourceOptions(parent=self, custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT),
+                                        replace_on_changes=REPLACE_ON_CHANGES, delete_before_replace=True))
 
         self.name = instance.name
         self.instance_id = instance.instance_id
