@@ -8,12 +8,13 @@ Every setting is a dataclass field whose metadata holds its stack config key and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -674,72 +675,36 @@ def render_pulumi_yaml() -> str:
 
 
 # What a change of each key does to a running deployment: the last column of the configuration reference
-# (docs/configuration.md). One mapping, config key -> effect text, so that its source can be replaced by facts derived
-# from the provider's own source without touching the page's generator. "In place" means Pulumi updates the VM's
-# metadata (setMetadata: no new VM, the flex-start grant and its max-run clock are kept) and the VM's supervisor
-# restarts the container with the new argv; "replaces the VM" means a new VM, a new flex-start request and a cold(er)
-# boot. tests/test_docs.py fails when a key lacks an entry.
-SERVING_IN_PLACE = "**in place**: the supervisor restarts vLLM with the new argv; the gate waits for it"
-CHANGE_EFFECTS: dict[str, str] = {
-    "target": "a different deployment: replaces everything",
-    "project": "replaces everything",
-    "zone": "replaces the VM; the new zone gets its own cache disk, the old one is kept",
-    "zones": "`tpuserve up` only",
-    "region": "replaces Router and NAT",
-    "machineType": "replaces the VM",
-    "bootImage": "replaces the VM",
-    "bootDiskSizeGb": "replaces the VM",
-    "bootDiskType": "replaces the VM",
-    "cacheDiskSizeGb": "grows the disk in place; a shrink is refused at preview",
-    "compileCacheBucket": "the bucket name reaches the VM in place",
-    "keepCaches": "state only: decides whether `pulumi destroy` deletes the disk and the bucket",
-    "maxRunDuration": "replaces the VM",
-    "hfTokenSecretId": "the service account's grant; the secret's name in place",
-    "hfToken": "the service account's grant; the secret's name in place",
-    "network": "replaces the VM",
-    "subnetwork": "replaces the VM",
-    "externalIp": "a network change: replaces the VM",
-    "createCloudNat": "creates or deletes Router and NAT",
-    "labels": "in place",
-    "pricePerChipHour": "outputs only",
-    "readinessTimeout": "the VM's deadline in place; the gate's on its next run",
-    "alertNotificationChannels": "in place",
-    "alertDownAfter": "in place",
-    "alertTtftP99Seconds": "in place",
-    "alertQueueDepth": "in place",
-    "localGpus": "a new container",
-    "localModelCache": "a new container",
-    "localPort": "a new container",
-    "gkeCluster": "a new node pool (in a new cluster when created by the stack)",
-    "gkeClusterLocation": "a new node pool (in a new cluster when created by the stack)",
-    "gkeMaxNodes": "the node pool's autoscaling limit and the HPA in place",
-    "gkeMinReplicas": "the Deployment and the HPA in place",
-    "gkeNamespace": "new Kubernetes objects in the new namespace",
-    "gkeZones": "the node pool's zones in place (nodes in a dropped zone are removed)",
-    "gkeSurgeNode": "the node pool's limit, the rollout strategy and the disruption budget in place",
-    "gkeRouter": "the gateway's objects, its proxy-only subnet and the cluster's Gateway API added or removed",
-    "gkeProxySubnetRange": "a new proxy-only subnet (the gateway's load balancer is reprogrammed)",
-    "vllmApiKeySecretId": "gcp: the grant, and vLLM restarts with the key (in place); router: replaces the router VM "
-                          "(its startup script)",
-    "fleet": "the VM's network tags in place (written by `tpuserve fleet`)",
-    "routerReplicas": "the router's config in place (written by `tpuserve fleet`)",
-    "routerMasterKeySecretId": "replaces the router VM (its startup script)",
-    "routerMachineType": "the router VM is stopped, resized and started",
-    "routerZone": "replaces the router VM",
-    "routerImage": "replaces the router VM (its startup script)",
-    "model": SERVING_IN_PLACE,
-    "containerImage": SERVING_IN_PLACE,
-    "maxModelLen": SERVING_IN_PLACE,
-    "gpuMemoryUtilization": SERVING_IN_PLACE,
-    "maxNumBatchedTokens": SERVING_IN_PLACE,
-    "enableAutoToolChoice": SERVING_IN_PLACE,
-    "toolCallParser": SERVING_IN_PLACE,
-    "reasoningParser": SERVING_IN_PLACE,
-    "multimodalLimits": SERVING_IN_PLACE,
-    "kvCacheDtype": SERVING_IN_PLACE,
-    "extraArgs": SERVING_IN_PLACE,
-    "allowKnownBrokenModel": "validation only: nothing changes on the VM",
-}
+# (docs/configuration.md). Derived, never written by hand: tests/config_changes.py runs each target's stack under mocks
+# with its defaults and with the key changed, classifies every resource's change by the providers' own rules
+# (tpuserve/deploy/changes.py over tpuserve/data/provider-facts.json) and writes the words to
+# tpuserve/data/config-changes.json; tests/test_config_changes.py fails when that file is stale.
+CHANGE_EFFECTS_FILE = "config-changes.json"
+
+
+class _ChangeEffects(Mapping[str, str]):
+    """key -> effect, read from the data file on first use (a stack's program never needs it)."""
+
+    @functools.cached_property
+    def _effects(self) -> dict[str, str]:
+        from importlib import resources
+
+        path = resources.files("tpuserve.data").joinpath(CHANGE_EFFECTS_FILE)
+        if not path.is_file():
+            return {}
+        return {key: entry["effect"] for key, entry in json.loads(path.read_text())["keys"].items()}
+
+    def __getitem__(self, key: str) -> str:
+        return self._effects[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._effects)
+
+    def __len__(self) -> int:
+        return len(self._effects)
+
+
+CHANGE_EFFECTS: Mapping[str, str] = _ChangeEffects()
 
 CONFIG_PAGE = "docs/configuration.md"
 DOCS_BEGIN = ("<!-- BEGIN generated by `python -m components.config --docs` from components/config.py and "

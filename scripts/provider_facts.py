@@ -594,10 +594,6 @@ def walk(attrs: dict[str, Attr], prefix: tuple[str, ...] = ()) -> Iterator[tuple
             yield from walk(attr.elem, (*prefix, name))
 
 
-def rel_line(source: Source, file: str, line: int) -> dict[str, Any]:
-    return {"file": file, "line": line}
-
-
 # --- Terraform names -> the Pulumi input names the engine sees -------------------------------------------------------
 
 class PulumiNames:
@@ -1015,7 +1011,6 @@ def kubernetes_facts(tree: Tree, kinds: list[str]) -> dict[str, Any]:
     groups = var("forceNew")
     metadata_line = next(t.line for i, t in enumerate(toks) if t.text == "metadataForceNewProperties"
                          and toks[i - 1].text == "func")
-    base = [s.lstrip(".") for s in helpers["metadataForceNewProperties"]]
     out: dict[str, Any] = {}
     for token in kinds:
         _, api, kind = token.split(":")
@@ -1048,8 +1043,22 @@ def kubernetes_facts(tree: Tree, kinds: list[str]) -> dict[str, Any]:
             facts["force_new"] += [{"path": p, "kind": "prefix", "unless_provider_option": option} for p in extra]
             facts["conditional_line"] = text.count("\n", 0, text.index(f"clients.{check}(obj)")) + 1
         out[token] = facts
-    del base
     return out
+
+
+def kubernetes_provider_facts(tree: Tree) -> dict[str, Any]:
+    """pulumi-kubernetes provider.go DiffConfig: the provider (and with it every object it manages) is replaced when
+    the active cluster of its kubeconfig changes, or its kubeconfig/context/cluster settings do."""
+    path = "provider/pkg/provider/provider.go"
+    text = tree.read(path)
+    start = text.index("func (k *kubeProvider) DiffConfig(")
+    active = text.index("getActiveClusterFromConfig(newConfig, news)", start)
+    line = lambda offset: text.count("\n", 0, offset) + 1  # noqa: E731
+    return {"provider": "pulumi-kubernetes-provider", "file": path, "line": line(start), "force_new": [],
+            "active_cluster": {"keys": ["kubeconfig", "context", "cluster"], "line": line(active),
+                               "rule": "replace when the kubeconfig's active cluster (its server and certificate) "
+                                       "differs; the engine then replaces every resource the provider manages"},
+            "delete_before_replace": {"explicit": False, "autonamed": []}}
 
 
 def command_facts(tree: Tree) -> dict[str, Any]:
@@ -1078,7 +1087,7 @@ DYNAMIC_FACT = {
 def declared_types() -> list[str]:
     """Every custom resource type the stacks declare, from running them under mocks (tests/test_changes.py)."""
     sys.path.insert(0, str(ROOT))
-    from tests.test_changes import declared_resource_types
+    from tests.config_changes import declared_resource_types
 
     return sorted(declared_resource_types())
 
@@ -1096,10 +1105,8 @@ def derive(trees: dict[str, Tree], types: list[str]) -> dict[str, Any]:
             resources[token] = command_facts(trees["pulumi-command"])
         elif token == "pulumi-python:dynamic:Resource":
             resources[token] = DYNAMIC_FACT
-        elif token.startswith("pulumi:providers:"):
-            resources[token] = {"provider": "engine", "force_new": [], "note": "a provider resource: a change of "
-                                "its configuration is the provider's DiffConfig; pulumi-kubernetes replaces the "
-                                "provider (and so every resource under it) when the cluster it points at changes"}
+        elif token == "pulumi:providers:kubernetes":
+            resources[token] = kubernetes_provider_facts(trees["pulumi-kubernetes"])
         elif token not in resources:
             raise SourceError(f"{token}: no source known for this type")
     sources = {key: {"repo": pin.repo, "tag": pin.tag, "commit": trees[key].commit or pin.rev,

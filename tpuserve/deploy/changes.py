@@ -69,6 +69,9 @@ class ResourceChange:
     # asks for the replacement: the bridge answers delete-before-replace only for replacements the provider plans.
     create_conflicts: bool = False
     provider_replaces: bool = False  # the provider itself plans the replacement (not replaceOnChanges alone)
+    # Top-level keys a provider rule outside the schema (a Terraform CustomizeDiff, a provider's DiffConfig) forces
+    # the replacement on; the bridge's detailed diff cannot show them and reports `__meta` instead.
+    forced_by: tuple[str, ...] = ()
 
 
 class UnknownResourceType(KeyError):
@@ -428,7 +431,7 @@ class ProviderDiff:
     replace_keys: list[str]
     delete_before_replace: bool
     changes: bool
-    extra_paths: list[Path] = field(default_factory=list)
+    forced_by: list[str] = field(default_factory=list)
 
 
 def _bridged_diff(type_token: str, old: Mapping, new: Mapping) -> ProviderDiff:
@@ -455,7 +458,7 @@ def _bridged_diff(type_token: str, old: Mapping, new: Mapping) -> ProviderDiff:
     rule = info["delete_before_replace"]
     autonamed_set = any(present(new.get(str(parse_path(p)[0]))) for p in rule["autonamed"])
     return ProviderDiff(detailed, tops, replaces, bool(replaces) and (rule["explicit"] or autonamed_set),
-                        bool(detailed), [c.path for c, _ in found])
+                        bool(detailed), forced)
 
 
 def _top(path_text: str) -> str:
@@ -506,9 +509,27 @@ def _dynamic_diff(old: Mapping, new: Mapping) -> ProviderDiff:
                         bool(result.changes))
 
 
-def _provider_resource_diff(old: Mapping, new: Mapping) -> ProviderDiff:
+def _kubernetes_provider_diff(type_token: str, old: Mapping, new: Mapping) -> ProviderDiff:
+    """pulumi-kubernetes DiffConfig: replaced when the kubeconfig's active cluster changes."""
+    rule = resource_facts(type_token)["active_cluster"]
     detailed = {format_path(c.path): PropertyDiff(c.kind) for c in changes(old, new, (), frozenset())}
-    return ProviderDiff(detailed, sorted({_top(p) for p in detailed}), [], False, bool(detailed))
+    replaces = [key for key in rule["keys"] if key == "kubeconfig" and _active_cluster(old) != _active_cluster(new)
+                or key != "kubeconfig" and old.get(key) != new.get(key)]
+    for key in replaces:
+        detailed = {p: PropertyDiff(TO_REPLACE.get(d.kind, d.kind)) if _top(p) == key else d
+                    for p, d in detailed.items()}
+    return ProviderDiff(detailed, sorted({_top(p) for p in detailed}), replaces, False, bool(detailed), replaces)
+
+
+def _active_cluster(inputs: Mapping) -> Any:
+    try:
+        config = json.loads(inputs.get("kubeconfig") or "{}")
+    except ValueError:
+        return inputs.get("kubeconfig")
+    contexts = {c.get("name"): c.get("context", {}) for c in config.get("contexts") or []}
+    current = contexts.get(config.get("current-context"), {}).get("cluster")
+    clusters = {c.get("name"): c.get("cluster") for c in config.get("clusters") or []}
+    return clusters.get(current, clusters.get(next(iter(clusters), None)))
 
 
 # --- The engine ------------------------------------------------------------------------------------------------------
@@ -527,8 +548,10 @@ def plan_change(type_token: str, old_inputs: Mapping, new_inputs: Mapping, *, re
             diff = _kubernetes_diff(type_token, old, new)
         elif provider == "pulumi-command":
             diff = _command_diff(type_token, old, new)
+        elif provider == "pulumi-kubernetes-provider":
+            diff = _kubernetes_provider_diff(type_token, old, new)
         else:
-            diff = _provider_resource_diff(old, new)
+            raise UnknownResourceType(f"{type_token}: provider {provider!r} has no rules here")
     if not diff.changes:
         return ResourceChange("same", (), (), {}, (), False)
     provider_replaces = bool(diff.replace_keys)
@@ -555,6 +578,7 @@ def plan_change(type_token: str, old_inputs: Mapping, new_inputs: Mapping, *, re
         delete_before_replace=replaced and dbr,
         create_conflicts=conflicts,
         provider_replaces=provider_replaces,
+        forced_by=tuple(diff.forced_by) if replaced else (),
     )
 
 

@@ -1,0 +1,106 @@
+"""Every config key's effect on a running deployment, derived from the stacks and the providers' rules
+(tests/config_changes.py): the committed words (tpuserve/data/config-changes.json, the "a change" column of
+docs/configuration.md) are what the derivation says today, and the effects that decide whether a TPU is lost are
+pinned here by what they are, not by their wording."""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pytest
+
+from components.config import CHANGE_EFFECTS, all_settings
+from components.instance import REPLACE_ON_CHANGES
+from tests import config_changes
+from tests.pulumi_harness import run_stack, stack_file_config
+from tpuserve.deploy.changes import plan_change, stop_requiring_paths
+from tpuserve.facts import SERVED_CONFIG_KEY
+
+INSTANCE = "gcp:compute/instance:Instance"
+
+
+@pytest.fixture(scope="module")
+def derived() -> dict:
+    return config_changes.derive()
+
+
+def test_every_key_has_a_changed_value_or_says_why_it_has_none():
+    assert set(config_changes.CHANGES) == {f.metadata["key"] for f in all_settings()}
+    for key, cases in config_changes.CHANGES.items():
+        assert cases and all(case.value is not None or case.why for case in cases), key
+
+
+def test_the_committed_effects_are_the_derived_ones(derived):
+    committed = json.loads(config_changes.OUT.read_text())["keys"]
+    stale = sorted(key for key in derived if derived[key] != committed.get(key))
+    assert not stale and set(committed) == set(derived), (
+        f"tpuserve/data/config-changes.json is stale for {stale}: run `python -m tests.config_changes`, then "
+        "`python -m components.config --docs`")
+    assert dict(CHANGE_EFFECTS) == {key: entry["effect"] for key, entry in derived.items()}
+
+
+def resources(derived: dict, key: str, case: int = 0) -> dict[str, dict]:
+    return {r["name"]: r for r in derived[key]["cases"][case]["resources"]}
+
+
+def test_what_loses_the_tpu(derived):
+    """The VM is replaced by these keys and by no serving key."""
+    vm = "tpu-serve-dev"
+    for key in ("project", "zone", "machineType", "bootImage", "maxRunDuration", "network", "subnetwork"):
+        assert resources(derived, key)[vm]["op"] == "replace", key
+        assert resources(derived, key)[vm]["delete_before_replace"] is True, key  # a named VM cannot exist twice
+    for key in ("bootDiskSizeGb", "labels", "externalIp", "readinessTimeout", "hfTokenSecretId", "compileCacheBucket",
+                "model", "containerImage", "maxModelLen", "multimodalLimits", "kvCacheDtype", "extraArgs"):
+        assert resources(derived, key)[vm]["op"] == "update", key
+    assert resources(derived, "maxRunDuration")[vm]["replace_reasons"] == ["scheduling"]
+    assert resources(derived, "machineType")[vm]["replace_reasons"] == ["machineType"]
+    assert resources(derived, "machineType")[vm]["needs_stop"] == ["machineType"]
+
+
+def test_a_serving_change_reaches_the_vm_only_through_its_served_config(derived):
+    for key in ("model", "containerImage", "maxModelLen", "gpuMemoryUtilization", "maxNumBatchedTokens",
+                "enableAutoToolChoice", "toolCallParser", "reasoningParser", "multimodalLimits", "kvCacheDtype",
+                "extraArgs"):
+        assert resources(derived, key)["tpu-serve-dev"]["paths"] == [f'metadata["{SERVED_CONFIG_KEY}"]'], key
+
+
+def test_keys_of_other_targets_are_derived_on_their_own_stacks(derived):
+    assert resources(derived, "routerMachineType")["tpu-serve-dev-router"]["op"] == "update"  # stop, resize, start
+    assert "allowStoppingForUpdate" in derived["routerMachineType"]["effect"]
+    assert resources(derived, "routerImage")["tpu-serve-dev-router"]["op"] == "replace"  # metadata_startup_script
+    assert {r["op"] for r in resources(derived, "gkeNamespace").values()} == {"replace"}
+    assert resources(derived, "localPort")["tpu-serve-local"]["replace_reasons"] == ["ports"]  # docker: ForceNew
+
+
+def instance_run(config: dict[str, str]) -> tuple[dict, pulumi.ResourceOptions]:
+    """The VM's inputs and resource options (mocks see only inputs; a stack transformation sees the options)."""
+    options: dict[str, pulumi.ResourceOptions] = {}
+    recording = [True]
+
+    def record(args: pulumi.ResourceTransformationArgs) -> None:
+        if recording[0] and args.type_ == INSTANCE:  # it stays registered after this run
+            options["vm"] = args.opts
+
+    run = run_stack(config, "dev", transformation=record)
+    recording[0] = False
+    return run.one(INSTANCE).inputs, options["vm"]
+
+
+def test_a_machine_type_change_never_changes_the_served_config_in_place():
+    """Issue #22: the provider would setMetadata the new served config (tensor parallel 4) on the one-chip VM and then
+    refuse to resize it. The VM is replaced instead, old one first: nothing is pushed to the old VM."""
+    base = stack_file_config("dev")
+    old, _ = instance_run(base)
+    new, opts = instance_run({**base, "machineType": "ct6e-standard-4t"})
+    assert old["metadata"][SERVED_CONFIG_KEY] != new["metadata"][SERVED_CONFIG_KEY]  # TP 1 -> 4
+    assert opts.replace_on_changes == list(stop_requiring_paths(INSTANCE)) == REPLACE_ON_CHANGES
+    assert opts.delete_before_replace is True
+    change = plan_change(INSTANCE, old, new, replace_on_changes=opts.replace_on_changes,
+                         delete_before_replace=opts.delete_before_replace)
+    assert (change.op, change.replace_reasons) == ("replace", ("machineType",))
+    assert change.delete_before_replace and not change.create_conflicts
+    # Without the options the same inputs are the in-place update the issue warns of.
+    bare = plan_change(INSTANCE, old, new)
+    assert bare.op == "update" and bare.needs_stop == ("machineType",)
+    assert f'metadata["{SERVED_CONFIG_KEY}"]' in bare.detailed_diff
