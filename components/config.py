@@ -689,7 +689,7 @@ class _ChangeEffects(Mapping[str, str]):
     def _effects(self) -> dict[str, str]:
         from importlib import resources
 
-        path = resources.files("tpuserve.data").joinpath(CHANGE_EFFECTS_FILE)
+        path = resources.files("tpuserve").joinpath(f"data/{CHANGE_EFFECTS_FILE}")
         if not path.is_file():
             return {}
         return {key: entry["effect"] for key, entry in json.loads(path.read_text())["keys"].items()}

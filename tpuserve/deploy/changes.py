@@ -80,7 +80,7 @@ class UnknownResourceType(KeyError):
 
 @cache
 def facts() -> dict[str, Any]:
-    return json.loads(resources.files("tpuserve.data").joinpath("provider-facts.json").read_text())
+    return json.loads(resources.files("tpuserve").joinpath("data/provider-facts.json").read_text())
 
 
 def resource_facts(type_token: str) -> dict[str, Any]:
