@@ -253,3 +253,11 @@ def test_stop_requiring_paths_are_the_update_functions_unconditional_stop_list()
     paths = changes.stop_requiring_paths(INSTANCE)
     assert "machineType" in paths and "scheduling.gracefulShutdown" not in paths  # only with allowStoppingForUpdate
     assert all(parse_path(p) for p in paths)
+
+
+def test_a_kubernetes_object_that_appears_whole_is_matched_below_its_path():
+    deployment = "kubernetes:apps/v1:Deployment"
+    old = {"metadata": {"name": "vllm", "namespace": "tpu-serve"}}
+    new = {**old, "spec": {"selector": {"matchLabels": {"app": "vllm"}}}}
+    change = plan_change(deployment, old, new)
+    assert change.detailed_diff == {"spec": PropertyDiff("add-replace")}

@@ -472,11 +472,14 @@ def _top(path_text: str) -> str:
 
 def _kubernetes_diff(type_token: str, old: Mapping, new: Mapping) -> ProviderDiff:
     info = resource_facts(type_token)
-    patterns = [parse_path(e["path"]) for e in info["force_new"]]
+    # openapi.PatchPropertiesChanged runs each path as a JSONPath over the patch of one change: it matches when the
+    # changed value holds the path, at or below it. Merge patches carry arrays whole, so array positions are ignored.
+    patterns = [tuple(p for p in parse_path(e["path"]) if p != "*") for e in info["force_new"]]
     detailed: dict[str, PropertyDiff] = {}
     for change in changes(old, new, (), frozenset()):
-        generic = tuple(p for p in change.path if not isinstance(p, int))
-        forced = any(contains(p, generic) for p in patterns)  # openapi.PatchPropertiesChanged: a changed prefix
+        value = change.new if present(change.new) else change.old
+        forced = any(contains(p, tuple(k for k in sub if not isinstance(k, int)))
+                     for sub in leaves(change.path, value) for p in patterns)
         detailed[format_kubernetes_path(change.path)] = PropertyDiff(TO_REPLACE[change.kind] if forced
                                                                      else change.kind)
     replaces = sorted({_top(p) for p, d in detailed.items() if d.kind in REPLACE_KINDS})
