@@ -24,10 +24,11 @@ import pulumi
 
 from tests.pulumi_harness import ROOT, RecordingMocks, StackRun, run_stack, stack_file_config
 from tpuserve.deploy.changes import DYNAMIC, META_KEY, ResourceChange, plan_change
+from tpuserve.facts import SERVED_CONFIG_KEY
 
 OUT = ROOT / "tpuserve" / "data" / "config-changes.json"
 INSTANCE = "gcp:compute/instance:Instance"
-SERVED_CONFIG = 'metadata["tpu-serve-config"]'
+SERVED_CONFIG = f'metadata["{SERVED_CONFIG_KEY}"]'
 
 # Every stack the project ships, as (stack name, stack file, settings beside the file's), plus the settings that add
 # resource types of their own: the router stack `tpuserve fleet` makes from dev's, and an hfToken (a new Secret and
@@ -242,7 +243,11 @@ def join(names: list[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
-def vm_update(t: Touched, target: str, new_inputs: Mapping[str, Any]) -> list[str]:
+def served_hash(inputs: Mapping[str, Any]) -> str:
+    return json.loads(inputs["metadata"][SERVED_CONFIG_KEY])["config_hash"]
+
+
+def vm_update(t: Touched, target: str, old_inputs: Mapping[str, Any], new_inputs: Mapping[str, Any]) -> list[str]:
     """An in-place update of a VM, path by path."""
     change, vm = t.change, role(t, target)
     said, rest = [], []
@@ -255,8 +260,12 @@ def vm_update(t: Touched, target: str, new_inputs: Mapping[str, Any]) -> list[st
     for path, diff in change.detailed_diff.items():
         if path in change.needs_stop:
             continue
-        if path == SERVED_CONFIG:
-            said.append("**in place** (setMetadata): the supervisor restarts vLLM with the new config")
+        if path == SERVED_CONFIG and served_hash(old_inputs) != served_hash(new_inputs):
+            said.append("**in place** (setMetadata): the supervisor restarts vLLM with the new argv")
+        elif path == SERVED_CONFIG:
+            # vm/supervisor.py decide: a running container of the same config hash (image and argv) is kept.
+            said.append("the served config in place (setMetadata): vLLM keeps serving, the supervisor uses it at "
+                        "its next start")
         elif path == 'metadata["startup-script"]':
             said.append("updates the startup script in place (it runs at the next boot)")
         elif path.startswith("metadata["):
@@ -291,7 +300,7 @@ def vm_replace(t: Touched, target: str) -> str:
 
 
 def describe(touched: list[Touched], outputs: list[str], option_only: list[str], target: str,
-             new: Run | None = None) -> str:
+             old: Run | None = None, new: Run | None = None) -> str:
     if not touched:
         if option_only:
             return (f"no resource changes: only the stack's record of {join(option_only)} (whether `pulumi destroy` "
@@ -302,7 +311,7 @@ def describe(touched: list[Touched], outputs: list[str], option_only: list[str],
         if t.op == "replace":
             parts.append(vm_replace(t, target))
         elif t.op == "update":
-            parts += vm_update(t, target, new.resources[(t.type, t.name)] if new else {})
+            parts += vm_update(t, target, old.resources[(t.type, t.name)], new.resources[(t.type, t.name)])
         else:
             parts.append(f"{'creates' if t.op == 'create' else 'deletes'} {role(t, target)}")
     others = [t for t in touched if t.type not in (INSTANCE, "command:local:Command") and not t.by_provider]
@@ -349,7 +358,7 @@ def derive() -> dict[str, Any]:
             new = run(BASES[case.base], {**case.also, key: case.value})
             touched, outputs, option_only = compare(old, new)
             text = (describe_target(touched, case.value) if key == "target" else
-                    describe(touched, outputs, option_only, "router" if case.base == "router" else case.base, new))
+                    describe(touched, outputs, option_only, "router" if case.base == "router" else case.base, old, new))
             if not touched and not outputs and not option_only and case.why:
                 text = f"nothing on its own: {case.why}"
             effects.append({

@@ -65,6 +65,20 @@ def test_a_serving_change_reaches_the_vm_only_through_its_served_config(derived)
         assert resources(derived, key)["tpu-serve-dev"]["paths"] == [f'metadata["{SERVED_CONFIG_KEY}"]'], key
 
 
+def test_only_what_is_served_restarts_vllm(derived):
+    """vm/supervisor.py restarts the container when the served config's hash (image and argv) changes; a new secret
+    name, bucket or deadline reaches the VM without one."""
+    vm = (INSTANCE, "tpu-serve-dev")
+    base = config_changes.run("dev").resources[vm]
+    for key, restarts in (("model", True), ("extraArgs", True), ("readinessTimeout", False),
+                          ("hfTokenSecretId", False), ("compileCacheBucket", False)):
+        case = config_changes.CHANGES[key][0]
+        new = config_changes.run("dev", {**case.also, key: case.value}).resources[vm]
+        assert new["metadata"][SERVED_CONFIG_KEY] != base["metadata"][SERVED_CONFIG_KEY], key
+        assert (config_changes.served_hash(new) != config_changes.served_hash(base)) is restarts, key
+        assert ("restarts vLLM" in derived[key]["effect"]) is restarts, key
+
+
 def test_keys_of_other_targets_are_derived_on_their_own_stacks(derived):
     assert resources(derived, "routerMachineType")["tpu-serve-dev-router"]["op"] == "update"  # stop, resize, start
     assert "allowStoppingForUpdate" in derived["routerMachineType"]["effect"]
