@@ -107,6 +107,11 @@ CUSTOMIZE_DIFF_NOTES: dict[str, dict[str, Any]] = {
         "condition": "removing an API that was enabled from enable_k8s_beta_apis.enabled_apis forces a new cluster "
                      "(beta APIs cannot be disabled); adding one does not",
     },
+    "google_compute_subnetwork:ip_cidr_range": {
+        "paths": ["ip_cidr_range"],
+        "condition": "ForceNewIfChange with IsShrinkageIpCidr: a new subnetwork unless the new range contains the old "
+                     "one (an expansion is updated in place)",
+    },
     "google_compute_instance:metadata_startup_script": {
         "paths": ["metadata_startup_script"],
         "condition": "metadata_startup_script changes force a new instance, except a graceful switch: it is set to "
@@ -806,7 +811,9 @@ def customize_diff(source: Source, reader: SchemaReader, resource: Node, tf_name
             body = _body_text(source, entry.ctx, name)
         else:
             raise SourceError(f"{entry.ctx.file}:{entry.line}: CustomizeDiff entry this reader does not know")
-        forces = bool(re.search(r"\bForceNew\w*\s*\(", body))
+        # A diff's own ForceNew (d.ForceNew, diff.ForceNew), here or in what it calls; customdiff.ForceNew* inside a
+        # callee is another resource's constructor, not this rule.
+        forces = bool(re.search(r"\b(?!customdiff\b)\w+ \. ForceNew \(", body))
         item: dict[str, Any] = {"function": name, "force_new": forces, "file": entry.ctx.file, "line": entry.line}
         if forces:
             key = f"{tf_name}:{name.rsplit('.', 1)[-1]}"

@@ -23,6 +23,7 @@ from typing import Any
 import pulumi
 
 from tests.pulumi_harness import ROOT, RecordingMocks, StackRun, run_stack, stack_file_config
+from tests.test_gke_stack import EXISTING as EXISTING_CLUSTER  # an existing cluster as getCluster returns it
 from tpuserve.deploy.changes import DYNAMIC, META_KEY, ResourceChange, plan_change
 from tpuserve.facts import SERVED_CONFIG_KEY
 
@@ -45,16 +46,11 @@ VARIANTS = {
     "dev-token": ("dev", "dev", {"hfTokenSecretId": "", "hfToken": "hf_not_a_real_token"}),
 }
 BASES = {"gcp": "dev", "local": "local", "gke": "gke", "router": "dev-router"}  # where each target's keys change
-# An existing cluster, as getCluster returns it, for the gke keys that name one.
-EXISTING_CLUSTER = {"name": "ml-shared", "location": "us-east5", "endpoint": "203.0.113.20",
-                    "masterAuths": [{"clusterCaCertificate": "Q0EtZXhpc3Rpbmc="}],
-                    "workloadIdentityConfigs": [{"workloadPool": "my-ml-sandbox.svc.id.goog"}]}
-
-
 @dataclass(frozen=True)
 class Case:
-    """One key's change: `value` (as `pulumi config set` stores it) on the `base` stack, `also` set beside it when
-    the change alone would not be valid; or no value and `why` it cannot change a stack by itself."""
+    """One key's change: `value` (as `pulumi config set` stores it) on the `base` target's stack (or a VARIANTS
+    stack), `also` set beside it when the change alone would not be valid; or no value and `why` it cannot change a
+    stack by itself."""
 
     value: str | None
     base: str = "gcp"
@@ -103,7 +99,7 @@ CHANGES: dict[str, tuple[Case, ...]] = {
     "gkeZones": (Case(json.dumps(["us-east5-b"]), base="gke"),),
     "gkeSurgeNode": (Case("false", base="gke"),),
     "gkeRouter": (Case("inference-gateway", base="gke"),),
-    "gkeProxySubnetRange": (Case("10.130.0.0/23", base="gke", also={"gkeRouter": "inference-gateway"}),),
+    "gkeProxySubnetRange": (Case("10.130.0.0/23", base="gke-gateway"),),
     "routerReplicas": (Case(json.dumps([*ROUTER_REPLICAS, "dev-r2=http://10.132.0.12:8000/v1"]), base="router"),),
     "routerMasterKeySecretId": (Case("litellm-master-key-2", base="router"),),
     "routerMachineType": (Case("e2-standard-8", base="router"),),
@@ -229,7 +225,7 @@ def role(t: Touched, target: str) -> str:
     names = {"Router": "Router", "RouterNat": "NAT", "Firewall": "the firewall rule", "Account": "the service account",
              "Secret": "the token's secret", "SecretVersion": "its version", "Dashboard": "the dashboard",
              "AlertPolicy": "the alert policies", "Command": "the readiness gate", "Cluster": "the GKE cluster",
-             "Container": "the container", "RemoteImage": "the image"}
+             "Container": "the container", "RemoteImage": "the image", "Subnetwork": "the proxy-only subnet"}
     if kind in names:
         return names[kind]
     return {"gcp:projects/iAMMember:IAMMember": "the project grants",
@@ -354,15 +350,16 @@ def derive() -> dict[str, Any]:
             if case.value is None:
                 effects.append({"value": None, "effect": f"cannot change on its own: {case.why}"})
                 continue
-            old = run(BASES[case.base])
-            new = run(BASES[case.base], {**case.also, key: case.value})
+            variant = BASES.get(case.base, case.base)
+            old = run(variant)
+            new = run(variant, {**case.also, key: case.value})
             touched, outputs, option_only = compare(old, new)
             text = (describe_target(touched, case.value) if key == "target" else
-                    describe(touched, outputs, option_only, "router" if case.base == "router" else case.base, old, new))
+                    describe(touched, outputs, option_only, case.base, old, new))
             if not touched and not outputs and not option_only and case.why:
                 text = f"nothing on its own: {case.why}"
             effects.append({
-                "value": case.value, **({"also": dict(case.also)} if case.also else {}), "stack": VARIANTS[BASES[case.base]][0],
+                "value": case.value, **({"also": dict(case.also)} if case.also else {}), "stack": VARIANTS[variant][0],
                 "effect": text,
                 "resources": [{"name": t.name, "type": t.type, "op": t.op,
                                **({"replace_reasons": list(t.change.replace_reasons),

@@ -406,6 +406,20 @@ def _beta_apis_removed(old: Mapping, new: Mapping) -> bool:
     return bool(get(old) - get(new)) and bool(get(new))
 
 
+def _cidr_shrinks(old: Mapping, new: Mapping) -> bool:
+    """IsShrinkageIpCidr: anything but an expansion (the new range holding the old one) forces a new subnetwork."""
+    import ipaddress  # noqa: PLC0415
+
+    before, after = old.get("ipCidrRange"), new.get("ipCidrRange")
+    if before == after or not before or not after:
+        return False
+    try:
+        old_net, new_net = ipaddress.ip_network(before, strict=False), ipaddress.ip_network(after, strict=False)
+    except ValueError:
+        return False  # the provider's ValidateFunc refuses it first
+    return not (old_net.version == new_net.version and old_net.subnet_of(new_net))
+
+
 def _secret_replication(old: Mapping, new: Mapping) -> bool:
     get = lambda m: (m.get("replication") or {}).get("auto")  # noqa: E731
     return get(old) != get(new)
@@ -419,6 +433,7 @@ CUSTOMIZE_DIFF = {
     "containerClusterAutopilotCustomizeDiff": _autopilot_dns,
     "containerClusterEnableK8sBetaApisCustomizeDiff": _beta_apis_removed,
     "secretManagerSecretAutoCustomizeDiff": _secret_replication,
+    "customdiff.ForceNewIfChange('ip_cidr_range', IsShrinkageIpCidr)": _cidr_shrinks,
 }
 
 
