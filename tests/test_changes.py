@@ -261,3 +261,14 @@ def test_a_kubernetes_object_that_appears_whole_is_matched_below_its_path():
     new = {**old, "spec": {"selector": {"matchLabels": {"app": "vllm"}}}}
     change = plan_change(deployment, old, new)
     assert change.detailed_diff == {"spec": PropertyDiff("add-replace")}
+
+
+def test_a_subnetwork_range_grows_in_place_and_is_replaced_otherwise():
+    """google_compute_subnetwork: customdiff.ForceNewIfChange("ip_cidr_range", IsShrinkageIpCidr)."""
+    subnet = "gcp:compute/subnetwork:Subnetwork"
+    old = {"name": "proxy", "region": "us-east5", "network": "default", "ipCidrRange": "10.129.0.0/23"}
+    grown = plan_change(subnet, old, {**old, "ipCidrRange": "10.129.0.0/22"})
+    assert grown.op == "update" and grown.detailed_diff == {"ipCidrRange": PropertyDiff("update")}
+    moved = plan_change(subnet, old, {**old, "ipCidrRange": "10.130.0.0/23"})
+    assert (moved.op, moved.replace_reasons, moved.forced_by) == ("replace", ("__meta",), ("ipCidrRange",))
+    assert moved.delete_before_replace  # an explicit name
