@@ -55,7 +55,8 @@ class Pin:
 
 
 PINS = {
-    "google-beta": Pin("hashicorp/terraform-provider-google-beta", "3dc173a397749158369ea839a2890d89f8c9c370", "v7.45.0",
+    "google-beta": Pin("hashicorp/terraform-provider-google-beta", "3dc173a397749158369ea839a2890d89f8c9c370",
+                       "v7.45.0",
                        "pulumi-gcp's upstream submodule (14da5bc83e 'Upgrade terraform-provider-google-beta to "
                        "v7.45.0'); pulumi-gcp bridges the beta provider, not terraform-provider-google"),
     "pulumi-gcp": Pin("pulumi/pulumi-gcp", "14da5bc83e88ea359bbe9788bd7116cb0f414adf", "v10.2.0",
@@ -661,7 +662,7 @@ class PulumiNames:
         return "".join(p if p == "[*]" or i == 0 else "." + p for i, p in enumerate(parts))
 
 
-# --- The facts ---------------------------------------------------------------------------------------------------------
+# --- The facts -------------------------------------------------------------------------------------------------------
 
 def bridged_resource(trees: dict[str, Tree], prefix: str, token: str, names_cache: dict[str, Any]) -> dict[str, Any]:
     provider_key, pulumi_key, module, metadata_path, sdk = BRIDGED[prefix]
@@ -1136,8 +1137,9 @@ def derive(trees: dict[str, Tree], types: list[str]) -> dict[str, Any]:
                                      "the provider replaces AND (DeleteBeforeReplace in the resource info OR an "
                                      "auto-named input set explicitly: schema.go nameRequiresDeleteBeforeReplace). "
                                      "A replacement forced only by replaceOnChanges keeps the provider's answer "
-                                     "(false): pulumi/pulumi pkg/resource/deploy/step_generator.go applyReplaceOnChanges "
-                                     "copies DeleteBeforeReplace through, and the resource option overrides it.",
+                                     "(false): pulumi/pulumi pkg/resource/deploy/step_generator.go "
+                                     "applyReplaceOnChanges copies DeleteBeforeReplace through, and the resource "
+                                     "option overrides it.",
             "replace_on_changes": "pulumi/pulumi step_generator.go applyReplaceOnChanges: each option path is parsed "
                                   "as a property path and marks every detailed-diff path it Contains "
                                   "(sdk/go/common/resource/properties_path.go: element-wise prefix match, `*` matches "

@@ -42,6 +42,7 @@ VARIANTS = {
     "gke-gateway": ("gke", "gke", {"gkeRouter": "inference-gateway"}),
     "local": ("local", "local", {}),
     "dev-router": ("dev-router", "dev", {"target": "router", "routerMasterKeySecretId": "litellm-master-key",
+                                         "vllmApiKeySecretId": "vllm-api-key",
                                          "routerReplicas": json.dumps(ROUTER_REPLICAS)}),
     "dev-token": ("dev", "dev", {"hfTokenSecretId": "", "hfToken": "hf_not_a_real_token"}),
 }
@@ -59,11 +60,12 @@ class Case:
 
 
 CHANGES: dict[str, tuple[Case, ...]] = {
-    "target": (Case("router", also={"routerMasterKeySecretId": "litellm-master-key"}),),
+    "target": (Case("router", also={"routerMasterKeySecretId": "litellm-master-key",
+                                    "vllmApiKeySecretId": "vllm-api-key"}),),
     "project": (Case("my-ml-other"),),
     "zone": (Case("us-east5-a"),),
-    "zones": (Case(json.dumps(["us-east5-a", "europe-west4-a"]), why="`tpuserve up` alone reads it (the zones it "
-                                                                       "tries when the stack's zone has no capacity)"),),
+    "zones": (Case(json.dumps(["us-east5-a", "europe-west4-a"]),
+                   why="`tpuserve up` alone reads it (the zones it tries when the stack's zone has no capacity)"),),
     "region": (Case("europe-west4", why="it must contain the zone, so on its own it can only name the zone's region "
                                         "(a zone change moves Router and NAT)"),),
     "machineType": (Case("ct6e-standard-4t"),),
@@ -100,6 +102,8 @@ CHANGES: dict[str, tuple[Case, ...]] = {
     "gkeSurgeNode": (Case("false", base="gke"),),
     "gkeRouter": (Case("inference-gateway", base="gke"),),
     "gkeProxySubnetRange": (Case("10.130.0.0/23", base="gke-gateway"),),
+    "vllmApiKeySecretId": (Case("vllm-api-key"), Case("vllm-api-key-2", base="router")),
+    "fleet": (Case("ml-fleet"),),
     "routerReplicas": (Case(json.dumps([*ROUTER_REPLICAS, "dev-r2=http://10.132.0.12:8000/v1"]), base="router"),),
     "routerMasterKeySecretId": (Case("litellm-master-key-2", base="router"),),
     "routerMachineType": (Case("e2-standard-8", base="router"),),
@@ -280,6 +284,8 @@ def vm_update(t: Touched, target: str, old_inputs: Mapping[str, Any], new_inputs
             said.append("adds an external IP in place" if diff.kind == "add" else "removes the external IP in place")
         elif ".labels" in path or path.startswith("labels"):
             rest.append("labels")
+        elif path.startswith("tags"):
+            rest.append("network tags")
         else:
             rest.append(f"`{path}`")
     if rest:
@@ -355,6 +361,7 @@ def derive() -> dict[str, Any]:
             if case.value is None:
                 effects.append({"value": None, "effect": f"cannot change on its own: {case.why}"})
                 continue
+
             variant = BASES.get(case.base, case.base)
             old = run(variant)
             new = run(variant, {**case.also, key: case.value})
@@ -377,6 +384,8 @@ def derive() -> dict[str, Any]:
             })
         if len(effects) == 1:
             effect = effects[0]["effect"]
+        elif len({case.base for case in cases}) > 1:
+            effect = " ".join(f"On a {case.base} stack: {e['effect']}." for case, e in zip(cases, effects))
         else:
             effect = " ".join(f"To `{e['value']}`: {e['effect']}." for e in effects)
         out[key] = {"effect": effect, "cases": effects}

@@ -174,7 +174,8 @@ def test_an_optional_computed_input_left_out_keeps_its_value(dev):
 
 def test_a_set_element_change_is_an_update_at_its_index(dev):
     old, new = vm(dev)
-    new["serviceAccount"] = {**new["serviceAccount"], "scopes": ["https://www.googleapis.com/auth/devstorage.read_only"]}
+    scopes = ["https://www.googleapis.com/auth/devstorage.read_only"]
+    new["serviceAccount"] = {**new["serviceAccount"], "scopes": scopes}
     change = plan_change(INSTANCE, old, new)
     assert change.detailed_diff == {"serviceAccount.scopes[0]": PropertyDiff("update")}
     assert change.needs_stop == ("serviceAccount.scopes[0]",)
