@@ -33,7 +33,8 @@ def make_router(cloud: FakeCloud, region: str, name: str, stack: str | None, nat
 def dev_state(region: str = "europe-west4") -> dict:
     """`pulumi stack export` of dev: its RouterNat's id is {project}/{region}/{router}/{nat}."""
     return {"version": 3, "deployment": {"resources": [
-        {"type": "gcp:compute/router:Router", "id": f"projects/{PROJECT}/regions/{region}/routers/tpu-serve-dev-router"},
+        {"type": "gcp:compute/router:Router",
+         "id": f"projects/{PROJECT}/regions/{region}/routers/tpu-serve-dev-router"},
         {"type": nat.NAT_TYPE, "id": f"{PROJECT}/{region}/tpu-serve-dev-router/tpu-serve-dev-nat"},
         {"type": "gcp:compute/instance:Instance", "id": f"projects/{PROJECT}/zones/{region}-a/instances/tpu-serve-dev"},
     ]}}
