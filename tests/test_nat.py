@@ -5,12 +5,16 @@ API's text, instances.aggregatedList)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import requests
+from click.testing import CliRunner
 
 from tests.fake_cloud import PROJECT, FakeCloud
-from tpuserve.deploy import nat
+from tests.fake_pulumi import FakePulumi, install
+from tpuserve.deploy import gce, nat
+from tpuserve.ops import up as up_module
 
 NETWORK = f"projects/{PROJECT}/global/networks/default"
 
@@ -124,3 +128,82 @@ def test_the_fleets_nat_regions_are_its_routers_and_its_zones() -> None:
     assert nat.fleet_nat_regions("", "europe-west4-a", ["europe-west4-b", "us-east1-d", "us-east5-a"]) == [
         "europe-west4", "us-east1", "us-east5"]
     assert nat.fleet_nat_regions("us-central1-b", "europe-west4-a", []) == ["us-central1", "europe-west4"]
+
+
+# --- `tpuserve up` never makes a second NAT ------------------------------------------------------------------------
+
+def token_secret(cloud: FakeCloud) -> None:
+    """The Hugging Face token secret preflight checks, with an enabled version."""
+    assert cloud.api("POST", f"/v1/projects/{PROJECT}/secrets", {"replication": {"automatic": {}}},
+                     {"secretId": "hf-token"})[0] == 200
+    assert cloud.api("POST", f"/v1/projects/{PROJECT}/secrets/hf-token:addVersion",
+                     {"payload": {"data": "aGZfdG9rZW4="}})[0] == 200
+
+
+@pytest.fixture
+def project(fake_cloud: FakeCloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[FakeCloud, FakePulumi]:
+    """One fake project: the fake cloud, and the fake pulumi making each stack's Routers and NATs in it."""
+    token_secret(fake_cloud)
+    fake = install(tmp_path / "bin", tmp_path / "pulumi-home")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_PULUMI_HOME", str(fake.home))
+    monkeypatch.setenv("FAKE_CLOUD_URL", fake_cloud.url)
+    monkeypatch.setattr(gce, "adc_session", requests.Session)  # the fake needs no credentials
+    fake.set_config(project=PROJECT, zone="europe-west4-a", hfTokenSecretId="hf-token")
+    return fake_cloud, fake
+
+
+def run_up(cloud: FakeCloud, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(up_module.up, ["--stack", "dev", "--zones", "europe-west4-a",
+                                               *cloud.endpoint_options(), *args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stderr
+
+
+def nats(cloud: FakeCloud) -> list[tuple[str, str]]:
+    return [(r.location, r.name) for r in cloud.inventory() if r.kind == "nat"]
+
+
+def skips(pulumi: FakePulumi) -> list[str | None]:
+    """The cloudNatSkipRegions each `pulumi up` was given."""
+    return [next((arg.split("=", 1)[1] for arg in call if arg.startswith(f"{nat.SKIP_KEY}=")), None)
+            for call in pulumi.calls() if call[0] == "up"]
+
+
+def test_up_makes_no_nat_where_another_stacks_serves(project: tuple[FakeCloud, FakePulumi]) -> None:
+    """A fleet's router stack made the NAT of europe-west4 first: `tpuserve up dev` there says whose it is and
+    deploys dev without one (without the skip the fake cloud would refuse dev's, and the update fail)."""
+    cloud, pulumi = project
+    make_router(cloud, "europe-west4", "tpu-serve-dev-router-europe-west4-router", "dev-router",
+                "tpu-serve-dev-router-europe-west4-nat")
+    code, stderr = run_up(cloud)
+    assert code == 0, stderr
+    assert ("Cloud NAT in europe-west4: tpu-serve-dev-router-europe-west4-router/tpu-serve-dev-router-europe-west4-nat "
+            "(stack dev-router) serves it; dev makes none there") in stderr.replace("\n", " ")
+    assert skips(pulumi) == ['["europe-west4"]']
+    assert nats(cloud) == [("europe-west4", "tpu-serve-dev-router-europe-west4-nat")]
+
+
+def test_up_keeps_the_nat_it_owns(project: tuple[FakeCloud, FakePulumi]) -> None:
+    """First in the region, dev makes the NAT; the next `tpuserve up` finds it in dev's state and keeps it."""
+    cloud, pulumi = project
+    assert run_up(cloud)[0] == 0
+    assert nats(cloud) == [("europe-west4", "tpu-serve-dev-nat")]
+    code, stderr = run_up(cloud, "--skip-preflight")
+    assert code == 0, stderr
+    assert "Cloud NAT in europe-west4: tpu-serve-dev-router/tpu-serve-dev-nat (this stack, dev) serves it" in stderr
+    assert skips(pulumi) == ["[]", "[]"] and nats(cloud) == [("europe-west4", "tpu-serve-dev-nat")]
+
+
+def test_without_the_skip_the_second_nat_fails_the_update(project: tuple[FakeCloud, FakePulumi]) -> None:
+    """What the skip prevents, with the provider's error as the fake pulumi prints it: createCloudNat is the user's
+    switch, and a stack told nothing about the other NAT makes its own and fails."""
+    cloud, pulumi = project
+    make_router(cloud, "europe-west4", "team-router", None, "team-nat")
+    pulumi.set_config(project=PROJECT, zone="europe-west4-a", hfTokenSecretId="hf-token")
+    result = CliRunner().invoke(up_module.up, ["--stack", "dev", "--zones", "europe-west4-a", "--skip-preflight",
+                                               "--endpoint", "compute=http://127.0.0.1:9", "--endpoint",
+                                               f"secretmanager={cloud.url}"])
+    assert result.exit_code == 1
+    assert "Can not create new Nats since a Nat with option ALL_SUBNETWORKS_ALL_IP_RANGES exists" in result.stderr
+    assert nats(cloud) == [("europe-west4", "team-nat")]

@@ -38,7 +38,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("tpuserve.measure.plan:plan",
              "KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM."),
     "preflight": ("tpuserve.deploy.preflight:preflight_command",
-                  "Check what would stop a deploy: APIs, machine type per zone, TPU quota, token secret, permissions."),
+                  "Check what would stop a deploy: APIs, machine type per zone, TPU quota, token secret, permissions, "
+                  "Cloud NAT."),
     "probe": ("tpuserve.measure.probe:probe",
               "Probe a deployment's capabilities: tools, structured output, vision; compare KV-cache settings."),
     "status": ("tpuserve.observe.status:status",

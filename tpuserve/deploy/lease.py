@@ -56,7 +56,7 @@ TTL_S = 600.0
 SKEW_ALLOWANCE_S = 60.0
 POLL_S = 15.0  # how often a waiting command looks again
 RETRY_S = 15.0  # a renewal that failed for another reason than 412 is retried this often, until it is too late
-EXIT_LEASE_HELD = 5  # the exit code of a fleet command that did not get the lease (0-4: tpuserve up's)
+EXIT_LEASE_HELD = 6  # a fleet command that did not get the lease (0-5: tpuserve up's and fleet's other outcomes)
 PRECONDITION_FAILED = 412
 
 
