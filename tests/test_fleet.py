@@ -1,9 +1,11 @@
 """`tpuserve fleet` through its real code path: the fake `pulumi` first on PATH (tests/fake_pulumi.py) holds one stack
 per replica plus the router stack, each `up` of a replica gets a VM only while its zone has room (capacity.json, the
-provider's stockout text otherwise); fake Google APIs on 127.0.0.1 (tests/google_fakes.py) answer preflight, and
-the Compute API answers for the fleet's VMs with the Instance shape (`creationTimestamp`, `lastStartTimestamp`,
-`scheduling.maxRunDuration` as a Duration whose int64 seconds are a JSON string) and guest attributes. Time is a
-fake clock; a replica's /metrics (for the drain) is a fake serving vLLM's gauge lines."""
+provider's stockout text otherwise), and makes the stack's Cloud Routers and NATs in the stateful fake cloud
+(tests/fake_cloud.py), which also answers preflight, holds the fleet's bucket and its lease (Cloud Storage with
+generation preconditions) and refuses a second all-subnetworks NAT in a region. Its Compute API answers for the
+fleet's VMs (which the fake pulumi keeps in its files) with the Instance shape (`creationTimestamp`,
+`lastStartTimestamp`, `scheduling.maxRunDuration` as a Duration whose int64 seconds are a JSON string) and guest
+attributes. Time is a fake clock; a replica's /metrics (for the drain) is a fake serving vLLM's gauge lines."""
 
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ import pytest
 import requests
 from click.testing import CliRunner
 
+from tests.fake_cloud import PROJECT, FakeCloud
 from tests.fake_pulumi import FakePulumi, install
-from tests.google_fakes import PROJECT, GoogleFake
 from tests.httpfake import FakeServer, Request, Response
 from tpuserve.deploy import gce
 from tpuserve.ops import fleet as fleet_module
@@ -90,16 +92,27 @@ class FleetCompute:
                                   "queryValue": {"items": items}})
         return serve
 
-    def install(self, server: FakeServer) -> None:
+    def install(self, cloud: FakeCloud) -> None:
         for stack in [f"dev-r{n}" for n in range(1, 10)] + ["dev-router"]:
             for zone in ZONES:
                 base = f"/compute/v1/projects/{PROJECT}/zones/{zone}/instances/tpu-serve-{stack}"
-                server.routes[("GET", base)] = self.instance(stack, zone)
-                server.routes[("GET", f"{base}/getGuestAttributes")] = self.attributes(stack, zone)
+                cloud.route("GET", base, self.instance(stack, zone))
+                cloud.route("GET", f"{base}/getGuestAttributes", self.attributes(stack, zone))
 
 
 @pytest.fixture
-def pulumi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakePulumi:
+def cloud(fake_cloud: FakeCloud, monkeypatch: pytest.MonkeyPatch) -> FakeCloud:
+    """The fake project: the token secret preflight checks, and the fake pulumi making its NATs here."""
+    assert fake_cloud.api("POST", f"/v1/projects/{PROJECT}/secrets", {"replication": {"automatic": {}}},
+                          {"secretId": "hf-token"})[0] == 200
+    assert fake_cloud.api("POST", f"/v1/projects/{PROJECT}/secrets/hf-token:addVersion",
+                          {"payload": {"data": "aGZfdG9rZW4="}})[0] == 200
+    monkeypatch.setenv("FAKE_CLOUD_URL", fake_cloud.url)
+    return fake_cloud
+
+
+@pytest.fixture
+def pulumi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cloud: FakeCloud) -> FakePulumi:
     fake = install(tmp_path / "bin", tmp_path / "pulumi-home")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     monkeypatch.setenv("FAKE_PULUMI_HOME", str(fake.home))
@@ -131,9 +144,10 @@ def metrics() -> Iterator[dict[str, Any]]:
 
 
 @pytest.fixture
-def run(pulumi: FakePulumi, clock: Clock, metrics: dict[str, Any], monkeypatch: pytest.MonkeyPatch):
+def run(pulumi: FakePulumi, cloud: FakeCloud, clock: Clock, metrics: dict[str, Any], monkeypatch: pytest.MonkeyPatch):
     """Invoke `tpuserve fleet ...` with the fakes: the fleet's clock, drain endpoint and sleep are swapped in."""
     compute = FleetCompute(pulumi, clock)
+    compute.install(cloud)
     metrics["pulumi"] = pulumi
     opened = fleet_module.open_fleet
 
@@ -146,12 +160,9 @@ def run(pulumi: FakePulumi, clock: Clock, metrics: dict[str, Any], monkeypatch: 
 
     monkeypatch.setattr(fleet_module, "open_fleet", open_with_fakes)
 
-    def invoke(*args: str, google: GoogleFake | None = None) -> tuple[int, dict[str, Any], str]:
-        google = google or GoogleFake()
-        with google.start() as server:
-            compute.install(server)
-            result = CliRunner().invoke(fleet_module.fleet, [*args, "--stack", "dev", "--json",
-                                                             *google.endpoint_options(server.url)])
+    def invoke(*args: str) -> tuple[int, dict[str, Any], str]:
+        result = CliRunner().invoke(fleet_module.fleet, [*args, "--stack", "dev", "--json",
+                                                         *cloud.endpoint_options()])
         assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
         lines = result.stdout.strip().splitlines()
         return result.exit_code, json.loads(lines[-1]) if lines else {}, result.stderr
@@ -203,7 +214,8 @@ def test_up_places_replicas_across_zones_and_routes_to_them(pulumi: FakePulumi, 
     # replica's zone, its Cloud NAT and its fleet (whose firewall tag it carries).
     ups = [call for call in pulumi.calls() if call[0] == "up"]
     assert ups[0] == ["up", "--yes", "--skip-preview", "--refresh", "--config", "target=router", "--config",
-                      "routerReplicas=[]", "--stack", "dev-router", "--non-interactive"]
+                      "routerReplicas=[]", "--config", "cloudNatSkipRegions=[]", "--stack", "dev-router",
+                      "--non-interactive"]
     assert ups[1] == ["up", "--yes", "--skip-preview", "--refresh", "--config", "createCloudNat=false", "--config",
                       "fleet=dev", "--config", "zone=europe-west4-a", "--stack", "dev-r1", "--non-interactive"]
     assert "3 of 3 replica(s) serve behind dev-router" in stderr
