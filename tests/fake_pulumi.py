@@ -251,6 +251,19 @@ elif words[:1] == ["up"]:
 
     _signal.signal(_signal.SIGINT, interrupted)  # `signal` is this with enums, which cost an import of enum
     print(f"Updating ({stack}):", flush=True)
+    barrier = read("barrier.json", {}, root)
+    if stack in barrier.get("stacks", []):
+        # Wait until `count` of the listed stacks' updates run at once (a test of concurrency); fail after `timeout`.
+        gate = os.path.join(root, "barrier")
+        os.makedirs(gate, exist_ok=True)
+        open(os.path.join(gate, stack), "w").close()
+        waited = 0.0
+        while len(os.listdir(gate)) < barrier["count"]:
+            if waited > barrier["timeout"]:
+                print(f"barrier: {len(os.listdir(gate))} of {barrier['count']} updates ran at once")
+                sys.exit(255)
+            time.sleep(0.01)
+            waited += 0.01
     time.sleep(play.get("seconds", 0))
     project = value("project")
     failed = cloud_nat(project)  # made before the VM, which depends on its network (NAT included)
@@ -316,6 +329,10 @@ class FakePulumi:
         stockout = errors.pulumi_failed(errors.STOCKOUT.replace("us-east5-a", "ZONE"), name="tpu-serve-STACK",
                                         stack="STACK")
         (self.home / "capacity.json").write_text(json.dumps({"room": room, "stockout": stockout}))
+
+    def barrier(self, stacks: list[str], count: int, timeout_s: float = 30.0) -> None:
+        """The `up` of each of `stacks` waits until `count` of them run at once; one that waited `timeout_s` fails."""
+        (self.home / "barrier.json").write_text(json.dumps({"stacks": stacks, "count": count, "timeout": timeout_s}))
 
     def home_of(self, stack: str) -> Path:
         return self.home if stack == "dev" else self.home / "stacks" / stack

@@ -682,8 +682,8 @@ class Renewal:
         """One router update: `joining` successors in, the predecessors of `routed` ones and `leaving` out; then
         those start draining."""
         out = [p.old.name for p in routed] + [r.name for r in leaving]
-        self.members[:] = [m for m in self.members if m not in out] + [p.name for p in joining
-                                                                        if p.name not in self.members]
+        kept = [m for m in self.members if m not in out] + [p.name for p in joining if p.name not in self.members]
+        self.members[:] = sorted(kept, key=lambda m: replica_number(self.fleet.name, m) or 0)  # a stable config
         self.fleet.route(self.members)
         for pair in joining:
             self.fleet.event("added", pair.name)
