@@ -471,22 +471,6 @@ def make_due(run, pulumi: FakePulumi, stacks: list[str], left: timedelta = timed
         run.compute.started[stack] = NOW - timedelta(seconds=seconds) + left
 
 
-def test_replicas_placed_together_get_staggered_max_runs(pulumi: FakePulumi, run) -> None:
-    """Three replicas placed one after another would be deleted within minutes of each other (and renewed, and
-    lost to a stockout, together): each new one's max run is cut, by at most max run / 3, to fall between the
-    others' deletions. `fleet status` says how far apart they are against the target."""
-    pulumi.capacity({"europe-west4-a": 1, "us-east1-d": 1, "us-central1-b": 1})
-    code, _, stderr = run("up", "--replicas", "3")
-    assert code == 0, stderr
-    assert [max_run(pulumi, s) for s in ("dev-r1", "dev-r2", "dev-r3")] == [None, "2h40m", "3h20m"]
-    assert "dev-r2: max run 2h40m (not 4h), so that its deletion falls between the other replicas'" in stderr
-    code, verdict, stderr = run("status")
-    assert [r["secondsToExpiry"] for r in verdict["replicas"]] == [4 * 3600, 2 * 3600 + 40 * 60, 3 * 3600 + 20 * 60]
-    assert verdict["stagger"]["minGapSeconds"] == 40 * 60 and verdict["stagger"]["targetGapSeconds"] == 80 * 60
-    assert verdict["stagger"]["line"].startswith(
-        "deletions at least 40 min apart (target 1 h 20 min: maxRunDuration 4h / 3 replicas")
-
-
 @pytest.mark.parametrize("start, others, replicas, expected", [
     (NOW, [], 3, 4 * 3600),  # nobody else: the full run
     (NOW, [NOW + timedelta(hours=4)], 2, 2 * 3600),  # opposite the other on the 4 h cycle
@@ -506,12 +490,26 @@ def test_stagger_never_cuts_below_twice_the_lead_or_flex_starts_minimum() -> Non
 
 
 def test_three_replicas_due_together_are_renewed_in_parallel(pulumi: FakePulumi, run) -> None:
-    """Three successors in flight at once (the fake's barrier lets none of their `pulumi up`s finish until all three
-    run, so a sequential renewal would fail), each gated; every successor serves in the router before its
-    predecessor leaves, no old replica is destroyed while routed, and the router took at most four updates (six,
-    one add and one removal per replica, before). Successors placed together get staggered runs again."""
+    """Three replicas placed one after another would be deleted within minutes of each other (and renewed, and lost
+    to a stockout, together): each new one's max run is cut, by at most max run / 3, to fall between the others'
+    deletions, and `fleet status` says how far apart they are against the target.
+
+    When they are due together anyway: three successors in flight at once (the fake's barrier lets none of their
+    `pulumi up`s finish until all three run, so a sequential renewal would fail), each gated; every successor serves
+    in the router before its predecessor leaves, no old replica is destroyed while routed, and the router took at most
+    four updates (six, one add and one removal per replica, before). Successors placed together get staggered runs
+    again."""
     pulumi.capacity({"europe-west4-a": 2, "us-east1-d": 2, "us-central1-b": 2})
-    assert run("up", "--replicas", "3")[0] == 0
+    code, _, stderr = run("up", "--replicas", "3")
+    assert code == 0, stderr
+    assert [max_run(pulumi, s) for s in ("dev-r1", "dev-r2", "dev-r3")] == [None, "2h40m", "3h20m"]
+    assert "dev-r2: max run 2h40m (not 4h), so that its deletion falls between the other replicas'" in stderr
+    code, verdict, stderr = run("status")
+    assert [r["secondsToExpiry"] for r in verdict["replicas"]] == [4 * 3600, 2 * 3600 + 40 * 60, 3 * 3600 + 20 * 60]
+    assert verdict["stagger"]["minGapSeconds"] == 40 * 60 and verdict["stagger"]["targetGapSeconds"] == 80 * 60
+    assert verdict["stagger"]["line"].startswith(
+        "deletions at least 40 min apart (target 1 h 20 min: maxRunDuration 4h / 3 replicas")
+
     make_due(run, pulumi, ["dev-r1", "dev-r2", "dev-r3"])
     pulumi.barrier(["dev-r4", "dev-r5", "dev-r6"], count=3)
     before = len(pulumi.calls())
@@ -606,10 +604,23 @@ def lease_store(cloud: FakeCloud) -> LeaseStore:
 
 
 def test_a_held_lease_stops_renew_at_once_naming_the_holder(pulumi: FakePulumi, cloud: FakeCloud, run) -> None:
-    """The schedule's renewal while someone runs `fleet up`: one line saying who holds it and until when, exit 6, and
+    """A command takes the lease in the fleet's bucket (made private, uniform, labelled like the stack's cache
+    bucket) with ifGenerationMatch=0 and deletes it at the end, only if it is still the generation it wrote. The
+    schedule's renewal while someone runs `fleet up`: one line saying who holds it and until when, exit 6, and
     nothing read or changed (the only pulumi call is the fleet stack's config)."""
     pulumi.capacity({"europe-west4-a": 1})
     assert run("up", "--replicas", "1")[0] == 0
+    bucket = cloud.buckets[BUCKET]
+    assert bucket["labels"] == {"app": "tpu-serve", "stack": "dev", "managed-by": "pulumi", "tpu-serve-cache": "dev"}
+    assert bucket["iamConfiguration"] == {"uniformBucketLevelAccess": {"enabled": True},
+                                          "publicAccessPrevention": "enforced"}
+    uploads = cloud.calls_to("POST", f"/upload/storage/v1/b/{BUCKET}/o")
+    assert [(c.query["name"], c.query["ifGenerationMatch"], c.status) for c in uploads] == [
+        (["leases/fleet.json"], ["0"], 200)]
+    deletes = cloud.calls_to("DELETE", f"/storage/v1/b/{BUCKET}/o/")
+    assert [(c.status, int(c.query["ifGenerationMatch"][0]) > 0) for c in deletes] == [(204, True)]
+    assert (BUCKET, "leases/fleet.json") not in cloud.objects
+
     lease_store(cloud).write(Holder("ana@laptop", 4242, "fleet up", "dev", NOW - timedelta(minutes=3),
                                     NOW + timedelta(minutes=7)), 0)
     before = len(pulumi.calls())
@@ -621,22 +632,6 @@ def test_a_held_lease_stops_renew_at_once_naming_the_holder(pulumi: FakePulumi, 
     assert [call[:2] for call in pulumi.calls()[before:]] == [["config", "--json"]]
     code, verdict, _ = run("status")  # status takes no lease: it says who holds it
     assert code == 0 and verdict["lease"]["line"].startswith("fleet dev is held by ana@laptop (pid 4242, fleet up)")
-
-
-def test_the_lease_is_taken_in_the_fleets_bucket_and_released_at_the_end(pulumi: FakePulumi, cloud: FakeCloud,
-                                                                          run) -> None:
-    pulumi.capacity({"europe-west4-a": 1})
-    assert run("up", "--replicas", "1")[0] == 0
-    bucket = cloud.buckets[BUCKET]
-    assert bucket["labels"] == {"app": "tpu-serve", "stack": "dev", "managed-by": "pulumi", "tpu-serve-cache": "dev"}
-    assert bucket["iamConfiguration"]["uniformBucketLevelAccess"]["enabled"] is True
-    assert bucket["iamConfiguration"]["publicAccessPrevention"] == "enforced"
-    uploads = cloud.calls_to("POST", f"/upload/storage/v1/b/{BUCKET}/o")
-    assert [(c.query["name"], c.query["ifGenerationMatch"], c.status) for c in uploads] == [
-        (["leases/fleet.json"], ["0"], 200)]
-    assert (BUCKET, "leases/fleet.json") not in cloud.objects  # released
-    deletes = cloud.calls_to("DELETE", f"/storage/v1/b/{BUCKET}/o/")  # only if still the generation it wrote
-    assert [(c.status, int(c.query["ifGenerationMatch"][0]) > 0) for c in deletes] == [(204, True)]
 
 
 def test_a_lost_lease_stops_the_renewal_before_its_next_change(pulumi: FakePulumi, cloud: FakeCloud, run,
@@ -680,6 +675,40 @@ def test_a_lost_lease_stops_the_renewal_before_its_next_change(pulumi: FakePulum
     assert pulumi.stacks() == ["dev-r2", "dev-r3", "dev-router"]  # no fourth replica placed
 
 
+def test_a_waiting_renewal_reads_the_fleet_once_it_holds_the_lease(pulumi: FakePulumi, cloud: FakeCloud, run,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--lease-wait`: while it waits, the holder renews dev-r1 (dev-r3 in, dev-r1 out and gone) and releases the
+    lease. The waiting renewal then reads the replicas and the router's members afresh: nothing is due. Had it read
+    them before taking the lease, it would renew dev-r1 a second time."""
+    pulumi.capacity({"europe-west4-a": 2, "us-east1-d": 2})
+    assert run("up", "--replicas", "2")[0] == 0
+    make_due(run, pulumi, ["dev-r1"])
+    run.compute.started["dev-r2"] = NOW
+    store = lease_store(cloud)
+    held = store.write(Holder("ci@runner", 4242, "fleet renew", "dev", NOW, NOW + timedelta(minutes=10)), 0)
+    pauses: list[float] = []
+
+    def the_holder_finishes(seconds: float) -> None:  # what the holder did meanwhile, as its commands would
+        pauses.append(seconds)
+        if len(pauses) == 2:
+            assert run("renew", "--lease-wait", "0")[0] == 6  # still held
+            store.delete(held)
+            assert run("renew")[0] == 0  # the holder's renewal: dev-r1 -> dev-r3
+            store.write(Holder("ci@runner", 4242, "fleet renew", "dev", NOW, NOW + timedelta(minutes=10)), 0)
+            store.delete(int(cloud.objects[(BUCKET, "leases/fleet.json")]["meta"]["generation"]))
+
+    class Waiting(Lease):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "sleep": the_holder_finishes})
+
+    monkeypatch.setattr(fleet_module, "Lease", Waiting)
+    code, verdict, stderr = run("renew", "--lease-wait", "1m", "--lease-poll", "15")
+    assert code == 0, stderr
+    assert "waiting up to 1 min for the lease: fleet dev is held by ci@runner (pid 4242, fleet renew)" in stderr
+    assert verdict["renewed"] == [] and "nothing to renew: the next deletion is dev-r2's" in stderr
+    assert pauses == [15, 15] and pulumi.stacks() == ["dev-r2", "dev-r3", "dev-router"]
+
+
 def spawn(cloud: FakeCloud, tmp_path: Path, name: str, *args: str) -> tuple[subprocess.Popen, Path]:
     """`tpuserve fleet renew` in a process of its own (the wall clock, real application-default credentials that
     only the fake cloud accepts); its stderr in a file the test reads while it runs."""
@@ -700,14 +729,12 @@ def wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("wait", ["0", "1m"])
 def test_two_renewals_started_together_one_acts(pulumi: FakePulumi, cloud: FakeCloud, run, clock: Clock,
-                                                tmp_path: Path, wait: str) -> None:
+                                                tmp_path: Path) -> None:
     """Issue #26: two `fleet renew` processes against the same fleet. Whichever creates the lease first renews dev-r1;
-    its successor's `pulumi up` is held at a barrier until the other process has met the lease (exited 6 saying who
-    holds it, or, waiting, said so), so the two really overlap. The other either exits at once or, waiting, takes the
-    lease after the first released it, reads the fleet again and finds nothing to renew. Exactly one successor is
-    placed, and dev-r2, routed and serving, is never retired."""
+    its successor's `pulumi up` is held at a barrier until the other process has met the lease and exited 6 saying
+    who holds it, so the two really overlap. Exactly one successor is placed, and dev-r2, routed and serving, is
+    never retired."""
     clock.now = datetime.now(timezone.utc).replace(microsecond=0)  # the processes read the wall clock
     pulumi.capacity({"europe-west4-a": 2, "us-east1-d": 2})
     assert run("up", "--replicas", "2")[0] == 0
@@ -716,12 +743,11 @@ def test_two_renewals_started_together_one_acts(pulumi: FakePulumi, cloud: FakeC
     pulumi.barrier(["dev-r3", "released"], count=2, timeout_s=90)
     before = len(pulumi.calls())
 
-    first, first_err = spawn(cloud, tmp_path, "a", "--lease-wait", wait, "--lease-poll", "0.05")
-    second, second_err = spawn(cloud, tmp_path, "b", "--lease-wait", wait, "--lease-poll", "0.05")
+    first, first_err = spawn(cloud, tmp_path, "a")
+    second, second_err = spawn(cloud, tmp_path, "b")
     outcomes = {}
     try:
-        met = "is held by" if wait == "0" else "waiting up to 1 min for the lease"
-        wait_for(lambda: met in first_err.read_text() + second_err.read_text(), "one process to meet the lease")
+        wait_for(lambda: "is held by" in first_err.read_text() + second_err.read_text(), "one to meet the lease")
         (pulumi.home / "barrier").mkdir(exist_ok=True)
         (pulumi.home / "barrier" / "released").touch()  # now the holder's successor may finish
         for process, err in ((first, first_err), (second, second_err)):
@@ -737,12 +763,8 @@ def test_two_renewals_started_together_one_acts(pulumi: FakePulumi, cloud: FakeC
 
     assert code == 0, stderr
     assert verdict["renewed"] == [{"replica": "dev-r1", "successor": "dev-r3", "zone": "europe-west4-a"}]
-    if wait == "0":
-        assert other_code == 6 and other["lease"]["pid"] == actor, other_stderr
-        assert f"(pid {actor}, fleet renew) since " in other_stderr and "fleet dev is held by" in other_stderr
-    else:
-        assert other_code == 0 and other["renewed"] == [], other_stderr
-        assert "nothing to renew: the next deletion is dev-r2's" in other_stderr  # read again under the lease
+    assert other_code == 6 and other["lease"]["pid"] == actor, other_stderr
+    assert f"(pid {actor}, fleet renew) since " in other_stderr and "fleet dev is held by" in other_stderr
     calls = pulumi.calls()[before:]
     assert [call[call.index("--stack") + 1] for call in calls if call[:2] == ["stack", "init"]] == ["dev-r3"]
     assert [call[call.index("--stack") + 1] for call in calls if call[0] == "destroy"] == ["dev-r1"]

@@ -752,13 +752,14 @@ def open_fleet(stack: str, cwd: Path, endpoints: tuple[str, ...], yes: bool, ext
         session = exits.enter_context(adc_session())
     except MissingCredentials as err:
         raise click.ClickException(str(err)) from err
-    interactive = sys.stdin.isatty()
+    interactive, asking = sys.stdin.isatty(), threading.Lock()  # renewals place successors from several threads
 
     def confirm(found: list[Orphan]) -> bool:
         if yes:
             return True
-        return interactive and click.confirm(f"Delete these {len(found)} orphaned resource(s)?", default=True,
-                                             err=True)
+        with asking:
+            return interactive and click.confirm(f"Delete these {len(found)} orphaned resource(s)?", default=True,
+                                                 err=True)
 
     fleet = Fleet(stack, pulumi, ComputeClient(session, roots.compute), str(config["project"]), extra, say, confirm)
     fleet.max_run_s = run_seconds(str(config.get("maxRunDuration") or "4h")) or fleet.max_run_s
