@@ -559,6 +559,9 @@ class ScriptedFleet(fleet_module.Fleet):
     def drain(self, replica) -> str:
         return "no request in flight"
 
+    def answered(self, name: str) -> tuple[bool, str]:
+        return True, "answered a completion through the router"
+
     def retire(self, name: str) -> bool:
         self.retired.append((name, len(self.routes)))
         return True

@@ -511,6 +511,10 @@ class Fleet:
         self.event("gated", name)
         return self.look(name), result, ""
 
+    def answered(self, name: str) -> tuple[bool, str]:
+        """Whether replica `name`, in the router, answered a completion through it, and what was found."""
+        return answered_through_router(self.compute, self.router_outputs(), name, self.project)
+
     def remove(self, old: Replica, members: list[str]) -> None:
         """Take `old` out of the router, drain it, destroy its stack."""
         if old.name in members:
@@ -669,7 +673,10 @@ class Renewal:
                             self.failed(pair, now)
                     if joining or routed or leaving:
                         retires += self.update(joining, routed, leaving, retiring)
-                        routed, joining, leaving = joining, [], []
+                        # A successor the router could not reach leaves in the next update; its predecessor stays.
+                        routed = [p for p in joining if self.answered(p, now)]
+                        leaving = [p.successor for p in joining if p not in routed and p.successor is not None]
+                        joining = []
             except BaseException:
                 self.halted.set()  # running placements end before their next zone
                 raise
@@ -677,6 +684,20 @@ class Renewal:
                 self.fleet.guard = self.lease_check
             for future in retires:
                 future.result()
+
+    def answered(self, pair: Pair, now: datetime) -> bool:
+        """The successor, in the router now, answered a real completion through it (deploy/router_probe.py): only
+        then may its predecessor leave. One that did not is kept (and the run's exit is 1)."""
+        answered, why = self.fleet.answered(pair.name)
+        if answered:
+            self.fleet.event("answered", pair.name, why)
+            return True
+        self.fleet.say(f"{pair.name} did not answer through the router ({why}); it is removed again and "
+                       f"{pair.old.name} keeps serving")
+        self.code = EXIT_FAILED
+        self.kept.append({"replica": pair.old.name, "expiry": pair.old.expiry.isoformat() if pair.old.expiry else None,
+                          "reason": f"{pair.name} did not answer through the router: {why}", "attempts": []})
+        return False
 
     def update(self, joining: list[Pair], routed: list[Pair], leaving: list[Replica], retiring: Any) -> list[Any]:
         """One router update: `joining` successors in, the predecessors of `routed` ones and `leaving` out; then
