@@ -27,7 +27,7 @@ replicas keep serving, a successor would fail to pull its image).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,17 +110,24 @@ def parse_routers(body: Mapping[str, Any]) -> list[Nat]:
     return found
 
 
+def aggregated(session: requests.Session, project: str, collection: str, compute_url: str,
+               timeout_s: float) -> Iterator[dict[str, Any]]:
+    """Each page of a Compute aggregatedList (`items` keyed by scope: `regions/R`, `zones/Z`)."""
+    params = {"maxResults": "500"}
+    while True:
+        body = ok(session.get(f"{compute_url.rstrip('/')}/compute/v1/projects/{project}/aggregated/{collection}",
+                              params=params, timeout=timeout_s)).json()
+        yield body
+        if not body.get("nextPageToken"):
+            return
+        params["pageToken"] = body["nextPageToken"]
+
+
 def list_nats(session: requests.Session, project: str, compute_url: str = COMPUTE_URL,
               timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Nat]:
     """Every NAT of the project's Cloud Routers, in every region (routers.aggregatedList, across pages)."""
-    nats, params = [], {"maxResults": "500"}
-    while True:
-        body = ok(session.get(f"{compute_url.rstrip('/')}/compute/v1/projects/{project}/aggregated/routers",
-                              params=params, timeout=timeout_s)).json()
-        nats += parse_routers(body)
-        if not body.get("nextPageToken"):
-            return nats
-        params["pageToken"] = body["nextPageToken"]
+    return [nat for body in aggregated(session, project, "routers", compute_url, timeout_s)
+            for nat in parse_routers(body)]
 
 
 def own_nats(state: Mapping[str, Any]) -> set[tuple[str, str, str]]:
@@ -225,19 +232,15 @@ class Vm:
 def list_vms(session: requests.Session, project: str, compute_url: str = COMPUTE_URL,
              timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Vm]:
     """Every VM of the project that exists (instances.aggregatedList), with its first network interface."""
-    vms, params = [], {"maxResults": "500"}
-    while True:
-        body = ok(session.get(f"{compute_url.rstrip('/')}/compute/v1/projects/{project}/aggregated/instances",
-                              params=params, timeout=timeout_s)).json()
+    vms = []
+    for body in aggregated(session, project, "instances", compute_url, timeout_s):
         for scope, scoped in (body.get("items") or {}).items():
             for item in scoped.get("instances", []):
                 nic = (item.get("networkInterfaces") or [{}])[0]
                 vms.append(Vm(str(item["name"]), last(item.get("zone")) or scope.removeprefix("zones/"),
                               str((item.get("labels") or {}).get("stack", "")), last(nic.get("network")),
                               last(nic.get("subnetwork")), bool(nic.get("accessConfigs"))))
-        if not body.get("nextPageToken"):
-            return vms
-        params["pageToken"] = body["nextPageToken"]
+    return vms
 
 
 def dependents(nat: Nat, vms: Iterable[Vm], besides: Iterable[str] = ()) -> list[Vm]:

@@ -885,6 +885,15 @@ def plan_nat(s: Session) -> bool:
     return sorted(current) != s.nat.skip_regions()
 
 
+def read_fleet(s: Session) -> tuple[bool, list[Replica], list[str]]:
+    """What a command reads once it holds the lease (never before: nobody else changes the fleet now): which NAT
+    serves the fleet's regions (True when the router stack must follow a change), the replicas, the router's
+    members."""
+    nat_changed = plan_nat(s)
+    current = s.fleet.look_all()
+    return nat_changed, current, [r.name for r in current if r.in_router]
+
+
 def check_zones(config: Mapping[str, Any], zones: str | None, stack: str) -> None:
     """--zones may only name zones of regions where the fleet has Cloud NAT (components/router.py nat_regions: the
     router's zone, the stack's `zone` and `zones`, from the router stack or another stack's NAT there): a replica
@@ -1002,9 +1011,7 @@ def fleet_up(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...], r
     with s.exits:
         hold(s, "fleet up", wait_s, lease_poll_s, as_json)
         try:
-            nat_changed = plan_nat(s)
-            current = fleet_.look_all()  # read under the lease: nobody else changes the fleet now
-            members = [r.name for r in current if r.in_router]
+            nat_changed, current, members = read_fleet(s)
             # Replicas flex-start deleted leave the router, then their stacks go (nothing left to drain).
             for replica in [r for r in current if r.stage in (GONE, "empty")]:
                 fleet_.remove(replica, members)
@@ -1087,9 +1094,7 @@ def fleet_renew(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]
     with s.exits:
         hold(s, "fleet renew", wait_s, lease_poll_s, as_json)
         try:
-            nat_changed = plan_nat(s)
-            current = fleet_.look_all()  # read under the lease: nobody else changes the fleet now
-            members = [r.name for r in current if r.in_router]
+            nat_changed, current, members = read_fleet(s)
             now = fleet_.now()
             due = sorted([r for r in current if r.in_router and (r.stage == GONE or (
                 r.expiry is not None and r.expiry - now < lead))], key=lambda r: r.expiry or now)
