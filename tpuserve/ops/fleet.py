@@ -1055,7 +1055,7 @@ def fleet_up(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...], r
                 replica.in_router = True
                 fleet_.event("added", replica.name)
                 placed.append({"replica": replica.name, "zone": replica.zone, "attempts": attempts})
-        except (FleetError, LeaseLost) as err:
+        except (FleetError, LeaseLost, PulumiError) as err:
             fleet_.say(f"error: {err}")
             code = EXIT_FAILED
         serving_now = [r for r in fleet_.look_all() if r.stage == SERVING and r.in_router]
@@ -1115,7 +1115,7 @@ def fleet_renew(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]
                 fleet_.say("Cloud NAT changed in the fleet's regions: the router stack follows")
                 fleet_.route(members)
             code = renewal.code
-        except (FleetError, LeaseLost) as err:
+        except (FleetError, LeaseLost, PulumiError) as err:
             fleet_.say(f"error: {err}")
             code = EXIT_FAILED
         finish(s, as_json, code, {"renewed": renewal.renewed if renewal else [],
@@ -1155,13 +1155,12 @@ def fleet_down(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...],
                     fleet_.event("destroyed", name)
                     destroyed.append(name)
                     continue
-                left = order[order.index(name):]
                 code = EXIT_FAILED
                 if name == router:  # the router may still route to them: keep the replicas
                     fleet_.say(f"the router could not be destroyed: {', '.join(names)} are kept")
                     break
-                left = [n for n in order if n not in destroyed]
-        except (FleetError, LeaseLost) as err:
+            left = [n for n in order if n not in destroyed]
+        except (FleetError, LeaseLost, PulumiError) as err:
             fleet_.say(f"error: {err}")
             code, left = EXIT_FAILED, [n for n in fleet_.stacks() if n == router_name(stack)
                                        or replica_number(stack, n) is not None]
