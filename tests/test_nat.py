@@ -207,3 +207,30 @@ def test_without_the_skip_the_second_nat_fails_the_update(project: tuple[FakeClo
     assert result.exit_code == 1
     assert "Can not create new Nats since a Nat with option ALL_SUBNETWORKS_ALL_IP_RANGES exists" in result.stderr
     assert nats(cloud) == [("europe-west4", "team-nat")]
+
+
+def test_preflight_names_the_vms_that_rely_on_the_stacks_nat_and_skips_blocked_regions(
+        project: tuple[FakeCloud, FakePulumi]) -> None:
+    """`tpuserve preflight --stack dev` after dev made its NAT: a fleet replica in europe-west4 uses it (a warning:
+    destroying dev takes its egress); us-east1's only NAT serves another subnetwork, so its zones are skipped."""
+    from tpuserve.deploy.preflight import preflight_command
+
+    cloud, pulumi = project
+    assert run_up(cloud)[0] == 0
+    status, _ = cloud.api("POST", f"/compute/v1/projects/{PROJECT}/zones/europe-west4-a/instances", {
+        "name": "tpu-serve-dev-r1", "machineType": "zones/europe-west4-a/machineTypes/e2-standard-2",
+        "networkInterfaces": [{"network": "global/networks/default"}], "labels": {"stack": "dev-r1"},
+        "disks": [{"boot": True, "initializeParams": {"diskSizeGb": "10"}}]})
+    assert status == 200
+    make_router(cloud, "us-east1", "team-router", None, "team-nat", "LIST_OF_SUBNETWORKS", ("ml-east",))
+    result = CliRunner().invoke(preflight_command, ["--stack", "dev", "--zones", "europe-west4-a,us-east1-d",
+                                                    "--json", *cloud.endpoint_options()])
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    checks = {check["check"]: check for check in report["checks"]}
+    assert checks["Cloud NAT"]["status"] == "warning"
+    assert checks["Cloud NAT"]["detail"].startswith(
+        "Cloud NAT in europe-west4: tpu-serve-dev-router/tpu-serve-dev-nat (this stack, dev) serves it; Cloud NAT in "
+        "us-east1: none serves the VMs' subnetwork, and team-router/team-nat")
+    assert checks["Cloud NAT users"]["status"] == "warning" and "also serves 1 VM(s) of dev-r1 (tpu-serve-dev-r1)" \
+        in checks["Cloud NAT users"]["detail"]
+    assert report["zones"] == ["europe-west4-a"] and "team-router/team-nat" in report["skipped"]["us-east1-d"]

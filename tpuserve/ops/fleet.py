@@ -984,7 +984,8 @@ def change_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def fleet() -> None:
-    """Replicas across zones behind a LiteLLM router, renewed before flex-start deletes them: up, status, renew."""
+    """Replicas across zones behind a LiteLLM router, renewed before flex-start deletes them: up, status, renew,
+    down."""
 
 
 @fleet.command("up")
