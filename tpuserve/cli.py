@@ -28,8 +28,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "diagnose": ("tpuserve.observe.logs:diagnose", ("Ask a model why a deployment failed, from its logs and the gate's "
                                             "stage and reason (tokens redacted).")),
     "fleet": ("tpuserve.ops.fleet:fleet",
-              "Replicas across zones behind a LiteLLM router, renewed before flex-start deletes them: up, status, renew, "
-              "down."),
+              "Replicas across zones behind a LiteLLM router, renewed before flex-start deletes them: up, status, "
+              "renew, down."),
     "gate": ("tpuserve.observe.gate:gate", "Wait until a deployment really serves; exit 0 only then."),
     "gke": ("tpuserve.ops.gke_renew:gke",
             "A gke stack's TPU nodes: renew each replica's node before flex-start deletes it; status."),
