@@ -45,6 +45,7 @@ V6E_MACHINE_TYPE = re.compile(r"^ct6e-standard-(1|4|8)t$")
 DOCKER_GPUS = re.compile(r"^(all|[1-9][0-9]*|device=[0-9]+(,[0-9]+)*)?$")
 LOCAL_BACKEND = "gpu"  # the local target runs upstream vLLM (the vllm/vllm-openai image)
 ZONE_FORMAT = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$")
+REGION_FORMAT = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 # GCP project ids: 6-30 lowercase letters, digits or hyphens, starting with a letter, not ending with a hyphen
 # (https://cloud.google.com/resource-manager/docs/creating-managing-projects); older ones may carry a domain prefix
 # ("example.com:my-project").
@@ -119,6 +120,10 @@ class StackConfig:
     external_ip: bool = setting("externalIp", "Give the VM an external IP (then no Cloud NAT is made).", False)
     create_cloud_nat: bool = setting("createCloudNat", "Create a Cloud Router + NAT for egress; turn off when the "
                                      "VPC already has NAT in the region.", True)
+    cloud_nat_skip_regions: tuple[str, ...] = setting(
+        "cloudNatSkipRegions", "Regions where another stack's Cloud NAT already serves the network, so this stack "
+        "makes none there (a network takes one all-subnetworks NAT per region); `tpuserve up` and `tpuserve fleet` "
+        "write it from the NATs they find.", ())
     labels: Mapping[str, str] = setting("labels", "Extra labels on every resource that takes labels.", {})
     price_per_chip_hour: float = setting("pricePerChipHour", "USD per chip-hour, for cost outputs.",
                                          PRICE_PER_CHIP_HOUR)
@@ -213,6 +218,11 @@ class StackConfig:
     def effective_region(self) -> str:
         return self.region or self.zone.rsplit("-", 1)[0]
 
+    def makes_nat_in(self, region: str) -> bool:
+        """Whether the stack makes a Cloud Router + NAT in `region` when it needs egress there: not when
+        createCloudNat is off, nor where another stack's NAT serves the network (tpuserve/deploy/nat.py)."""
+        return self.create_cloud_nat and region not in self.cloud_nat_skip_regions
+
     @property
     def gke_pool_zones(self) -> tuple[str, ...]:
         """The TPU node pool's zones: gkeZones, else GKE's flex-start v6e zones of the zone's region. A zonal
@@ -277,6 +287,10 @@ class StackConfig:
         if self.fleet and (self.target != "gcp" or not STACK_NAME.match(self.fleet)):
             raise ConfigError("fleet", f"{self.fleet!r}: set by `tpuserve fleet` on a replica stack (target gcp) to "
                               "its fleet's stack name; leave it unset")
+        for region in self.cloud_nat_skip_regions:
+            if not isinstance(region, str) or not REGION_FORMAT.match(region):
+                raise ConfigError("cloudNatSkipRegions", f"{region!r} is not a region name like europe-west4 (it is "
+                                  "written by `tpuserve up`; pulumi config rm cloudNatSkipRegions to start over)")
         if self.price_per_chip_hour < 0:
             raise ConfigError("pricePerChipHour", f"must not be negative, got {self.price_per_chip_hour}")
         self.readiness_timeout_seconds  # noqa: B018 - parses, raising ConfigError on a bad value

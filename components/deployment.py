@@ -61,7 +61,7 @@ class TpuServeDeployment(pulumi.ComponentResource):
             readable_secrets=(api_key_secret,) if api_key_secret else ()), opts=child)
         network = ServingNetwork(base, ServingNetworkArgs(
             project=cfg.project, region=cfg.effective_region, network=cfg.network, target_tag=base,
-            create_nat=cfg.create_cloud_nat and not cfg.external_ip), opts=child)
+            create_nat=cfg.makes_nat_in(cfg.effective_region) and not cfg.external_ip), opts=child)
         cache = ServingCache(f"{base}-cache", ServingCacheArgs(
             project=cfg.project, zone=cfg.zone, region=cfg.effective_region, disk_name=disk_name(base),
             bucket_name=bucket_name(cfg.project, base), disk_gb=cfg.cache_disk_gb, bucket=cfg.compile_cache_bucket,

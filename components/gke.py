@@ -34,6 +34,8 @@ from typing import Any
 import pulumi
 from pulumi_gcp import compute, container, projects, serviceaccount
 
+from tpuserve.deploy.nat import router_description
+
 # Single-host TPU v6e slices: chips per node -> the topology GKE labels the node with
 # (cloud.google.com/gke-tpu-topology; https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus).
 V6E_TOPOLOGY = {1: "1x1", 4: "2x2", 8: "2x4"}
@@ -173,7 +175,8 @@ class GkeTpuCluster(pulumi.ComponentResource):
         else:
             if args.create_nat:  # private nodes reach Docker Hub and Hugging Face through Cloud NAT
                 router = compute.Router(f"{name}-router", project=args.project, region=args.region,
-                                        network=args.network, opts=child)
+                                        network=args.network, description=router_description(pulumi.get_stack()),
+                                        opts=child)
                 compute.RouterNat(
                     f"{name}-nat", project=args.project, region=args.region, router=router.name,
                     nat_ip_allocate_option="AUTO_ONLY",

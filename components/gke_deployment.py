@@ -48,8 +48,8 @@ class GkeTpuServe(pulumi.ComponentResource):
             machine_type=cfg.machine_type, chips=cfg.chips, max_nodes=cfg.gke_pool_max_nodes,
             max_run_seconds=cfg.max_run_seconds,
             boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type, network=cfg.network,
-            subnetwork=cfg.subnetwork, create_nat=cfg.create_cloud_nat, workload_ksa=(cfg.gke_namespace,
-                                                                                     SERVICE_ACCOUNT),
+            subnetwork=cfg.subnetwork, create_nat=cfg.makes_nat_in(cfg.effective_region),
+            workload_ksa=(cfg.gke_namespace, SERVICE_ACCOUNT),
             workload_gsa_email=identity.email, existing_cluster=cfg.gke_cluster,
             existing_location=cfg.gke_cluster_location, gateway=gateway,
             proxy_subnet_range=cfg.gke_proxy_subnet_range, labels=labels), opts=child)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_gcp import compute
 
+from tpuserve.deploy.nat import router_description
 from tpuserve.serving import DEFAULT_PORT
 
 IAP_SOURCE_RANGE = "35.235.240.0/20"  # Google's Identity-Aware Proxy TCP forwarding range
@@ -59,9 +60,12 @@ def cloud_nat(name: str, project: str, region: str, network: str, parent: pulumi
     both, old ones first: the NAT never outlives its region, even when the create in the new region then fails (the
     sweep moves on, and nothing is left behind in the region it left). A network takes one NAT covering all its
     subnetworks per region ("Can not create new Nats since a Nat with option ALL_SUBNETWORKS_ALL_IP_RANGES exists"),
-    which is why a fleet's replicas leave NAT to the fleet's router stack (components/router.py)."""
+    which is why a fleet's replicas leave NAT to the fleet's router stack (components/router.py), and why a stack
+    makes none where another's serves (`cloudNatSkipRegions`, tpuserve/deploy/nat.py). The Router's description
+    names the stack, so the others can say whose NAT serves them."""
     regional = pulumi.ResourceOptions(parent=parent, replace_on_changes=["region"], delete_before_replace=True)
-    router = compute.Router(f"{name}-router", project=project, region=region, network=network, opts=regional)
+    router = compute.Router(f"{name}-router", project=project, region=region, network=network,
+                            description=router_description(pulumi.get_stack()), opts=regional)
     return compute.RouterNat(
         f"{name}-nat", project=project, region=region, router=router.name,
         nat_ip_allocate_option="AUTO_ONLY",

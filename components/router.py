@@ -33,6 +33,7 @@ from components.network import ServingNetwork, ServingNetworkArgs, cloud_nat, fl
 from components.readiness import ReadinessGate, ReadinessGateArgs, instance_target
 from components.startup_script import METADATA_URL, template_environment
 from tpuserve.deploy.litellm_config import fleet_config
+from tpuserve.deploy.nat import fleet_nat_regions
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE, IAM_PROPAGATION_WAIT_S, SECRET_ACCESSOR_ROLE
 
 ROUTER_PORT = 4000  # HAProxy's, in front of the LiteLLM proxies (vm/router_agent.py)
@@ -54,9 +55,9 @@ def config_digest(config: str) -> str:
 
 
 def nat_regions(cfg: StackConfig) -> list[str]:
-    """The router's region and every region of the zones the fleet's replicas may be placed in."""
-    zones = dict.fromkeys((cfg.router_vm_zone, cfg.zone, *cfg.zones))
-    return list(dict.fromkeys(zone.rsplit("-", 1)[0] for zone in zones))
+    """The router's region and every region of the zones the fleet's replicas may be placed in; the stack makes NAT
+    in those no other stack's NAT serves (cloudNatSkipRegions)."""
+    return fleet_nat_regions(cfg.router_vm_zone, cfg.zone, cfg.zones)
 
 
 def embedded_source(name: str) -> str:
@@ -102,7 +103,7 @@ class FleetRouter(pulumi.ComponentResource):
             project=cfg.project, region=region, network=cfg.network, target_tag=base, create_nat=False,
             ports=("22", str(ROUTER_PORT))), opts=child)
         nats = [cloud_nat(f"{base[:28]}-{nat_region}", cfg.project, nat_region, cfg.network, self)
-                for nat_region in nat_regions(cfg)] if cfg.create_cloud_nat else []
+                for nat_region in nat_regions(cfg) if cfg.makes_nat_in(nat_region)]
         # The fleet's firewall targets the tag all its replicas carry (fleet_tag): it never changes as they come
         # and go. The router stack is `<fleet>-router` (tpuserve/ops/fleet.py router_name).
         tag = fleet_tag(stack.removesuffix("-router"))
@@ -143,7 +144,7 @@ class FleetRouter(pulumi.ComponentResource):
             "masterKeySecret": secret,
             "replicaApiKeySecret": replica_key,
             "fleetTag": tag,
-            "natRegions": nat_regions(cfg) if cfg.create_cloud_nat else [],
+            "natRegions": [nat_region for nat_region in nat_regions(cfg) if cfg.makes_nat_in(nat_region)],
             "bootTimeline": gate.timeline,
         }
         self.register_outputs(self.outputs)

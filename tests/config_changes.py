@@ -83,6 +83,7 @@ CHANGES: dict[str, tuple[Case, ...]] = {
     "subnetwork": (Case("ml-subnet"),),
     "externalIp": (Case("true"),),
     "createCloudNat": (Case("false"),),
+    "cloudNatSkipRegions": (Case(json.dumps(["europe-west4"])),),
     "labels": (Case(json.dumps({"env": "dev", "team": "ml-platform"})),),
     "pricePerChipHour": (Case("1.5"),),
     "readinessTimeout": (Case("40m"),),

@@ -33,7 +33,7 @@ LONGEST_FIRST = (  # seconds each took in one run of the tier on 2 cores
     *sorted(PULUMI_PROGRAM_FILES),  # 18, together
     "test_supervisor.py",  # 23
     "test_startup_script.py",  # 19
-    "test_fleet.py",  # 9
+    "test_fleet.py",  # 9 (before the lease, parallel-renewal and NAT tests: ~20 now)
     "test_gate.py",  # 9
     "test_up.py",  # 7
     "test_router_agent.py",  # 5

@@ -659,6 +659,14 @@ class FakeCloud:
 
     # --- what a test sets and reads ----------------------------------------------------------------------------
 
+    def route(self, method: str, path: str, handler: Callable[[Request], Response]) -> None:
+        """Answer `method path` (exactly) with a test's own handler instead of the fake's state: a resource another
+        fake holds (tests/test_fleet.py: the VMs tests/fake_pulumi.py keeps in its own files). Calls to it are not
+        recorded in `calls`."""
+        if self._server is None:
+            raise RuntimeError("start the fake cloud before routing a path to a handler of the test's")
+        self._server.routes[(method, path)] = handler
+
     def api(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
             headers: Mapping[str, str] | None = None) -> tuple[int, Any]:
         """One request without HTTP (for a fake engine applying resources): (status, parsed JSON or bytes)."""

@@ -15,6 +15,11 @@ how many VMs it holds, in "room"), `up` of a gcp stack gets a VM while its zone 
 there, and otherwise fails with the provider's stockout text ("stockout", tests/provider_errors.py); a
 "<stack>:<zone>" key in scenario.json plays for that stack only. A router stack's `up` exports the replicas of its
 `routerReplicas`.
+
+With FAKE_CLOUD_URL (the stateful fake cloud, tests/fake_cloud.py), `up` also makes the stack's Cloud Routers and
+NATs there, in the regions its program would (its config's createCloudNat, externalIp, region or zone, a router's
+zones, cloudNatSkipRegions), before its VM, and keeps them in state.json under the provider's ids; `destroy` deletes
+them. A NAT the cloud refuses (a second all-subnetworks NAT in a region) fails the update with the provider's error.
 """
 
 from __future__ import annotations
@@ -96,6 +101,85 @@ def others():
         name for name in (os.listdir(stacks) if os.path.isdir(stacks) else []) if os.path.isdir(dir_of(name)))
 
 
+NAT_TYPES = ("gcp:compute/router:Router", "gcp:compute/routerNat:RouterNat")
+
+
+def nat_regions():
+    # The regions this stack's program makes Cloud NAT in, decided from its config as the program does
+    # (components/network.py and components/deployment.py for gcp, components/router.py nat_regions for a router,
+    # StackConfig.makes_nat_in; pinned by tests/test_stack.py and tests/test_router_stack.py).
+    zone = value("zone")
+    if value("createCloudNat", "true").lower() == "false" or value("externalIp", "false").lower() == "true":
+        return []
+    if value("target") == "router":
+        regions = [z.rsplit("-", 1)[0] for z in (value("routerZone") or zone, zone, *loads(value("zones", "[]")))]
+    else:
+        regions = [value("region") or zone.rsplit("-", 1)[0]]
+    skip = loads(value("cloudNatSkipRegions", "[]"))
+    return [r for index, r in enumerate(regions) if r not in regions[:index] and r not in skip]
+
+
+def cloud_nat(project):
+    # With FAKE_CLOUD_URL (tests/fake_cloud.py), make the stack's Routers and NATs there as the provider would
+    # (routers.insert, then the RouterNat's routers.patch of `nats[]`; a region change deletes the old ones first) and
+    # keep them in state.json with the provider's ids. The update's failure output when the cloud refuses one.
+    url = os.environ.get("FAKE_CLOUD_URL")
+    if not url:
+        return None
+    import _socket  # not urllib.request (≈ 0.3 s to import) nor socket (enum): HTTP/1.0 by hand
+
+    host, _, port = url.split("//", 1)[1].partition(":")
+
+    def call(method, path, body=None):
+        data = b"" if body is None else dumps(body).encode()
+        connection = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        connection.connect((host, int(port)))
+        connection.sendall(f"{method} /compute/v1/projects/{project}/{path} HTTP/1.0\r\nHost: {host}\r\n"
+                           f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                           "Connection: close\r\n\r\n".encode() + data)
+        chunks = []
+        while chunk := connection.recv(65536):
+            chunks.append(chunk)
+        connection.close()
+        head, _, payload = b"".join(chunks).partition(b"\r\n\r\n")
+        return int(head.split(b" ", 2)[1]), loads(payload.decode()) if payload.strip() else {}
+
+    base = "tpu-serve-" + "".join(c if c.isalnum() else "-" for c in stack.lower())
+    state = read("state.json", {"version": 3, "deployment": {"resources": []}})
+    resources = state["deployment"]["resources"]
+    routers = {r["id"].rsplit("/", 3)[1]: r["id"].rsplit("/", 1)[1] for r in resources if r["type"] == NAT_TYPES[0]}
+    wanted = nat_regions()
+    failure = None
+    for region, router in routers.items():
+        if region not in wanted:  # delete-before-replace: the old region's go first
+            call("DELETE", f"regions/{region}/routers/{router}")
+            resources[:] = [r for r in resources if f"/{region}/" not in r["id"] or r["type"] not in NAT_TYPES]
+    for region in wanted:
+        if region in routers:
+            continue
+        prefix = f"{base[:28]}-{region}" if value("target") == "router" else base
+        router, nat = f"{prefix}-router", f"{prefix}-nat"
+        call("POST", f"regions/{region}/routers", {
+            "name": router, "network": f"global/networks/{value('network', 'default')}",
+            "description": f"tpu-serve stack {stack}: Cloud NAT for the VMs of the region without an external IP"})
+        resources.append({"urn": f"urn:pulumi:{stack}::tpu-serve::{NAT_TYPES[0]}::{router}", "type": NAT_TYPES[0],
+                          "id": f"projects/{project}/regions/{region}/routers/{router}"})
+        status, body = call("PATCH", f"regions/{region}/routers/{router}", {"nats": [{
+            "name": nat, "sourceSubnetworkIpRangesToNat": "ALL_SUBNETWORKS_ALL_IP_RANGES",
+            "natIpAllocateOption": "AUTO_ONLY", "logConfig": {"enable": True, "filter": "ERRORS_ONLY"}}]})
+        if status != 200:
+            # The bridged provider's error, as tests/provider_errors.py pulumi_failed lays it out.
+            failure = (f"Diagnostics:\n  pulumi:pulumi:Stack (tpu-serve-{stack}):\n    error: update failed\n\n"
+                       f"  gcp:compute:RouterNat ({nat}):\n    error:   sdk-v2/provider2.go:572: sdk.helper_schema: "
+                       f"Error creating RouterNat: googleapi: Error {status}: {body['error']['message']}, invalid\n"
+                       "\nResources:\n    + 1 created\n\nDuration: 12s\n")
+            break
+        resources.append({"urn": f"urn:pulumi:{stack}::tpu-serve::{NAT_TYPES[1]}::{nat}", "type": NAT_TYPES[1],
+                          "id": f"{project}/{region}/{router}/{nat}"})
+    write("state.json", state)
+    return failure
+
+
 if stack != "dev" and not os.path.isdir(home) and words[:2] != ["stack", "init"] and words[:2] != ["stack", "ls"]:
     print(f"error: no stack named '{stack}' found", file=sys.stderr)
     sys.exit(255)
@@ -117,6 +201,9 @@ elif words[:2] == ["stack", "rm"]:
     os.rmdir(home)
     print(f"Stack '{stack}' has been removed!")
 elif words[:1] == ["destroy"]:
+    if os.environ.get("FAKE_CLOUD_URL"):
+        config["tpu-serve:createCloudNat"] = {"value": "false"}  # nothing is wanted any more: every NAT goes
+        cloud_nat(value("project"))
     for name in ("state.json", "outputs.json"):
         if os.path.exists(os.path.join(home, name)):
             os.unlink(os.path.join(home, name))
@@ -164,8 +251,25 @@ elif words[:1] == ["up"]:
 
     _signal.signal(_signal.SIGINT, interrupted)  # `signal` is this with enums, which cost an import of enum
     print(f"Updating ({stack}):", flush=True)
+    barrier = read("barrier.json", {}, root)
+    if stack in barrier.get("stacks", []):
+        # Wait until `count` of the listed stacks' updates run at once (a test of concurrency); fail after `timeout`.
+        gate = os.path.join(root, "barrier")
+        os.makedirs(gate, exist_ok=True)
+        open(os.path.join(gate, stack), "w").close()
+        waited = 0.0
+        while len(os.listdir(gate)) < barrier["count"]:
+            if waited > barrier["timeout"]:
+                print(f"barrier: {len(os.listdir(gate))} of {barrier['count']} updates ran at once")
+                sys.exit(255)
+            time.sleep(0.01)
+            waited += 0.01
     time.sleep(play.get("seconds", 0))
     project = value("project")
+    failed = cloud_nat(project)  # made before the VM, which depends on its network (NAT included)
+    if failed:
+        sys.stdout.write(failed)
+        sys.exit(255)
     if play.get("router"):
         replicas = loads(value("routerReplicas", "[]"))
         write("outputs.json", {
@@ -176,7 +280,8 @@ elif words[:1] == ["up"]:
             "replicas": [entry.split("=", 1)[0] for entry in replicas]})
     elif play.get("creates"):
         vm = f"tpu-serve-{stack}"
-        write("state.json", {"version": 3, "deployment": {"resources": [{
+        kept = [r for r in read("state.json", {}).get("deployment", {}).get("resources", []) if r["type"] in NAT_TYPES]
+        write("state.json", {"version": 3, "deployment": {"resources": [*kept, {
             "urn": f"urn:pulumi:{stack}::tpu-serve::gcp:compute/instance:Instance::{vm}",
             "type": "gcp:compute/instance:Instance",
             "id": f"projects/{project}/zones/{zone}/instances/{vm}"}]}})
@@ -224,6 +329,10 @@ class FakePulumi:
         stockout = errors.pulumi_failed(errors.STOCKOUT.replace("us-east5-a", "ZONE"), name="tpu-serve-STACK",
                                         stack="STACK")
         (self.home / "capacity.json").write_text(json.dumps({"room": room, "stockout": stockout}))
+
+    def barrier(self, stacks: list[str], count: int, timeout_s: float = 30.0) -> None:
+        """The `up` of each of `stacks` waits until `count` of them run at once; one that waited `timeout_s` fails."""
+        (self.home / "barrier.json").write_text(json.dumps({"stacks": stacks, "count": count, "timeout": timeout_s}))
 
     def home_of(self, stack: str) -> Path:
         return self.home if stack == "dev" else self.home / "stacks" / stack

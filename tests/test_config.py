@@ -280,6 +280,9 @@ def test_values_at_the_edge_of_what_is_allowed_pass(base, override):
 
 BAD_WITH_MESSAGE = [
     (VALID, {"project": ""}, "project: is required: pulumi config set project <gcp-project-id>"),
+    (VALID, {"cloudNatSkipRegions": '["europe-west4-a"]'},
+     "cloudNatSkipRegions: 'europe-west4-a' is not a region name like europe-west4 (it is written by `tpuserve up`; "
+     "pulumi config rm cloudNatSkipRegions to start over)"),
     (VALID, {'cacheDiskSizeGb': '49'},
      'cacheDiskSizeGb: must be 0 (no cache disk) or at least 50, got 49'),
     (VALID, {'cacheDiskSizeGb': '-1'},
@@ -370,7 +373,8 @@ BAD_WITH_MESSAGE = [
     (VALID, {'maxModelLength': '1'},
      'maxModelLength: unknown setting; known settings are alertDownAfter, alertNotificationChannels, '
      'alertQueueDepth, alertTtftP99Seconds, allowKnownBrokenModel, bootDiskSizeGb, bootDiskType, bootImage, '
-     'cacheDiskSizeGb, compileCacheBucket, containerImage, createCloudNat, enableAutoToolChoice, externalIp, '
+     'cacheDiskSizeGb, cloudNatSkipRegions, compileCacheBucket, containerImage, createCloudNat, '
+     'enableAutoToolChoice, externalIp, '
      'extraArgs, fleet, gkeCluster, gkeClusterLocation, gkeMaxNodes, gkeMinReplicas, gkeNamespace, '
      'gkeProxySubnetRange, '
      'gkeRouter, gkeSurgeNode, gkeZones, gpuMemoryUtilization, hfToken, hfTokenSecretId, keepCaches, kvCacheDtype, '

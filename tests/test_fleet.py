@@ -1,14 +1,21 @@
 """`tpuserve fleet` through its real code path: the fake `pulumi` first on PATH (tests/fake_pulumi.py) holds one stack
 per replica plus the router stack, each `up` of a replica gets a VM only while its zone has room (capacity.json, the
-provider's stockout text otherwise); fake Google APIs on 127.0.0.1 (tests/google_fakes.py) answer preflight, and
-the Compute API answers for the fleet's VMs with the Instance shape (`creationTimestamp`, `lastStartTimestamp`,
-`scheduling.maxRunDuration` as a Duration whose int64 seconds are a JSON string) and guest attributes. Time is a
-fake clock; a replica's /metrics (for the drain) is a fake serving vLLM's gauge lines."""
+provider's stockout text otherwise), and makes the stack's Cloud Routers and NATs in the stateful fake cloud
+(tests/fake_cloud.py), which also answers preflight, holds the fleet's bucket and its lease (Cloud Storage with
+generation preconditions) and refuses a second all-subnetworks NAT in a region. Its Compute API answers for the
+fleet's VMs (which the fake pulumi keeps in its files) with the Instance shape (`creationTimestamp`,
+`lastStartTimestamp`, `scheduling.maxRunDuration` as a Duration whose int64 seconds are a JSON string) and guest
+attributes. Time is a fake clock; a replica's /metrics (for the drain) is a fake serving vLLM's gauge lines."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -18,11 +25,17 @@ import pytest
 import requests
 from click.testing import CliRunner
 
+from tests.fake_cloud import PROJECT, FakeCloud
 from tests.fake_pulumi import FakePulumi, install
-from tests.google_fakes import PROJECT, GoogleFake
 from tests.httpfake import FakeServer, Request, Response
+from tests.test_nat import make_router, token_secret
 from tpuserve.deploy import gce
+from tpuserve.deploy.cache import BucketSpec, ensure_bucket
+from tpuserve.deploy.gcs import Buckets
+from tpuserve.deploy.lease import Holder, Lease, LeaseStore
+from tpuserve.observe.gate import SERVING
 from tpuserve.ops import fleet as fleet_module
+from tpuserve.ops import up as up_module
 
 NOW = datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc)
 PACIFIC = timezone(timedelta(hours=-8))
@@ -56,10 +69,12 @@ class FleetCompute:
         # The router's agent answers for every replica it routes to (vm/router_agent.py `answered`): "ok" unless
         # set here.
         self.router_answers: dict[str, str] = {}
+        self.gone: set[str] = set()  # stacks whose VM flex-start deleted
 
     def exists(self, stack: str, zone: str) -> bool:
         outputs = self.pulumi.outputs(stack)
-        return outputs.get("zone") == zone and outputs.get("instanceName") == f"tpu-serve-{stack}"
+        return outputs.get("zone") == zone and outputs.get("instanceName") == f"tpu-serve-{stack}" and \
+            stack not in self.gone
 
     def instance(self, stack: str, zone: str) -> Any:
         def serve(request: Request) -> Response:
@@ -68,12 +83,15 @@ class FleetCompute:
                                       f"{zone}/instances/tpu-serve-{stack}' was not found", "status": "NOT_FOUND"}})
             started = self.started.setdefault(stack, self.clock.now).astimezone(PACIFIC)
             stamp = started.isoformat(timespec="milliseconds")
+            # The stack's own maxRunDuration (a staggered one), else the fleet's.
+            configured = self.pulumi.stack_config(stack).get("tpu-serve:maxRunDuration", {}).get("value")
+            max_run = fleet_module.run_seconds(configured) if configured else MAX_RUN_S
             return Response(200, {"kind": "compute#instance", "name": f"tpu-serve-{stack}", "status": "RUNNING",
                                   "creationTimestamp": stamp, "lastStartTimestamp": stamp,
                                   "scheduling": {"provisioningModel": "FLEX_START", "automaticRestart": False,
                                                  "onHostMaintenance": "TERMINATE",
                                                  "instanceTerminationAction": "DELETE",
-                                                 "maxRunDuration": {"seconds": str(MAX_RUN_S)}}})
+                                                 "maxRunDuration": {"seconds": str(max_run)}}})
         return serve
 
     def attributes(self, stack: str, zone: str) -> Any:
@@ -90,16 +108,24 @@ class FleetCompute:
                                   "queryValue": {"items": items}})
         return serve
 
-    def install(self, server: FakeServer) -> None:
+    def install(self, cloud: FakeCloud) -> None:
         for stack in [f"dev-r{n}" for n in range(1, 10)] + ["dev-router"]:
             for zone in ZONES:
                 base = f"/compute/v1/projects/{PROJECT}/zones/{zone}/instances/tpu-serve-{stack}"
-                server.routes[("GET", base)] = self.instance(stack, zone)
-                server.routes[("GET", f"{base}/getGuestAttributes")] = self.attributes(stack, zone)
+                cloud.route("GET", base, self.instance(stack, zone))
+                cloud.route("GET", f"{base}/getGuestAttributes", self.attributes(stack, zone))
 
 
 @pytest.fixture
-def pulumi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakePulumi:
+def cloud(fake_cloud: FakeCloud, monkeypatch: pytest.MonkeyPatch) -> FakeCloud:
+    """The fake project: the token secret preflight checks, and the fake pulumi making its NATs here."""
+    token_secret(fake_cloud)
+    monkeypatch.setenv("FAKE_CLOUD_URL", fake_cloud.url)
+    return fake_cloud
+
+
+@pytest.fixture
+def pulumi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cloud: FakeCloud) -> FakePulumi:
     fake = install(tmp_path / "bin", tmp_path / "pulumi-home")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     monkeypatch.setenv("FAKE_PULUMI_HOME", str(fake.home))
@@ -131,9 +157,10 @@ def metrics() -> Iterator[dict[str, Any]]:
 
 
 @pytest.fixture
-def run(pulumi: FakePulumi, clock: Clock, metrics: dict[str, Any], monkeypatch: pytest.MonkeyPatch):
+def run(pulumi: FakePulumi, cloud: FakeCloud, clock: Clock, metrics: dict[str, Any], monkeypatch: pytest.MonkeyPatch):
     """Invoke `tpuserve fleet ...` with the fakes: the fleet's clock, drain endpoint and sleep are swapped in."""
     compute = FleetCompute(pulumi, clock)
+    compute.install(cloud)
     metrics["pulumi"] = pulumi
     opened = fleet_module.open_fleet
 
@@ -146,12 +173,9 @@ def run(pulumi: FakePulumi, clock: Clock, metrics: dict[str, Any], monkeypatch: 
 
     monkeypatch.setattr(fleet_module, "open_fleet", open_with_fakes)
 
-    def invoke(*args: str, google: GoogleFake | None = None) -> tuple[int, dict[str, Any], str]:
-        google = google or GoogleFake()
-        with google.start() as server:
-            compute.install(server)
-            result = CliRunner().invoke(fleet_module.fleet, [*args, "--stack", "dev", "--json",
-                                                             *google.endpoint_options(server.url)])
+    def invoke(*args: str) -> tuple[int, dict[str, Any], str]:
+        result = CliRunner().invoke(fleet_module.fleet, [*args, "--stack", "dev", "--json",
+                                                         *cloud.endpoint_options()])
         assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
         lines = result.stdout.strip().splitlines()
         return result.exit_code, json.loads(lines[-1]) if lines else {}, result.stderr
@@ -203,7 +227,8 @@ def test_up_places_replicas_across_zones_and_routes_to_them(pulumi: FakePulumi, 
     # replica's zone, its Cloud NAT and its fleet (whose firewall tag it carries).
     ups = [call for call in pulumi.calls() if call[0] == "up"]
     assert ups[0] == ["up", "--yes", "--skip-preview", "--refresh", "--config", "target=router", "--config",
-                      "routerReplicas=[]", "--stack", "dev-router", "--non-interactive"]
+                      "routerReplicas=[]", "--config", "cloudNatSkipRegions=[]", "--stack", "dev-router",
+                      "--non-interactive"]
     assert ups[1] == ["up", "--yes", "--skip-preview", "--refresh", "--config", "createCloudNat=false", "--config",
                       "fleet=dev", "--config", "zone=europe-west4-a", "--stack", "dev-r1", "--non-interactive"]
     assert "3 of 3 replica(s) serve behind dev-router" in stderr
@@ -343,8 +368,12 @@ def test_status_lists_every_replica_and_the_router(pulumi: FakePulumi, run) -> N
     run.compute.started["dev-r1"] = NOW - timedelta(hours=3)
     code, verdict, stderr = run("status")
     assert code == 0
-    assert [(r["replica"], r["zone"], r["stage"], r["inRouter"], r["secondsToExpiry"]) for r in verdict["replicas"]] \
-        == [("dev-r1", "europe-west4-a", "serving", True, 3600), ("dev-r2", "us-east1-d", "serving", True, 14400)]
+    # dev-r2, placed right after dev-r1, got half the max run (2 h: staggered), so the two are never deleted together.
+    assert [(r["replica"], r["zone"], r["stage"], r["inRouter"], r["secondsToExpiry"], r["maxRunSeconds"])
+            for r in verdict["replicas"]] == [("dev-r1", "europe-west4-a", "serving", True, 3600, 14400),
+                                              ("dev-r2", "us-east1-d", "serving", True, 7200, 7200)]
+    assert (verdict["stagger"]["minGapSeconds"], verdict["stagger"]["targetGapSeconds"]) == (3600, 7200)
+    assert verdict["lease"] is None  # no fleet command runs now
     assert verdict["router"]["replicas"] == ["dev-r1", "dev-r2"]
     assert verdict["router"]["stage"] == "serving"  # the config hash it reports is its stack's routerConfigHash
     # Load comes from each replica's /metrics (the fake's running count drops by one per scrape).
@@ -421,3 +450,402 @@ def test_status_asks_pulumi_each_thing_once(pulumi: FakePulumi, run) -> None:
              for call in pulumi.calls()[before:]]
     assert sorted(a for a in asked if a.startswith(("stack ls", "stack output"))) == [
         "stack ls", "stack output dev-r1", "stack output dev-r2", "stack output dev-router"]
+
+
+# --- several replicas due at once: renewed in parallel, the router updated from one thread -------------------------
+
+def router_sets(pulumi: FakePulumi, since: int = 0) -> list[list[str]]:
+    """The replica set of each router update, in order."""
+    return [[entry.split("=")[0] for entry in json.loads(entries)] for call in pulumi.calls()[since:]
+            if (entries := configured(call, "routerReplicas")) is not None]
+
+
+def max_run(pulumi: FakePulumi, stack: str) -> str | None:
+    return pulumi.stack_config(stack).get("tpu-serve:maxRunDuration", {}).get("value")
+
+
+def make_due(run, pulumi: FakePulumi, stacks: list[str], left: timedelta = timedelta(minutes=40)) -> None:
+    """Each of `stacks` started one max run (its own) minus `left` ago."""
+    for stack in stacks:
+        seconds = fleet_module.run_seconds(max_run(pulumi, stack) or "4h")
+        run.compute.started[stack] = NOW - timedelta(seconds=seconds) + left
+
+
+@pytest.mark.parametrize("start, others, replicas, expected", [
+    (NOW, [], 3, 4 * 3600),  # nobody else: the full run
+    (NOW, [NOW + timedelta(hours=4)], 2, 2 * 3600),  # opposite the other on the 4 h cycle
+    (NOW, [NOW + timedelta(hours=1)], 2, 3 * 3600),  # the full run ends 1 h from it cyclically; 3 h: the target 2 h
+    (NOW, [NOW + timedelta(hours=2)], 2, 4 * 3600),  # the full run is the target 2 h from it already
+    (NOW, [NOW + timedelta(hours=4)], 8, 4 * 3600 - 30 * 60),  # never cut more than max run / replicas
+])
+def test_the_staggered_run_falls_between_the_other_deletions(start, others, replicas, expected) -> None:
+    assert fleet_module.staggered_run(start, others, 4 * 3600, replicas, 45 * 60) == expected
+
+
+def test_stagger_never_cuts_below_twice_the_lead_or_flex_starts_minimum() -> None:
+    # 1 h runs with a 45 min lead: any cut would renew the replica at once.
+    assert fleet_module.staggered_run(NOW, [NOW + timedelta(hours=1)], 3600, 2, 45 * 60) == 3600
+    assert fleet_module.run_text(9600) == "2h40m" and fleet_module.run_seconds("1d12h") == 129600
+    assert fleet_module.run_seconds("4 hours") is None
+
+
+def test_three_replicas_due_together_are_renewed_in_parallel(pulumi: FakePulumi, run) -> None:
+    """Three replicas placed one after another would be deleted within minutes of each other (and renewed, and lost
+    to a stockout, together): each new one's max run is cut, by at most max run / 3, to fall between the others'
+    deletions, and `fleet status` says how far apart they are against the target.
+
+    When they are due together anyway: three successors in flight at once (the fake's barrier lets none of their
+    `pulumi up`s finish until all three run, so a sequential renewal would fail), each gated; every successor serves
+    in the router before its predecessor leaves, no old replica is destroyed while routed, and the router took at most
+    four updates (six, one add and one removal per replica, before). Successors placed together get staggered runs
+    again."""
+    pulumi.capacity({"europe-west4-a": 2, "us-east1-d": 2, "us-central1-b": 2})
+    code, _, stderr = run("up", "--replicas", "3")
+    assert code == 0, stderr
+    assert [max_run(pulumi, s) for s in ("dev-r1", "dev-r2", "dev-r3")] == [None, "2h40m", "3h20m"]
+    assert "dev-r2: max run 2h40m (not 4h), so that its deletion falls between the other replicas'" in stderr
+    code, verdict, stderr = run("status")
+    assert [r["secondsToExpiry"] for r in verdict["replicas"]] == [4 * 3600, 2 * 3600 + 40 * 60, 3 * 3600 + 20 * 60]
+    assert verdict["stagger"]["minGapSeconds"] == 40 * 60 and verdict["stagger"]["targetGapSeconds"] == 80 * 60
+    assert verdict["stagger"]["line"].startswith(
+        "deletions at least 40 min apart (target 1 h 20 min: maxRunDuration 4h / 3 replicas")
+
+    make_due(run, pulumi, ["dev-r1", "dev-r2", "dev-r3"])
+    pulumi.barrier(["dev-r4", "dev-r5", "dev-r6"], count=3)
+    before = len(pulumi.calls())
+
+    code, verdict, stderr = run("renew", "--parallel", "3")
+
+    assert code == 0, stderr
+    assert sorted((r["replica"], r["successor"]) for r in verdict["renewed"]) == [
+        ("dev-r1", "dev-r4"), ("dev-r2", "dev-r5"), ("dev-r3", "dev-r6")]
+    assert pulumi.stacks() == ["dev-r4", "dev-r5", "dev-r6", "dev-router"]
+    sets = router_sets(pulumi, before)
+    assert 2 <= len(sets) <= 4 and sets[-1] == ["dev-r4", "dev-r5", "dev-r6"]
+    calls = pulumi.calls()[before:]
+    routes = [i for i, call in enumerate(calls) if configured(call, "routerReplicas") is not None]
+    for old, new in (("dev-r1", "dev-r4"), ("dev-r2", "dev-r5"), ("dev-r3", "dev-r6")):
+        joined = next(n for n, members in enumerate(sets) if new in members)
+        left = next(n for n, members in enumerate(sets) if old not in members)
+        assert joined < left, (old, new, sets)  # in before the predecessor is out
+        destroyed = next(i for i, call in enumerate(calls) if call[0] == "destroy" and old in call)
+        assert destroyed > routes[left]  # destroyed only once no router update routes to it
+    assert sorted(max_run(pulumi, s) or "4h" for s in ("dev-r4", "dev-r5", "dev-r6")) == ["2h40m", "3h20m", "4h"]
+
+
+class ScriptedFleet(fleet_module.Fleet):
+    """A fleet whose placements, router updates and destroys the test scripts: dev-r4 is ready at once, dev-r5 and
+    dev-r6 once the first router update has started; that update returns only when both are ready."""
+
+    def __init__(self, renewal_box: list) -> None:
+        super().__init__("dev", None, None, PROJECT)  # type: ignore[arg-type]
+        self.now = lambda: NOW
+        self.box, self.routes, self.retired, self.release = renewal_box, [], [], threading.Event()
+
+    def grow(self, name, zones, deadline_s, settings=None, retry_until_up=False):
+        if name != "dev-r4":
+            assert self.release.wait(10)
+        return fleet_module.Replica(name, {"zone": "us-east1-d"}, SERVING), fleet_module.SweepResult("us-east1-d"), ""
+
+    def route(self, members) -> None:
+        self.routes.append(list(members))
+        if len(self.routes) == 1:
+            self.release.set()
+            deadline = time.monotonic() + 10
+            while self.box[0].results.qsize() < 2:  # both placements have ended: the next update takes them
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+
+    def drain(self, replica) -> str:
+        return "no request in flight"
+
+    def answered(self, name: str) -> tuple[bool, str]:
+        return True, "answered a completion through the router"
+
+    def retire(self, name: str) -> bool:
+        self.retired.append((name, len(self.routes)))
+        return True
+
+
+def test_ready_changes_go_into_one_router_update() -> None:
+    """The router stack takes one update at a time: successors that became ready while an update ran join together
+    in the next one, which also takes out the predecessor of the successor the first update added."""
+    box: list = []
+    fleet_ = ScriptedFleet(box)
+    olds = [fleet_module.Replica(f"dev-r{n}", {"zone": "europe-west4-a"}, SERVING, NOW + timedelta(minutes=30),
+                                 in_router=True) for n in (1, 2, 3)]
+    renewal = fleet_module.Renewal(fleet_, [r.name for r in olds], list(olds), list(ZONES), 600.0, time.monotonic())
+    box.append(renewal)
+    renewal.run(renewal.plan(olds, []))
+    assert fleet_.routes == [["dev-r1", "dev-r2", "dev-r3", "dev-r4"],
+                             ["dev-r2", "dev-r3", "dev-r4", "dev-r5", "dev-r6"],
+                             ["dev-r4", "dev-r5", "dev-r6"]]
+    assert sorted(fleet_.retired) == [("dev-r1", 2), ("dev-r2", 3), ("dev-r3", 3)]
+    assert renewal.code == 0 and len(renewal.renewed) == 3
+
+
+def test_a_replica_already_gone_leaves_the_router_in_the_first_update(pulumi: FakePulumi, run) -> None:
+    pulumi.capacity({"europe-west4-a": 2, "us-east1-d": 2})
+    assert run("up", "--replicas", "2")[0] == 0
+    run.compute.gone.add("dev-r1")  # flex-start deleted its VM: the API answers 404
+    before = len(pulumi.calls())
+    code, verdict, stderr = run("renew")
+    assert code == 0, stderr
+    assert router_sets(pulumi, before)[0] == ["dev-r2"]  # out at once: nothing serves there
+    assert verdict["renewed"] == [{"replica": "dev-r1", "successor": "dev-r3", "zone": "europe-west4-a"}]
+
+
+# --- the lease: one fleet command at a time -------------------------------------------------------------------------
+
+BUCKET = f"{PROJECT}-tpu-serve-dev-cache"  # the name dev's compile-cache bucket would have: the fleet's bucket
+
+
+def lease_store(cloud: FakeCloud) -> LeaseStore:
+    session = requests.Session()
+    ensure_bucket(Buckets(session, cloud.url), BucketSpec(PROJECT, BUCKET, "europe-west4", {}))
+    return LeaseStore(session, BUCKET, base_url=cloud.url)
+
+
+def test_a_held_lease_stops_renew_at_once_naming_the_holder(pulumi: FakePulumi, cloud: FakeCloud, run) -> None:
+    """A command takes the lease in the fleet's bucket (made private, uniform, labelled like the stack's cache
+    bucket) with ifGenerationMatch=0 and deletes it at the end, only if it is still the generation it wrote. The
+    schedule's renewal while someone runs `fleet up`: one line saying who holds it and until when, exit 6, and
+    nothing read or changed (the only pulumi call is the fleet stack's config)."""
+    pulumi.capacity({"europe-west4-a": 1})
+    assert run("up", "--replicas", "1")[0] == 0
+    bucket = cloud.buckets[BUCKET]
+    assert bucket["labels"] == {"app": "tpu-serve", "stack": "dev", "managed-by": "pulumi", "tpu-serve-cache": "dev"}
+    assert bucket["iamConfiguration"] == {"uniformBucketLevelAccess": {"enabled": True},
+                                          "publicAccessPrevention": "enforced"}
+    uploads = cloud.calls_to("POST", f"/upload/storage/v1/b/{BUCKET}/o")
+    assert [(c.query["name"], c.query["ifGenerationMatch"], c.status) for c in uploads] == [
+        (["leases/fleet.json"], ["0"], 200)]
+    deletes = cloud.calls_to("DELETE", f"/storage/v1/b/{BUCKET}/o/")
+    assert [(c.status, int(c.query["ifGenerationMatch"][0]) > 0) for c in deletes] == [(204, True)]
+    assert (BUCKET, "leases/fleet.json") not in cloud.objects
+
+    lease_store(cloud).write(Holder("ana@laptop", 4242, "fleet up", "dev", NOW - timedelta(minutes=3),
+                                    NOW + timedelta(minutes=7)), 0)
+    before = len(pulumi.calls())
+    code, verdict, stderr = run("renew")
+    assert code == 6
+    assert "fleet dev is held by ana@laptop (pid 4242, fleet up) since 08:57 UTC, until 09:07 UTC" in stderr
+    assert (verdict["reason"], verdict["lease"]["holder"], verdict["lease"]["pid"]) == ("lease held", "ana@laptop",
+                                                                                       4242)
+    assert [call[:2] for call in pulumi.calls()[before:]] == [["config", "--json"]]
+    code, verdict, _ = run("status")  # status takes no lease: it says who holds it
+    assert code == 0 and verdict["lease"]["line"].startswith("fleet dev is held by ana@laptop (pid 4242, fleet up)")
+
+
+def test_a_lost_lease_stops_the_renewal_before_its_next_change(pulumi: FakePulumi, cloud: FakeCloud, run,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another command took the lease while the successor booted: the renewal stops at the next safe point (the
+    router update) instead of acting beside it, keeps the old replica routed and serving, destroys nothing. The next
+    run, once it holds the lease, routes the ready successor it finds outside the router instead of placing one."""
+    pulumi.capacity({"europe-west4-a": 2, "us-east1-d": 2})
+    assert run("up", "--replicas", "2")[0] == 0
+    make_due(run, pulumi, ["dev-r1"])
+    run.compute.started["dev-r2"] = NOW
+    leases: list[Lease] = []
+    acquire = Lease.acquire
+    monkeypatch.setattr(Lease, "acquire", lambda self, *a, **k: (leases.append(self), acquire(self, *a, **k))[1])
+    gate = fleet_module.Fleet.gate
+
+    def gate_then_lose_the_lease(self, name):
+        found = leases[0].store.read()
+        leases[0].store.write(Holder("ana@laptop", 9, "fleet up", "dev", NOW, NOW + timedelta(minutes=10)), found[1])
+        leases[0].renew_once()  # the renewal thread's next round finds the lease someone else's
+        return gate(self, name)
+
+    monkeypatch.setattr(fleet_module.Fleet, "gate", gate_then_lose_the_lease)
+    before = len(pulumi.calls())
+    code, verdict, stderr = run("renew")
+    assert code == 1
+    assert "error: the lease of fleet dev was lost (another command wrote the lease: fleet dev is held by ana@laptop" \
+        in stderr
+    assert router_sets(pulumi, before) == []  # no router update after the loss
+    assert not any(call[0] == "destroy" for call in pulumi.calls()[before:])
+    assert router_replicas(pulumi)[0].startswith("dev-r1=") and pulumi.stacks() == ["dev-r1", "dev-r2", "dev-r3",
+                                                                                     "dev-router"]
+    assert json.loads(cloud.objects[(BUCKET, "leases/fleet.json")]["data"])["holder"] == "ana@laptop"
+
+    monkeypatch.setattr(fleet_module.Fleet, "gate", gate)
+    lease_store(cloud).delete(int(cloud.objects[(BUCKET, "leases/fleet.json")]["meta"]["generation"]))  # released
+    code, verdict, stderr = run("renew")
+    assert code == 0, stderr
+    assert verdict["renewed"] == [{"replica": "dev-r1", "successor": "dev-r3", "zone": "europe-west4-a"}]
+    assert "renewing it with dev-r3, which serves outside the router" in stderr
+    assert pulumi.stacks() == ["dev-r2", "dev-r3", "dev-router"]  # no fourth replica placed
+
+
+def test_a_waiting_renewal_reads_the_fleet_once_it_holds_the_lease(pulumi: FakePulumi, cloud: FakeCloud, run,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--lease-wait`: while it waits, the holder renews dev-r1 (dev-r3 in, dev-r1 out and gone) and releases the
+    lease. The waiting renewal then reads the replicas and the router's members afresh: nothing is due. Had it read
+    them before taking the lease, it would renew dev-r1 a second time."""
+    pulumi.capacity({"europe-west4-a": 2, "us-east1-d": 2})
+    assert run("up", "--replicas", "2")[0] == 0
+    make_due(run, pulumi, ["dev-r1"])
+    run.compute.started["dev-r2"] = NOW
+    store = lease_store(cloud)
+    held = store.write(Holder("ci@runner", 4242, "fleet renew", "dev", NOW, NOW + timedelta(minutes=10)), 0)
+    pauses: list[float] = []
+
+    def the_holder_finishes(seconds: float) -> None:  # what the holder did meanwhile, as its commands would
+        pauses.append(seconds)
+        if len(pauses) == 2:
+            assert run("renew", "--lease-wait", "0")[0] == 6  # still held
+            store.delete(held)
+            assert run("renew")[0] == 0  # the holder's renewal: dev-r1 -> dev-r3
+            store.write(Holder("ci@runner", 4242, "fleet renew", "dev", NOW, NOW + timedelta(minutes=10)), 0)
+            store.delete(int(cloud.objects[(BUCKET, "leases/fleet.json")]["meta"]["generation"]))
+
+    class Waiting(Lease):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "sleep": the_holder_finishes})
+
+    monkeypatch.setattr(fleet_module, "Lease", Waiting)
+    code, verdict, stderr = run("renew", "--lease-wait", "1m", "--lease-poll", "15")
+    assert code == 0, stderr
+    assert "waiting up to 1 min for the lease: fleet dev is held by ci@runner (pid 4242, fleet renew)" in stderr
+    assert verdict["renewed"] == [] and "nothing to renew: the next deletion is dev-r2's" in stderr
+    assert pauses == [15, 15] and pulumi.stacks() == ["dev-r2", "dev-r3", "dev-router"]
+
+
+def spawn(cloud: FakeCloud, tmp_path: Path, name: str, *args: str) -> tuple[subprocess.Popen, Path]:
+    """`tpuserve fleet renew` in a process of its own (the wall clock, real application-default credentials that
+    only the fake cloud accepts); its stderr in a file the test reads while it runs."""
+    env = {**os.environ, **cloud.env(tmp_path / "adc")}
+    err = tmp_path / f"{name}.stderr"
+    with err.open("w") as stderr:  # the child keeps its own descriptor
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tpuserve", "fleet", "renew", "--stack", "dev", "--json", "--skip-preflight",
+             "--cwd", str(tmp_path), *args, *cloud.endpoint_options()], env=env, stdout=subprocess.PIPE,
+            stderr=stderr, text=True)
+    return process, err
+
+
+def wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_two_renewals_started_together_one_acts(pulumi: FakePulumi, cloud: FakeCloud, run, clock: Clock,
+                                                tmp_path: Path) -> None:
+    """Issue #26: two `fleet renew` processes against the same fleet. Whichever creates the lease first renews dev-r1;
+    its successor's `pulumi up` is held at a barrier until the other process has met the lease and exited 6 saying
+    who holds it, so the two really overlap. Exactly one successor is placed, and dev-r2, routed and serving, is
+    never retired."""
+    clock.now = datetime.now(timezone.utc).replace(microsecond=0)  # the processes read the wall clock
+    pulumi.capacity({"europe-west4-a": 2, "us-east1-d": 2})
+    assert run("up", "--replicas", "2")[0] == 0
+    run.compute.started["dev-r1"] = clock.now - timedelta(hours=4) + timedelta(minutes=40)
+    run.compute.started["dev-r2"] = clock.now
+    pulumi.barrier(["dev-r3", "released"], count=2, timeout_s=90)
+    before = len(pulumi.calls())
+
+    first, first_err = spawn(cloud, tmp_path, "a")
+    second, second_err = spawn(cloud, tmp_path, "b")
+    outcomes = {}
+    try:
+        wait_for(lambda: "is held by" in first_err.read_text() + second_err.read_text(), "one to meet the lease")
+        (pulumi.home / "barrier").mkdir(exist_ok=True)
+        (pulumi.home / "barrier" / "released").touch()  # now the holder's successor may finish
+        for process, err in ((first, first_err), (second, second_err)):
+            out, _ = process.communicate(timeout=120)
+            outcomes[process.pid] = (process.returncode, json.loads(out.strip().splitlines()[-1]), err.read_text())
+    finally:
+        for process in (first, second):
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    actor = next(pid for pid, (_, verdict, _) in outcomes.items() if verdict.get("renewed"))
+    (code, verdict, stderr), (other_code, other, other_stderr) = outcomes.pop(actor), outcomes.popitem()[1]
+
+    assert code == 0, stderr
+    assert verdict["renewed"] == [{"replica": "dev-r1", "successor": "dev-r3", "zone": "europe-west4-a"}]
+    assert other_code == 6 and other["lease"]["pid"] == actor, other_stderr
+    assert f"(pid {actor}, fleet renew) since " in other_stderr and "fleet dev is held by" in other_stderr
+    calls = pulumi.calls()[before:]
+    assert [call[call.index("--stack") + 1] for call in calls if call[:2] == ["stack", "init"]] == ["dev-r3"]
+    assert [call[call.index("--stack") + 1] for call in calls if call[0] == "destroy"] == ["dev-r1"]
+    assert all("dev-r2" in members for members in router_sets(pulumi, before))
+    assert pulumi.stacks() == ["dev-r2", "dev-r3", "dev-router"]
+    assert (BUCKET, "leases/fleet.json") not in cloud.objects  # both released what they held
+
+
+# --- Cloud NAT: one owner per network and region ---------------------------------------------------------------
+
+def nats(cloud: FakeCloud) -> list[tuple[str, str]]:
+    return sorted((r.location, r.name) for r in cloud.inventory() if r.kind == "nat")
+
+
+def test_fleet_up_after_up_dev_makes_no_second_nat(pulumi: FakePulumi, cloud: FakeCloud, run) -> None:
+    """Issue #26: CI deploys dev (its NAT in europe-west4), then a fleet of dev comes up in the same project. The
+    router stack makes NAT only in the fleet's other regions, says whose NAT serves europe-west4, and nothing fails
+    (without the skip the fake cloud refuses the router's second NAT there, as the API does). When dev goes away, the
+    next renewal finds europe-west4 unserved and the router stack makes its NAT there."""
+    pulumi.capacity({"europe-west4-a": 2, "us-east1-d": 1, "us-central1-b": 1})
+    result = CliRunner().invoke(up_module.up, ["--stack", "dev", "--zones", "europe-west4-a",
+                                               *cloud.endpoint_options()])
+    assert result.exit_code == 0, result.stderr
+    assert nats(cloud) == [("europe-west4", "tpu-serve-dev-nat")]
+
+    code, verdict, stderr = run("up", "--replicas", "2")
+    assert code == 0, stderr
+    assert ("Cloud NAT in europe-west4: tpu-serve-dev-router/tpu-serve-dev-nat (stack dev) serves it; dev-router "
+            "makes none there") in stderr
+    assert nats(cloud) == [("europe-west4", "tpu-serve-dev-nat"),
+                           ("us-central1", "tpu-serve-dev-router-us-central1-nat"),
+                           ("us-east1", "tpu-serve-dev-router-us-east1-nat")]
+    assert pulumi.stack_config("dev-router")["tpu-serve:cloudNatSkipRegions"]["value"] == '["europe-west4"]'
+    assert {zone for zone in (pulumi.outputs(f"dev-r{n}")["zone"] for n in (1, 2))} <= set(ZONES)
+
+    subprocess.run(["pulumi", "destroy", "--yes", "--stack", "dev"], check=True, capture_output=True)
+    assert ("europe-west4", "tpu-serve-dev-nat") not in nats(cloud)
+    code, verdict, stderr = run("renew")
+    assert code == 0, stderr
+    assert "Cloud NAT in europe-west4: none yet; dev-router makes one" in stderr
+    assert "Cloud NAT changed in the fleet's regions: the router stack follows" in stderr
+    assert nats(cloud) == [("europe-west4", "tpu-serve-dev-router-europe-west4-nat"),
+                           ("us-central1", "tpu-serve-dev-router-us-central1-nat"),
+                           ("us-east1", "tpu-serve-dev-router-us-east1-nat")]
+
+
+def dev_vm(cloud: FakeCloud) -> None:
+    """dev's VM as a deploy leaves it, without an external IP, in a region whose NAT another stack owns."""
+    status, _ = cloud.api("POST", f"/compute/v1/projects/{PROJECT}/zones/europe-west4-a/instances", {
+        "name": "tpu-serve-dev", "machineType": "zones/europe-west4-a/machineTypes/e2-standard-2",
+        "networkInterfaces": [{"network": "global/networks/default"}], "labels": {"stack": "dev"},
+        "disks": [{"boot": True, "initializeParams": {"diskSizeGb": "10"}}]})
+    assert status == 200
+
+
+def test_fleet_down_destroys_the_router_first_then_every_replica(pulumi: FakePulumi, cloud: FakeCloud,
+                                                                  run) -> None:
+    """Without --yes and no terminal it says what it would destroy and destroys nothing; it warns that the router's
+    NAT serves dev's VM. With --yes: the router first (no request reaches a replica through it after), then the
+    replicas, under the lease; their stacks, VMs' NATs and the lease are gone, the fleet's bucket is kept."""
+    pulumi.capacity({"europe-west4-a": 1, "us-east1-d": 1})
+    assert run("up", "--replicas", "2")[0] == 0
+    dev_vm(cloud)
+    before = len(pulumi.calls())
+    code, verdict, stderr = run("down")
+    assert code == 2 and verdict["destroyed"] == []
+    assert "fleet down would destroy dev-router, dev-r1, dev-r2 (the router first); nothing done: run it again with " \
+           "--yes" in stderr
+    assert ("warning: tpu-serve-dev-router-europe-west4-router/tpu-serve-dev-router-europe-west4-nat in europe-west4 "
+            "(stack dev-router) also serves 1 VM(s) of dev (tpu-serve-dev)") in stderr
+    assert not any(call[0] == "destroy" for call in pulumi.calls()[before:])
+
+    code, verdict, stderr = run("down", "--yes")
+    assert code == 0, stderr
+    assert verdict["destroyed"] == ["dev-router", "dev-r1", "dev-r2"]
+    assert [call[call.index("--stack") + 1] for call in pulumi.calls()[before:] if call[0] == "destroy"] == [
+        "dev-router", "dev-r1", "dev-r2"]
+    assert pulumi.stacks() == [] and nats(cloud) == []
+    assert BUCKET in cloud.buckets and (BUCKET, "leases/fleet.json") not in cloud.objects
+    code, verdict, stderr = run("down", "--yes")
+    assert code == 0 and "nothing to do" in stderr

@@ -52,6 +52,17 @@ def test_router_stack_matches_its_inventory(router_run) -> None:
         assert_subset(expected, found[0].inputs, name)
 
 
+def test_the_router_makes_nat_only_where_no_other_stacks_nat_serves() -> None:
+    """`tpuserve fleet` lists the regions another stack's NAT serves (dev's own in europe-west4): the router stack
+    makes NAT in the others and says which in `natRegions`; each Router names the stack that owns its NAT."""
+    run = run_stack(router_config(cloudNatSkipRegions='["europe-west4"]'), "dev-router")
+    regions = sorted(r.inputs["region"] for r in run.of_type(NAT))
+    assert regions == ["asia-northeast1", "us-central1", "us-east1", "us-east5", "us-south1"]
+    assert sorted(run.outputs["natRegions"]) == regions
+    assert {r.inputs["description"].split(":")[0] for r in run.of_type("gcp:compute/router:Router")} == {
+        "tpu-serve stack dev-router"}
+
+
 def test_the_proxy_config_routes_least_busy_over_one_entry_per_replica(router_run) -> None:
     vm = router_run.one(INSTANCE).inputs
     config = json.loads(vm["metadata"]["litellm-config"])

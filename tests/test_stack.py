@@ -202,6 +202,17 @@ def test_nat_follows_the_zones_region_and_a_region_change_replaces_it_old_one_fi
         assert run.one(type_token).inputs["region"] == "us-east1"
         assert options[type_token].replace_on_changes == ["region"]
         assert options[type_token].delete_before_replace is True
+    # The Router names its stack: other stacks in the region say whose NAT serves them (tpuserve/deploy/nat.py).
+    assert run.one(ROUTER).inputs["description"].startswith("tpu-serve stack dev: Cloud NAT")
+
+
+def test_no_nat_where_another_stacks_nat_serves_the_region():
+    """`tpuserve up` lists the regions another stack's NAT serves (cloudNatSkipRegions): none is made there, while a
+    listed region the VM is not in changes nothing."""
+    run = run_stack({**VALID, "zone": "us-east1-d", "cloudNatSkipRegions": '["us-east1"]'})
+    assert run.of_type(NAT) == [] and run.of_type(ROUTER) == []
+    run = run_stack({**VALID, "zone": "us-east1-d", "cloudNatSkipRegions": '["europe-west4"]'})
+    assert run.one(NAT).inputs["region"] == "us-east1"
 
 
 def test_the_gate_outlasts_the_vms_own_deadline(stack_run):

@@ -28,7 +28,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "diagnose": ("tpuserve.observe.logs:diagnose", ("Ask a model why a deployment failed, from its logs and the gate's "
                                             "stage and reason (tokens redacted).")),
     "fleet": ("tpuserve.ops.fleet:fleet",
-              "Replicas across zones behind a LiteLLM router, renewed before flex-start deletes them: up, status, renew."),
+              "Replicas across zones behind a LiteLLM router, renewed before flex-start deletes them: up, status, "
+              "renew, down."),
     "gate": ("tpuserve.observe.gate:gate", "Wait until a deployment really serves; exit 0 only then."),
     "gke": ("tpuserve.ops.gke_renew:gke",
             "A gke stack's TPU nodes: renew each replica's node before flex-start deletes it; status."),
@@ -38,7 +39,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("tpuserve.measure.plan:plan",
              "KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM."),
     "preflight": ("tpuserve.deploy.preflight:preflight_command",
-                  "Check what would stop a deploy: APIs, machine type per zone, TPU quota, token secret, permissions."),
+                  "Check what would stop a deploy: APIs, machine type per zone, TPU quota, token secret, permissions, "
+                  "Cloud NAT."),
     "probe": ("tpuserve.measure.probe:probe",
               "Probe a deployment's capabilities: tools, structured output, vision; compare KV-cache settings."),
     "status": ("tpuserve.observe.status:status",

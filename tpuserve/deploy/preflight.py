@@ -11,9 +11,12 @@ With the user's application-default credentials (as the gate uses them), for the
   `PREEMPTIBLE-TPU-V6E-per-project-region` and `TPUS-PER-TPU-FAMILY-per-project-region` (dimension tpu_family=CT6E):
   dimensioned quotas that Compute's `regions.get` quota list does not report, so the Cloud Quotas API is the one asked;
 - the token secret exists and its latest version is enabled (what the VM reads at boot);
-- the deploying identity holds the permissions the stack needs (Resource Manager `projects.testIamPermissions`).
-Each check is ok, warning (the deploy may still work) or fail (it will not), with the fix. Zones whose machine type
-or quota is missing are dropped from the sweep rather than tried.
+- the deploying identity holds the permissions the stack needs (Resource Manager `projects.testIamPermissions`);
+- which Cloud NAT serves the network in each region the VM may land in, and whose it is (Compute
+  `routers.aggregatedList`, tpuserve/deploy/nat.py): where another stack's NAT serves, the stack makes none (the
+  network takes one), and the VMs of other stacks that rely on this stack's own NAT are named.
+Each check is ok, warning (the deploy may still work) or fail (it will not), with the fix. Zones whose machine type,
+quota or egress is missing are dropped from the sweep rather than tried.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ import click
 import requests
 
 from tpuserve.client import error_message
+from tpuserve.deploy import nat
 from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient
+from tpuserve.deploy.gcs import STORAGE_URL
+from tpuserve.deploy.orphans import stack_labels
 from tpuserve.deploy.sweep import region_of
 from tpuserve.facts import V6E_ZONES
 
@@ -48,7 +54,8 @@ PERMISSIONS = (
     "compute.instances.setServiceAccount", "compute.instances.getGuestAttributes",
     "compute.instances.getSerialPortOutput", "compute.disks.create", "compute.disks.list", "compute.disks.delete",
     "compute.machineTypes.get", "compute.networks.get", "compute.networks.updatePolicy", "compute.subnetworks.use",
-    "compute.firewalls.create", "compute.firewalls.delete", "compute.firewalls.get", "compute.routers.create",
+    "compute.firewalls.create", "compute.firewalls.delete", "compute.firewalls.get", "compute.routers.list",
+    "compute.routers.create",
     "compute.routers.delete", "compute.routers.get", "compute.routers.update", "iam.serviceAccounts.create",
     "iam.serviceAccounts.delete", "iam.serviceAccounts.get", "iam.serviceAccounts.actAs",
     "resourcemanager.projects.getIamPolicy", "resourcemanager.projects.setIamPolicy",
@@ -67,6 +74,7 @@ class Endpoints:
     cloudresourcemanager: str = "https://cloudresourcemanager.googleapis.com"
     secretmanager: str = "https://secretmanager.googleapis.com"
     cloudquotas: str = "https://cloudquotas.googleapis.com"
+    storage: str = STORAGE_URL  # the fleet's lease and buckets
 
     @classmethod
     def parse(cls, pairs: Iterable[str]) -> Endpoints:
@@ -90,6 +98,14 @@ class Target:
     machine_type: str = DEFAULT_MACHINE_TYPE
     secret: str = ""  # hfTokenSecretId: an id or projects/P/secrets/S; empty when the stack creates the secret
     creates_secret: bool = False  # hfToken is set: the stack makes the secret itself
+    # Cloud NAT (check_nat): the stack whose NAT is meant, the regions its VMs need egress in (none: not checked),
+    # whether it makes NAT where none serves, and the NATs its state holds (nat.own_nats).
+    stack: str = ""
+    network: str = "default"
+    subnetwork: str = ""
+    nat_regions: tuple[str, ...] = ()
+    makes_nat: bool = True
+    own_nats: frozenset[tuple[str, str, str]] = frozenset()
 
     @property
     def chips(self) -> int:
@@ -117,6 +133,7 @@ class Report:
     checks: list[Check] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # zone -> why the sweep will not try it
     zones: tuple[str, ...] = ()  # the candidates, in order
+    nat: nat.NatPlan | None = None  # what serves Cloud NAT where, when the routers could be listed
 
     @property
     def failed(self) -> bool:
@@ -322,6 +339,48 @@ def check_permissions(google: Google, target: Target) -> Check:
     return Check(name, OK, f"all {len(wanted)} the stack needs")
 
 
+def nat_plan(session: requests.Session, endpoints: Endpoints, target: Target) -> nat.NatPlan:
+    """Which NAT serves each of the target's regions (one routers.aggregatedList); ComputeApiError or a requests
+    error when the routers cannot be listed."""
+    return nat.plan(nat.list_nats(session, target.project, endpoints.compute, TIMEOUT_S), target.stack,
+                    target.nat_regions, target.network, target.subnetwork, set(target.own_nats), target.makes_nat)
+
+
+def check_nat(google: Google, target: Target, report: Report) -> list[Check]:
+    """Cloud NAT in each region the VMs may land in: the NAT that serves it and its owner, or that the stack makes
+    one; a region whose NAT serves other subnetworks only (and so rules out another) has its zones skipped. A second
+    check names the VMs of other stacks that use this stack's own NAT."""
+    name = "Cloud NAT"
+    try:
+        plan = nat_plan(google.session, google.endpoints, target)
+    except (ComputeApiError, requests.RequestException) as err:
+        return [Check(name, WARNING, f"could not list the routers ({err}); the stack makes NAT as its config says",
+                      "grant compute.routers.list (roles/compute.networkViewer)")]
+    report.nat = plan
+    blocked = [r for r in plan.regions if r.blocked]
+    for region in blocked:
+        for zone in target.zones:
+            if region_of(zone) == region.region:
+                report.skipped.setdefault(zone, f"no Cloud NAT can serve it ({region.blocking.label} serves other "
+                                                "subnetworks only)" if region.blocking else "no Cloud NAT")
+    unserved = [r for r in plan.regions if not target.makes_nat and r.serving is None and not r.blocked]
+    status = FAIL if blocked and len(blocked) == len(plan.regions) else WARNING if blocked or unserved else OK
+    fix = "set createCloudNat true, or externalIp true, or make a NAT for the network there" if unserved else ""
+    checks = [Check(name, status, "; ".join(plan.lines()), fix)]
+    if target.own_nats:
+        try:
+            vms = nat.list_vms(google.session, target.project, google.endpoints.compute, TIMEOUT_S)
+            listed = nat.list_nats(google.session, target.project, google.endpoints.compute, TIMEOUT_S)
+        except (ComputeApiError, requests.RequestException) as err:
+            return [*checks, unreachable("Cloud NAT users", err)]
+        lines = nat.reliance(set(target.own_nats), listed, vms, [stack_labels(target.stack)["stack"]]).lines(
+            target.stack)
+        if lines:
+            checks.append(Check("Cloud NAT users", WARNING, "; ".join(lines),
+                                "destroy those stacks first, or deploy one of them (it then makes its own NAT)"))
+    return checks
+
+
 def preflight(session: requests.Session, target: Target, endpoints: Endpoints = Endpoints()) -> Report:
     google = Google(session, endpoints, target.project)
     report = Report(zones=target.zones)
@@ -334,6 +393,8 @@ def preflight(session: requests.Session, target: Target, endpoints: Endpoints = 
     report.checks.append(check_quota(google, target, report, apis))
     report.checks.append(check_secret(google, target))
     report.checks.append(check_permissions(google, target))
+    if target.nat_regions:
+        report.checks += check_nat(google, target, report)
     if not report.usable_zones and not report.failed:  # e.g. quota unknown but every zone lacks the machine type
         report.checks.append(Check("zones", FAIL, "no candidate zone is left to try",
                                    "add zones: --zones or the stack's `zones`"))
@@ -342,10 +403,31 @@ def preflight(session: requests.Session, target: Target, endpoints: Endpoints = 
 
 # --- the stack and the command ------------------------------------------------------------------------------------
 
-def target_from_config(config: Mapping[str, Any], zones: Sequence[str]) -> Target:
+def setting_on(config: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A boolean setting as `pulumi config` gives it (a string, or a bool from the fake)."""
+    value = config.get(key)
+    return default if value is None else str(value).lower() == "true"
+
+
+def target_from_config(config: Mapping[str, Any], zones: Sequence[str], stack: str = "",
+                       own_nats: frozenset[tuple[str, str, str]] = frozenset()) -> Target:
+    """What the stack would deploy in `zones`. With `stack` its Cloud NAT is checked too: in `region` when set, else
+    in each zone's region (where `tpuserve up` may put the VM); `own_nats` are the NATs of its state."""
+    if not stack or config.get("target") == "local":
+        regions: tuple[str, ...] = ()
+    elif config.get("target") == "router":  # a fleet's router stack: NAT for every region of the fleet's zones
+        regions = tuple(nat.fleet_nat_regions(str(config.get("routerZone") or ""), str(config.get("zone") or ""),
+                                              [str(z) for z in config.get("zones") or V6E_ZONES]))
+    else:
+        regions = (str(config["region"]),) if config.get("region") else \
+            tuple(dict.fromkeys(region_of(str(zone)) for zone in zones))
     return Target(project=str(config.get("project", "")), zones=tuple(zones),
                   machine_type=str(config.get("machineType") or DEFAULT_MACHINE_TYPE),
-                  secret=str(config.get("hfTokenSecretId") or ""), creates_secret="hfToken" in config)
+                  secret=str(config.get("hfTokenSecretId") or ""), creates_secret="hfToken" in config,
+                  stack=stack, network=str(config.get("network") or "default"),
+                  subnetwork=str(config.get("subnetwork") or ""), nat_regions=regions,
+                  makes_nat=setting_on(config, "createCloudNat", True) and not setting_on(config, "externalIp", False),
+                  own_nats=own_nats)
 
 
 def configured_zones(config: Mapping[str, Any], outputs: Mapping[str, Any], explicit: str | None) -> list[str]:
@@ -391,7 +473,7 @@ def endpoint_option(command: Any) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line: the checks and the zones to try.")
 @endpoint_option
 def preflight_command(stack: str, zones: str | None, cwd: Path, as_json: bool, endpoints: tuple[str, ...]) -> None:
-    """Check what would stop a deploy: APIs, machine type per zone, TPU quota, token secret, permissions."""
+    """Check what would stop a deploy: APIs, machine type per zone, TPU quota, token secret, permissions, Cloud NAT."""
     from rich.console import Console
 
     from tpuserve.deploy.gce import MissingCredentials, adc_session
@@ -407,7 +489,11 @@ def preflight_command(stack: str, zones: str | None, cwd: Path, as_json: bool, e
     if not config.get("project"):
         raise click.UsageError(f"project: not set in stack {stack}; pulumi config set project <gcp-project-id> "
                                f"--stack {stack}")
-    target = target_from_config(config, configured_zones(config, outputs, zones))
+    try:
+        own = frozenset(nat.own_nats(pulumi.export()))
+    except PulumiError:
+        own = frozenset()  # a stack never deployed: it owns no NAT yet
+    target = target_from_config(config, configured_zones(config, outputs, zones), stack, own)
     try:
         session = adc_session()
     except MissingCredentials as err:

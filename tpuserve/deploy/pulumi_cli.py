@@ -58,21 +58,25 @@ class PulumiCli:
                               "installs the pinned version)")
         self.executable, self.stack, self.cwd, self.echo = executable, stack, cwd, echo
         self.env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"}
-        # stack name -> PulumiCli, and "stacks" -> the cached `stack ls`; one dict per family of CLIs
-        self._family: dict[str, Any] = _family if _family is not None else {"clis": {stack: self}, "stacks": None}
+        # stack name -> PulumiCli, and "stacks" -> the cached `stack ls`; one dict per family of CLIs, and its lock
+        # (a fleet renewal creates and removes replica stacks from several threads)
+        self._family: dict[str, Any] = _family if _family is not None else {
+            "clis": {stack: self}, "stacks": None, "lock": threading.RLock()}
         self._outputs: dict[str, Any] | None = None
 
     def _forget(self, stacks: bool = False) -> None:
         self._outputs = None
         if stacks:
-            self._family["stacks"] = None
+            with self._family["lock"]:
+                self._family["stacks"] = None
 
     def _listed(self, present: bool) -> None:
         """This stack now exists (or no longer does): the stack list, if read, says so without asking again."""
-        known = self._family["stacks"]
-        if known is not None:
-            others = [name for name in known if name != self.stack]
-            self._family["stacks"] = [*others, self.stack] if present else others
+        with self._family["lock"]:
+            known = self._family["stacks"]
+            if known is not None:
+                others = [name for name in known if name != self.stack]
+                self._family["stacks"] = [*others, self.stack] if present else others
 
     def _argv(self, *args: str) -> list[str]:
         return [self.executable, *args, "--stack", self.stack, "--non-interactive"]
@@ -124,17 +128,19 @@ class PulumiCli:
 
     def for_stack(self, stack: str) -> PulumiCli:
         """The same CLI, project directory and output echo, for another stack (a fleet runs one per replica)."""
-        clis = self._family["clis"]
-        if stack not in clis:
-            clis[stack] = PulumiCli(stack, self.cwd, self.echo, _family=self._family)
-        return clis[stack]
+        with self._family["lock"]:
+            clis = self._family["clis"]
+            if stack not in clis:
+                clis[stack] = PulumiCli(stack, self.cwd, self.echo, _family=self._family)
+            return clis[stack]
 
     def stacks(self) -> list[str]:
         """Names of the project's stacks (`pulumi stack ls --json`: a list of {"name", "current", ...})."""
-        if self._family["stacks"] is None:
-            self._family["stacks"] = [str(entry["name"]) for entry in
-                                      json.loads(self._run("stack", "ls", "--json", stack=False) or "[]")]
-        return list(self._family["stacks"])
+        with self._family["lock"]:
+            if self._family["stacks"] is None:
+                self._family["stacks"] = [str(entry["name"]) for entry in
+                                          json.loads(self._run("stack", "ls", "--json", stack=False) or "[]")]
+            return list(self._family["stacks"])
 
     def init(self, copy_config_from: str) -> None:
         """`pulumi stack init` this stack with the settings of `copy_config_from` (secrets re-encrypted for it)."""

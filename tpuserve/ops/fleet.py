@@ -17,8 +17,20 @@ would put every replica in each update, under one lock, and one failed create wo
   gated, added to the router and seen answering a completion through it (deploy/router_probe.py; one that does not
   is removed again), the old one removed from the router and drained (until vLLM reports no request running or
   waiting, up to a bound), then destroyed. Without capacity for a successor the old replica keeps
-  serving until its deletion, and the command says so and exits 3.
-- `fleet status` shows each replica (zone, stage, in the router or not, time to deletion) and the router.
+  serving until its deletion, and the command says so and exits 3. Several replicas due in one run are renewed at
+  once (`--parallel` successors placed concurrently, each gated); the router stack takes one update at a time, so
+  one thread updates it, with every change ready by then in one update (class Renewal).
+- `fleet down` destroys the router, then every replica, and removes their stacks.
+- `fleet status` shows each replica (zone, stage, in the router or not, time to deletion, max run), the router, how
+  far apart the deletions are, and who holds the fleet's lease.
+
+One command acts on a fleet at a time: `up`, `renew` and `down` hold the fleet's lease (tpuserve/deploy/lease.py, a
+Cloud Storage object in the fleet's bucket) for their whole run, read the replicas and the router's members only once
+they hold it, and stop at the next safe point if they lose it; a second command waits up to `--lease-wait` or exits
+6 naming the holder. Replicas' max runs are staggered (staggered_run): a new replica's run is shortened so that its
+deletion falls between the others', and N replicas are not deleted, nor renewed, together. Cloud NAT: the router
+stack makes it in the fleet's regions only where no other stack's NAT serves (tpuserve/deploy/nat.py), re-read by
+every command, so the router takes over a region whose NAT went away.
 
 The router learns of a change through its own stack: the new replica set goes into its `routerReplicas`, its
 `pulumi up` rewrites the VM's metadata in place, the agent on the VM reloads the proxy gracefully
@@ -26,14 +38,18 @@ The router learns of a change through its own stack: the new replica set goes in
 router serves the new set. The deletion time comes from the Compute API: `scheduling.terminationTime` when set,
 else `lastStartTimestamp` (or `creationTimestamp`) plus `scheduling.maxRunDuration`.
 
-Exit codes: 0 done; 1 stopped by an error; 2 bad usage; 3 some replica found no capacity before the deadline.
+Exit codes: 0 done; 1 stopped by an error; 2 bad usage (or `down` without --yes, not interactive); 3 some replica
+found no capacity before the deadline; 6 another fleet command holds the lease.
 """
 
 from __future__ import annotations
 
 import json
+import queue
 import re
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack
@@ -45,20 +61,25 @@ from typing import Any
 import click
 import requests
 
+from tpuserve.deploy import nat
+from tpuserve.deploy.cache import BucketSpec, bucket_name, ensure_bucket
 from tpuserve.deploy.capacity import classify
 from tpuserve.deploy.gce import ComputeApiError, ComputeClient, Instance
-from tpuserve.deploy.orphans import Orphan
-from tpuserve.deploy.preflight import Endpoints, configured_zones, endpoint_option, preflight, print_report, \
-    target_from_config
+from tpuserve.deploy.gcs import Buckets
+from tpuserve.deploy.lease import EXIT_LEASE_HELD, POLL_S, Lease, LeaseError, LeaseHeld, LeaseLost, LeaseStore
+from tpuserve.deploy.orphans import Orphan, stack_labels
+from tpuserve.deploy.preflight import Endpoints, Target, configured_zones, endpoint_option, nat_plan, preflight, \
+    print_report, target_from_config
 from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
 from tpuserve.deploy.router_probe import answered_through_router
 from tpuserve.deploy.stack import TunnelError, endpoint_for
 from tpuserve.deploy.sweep import SweepResult, region_of, sweep
 from tpuserve import vllm_metrics
-from tpuserve.facts import FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, V6E_ZONES
+from tpuserve.facts import CACHE_LABEL, FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, V6E_ZONES
 from tpuserve.observe.gate import SERVING, watch_instance
 from tpuserve.observe.status import deletion_at
-from tpuserve.ops.up import EXIT_FAILED, EXIT_NO_CAPACITY, EXIT_OK, Deployer, parse_deadline, progress_line
+from tpuserve.ops.up import EXIT_FAILED, EXIT_NO_CAPACITY, EXIT_OK, EXIT_USAGE, Deployer, parse_deadline, \
+    progress_line
 from tpuserve.serving import ConfigError
 
 REPLICA = re.compile(r"^(?P<fleet>.+)-r(?P<number>[0-9]+)$")
@@ -69,6 +90,11 @@ GATE_TIMEOUT_S = 300.0  # the replica's own `pulumi up` already waited for `serv
 DRAIN_TIMEOUT_S = 600.0
 DRAIN_POLL_S = 5.0
 ROUTER_TIMEOUT_S = 40 * 60.0  # a first router boot pulls the image; later updates take a reload
+PARALLEL = 3  # successors placed at once by one `fleet renew` (each its own stack and `pulumi up`)
+# Flex-start's run limits (https://cloud.google.com/compute/docs/instances/flex-start-vms): 10 minutes to 7 days.
+MIN_RUN_S, MAX_RUN_S = 10 * 60, 7 * 24 * 3600
+RUN_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+RUN_PART = re.compile(r"(\d+)([dhms])")
 DESTROY_TIMEOUT_S = 20 * 60.0
 # vLLM's gauges of requests on the engine (vllm/v1/metrics/loggers.py): a drained replica shows 0 for both.
 GONE = "gone"
@@ -138,6 +164,65 @@ def human(delta: timedelta) -> str:
     return f"{sign}{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{sign}{minutes} min"
 
 
+# --- staggered max runs -------------------------------------------------------------------------------------------
+
+def run_seconds(text: str) -> int | None:
+    """A maxRunDuration setting ('4h', '1d12h', '90m') in seconds; None when it is not one."""
+    text = str(text).strip()
+    if not text or RUN_PART.sub("", text):
+        return None
+    return sum(int(n) * RUN_UNITS[unit] for n, unit in RUN_PART.findall(text)) or None
+
+
+def run_text(seconds: int) -> str:
+    """Seconds as a maxRunDuration setting: 9600 -> '2h40m', 14400 -> '4h'."""
+    parts, left = [], int(seconds)
+    for unit, size in RUN_UNITS.items():
+        if left >= size:
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return "".join(parts) or "0s"
+
+
+def cyclic_gap(a: datetime, b: datetime, period_s: float) -> float:
+    """How far apart two deletions are on a schedule that repeats every `period_s` (a replica's successor is
+    deleted one max run after it started, which is the renewal lead before its predecessor's deletion: every
+    replica's deletion moves by the same amount each generation, so their spacing is what lasts)."""
+    offset = abs((a - b).total_seconds()) % period_s
+    return min(offset, period_s - offset)
+
+
+def staggered_run(start: datetime, others: Sequence[datetime], max_run_s: int, replicas: int, lead_s: float,
+                  step_s: int = 60) -> int:
+    """The max run for a replica starting at `start` so that its deletion falls as far as possible from the other
+    replicas' (`others`), shortened by at most max_run / replicas and never below twice the renewal lead (a shorter
+    run would be renewed at once) nor flex-start's 10 minutes.
+
+    Why: replicas placed together (a `fleet up`, or successors renewed in one run) would all be deleted together and
+    renewed together, asking for N new TPU VMs at once; when capacity is short they would all end at once. Spread
+    `max_run / replicas` apart, one renewal is under way at a time and a stockout costs one replica. Once spread,
+    successors get the full max run again: the spacing keeps (see cyclic_gap)."""
+    target = max_run_s / max(replicas, 1)
+    floor = max(MIN_RUN_S, int(2 * lead_s))
+    longest_cut = int(min(target, max_run_s - floor))
+    if not others or longest_cut <= 0:
+        return max_run_s
+    best, best_score = max_run_s, -1.0
+    for cut in range(0, longest_cut + 1, step_s):
+        deletion = start + timedelta(seconds=max_run_s - cut)
+        score = min(min(cyclic_gap(deletion, other, max_run_s) for other in others), target)
+        if score > best_score + 1e-6:  # ties keep the longer run
+            best, best_score = max_run_s - cut, score
+    return best
+
+
+def spacing(expiries: Sequence[datetime], max_run_s: int) -> float | None:
+    """The smallest gap between any two deletions (cyclic, as staggered_run sees them); None for fewer than two."""
+    if len(expiries) < 2:
+        return None
+    return min(cyclic_gap(a, b, max_run_s) for i, a in enumerate(expiries) for b in expiries[i + 1:])
+
+
 @dataclass
 class Replica:
     """One replica as its stack and the Compute API see it now."""
@@ -146,6 +231,7 @@ class Replica:
     outputs: dict[str, Any]
     stage: str  # serving, a boot stage, failed, gone (the VM was deleted), empty (nothing deployed), unknown
     expiry: datetime | None = None
+    max_run_s: int | None = None  # scheduling.maxRunDuration of its VM
     in_router: bool = False
     detail: str = ""
     load: Load | None = None  # filled by `fleet status` for a serving replica whose /metrics answered
@@ -163,6 +249,7 @@ class Replica:
                 "instance": self.outputs.get("instanceName"), "endpoint": self.outputs.get("endpoint"),
                 "expiry": self.expiry.isoformat() if self.expiry else None,
                 "secondsToExpiry": None if left is None else int(left.total_seconds()),
+                "maxRunSeconds": self.max_run_s,
                 "load": self.load.as_dict() if self.load else None, "detail": self.detail or None}
 
 
@@ -187,6 +274,12 @@ class Fleet:
     drain_poll_s: float = DRAIN_POLL_S
     events: list[dict[str, str]] = field(default_factory=list)
     orphans: list[dict[str, Any]] = field(default_factory=list)
+    # A safe point: raises (LeaseLost) when the command no longer holds the fleet's lease. Called before every
+    # change (a replica's `pulumi up`, a router update, a destroy), so a command that lost the lease stops there.
+    guard: Callable[[], None] = lambda: None
+    router_settings: dict[str, str] = field(default_factory=dict)  # cloudNatSkipRegions, for every router update
+    max_run_s: int = 4 * 3600  # the stack's maxRunDuration (open_fleet reads it)
+    lead_s: float = 45 * 60.0  # how long before a deletion a replica is renewed
 
     def event(self, what: str, replica: str, detail: str = "") -> None:
         self.events.append({"event": what, "replica": replica, **({"detail": detail} if detail else {})})
@@ -235,6 +328,8 @@ class Fleet:
             replica.stage, replica.detail = "unknown", f"Compute API unreachable ({type(err).__name__})"
             return replica
         replica.expiry = instance_expiry(resource)
+        limit = (resource.get("scheduling") or {}).get("maxRunDuration") or {}
+        replica.max_run_s = int(limit["seconds"]) if limit.get("seconds") else None
         if resource.get("status") != "RUNNING":
             replica.stage = str(resource.get("status", "unknown")).lower()
             return replica
@@ -276,18 +371,26 @@ class Fleet:
         held = {zone: sum(r.zone == zone and r.stage not in (GONE, "empty") for r in replicas) for zone in zones}
         return sorted(zones, key=lambda zone: held[zone])
 
-    def place(self, name: str, zones: Sequence[str], deadline_s: float, retry_until_up: bool = False) -> SweepResult:
-        """Create replica stack `name` from the fleet's settings and sweep `zones` for it, as `tpuserve up` does."""
+    def place(self, name: str, zones: Sequence[str], deadline_s: float, retry_until_up: bool = False,
+              settings: Mapping[str, str] | None = None) -> SweepResult:
+        """Create replica stack `name` from the fleet's settings (and `settings`) and sweep `zones` for it, as
+        `tpuserve up` does."""
         cli = self.cli(name)
+        self.guard()
         if name not in self.stacks():
             cli.init(self.name)
-        # The router stack owns Cloud NAT for every region the fleet uses: one all-subnetworks NAT per network and
-        # region is all GCP allows, so replicas sharing a region cannot each make theirs.
+        # The router stack gives Cloud NAT to every region the fleet uses where no other stack's NAT serves (one
+        # all-subnetworks NAT per network and region is all GCP allows): replicas sharing a region make none.
         deployer = Deployer(cli, name, self.project, self.extra, self.compute, self.confirm, self.say,
-                            settings={"createCloudNat": "false", "fleet": self.name})
+                            settings={"createCloudNat": "false", "fleet": self.name, **(settings or {})})
         number = iter(range(1, 10_000))
         self.say(f"{name}: trying {', '.join(zones)}")
-        result = sweep(zones, deployer.attempt, deadline_s, retry_until_up=retry_until_up,
+
+        def attempt(zone: str, seconds_left: float) -> Any:
+            self.guard()
+            return deployer.attempt(zone, seconds_left)
+
+        result = sweep(zones, attempt, deadline_s, retry_until_up=retry_until_up,
                        on_attempt=lambda attempt: self.say(f"{name} {progress_line(next(number), attempt)}"),
                        on_wait=lambda seconds, next_round: self.say(f"{name}: every zone failed; sweep {next_round} "
                                                                     f"in {seconds:.0f} s"))
@@ -317,11 +420,13 @@ class Fleet:
             if not endpoint:
                 raise FleetError(f"{member} has no endpoint output; it cannot join the router")
             entries.append(f"{member}={endpoint}")
+        self.guard()
         if router not in self.stacks():
             cli.init(self.name)
         self.say(f"{router}: routing to {', '.join(members) or 'no replica'}")
         # `target` with every update: a router stack whose first update never started still has dev's target (gcp).
-        run = cli.up(self.extra, ROUTER_TIMEOUT_S, {"target": "router", "routerReplicas": json.dumps(entries)})
+        run = cli.up(self.extra, ROUTER_TIMEOUT_S, {"target": "router", "routerReplicas": json.dumps(entries),
+                                                    **self.router_settings})
         if not run.ok:
             config = cli.config()
             zone = str(config.get("routerZone") or config.get("zone") or "")
@@ -355,6 +460,7 @@ class Fleet:
     def retire(self, name: str) -> bool:
         """`pulumi destroy` the replica's stack, then remove the stack; False (with a line) if the destroy failed."""
         cli = self.cli(name)
+        self.guard()
         run = cli.destroy(DESTROY_TIMEOUT_S)
         if not run.ok:
             self.say(f"warning: pulumi destroy -s {name} failed (exit {run.returncode}): run it again by hand")
@@ -368,11 +474,29 @@ class Fleet:
     # --- what the commands do -------------------------------------------------------------------------------------
 
     def add(self, zones: Sequence[str], deadline_s: float, replicas: list[Replica],
-            retry_until_up: bool = False) -> tuple[Replica | None, SweepResult, str]:
-        """Place one new replica and gate it (not yet routed). On failure its stack is destroyed and removed, except
-        for a VM that boots but never serves, which stays for `tpuserve diagnose`."""
-        name = self.next_name([r.name for r in replicas])
-        result = self.place(name, self.candidates(zones, replicas), deadline_s, retry_until_up)
+            retry_until_up: bool = False, settings: Mapping[str, str] | None = None,
+            ) -> tuple[Replica | None, SweepResult, str]:
+        """Place one new replica, spread over the zones holding the fewest, and gate it (not yet routed)."""
+        replica, result, note = self.grow(self.next_name([r.name for r in replicas]), self.candidates(zones, replicas),
+                                          deadline_s, settings, retry_until_up)
+        if replica is not None:
+            replicas.append(replica)
+        return replica, result, note
+
+    def run_for(self, others: Sequence[datetime], replicas: int) -> dict[str, str]:
+        """A new replica's maxRunDuration, staggered against the other replicas' deletions (staggered_run); nothing
+        when the stack's own is best."""
+        seconds = staggered_run(self.now(), others, self.max_run_s, replicas, self.lead_s)
+        return {} if seconds >= self.max_run_s else {"maxRunDuration": run_text(seconds)}
+
+    def grow(self, name: str, zones: Sequence[str], deadline_s: float, settings: Mapping[str, str] | None = None,
+             retry_until_up: bool = False) -> tuple[Replica | None, SweepResult, str]:
+        """Place replica `name` in the first of `zones` with room and gate it (not yet routed). On failure its stack
+        is destroyed and removed, except for a VM that boots but never serves, which stays for `tpuserve diagnose`."""
+        if settings and settings.get("maxRunDuration"):
+            self.say(f"{name}: max run {settings['maxRunDuration']} (not {run_text(self.max_run_s)}), so that its "
+                     "deletion falls between the other replicas'")
+        result = self.place(name, zones, deadline_s, retry_until_up, settings)
         if not result.ok:
             if result.stopped is not None and result.stopped.kind == "not-ready":
                 return None, result, f"{name} was created but never served: tpuserve diagnose --stack {name}"
@@ -385,9 +509,11 @@ class Fleet:
             self.retire(name)
             return None, result, f"{name} did not pass its readiness gate: {reason}"
         self.event("gated", name)
-        replica = self.look(name)
-        replicas.append(replica)
-        return replica, result, ""
+        return self.look(name), result, ""
+
+    def answered(self, name: str) -> tuple[bool, str]:
+        """Whether replica `name`, in the router, answered a completion through it, and what was found."""
+        return answered_through_router(self.compute, self.router_outputs(), name, self.project)
 
     def remove(self, old: Replica, members: list[str]) -> None:
         """Take `old` out of the router, drain it, destroy its stack."""
@@ -397,6 +523,195 @@ class Fleet:
         self.event("drained", old.name, self.drain(old))
         if self.retire(old.name):
             self.event("destroyed", old.name)
+
+# --- renewal ------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Pair:
+    """A replica being renewed and its successor."""
+
+    old: Replica
+    name: str  # the successor's stack
+    zones: list[str]
+    settings: dict[str, str]  # its maxRunDuration, when staggered
+    successor: Replica | None = None
+    result: SweepResult = field(default_factory=SweepResult)
+    note: str = ""
+    error: LeaseLost | None = None  # the lease was lost during its placement: the run stops
+
+    def left_text(self, now: datetime) -> str:
+        return f"deleted at {self.old.expiry:%H:%M} UTC, in {human(self.old.expiry - now)}" if self.old.expiry \
+            else "already deleted"
+
+
+@dataclass
+class Renewal:
+    """One `fleet renew` run over the replicas due. Successors are placed and gated concurrently, at most `parallel`
+    at a time (each is its own stack: its sweep, `pulumi up` and gate hold no lock another needs). The router stack
+    takes one update at a time, so this thread alone updates it, and every change ready by then goes into that one
+    update: successors that passed their gate join, and the replicas whose successors joined in an earlier update
+    leave (a successor always serves in the router before its predecessor leaves). Replicas flex-start already
+    deleted leave in the first update. Old replicas are drained and destroyed concurrently once out of the router."""
+
+    fleet: Fleet
+    members: list[str]
+    current: list[Replica]
+    zones: list[str]
+    deadline_s: float
+    started: float
+    parallel: int = PARALLEL
+    renewed: list[dict[str, Any]] = field(default_factory=list)
+    kept: list[dict[str, Any]] = field(default_factory=list)
+    code: int = EXIT_OK
+    results: queue.Queue[Pair] = field(default_factory=queue.Queue)  # placements, as they end
+    halted: threading.Event = field(default_factory=threading.Event)  # an error: no placement goes on
+    lease_check: Callable[[], None] = lambda: None
+    _local: threading.local = field(default_factory=threading.local)
+
+    def plan(self, due: Sequence[Replica], adopted: Sequence[Replica]) -> list[Pair]:
+        """A successor per due replica: its stack name, its zones (those holding the fewest replicas first, counting
+        the successors planned before it in their first zone) and its max run (staggered against every deletion
+        that will remain). Serving replicas the router does not hold (a successor a stopped run left) are adopted as
+        successors of the earliest due ones instead of placing new ones."""
+        pairs, taken, planned = [], [r.name for r in self.current], list(self.current)
+        remaining = [r.expiry for r in self.current if r.expiry and r not in due and r not in adopted]
+        ready = list(adopted)
+        for old in due:
+            if ready:
+                successor = ready.pop(0)
+                pairs.append(Pair(old, successor.name, [], {}, successor=successor))
+                remaining += [successor.expiry] if successor.expiry else []
+                continue
+            name = self.fleet.next_name(taken)
+            taken.append(name)
+            zones = self.fleet.candidates(self.zones, planned)
+            planned.append(Replica(name, {"zone": zones[0]} if zones else {}, "planned"))
+            settings = self.fleet.run_for(remaining, len(self.members))
+            remaining.append(self.fleet.now() + timedelta(seconds=run_seconds(settings.get("maxRunDuration", "")) or
+                                                                 self.fleet.max_run_s))
+            pairs.append(Pair(old, name, zones, settings))
+        return pairs
+
+    def place(self, pair: Pair) -> None:
+        """In a worker thread: the successor's sweep and gate; the pair goes to `results` however it ends."""
+        self._local.placing = True
+        try:
+            left = self.deadline_s - (time.monotonic() - self.started)
+            if self.halted.is_set():
+                pair.note = "not tried: the run stopped on an error"
+            elif left <= 0:
+                pair.result = SweepResult(deadline_hit=True)
+            else:
+                pair.successor, pair.result, pair.note = self.fleet.grow(pair.name, pair.zones, left, pair.settings)
+        except LeaseLost as err:
+            pair.error = err
+        except (FleetError, PulumiError, ComputeApiError, requests.RequestException) as err:
+            pair.note = f"error: {err}"
+        finally:
+            self.results.put(pair)
+
+    def guard(self) -> None:
+        """The fleet's safe point during the run: the lease's check, and in a placement of a run that stopped on an
+        error, an end to its sweep before the next zone."""
+        self.lease_check()
+        if getattr(self._local, "placing", False) and self.halted.is_set():
+            raise FleetError("the run stopped on an error")
+
+    def retire(self, old: Replica) -> None:
+        """In a worker thread: drain the replica (out of the router already), then destroy its stack."""
+        self.fleet.event("drained", old.name, self.fleet.drain(old))
+        if self.fleet.retire(old.name):
+            self.fleet.event("destroyed", old.name)
+
+    def failed(self, pair: Pair, now: datetime) -> None:
+        """No successor: the old replica serves on (or, gone, has left the router); an error stops the run."""
+        line = pair.note or verdict_line(pair.result)
+        if not pair.note.startswith("not tried"):
+            capacity = no_capacity(pair.result) and not pair.note
+            self.code = EXIT_FAILED if self.code == EXIT_FAILED or not capacity else EXIT_NO_CAPACITY
+            if not capacity:  # an error the other successors would meet the same way
+                self.halted.set()
+        if pair.old.stage == GONE:
+            self.fleet.say(f"{pair.old.name} is gone and no successor could be placed ({line}); it leaves the router")
+        else:
+            self.fleet.say(f"{pair.old.name} keeps serving until its deletion ({pair.left_text(now)}): no successor "
+                           f"({line})")
+        self.kept.append({"replica": pair.old.name, "expiry": pair.old.expiry.isoformat() if pair.old.expiry else None,
+                          "reason": line, "attempts": [a.as_dict() for a in pair.result.attempts]})
+
+    def run(self, pairs: list[Pair]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        now = self.fleet.now()
+        for pair in pairs:
+            self.fleet.say(f"{pair.old.name} ({pair.old.zone}) is {pair.left_text(now)}: renewing it"
+                           + (f" with {pair.name}, which serves outside the router" if pair.successor else ""))
+        leaving = [p.old for p in pairs if p.old.stage == GONE]  # nothing to drain: out in the first update
+        joining = [p for p in pairs if p.successor is not None]  # adopted: ready now
+        routed: list[Pair] = []  # in the router since the last update: their predecessors leave in the next
+        waiting = len(pairs) - len(joining)  # placements whose pair is not back in `results`
+        self.lease_check, self.fleet.guard = self.fleet.guard, self.guard
+        with ThreadPoolExecutor(max(1, self.parallel), thread_name_prefix="place") as placing, \
+                ThreadPoolExecutor(max(1, self.parallel), thread_name_prefix="retire") as retiring:
+            for pair in pairs:
+                if pair.successor is None:
+                    placing.submit(self.place, pair)
+            retires = []
+            try:
+                while waiting or joining or routed or leaving:
+                    # Wait for a placement only when no router change is ready; then take every one that ended.
+                    ended = [self.results.get()] if waiting and not (joining or routed or leaving) else []
+                    while not self.results.empty():
+                        ended.append(self.results.get_nowait())
+                    for pair in ended:
+                        waiting -= 1
+                        if pair.error is not None:
+                            raise pair.error
+                        if pair.successor is not None:
+                            joining.append(pair)
+                        else:
+                            self.failed(pair, now)
+                    if joining or routed or leaving:
+                        retires += self.update(joining, routed, leaving, retiring)
+                        # A successor the router could not reach leaves in the next update; its predecessor stays.
+                        routed = [p for p in joining if self.answered(p, now)]
+                        leaving = [p.successor for p in joining if p not in routed and p.successor is not None]
+                        joining = []
+            except BaseException:
+                self.halted.set()  # running placements end before their next zone
+                raise
+            finally:
+                self.fleet.guard = self.lease_check
+            for future in retires:
+                future.result()
+
+    def answered(self, pair: Pair, now: datetime) -> bool:
+        """The successor, in the router now, answered a real completion through it (deploy/router_probe.py): only
+        then may its predecessor leave. One that did not is kept (and the run's exit is 1)."""
+        answered, why = self.fleet.answered(pair.name)
+        if answered:
+            self.fleet.event("answered", pair.name, why)
+            return True
+        self.fleet.say(f"{pair.name} did not answer through the router ({why}); it is removed again and "
+                       f"{pair.old.name} keeps serving")
+        self.code = EXIT_FAILED
+        self.kept.append({"replica": pair.old.name, "expiry": pair.old.expiry.isoformat() if pair.old.expiry else None,
+                          "reason": f"{pair.name} did not answer through the router: {why}", "attempts": []})
+        return False
+
+    def update(self, joining: list[Pair], routed: list[Pair], leaving: list[Replica], retiring: Any) -> list[Any]:
+        """One router update: `joining` successors in, the predecessors of `routed` ones and `leaving` out; then
+        those start draining."""
+        out = [p.old.name for p in routed] + [r.name for r in leaving]
+        kept = [m for m in self.members if m not in out] + [p.name for p in joining if p.name not in self.members]
+        self.members[:] = sorted(kept, key=lambda m: replica_number(self.fleet.name, m) or 0)  # a stable config
+        self.fleet.route(self.members)
+        for pair in joining:
+            self.fleet.event("added", pair.name)
+        for pair in routed:
+            self.renewed.append({"replica": pair.old.name, "successor": pair.name,
+                                 "zone": pair.successor.zone if pair.successor else None})
+        return [retiring.submit(self.retire, old) for old in [p.old for p in routed] + leaving]
 
 
 def no_capacity(result: SweepResult) -> bool:
@@ -424,6 +739,8 @@ class Session:
     session: Any
     roots: Endpoints
     exits: ExitStack
+    lease: Lease | None = None
+    nat: nat.NatPlan | None = None  # what serves Cloud NAT in the fleet's regions, read under the lease
 
 
 def open_fleet(stack: str, cwd: Path, endpoints: tuple[str, ...], yes: bool, extra: Sequence[str]) -> Session:
@@ -456,25 +773,134 @@ def open_fleet(stack: str, cwd: Path, endpoints: tuple[str, ...], yes: bool, ext
         session = exits.enter_context(adc_session())
     except MissingCredentials as err:
         raise click.ClickException(str(err)) from err
-    interactive = sys.stdin.isatty()
+    interactive, asking = sys.stdin.isatty(), threading.Lock()  # renewals place successors from several threads
 
     def confirm(found: list[Orphan]) -> bool:
         if yes:
             return True
-        return interactive and click.confirm(f"Delete these {len(found)} orphaned resource(s)?", default=True,
-                                             err=True)
+        with asking:
+            return interactive and click.confirm(f"Delete these {len(found)} orphaned resource(s)?", default=True,
+                                                 err=True)
 
     fleet = Fleet(stack, pulumi, ComputeClient(session, roots.compute), str(config["project"]), extra, say, confirm)
+    fleet.max_run_s = run_seconds(str(config.get("maxRunDuration") or "4h")) or fleet.max_run_s
     return Session(fleet, config, console, session, roots, exits)
 
 
+# --- the lease ------------------------------------------------------------------------------------------------------
+
+def base_name(stack: str) -> str:
+    """`tpu-serve-<stack>`, as components/deployment.py base_name names a stack's resources (the toolkit cannot import
+    the Pulumi components)."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", stack.lower()).strip("-") or "stack"
+    return f"tpu-serve-{slug}"[:40].rstrip("-")
+
+
+def fleet_bucket(s: Session) -> str:
+    """The fleet's bucket, made if missing: the name the fleet's template stack would give its compile-cache bucket
+    (private, uniform access, in the stack's region, labelled like a stack's cache bucket). It holds the lease."""
+    stack, config = s.fleet.name, s.config
+    name = bucket_name(s.fleet.project, base_name(stack))
+    labels = {**stack_labels(stack), **dict(config.get("labels") or {}), CACHE_LABEL: stack_labels(stack)["stack"]}
+    region = str(config.get("region") or region_of(str(config.get("zone") or V6E_ZONES[0])))
+    buckets = Buckets(s.session, s.roots.storage)
+    try:
+        ensure_bucket(buckets, BucketSpec(s.fleet.project, name, region, labels))
+    except ComputeApiError as err:
+        if buckets.get(name) is None:  # not a race with another command making it: a real refusal
+            raise FleetError(f"could not make the fleet's bucket gs://{name}: {err}") from err
+    return name
+
+
+def lease_store(s: Session, bucket: str) -> LeaseStore:
+    return LeaseStore(s.session, bucket, base_url=s.roots.storage)
+
+
+def terminate(signum: int, frame: Any) -> None:
+    """SIGTERM (a cancelled CI job) ends the command as Ctrl-C does: its exit stack releases the lease."""
+    raise KeyboardInterrupt
+
+
+def hold(s: Session, command: str, wait_s: float, poll_s: float, as_json: bool) -> None:
+    """Take the fleet's lease for `command` before anything is read, or end the command saying who holds it (exit 6).
+    Released when the command ends, whichever way (its exit stack; SIGTERM too)."""
+    fleet_ = s.fleet
+    try:
+        store = lease_store(s, fleet_bucket(s))
+        lease = Lease(store, fleet_.name, command, say=fleet_.say, now=fleet_.now, sleep=fleet_.sleep)
+        lease.acquire(wait_s, poll_s)
+    except LeaseHeld as held:
+        fleet_.say(str(held))
+        finish(s, as_json, EXIT_LEASE_HELD, {"reason": "lease held", "lease": held.holder.as_dict()})
+    except (FleetError, LeaseError, requests.RequestException) as err:
+        fleet_.say(f"error: could not take the fleet's lease: {err}")
+        finish(s, as_json, EXIT_FAILED, {"reason": f"lease: {err}"})
+    s.exits.callback(lease.release)
+    if threading.current_thread() is threading.main_thread():
+        s.exits.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, terminate))
+    s.lease, fleet_.guard = lease, lease.check
+
+
+def lease_line(s: Session) -> dict[str, Any] | None:
+    """Who holds the fleet's lease now (for `fleet status`), without making the bucket."""
+    try:
+        found = lease_store(s, bucket_name(s.fleet.project, base_name(s.fleet.name))).read()
+    except (LeaseError, requests.RequestException):
+        return None
+    return None if found is None else {"line": found[0].line(s.fleet.name, s.fleet.now()), **found[0].as_dict()}
+
+
+# --- Cloud NAT ------------------------------------------------------------------------------------------------------
+
+def fleet_nat_regions(config: Mapping[str, Any]) -> list[str]:
+    return nat.fleet_nat_regions(str(config.get("routerZone") or ""), str(config.get("zone") or V6E_ZONES[0]),
+                                 [str(zone) for zone in config.get("zones") or V6E_ZONES])
+
+
+def plan_nat(s: Session) -> bool:
+    """Read which NAT serves each region of the fleet (under the lease) and set the router stack's
+    cloudNatSkipRegions from it: the router makes NAT only where no other stack's serves. True when that differs
+    from what the router stack has now (another stack's NAT went away, or came), so an update is due."""
+    fleet_, config = s.fleet, s.config
+    router = router_name(fleet_.name)
+    if str(config.get("createCloudNat", True)).lower() == "false":
+        return False  # the VPC's own NAT serves the regions
+    try:
+        deployed = router in fleet_.stacks()
+        own = nat.own_nats(fleet_.cli(router).export()) if deployed else set()
+        target = Target(fleet_.project, (), stack=router, network=str(config.get("network") or "default"),
+                        subnetwork=str(config.get("subnetwork") or ""), nat_regions=tuple(fleet_nat_regions(config)),
+                        own_nats=frozenset(own))
+        s.nat = nat_plan(s.session, s.roots, target)
+    except (PulumiError, ComputeApiError, requests.RequestException, ValueError) as err:
+        fleet_.say(f"warning: could not tell which Cloud NAT serves the fleet's regions ({err}); the router stack's "
+                   "NAT stays as it is")
+        return False
+    for line in s.nat.lines():
+        fleet_.say(line)
+    fleet_.router_settings = s.nat.settings()
+    if not deployed:
+        return False
+    current = fleet_.cli(router).config().get(nat.SKIP_KEY) or []
+    return sorted(current) != s.nat.skip_regions()
+
+
+def read_fleet(s: Session) -> tuple[bool, list[Replica], list[str]]:
+    """What a command reads once it holds the lease (never before: nobody else changes the fleet now): which NAT
+    serves the fleet's regions (True when the router stack must follow a change), the replicas, the router's
+    members."""
+    nat_changed = plan_nat(s)
+    current = s.fleet.look_all()
+    return nat_changed, current, [r.name for r in current if r.in_router]
+
+
 def check_zones(config: Mapping[str, Any], zones: str | None, stack: str) -> None:
-    """--zones may only name zones of regions where the router stack makes Cloud NAT (components/router.py
-    nat_regions: the router's zone, the stack's `zone` and `zones`): a replica elsewhere could not pull its image."""
+    """--zones may only name zones of regions where the fleet has Cloud NAT (components/router.py nat_regions: the
+    router's zone, the stack's `zone` and `zones`, from the router stack or another stack's NAT there): a replica
+    elsewhere could not pull its image."""
     if str(config.get("createCloudNat", True)).lower() == "false":
         return  # the VPC's own NAT serves the regions
-    covered = {region_of(str(zone)) for zone in (config.get("routerZone"), config.get("zone"),
-                                                 *(config.get("zones") or V6E_ZONES)) if zone}
+    covered = set(fleet_nat_regions(config))
     outside = [zone for zone in configured_zones(config, {}, zones) if region_of(zone) not in covered]
     if outside:
         raise click.UsageError(f"--zones: {', '.join(outside)} {'is' if len(outside) == 1 else 'are'} outside the "
@@ -490,7 +916,12 @@ def usable_zones(s: Session, zones: str | None, skip_preflight: bool) -> list[st
         return candidates
     report = preflight(s.session, target_from_config(s.config, candidates), s.roots)
     print_report(s.console, report)
-    return None if report.failed else report.usable_zones
+    if report.failed:
+        return None
+    blocked = {r.region for r in s.nat.regions if r.blocked} if s.nat else set()
+    for zone in [z for z in report.usable_zones if region_of(z) in blocked]:
+        s.fleet.say(f"{zone} skipped: {s.nat.region(region_of(zone)).describe(router_name(s.fleet.name))}")
+    return [zone for zone in report.usable_zones if region_of(zone) not in blocked]
 
 
 def finish(s: Session, as_json: bool, code: int, summary: dict[str, Any]) -> None:
@@ -519,6 +950,24 @@ def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def parse_wait(text: str) -> float:
+    """--lease-wait: 0 (do not wait) or a duration (30m, 1h)."""
+    return 0.0 if text.strip() in ("0", "0s", "0m") else parse_deadline(text)
+
+
+def lease_options(default_wait: str, why: str) -> Callable[..., Any]:
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for decorator in reversed((
+                click.option("--lease-wait", "lease_wait_text", default=default_wait, show_default=True,
+                             help=f"How long to wait while another fleet command holds the fleet's lease (0: exit 6 "
+                             f"at once, naming the holder). {why}"),
+                click.option("--lease-poll", "lease_poll_s", type=click.FloatRange(min=0.01), default=POLL_S,
+                             hidden=True, help="Seconds between looks at a held lease (tests)."))):
+            command = decorator(command)
+        return command
+    return decorate
+
+
 def change_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for decorator in reversed((
             click.option("--zones", help="Comma-separated zones new replicas try [default: the stack's `zone`, then "
@@ -535,7 +984,8 @@ def change_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def fleet() -> None:
-    """Replicas across zones behind a LiteLLM router, renewed before flex-start deletes them: up, status, renew."""
+    """Replicas across zones behind a LiteLLM router, renewed before flex-start deletes them: up, status, renew,
+    down."""
 
 
 @fleet.command("up")
@@ -546,72 +996,76 @@ def fleet() -> None:
 @click.option("--retry-until-up", is_flag=True, help="When every zone fails for a replica, sweep again (30 s, "
               "doubling) until the deadline.")
 @change_options
+@lease_options("1h", "A renewal from the schedule takes up to its deadline plus a drain.")
 def fleet_up(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...], replicas: int, deadline_text: str,
              retry_until_up: bool, zones: str | None, yes: bool, skip_preflight: bool, drain_timeout_s: float,
-             pulumi_args: tuple[str, ...]) -> None:
+             pulumi_args: tuple[str, ...], lease_wait_text: str, lease_poll_s: float) -> None:
     """Serve N replicas behind the router: place the missing ones zone by zone, gate them, route to them."""
     deadline_s, started = parse_deadline(deadline_text), time.monotonic()
+    wait_s = parse_wait(lease_wait_text)
     s = open_fleet(stack, cwd, endpoints, yes, pulumi_args)
     check_router_settings(s.config, stack)
     check_zones(s.config, zones, stack)
     fleet_, placed, failures = s.fleet, [], []
     fleet_.drain_timeout_s = drain_timeout_s
     code = EXIT_OK
-    try:
-        current = fleet_.look_all()
-        members = [r.name for r in current if r.in_router]
-        # Replicas flex-start deleted leave the router, then their stacks go (nothing left to drain).
-        for replica in [r for r in current if r.stage in (GONE, "empty")]:
-            fleet_.remove(replica, members)
-            current.remove(replica)
-        serving = [r for r in current if r.stage == SERVING]
-        for extra in sorted(serving, key=lambda r: r.expiry or datetime.max.replace(tzinfo=timezone.utc))[
-                :max(0, len(serving) - replicas)]:
-            fleet_.say(f"{extra.name}: more replicas than asked for; retiring the one that expires first")
-            fleet_.remove(extra, members)
-            serving.remove(extra)
-            current.remove(extra)
-        unrouted = [r.name for r in serving if r.name not in members]
-        if unrouted or router_name(stack) not in fleet_.stacks():
-            members += unrouted  # the router first: a bad router setting shows before a TPU is paid for
-            fleet_.route(members)
-        missing = replicas - len(serving)
-        zone_list = usable_zones(s, zones, skip_preflight) if missing > 0 else []
-        if zone_list is None:
-            finish(s, as_json, EXIT_FAILED, {"reason": "preflight failed", "events": fleet_.events})
-        for _ in range(max(0, missing)):
-            left = deadline_s - (time.monotonic() - started)
-            if left <= 0:
-                failures.append({"replica": None, "reason": "deadline reached"})
-                code = EXIT_NO_CAPACITY
-                break
-            replica, result, note = fleet_.add(zone_list, left, current, retry_until_up)
-            attempts = [attempt.as_dict() for attempt in result.attempts]
-            if replica is None:
-                line = note or verdict_line(result)
-                failures.append({"reason": line, "attempts": attempts})
-                if no_capacity(result):
-                    fleet_.say(f"a replica found no place: {line}")
+    with s.exits:
+        hold(s, "fleet up", wait_s, lease_poll_s, as_json)
+        try:
+            nat_changed, current, members = read_fleet(s)
+            # Replicas flex-start deleted leave the router, then their stacks go (nothing left to drain).
+            for replica in [r for r in current if r.stage in (GONE, "empty")]:
+                fleet_.remove(replica, members)
+                current.remove(replica)
+            serving = [r for r in current if r.stage == SERVING]
+            for extra in sorted(serving, key=lambda r: r.expiry or datetime.max.replace(tzinfo=timezone.utc))[
+                    :max(0, len(serving) - replicas)]:
+                fleet_.say(f"{extra.name}: more replicas than asked for; retiring the one that expires first")
+                fleet_.remove(extra, members)
+                serving.remove(extra)
+                current.remove(extra)
+            unrouted = [r.name for r in serving if r.name not in members]
+            if unrouted or nat_changed or router_name(stack) not in fleet_.stacks():
+                members += unrouted  # the router first: a bad router setting shows before a TPU is paid for
+                fleet_.route(members)
+            missing = replicas - len(serving)
+            zone_list = usable_zones(s, zones, skip_preflight) if missing > 0 else []
+            if zone_list is None:
+                finish(s, as_json, EXIT_FAILED, {"reason": "preflight failed", "events": fleet_.events})
+            for _ in range(max(0, missing)):
+                left = deadline_s - (time.monotonic() - started)
+                if left <= 0:
+                    failures.append({"replica": None, "reason": "deadline reached"})
                     code = EXIT_NO_CAPACITY
-                    continue
-                fleet_.say(f"stopped: {line}")
-                code = EXIT_FAILED
-                break  # an error (or a VM that never serves) another replica would meet the same way
-            members.append(replica.name)
-            fleet_.route(members)
-            replica.in_router = True
-            fleet_.event("added", replica.name)
-            placed.append({"replica": replica.name, "zone": replica.zone, "attempts": attempts})
-    except FleetError as err:
-        fleet_.say(f"error: {err}")
-        code = EXIT_FAILED
-    serving_now = [r for r in fleet_.look_all() if r.stage == SERVING and r.in_router]
-    fleet_.say(f"{len(serving_now)} of {replicas} replica(s) serve behind {router_name(stack)}"
-               + (f" ({', '.join(f'{r.name} in {r.zone}' for r in serving_now)})" if serving_now else ""))
-    if code == EXIT_NO_CAPACITY:
-        fleet_.say("the others found no capacity: run fleet up again later, add zones, or --retry-until-up")
-    finish(s, as_json, code, {"serving": [r.name for r in serving_now], "placed": placed, "failures": failures,
-                              "events": fleet_.events, "orphans": fleet_.orphans})
+                    break
+                settings = fleet_.run_for([r.expiry for r in current if r.expiry], replicas)
+                replica, result, note = fleet_.add(zone_list, left, current, retry_until_up, settings)
+                attempts = [attempt.as_dict() for attempt in result.attempts]
+                if replica is None:
+                    line = note or verdict_line(result)
+                    failures.append({"reason": line, "attempts": attempts})
+                    if no_capacity(result):
+                        fleet_.say(f"a replica found no place: {line}")
+                        code = EXIT_NO_CAPACITY
+                        continue
+                    fleet_.say(f"stopped: {line}")
+                    code = EXIT_FAILED
+                    break  # an error (or a VM that never serves) another replica would meet the same way
+                members.append(replica.name)
+                fleet_.route(members)
+                replica.in_router = True
+                fleet_.event("added", replica.name)
+                placed.append({"replica": replica.name, "zone": replica.zone, "attempts": attempts})
+        except (FleetError, LeaseLost, PulumiError) as err:
+            fleet_.say(f"error: {err}")
+            code = EXIT_FAILED
+        serving_now = [r for r in fleet_.look_all() if r.stage == SERVING and r.in_router]
+        fleet_.say(f"{len(serving_now)} of {replicas} replica(s) serve behind {router_name(stack)}"
+                   + (f" ({', '.join(f'{r.name} in {r.zone}' for r in serving_now)})" if serving_now else ""))
+        if code == EXIT_NO_CAPACITY:
+            fleet_.say("the others found no capacity: run fleet up again later, add zones, or --retry-until-up")
+        finish(s, as_json, code, {"serving": [r.name for r in serving_now], "placed": placed, "failures": failures,
+                                  "events": fleet_.events, "orphans": fleet_.orphans})
 
 
 @fleet.command("renew")
@@ -620,86 +1074,125 @@ def fleet_up(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...], r
               help="Replace a replica whose flex-start deletion is less than this far away.")
 @click.option("--deadline", "deadline_text", default=RENEW_DEADLINE, show_default=True,
               help="Give up looking for capacity for successors after this long.")
+@click.option("--parallel", type=click.IntRange(min=1, max=16), default=PARALLEL, show_default=True,
+              help="Successors placed at once when several replicas are due.")
 @change_options
+@lease_options("0", "The schedule's renewal exits at once when a manual fleet command runs.")
 def fleet_renew(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...], lead_text: str,
-                deadline_text: str, zones: str | None, yes: bool, skip_preflight: bool, drain_timeout_s: float,
-                pulumi_args: tuple[str, ...]) -> None:
-    """Replace every replica whose flex-start deletion is near: successor placed, gated, added; old one drained,
-    destroyed. Without capacity the old replica serves until its deletion (exit 3)."""
+                deadline_text: str, parallel: int, zones: str | None, yes: bool, skip_preflight: bool,
+                drain_timeout_s: float, pulumi_args: tuple[str, ...], lease_wait_text: str,
+                lease_poll_s: float) -> None:
+    """Replace every replica whose flex-start deletion is near: successors placed and gated (several at once),
+    added; the old ones drained, destroyed. Without capacity an old replica serves until its deletion (exit 3)."""
     lead = timedelta(seconds=parse_deadline(lead_text))
     deadline_s, started = parse_deadline(deadline_text), time.monotonic()
+    wait_s = parse_wait(lease_wait_text)
     s = open_fleet(stack, cwd, endpoints, yes, pulumi_args)
     check_zones(s.config, zones, stack)
     fleet_ = s.fleet
-    fleet_.drain_timeout_s = drain_timeout_s
-    code, renewed, kept = EXIT_OK, [], []
-    try:
-        current = fleet_.look_all()
-        members = [r.name for r in current if r.in_router]
-        now = fleet_.now()
-        due = sorted([r for r in current if r.in_router and (r.stage == GONE or (
-            r.expiry is not None and r.expiry - now < lead))],
-                     key=lambda r: r.expiry or now)
-        if not current:
-            fleet_.say(f"stack {stack} has no fleet (no {replica_name(stack, 1)}...): nothing to renew")
-        elif not due:
-            soonest = min((r for r in current if r.expiry), key=lambda r: r.expiry, default=None)
-            fleet_.say("nothing to renew" + (f": the next deletion is {soonest.name}'s at {soonest.expiry:%H:%M} UTC "
-                                             f"(in {human(soonest.expiry - now)}; renewed from {lead_text} before)"
-                                             if soonest and soonest.expiry else ""))
-        zone_list = usable_zones(s, zones, skip_preflight) if due else []
-        if zone_list is None:
-            finish(s, as_json, EXIT_FAILED, {"reason": "preflight failed", "events": fleet_.events})
-        for old in due:
-            left_text = f"deleted at {old.expiry:%H:%M} UTC, in {human(old.expiry - now)}" if old.expiry \
-                else "already deleted"
-            fleet_.say(f"{old.name} ({old.zone}) is {left_text}: renewing it")
-            left = deadline_s - (time.monotonic() - started)
-            successor, result, note = (None, SweepResult(deadline_hit=True), "") if left <= 0 else \
-                fleet_.add(zone_list, left, current)
-            if successor is None:
-                line = note or verdict_line(result)
-                code = EXIT_NO_CAPACITY if no_capacity(result) else EXIT_FAILED
-                if old.stage == GONE:
-                    fleet_.say(f"{old.name} is gone and no successor could be placed ({line}); it leaves the router")
-                    fleet_.remove(old, members)
-                else:
-                    fleet_.say(f"{old.name} keeps serving until its deletion ({left_text}): no successor ({line})")
-                kept.append({"replica": old.name, "expiry": old.expiry.isoformat() if old.expiry else None,
-                             "reason": line, "attempts": [a.as_dict() for a in result.attempts]})
-                if code == EXIT_FAILED:
-                    break  # an error the next successor would meet the same way
-                continue
-            members.append(successor.name)
-            fleet_.route(members)
-            fleet_.event("added", successor.name)
-            # The router must reach the successor with a real completion before the old replica leaves it.
-            answered, why = answered_through_router(fleet_.compute, fleet_.router_outputs(), successor.name,
-                                                    fleet_.project)
-            if not answered:
-                fleet_.say(f"{successor.name} did not answer through the router ({why}); it is removed again and "
-                           f"{old.name} keeps serving")
-                fleet_.remove(successor, members)
-                current.remove(successor)
-                kept.append({"replica": old.name, "expiry": old.expiry.isoformat() if old.expiry else None,
-                             "reason": f"{successor.name} did not answer through the router: {why}", "attempts": []})
+    fleet_.drain_timeout_s, fleet_.lead_s = drain_timeout_s, lead.total_seconds()
+    code, renewal = EXIT_OK, None
+    with s.exits:
+        hold(s, "fleet renew", wait_s, lease_poll_s, as_json)
+        try:
+            nat_changed, current, members = read_fleet(s)
+            now = fleet_.now()
+            due = sorted([r for r in current if r.in_router and (r.stage == GONE or (
+                r.expiry is not None and r.expiry - now < lead))], key=lambda r: r.expiry or now)
+            adopted = [r for r in current if r.stage == SERVING and not r.in_router][:len(due)]
+            if not current:
+                fleet_.say(f"stack {stack} has no fleet (no {replica_name(stack, 1)}...): nothing to renew")
+            elif not due:
+                soonest = min((r for r in current if r.expiry), key=lambda r: r.expiry, default=None)
+                fleet_.say("nothing to renew" + (f": the next deletion is {soonest.name}'s at {soonest.expiry:%H:%M} "
+                                                 f"UTC (in {human(soonest.expiry - now)}; renewed from {lead_text} "
+                                                 "before)" if soonest and soonest.expiry else ""))
+            zone_list = usable_zones(s, zones, skip_preflight) if len(due) > len(adopted) else []
+            if zone_list is None:
+                finish(s, as_json, EXIT_FAILED, {"reason": "preflight failed", "events": fleet_.events})
+            renewal = Renewal(fleet_, members, current, zone_list or [], deadline_s, started, parallel)
+            renewal.run(renewal.plan(due, adopted))
+            if nat_changed and not fleet_.events and current:
+                fleet_.say("Cloud NAT changed in the fleet's regions: the router stack follows")
+                fleet_.route(members)
+            code = renewal.code
+        except (FleetError, LeaseLost, PulumiError) as err:
+            fleet_.say(f"error: {err}")
+            code = EXIT_FAILED
+        finish(s, as_json, code, {"renewed": renewal.renewed if renewal else [],
+                                  "kept": renewal.kept if renewal else [], "events": fleet_.events,
+                                  "orphans": fleet_.orphans})
+
+
+@fleet.command("down")
+@common_options
+@click.option("--yes", is_flag=True, help="Do not ask before destroying the router and every replica.")
+@lease_options("1h", "A renewal from the schedule takes up to its deadline plus a drain.")
+def fleet_down(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...], yes: bool, lease_wait_text: str,
+               lease_poll_s: float) -> None:
+    """Tear the fleet down: the router first (no request reaches a replica through it after), then every replica,
+    and their stacks. The fleet's caches and bucket are kept (tpuserve cache ls|rm)."""
+    wait_s = parse_wait(lease_wait_text)
+    s = open_fleet(stack, cwd, endpoints, yes, ())
+    fleet_, code, destroyed, left = s.fleet, EXIT_OK, [], []
+    with s.exits:
+        hold(s, "fleet down", wait_s, lease_poll_s, as_json)
+        try:
+            stacks = fleet_.stacks()  # read under the lease
+            router, names = router_name(stack), fleet_.replica_names(stacks)
+            order = ([router] if router in stacks else []) + names
+            if not order:
+                fleet_.say(f"stack {stack} has no fleet (no {router}, no {replica_name(stack, 1)}...): nothing to do")
+                finish(s, as_json, EXIT_OK, {"destroyed": [], "left": []})
+            for line in nat_users(s, names):
+                fleet_.say(f"warning: {line}")
+            what = f"destroy {', '.join(order)} (the router first)"
+            if not yes and not (sys.stdin.isatty() and click.confirm(f"{what.capitalize()}?", default=False,
+                                                                      err=True)):
+                fleet_.say(f"fleet down would {what}; nothing done: run it again with --yes")
+                finish(s, as_json, EXIT_USAGE, {"destroyed": [], "left": order})
+            for name in order:
+                if fleet_.retire(name):
+                    fleet_.event("destroyed", name)
+                    destroyed.append(name)
+                    continue
                 code = EXIT_FAILED
-                continue
-            fleet_.event("answered", successor.name, why)
-            fleet_.remove(old, members)
-            current.remove(old)
-            renewed.append({"replica": old.name, "successor": successor.name, "zone": successor.zone})
-    except FleetError as err:
-        fleet_.say(f"error: {err}")
-        code = EXIT_FAILED
-    finish(s, as_json, code, {"renewed": renewed, "kept": kept, "events": fleet_.events,
-                              "orphans": fleet_.orphans})
+                if name == router:  # the router may still route to them: keep the replicas
+                    fleet_.say(f"the router could not be destroyed: {', '.join(names)} are kept")
+                    break
+            left = [n for n in order if n not in destroyed]
+        except (FleetError, LeaseLost, PulumiError) as err:
+            fleet_.say(f"error: {err}")
+            code, left = EXIT_FAILED, [n for n in fleet_.stacks() if n == router_name(stack)
+                                       or replica_number(stack, n) is not None]
+        fleet_.say(f"destroyed {', '.join(destroyed) or 'nothing'}" + (f"; left: {', '.join(left)}" if left else ""))
+        finish(s, as_json, code, {"destroyed": destroyed, "left": left, "events": fleet_.events})
+
+
+def nat_users(s: Session, replicas: Sequence[str]) -> list[str]:
+    """The router stack's own Cloud NATs that VMs outside the fleet rely on: destroying the router takes their
+    egress (tpuserve/deploy/nat.py). Nothing when the router or the VMs cannot be read."""
+    fleet_, router = s.fleet, router_name(s.fleet.name)
+    if router not in fleet_.stacks():
+        return []
+    try:
+        own = nat.own_nats(fleet_.cli(router).export())
+        if not own:
+            return []
+        found = nat.reliance(own, nat.list_nats(s.session, fleet_.project, s.roots.compute),
+                             nat.list_vms(s.session, fleet_.project, s.roots.compute),
+                             [stack_labels(name)["stack"] for name in (router, *replicas)])
+    except (PulumiError, ComputeApiError, requests.RequestException, ValueError) as err:
+        fleet_.say(f"warning: could not tell which VMs use the router's Cloud NAT ({err})")
+        return []
+    return found.lines(router)
 
 
 @fleet.command("status")
 @common_options
 def fleet_status(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]) -> None:
-    """Every replica (zone, stage, in the router, time to its deletion) and the router."""
+    """Every replica (zone, stage, in the router, time to its deletion, max run) and the router; who holds the
+    fleet's lease; how far apart the deletions are."""
     from rich.table import Table
 
     s = open_fleet(stack, cwd, endpoints, False, ())
@@ -710,10 +1203,12 @@ def fleet_status(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...
         replica.load = fleet_.measure(replica)
     router = fleet_.router_outputs()
     router_state = router_status(fleet_, router)
+    lease, stagger = lease_line(s), stagger_status(fleet_, replicas)
     if as_json:
-        finish(s, True, EXIT_OK, {"replicas": [r.as_dict(now) for r in replicas], "router": router_state})
+        finish(s, True, EXIT_OK, {"replicas": [r.as_dict(now) for r in replicas], "router": router_state,
+                                  "lease": lease, "stagger": stagger})
     table = Table(title=f"fleet {stack}", title_justify="left")
-    for column in ("replica", "zone", "stage", "router", "deleted at (UTC)", "in", "load"):
+    for column in ("replica", "zone", "stage", "router", "deleted at (UTC)", "in", "max run", "load"):
         table.add_column(column)
     for replica in replicas:
         left = replica.until_expiry(now)
@@ -722,6 +1217,7 @@ def fleet_status(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...
                       "in" if replica.in_router else "out",
                       f"{replica.expiry:%Y-%m-%d %H:%M}" if replica.expiry else "-",
                       human(left) if left is not None else "-",
+                      run_text(replica.max_run_s) if replica.max_run_s else "-",
                       str(replica.load) if replica.load else "-")
     s.console.print(table)
     s.console.print(f"router {router_name(stack)}: {router_state['stage']}"
@@ -729,7 +1225,20 @@ def fleet_status(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...
                        f"{router.get('iapTunnelCommand')})" if router else "")
                     + (f", routing to {', '.join(router_state['replicas']) or 'no replica'}" if router else ""),
                     markup=False, highlight=False, soft_wrap=True)
+    fleet_.say(stagger["line"])
+    fleet_.say(f"lease: {lease['line']}" if lease else "lease: free (no fleet command runs)")
     finish(s, False, EXIT_OK, {})
+
+
+def stagger_status(fleet_: Fleet, replicas: Sequence[Replica]) -> dict[str, Any]:
+    """How far apart the replicas' deletions are, against the target: max run / replicas."""
+    expiries = sorted(r.expiry for r in replicas if r.expiry)
+    target = fleet_.max_run_s / max(len(replicas), 1)
+    gap = spacing(expiries, fleet_.max_run_s)
+    line = (f"deletions at least {human(timedelta(seconds=gap))} apart (target {human(timedelta(seconds=target))}: "
+            f"maxRunDuration {run_text(fleet_.max_run_s)} / {len(replicas)} replicas; renewals shorten a "
+            "successor's max run to get there)") if gap is not None else "deletions: fewer than two replicas"
+    return {"line": line, "minGapSeconds": None if gap is None else int(gap), "targetGapSeconds": int(target)}
 
 
 def router_status(fleet_: Fleet, router: Mapping[str, Any]) -> dict[str, Any]:

@@ -29,12 +29,13 @@ from typing import Any
 import click
 import requests
 
+from tpuserve.deploy import nat
 from tpuserve.deploy.cache import cache_disks, zones_by_warm_cache
 from tpuserve.deploy.capacity import classify
 from tpuserve.deploy.gce import ComputeApiError, ComputeClient, ZonalDisks
 from tpuserve.deploy.orphans import Orphan, delete_orphans, find_orphans, managed_ids, stack_labels
-from tpuserve.deploy.preflight import (Endpoints, Report, configured_zones, endpoint_option, preflight, print_report,
-                                       target_from_config)
+from tpuserve.deploy.preflight import (Endpoints, Report, configured_zones, endpoint_option, nat_plan, preflight,
+                                       print_report, target_from_config)
 from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
 from tpuserve.deploy.sweep import ZONE, Attempt, Failure, SweepResult, sweep
 
@@ -80,12 +81,13 @@ class Deployer:
     orphans: list[dict[str, Any]] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)  # orphans already reported (and deleted, or left) by this run
     settings: Mapping[str, str] = field(default_factory=dict)  # more stack config every attempt sets
+    nat: Mapping[str, str] = field(default_factory=dict)  # cloudNatSkipRegions, when nat_settings decided it
 
     def attempt(self, zone: str, seconds_left: float) -> Failure | None:
         """`pulumi up` with the stack's `zone` set to `zone` by the same command (it stays set whatever the outcome;
         after a failed sweep keep_zone_consistent puts the stack's `zone` back)."""
         self.say(f"── {self.stack}: pulumi up in {zone} ({seconds_left / 60:.0f} min left)")
-        config = {**self.settings, **({} if zone == LOCAL else {"zone": zone})}
+        config = {**self.nat, **self.settings, **({} if zone == LOCAL else {"zone": zone})}
         run = self.pulumi.up(self.extra, seconds_left, config)
         if run.ok:
             return None
@@ -229,7 +231,7 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
                                f"{', '.join(z for z in candidates if not z.startswith(f'{region}-'))}; unset it "
                                f"(pulumi config rm region --stack {stack}: NAT then follows the zone) or limit --zones")
 
-    compute = None
+    compute, nat_config = None, {}
     if not local:
         try:
             session = exits.enter_context(adc_session())
@@ -237,13 +239,17 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
             say(f"error: {err}")
             finish(EXIT_FAILED, {"zone": None, "attempts": [], "reason": str(err), "orphans": []})
         compute = ComputeClient(session, roots.compute)
+        own = own_nats(pulumi, say)
+        target = target_from_config(config, candidates, stack, own or frozenset())
+        report: Report | None = None
         if not skip_preflight:
-            report: Report = preflight(session, target_from_config(config, candidates), roots)
+            report = preflight(session, target, roots)
             print_report(console, report)
             if report.failed:
                 finish(EXIT_FAILED, {"zone": None, "attempts": [], "reason": "preflight failed", "orphans": [],
                                      "preflight": report.as_dict()})
             candidates = report.usable_zones
+        nat_config = nat_settings(session, roots, target, report, own is not None, say)
         if not single_zone and not zones:
             candidates = warm_cache_first(session, roots.compute, str(config.get("project")), stack, candidates,
                                           outputs.get("zone"), say)
@@ -257,7 +263,8 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
             return False
         return click.confirm(f"Delete these {len(found)} orphaned resource(s)?", default=True, err=True)
 
-    deployer = Deployer(pulumi, stack, str(config.get("project", "")), pulumi_args, compute, confirm, say)
+    deployer = Deployer(pulumi, stack, str(config.get("project", "")), pulumi_args, compute, confirm, say,
+                        nat=nat_config)
     original_zone = config.get("zone")
     say(f"trying {', '.join(candidates)} for stack {stack} (deadline {deadline_text})")
     numbers = itertools.count(1)
@@ -282,6 +289,36 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
             say(f"reach it: {endpoint}")
     finish(code, {"zone": result.zone, "attempts": [attempt.as_dict() for attempt in result.attempts],
                   "reason": None if result.ok else outcome, "hint": todo or None, "orphans": deployer.orphans})
+
+
+def own_nats(pulumi: PulumiCli, say: Callable[[str], None]) -> frozenset[tuple[str, str, str]] | None:
+    """The Cloud NATs the stack's state holds; None when the state cannot be read, and then nothing is decided about
+    NAT (a NAT taken for another stack's would be dropped by the next update)."""
+    try:
+        return frozenset(nat.own_nats(pulumi.export()))
+    except (PulumiError, ValueError) as err:
+        say(f"warning: could not read the stack's state ({err}); its Cloud NAT stays as its config says")
+        return None
+
+
+def nat_settings(session: Any, roots: Endpoints, target: Any, report: Report | None, decide: bool,
+                 say: Callable[[str], None]) -> dict[str, str]:
+    """`cloudNatSkipRegions` for every update of the sweep: the candidate regions where another stack's Cloud NAT
+    serves the network, so this stack never makes a second one (tpuserve/deploy/nat.py). Preflight's answer when it
+    ran; else the routers are listed here. Nothing when the stack makes no NAT anyway or the routers (or its state)
+    could not be read: its saved setting then stands."""
+    if not decide or not target.makes_nat:
+        return {}
+    plan = report.nat if report is not None else None
+    if report is None:
+        try:
+            plan = nat_plan(session, roots, target)
+        except (ComputeApiError, requests.RequestException) as err:
+            say(f"warning: could not list the routers ({err}); Cloud NAT stays as the stack's config says")
+            return {}
+        for line in plan.lines():
+            say(line)
+    return plan.settings() if plan is not None else {}
 
 
 def warm_cache_first(session: Any, compute_url: str, project: str, stack: str, candidates: list[str],

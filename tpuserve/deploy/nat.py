@@ -1,0 +1,278 @@
+"""Cloud NAT: which NAT serves a network in a region, and which stack owns it, so no stack ever makes a second one.
+
+A network takes one NAT covering all its subnetworks per region: "if this field contains
+ALL_SUBNETWORKS_ALL_IP_RANGES or ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES, then there should not be any other Router.Nat
+section in any Router for this network in this region" (Compute API, RouterNat.sourceSubnetworkIpRangesToNat,
+https://cloud.google.com/compute/docs/reference/rest/v1/routers), and the API refuses a second with "Can not create
+new Nats since a Nat with option ALL_SUBNETWORKS_ALL_IP_RANGES exists". Yet every stack makes its own: a gcp stack
+in its VM's region (components/network.py), a fleet's router stack in every region of the fleet's zones
+(components/router.py), a gke stack in its cluster's region (components/gke.py). The `dev` stack that CI deploys and a
+fleet in europe-west4 collide, and whichever comes second fails.
+
+The rule, applied by `tpuserve up` and `tpuserve fleet` before each `pulumi up`: a stack makes NAT in a region only
+where no other NAT serves its network there. The first stack to make one owns it; a stack deployed after it is given
+`cloudNatSkipRegions` (the regions another stack's NAT serves, with each update: `pulumi up --config`) and makes none
+there. A stack's own NAT is read from its Pulumi state (a RouterNat's id is `{project}/{region}/{router}/{nat}`,
+terraform-provider-google-beta v7.45 resource_compute_router_nat.go), never guessed from a name, so a stack never
+skips, and so deletes, the NAT it owns. The owner of another's NAT is named by its Router's description
+(`router_description`, which the components set).
+
+What this cannot prevent: the owner going away. `pulumi destroy -s dev` deletes dev's NAT while a fleet's replicas in
+its region use it, and a dev stack moving to another zone's region moves its NAT. `tpuserve preflight` and `tpuserve
+up` name the VMs of other stacks that rely on a stack's NAT (`dependents`), and the next `fleet up|renew` finds the
+region unserved and makes the router stack's own NAT there (until then the fleet's VMs there have no egress: running
+replicas keep serving, a successor would fail to pull its image).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from tpuserve.deploy.gce import COMPUTE_URL, DEFAULT_TIMEOUT_S, ok
+
+SKIP_KEY = "cloudNatSkipRegions"  # components/config.py StackConfig.cloud_nat_skip_regions
+ALL_RANGES = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES")
+LIST_OF_SUBNETWORKS = "LIST_OF_SUBNETWORKS"
+NAT_TYPE = "gcp:compute/routerNat:RouterNat"
+DESCRIPTION = re.compile(r"^tpu-serve stack (?P<stack>\S+):")
+
+
+def router_description(stack: str) -> str:
+    """The Router's description, which names the stack that owns the NAT on it (an in-place update of the Router:
+    `description` is not ForceNew in resource_compute_router.go)."""
+    return f"tpu-serve stack {stack}: Cloud NAT for the VMs of the region without an external IP"
+
+
+def region_of(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def last(link: Any) -> str:
+    return str(link or "").rstrip("/").rsplit("/", 1)[-1]
+
+
+def fleet_nat_regions(router_zone: str, zone: str, zones: Sequence[str]) -> list[str]:
+    """The regions a fleet's router stack gives Cloud NAT: its own VM's and every region of the zones the fleet's
+    replicas may be placed in (components/router.py nat_regions, tpuserve fleet's --zones check)."""
+    return list(dict.fromkeys(region_of(z) for z in dict.fromkeys((router_zone or zone, zone, *zones)) if z))
+
+
+@dataclass(frozen=True)
+class Nat:
+    """One NAT section of a Cloud Router."""
+
+    region: str
+    router: str
+    name: str
+    network: str  # the network's name
+    ranges: str  # sourceSubnetworkIpRangesToNat
+    subnetworks: tuple[str, ...] = ()  # the subnetworks' names, for LIST_OF_SUBNETWORKS
+    owner: str = ""  # the stack its Router's description names; "" when it names none
+    private: bool = False  # type PRIVATE (NAT between networks): no internet egress, not what a VM here needs
+
+    @property
+    def label(self) -> str:
+        return f"{self.router}/{self.name}"
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.region, self.router, self.name
+
+    def serves(self, subnetwork: str) -> bool:
+        """Whether a VM on `subnetwork` (its name) gets internet egress through this NAT."""
+        if self.private:
+            return False
+        return self.ranges in ALL_RANGES or (self.ranges == LIST_OF_SUBNETWORKS and subnetwork in self.subnetworks)
+
+    def owned_by(self) -> str:
+        return f"stack {self.owner}" if self.owner else "no tpu-serve stack named on its router"
+
+
+def parse_routers(body: Mapping[str, Any]) -> list[Nat]:
+    """The NATs of a routers.aggregatedList page (items keyed `regions/R`, each {"routers": [Router]} or a
+    `warning` when the region has none)."""
+    found = []
+    for scope, scoped in (body.get("items") or {}).items():
+        for router in scoped.get("routers", []):
+            match = DESCRIPTION.match(str(router.get("description") or ""))
+            for nat in router.get("nats") or []:
+                found.append(Nat(
+                    region=last(router.get("region")) or scope.removeprefix("regions/"), router=str(router["name"]),
+                    name=str(nat.get("name", "")), network=last(router.get("network")),
+                    ranges=str(nat.get("sourceSubnetworkIpRangesToNat", "")),
+                    subnetworks=tuple(last(s.get("name")) for s in nat.get("subnetworks") or []),
+                    owner=match["stack"] if match else "", private=nat.get("type") == "PRIVATE"))
+    return found
+
+
+def aggregated(session: requests.Session, project: str, collection: str, compute_url: str,
+               timeout_s: float) -> Iterator[dict[str, Any]]:
+    """Each page of a Compute aggregatedList (`items` keyed by scope: `regions/R`, `zones/Z`)."""
+    params = {"maxResults": "500"}
+    while True:
+        body = ok(session.get(f"{compute_url.rstrip('/')}/compute/v1/projects/{project}/aggregated/{collection}",
+                              params=params, timeout=timeout_s)).json()
+        yield body
+        if not body.get("nextPageToken"):
+            return
+        params["pageToken"] = body["nextPageToken"]
+
+
+def list_nats(session: requests.Session, project: str, compute_url: str = COMPUTE_URL,
+              timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Nat]:
+    """Every NAT of the project's Cloud Routers, in every region (routers.aggregatedList, across pages)."""
+    return [nat for body in aggregated(session, project, "routers", compute_url, timeout_s)
+            for nat in parse_routers(body)]
+
+
+def own_nats(state: Mapping[str, Any]) -> set[tuple[str, str, str]]:
+    """(region, router, nat) of each RouterNat in a `pulumi stack export`."""
+    owned = set()
+    for resource in state.get("deployment", {}).get("resources") or []:
+        parts = str(resource.get("id") or "").split("/")
+        if resource.get("type") == NAT_TYPE and len(parts) == 4:
+            owned.add((parts[1], parts[2], parts[3]))
+    return owned
+
+
+@dataclass(frozen=True)
+class RegionNat:
+    """What serves a stack's VMs in one region."""
+
+    region: str
+    serving: Nat | None = None  # the NAT the VMs there use (the stack's own or another's)
+    own: bool = False  # `serving` is in the stack's state
+    blocking: Nat | None = None  # a NAT that serves not the VMs' subnetwork yet rules out making one
+
+    @property
+    def skip(self) -> bool:
+        """Another NAT serves the region: the stack makes none there."""
+        return self.serving is not None and not self.own
+
+    @property
+    def blocked(self) -> bool:
+        return self.serving is None and self.blocking is not None
+
+    def describe(self, stack: str, makes_nat: bool = True) -> str:
+        where = f"Cloud NAT in {self.region}"
+        if self.serving is not None and self.own:
+            return f"{where}: {self.serving.label} (this stack, {stack}) serves it"
+        if self.serving is not None:
+            return f"{where}: {self.serving.label} ({self.serving.owned_by()}) serves it; {stack} makes none there"
+        if self.blocking is not None:
+            return (f"{where}: none serves the VMs' subnetwork, and {self.blocking.label} "
+                    f"({self.blocking.owned_by()}, {self.blocking.ranges} {', '.join(self.blocking.subnetworks)}) "
+                    "rules out another; add the subnetwork to it, or use another region")
+        return f"{where}: none yet; {stack} makes one" if makes_nat else \
+            f"{where}: none, and {stack} makes none (createCloudNat false): its VMs there have no internet egress"
+
+
+@dataclass(frozen=True)
+class NatPlan:
+    stack: str
+    regions: tuple[RegionNat, ...]
+    makes_nat: bool = True  # the stack makes NAT where none serves (createCloudNat and no external IP)
+
+    def skip_regions(self) -> list[str]:
+        """The stack's `cloudNatSkipRegions`: where another stack's NAT serves."""
+        return sorted(r.region for r in self.regions if r.skip)
+
+    def settings(self) -> dict[str, str]:
+        """The config an update of the stack takes (`pulumi up --config`)."""
+        import json
+
+        return {SKIP_KEY: json.dumps(self.skip_regions())} if self.makes_nat else {}
+
+    def lines(self) -> list[str]:
+        return [r.describe(self.stack, self.makes_nat) for r in self.regions]
+
+    def region(self, region: str) -> RegionNat | None:
+        return next((r for r in self.regions if r.region == region), None)
+
+
+def plan(nats: Iterable[Nat], stack: str, regions: Iterable[str], network: str, subnetwork: str = "",
+         own: set[tuple[str, str, str]] | frozenset[tuple[str, str, str]] = frozenset(),
+         makes_nat: bool = True) -> NatPlan:
+    """For each region: the NAT that serves `network`'s VMs on `subnetwork` (default: the auto-mode subnetwork, named
+    as the network), whether it is the stack's own, or the NAT that blocks making one."""
+    found = [n for n in nats if n.network == last(network) and not n.private]
+    subnet = last(subnetwork) or last(network)
+    decided = []
+    for region in dict.fromkeys(regions):
+        here = [n for n in found if n.region == region]
+        serving = sorted((n for n in here if n.serves(subnet)), key=lambda n: (n.key not in own, n.key))
+        if serving:
+            decided.append(RegionNat(region, serving[0], serving[0].key in own))
+        else:
+            decided.append(RegionNat(region, blocking=here[0] if here else None))
+    return NatPlan(stack, tuple(decided), makes_nat)
+
+
+# --- who relies on a NAT ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Vm:
+    name: str
+    zone: str
+    stack: str  # its `stack` label ("" when it has none)
+    network: str
+    subnetwork: str
+    external_ip: bool
+
+    @property
+    def region(self) -> str:
+        return region_of(self.zone)
+
+
+def list_vms(session: requests.Session, project: str, compute_url: str = COMPUTE_URL,
+             timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Vm]:
+    """Every VM of the project that exists (instances.aggregatedList), with its first network interface."""
+    vms = []
+    for body in aggregated(session, project, "instances", compute_url, timeout_s):
+        for scope, scoped in (body.get("items") or {}).items():
+            for item in scoped.get("instances", []):
+                nic = (item.get("networkInterfaces") or [{}])[0]
+                vms.append(Vm(str(item["name"]), last(item.get("zone")) or scope.removeprefix("zones/"),
+                              str((item.get("labels") or {}).get("stack", "")), last(nic.get("network")),
+                              last(nic.get("subnetwork")), bool(nic.get("accessConfigs"))))
+    return vms
+
+
+def dependents(nat: Nat, vms: Iterable[Vm], besides: Iterable[str] = ()) -> list[Vm]:
+    """The VMs that reach the internet through `nat`, except those of the stacks in `besides` (label values)."""
+    others = set(besides)
+    return [vm for vm in vms if vm.region == nat.region and vm.network == nat.network and not vm.external_ip
+            and nat.serves(vm.subnetwork or vm.network) and vm.stack not in others]
+
+
+@dataclass
+class Reliance:
+    """The stack's own NATs that VMs of other stacks rely on."""
+
+    by_nat: dict[Nat, list[Vm]] = field(default_factory=dict)
+
+    def lines(self, stack: str) -> list[str]:
+        out = []
+        for nat, vms in self.by_nat.items():
+            stacks = sorted({vm.stack or "unlabelled" for vm in vms})
+            out.append(f"{nat.label} in {nat.region} (stack {stack}) also serves {len(vms)} VM(s) of "
+                       f"{', '.join(stacks)} ({', '.join(vm.name for vm in vms)}): destroying {stack}, or moving it "
+                       f"out of {nat.region}, takes their internet egress until another stack makes a NAT there")
+        return out
+
+
+def reliance(own: set[tuple[str, str, str]], nats: Iterable[Nat], vms: Iterable[Vm], besides: Iterable[str]
+             ) -> Reliance:
+    """Which of the stack's own NATs (`own_nats` of its state) serve VMs of other stacks than `besides` (`stack`
+    label values: the stack's own, a fleet's replicas)."""
+    vms, besides = list(vms), list(besides)
+    found = Reliance()
+    for nat in nats:
+        if nat.key in own and (using := dependents(nat, vms, besides)):
+            found.by_nat[nat] = using
+    return found
