@@ -8,6 +8,7 @@ The real-server run under `vllm bench serve` is tests/e2e/test_metrics_e2e.py.""
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -17,10 +18,10 @@ import pytest
 import requests
 from click.testing import CliRunner
 
+from tests import fake_pulumi, fake_tunnel
 from tests.httpfake import FakeServer, Request, Response
 from tpuserve.deploy import gce
 from tpuserve.deploy.gce import ComputeClient, Instance
-from tpuserve.observe import status as status_module
 from tpuserve.observe.status import (GONE, Sources, deletion_at, expiry_warning, live_view, reports, status,
                                      vm_view)
 from tpuserve import vllm_metrics
@@ -151,7 +152,9 @@ def metrics_server(*bodies: str) -> FakeServer:
         last[0] = next(replies, last[0])
         return Response(200, last[0], {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
-    return FakeServer({("GET", "/metrics"): serve})
+    # /v1/models too, as vLLM serves it (status must not need it: under --api-key it answers 401 without the key)
+    models = {"object": "list", "data": [{"id": "tiny-gemma4", "object": "model", "root": "tiny-gemma4"}]}
+    return FakeServer({("GET", "/metrics"): serve, ("GET", "/v1/models"): lambda r: Response(200, models)})
 
 
 def compute_api(body: dict | None, attributes: dict[str, str]) -> FakeServer:
@@ -252,24 +255,24 @@ def test_the_expiry_warning_is_on_screen(tmp_path, no_credentials_needed):
     assert "tpu-serve-dev  us-east5-b  RUNNING  ct6e-standard-4t (4 chips)" in result.stdout
 
 
-def test_a_deleted_vm_is_reported_not_an_error(tmp_path, no_credentials_needed, monkeypatch):
-    monkeypatch.setattr(status_module, "served_endpoint", fail_to_reach)
+@pytest.fixture
+def no_gcloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PATH without gcloud or kubectl: a gcp stack's server cannot be tunnelled to."""
+    (tmp_path / "empty-bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+
+
+def test_a_deleted_vm_is_reported_not_an_error(tmp_path, no_credentials_needed, no_gcloud):
     with compute_api(None, {}) as compute:
         result = invoke("--stack-outputs", str(outputs_file(tmp_path)), "--compute-url", compute.url, "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["vm"]["status"] == GONE and report["warnings"] == []
-    assert report["server"] == {"error": "server not reachable: no tunnel in tests"}
+    assert report["server"]["error"].startswith("server not reachable: --stack: stack runs on GCP (tpu-serve-dev): "
+                                                "reaching it needs gcloud on PATH")
 
 
-def fail_to_reach(*args, **kwargs):
-    import click
-
-    raise click.ClickException("no tunnel in tests")
-
-
-def test_a_compute_api_refusal_is_one_line_and_exit_1(tmp_path, no_credentials_needed, monkeypatch):
-    monkeypatch.setattr(status_module, "served_endpoint", fail_to_reach)
+def test_a_compute_api_refusal_is_one_line_and_exit_1(tmp_path, no_credentials_needed, no_gcloud):
     denied = Response(403, {"error": {"code": 403, "message": "Required 'compute.instances.get' permission"}})
     with FakeServer({("GET", VM_PATH): lambda r: denied}) as compute:
         result = invoke("--stack-outputs", str(outputs_file(tmp_path)), "--compute-url", compute.url)
@@ -288,3 +291,101 @@ def test_watching_survives_a_server_that_drops_out_and_comes_back():
     assert seen[1].server is None and seen[1].server_error == f"{fake.url}/metrics answered HTTP 503"
     assert seen[2].server is None and "answers again" in seen[2].server_error
     assert seen[3].server.first_tokens == 10.0
+
+
+# --- every --stack path, with no --url: the endpoint comes from the stack's outputs ---------------------------
+
+@pytest.fixture
+def tunnels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """gcloud and kubectl that tunnel to $FAKE_TUNNEL_TARGET (tests/fake_tunnel.py) first on PATH; their log."""
+    fake_tunnel.install(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_TUNNEL_LOG", str(tmp_path / "tunnel.log"))
+    return tmp_path / "tunnel.log"
+
+
+def tunnel_to(monkeypatch: pytest.MonkeyPatch, server: FakeServer) -> None:
+    monkeypatch.setenv("FAKE_TUNNEL_TARGET", server.url.removeprefix("http://"))
+
+
+def test_a_local_stack_is_read_at_its_endpoint(tmp_path):
+    with metrics_server(RECORDING, LATER) as server:
+        outputs = tmp_path / "outputs.json"
+        outputs.write_text(json.dumps({"target": "local", "endpoint": f"{server.url}/v1", "model": "tiny-gemma4"}))
+        result = invoke("--stack-outputs", str(outputs), "--json", "--interval", "0.5")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["vm"] is None and report["server"]["url"] == server.url and report["server"]["running"] == 3.0
+    assert [r.path for r in server.requests] == ["/metrics", "/metrics"]  # /metrics only: it needs no API key
+
+
+def test_a_stack_named_by_stack_is_read_through_the_pulumi_cli(tmp_path, monkeypatch):
+    pulumi = fake_pulumi.install(tmp_path / "bin", tmp_path / "pulumi-home")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_PULUMI_HOME", str(pulumi.home))
+    with metrics_server(RECORDING, LATER) as server:
+        (pulumi.home / "outputs.json").write_text(json.dumps({"target": "local", "endpoint": f"{server.url}/v1"}))
+        result = invoke("--stack", "dev", "--json", "--interval", "0.5")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["server"]["waiting"] == 2.0
+    assert pulumi.calls() == [["stack", "output", "--json", "--stack", "dev"]]
+
+
+def test_a_gcp_stack_shows_the_vm_and_the_server_through_an_iap_tunnel(tmp_path, no_credentials_needed, tunnels,
+                                                                       monkeypatch):
+    started = datetime.now(timezone.utc) - timedelta(hours=1)
+    with compute_api(instance_body(started), ATTRIBUTES) as compute, metrics_server(RECORDING, LATER) as server:
+        tunnel_to(monkeypatch, server)
+        result = invoke("--stack-outputs", str(outputs_file(tmp_path, endpoint="http://10.150.0.7:8000/v1")),
+                        "--compute-url", compute.url, "--json", "--interval", "0.5")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["vm"]["status"] == "RUNNING" and report["vm"]["boot_stage"] == "serving"
+    assert report["server"]["running"] == 3.0 and report["server"]["url"].startswith("http://localhost:")
+    [call] = tunnels.read_text().splitlines()
+    port = report["server"]["url"].rsplit(":", 1)[1]
+    assert call == (f"gcloud compute start-iap-tunnel tpu-serve-dev 8000 --local-host-port=localhost:{port} "
+                    "--zone us-east5-b --project demo-project")
+    assert [r.path for r in server.requests] == ["/metrics", "/metrics"]
+
+
+def test_a_booting_gcp_stack_shows_the_vm_while_its_server_does_not_answer(tmp_path, no_credentials_needed,
+                                                                           tunnels, monkeypatch):
+    booting = {"stage": "pull-image", "config-hash": "7eeea49152716bcb"}
+    with FakeServer() as gone:
+        tunnel_to(monkeypatch, gone)  # closed once the block ends: the tunnel's far end refuses
+    with compute_api(instance_body(datetime.now(timezone.utc)), booting) as compute:
+        result = invoke("--stack-outputs", str(outputs_file(tmp_path, endpoint="http://10.150.0.7:8000/v1")),
+                        "--compute-url", compute.url, "--json", "--interval", "0.5")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["vm"]["boot_stage"] == "pull-image"
+    assert report["server"]["error"].endswith("/metrics: no answer (ConnectionError)")
+
+
+def test_a_gke_stack_is_read_through_a_port_forward(tmp_path, tunnels, monkeypatch):
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({
+        "target": "gke", "project": "demo-project", "cluster": "tpu-serve-gke", "clusterLocation": "us-east5",
+        "namespace": "tpu-serve", "service": "vllm", "port": 8000,
+        "endpoint": "http://vllm.tpu-serve.svc.cluster.local:8000/v1", "model": "google/gemma-4-E2B-it"}))
+    with metrics_server(RECORDING, LATER) as server:
+        tunnel_to(monkeypatch, server)
+        result = invoke("--stack-outputs", str(outputs), "--json", "--interval", "0.5")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["vm"] is None and report["server"]["first_tokens"] == 10.0
+    credentials, forward = tunnels.read_text().splitlines()
+    port = report["server"]["url"].rsplit(":", 1)[1]
+    assert credentials == ("gcloud container clusters get-credentials tpu-serve-gke --location us-east5 --project "
+                           "demo-project")
+    assert forward == (f"kubectl port-forward --namespace tpu-serve --address 127.0.0.1 service/vllm {port}:8000")
+
+
+def test_a_stack_of_an_unknown_target_is_one_line_and_exit_1(tmp_path):
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"target": "tpu-vm", "endpoint": "http://127.0.0.1:9/v1"}))
+    result = invoke("--stack-outputs", str(outputs))
+    assert result.exit_code == 1
+    assert result.output.strip() == ("Error: --stack: stack outputs have target 'tpu-vm'; expected gcp, gke or local "
+                                     "(redeploy the stack with this version of tpu-serve)")

@@ -32,8 +32,9 @@ import requests
 from tpuserve import vllm_metrics as metrics
 from tpuserve.client import server_root
 from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
-from tpuserve.deploy.stack import read_outputs, served_endpoint, stack_options
+from tpuserve.deploy.stack import TunnelError, endpoint_for, read_outputs, stack_options
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE, PRICE_PER_CHIP_HOUR
+from tpuserve.serving import ConfigError
 
 DEFAULT_INTERVAL_S = 5.0
 EXPIRY_WARNING_S = 30 * 60
@@ -366,10 +367,16 @@ class Sources:
 def reports(sources: Sources, interval_s: float, watch: bool,
             sleep: Callable[[float], None] = time.sleep) -> Iterator[Report]:
     """One report (two reads `interval_s` apart), or with `watch` one per interval until interrupted. A server that
-    stops answering, or a Compute API hiccup, shows in the report while watching; the first look must succeed."""
-    previous = None
+    stops answering, or a Compute API hiccup, shows in the report while watching; the first look must succeed,
+    except a server's beside a VM: a booting VM is worth seeing while its server does not answer yet."""
+    previous, unanswered = None, None
     if sources.root and sources.http:
-        previous = scrape(sources.http, sources.root)  # an unreachable server fails the command here
+        try:
+            previous = scrape(sources.http, sources.root)
+        except ServerUnreachable as err:
+            if sources.compute is None:
+                raise  # nothing else to show: an unreachable server fails the command
+            unanswered = str(err)
     first = True
     while True:
         if previous is not None or not first:
@@ -381,7 +388,9 @@ def reports(sources: Sources, interval_s: float, watch: bool,
             if first:
                 raise click.ClickException(f"Compute API: {err}") from err
             report.warnings = [f"Compute API: {err}"]
-        if sources.root and sources.http:
+        if unanswered is not None:
+            report.server_error, unanswered = unanswered, None
+        elif sources.root and sources.http:
             try:
                 current = scrape(sources.http, sources.root)
                 if previous is None:
@@ -427,8 +436,8 @@ def status(url: str | None, watch: bool, interval_s: float, as_json: bool, price
             sources.target = Instance(str(outputs.get("project")), str(outputs.get("zone")),
                                       str(outputs.get("instanceName")))
             sources.expected_config_hash = outputs.get("configHash")
-        if root is None:
-            root, sources.server_error = reach(exits, outputs)
+        if root is None and outputs is not None:
+            root, sources.server_error = reach(exits, outputs, has_vm=sources.compute is not None)
         if root:
             sources.http, sources.root = exits.enter_context(requests.Session()), root
         show(reports(sources, interval_s, watch), as_json, watch)
@@ -452,14 +461,16 @@ def compute_client(compute_url: str) -> Iterator[ComputeClient]:
         yield ComputeClient(session, compute_url)
 
 
-def reach(exits: ExitStack, outputs: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
-    """The stack's server from here (an IAP tunnel for a gcp stack, kept open while the command runs), or why not:
-    the VM part of the report is worth showing without it."""
+def reach(exits: ExitStack, outputs: Mapping[str, Any], has_vm: bool) -> tuple[str, str | None]:
+    """The stack's server root from here (an IAP tunnel for a gcp stack, a port-forward for gke, kept open while the
+    command runs), or why not. Only the endpoint: /metrics needs no API key and no model, so /v1/models (which
+    --api-key guards) is not asked. Without a tunnel a stack with a VM still shows the VM; one without fails."""
     try:
-        endpoint, _ = exits.enter_context(served_endpoint(None, None, outputs))
-    except click.ClickException as err:
-        return None, f"server not reachable: {err.message}"
-    return (server_root(endpoint), None) if endpoint else (None, None)
+        return server_root(exits.enter_context(endpoint_for(outputs))), None
+    except (ConfigError, TunnelError) as err:
+        if not has_vm:
+            raise click.ClickException(str(err)) from err
+        return "", f"server not reachable: {err}"
 
 
 def show(stream: Iterator[Report], as_json: bool, watch: bool) -> None:
