@@ -4,17 +4,21 @@ FakeServer for GET /version. No real vLLM here (tests/e2e/test_bench_e2e.py runs
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import stat
 import sys
+import threading
+import time
 from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
 
-from tests.httpfake import FakeServer, Response
+from tests.httpfake import FakeServer, Request, Response
 from tpuserve.cli import main
+from tpuserve.measure import bench as bench_module
 from tpuserve.measure.bench import bench, failure_cause, parse_levels
 from tpuserve.measure.benchreport import report_rows
 
@@ -66,11 +70,23 @@ def model_card(model: str = "tiny", root: str | None = None, max_model_len: int 
             "parent": None, "max_model_len": max_model_len, "permission": []}
 
 
+def text_completion(request: Request) -> Response:
+    """POST /v1/completions as vLLM 0.32 answers it (CompletionResponse), `max_tokens` tokens long."""
+    tokens = request.json()["max_tokens"]
+    return Response(body={"id": "cmpl-fake", "object": "text_completion", "created": 1764412345, "model": "tiny",
+                          "choices": [{"index": 0, "text": " hi" * tokens, "logprobs": None, "finish_reason": "length",
+                                       "stop_reason": None}],
+                          "usage": {"prompt_tokens": 2, "completion_tokens": tokens, "total_tokens": 2 + tokens}})
+
+
 def vllm_routes(*cards: dict) -> dict:
-    """GET /version and /v1/models of a vLLM server (a sweep's pre-checks read both)."""
+    """GET /version, /health and /v1/models and POST /v1/completions of a vLLM server (a sweep's pre-checks read
+    the models and time one completion; /health is watched while a level runs)."""
     models = {"object": "list", "data": list(cards or (model_card(root="/models/tiny"),))}
     return {("GET", "/version"): lambda request: Response(body={"version": "0.32.0+cpu"}),
-            ("GET", "/v1/models"): lambda request: Response(body=models)}
+            ("GET", "/health"): lambda request: Response(),
+            ("GET", "/v1/models"): lambda request: Response(body=models),
+            ("POST", "/v1/completions"): text_completion}
 
 
 def install(directory: Path, name: str, source: str) -> Path:
@@ -133,7 +149,9 @@ def test_failed_level_stops_the_sweep_with_the_log_tail(fake_env: Path, tmp_path
                                                         monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("FAKE_FAIL_AT", "8")
     out = tmp_path / "run"
-    with FakeServer({("GET", "/v1/models"): vllm_routes()[("GET", "/v1/models")]}) as server:
+    routes = vllm_routes()
+    del routes[("GET", "/version")]
+    with FakeServer(routes) as server:
         result = CliRunner().invoke(main, ["bench", "sweep", "--url", server.url, "--model", "tiny",
                                            "--tokenizer", "/models/tiny", "--input-len", "64", "--output-len", "16", "--concurrency", "1,8,32",
                                            "--out", str(out)])
@@ -338,3 +356,168 @@ def test_failure_cause_takes_a_tracebacks_last_line_and_falls_back_to_the_logs()
                                             "127.0.0.1:9")
     assert failure_cause("loading\nValueError: Initial test run failed - Error: Not Found\n\n") == (
         "ValueError: Initial test run failed - Error: Not Found")
+
+
+# --- issue #27, item 2: a server that stops mid-level ends the sweep, keeping what finished -------------------
+
+# `vllm bench serve` as it talks to the server: --num-prompts POSTs to /v1/completions, --max-concurrency at a
+# time, each waiting for its answer without a limit of its own (vLLM's aiohttp timeout is 6 h,
+# vllm/benchmarks/lib/endpoint_request_func.py AIOHTTP_TIMEOUT); a refused request counts as failed. The result file
+# is written only once every request has ended. Its pid goes to $FAKE_PIDS.
+TALKING_VLLM = """
+import json, os, queue, sys, threading, time, urllib.request
+with open(os.environ["FAKE_PIDS"], "a") as pids:
+    pids.write(f"{os.getpid()}\\n")
+args = sys.argv[1:]
+value = lambda flag: args[args.index(flag) + 1]
+prompts, concurrency = int(value("--num-prompts")), int(value("--max-concurrency"))
+todo, counts, lock = queue.Queue(), {"completed": 0, "failed": 0}, threading.Lock()
+for index in range(prompts):
+    todo.put(index)
+
+def send():
+    while True:
+        try:
+            todo.get_nowait()
+        except queue.Empty:
+            return
+        body = json.dumps({"model": value("--model"), "prompt": "x", "max_tokens": int(value("--random-output-len"))})
+        request = urllib.request.Request(value("--base-url") + "/v1/completions", body.encode(),
+                                         {"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(request).read()
+            outcome = "completed"
+        except OSError:
+            outcome = "failed"
+        with lock:
+            counts[outcome] += 1
+
+start = time.monotonic()
+senders = [threading.Thread(target=send) for _ in range(concurrency)]
+for sender in senders:
+    sender.start()
+for sender in senders:
+    sender.join()
+duration = time.monotonic() - start
+with open(os.path.join(value("--result-dir"), value("--result-filename")), "w") as out:
+    json.dump({"max_concurrency": concurrency, **counts, "duration": duration,
+               "request_throughput": counts["completed"] / duration, "output_throughput": 16.0,
+               "total_token_throughput": 80.0, "median_ttft_ms": 10.0, "p99_ttft_ms": 12.0,
+               "median_tpot_ms": 2.0}, out)
+"""
+
+
+class StoppingVllm(FakeServer):
+    """A vLLM server sent SIGTERM as its `stop_at`-th completion request arrives (counting the sweep's timing
+    request): uvicorn closes its listening socket, so new connections are refused, and waits for the requests in
+    flight, which the dead engine never answers (the hang of issue #27). `stop_at` None: it never stops."""
+
+    def __init__(self, stop_at: int | None, stall_at: int | None = None):
+        super().__init__(vllm_routes())
+        self.routes[("POST", "/v1/completions")] = self.complete
+        self.stop_at, self.stall_at = stop_at, stall_at
+        self.completions = 0
+        self.released = threading.Event()
+        self.lock = threading.Lock()
+
+    def complete(self, request: Request) -> Response:
+        with self.lock:
+            self.completions += 1
+            number = self.completions
+        if number == self.stop_at:
+            threading.Thread(target=self.stop_listening, daemon=True).start()
+        if number in (self.stop_at, self.stall_at) or (self.stall_at and number > self.stall_at):
+            self.released.wait()  # the engine is gone (or wedged): no answer until the test ends
+        return text_completion(request)
+
+    def stop_listening(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __exit__(self, *exc: object) -> None:
+        self.released.set()
+        super().__exit__(*exc)
+
+
+@pytest.fixture
+def talking_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """TALKING_VLLM first on PATH, the sweep's waits shortened; returns the file its pids go to."""
+    (tmp_path / "bin").mkdir()
+    install(tmp_path / "bin", "vllm", TALKING_VLLM)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    monkeypatch.setenv("FAKE_PIDS", str(tmp_path / "pids"))
+    monkeypatch.setattr(bench_module, "LIVENESS_INTERVAL_S", 0.1)
+    monkeypatch.setattr(bench_module, "UNANSWERED_LIMIT_S", 0.3)
+    return tmp_path / "pids"
+
+
+def sweep_until_stopped(server: FakeServer, out: Path, *args: str) -> tuple[object, float]:
+    """The sweep in a thread, so a hang fails the test after 60 s instead of hanging it."""
+    done: list = []
+    start = time.monotonic()
+    runner = threading.Thread(target=lambda: done.append(CliRunner().invoke(main, [
+        "bench", "sweep", "--url", server.url, "--model", "tiny", "--tokenizer", "/t", "--input-len", "8",
+        "--output-len", "4", "--num-prompts", "4", *args, "--out", str(out)])), daemon=True)
+    runner.start()
+    runner.join(60)
+    assert done, "the sweep still runs after 60 s"
+    return done[0], time.monotonic() - start
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_server_that_stops_mid_level_ends_the_sweep_keeping_what_finished(talking_vllm: Path, tmp_path: Path):
+    out = tmp_path / "run"
+    with StoppingVllm(stop_at=1 + 4 + 2) as server:  # the timing request, level 1's four, the second of level 2
+        result, took = sweep_until_stopped(server, out, "--concurrency", "1,2,4")
+    assert result.exit_code == 1, result.output
+    assert took < 20
+    lines = result.stderr.splitlines()
+    assert "concurrency 1: 4 completed, 0 failed" in lines
+    assert lines[-2] == (f"the sweep ended early: concurrency 1 (1 of 3 levels) is kept in {out}; sweep.json is "
+                         f"marked unfinished; `tpuserve bench report {out}` reports what finished")
+    assert lines[-1].startswith(f"Error: concurrency 2: the server stopped answering (GET {server.url}/health: "
+                                "Connection refused, for ")
+    assert lines[-1].endswith(f"); `vllm bench serve` was stopped (log: {out / 'c2.log'})")
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert [run["concurrency"] for run in manifest["runs"]] == [1] and manifest["finished_at"] is None
+    assert manifest["unfinished"]["concurrency"] == 2
+    assert manifest["unfinished"]["reason"] == lines[-1].removeprefix("Error: ")
+    assert sorted(path.name for path in out.glob("c*.json")) == ["c1.json"]  # 4 never ran
+    assert not any(alive(int(pid)) for pid in talking_vllm.read_text().split())  # nothing left running
+    report = CliRunner().invoke(main, ["bench", "report", str(out), "--format", "markdown"])
+    assert report.exit_code == 0 and f"> ⚠ unfinished sweep: {lines[-1].removeprefix('Error: ')}" in report.stdout
+
+
+def test_a_level_past_its_deadline_is_stopped_though_the_server_answers(talking_vllm: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(bench_module, "LEVEL_FLOOR_S", 1.0)
+    out = tmp_path / "run"
+    with StoppingVllm(stop_at=None, stall_at=1 + 4 + 1) as server:  # level 2's requests never come back
+        result, took = sweep_until_stopped(server, out, "--concurrency", "1,2")
+    assert result.exit_code == 1, result.output
+    assert took < 20
+    manifest = json.loads((out / "sweep.json").read_text())
+    rate = min(manifest["runs"][0]["request_rate"], manifest["timing_request"]["request_rate"])
+    deadline = 1.0 + bench_module.LEVEL_SLACK * 4 / rate
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: concurrency 2: not finished {deadline:.1f} s after it began (4 requests at the slowest rate "
+        f"measured, {rate:.3g} req/s, times {bench_module.LEVEL_SLACK:g}, plus {1.0:g} s to start); `vllm bench "
+        f"serve` was stopped (log: {out / 'c2.log'})")
+    assert [run["concurrency"] for run in manifest["runs"]] == [1] and manifest["unfinished"]["concurrency"] == 2
+    assert not any(alive(int(pid)) for pid in talking_vllm.read_text().split())
+
+
+@pytest.mark.parametrize("measured, expected", [([], 1 / 0.5), ([4.0, 1.5], 1.5), ([3.0], 2.0)])
+def test_a_levels_deadline_is_its_size_at_the_slowest_rate_measured_with_a_floor(measured, expected):
+    pace = bench_module.Pace(1 / 0.5, "a single request took 0.5 s")
+    for level, rate in enumerate(measured, start=1):
+        pace.measured(level, rate)
+    assert pace.rate_req_s == expected
+    assert pace.deadline_s(100) == bench_module.LEVEL_FLOOR_S + bench_module.LEVEL_SLACK * 100 / expected

@@ -80,3 +80,8 @@ CONTAINER_LOG_NAME = "vllm"
 # (scripts/install-litellm-proxy.sh) use this one version. 1.108.7 is the newest release whose `proxy` extra resolves
 # from the package index (1.110's requires a `litellm-proxy` distribution that is not published there).
 LITELLM_VERSION = "1.108.7"
+
+# One stream of google/gemma-4-E2B-it on one v6e chip (the reference flags): output tokens per second, measured. A
+# remote sweep's first level takes its deadline from it (tpuserve/measure/bench.py), having no request of its own
+# to time from this machine.
+SINGLE_STREAM_TOK_S = 213.0

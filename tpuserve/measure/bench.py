@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ from tpuserve.cli import json_option
 from tpuserve.client import server_root
 from tpuserve.deploy.stack import Served, model_option, read_outputs, served_endpoint, stack_options, url_option
 from tpuserve.deploy.vmssh import docker_over_iap
-from tpuserve.facts import PRICE_PER_CHIP_HOUR
+from tpuserve.facts import PRICE_PER_CHIP_HOUR, SINGLE_STREAM_TOK_S
 from tpuserve.measure import benchreport
 from tpuserve.serving import CONTAINER_NAME, DEFAULT_PORT
 
@@ -45,6 +46,24 @@ HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # How `vllm bench serve` 0.32 reports failed requests in its output (vllm/benchmarks/serve.py): "Error 0: <reason>"
 # under "Failed requests during benchmark run detected", then the result table framed by '=' lines.
 FAILED_REQUEST_LINE = re.compile(r"^Error \d+: ?(.*)$")
+# A level that does not end by itself ends here. `vllm bench serve` waits up to 6 h for each answer (aiohttp's total
+# timeout, vllm/benchmarks/lib/endpoint_request_func.py AIOHTTP_TIMEOUT), and a vLLM sent SIGTERM mid-level closes
+# its port but waits for the requests in flight, which its stopped engine never answers: the sweep sat 12 minutes at
+# 11/200 (issue #27). So each level gets a deadline: its requests one after another at the slowest rate measured so
+# far (one timed request before the first level; each level's own rate after it), LEVEL_SLACK times over, plus
+# LEVEL_FLOOR_S for `vllm bench serve` to start (importing vLLM and loading the tokenizer take ~20 s on an idle CPU
+# test machine, several times that on a busy one).
+LEVEL_FLOOR_S = 180.0
+LEVEL_SLACK = 3.0
+# Local mode also watches the server while a level runs: GET /health every LIVENESS_INTERVAL_S. A server that gives
+# no answer (refused, LIVENESS_TIMEOUT_S without one, or a 5xx: vLLM's /health says 503 once its engine died) for
+# UNANSWERED_LIMIT_S ends the level at once, deadline or not. Any other answer counts as alive (a LiteLLM router
+# answers 401 without its key).
+LIVENESS_INTERVAL_S = 5.0
+LIVENESS_TIMEOUT_S = 10.0
+UNANSWERED_LIMIT_S = 30.0
+STOP_GRACE_S = 5.0  # SIGTERM, then this long before SIGKILL
+TIMING_REQUEST_TIMEOUT_S = 300.0
 
 
 def parse_levels(text: str) -> list[int]:
@@ -206,12 +225,126 @@ def failure_cause(log_text: str) -> str:
     return meaningful[-1] if meaningful else "(empty log)"
 
 
-def run_logged(argv: list[str], log_path: Path) -> int:
-    """Run with output to a log file beside the results, so progress stays readable and nothing is lost."""
+class LevelStopped(Exception):
+    """A level ended before `vllm bench serve` finished it: its deadline passed, or the server stopped answering."""
+
+
+@dataclasses.dataclass
+class Pace:
+    """The slowest request rate measured so far (requests per second, `source` says where it came from): what each
+    level's deadline is derived from."""
+
+    rate_req_s: float
+    source: str
+
+    def measured(self, level: int, rate_req_s: float) -> None:
+        if 0 < rate_req_s < self.rate_req_s:
+            self.rate_req_s, self.source = rate_req_s, f"concurrency {level}"
+
+    def deadline_s(self, num_prompts: int) -> float:
+        return LEVEL_FLOOR_S + LEVEL_SLACK * num_prompts / self.rate_req_s
+
+    def explain(self, num_prompts: int) -> str:
+        return (f"{num_prompts} requests at the slowest rate measured, {self.rate_req_s:.3g} req/s, times "
+                f"{LEVEL_SLACK:g}, plus {LEVEL_FLOOR_S:g} s to start")
+
+
+def api_headers() -> dict[str, str]:
+    """The key `vllm bench serve` sends: $OPENAI_API_KEY (endpoint_request_func.py), so the timing request does too."""
+    key = os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def time_one_request(workload: Workload) -> float:
+    """Seconds one request of the workload's output length takes alone (EOS ignored, as the sweep's): the rate the
+    first level's deadline comes from. A server that cannot complete it would fail every level: refused here."""
+    import requests
+
+    from tpuserve.cli import request_failure
+
+    body = {"model": workload.model, "prompt": "Hello", "max_tokens": workload.output_len, "ignore_eos": True}
+    url = f"{server_root(workload.url)}/v1/completions"
+    start = time.monotonic()
+    try:
+        response = requests.post(url, json=body, headers=api_headers(), timeout=TIMING_REQUEST_TIMEOUT_S)
+    except requests.RequestException as err:
+        raise click.ClickException(f"timing one request before the first level: {request_failure(err)}") from err
+    if response.status_code != 200:
+        raise click.ClickException(f"timing one request before the first level: POST {url} answered HTTP "
+                                   f"{response.status_code}: {' '.join(response.text.split())[:300]}")
+    return max(time.monotonic() - start, 1e-3)
+
+
+class Liveness:
+    """Whether the server still answers GET /health; `check` says why not once it has not for UNANSWERED_LIMIT_S."""
+
+    def __init__(self, url: str):
+        self.url = f"{server_root(url)}/health"
+        self.since: float | None = None
+
+    def check(self) -> str | None:
+        import requests
+
+        from tpuserve.cli import ERRNO_REASON
+
+        try:
+            status = requests.get(self.url, timeout=LIVENESS_TIMEOUT_S).status_code
+            why = f"answered HTTP {status}" if status >= 500 else None
+        except requests.Timeout:
+            why = f"no answer in {LIVENESS_TIMEOUT_S:g} s"
+        except requests.RequestException as err:
+            found = ERRNO_REASON.search(str(err))
+            why = found.group(1).strip() if found else type(err).__name__
+        now = time.monotonic()
+        if why is None:
+            self.since = None
+            return None
+        self.since = self.since if self.since is not None else now
+        if now - self.since < UNANSWERED_LIMIT_S:
+            return None
+        return f"GET {self.url}: {why}, for {now - self.since:.0f} s"
+
+
+def end_process(process: subprocess.Popen) -> None:
+    """SIGTERM to its process group (`vllm bench serve`, or gcloud and its ssh), SIGKILL after STOP_GRACE_S."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(timeout=STOP_GRACE_S)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    process.wait()
+
+
+def run_logged(argv: list[str], log_path: Path, deadline_s: float, explain: str,
+               liveness: Liveness | None = None) -> int:
+    """Run with output to a log file beside the results, so progress stays readable and nothing is lost; stopped
+    (LevelStopped) at `deadline_s`, or once `liveness` says the server stopped answering. Its own session, so
+    stopping it reaches its children, and whatever ends this run (Ctrl-C too) ends it."""
     with log_path.open("w") as log:
         log.write(shlex.join(argv) + "\n")
         log.flush()
-        return subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        started = time.monotonic()
+        try:
+            while True:
+                left = deadline_s - (time.monotonic() - started)
+                try:
+                    return process.wait(timeout=max(min(LIVENESS_INTERVAL_S, left), 0.01))
+                except subprocess.TimeoutExpired:
+                    pass
+                if time.monotonic() - started >= deadline_s:
+                    raise LevelStopped(f"not finished {deadline_s:.1f} s after it began ({explain})")
+                why = liveness.check() if liveness else None
+                if why:
+                    raise LevelStopped(f"the server stopped answering ({why})")
+        finally:
+            if process.poll() is None:
+                end_process(process)
 
 
 def fetch_remote_result(target: RemoteTarget, remote_path: str, local_path: Path) -> None:
@@ -273,6 +406,10 @@ def sweep(url: str | None, model: str | None, tokenizer: str | None, levels: lis
     Each level's completed and failed requests are printed and recorded; a level where every request failed
     stops the sweep with vLLM's reason (exit 1). Beside the results, sweep.json records the commands, vLLM
     version, model, parameters, times and the stack's outputs.
+    A level that does not finish is stopped: at its deadline (its requests one after another at the slowest rate
+    measured so far, from one timed request before the first level, times 3, plus 3 min to start), or, in local
+    mode, once the server's /health has not answered for 30 s. The sweep then ends (exit 1), keeping the levels
+    that finished, and sweep.json says it is unfinished and why.
     """
     outputs = read_outputs(stack, stack_outputs)
     if vm is not None:
@@ -299,8 +436,18 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
     ensure_fresh_out(out)
     workload = Workload(served.url, served.model, tokenizer, input_len, output_len, num_prompts)
     manifest = start_manifest(workload, levels, target, outputs)
+    if target:  # the server is the container's own: no request can be timed from here
+        pace = Pace(SINGLE_STREAM_TOK_S / output_len, f"the reference {SINGLE_STREAM_TOK_S:g} tok/s single stream")
+    else:
+        seconds = time_one_request(workload)
+        pace = Pace(1 / seconds, "one timed request")
+        manifest["timing_request"] = {"seconds": round(seconds, 3), "request_rate": round(1 / seconds, 4)}
     remote_dir = f"{REMOTE_RESULT_ROOT}/{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
-    run_levels(levels, workload, out, manifest, vllm_bin, target, remote_dir)
+    try:
+        run_levels(levels, workload, out, manifest, vllm_bin, target, remote_dir, pace)
+    except click.ClickException as err:
+        end_unfinished(out, manifest, err.message, len(levels))
+        raise
     manifest["finished_at"] = now()
     write_manifest(out, manifest)
     if as_json:
@@ -310,6 +457,23 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
                for run in manifest["runs"] if run.get("failed")]
     note = f" ({'; '.join(partial)})" if partial else ""
     click.echo(f"{len(levels)} levels saved in {out}{note}; `tpuserve bench report {out}` prints the table.")
+
+
+def end_unfinished(out: Path, manifest: dict[str, Any], reason: str, planned: int) -> None:
+    """Mark sweep.json unfinished (`unfinished`: the level it ended in and why; `finished_at` stays null) and say
+    what is kept: every level that finished keeps its result file, which `bench report` reads."""
+    runs = manifest["runs"]
+    ran = {run["concurrency"] for run in runs}
+    level = next((level for level in manifest["parameters"]["concurrency"] if level not in ran), None)
+    manifest["unfinished"] = {"concurrency": level, "reason": reason, "at": now()}
+    write_manifest(out, manifest)
+    if runs:
+        names = ", ".join(str(run["concurrency"]) for run in runs)
+        kept = (f"concurrency {names} ({len(runs)} of {planned} levels) {'is' if len(runs) == 1 else 'are'} kept in "
+                f"{out}; sweep.json is marked unfinished; `tpuserve bench report {out}` reports what finished")
+    else:
+        kept = f"no level finished; sweep.json in {out} is marked unfinished"
+    click.echo(f"the sweep ended early: {kept}", err=True)
 
 
 def start_manifest(workload: Workload, levels: list[int], target: RemoteTarget | None,
@@ -328,6 +492,7 @@ def start_manifest(workload: Workload, levels: list[int], target: RemoteTarget |
                        "num_prompts": workload.num_prompts, "dataset": "random"},
         "stack_outputs": stack_outputs,
         "runs": [],
+        "unfinished": None,
     }
 
 
@@ -336,9 +501,10 @@ def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
 
 
 def run_levels(levels: list[int], workload: Workload, out: Path, manifest: dict[str, Any], vllm_bin: str,
-               target: RemoteTarget | None, remote_dir: str) -> None:
+               target: RemoteTarget | None, remote_dir: str, pace: Pace) -> None:
     """One run per level, manifest rewritten after each so an interrupted sweep still says what ran. Each level's
-    completed/failed counts are printed; a level where every request failed ends the sweep (exit 1)."""
+    completed/failed counts are printed; a level where every request failed, or one stopped (its deadline from
+    `pace`, or a server that stopped answering), ends the sweep (exit 1)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -346,8 +512,11 @@ def run_levels(levels: list[int], workload: Workload, out: Path, manifest: dict[
     with Progress(*columns, console=Console(stderr=True)) as progress:
         task = progress.add_task("sweep", total=len(levels))
         for level in levels:
-            progress.update(task, description=f"concurrency {level}")
-            run = run_level(level, workload, out, vllm_bin, target, remote_dir)
+            deadline_s = pace.deadline_s(workload.num_prompts)
+            progress.update(task, description=f"concurrency {level} (deadline {deadline_s:.0f} s)")
+            run = run_level(level, workload, out, vllm_bin, target, remote_dir, deadline_s,
+                            pace.explain(workload.num_prompts))
+            pace.measured(level, run.get("request_rate") or 0.0)
             manifest["runs"].append(run)
             write_manifest(out, manifest)
             progress.advance(task)
@@ -360,7 +529,7 @@ def run_levels(levels: list[int], workload: Workload, out: Path, manifest: dict[
 
 
 def run_level(level: int, workload: Workload, out: Path, vllm_bin: str, target: RemoteTarget | None,
-              remote_dir: str) -> dict[str, Any]:
+              remote_dir: str, deadline_s: float, explain: str) -> dict[str, Any]:
     filename = result_filename(level)
     if target:
         argv = target.ssh(bench_serve_args("vllm", workload, level, remote_dir, filename))
@@ -368,7 +537,12 @@ def run_level(level: int, workload: Workload, out: Path, vllm_bin: str, target: 
         argv = bench_serve_args(vllm_bin, workload, level, str(out), filename)
     log_path = out / f"c{level}.log"
     started_at, start = now(), time.monotonic()
-    returncode = run_logged(argv, log_path)
+    try:
+        # Remote: the server's URL is the container's own, not reachable from here to watch; the deadline holds.
+        returncode = run_logged(argv, log_path, deadline_s, explain, None if target else Liveness(workload.url))
+    except LevelStopped as stopped:
+        raise click.ClickException(f"concurrency {level}: {stopped}; `vllm bench serve` was stopped (log: "
+                                   f"{log_path})") from stopped
     wall_s = time.monotonic() - start
     if returncode != 0:
         raise click.ClickException(f"concurrency {level}: `vllm bench serve` exited with {returncode}: "
@@ -377,9 +551,11 @@ def run_level(level: int, workload: Workload, out: Path, vllm_bin: str, target: 
         fetch_remote_result(target, f"{remote_dir}/{filename}", out / filename)
     if not (out / filename).is_file():
         raise click.ClickException(f"concurrency {level}: no {filename} was saved; see {log_path}")
-    completed, failed = benchreport.request_counts(json.loads((out / filename).read_text()), workload.num_prompts)
+    result = json.loads((out / filename).read_text())
+    completed, failed = benchreport.request_counts(result, workload.num_prompts)
     run = {"concurrency": level, "command": argv, "result_file": filename, "log_file": log_path.name,
-           "started_at": started_at, "wall_s": round(wall_s, 3), "completed": completed, "failed": failed}
+           "started_at": started_at, "wall_s": round(wall_s, 3), "deadline_s": round(deadline_s, 1),
+           "completed": completed, "failed": failed, "request_rate": result.get("request_throughput")}
     if failed:
         run["cause"] = failure_cause(log_path.read_text(errors="replace"))
     return run
@@ -405,8 +581,10 @@ def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, as
     output_format = "json" if as_json else output_format
     runs = {run_label(directory, dirs): benchreport.report_rows(directory, price_per_hour) for directory in dirs}
     infos = [benchreport.run_info(directory) for directory in dirs]
-    notes = [note for label, rows in runs.items()
-             for note in benchreport.report_notes(rows, label if len(dirs) == 2 else "")]
+    notes = [f"{label + ': ' if len(dirs) == 2 else ''}unfinished sweep: {info.unfinished}"
+             for label, info in zip(runs, infos) if info.unfinished]
+    notes += [note for label, rows in runs.items()
+              for note in benchreport.report_notes(rows, label if len(dirs) == 2 else "")]
     if len(dirs) == 1:
         rows = next(iter(runs.values()))
         title = f"{dirs[0]}: {infos[0].model} · {infos[0].lengths} at ${price_per_hour:g}/h"

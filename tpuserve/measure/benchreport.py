@@ -179,6 +179,7 @@ class RunInfo:
     requested: tuple[int, int] | None
     measured: tuple[int, int] | None
     date: str | None
+    unfinished: str | None = None  # why the sweep ended early (sweep.json `unfinished`), when it did
 
     @property
     def input_len(self) -> int | None:
@@ -215,9 +216,11 @@ def run_info(directory: Path) -> RunInfo:
 
     requested = (parameters.get("input_len"), parameters.get("output_len"))
     means = (mean_length("total_input_tokens"), mean_length("total_output_tokens"))
+    unfinished = manifest.get("unfinished") if isinstance(manifest.get("unfinished"), dict) else {}
     return RunInfo(str(directory), manifest.get("model") or next((r.get("model_id") for r in results), None),
                    requested if None not in requested else None, means if None not in means else None,
-                   day(manifest.get("started_at") or next((r.get("date") for r in results if r.get("date")), None)))
+                   day(manifest.get("started_at") or next((r.get("date") for r in results if r.get("date")), None)),
+                   str(unfinished.get("reason") or "reason not recorded") if unfinished else None)
 
 
 def day(stamp: Any) -> str | None:
