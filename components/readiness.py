@@ -46,6 +46,8 @@ def url_target(url: str, model: str) -> list[str]:
 
 def gate_command(target: Sequence[str], timeout_s: int) -> str:
     args = ["gate", *target, "--timeout", str(timeout_s)]
+    if "--url" in target:  # it watches the boot from the start: vLLM refuses connections until its engine is up
+        args += ["--connect-timeout", str(timeout_s)]
     return f"{GATE_PYTHON} -m tpuserve " + " ".join(shlex.quote(a) for a in args)
 
 

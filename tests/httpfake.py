@@ -53,7 +53,8 @@ class _QuietServer(ThreadingHTTPServer):
 class FakeServer:
     """Use as a context manager; `routes[(METHOD, path)] = handler`. Unrouted requests get 404."""
 
-    def __init__(self, routes: dict[tuple[str, str], Handler] | None = None, fallback: Handler | None = None):
+    def __init__(self, routes: dict[tuple[str, str], Handler] | None = None, fallback: Handler | None = None,
+                 port: int = 0):
         self.routes: dict[tuple[str, str], Handler] = dict(routes or {})
         # Called for requests no route matches (paths with ids in them); None answers 404.
         self.fallback = fallback
@@ -84,7 +85,7 @@ class FakeServer:
             def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
                 pass
 
-        self._server = _QuietServer(("127.0.0.1", 0), _Handler)
+        self._server = _QuietServer(("127.0.0.1", port), _Handler)  # port 0: any free one
         # A short poll interval: shutdown() waits for it, and tests start hundreds of these.
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         daemon=True)

@@ -5,6 +5,7 @@ The real-vLLM checks live in tests/e2e/test_gate_e2e.py."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -255,10 +256,12 @@ def test_off_a_terminal_the_gate_prints_each_change_and_a_heartbeat():
 
 def test_a_server_that_never_comes_up_times_out_naming_the_health_stage():
     started = time.monotonic()
+    port = free_local_port()
     with requests.Session() as http:
-        verdict = watch_url(http, f"http://127.0.0.1:{free_local_port()}", MODEL, timeout_s=0.5, interval_s=0.05)
+        verdict = watch_url(http, f"http://127.0.0.1:{port}", MODEL, timeout_s=0.5, interval_s=0.05)
     assert not verdict.ready and verdict.stages == {}
-    assert verdict.reason == "timed out after 0.5 s in stage health: no answer (ConnectionError)"
+    assert verdict.reason == (f"timed out after 0.5 s in stage health: nothing listens on 127.0.0.1:{port} yet: is "
+                              "the port right?")
     assert 0.5 <= verdict.elapsed_s < 1.0  # polls stop at the deadline, not an interval or a request later
     assert time.monotonic() - started < 2
 
@@ -957,3 +960,78 @@ def test_an_instance_wait_with_no_time_left_says_it_read_nothing():
     assert verdict.ready is False and json.loads(verdict.json_line())["ready"] is False
     assert verdict.reason == "timed out after 0 s in stage booting: not read yet"
     assert [r.path for r in fake.requests] == [f"{VM_PATH}/serialPort"]
+
+
+# --- issue #27, item 3: a wrong port, said plainly, and ended by --connect-timeout ----------------------------
+
+def test_a_refused_connection_is_said_plainly_while_waiting():
+    port = free_local_port()
+    with requests.Session() as http:
+        seen: list[str] = []
+
+        class Reporter(gate_module.SilentReporter):
+            def waiting(self, stage: str, detail: str) -> None:
+                seen.append(f"{stage}: {detail}")
+
+        watch_url(http, f"127.0.0.1:{port}", MODEL, timeout_s=0.2, interval_s=0.05, reporter=Reporter())
+    assert set(seen) == {f"health: nothing listens on 127.0.0.1:{port} yet: is the port right?"}
+
+
+def test_connections_refused_for_the_connect_timeout_end_the_gate_with_that_verdict():
+    port = free_local_port()
+    started = time.monotonic()
+    code, stdout, stderr = run_gate("--url", f"127.0.0.1:{port}", "--connect-timeout", "0.3", "--interval", "0.05")
+    assert code == 1 and time.monotonic() - started < 3
+    verdict = json.loads(stdout[-1])
+    assert verdict["ready"] is False
+    assert verdict["reason"] == (f"stage health: nothing listens on 127.0.0.1:{port}: connections refused for 0.3 s "
+                                 "(--connect-timeout); is the port right?")
+    assert f"not ready: {verdict['reason']}" in " ".join(stderr.split())
+
+
+def test_a_host_that_does_not_resolve_counts_as_not_connecting_and_says_so():
+    with requests.Session() as http:
+        verdict = watch_url(http, "http://no-such-host.invalid:8000", MODEL, timeout_s=5, interval_s=0.05,
+                            connect_timeout_s=0.2)
+    assert verdict.reason.startswith("stage health: cannot connect to no-such-host.invalid:8000 (")
+    assert verdict.reason.endswith("for 0.2 s (--connect-timeout); is the host right?")
+
+
+@pytest.mark.real_time
+def test_a_server_that_opens_its_port_within_the_connect_timeout_passes():
+    """vLLM binds its port at start but listens only once its engine is up (vllm/entrypoints/launchers/launcher.py
+    create_server_socket: bind, no listen): refusals before that are a boot, not a wrong port."""
+    port = free_local_port()
+    bound = socket.socket()
+    bound.bind(("127.0.0.1", port))  # as vLLM holds it while the engine loads: connections are refused
+    servers: list[FakeServer] = []
+
+    def open_port() -> None:
+        bound.close()
+        servers.append(FakeServer(openai_routes(Response(200, chat_body("Hello"))), port=port).__enter__())
+
+    opener = threading.Timer(0.4, open_port)
+    opener.start()
+    try:
+        with requests.Session() as http:
+            verdict = watch_url(http, f"127.0.0.1:{port}", MODEL, timeout_s=5, interval_s=0.05, connect_timeout_s=2)
+    finally:
+        opener.join()
+        for server in servers:
+            server.__exit__()
+    assert verdict.ready, verdict.reason
+    assert verdict.stages["health"] >= 0.4
+
+
+def test_refusals_are_counted_only_while_they_last():
+    refusals = gate_module.Refusals()
+    assert [refusals.note(connected, at) for connected, at in [
+        (False, 10.0), (False, 12.0), (True, 13.0), (False, 20.0), (False, 23.5), (False, 25.0)]] == [
+        0.0, 2.0, None, 0.0, 3.5, 5.0]
+
+
+def test_connect_timeout_is_url_mode_only_and_positive():
+    code, _, stderr = run_gate("--instance", "vm", "--zone", "z", "--project", "p", "--connect-timeout", "5")
+    assert code == 2 and "--connect-timeout works with --url only" in stderr
+    code, _, stderr = run_gate("--url", "127.0.0.1:9", "--connect-timeout", "0")
+    assert code == 2 and "--connect-timeout" in stderr

@@ -91,7 +91,8 @@ def test_container_carries_stack_labels_and_config_hash(local_run: StackRun) -> 
 def test_readiness_gate_polls_the_published_url(local_run: StackRun) -> None:
     cfg = build_stack_config(local_config())
     assert gate_argv(local_run) == ["gate", "--url", f"http://127.0.0.1:{cfg.local_port}",
-                                    "--model", cfg.serving.model, "--timeout", str(cfg.readiness_timeout_seconds)]
+                                    "--model", cfg.serving.model, "--timeout", str(cfg.readiness_timeout_seconds),
+                                    "--connect-timeout", str(cfg.readiness_timeout_seconds)]
     assert local_run.one(GATE).inputs["triggers"] == [f"{local_run.one(CONTAINER).name}-id",
                                                       config_hash(cfg.serving)]
 

@@ -100,11 +100,13 @@ def wait_healthy_or_fail(server: RunningServer) -> float:
 
 
 def start_gate(server: RunningServer, log_dir: Path) -> subprocess.Popen:
-    """`tpuserve gate --url` with its default options: JSON verdict to gate.out, human output to gate.err."""
+    """`tpuserve gate --url` as the local stack runs it (watching a boot, so refusals count only toward --timeout):
+    JSON verdict to gate.out, human output to gate.err."""
     with (log_dir / "gate.out").open("wb") as out, (log_dir / "gate.err").open("wb") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "tpuserve", "gate", "--url", server.url, "--model", server.model,
-             "--timeout", str(cpu_server.HEALTH_TIMEOUT_S + 30)],
+             "--timeout", str(cpu_server.HEALTH_TIMEOUT_S + 30),
+             "--connect-timeout", str(cpu_server.HEALTH_TIMEOUT_S + 30)],  # a boot: refused until the engine is up
             stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=REPO)
 
 

@@ -44,7 +44,7 @@ class RunningServer:
 @dataclass
 class BootWatch:
     """A server's boot as seen from outside: when /health first answered 200 (polled every 0.1 s), and a
-    `tpuserve gate --url` (default options) started together with the server."""
+    `tpuserve gate --url` (as the local stack runs it) started together with the server."""
 
     server: RunningServer
     gate: subprocess.Popen

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import click
 import requests
@@ -46,6 +47,12 @@ COMPLETION_MAX_TOKENS = 8
 FATAL_API_STATUSES = (400, 401, 403)
 # Off a terminal (CI, `pulumi up`), progress is printed as lines: one per stage change and a heartbeat this often.
 HEARTBEAT_S = 30.0
+# URL mode: how long connections may fail (refused, an unknown host, no route) before the gate stops waiting for
+# a server that is supposed to run already. One that runs answers at once, and two minutes of refusals mean a
+# wrong address far more often than a server about to listen. vLLM binds its port at start but listens only
+# once its engine is up (vllm/entrypoints/launchers/launcher.py create_server_socket binds, uvicorn listens
+# later), so a watch of a boot from its start (the local stack's readiness gate) gives the whole --timeout.
+CONNECT_TIMEOUT_S = 120.0
 # Instance statuses from which the VM will not reach `serving` by itself.
 STOPPED_STATUSES = frozenset({"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"})
 
@@ -59,6 +66,7 @@ class Check:
     detail: str = ""
     fatal: bool = False
     value: str = ""
+    connected: bool = True  # False: no connection could be made (what --connect-timeout counts)
 
 
 @dataclass(frozen=True)
@@ -203,31 +211,75 @@ def url_stages(smoke: Sequence[str]) -> list[tuple[str, UrlCheck]]:
     return [*URL_CHECKS.items(), *((f"smoke-{name}", SMOKE_CHECKS[name]) for name in smoke)]
 
 
+def unanswered(err: requests.RequestException, root: str) -> Check:
+    """A request that got no answer, said plainly: nothing listening (refused), a host that cannot be reached (no
+    connection: both counted by --connect-timeout), or a server too slow to answer."""
+    from tpuserve.cli import ERRNO_REASON
+
+    if isinstance(err, requests.ConnectionError):  # ConnectTimeout too: a SYN nobody answered
+        address = urlsplit(root).netloc
+        found = ERRNO_REASON.search(str(err))
+        reason = found.group(1).strip() if found else type(err).__name__
+        if "refused" in reason.lower():
+            return Check(False, f"nothing listens on {address} yet: is the port right?", connected=False)
+        return Check(False, f"cannot connect to {address} ({reason})", connected=False)
+    return Check(False, f"no answer ({type(err).__name__})")
+
+
 def run_check(check: UrlCheck, http: requests.Session, root: str, model: str | None, timeout_s: float) -> Check:
     try:
         return check(http, root, model, timeout_s)
     except NotReady as err:
         return Check(False, str(err), fatal=err.fatal)
     except requests.RequestException as err:
-        return Check(False, f"no answer ({type(err).__name__})")
+        return unanswered(err, root)
+
+
+@dataclass
+class Refusals:
+    """How long connections have failed in a row: `note` each look's outcome at `at` seconds; None once one
+    connected, else the seconds since the first failure of the current run."""
+
+    since: float | None = None
+
+    def note(self, connected: bool, at: float) -> float | None:
+        if connected:
+            self.since = None
+            return None
+        if self.since is None:
+            self.since = at
+        return at - self.since
+
+
+def never_connected(result: Check, stage: str, for_s: float) -> str:
+    """The verdict once connections failed for --connect-timeout: what failed and what to check."""
+    detail = result.detail.replace(" yet: is the port right?", "")
+    what = "connections refused" if detail.startswith("nothing listens") else "no connection"
+    hint = "is the port right?" if what == "connections refused" else "is the host right?"
+    return f"stage {stage}: {detail}: {what} for {for_s:g} s (--connect-timeout); {hint}"
 
 
 def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequence[str] = (),
               timeout_s: float = READY_TIMEOUT_S, interval_s: float = URL_INTERVAL_S,
-              reporter: Reporter = SILENT) -> Verdict:
+              reporter: Reporter = SILENT, connect_timeout_s: float | None = None) -> Verdict:
     """Pass each stage in order, polling the current one every `interval_s`; ready when the last one passes. An
-    answer no wait can fix (Check.fatal) ends the wait at once. `model` None: the first model listed."""
-    deadline, root, stages = Deadline(timeout_s), server_root(url), {}
+    answer no wait can fix (Check.fatal), or no connection for `connect_timeout_s` in a row (None: no limit but
+    the timeout), ends the wait at once. `model` None: the first model listed."""
+    deadline, root, stages, refusals = Deadline(timeout_s), server_root(url), {}, Refusals()
     for name, check in url_stages(smoke):
         detail = "not tried"
         while True:
             if deadline.remaining() <= 0:
                 return Verdict(False, deadline.elapsed(), stages,
                                f"timed out after {timeout_s:g} s in stage {name}: {detail}")
+            tried_at = deadline.elapsed()
             result = run_check(check, http, root, model, min(deadline.remaining(), REQUEST_TIMEOUT_S))
             if result.fatal:
                 return Verdict(False, deadline.elapsed(), stages,
                                f"stage {name}: {result.detail} (waiting cannot change this answer)")
+            failing_for = refusals.note(result.connected, tried_at)
+            if connect_timeout_s is not None and failing_for is not None and failing_for >= connect_timeout_s:
+                return Verdict(False, deadline.elapsed(), stages, never_connected(result, name, connect_timeout_s))
             if result.ok:
                 model = result.value or model
                 stages[name] = deadline.elapsed()
@@ -428,12 +480,15 @@ def print_timeline(console: Any, verdict: Verdict) -> None:
 
 
 def check_mode(url: str | None, model: str | None, instance: str | None, zone: str | None,
-               project: str | None, smoke: str, config_hash: str | None) -> None:
+               project: str | None, smoke: str, config_hash: str | None, connect_timeout_s: float | None = None
+               ) -> None:
     """Exactly one of --url / --instance, with the options that mode needs."""
     if bool(url) == bool(instance):
         raise click.UsageError("give exactly one of --url (a server) or --instance (a VM)")
     if url and config_hash:
         raise click.UsageError("--config-hash works with --instance only (a server's URL does not report it)")
+    if instance and connect_timeout_s is not None:
+        raise click.UsageError("--connect-timeout works with --url only (a VM is followed through the Compute API)")
     if instance:
         missing = [option for option, value in (("--zone", zone), ("--project", project)) if not value]
         if missing:
@@ -454,6 +509,11 @@ def check_mode(url: str | None, model: str | None, instance: str | None, zone: s
 @click.option("--compute-url", default=COMPUTE_URL, show_default=True, help="Compute API root (tests use a fake).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=READY_TIMEOUT_S,
               show_default=True, help="Seconds to wait in all.")
+@click.option("--connect-timeout", "connect_timeout_s", type=click.FloatRange(min=0, min_open=True),
+              help=f"URL mode: seconds of failed connections in a row (refused, unknown host) that end the wait "
+              f"[default: {CONNECT_TIMEOUT_S:g}]. A server that already runs answers at once, so two minutes of "
+              "refusals mean a wrong address; vLLM refuses connections until its engine is up, so to watch a boot "
+              "from its start give the same value as --timeout.")
 @click.option("--interval", "interval_s", type=click.FloatRange(min=0, min_open=True),
               help=f"Seconds between polls [default: {URL_INTERVAL_S:g} with --url, {INSTANCE_INTERVAL_S:g} with "
               "--instance (each poll is a Compute API call)].")
@@ -461,7 +521,8 @@ def check_mode(url: str | None, model: str | None, instance: str | None, zone: s
 @json_option
 def gate(url: str | None, model: str | None, smoke: str, instance: str | None, zone: str | None,
          project: str | None, config_hash: str | None, compute_url: str, timeout_s: float,
-         interval_s: float | None, stack: str | None, stack_outputs: Path | None, as_json: bool) -> None:
+         connect_timeout_s: float | None, interval_s: float | None, stack: str | None, stack_outputs: Path | None,
+         as_json: bool) -> None:
     """Wait until a deployment really serves; exit 0 only then. The last stdout line is the JSON verdict
     (always: --json is accepted for symmetry with the other commands; progress goes to stderr).
 
@@ -481,7 +542,7 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
         else:
             instance, zone, project = outputs.get("instanceName"), outputs.get("zone"), outputs.get("project")
             config_hash = config_hash or outputs.get("configHash")
-    check_mode(url, model, instance, zone, project, smoke, config_hash)
+    check_mode(url, model, instance, zone, project, smoke, config_hash, connect_timeout_s)
     smoke_checks = parse_smoke(smoke)
     console = Console(stderr=True)
     with console.status("starting") if console.is_terminal else contextlib.nullcontext() as status:
@@ -493,7 +554,7 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
                 if os.environ.get(API_KEY_ENV):
                     http.headers["Authorization"] = f"Bearer {os.environ[API_KEY_ENV]}"
                 verdict = watch_url(http, url, model, smoke_checks, timeout_s, interval_s or URL_INTERVAL_S,
-                                    reporter)
+                                    reporter, connect_timeout_s or CONNECT_TIMEOUT_S)
         else:
             verdict = gate_instance(Instance(str(project), str(zone), str(instance)), compute_url, timeout_s,
                                     interval_s or INSTANCE_INTERVAL_S, config_hash, reporter)
