@@ -6,7 +6,7 @@
 # the release archive for this OS and architecture is downloaded, checked against the release's published SHA-256
 # checksums file before it is unpacked, unpacked into a staging directory, checked to report the pinned version,
 # and only then renamed into place. A failed download or a checksum mismatch stops with one line on stderr and
-# leaves nothing installed.
+# leaves nothing installed; a failed download's line also says that any recent enough pulumi on PATH will do.
 #
 # The minimum is the floor pyproject.toml puts on the pulumi SDK (`pulumi>=3.200`): Pulumi builds the CLI and its
 # SDKs from one tag with one version number, and the Automation API defaults to "the CLI version matching the SDK
@@ -112,7 +112,10 @@ fetch() {
   # --proto-redir: a redirect may never downgrade the download to plain http.
   if ! err=$(curl --fail --silent --show-error --location --proto-redir =https --retry 2 \
     --output "$download/$1" "$base_url/$1" 2>&1); then
-    fail "could not download $base_url/$1 (${err#curl: }); nothing was installed"
+    err=${err##*$'\n'} # curl prints its error once per try (--retry): the last one says it
+    fail "could not download $base_url/$1 (${err#curl: }); nothing was installed. Any pulumi >= $minimum on PATH" \
+      "works instead: install it (https://www.pulumi.com/docs/install/) or copy one from a machine that has it," \
+      "then run this again; or point TPUSERVE_PULUMI_DOWNLOAD_URL at a mirror of https://get.pulumi.com/releases/sdk"
   fi
 }
 

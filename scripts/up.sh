@@ -10,6 +10,18 @@ stack=${1:-dev}
 shift || true
 
 scripts/bootstrap.sh stack
+
+# A gcp or gke stack (gcp is the default target) needs a Google login. It is checked first: the target is read from
+# the stack's file (Pulumi.<stack>.yaml holds its config; none yet means gcp) and the check needs no download, so a
+# machine that cannot reach the Pulumi releases hears about a missing login before it waits on them.
+target=$(sed -nE "s/^[[:space:]]+tpu-serve:target:[[:space:]]*[\"']?([A-Za-z]+).*/\1/p" "Pulumi.$stack.yaml" \
+  2>/dev/null | head -n 1) || target=
+google=
+if [[ ${target:-gcp} != local ]]; then
+  google=yes
+  .venv/bin/python -m tpuserve.deploy.adc_check
+fi
+
 pulumi_dir=$(scripts/install-pulumi.sh)
 export PATH="$pulumi_dir:$PATH"
 
@@ -23,11 +35,8 @@ if [[ $PULUMI_BACKEND_URL == file://* ]]; then
 fi
 pulumi stack select --create "$stack"
 
-# A gcp or gke stack (gcp is the default target) needs a Google login and a project: say how to get them before
-# the provider fails.
-target=$(pulumi config get target --stack "$stack" 2>/dev/null) || target=
-if [[ ${target:-gcp} != local ]]; then
-  .venv/bin/python -m tpuserve.deploy.adc_check
+# ... and a project: say how to set it before the provider fails.
+if [[ -n $google ]]; then
   project=$(pulumi config get project --stack "$stack" 2>/dev/null) || project=
   if [[ -z $project ]]; then
     pulumi_cmd=pulumi

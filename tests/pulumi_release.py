@@ -91,6 +91,7 @@ class Release:
     version: str
     archives: dict[str, bytes] = field(default_factory=dict)
     checksums: str = ""
+    unavailable: bool = False  # every file answers 503, which curl --retry retries (no network to the releases)
 
     @classmethod
     def build(cls, version: str, platform: str = "linux-x64", pulumi_script: str | None = None) -> Release:
@@ -99,7 +100,7 @@ class Release:
 
     def routes(self) -> dict:
         def serve(body: bytes | str):
-            return lambda request: Response(200, body)
+            return lambda request: Response(503, "Service Unavailable") if self.unavailable else Response(200, body)
 
         routes = {("GET", f"{RELEASES_PATH}/{name}"): serve(data) for name, data in self.archives.items()}
         routes[("GET", f"{RELEASES_PATH}/pulumi-{self.version}-checksums.txt")] = serve(self.checksums)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pulumi_release import Clone, Release, fake_pulumi
+from tests.pulumi_release import ROOT, Clone, Release, fake_pulumi
 
 PIN = "3.272.0"
 
@@ -79,7 +79,6 @@ def test_a_ready_machine_goes_from_setup_to_pulumi_up(clone: Clone):
     assert [*commands(clone)[:-1], handed_over(clone)] == [
         "bootstrap stack",
         "stack select --create dev",
-        "config get target --stack dev",
         "config get project --stack dev",
         "tpuserve up --stack dev --yes",
     ]
@@ -122,11 +121,40 @@ def test_missing_credentials_stop_before_pulumi_up_and_say_how_to_log_in(clone: 
 
     assert result.returncode == 1
     lines = result.stderr.splitlines()
-    assert len(lines) == 2, result.stderr  # the installer's "using pulumi ..." and the one error line
+    assert len(lines) == 1, result.stderr  # the one error line: the login check runs before the installer
     assert lines[-1].startswith("error: no Google application-default credentials (")
     assert lines[-1].endswith("; run `gcloud auth application-default login`")
     assert "Traceback" not in result.stderr
-    assert not any(command.startswith("tpuserve ") for command in commands(clone))
+    assert commands(clone) == ["bootstrap stack"]
+
+
+def test_the_login_check_comes_before_any_download(clone: Clone):
+    no_credentials(clone)
+    release = Release.build(PIN)
+    release.unavailable = True
+
+    result = clone.run("up.sh", "dev", release=release)
+
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1].startswith("error: no Google application-default credentials (")
+    assert result.requests == []  # told to log in without waiting on a download first
+
+
+def test_without_network_to_the_releases_the_error_is_said_once_with_the_way_out(clone: Clone):
+    release = Release.build(PIN)
+    release.unavailable = True  # curl --retry 2 tries three times, and printed its error each time
+
+    result = clone.run("up.sh", "dev", release=release)
+
+    assert result.returncode == 1
+    [line] = [line for line in result.stderr.splitlines() if "could not download" in line]
+    assert line == (f"install-pulumi: could not download {line.split()[4]} ((22) The requested URL returned error: "
+                    "503); nothing was installed. Any pulumi >= 3.200.0 on PATH works instead: install it "
+                    "(https://www.pulumi.com/docs/install/) or copy one from a machine that has it, then run this "
+                    "again; or point TPUSERVE_PULUMI_DOWNLOAD_URL at a mirror of https://get.pulumi.com/releases/sdk")
+    assert result.stderr.count("503") == 1
+    assert len(result.requests) == 3  # the checksums file, tried three times; the archive never
+    assert commands(clone) == ["bootstrap stack"]
 
 
 def test_a_stack_without_a_project_says_the_exact_command(clone: Clone):
@@ -155,8 +183,10 @@ def test_a_local_stack_needs_neither_google_credentials_nor_a_project(clone: Clo
     clone.put_on_path("pulumi", fake_pulumi(PIN))
     no_credentials(clone)
 
-    result = clone.run("up.sh", "local", env={"FAKE_TARGET": "local"})
+    (clone.root / "Pulumi.local.yaml").write_text((ROOT / "Pulumi.local.yaml").read_text())  # target: local
+
+    result = clone.run("up.sh", "local")
 
     assert result.returncode == 0, result.stderr
-    assert commands(clone)[-2] == "config get target --stack local"
-    assert handed_over(clone) == "tpuserve up --stack local"
+    assert [*commands(clone)[:-1], handed_over(clone)] == ["bootstrap stack", "stack select --create local",
+                                                           "tpuserve up --stack local"]
