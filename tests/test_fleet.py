@@ -414,6 +414,16 @@ def test_bad_usage_is_one_line_and_exit_2(pulumi: FakePulumi, run) -> None:
     assert pulumi.stacks() == []  # refused before anything was created
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--lead", "0"], "Invalid value for --lead: must be longer than zero"),
+    (["--lead", "soon"], "Invalid value for --lead: 'soon' is not a duration like 90m, 2h or 1h30m"),
+    (["--deadline", "0"], "Invalid value for --deadline: must be longer than zero"),
+])
+def test_a_bad_duration_names_its_own_option(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(fleet_module.fleet, ["renew", "--stack", "dev", *args])
+    assert result.exit_code == 2 and result.output.splitlines()[-1] == f"Error: {message}"
+
+
 @pytest.mark.parametrize("instance, expected", [
     ({"creationTimestamp": "2026-11-29T01:58:00.000-08:00", "scheduling": {"maxRunDuration": {"seconds": "14400"}}},
      "2026-11-29T13:58:00+00:00"),

@@ -1084,7 +1084,11 @@ def fleet_renew(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]
                 lease_poll_s: float) -> None:
     """Replace every replica whose flex-start deletion is near: successors placed and gated (several at once),
     added; the old ones drained, destroyed. Without capacity an old replica serves until its deletion (exit 3)."""
-    lead = timedelta(seconds=parse_deadline(lead_text))
+    try:
+        lead = timedelta(seconds=parse_deadline(lead_text))
+    except click.BadParameter as err:
+        err.param_hint = "--lead"  # parse_deadline names --deadline, the option it was written for
+        raise
     deadline_s, started = parse_deadline(deadline_text), time.monotonic()
     wait_s = parse_wait(lease_wait_text)
     s = open_fleet(stack, cwd, endpoints, yes, pulumi_args)
