@@ -199,7 +199,7 @@ def test_the_json_document_in_full(tmp_path: Path):
     session_part = document.pop("session")
     assert document == {"price_per_hour": 1.35, "api_price_per_m": 0.4, "breakeven_output_tok_s": exactly(937.5),
                         "cold_start_min": 10.0, "cold_start_usd": exactly(0.225),
-                        "cache_disk": {"size_gb": 100, "usd_per_month": exactly(8.0)}}
+                        "cache_disk": {"size_gb": 100, "usd_per_month": exactly(8.0)}, "notes": []}
     assert session_part == {"hours": 4.0, "serving_hours": exactly(23 / 6), "output_tok_s": 400.0,
                             "output_tokens": exactly(5_520_000), "usd": exactly(5.4),
                             "usd_per_m_output": exactly(5.4 / 5.52), "api_usd": exactly(2.208),
@@ -274,3 +274,25 @@ def test_report_and_a_direct_rate_together_are_refused_before_anything_is_priced
     alone = CliRunner().invoke(cost, ["--concurrency", "8"])
     assert (alone.exit_code, alone.output.splitlines()[-1]) == (2, "Error: Invalid value for --concurrency: needs "
                                                                    "--report")
+
+
+# --- issue #27, item 6: a level where most requests failed is flagged, by bench report's rule ------------------
+
+def test_an_operating_point_where_most_requests_failed_is_flagged_as_bench_report_flags_it(tmp_path: Path):
+    from tpuserve.measure.benchreport import report_notes, report_rows
+
+    write_result(tmp_path, 1, 100.0)
+    (tmp_path / "c8.json").write_text(json.dumps({
+        "max_concurrency": 8, "completed": 11, "failed": 189, "request_throughput": 0.2, "output_throughput": 900.0,
+        "total_token_throughput": 1800.0, "median_ttft_ms": 100.0, "p99_ttft_ms": 200.0, "median_tpot_ms": 10.0}))
+    flagged = report_notes([row for row in report_rows(tmp_path, 1.35) if row.concurrency == 8])
+    assert flagged == ["concurrency 8: 189 of 200 requests failed: the numbers cover the 11 that completed"]
+
+    text = CliRunner().invoke(cost, ["--report", str(tmp_path)], env={"COLUMNS": "200"})
+    assert text.exit_code == 0, text.output
+    assert f"⚠ {flagged[0]}" in text.output.splitlines()
+    document = json.loads(CliRunner().invoke(cost, ["--report", str(tmp_path), "--json"]).output)
+    assert document["session"]["operating_point"] == f"concurrency 8 of {tmp_path}"
+    assert document["notes"] == flagged
+    clean = json.loads(CliRunner().invoke(cost, ["--report", str(tmp_path), "--concurrency", "1", "--json"]).output)
+    assert clean["notes"] == []

@@ -116,15 +116,18 @@ def cost(chips: int, price_per_chip_hour: float, price_per_hour: float | None, a
     if concurrency is not None and not report_dir:
         raise click.BadParameter("needs --report", param_hint="--concurrency")
     label = f"--output-tok-s {output_tok_s:g}" if output_tok_s else None
+    notes: list[str] = []
     if report_dir:
         point = operating_point(benchreport.report_rows(report_dir, price_per_hour), concurrency)
         output_tok_s, label = point.output_tok_s, f"concurrency {point.concurrency} of {report_dir}"
+        notes = benchreport.report_notes([point])  # what `bench report` flags about this level, in its words
     breakeven = breakeven_output_tok_s(price_per_hour, api_price_per_m)
     if as_json:
         document = cost_document(price_per_hour, api_price_per_m, cold_start_min, session_h, breakeven,
                                  output_tok_s, label)
         document["cache_disk"] = {"size_gb": cache_disk_gb, "usd_per_month":
                                   cache_disk_monthly_usd(cache_disk_gb, disk_price_per_gb_month)} if cache_disk_gb else None
+        document["notes"] = notes
         click.echo(json.dumps(document, indent=2))
         return
     click.echo(f"Breakeven vs ${api_price_per_m:g}/M: {breakeven:,.1f} output tok/s sustained at ${price_per_hour:g}/h")
@@ -136,6 +139,8 @@ def cost(chips: int, price_per_chip_hour: float, price_per_hour: float | None, a
     if output_tok_s:
         echo_session(session(price_per_hour, api_price_per_m, session_h, cold_start_min, output_tok_s), label,
                      breakeven)
+    for note in notes:
+        click.echo(f"⚠ {note}")
 
 
 def echo_session(result: Session, label: str | None, breakeven: float) -> None:
