@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -521,3 +523,29 @@ def test_a_levels_deadline_is_its_size_at_the_slowest_rate_measured_with_a_floor
         pace.measured(level, rate)
     assert pace.rate_req_s == expected
     assert pace.deadline_s(100) == bench_module.LEVEL_FLOOR_S + bench_module.LEVEL_SLACK * 100 / expected
+
+
+def test_ctrl_c_in_a_sweep_says_what_was_kept_and_that_sweep_json_is_unfinished(talking_vllm: Path, tmp_path: Path):
+    out = tmp_path / "run"
+    with StoppingVllm(stop_at=None, stall_at=1 + 4 + 1) as server:  # level 2 runs until interrupted
+        sweep = subprocess.Popen(
+            [sys.executable, "-m", "tpuserve", "bench", "sweep", "--url", server.url, "--model", "tiny",
+             "--tokenizer", "/t", "--input-len", "8", "--output-len", "4", "--num-prompts", "4",
+             "--concurrency", "1,2,4", "--out", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+        deadline = time.monotonic() + 60
+        while server.completions < 1 + 4 + 1 and time.monotonic() < deadline:  # level 2 has begun
+            time.sleep(0.05)
+        sweep.send_signal(signal.SIGINT)  # Ctrl-C
+        stdout, stderr = sweep.communicate(timeout=60)
+    assert sweep.returncode == 130, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert lines[-2:] == [
+        f"the sweep ended early: concurrency 1 (1 of 3 levels) is kept in {out}; sweep.json is marked unfinished; "
+        f"`tpuserve bench report {out}` reports what finished",
+        "Aborted: interrupted (Ctrl-C) during concurrency 2"]
+    assert "Aborted!" not in stderr and "Traceback" not in stderr and stdout == ""
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert manifest["unfinished"]["reason"] == "interrupted (Ctrl-C) during concurrency 2"
+    assert [run["concurrency"] for run in manifest["runs"]] == [1]
+    assert not any(alive(int(pid)) for pid in talking_vllm.read_text().split())  # its vllm bench serve too

@@ -448,6 +448,12 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
     except click.ClickException as err:
         end_unfinished(out, manifest, err.message, len(levels))
         raise
+    except KeyboardInterrupt:  # Ctrl-C: the level's `vllm bench serve` is stopped already (run_logged)
+        level = unfinished_level(manifest)
+        reason = "interrupted (Ctrl-C)" + (f" during concurrency {level}" if level is not None else "")
+        end_unfinished(out, manifest, reason, len(levels))
+        click.echo(f"Aborted: {reason}", err=True)
+        raise click.exceptions.Exit(130) from None  # 128 + SIGINT, as a shell reports it
     manifest["finished_at"] = now()
     write_manifest(out, manifest)
     if as_json:
@@ -459,13 +465,17 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
     click.echo(f"{len(levels)} levels saved in {out}{note}; `tpuserve bench report {out}` prints the table.")
 
 
+def unfinished_level(manifest: dict[str, Any]) -> int | None:
+    """The level a sweep ended in: the first it has no run of (None: it ran them all)."""
+    ran = {run["concurrency"] for run in manifest["runs"]}
+    return next((level for level in manifest["parameters"]["concurrency"] if level not in ran), None)
+
+
 def end_unfinished(out: Path, manifest: dict[str, Any], reason: str, planned: int) -> None:
     """Mark sweep.json unfinished (`unfinished`: the level it ended in and why; `finished_at` stays null) and say
     what is kept: every level that finished keeps its result file, which `bench report` reads."""
     runs = manifest["runs"]
-    ran = {run["concurrency"] for run in runs}
-    level = next((level for level in manifest["parameters"]["concurrency"] if level not in ran), None)
-    manifest["unfinished"] = {"concurrency": level, "reason": reason, "at": now()}
+    manifest["unfinished"] = {"concurrency": unfinished_level(manifest), "reason": reason, "at": now()}
     write_manifest(out, manifest)
     if runs:
         names = ", ".join(str(run["concurrency"]) for run in runs)
