@@ -5,6 +5,7 @@ The real-vLLM checks live in tests/e2e/test_gate_e2e.py."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -1035,3 +1036,34 @@ def test_connect_timeout_is_url_mode_only_and_positive():
     assert code == 2 and "--connect-timeout works with --url only" in stderr
     code, _, stderr = run_gate("--url", "127.0.0.1:9", "--connect-timeout", "0")
     assert code == 2 and "--connect-timeout" in stderr
+
+
+# --- issue #27, item 6: Ctrl-C still ends with the verdict line the help promises -----------------------------
+
+def test_ctrl_c_ends_the_gate_with_its_verdict_line_and_exit_130():
+    port = free_local_port()
+    gate_process = subprocess.Popen(
+        [sys.executable, "-m", "tpuserve", "gate", "--url", f"127.0.0.1:{port}", "--connect-timeout", "600",
+         "--interval", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = gate_process.stderr.readline()  # off a terminal: one line per change; the first says it is waiting
+    assert f"health: nothing listens on 127.0.0.1:{port} yet" in first
+    gate_process.send_signal(signal.SIGINT)
+    stdout, stderr = gate_process.communicate(timeout=30)
+    assert gate_process.returncode == 130, stderr
+    verdict = json.loads(stdout.splitlines()[-1])
+    assert verdict["ready"] is False and verdict["stages"] == {}
+    assert verdict["reason"].startswith("interrupted (Ctrl-C) after ")
+    assert verdict["reason"].endswith(f" s, in stage health: nothing listens on 127.0.0.1:{port} yet: is the port "
+                                      "right?")
+    assert f"not ready: {verdict['reason']}" in " ".join(stderr.split())
+    assert "Traceback" not in stderr and "Aborted" not in stderr
+
+
+def test_an_interrupted_wait_keeps_the_stages_it_reached():
+    tracker = gate_module.Tracker(gate_module.SILENT)
+    tracker.stage("health", 1.5)
+    assert tracker.interrupted().reason.endswith(", after stage health")
+    tracker.waiting("models", "/v1/models answered HTTP 503")
+    verdict = tracker.interrupted()
+    assert verdict.stages == {"health": 1.5} and verdict.interrupted and not verdict.ready
+    assert verdict.reason.endswith(", in stage models: /v1/models answered HTTP 503")

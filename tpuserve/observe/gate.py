@@ -53,6 +53,7 @@ HEARTBEAT_S = 30.0
 # once its engine is up (vllm/entrypoints/launchers/launcher.py create_server_socket binds, uvicorn listens
 # later), so a watch of a boot from its start (the local stack's readiness gate) gives the whole --timeout.
 CONNECT_TIMEOUT_S = 120.0
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
 # Instance statuses from which the VM will not reach `serving` by itself.
 STOPPED_STATUSES = frozenset({"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"})
 
@@ -81,6 +82,7 @@ class Verdict:
     serial_tail: str = ""  # a failed VM's last console lines: for people, not part of the JSON line
     # Instance mode: where each part came from (cache, image, weights, compile cache), as the VM reported it.
     sources: dict[str, str] = field(default_factory=dict)
+    interrupted: bool = False  # ended by Ctrl-C (exit INTERRUPTED_EXIT)
 
     def json_line(self) -> str:
         return json.dumps({"ready": self.ready, "elapsed_s": round(self.elapsed_s, 3),
@@ -462,6 +464,31 @@ class LineReporter:
             self.say(f"… still in {stage}: {detail} ({now - self.started:.0f} s)")
 
 
+class Tracker:
+    """Passes each report on to `reporter` and keeps what it said (the stages reached, the stage waited in), so a
+    wait cut short by Ctrl-C still ends with a verdict naming where it was."""
+
+    def __init__(self, reporter: Reporter):
+        self.reporter = reporter
+        self.started = time.monotonic()
+        self.stages: dict[str, float] = {}
+        self.where = "before the first stage"
+
+    def stage(self, name: str, at_s: float) -> None:
+        self.stages[name] = at_s
+        self.where = f"after stage {name}"
+        self.reporter.stage(name, at_s)
+
+    def waiting(self, stage: str, detail: str) -> None:
+        self.where = f"in stage {stage}: {detail}"
+        self.reporter.waiting(stage, detail)
+
+    def interrupted(self) -> Verdict:
+        elapsed = time.monotonic() - self.started
+        return Verdict(False, elapsed, dict(self.stages), f"interrupted (Ctrl-C) after {elapsed:.0f} s, {self.where}",
+                       interrupted=True)
+
+
 def print_timeline(console: Any, verdict: Verdict) -> None:
     from rich.table import Table
 
@@ -524,7 +551,8 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
          connect_timeout_s: float | None, interval_s: float | None, stack: str | None, stack_outputs: Path | None,
          as_json: bool) -> None:
     """Wait until a deployment really serves; exit 0 only then. The last stdout line is the JSON verdict
-    (always: --json is accepted for symmetry with the other commands; progress goes to stderr).
+    (always, Ctrl-C too, which exits 130: --json is accepted for symmetry with the other commands; progress goes
+    to stderr).
 
     With --stack, a gcp stack is followed through its VM's guest attributes (no tunnel needed) and a local
     stack through its URL. Answers no wait can fix end the wait at once: a server listing other models, a 400,
@@ -545,19 +573,23 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
     check_mode(url, model, instance, zone, project, smoke, config_hash, connect_timeout_s)
     smoke_checks = parse_smoke(smoke)
     console = Console(stderr=True)
-    with console.status("starting") if console.is_terminal else contextlib.nullcontext() as status:
-        reporter = ConsoleReporter(console, status) if console.is_terminal else LineReporter(console)
-        if url:
-            with requests.Session() as http:
-                # A server with an API key (vLLM's --api-key / VLLM_API_KEY) answers /v1 only with it: the gate
-                # presents $TPUSERVE_API_KEY on every request, as the other commands do (tpuserve/client.py).
-                if os.environ.get(API_KEY_ENV):
-                    http.headers["Authorization"] = f"Bearer {os.environ[API_KEY_ENV]}"
-                verdict = watch_url(http, url, model, smoke_checks, timeout_s, interval_s or URL_INTERVAL_S,
-                                    reporter, connect_timeout_s or CONNECT_TIMEOUT_S)
-        else:
-            verdict = gate_instance(Instance(str(project), str(zone), str(instance)), compute_url, timeout_s,
-                                    interval_s or INSTANCE_INTERVAL_S, config_hash, reporter)
+    tracker = None
+    try:
+        with console.status("starting") if console.is_terminal else contextlib.nullcontext() as status:
+            tracker = Tracker(ConsoleReporter(console, status) if console.is_terminal else LineReporter(console))
+            if url:
+                with requests.Session() as http:
+                    # A server with an API key (vLLM's --api-key / VLLM_API_KEY) answers /v1 only with it: the gate
+                    # presents $TPUSERVE_API_KEY on every request, as the other commands do (tpuserve/client.py).
+                    if os.environ.get(API_KEY_ENV):
+                        http.headers["Authorization"] = f"Bearer {os.environ[API_KEY_ENV]}"
+                    verdict = watch_url(http, url, model, smoke_checks, timeout_s, interval_s or URL_INTERVAL_S,
+                                        tracker, connect_timeout_s or CONNECT_TIMEOUT_S)
+            else:
+                verdict = gate_instance(Instance(str(project), str(zone), str(instance)), compute_url, timeout_s,
+                                        interval_s or INSTANCE_INTERVAL_S, config_hash, tracker)
+    except KeyboardInterrupt:  # Ctrl-C still ends with the verdict line the help promises
+        verdict = (tracker or Tracker(SILENT)).interrupted()
     print_timeline(console, verdict)
     for key, value in verdict.sources.items():
         console.print(f"{key.replace('-', ' ')}: {value}", markup=False, highlight=False)
@@ -566,7 +598,7 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
         console.print(verdict.serial_tail, markup=False, highlight=False)
     console.print("[green]ready[/]" if verdict.ready else f"[red]not ready:[/] {verdict.reason}")
     click.echo(verdict.json_line())
-    raise SystemExit(0 if verdict.ready else 1)
+    raise SystemExit(0 if verdict.ready else INTERRUPTED_EXIT if verdict.interrupted else 1)
 
 
 def gate_instance(instance: Instance, compute_url: str, timeout_s: float, interval_s: float,
