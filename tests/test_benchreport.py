@@ -246,29 +246,50 @@ def test_runs_of_different_models_are_compared_with_a_note(sweep_dir: Path, tmp_
                                                      "google/gemma-4-E4B-it")
 
 
-def folded_rows(table: str) -> list[list[str]]:
-    """The body cells of a rich table, a cell folded over several lines joined back into one."""
-    rows: list[list[str]] = []
-    for line in table.splitlines():
-        if not line.startswith("│"):
-            continue
-        cells = [cell.strip() for cell in line.strip("│").split("│")]
-        if cells[0]:
-            rows.append(cells)
-        else:
-            rows[-1] = [head + tail for head, tail in zip(rows[-1], cells)]
-    return rows
-
-
-def test_at_80_columns_numbers_wrap_but_are_never_cut(tmp_path: Path):
-    run = write_sweep(tmp_path / "a", vllm_result(1, 2356789.5, 0.004), vllm_result(8, 123456.7, 20.0))
-    result = CliRunner().invoke(main, ["bench", "report", str(run)], env={"COLUMNS": "80"})
+def at_80_columns(*args: str) -> list[str]:
+    result = CliRunner().invoke(main, ["bench", "report", *args], env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
     assert "…" not in result.output
-    assert max(len(line) for line in result.output.splitlines()) <= 80
-    one, eight = folded_rows(result.output)
-    assert one[:3] == ["1", "18412.42", "2356789.5"] and one[7] == "250000.0 ⚠"
-    assert eight[:4] == ["8", "964.51", "123456.7", "1111110.3"]
+    return lines
+
+
+def row_of(lines: list[str], first: str) -> list[str]:
+    """The cells of the table line whose first cell is `first` (columns are separated by spaces)."""
+    return next(line.split() for line in lines if line.split()[:1] == [first])
+
+
+def test_at_80_columns_the_table_fits_without_folding_a_number_or_splitting_a_header(tmp_path: Path):
+    """Issue #27, item 7: at 80 columns a number was folded over two lines ("776.97" / "5"), headers split
+    mid-word. Numbers of a v6e sweep: every cell is whole on its row, every header word whole in the heading."""
+    run = write_sweep(tmp_path / "a", vllm_result(1, 213.4, 4.69), vllm_result(100, 7769.75, 12.87,
+                                                                               median_ttft_ms=12345.6,
+                                                                               p99_ttft_ms=23456.7))
+    lines = at_80_columns(str(run))
+    rule = next(i for i, line in enumerate(lines) if line.startswith("───"))
+    heading = " ".join(lines[1:rule])
+    for word in ("Conc", "Req/s", "Out", "Total", "tok/s", "TTFT", "med", "p99", "TPOT", "Stream", "$/M", "out"):
+        assert word in heading.split(), heading
+    assert row_of(lines, "1") == ["1", "1.67", "213.4", "1920.6", "150.0", "400.0", "4.69", "213.2", "1.757"]
+    assert row_of(lines, "100") == ["100", "60.70", "7769.8", "69927.8", "12345.6", "23456.7", "12.87", "77.7",
+                                    "0.048"]
+
+
+def test_numbers_too_wide_for_the_terminal_are_stacked_one_level_a_block_never_cut(tmp_path: Path):
+    run = write_sweep(tmp_path / "a", vllm_result(1, 2356789.5, 0.004), vllm_result(8, 123456.7, 20.0))
+    lines = at_80_columns(str(run))
+    text = "\n".join(lines)
+    assert "Concurrency 1" in lines and "Concurrency 8" in lines
+    for pair in ("Req/s 18412.42", "Output tok/s 2356789.5", "Total tok/s 21211105.5", "Per-stream tok/s 250000.0 ⚠",
+                 "Total tok/s 1111110.3", "$ / M output tokens 0.003"):
+        assert pair in text, text
+
+
+def test_a_comparison_fits_80_columns(sweep_dir: Path, tmp_path: Path):
+    other = write_sweep(tmp_path / "b", vllm_result(8, 480.0, 25.0), vllm_result(1, 70.0, 12.0))
+    lines = at_80_columns(str(sweep_dir), str(other))
+    assert ["8", "$", "/", "M", "output", "tokens", "1.172", "0.781", "0.667"] in [line.split() for line in lines]
 
 
 def test_plot_title_names_model_lengths_date_and_price(sweep_dir: Path, tmp_path: Path):

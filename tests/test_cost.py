@@ -15,6 +15,12 @@ from tpuserve.cli import main
 from tpuserve.measure.cost import breakeven_output_tok_s, cold_start_usd, cost, session
 
 
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Text is wrapped to the terminal; the tests that read whole lines read them unwrapped."""
+    monkeypatch.setenv("COLUMNS", "200")
+
+
 def test_breakeven_against_the_default_api_price():
     # $1.35/h = $0.000375/s; at $0.40 per million tokens that buys 0.000375 / 0.40 × 1e6 = 937.5 tokens/s.
     assert breakeven_output_tok_s(1.35, 0.40) == pytest.approx(937.5)
@@ -296,3 +302,13 @@ def test_an_operating_point_where_most_requests_failed_is_flagged_as_bench_repor
     assert document["notes"] == flagged
     clean = json.loads(CliRunner().invoke(cost, ["--report", str(tmp_path), "--concurrency", "1", "--json"]).output)
     assert clean["notes"] == []
+
+
+def test_at_80_columns_every_line_fits_and_says_the_same(tmp_path: Path):
+    """Issue #27, item 7: the cache-disk line was 138 characters."""
+    write_result(tmp_path, 64, 2000.0)
+    wide = CliRunner().invoke(cost, ["--report", str(tmp_path)], env={"COLUMNS": "200"}).output
+    narrow = CliRunner().invoke(cost, ["--report", str(tmp_path)], env={"COLUMNS": "80"}).output
+    assert max(len(line) for line in narrow.splitlines()) <= 80, narrow
+    assert " ".join(narrow.split()) == " ".join(wide.split())  # the same words, only the line breaks differ
+    assert len(narrow.splitlines()) > len(wide.splitlines())

@@ -599,7 +599,8 @@ def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, as
         rows = next(iter(runs.values()))
         title = f"{dirs[0]}: {infos[0].model} · {infos[0].lengths} at ${price_per_hour:g}/h"
         print_table(title, [header for _, header, _ in benchreport.COLUMNS], rows,
-                    [benchreport.row_cells(row) for row in rows], output_format, notes)
+                    [benchreport.row_cells(row) for row in rows], output_format, notes,
+                    table_headers=[benchreport.TABLE_HEADERS[name] for name, _, _ in benchreport.COLUMNS])
     else:
         if not allow_mismatch:
             notes = benchreport.check_comparable(*infos) + notes
@@ -623,9 +624,10 @@ def run_label(directory: Path, dirs: tuple[Path, ...]) -> str:
 
 
 def print_table(title: str, headers: list[str], records: list[benchreport.BenchRow] | list[benchreport.Comparison],
-                cells: list[list[str]], output_format: str, notes: list[str], **json_fields: str) -> None:
-    """`records` as JSON (null where a value is not finite), or their `cells` as markdown or a rich table, the
-    notes after the table (JSON: a "notes" list)."""
+                cells: list[list[str]], output_format: str, notes: list[str],
+                table_headers: list[str] | None = None, **json_fields: str) -> None:
+    """`records` as JSON (null where a value is not finite), or their `cells` as markdown or a terminal table
+    (headed by `table_headers`, default `headers`), the notes after the table (JSON: a "notes" list)."""
     if output_format == "json":
         document = {"title": title, **json_fields, "rows": [benchreport.json_record(record) for record in records],
                     "notes": notes}
@@ -636,21 +638,58 @@ def print_table(title: str, headers: list[str], records: list[benchreport.BenchR
         for note in notes:
             click.echo(f"\n> ⚠ {note}")
         return
-    print_rich_table(title, headers, cells, notes)
+    print_rich_table(title, headers, cells, notes, table_headers)
 
 
-def print_rich_table(title: str, headers: list[str], cells: list[list[str]], notes: list[str]) -> None:
-    """A table that wraps (folds) a cell rather than cutting it: at 80 columns a number may take two lines, but is
-    never shown as '2356…'."""
+TABLE_GAP = 3  # columns between two columns of a terminal table: padding, rich's divider, padding
+# A cell that reads as a number (or a stand-in for one: '—', '∞', 'n/a', 'all 5 failed'): right-aligned.
+NUMERIC_CELL = re.compile(r"^([\d.,]+( ⚠)?|[—∞]|n/a|all \d+ failed)$")
+
+
+def print_rich_table(title: str, headers: list[str], cells: list[list[str]], notes: list[str],
+                     table_headers: list[str] | None = None) -> None:
+    """A table whose every column is as wide as its widest cell and its heading's longest word, so no number is
+    folded over two lines or cut ('2356…') and a heading wraps only between words. When those widths do not fit
+    the terminal, each row is a block instead: its first cell, then 'header value' pairs, never split."""
+    from rich import box
+    from rich.cells import cell_len
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title)
-    for header in headers:
-        table.add_column(header, justify="right", overflow="fold")
-    for row in cells:
-        table.add_row(*row)
     console = Console()
-    console.print(table)
+
+    def widths_of(heading: list[str], one_line: bool) -> list[int]:
+        return [max(([cell_len(header)] if one_line else [cell_len(word) for word in header.split()])
+                    + [cell_len(row[i]) for row in cells]) for i, header in enumerate(heading)]
+
+    # The full headings on one line, else wrapped between words, else the short ones (likewise); the first that
+    # fits the terminal, or none: a block per row.
+    layouts = [(heading, widths_of(heading, one_line)) for heading in (headers, table_headers) if heading
+               for one_line in (True, False)]
+    fitting = [(heading, widths) for heading, widths in layouts
+               if sum(widths) + TABLE_GAP * (len(widths) - 1) <= console.width]
+    wrap = {"markup": False, "highlight": False, "soft_wrap": False}
+    console.print(Text(title, style="italic"))
+    if fitting:
+        shown, widths = fitting[0]
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False)
+        for index, (header, width) in enumerate(zip(shown, widths)):
+            numeric = all(NUMERIC_CELL.match(row[index]) for row in cells)
+            table.add_column(header, justify="right" if numeric else "left", width=width)
+        for row in cells:
+            table.add_row(*row)
+        console.print(table)
+    else:
+        for row in cells:
+            console.print(f"{headers[0]} {row[0]}", style="bold", **wrap)
+            line = ""
+            for header, cell in zip(headers[1:], row[1:]):
+                pair = f"{header} {cell}"
+                if line and cell_len(line) + 3 + cell_len(pair) > console.width - 2:
+                    console.print(Text(f"  {line}", no_wrap=True, overflow="ignore"), **wrap)
+                    line = ""
+                line = f"{line} · {pair}" if line else pair
+            console.print(Text(f"  {line}", no_wrap=True, overflow="ignore"), **wrap)
     for note in notes:
         console.print(f"⚠ {note}", markup=False, highlight=False)

@@ -67,6 +67,13 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("usd_per_m_output", "$ / M output tokens", "{:.3f}"),
 )
 METRICS = COLUMNS[1:]
+# The same columns' headings in a terminal table, short enough that nine columns of a v6e sweep's numbers fit 80
+# columns: no word wider than the numbers under it, so a heading wraps between words, never inside one.
+TABLE_HEADERS: dict[str, str] = {
+    "concurrency": "Conc", "requests_per_s": "Req/s", "output_tok_s": "Out tok/s", "total_tok_s": "Total tok/s",
+    "ttft_median_ms": "TTFT med ms", "ttft_p99_ms": "TTFT p99 ms", "tpot_median_ms": "TPOT med ms",
+    "per_stream_tok_s": "Stream tok/s", "usd_per_m_output": "$/M out",
+}
 
 
 def per_stream_tok_s(median_tpot_ms: float) -> float:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -130,28 +132,35 @@ def cost(chips: int, price_per_chip_hour: float, price_per_hour: float | None, a
         document["notes"] = notes
         click.echo(json.dumps(document, indent=2))
         return
-    click.echo(f"Breakeven vs ${api_price_per_m:g}/M: {breakeven:,.1f} output tok/s sustained at ${price_per_hour:g}/h")
-    click.echo(f"One cold start ({cold_start_min:g} min): ${cold_start_usd(price_per_hour, cold_start_min):.3f}")
+    say(f"Breakeven vs ${api_price_per_m:g}/M: {breakeven:,.1f} output tok/s sustained at ${price_per_hour:g}/h")
+    say(f"One cold start ({cold_start_min:g} min): ${cold_start_usd(price_per_hour, cold_start_min):.3f}")
     if cache_disk_gb:
-        click.echo(f"Cache disk ({cache_disk_gb} GB Hyperdisk Balanced): "
-                   f"${cache_disk_monthly_usd(cache_disk_gb, disk_price_per_gb_month):.2f} / month while it exists, "
-                   "VM or not (`tpuserve cache ls` lists them, `cache rm` removes them)")
+        say(f"Cache disk ({cache_disk_gb} GB Hyperdisk Balanced): "
+            f"${cache_disk_monthly_usd(cache_disk_gb, disk_price_per_gb_month):.2f} / month while it exists, VM or "
+            "not (`tpuserve cache ls` lists them, `cache rm` removes them)")
     if output_tok_s:
         echo_session(session(price_per_hour, api_price_per_m, session_h, cold_start_min, output_tok_s), label,
                      breakeven)
     for note in notes:
-        click.echo(f"⚠ {note}")
+        say(f"⚠ {note}")
+
+
+def say(text: str, indent: str = "") -> None:
+    """One statement, wrapped between words to the terminal's width (COLUMNS; 80 off a terminal), continuation
+    lines indented under its first: no number or path is split."""
+    width = shutil.get_terminal_size().columns
+    click.echo(textwrap.fill(text, width=max(width, 40), initial_indent=indent,
+                             subsequent_indent=indent + "  ", break_long_words=False, break_on_hyphens=False))
 
 
 def echo_session(result: Session, label: str | None, breakeven: float) -> None:
     verdict = "above" if result.output_tok_s > breakeven else "below"
     outcome = (f"saving ${result.saving_usd:.2f}" if result.saving_usd >= 0
                else f"${-result.saving_usd:.2f} more than the API")
-    click.echo(f"Session of {result.hours:g} h at {result.output_tok_s:,.1f} output tok/s ({label}, {verdict} "
-               "breakeven):")
-    click.echo(f"  cost ${result.usd:.2f}; {result.serving_hours:.2f} h serving after the cold start yields "
-               f"{result.output_tokens / 1e6:,.2f} M output tokens = ${result.usd_per_m_output:.3f} / M")
-    click.echo(f"  the API would charge ${result.api_usd:.2f} for them: {outcome}")
+    say(f"Session of {result.hours:g} h at {result.output_tok_s:,.1f} output tok/s ({label}, {verdict} breakeven):")
+    say(f"cost ${result.usd:.2f}; {result.serving_hours:.2f} h serving after the cold start yields "
+        f"{result.output_tokens / 1e6:,.2f} M output tokens = ${result.usd_per_m_output:.3f} / M", "  ")
+    say(f"the API would charge ${result.api_usd:.2f} for them: {outcome}", "  ")
 
 
 def cost_document(price_per_hour: float, api_price_per_m: float, cold_start_min: float, session_h: float,
