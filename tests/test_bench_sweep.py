@@ -543,7 +543,7 @@ def test_ctrl_c_in_a_sweep_says_what_was_kept_and_that_sweep_json_is_unfinished(
     assert lines[-2:] == [
         f"the sweep ended early: concurrency 1 (1 of 3 levels) is kept in {out}; sweep.json is marked unfinished; "
         f"`tpuserve bench report {out}` reports what finished",
-        "Aborted: interrupted (Ctrl-C) during concurrency 2"]
+        "Error: interrupted (Ctrl-C) during concurrency 2"]
     assert "Aborted!" not in stderr and "Traceback" not in stderr and stdout == ""
     manifest = json.loads((out / "sweep.json").read_text())
     assert manifest["unfinished"]["reason"] == "interrupted (Ctrl-C) during concurrency 2"

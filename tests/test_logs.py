@@ -487,11 +487,12 @@ def test_logs_as_json_over_iap_and_its_failures(gcloud_shim: Path, tmp_path: Pat
     failing.write_text("#!/bin/sh\necho 'ERROR: (gcloud.compute.ssh)   Could not fetch resource:\n  - Not found' >&2\n"
                        "exit 1\n")
     result = CliRunner().invoke(main, ["logs", *VM, "--source", "docker", "--json"])
-    assert (result.exit_code, result.output) == (1, "Error: `gcloud ...` exited with 1: ERROR: (gcloud.compute.ssh) "
-                                                    "Could not fetch resource: - Not found\n")
+    why = "`gcloud ...` exited with 1: ERROR: (gcloud.compute.ssh) Could not fetch resource: - Not found"
+    assert (result.exit_code, result.stderr) == (1, f"Error: {why}\n")
+    assert json.loads(result.stdout) == {"ok": False, "error": why, "exit": 1}  # under --json, the error too
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     result = CliRunner().invoke(main, ["logs", *VM, "--source", "docker", "--json"])
-    assert (result.exit_code, result.output) == (1, "Error: gcloud not found: it is needed for `docker logs`\n")
+    assert (result.exit_code, result.stderr) == (1, "Error: gcloud not found: it is needed for `docker logs`\n")
 
 
 def test_the_vm_comes_from_the_named_stack(gcloud_shim: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -562,7 +563,7 @@ def test_a_local_containers_failing_logs_are_named(tmp_path: Path, monkeypatch: 
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
     as_json = CliRunner().invoke(main, ["logs", "--stack-outputs", local_outputs(tmp_path), "--json"])
-    assert (as_json.exit_code, as_json.output) == (1, "Error: `docker ...` exited with 1: Error response from daemon: "
+    assert (as_json.exit_code, as_json.stderr) == (1, "Error: `docker ...` exited with 1: Error response from daemon: "
                                                       "No such container\n")
 
 

@@ -209,7 +209,7 @@ def test_the_endpoint_options_as_users_see_them() -> None:
         (["--api-key-env"], "Environment variable holding the API key (keys never go on the command line).", True),
         (["--timeout"], "Seconds per request.", True),
         (["--max-tokens"], "Token budget per answer (default: tools 200, structured 512, vision 32).", None),
-        (["--json"], "Print the result as JSON (machine-readable).", None),
+        (["--json"], "Print the result as one JSON document on stdout, errors too (machine-readable).", None),
         (["--strict"], "Exit 1 when any scenario failed or was not enforced.", None)]
     assert [p.opts for p in command.params][:4] == [["--url"], ["--model"], ["--stack"], ["--stack-outputs"]]
     params = {p.name: p for p in command.params}
@@ -294,10 +294,10 @@ def test_a_422_that_says_text_only_skips_and_a_long_422_is_quoted_to_120() -> No
     assert (reply.content, note) == ("3", f"first attempt HTTP 422 ({'m' * 120}… (+30 chars)), retried")
 
 
-def test_probe_json_is_indented_and_carries_the_summary_and_hint() -> None:
+def test_probe_json_is_one_document_and_carries_the_summary_and_hint() -> None:
     with FakeOpenAI(structured="thinking-only") as fake:
         result = CliRunner().invoke(main, ["probe", "structured", "--url", fake.url, "--json"])
-    assert result.stdout.startswith('{\n  "results": [\n    {\n      "probe": "structured",')
+    assert result.stdout.startswith('{"results": [{"probe": "structured",') and result.stdout.count("\n") == 1
     document = json.loads(result.stdout)
     assert list(document) == ["results", "structured_summary", "structured_hint"]
     assert document["structured_hint"].startswith("hint: as measured on Gemma 4")

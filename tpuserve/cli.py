@@ -3,13 +3,17 @@
 Every subcommand runs inside `LazyGroup.invoke`, the one place that turns what goes wrong into one line and an exit
 code: 2 for a usage error (a bad option or setting), 1 for a failure (an unreachable server, a server error, a
 missing file or program). No user mistake ends in a Python traceback; TPUSERVE_DEBUG=1 shows one for a bug.
+Under `--json` that line is also a JSON document on stdout: see JSON_CONVENTION.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+import math
 import os
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +53,66 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("tpuserve.ops.up:up",
            "Deploy a stack: find a zone with TPU capacity (preflight, then `pulumi up` zone by zone), clean up."),
 }
+
+
+JSON_CONVENTION = """`--json`, the same on every command:
+- stdout holds exactly one JSON document, on one line, and nothing else: progress and messages for people go to
+  stderr. Strict JSON: a number that is not finite (an infinite $ / M, a NaN) is null.
+- `status --watch --json` is a stream of such documents, one line per refresh: JSON Lines (https://jsonlines.org).
+- an error is a document too: {"ok": false, "error": "<the one line>", "exit": <code>} (and what the command
+  adds, e.g. a sweep's kept levels), with that non-zero exit code; the `Error: ...` line still goes to stderr.
+- `gate` prints its verdict ({"ready": ...}) and `up`/`fleet` their outcome ({"ok": ..., "exit": ...}) as that
+  one document whether they succeed or not; `gate` prints it without --json too.
+"""
+RAW_ARGS = "tpuserve.args"  # ctx.meta key: the command line after `tpuserve`, for wants_json
+
+
+def finite(value: Any) -> Any:
+    """The document with every non-finite float as None and tuples as lists: what strict JSON can hold."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
+
+
+def json_text(document: Any) -> str:
+    """The one way a document is written (JSON_CONVENTION): one line, strict."""
+    return json.dumps(finite(document), allow_nan=False)
+
+
+def echo_json(document: Any) -> None:
+    """Print a document on stdout as its own line, at once (a pipe reading a --watch stream sees each refresh)."""
+    click.echo(json_text(document))
+    sys.stdout.flush()
+
+
+def wants_json(args: list[str]) -> bool:
+    """Whether a command line asks for JSON: --json (or bench report's --format json) before any `--`."""
+    own = args[:args.index("--")] if "--" in args else args
+    return "--json" in own or "--format=json" in own or any(
+        flag == "--format" and value == "json" for flag, value in zip(own, own[1:]))
+
+
+class Failure(click.ClickException):
+    """A failure whose error document (JSON_CONVENTION) carries more than its message: `json_fields`, e.g. what a
+    sweep kept or the results a probe got before it found it could not run."""
+
+    def __init__(self, message: str, json_fields: dict[str, Any] | None = None, exit_code: int = 1):
+        super().__init__(message)
+        self.json_fields = json_fields or {}
+        self.exit_code = exit_code
+
+
+def error_document(err: BaseException) -> dict[str, Any]:
+    """{"ok": false, "error", "exit"} for what ended a command, plus the fields it carries (`json_fields`)."""
+    if isinstance(err, click.ClickException):
+        message, code = err.format_message(), err.exit_code
+    else:  # click.Abort, KeyboardInterrupt: Ctrl-C
+        message, code = "interrupted (Ctrl-C)", 1
+    return {"ok": False, "error": one_line(message), "exit": code, **getattr(err, "json_fields", {})}
 
 
 DEBUG_ENV = "TPUSERVE_DEBUG"
@@ -106,20 +170,31 @@ class LazyGroup(click.Group):
         module, attribute = SUBCOMMANDS[name][0].split(":")
         return getattr(importlib.import_module(module), attribute)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta[RAW_ARGS] = list(args)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
-        """Run the subcommand; what it raises becomes one line and exit 2 (usage) or 1 (failure)."""
+        """Run the subcommand; what it raises becomes one line and exit 2 (usage) or 1 (failure), and under --json
+        also the error document on stdout (JSON_CONVENTION)."""
         try:
-            return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
-            raise
-        except Exception as err:  # noqa: BLE001 - the one place every command's errors are turned into a line
-            if os.environ.get(DEBUG_ENV):
+            try:
+                return super().invoke(ctx)
+            except (click.ClickException, click.exceptions.Exit, click.Abort):
                 raise
-            translated = translate(err)
-            if translated is None:
-                translated = click.ClickException(
-                    f"unexpected {type(err).__name__}: {one_line(err)} (a bug: {DEBUG_ENV}=1 shows the traceback)")
-            raise translated from err
+            except Exception as err:  # noqa: BLE001 - the one place every command's errors are turned into a line
+                if os.environ.get(DEBUG_ENV):
+                    raise
+                translated = translate(err)
+                if translated is None:
+                    translated = click.ClickException(
+                        f"unexpected {type(err).__name__}: {one_line(err)} (a bug: {DEBUG_ENV}=1 shows the "
+                        "traceback)")
+                raise translated from err
+        except (click.ClickException, click.Abort, KeyboardInterrupt) as err:
+            if wants_json(ctx.meta.get(RAW_ARGS, [])):
+                echo_json(error_document(err))
+            raise
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """click's command list, from SUBCOMMANDS: click's own would import every command for its help."""
@@ -137,5 +212,7 @@ def main() -> None:
 
 
 def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    """`--json`: the command's result as JSON on stdout, the same flag on every command."""
-    return click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (machine-readable).")(command)
+    """`--json`: the command's result as one JSON document on stdout, the same flag on every command
+    (JSON_CONVENTION)."""
+    return click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document on stdout, "
+                        "errors too (machine-readable).")(command)

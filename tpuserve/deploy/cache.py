@@ -11,7 +11,6 @@ Both are found by the label `tpu-serve-cache=<stack>` (facts.CACHE_LABEL) in eve
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from tpuserve.cli import echo_json
 from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ZonalDisks
 from tpuserve.deploy.gcs import STORAGE_URL, Buckets
 from tpuserve.facts import CACHE_LABEL, HYPERDISK_BALANCED_USD_PER_GB_MONTH
@@ -187,10 +187,9 @@ def ls(stack: str, project: str | None, stack_outputs: Path | None, compute_url:
     entries = [] if bucket is None else buckets.objects(bucket["name"], "xla/")
     keys = sorted({item["name"].split("/")[1] for item in entries if item["name"].count("/") >= 2})
     if as_json:
-        click.echo(json.dumps({"disks": [asdict(d) for d in found],
-                               "bucket": None if bucket is None else {"name": bucket["name"], "objects": len(entries),
-                                                                      "keys": keys},
-                               "monthly_usd": round(sum(d.monthly_usd for d in found), 2)}))
+        echo_json({"disks": [asdict(d) for d in found],
+                   "bucket": None if bucket is None else {"name": bucket["name"], "objects": len(entries), "keys": keys},
+                   "monthly_usd": round(sum(d.monthly_usd for d in found), 2)})
         return
     if not found:
         click.echo(f"no cache disk of stack {stack} in {project}")
@@ -225,7 +224,7 @@ def rm(stack: str, project: str | None, stack_outputs: Path | None, compute_url:
     what = [f"disk {d.zone}/{d.name} ({d.size_gb} GB)" for d in found] + (
         [f"bucket gs://{bucket['name']}"] if bucket else [])
     if not what:
-        click.echo(json.dumps({"deleted": []}) if as_json else "nothing to delete")
+        echo_json({"deleted": []}) if as_json else click.echo("nothing to delete")
         return
     if not yes:
         click.confirm(f"Delete {', '.join(what)}? The next boot there is cold", abort=True, err=True)
@@ -233,7 +232,7 @@ def rm(stack: str, project: str | None, stack_outputs: Path | None, compute_url:
         disks.delete(project, disk.zone, disk.name)
     if bucket:
         buckets.delete(bucket["name"])
-    click.echo(json.dumps({"deleted": what}) if as_json else "deleted " + ", ".join(what))
+    echo_json({"deleted": what}) if as_json else click.echo("deleted " + ", ".join(what))
 
 
 def _stack_bucket(buckets: Buckets, project: str, stack: str) -> dict | None:

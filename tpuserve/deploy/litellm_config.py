@@ -15,7 +15,6 @@ Aliases map onto that one group through `model_group_alias`.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import click
 import yaml
 
-from tpuserve.cli import json_option
+from tpuserve.cli import echo_json, json_option
 from tpuserve.client import API_KEY_ENV, api_base
 from tpuserve.deploy.stack import model_option, read_outputs, resolve_model, stack_options, url_option
 from tpuserve.serving import ConfigError
@@ -136,7 +135,7 @@ def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs
         except ConfigError as err:
             raise click.UsageError(str(err)) from err
         if as_json:
-            click.echo(json.dumps(config, indent=2))
+            echo_json(config)
         else:
             click.echo(yaml.safe_dump(config, sort_keys=False), nl=False)
         return
@@ -151,6 +150,6 @@ def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs
             raise click.UsageError("give --url (and --model), or --stack / --stack-outputs to read them from")
     config = litellm_config(url, model, aliases, api_key_env, master_key_env)
     if as_json:
-        click.echo(json.dumps(config, indent=2))
+        echo_json(config)
     else:
         click.echo(yaml.safe_dump(config, sort_keys=False), nl=False)

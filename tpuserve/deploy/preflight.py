@@ -21,7 +21,6 @@ quota or egress is missing are dropped from the sweep rather than tried.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 import click
 import requests
 
+from tpuserve.cli import echo_json
 from tpuserve.client import error_message
 from tpuserve.deploy import nat
 from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient
@@ -502,5 +502,5 @@ def preflight_command(stack: str, zones: str | None, cwd: Path, as_json: bool, e
         report = preflight(session, target, roots)
     print_report(Console(stderr=True), report)
     if as_json:
-        click.echo(json.dumps(report.as_dict()))
+        echo_json(report.as_dict())
     raise SystemExit(1 if report.failed else 0)

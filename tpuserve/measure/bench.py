@@ -25,7 +25,7 @@ from typing import Any
 
 import click
 
-from tpuserve.cli import json_option
+from tpuserve.cli import Failure, echo_json, json_option
 from tpuserve.client import server_root
 from tpuserve.deploy.stack import Served, model_option, read_outputs, served_endpoint, stack_options, url_option
 from tpuserve.deploy.vmssh import docker_over_iap
@@ -446,18 +446,16 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
     try:
         run_levels(levels, workload, out, manifest, vllm_bin, target, remote_dir, pace)
     except click.ClickException as err:
-        end_unfinished(out, manifest, err.message, len(levels))
-        raise
+        raise Failure(err.message, end_unfinished(out, manifest, err.message, len(levels)), err.exit_code) from err
     except KeyboardInterrupt:  # Ctrl-C: the level's `vllm bench serve` is stopped already (run_logged)
         level = unfinished_level(manifest)
         reason = "interrupted (Ctrl-C)" + (f" during concurrency {level}" if level is not None else "")
-        end_unfinished(out, manifest, reason, len(levels))
-        click.echo(f"Aborted: {reason}", err=True)
-        raise click.exceptions.Exit(130) from None  # 128 + SIGINT, as a shell reports it
+        # 130 = 128 + SIGINT, as a shell reports a command Ctrl-C ended
+        raise Failure(reason, end_unfinished(out, manifest, reason, len(levels)), 130) from None
     manifest["finished_at"] = now()
     write_manifest(out, manifest)
     if as_json:
-        click.echo(json.dumps(manifest, indent=2))
+        echo_json(manifest)
         return
     partial = [f"concurrency {run['concurrency']}: {run['failed']} of {run['completed'] + run['failed']} failed"
                for run in manifest["runs"] if run.get("failed")]
@@ -471,9 +469,10 @@ def unfinished_level(manifest: dict[str, Any]) -> int | None:
     return next((level for level in manifest["parameters"]["concurrency"] if level not in ran), None)
 
 
-def end_unfinished(out: Path, manifest: dict[str, Any], reason: str, planned: int) -> None:
+def end_unfinished(out: Path, manifest: dict[str, Any], reason: str, planned: int) -> dict[str, Any]:
     """Mark sweep.json unfinished (`unfinished`: the level it ended in and why; `finished_at` stays null) and say
-    what is kept: every level that finished keeps its result file, which `bench report` reads."""
+    what is kept: every level that finished keeps its result file, which `bench report` reads. Returns the same
+    as fields of the error document."""
     runs = manifest["runs"]
     manifest["unfinished"] = {"concurrency": unfinished_level(manifest), "reason": reason, "at": now()}
     write_manifest(out, manifest)
@@ -484,6 +483,7 @@ def end_unfinished(out: Path, manifest: dict[str, Any], reason: str, planned: in
     else:
         kept = f"no level finished; sweep.json in {out} is marked unfinished"
     click.echo(f"the sweep ended early: {kept}", err=True)
+    return {"out": str(out), "kept": [run["concurrency"] for run in runs], "unfinished": manifest["unfinished"]}
 
 
 def start_manifest(workload: Workload, levels: list[int], target: RemoteTarget | None,
@@ -631,7 +631,7 @@ def print_table(title: str, headers: list[str], records: list[benchreport.BenchR
     if output_format == "json":
         document = {"title": title, **json_fields, "rows": [benchreport.json_record(record) for record in records],
                     "notes": notes}
-        click.echo(json.dumps(document, indent=2, allow_nan=False))
+        echo_json(document)
         return
     if output_format == "markdown":
         click.echo(benchreport.markdown_table(headers, cells))

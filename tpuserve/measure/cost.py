@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import textwrap
 from dataclasses import asdict, dataclass
@@ -11,7 +10,7 @@ from typing import Any
 
 import click
 
-from tpuserve.cli import json_option
+from tpuserve.cli import echo_json, json_option
 from tpuserve.facts import DEFAULT_CACHE_DISK_GB, HYPERDISK_BALANCED_USD_PER_GB_MONTH, PRICE_PER_CHIP_HOUR
 from tpuserve.measure import benchreport
 
@@ -130,7 +129,7 @@ def cost(chips: int, price_per_chip_hour: float, price_per_hour: float | None, a
         document["cache_disk"] = {"size_gb": cache_disk_gb, "usd_per_month":
                                   cache_disk_monthly_usd(cache_disk_gb, disk_price_per_gb_month)} if cache_disk_gb else None
         document["notes"] = notes
-        click.echo(json.dumps(document, indent=2))
+        echo_json(document)
         return
     say(f"Breakeven vs ${api_price_per_m:g}/M: {breakeven:,.1f} output tok/s sustained at ${price_per_hour:g}/h")
     say(f"One cold start ({cold_start_min:g} min): ${cold_start_usd(price_per_hour, cold_start_min):.3f}")

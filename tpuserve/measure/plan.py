@@ -42,7 +42,7 @@ from typing import Any
 
 import click
 
-from tpuserve.cli import json_option
+from tpuserve.cli import echo_json, json_option
 from tpuserve.facts import V6E_HBM_GIB
 from tpuserve.serving import DEFAULT_MODEL, ConfigError, ServingConfig
 
@@ -447,7 +447,7 @@ def plan(model: str | None, config_path: Path | None, backend: str, chips: int, 
     except ConfigError as error:
         raise click.ClickException(str(error)) from error
     if as_json or output_format == "json":
-        click.echo(json.dumps(plan_as_json(result, resolved), indent=2))
+        echo_json(plan_as_json(result, resolved))
     else:
         echo_table(result, resolved)
     warning = advice(result, max_model_len)

@@ -29,7 +29,7 @@ from tpuserve.client import (
     SchemaNotEnforced,
     validated_json,
 )
-from tpuserve.cli import json_option
+from tpuserve.cli import Failure, echo_json, json_option
 from tpuserve.images import image_messages
 from tpuserve.deploy.stack import model_option, read_outputs, resolve_model, served_endpoint, stack_options, url_option
 
@@ -452,8 +452,8 @@ def could_not_run(results: list[ScenarioResult]) -> str | None:
 def print_results(results: list[ScenarioResult], as_json: bool) -> None:
     summary, hint = enforcement_summary(results), structured_hint(results)
     if as_json:
-        click.echo(json.dumps({"results": [asdict(r) for r in results], "structured_summary": summary,
-                               "structured_hint": hint}, indent=2))
+        echo_json({"results": [asdict(r) for r in results], "structured_summary": summary,
+                   "structured_hint": hint})
         return
     from rich.console import Console
     from rich.table import Table
@@ -519,10 +519,13 @@ def add_probe_command(name: str, probe_names: list[str], help_text: str) -> None
         with served_endpoint(url, model, outputs, api_key) as served:
             client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout)
             results = [result for name in probe_names for result in PROBES[name](client, max_tokens)]
-        print_results(results, as_json)
         reason = could_not_run(results)
+        why = f"the probe could not run against {served.url} ({served.model}): {reason}"
+        if reason and as_json:  # one document: the error, with the results as evidence
+            raise Failure(why, {"results": [asdict(r) for r in results]})
+        print_results(results, as_json)
         if reason:
-            raise click.ClickException(f"the probe could not run against {served.url} ({served.model}): {reason}")
+            raise click.ClickException(why)
         if strict and failed(results):
             raise SystemExit(1)
 
@@ -576,8 +579,8 @@ def kv_compare(url_a: str | None, a_dir: Path | None, url_b: str | None, b_dir: 
     comparisons = compare_outputs(outputs_a, outputs_b)
     identical = sum(c.identical for c in comparisons)
     if as_json:
-        click.echo(json.dumps({"identical": identical, "total": len(comparisons),
-                               "comparisons": [asdict(c) for c in comparisons]}, indent=2))
+        echo_json({"identical": identical, "total": len(comparisons),
+                   "comparisons": [asdict(c) for c in comparisons]})
     else:
         print_comparisons(comparisons, identical)
     if strict and identical < len(comparisons):

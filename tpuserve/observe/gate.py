@@ -15,7 +15,6 @@ Human output goes to stderr; stdout gets exactly one JSON line, the verdict, whi
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +26,7 @@ from urllib.parse import urlsplit
 import click
 import requests
 
-from tpuserve.cli import json_option
+from tpuserve.cli import json_option, json_text
 from tpuserve.client import API_KEY_ENV, ChatClient, ChatReply, EndpointError, ModelNotServed, json_or_none, pick_model, server_root
 from tpuserve.facts import (BOOT_STAGES, FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S,
                             RESTARTING_STAGE)
@@ -85,7 +84,7 @@ class Verdict:
     interrupted: bool = False  # ended by Ctrl-C (exit INTERRUPTED_EXIT)
 
     def json_line(self) -> str:
-        return json.dumps({"ready": self.ready, "elapsed_s": round(self.elapsed_s, 3),
+        return json_text({"ready": self.ready, "elapsed_s": round(self.elapsed_s, 3),
                            "stages": {name: round(at, 3) for name, at in self.stages.items()},
                            "reason": self.reason, **({"sources": self.sources} if self.sources else {})})
 

@@ -8,7 +8,6 @@ passed through `redact` first, so tokens and keys in the logs never leave the ma
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -20,7 +19,7 @@ from typing import Any
 
 import click
 
-from tpuserve.cli import json_option
+from tpuserve.cli import echo_json, json_option
 from tpuserve.deploy import gce
 from tpuserve.deploy import stack as pulumi_stack
 from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError
@@ -234,7 +233,7 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
     if source == "cloud" and not isinstance(vm, LocalContainer):
         cloud = cloud_container_log(vm, compute_url, logging_url, tail)
         if as_json:
-            click.echo(json.dumps({"target": vm.name, "serial": None, "docker": None, "cloud": cloud}))
+            echo_json({"target": vm.name, "serial": None, "docker": None, "cloud": cloud})
             return
         click.echo(f"== {CONTAINER_NAME} container logs of {vm.name} in Cloud Logging (last {tail} lines) ==",
                    err=True)
@@ -243,7 +242,7 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
     if isinstance(vm, LocalContainer):
         argv = local_logs_argv(local_container_name(vm), tail, follow)
         if as_json:
-            click.echo(json.dumps({"target": "local", "serial": None, "docker": captured(argv), "cloud": None}))
+            echo_json({"target": "local", "serial": None, "docker": captured(argv), "cloud": None})
             return
         if subprocess.run(argv, check=False).returncode != 0:
             raise click.ClickException(f"`{' '.join(argv)}` failed")
@@ -251,8 +250,8 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
     if as_json:
         serial = serial_console(vm, compute_url) if source in ("serial", "both") else None
         docker = captured(docker_logs_argv(vm, tail, False)) if source in ("docker", "both") else None
-        click.echo(json.dumps({"target": vm.name, "serial": None if serial is None else tail_lines(serial, tail),
-                               "docker": docker, "cloud": None}))
+        echo_json({"target": vm.name, "serial": None if serial is None else tail_lines(serial, tail),
+                   "docker": docker, "cloud": None})
         return
     if source in ("serial", "both"):
         try:
@@ -359,11 +358,10 @@ def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None
             log += shipped_container_log(vm, compute_url, logging_url)
     messages = diagnosis_messages(relevant_excerpt(redact(log), max_chars=max_chars), stage, reason)
     if dry_run:
-        click.echo(json.dumps({"messages": messages}, indent=2) if as_json else messages[1]["content"])
+        echo_json({"messages": messages}) if as_json else click.echo(messages[1]["content"])
         return
     diagnosis = ask_for_diagnosis(messages, url, model, api_key_env, stack, stack_outputs)
-    click.echo(json.dumps({"stage": stage, "reason": reason, "diagnosis": diagnosis}, indent=2) if as_json
-               else diagnosis)
+    echo_json({"stage": stage, "reason": reason, "diagnosis": diagnosis}) if as_json else click.echo(diagnosis)
 
 
 def ask_for_diagnosis(messages: list[dict[str, str]], url: str | None, model: str | None, api_key_env: str,

@@ -14,9 +14,7 @@ counters and histogram buckets gained in between (tpuserve.vllm_metrics). `/metr
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
@@ -29,6 +27,7 @@ from urllib.parse import urlsplit
 import click
 import requests
 
+from tpuserve.cli import echo_json
 from tpuserve import vllm_metrics as metrics
 from tpuserve.client import server_root
 from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
@@ -479,8 +478,7 @@ def show(stream: Iterator[Report], as_json: bool, watch: bool) -> None:
     try:
         if as_json:
             for report in stream:
-                click.echo(json.dumps(report.as_json()))
-                sys.stdout.flush()  # one line per refresh, as it happens, into a pipe too
+                echo_json(report.as_json())  # --watch: JSON Lines, one per refresh as it happens
         elif watch:
             from rich.live import Live
 

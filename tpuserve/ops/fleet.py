@@ -61,6 +61,7 @@ from typing import Any
 import click
 import requests
 
+from tpuserve.cli import echo_json
 from tpuserve.deploy import nat
 from tpuserve.deploy.cache import BucketSpec, bucket_name, ensure_bucket
 from tpuserve.deploy.capacity import classify
@@ -927,7 +928,7 @@ def usable_zones(s: Session, zones: str | None, skip_preflight: bool) -> list[st
 def finish(s: Session, as_json: bool, code: int, summary: dict[str, Any]) -> None:
     s.exits.close()
     if as_json:
-        click.echo(json.dumps({"ok": code == EXIT_OK, "fleet": s.fleet.name, "exit": code, **summary}))
+        echo_json({"ok": code == EXIT_OK, "fleet": s.fleet.name, "exit": code, **summary})
     raise SystemExit(code)
 
 

@@ -16,7 +16,6 @@ Exit codes: 0 deployed and ready; 1 stopped by an error no other zone fixes (or 
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import sys
 import time
@@ -29,6 +28,7 @@ from typing import Any
 import click
 import requests
 
+from tpuserve.cli import echo_json
 from tpuserve.deploy import nat
 from tpuserve.deploy.cache import cache_disks, zones_by_warm_cache
 from tpuserve.deploy.capacity import classify
@@ -204,7 +204,7 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
     def finish(code: int, summary: dict[str, Any]) -> None:
         exits.close()
         if as_json:
-            click.echo(json.dumps({"ok": code == EXIT_OK, "stack": stack, "exit": code, **summary}))
+            echo_json({"ok": code == EXIT_OK, "stack": stack, "exit": code, **summary})
         raise SystemExit(code)
 
     try:
