@@ -24,7 +24,7 @@ def generate(*args: str) -> dict:
 
 def test_every_alias_maps_to_the_served_model_with_keys_by_reference_only() -> None:
     config = generate("--url", "http://10.0.0.5:8000", "--model", "google/gemma-4-E2B-it",
-                      "--alias", "gemini-2.0-flash", "--alias", "gpt-4o-mini")
+                      "--alias", "gemini-2.0-flash", "--alias", "gpt-4o-mini", "--offline")
     assert [entry["model_name"] for entry in config["model_list"]] == ["gemini-2.0-flash", "gpt-4o-mini"]
     for entry in config["model_list"]:
         assert entry["litellm_params"] == {"model": "openai/google/gemma-4-E2B-it",
@@ -71,7 +71,7 @@ def test_a_host_port_url_becomes_a_usable_api_base_and_the_model_defaults_to_the
 
 
 def test_json_is_the_same_config() -> None:
-    args = ["--url", "10.0.0.5:8000", "--model", "m", "--alias", "gemini-2.0-flash"]
+    args = ["--url", "10.0.0.5:8000", "--model", "m", "--alias", "gemini-2.0-flash", "--offline"]
     result = CliRunner().invoke(main, ["litellm", *args, "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output) == generate(*args)
@@ -102,3 +102,48 @@ def test_the_fleet_form_balances_one_model_group_over_the_replicas() -> None:
 def test_the_fleet_form_refuses_bad_usage_in_one_line(args: list[str], fragment: str) -> None:
     result = CliRunner().invoke(main, ["litellm", *args])
     assert result.exit_code == 2 and fragment in result.output and "Traceback" not in result.output
+
+
+# --- issue #27, item 8: the one URL normaliser for replicas; a model the server does not serve is refused ----------
+
+def test_a_replica_takes_host_port_like_every_url():
+    config = generate("--replica", "r1=127.0.0.1:8011", "--replica", "r2=https://10.0.0.9:443/v1", "--model", "m",
+                      "--alias", "a")
+    assert [entry["litellm_params"]["api_base"] for entry in config["model_list"]] == [
+        "http://127.0.0.1:8011/v1", "https://10.0.0.9:443/v1"]
+
+
+def test_a_replica_url_the_normaliser_refuses_says_why():
+    result = CliRunner().invoke(main, ["litellm", "--replica", "r1=ftp://h:21", "--model", "m"])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == ("Error: --replica: 'r1=ftp://h:21': 'ftp://h:21' is not a server URL "
+                                              "(scheme 'ftp'); give host:port or http(s)://host:port, with or "
+                                              "without /v1")
+
+
+def test_a_model_the_server_does_not_serve_is_refused_with_what_it_serves():
+    with FakeOpenAI() as fake:
+        result = CliRunner().invoke(main, ["litellm", "--url", fake.url, "--model", "nosuch", "--alias", "a"])
+    assert result.exit_code == 2 and result.stdout == ""  # no config for a model nobody serves
+    assert result.stderr.splitlines()[-1] == (f"Error: Invalid value for --model: 'nosuch' is not served by "
+                                              f"{fake.url}/v1/models, which serves {FAKE_MODEL}")
+
+
+def test_a_served_model_is_checked_and_written():
+    with FakeOpenAI() as fake:
+        config = generate("--url", fake.url, "--model", FAKE_MODEL, "--alias", "a")
+        asked = [request.path for request in fake.requests]
+    assert config["model_list"][0]["litellm_params"]["model"] == f"openai/{FAKE_MODEL}" and asked == ["/v1/models"]
+
+
+def test_a_server_not_reachable_from_here_is_not_asked_and_says_so():
+    from tpuserve.deploy.stack import free_local_port
+
+    address = f"127.0.0.1:{free_local_port()}"
+    result = CliRunner().invoke(main, ["litellm", "--url", address, "--model", "m", "--alias", "a"])
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(result.stdout)["model_list"][0]["litellm_params"]["api_base"] == f"http://{address}/v1"
+    assert result.stderr.splitlines() == [f"note: http://{address}/v1/models did not answer (Connection refused): "
+                                          "--model m is written unchecked"]
+    offline = CliRunner().invoke(main, ["litellm", "--url", address, "--model", "m", "--alias", "a", "--offline"])
+    assert offline.exit_code == 0 and offline.stderr == ""

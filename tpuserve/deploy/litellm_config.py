@@ -24,9 +24,10 @@ import click
 import yaml
 
 from tpuserve.cli import echo_json, json_option
-from tpuserve.client import API_KEY_ENV, api_base
+from tpuserve.client import API_KEY_ENV, EndpointError, ModelNotServed, api_base, served_card
 from tpuserve.deploy.stack import model_option, read_outputs, resolve_model, stack_options, url_option
 from tpuserve.serving import ConfigError
+from tpuserve.urls import InvalidUrl, normalize_server_url
 
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 ROUTING_STRATEGY = "least-busy"
@@ -34,6 +35,7 @@ NUM_RETRIES = 2  # a failed request is retried (on another replica once the fail
 ALLOWED_FAILS = 1  # failures per minute before a replica is cooled down
 COOLDOWN_S = 30
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+CHECK_TIMEOUT_S = 5.0  # asking /v1/models before writing: a server that answers does so at once
 
 
 def env_reference(option: str, name: str) -> str:
@@ -84,11 +86,34 @@ def fleet_config(replicas: Sequence[tuple[str, str]], served_model: str, aliases
 
 
 def parse_replica(value: str) -> tuple[str, str]:
-    """'dev-r1=http://10.0.0.5:8000' -> ('dev-r1', 'http://10.0.0.5:8000')."""
+    """'dev-r1=10.0.0.5:8000' -> ('dev-r1', 'http://10.0.0.5:8000'): the URL in any form every --url takes
+    (tpuserve.urls)."""
     name, _, url = value.partition("=")
-    if not name or not url.startswith(("http://", "https://")):
-        raise ConfigError("--replica", f"{value!r} is not NAME=URL, e.g. dev-r1=http://10.164.0.5:8000")
-    return name, url
+    if not name or not url:
+        raise ConfigError("--replica", f"{value!r} is not NAME=URL, e.g. dev-r1=10.164.0.5:8000")
+    try:
+        return name, normalize_server_url(url)
+    except InvalidUrl as err:
+        raise ConfigError("--replica", f"{value!r}: {err}") from err
+
+
+def check_served(url: str, model: str, api_key: str | None) -> None:
+    """Refuse a --model the server at `url` does not list (the config would route every request to a 404). A server
+    this machine cannot reach is not asked, and that is said: the config may well be for a network elsewhere."""
+    import requests
+
+    from tpuserve.cli import ERRNO_REASON
+
+    try:
+        served_card(url, model, api_key, timeout_s=CHECK_TIMEOUT_S)
+    except ModelNotServed as err:
+        raise click.BadParameter(str(err), param_hint="--model") from err
+    except (requests.RequestException, EndpointError) as err:
+        found = ERRNO_REASON.search(str(err))
+        why = found.group(1).strip() if found else type(err).__name__ if not isinstance(err, EndpointError) \
+            else str(err)
+        click.echo(f"note: {api_base(url)}/models did not answer ({why}): --model {model} is written unchecked",
+                   err=True)
 
 
 def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
@@ -114,13 +139,16 @@ def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
               help="Environment variable LiteLLM reads the endpoint's key from (any value if vLLM has no key).")
 @click.option("--master-key-env", default=MASTER_KEY_ENV, show_default=True,
               help="Environment variable holding the key clients must present to the proxy.")
+@click.option("--offline", is_flag=True, help="With --url and --model: write the config without asking the server "
+              "whether it serves the model (by default a model it does not list is refused).")
 @json_option
 def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None,
             replicas: tuple[str, ...], aliases: tuple[str, ...], api_key_env: str, master_key_env: str,
-            as_json: bool) -> None:
+            offline: bool, as_json: bool) -> None:
     """Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`).
 
-    Offline with --url and --model, or with --stack; with --url alone the model is the first the server lists.
+    With --url and --model the server is asked whether it serves the model (not with --offline, nor when it
+    cannot be reached from here); with --url alone the model is the first it lists; --stack works offline.
     The fleet form (--replica, repeated) balances one model group over the replicas. --json prints the same config
     as JSON (LiteLLM reads it too: YAML is a superset of JSON)."""
     if replicas:
@@ -140,6 +168,8 @@ def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs
             click.echo(yaml.safe_dump(config, sort_keys=False), nl=False)
         return
     outputs = read_outputs(stack, stack_outputs)
+    if url is not None and model is not None and not offline:
+        check_served(url, model, os.environ.get(api_key_env))
     if url is None or model is None:
         if outputs is not None:
             stack_url, stack_model = endpoint_from_outputs(outputs)
