@@ -240,3 +240,16 @@ def test_a_failed_cache_listing_keeps_the_configured_order(pulumi: FakePulumi):
     assert code == 0, stderr
     assert [attempt["zone"] for attempt in verdict["attempts"]] == ["us-east5-a", "europe-west4-a"]
     assert "could not list the stack's cache disks" in " ".join(stderr.split())
+
+
+def test_an_error_line_says_error_as_every_command_does(pulumi: FakePulumi, monkeypatch: pytest.MonkeyPatch):
+    """Issue #27, item 8: `up` printed `error:` where click and every other command print `Error:`."""
+    def no_login() -> None:
+        raise gce.MissingCredentials("no Google application-default credentials; run `gcloud auth "
+                                     "application-default login`")
+
+    monkeypatch.setattr(gce, "adc_session", no_login)
+    code, verdict, stderr = run_up(GoogleFake())
+    assert code == 1 and verdict["ok"] is False
+    assert stderr.splitlines()[-1] == ("Error: no Google application-default credentials; run `gcloud auth "
+                                       "application-default login`")

@@ -212,7 +212,7 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
         config = pulumi.config()
         outputs = pulumi.outputs()
     except PulumiError as err:
-        say(f"error: {err}")
+        say(f"Error: {err}")
         finish(EXIT_FAILED, {"zone": None, "attempts": [], "reason": str(err), "orphans": []})
     local = config.get("target") == LOCAL
     # A gke stack's TPU node pool queues for flex-start capacity itself (GKE's flex-start provisioning), and moving
@@ -236,7 +236,7 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
         try:
             session = exits.enter_context(adc_session())
         except MissingCredentials as err:
-            say(f"error: {err}")
+            say(f"Error: {err}")
             finish(EXIT_FAILED, {"zone": None, "attempts": [], "reason": str(err), "orphans": []})
         compute = ComputeClient(session, roots.compute)
         own = own_nats(pulumi, say)
