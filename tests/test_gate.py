@@ -746,28 +746,45 @@ def test_line_output_prints_details_as_they_are():
     assert printed == "… health: /health answered [bold]503[/bold] at 10.0.0.7 (0 s)\n"
 
 
-def test_the_timeline_table_shows_when_each_stage_began_and_how_long_it_took():
+def timeline_rows(verdict: gate_module.Verdict, url_mode: bool) -> list[str]:
     from rich.console import Console
 
     console = Console(record=True, width=60)
-    gate_module.print_timeline(console, gate_module.Verdict(True, 9.0, {"health": 0.25, "models": 1.5,
-                                                                        "completion": 8.75}))
-    assert [line.rstrip() for line in console.export_text().splitlines()] == [
+    gate_module.print_timeline(console, verdict, url_mode)
+    return [line.rstrip() for line in console.export_text().splitlines()]
+
+
+def test_url_mode_times_each_stage_from_the_one_before_it():
+    """Issue #27, item 8: URL mode records when each stage *passed*; the table took the time to the next stage as
+    the stage's own, shifting the 'took' column by one stage (health 'took' the models wait)."""
+    assert timeline_rows(gate_module.Verdict(True, 9.0, {"health": 0.25, "models": 1.5, "completion": 8.75}),
+                         url_mode=True) == [
         "boot timeline",  # on the left, not centred over the table
-        "┏━━━━━━━━━━━━┳━━━━━━━━┳━━━━━━━━━━┓",
-        "┃ stage      ┃ at (s) ┃ took (s) ┃",
-        "┡━━━━━━━━━━━━╇━━━━━━━━╇━━━━━━━━━━┩",
-        "│ health     │    0.2 │      1.2 │",
-        "│ models     │    1.5 │      7.2 │",
-        "│ completion │    8.8 │          │",
-        "└────────────┴────────┴──────────┘"]
+        "┏━━━━━━━━━━━━┳━━━━━━━━━━━━━━━┳━━━━━━━━━━┓",
+        "┃ stage      ┃ passed at (s) ┃ took (s) ┃",
+        "┡━━━━━━━━━━━━╇━━━━━━━━━━━━━━━╇━━━━━━━━━━┩",
+        "│ health     │           0.2 │      0.2 │",
+        "│ models     │           1.5 │      1.2 │",
+        "│ completion │           8.8 │      7.2 │",
+        "└────────────┴───────────────┴──────────┘"]
+
+
+def test_instance_mode_times_each_stage_to_the_next_one():
+    """The VM reports when each stage *began* (at-<stage>): a stage took until the next began; `serving` goes on."""
+    assert timeline_rows(gate_module.Verdict(True, 30.0, {"pulling-image": 0.0, "loading-model": 10.0,
+                                                          "serving": 25.0}), url_mode=False)[2:7] == [
+        "┃ stage         ┃ began at (s) ┃ took (s) ┃",
+        "┡━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━╇━━━━━━━━━━┩",
+        "│ pulling-image │          0.0 │     10.0 │",
+        "│ loading-model │         10.0 │     15.0 │",
+        "│ serving       │         25.0 │          │"]
 
 
 def test_a_timeline_with_no_stage_says_so():
     from rich.console import Console
 
     console = Console(record=True, width=60)
-    gate_module.print_timeline(console, gate_module.Verdict(False, 1.0, {}, "timed out"))
+    gate_module.print_timeline(console, gate_module.Verdict(False, 1.0, {}, "timed out"), url_mode=True)
     assert console.export_text() == "boot timeline: no stage reached\n"
 
 

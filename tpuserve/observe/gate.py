@@ -488,7 +488,9 @@ class Tracker:
                        interrupted=True)
 
 
-def print_timeline(console: Any, verdict: Verdict) -> None:
+def print_timeline(console: Any, verdict: Verdict, url_mode: bool) -> None:
+    """Each stage and how long it took. URL mode times when a stage passed (it took since the one before it
+    passed, the first since the gate began); the VM reports when each began (it took until the next began)."""
     from rich.table import Table
 
     if not verdict.stages:
@@ -496,11 +498,14 @@ def print_timeline(console: Any, verdict: Verdict) -> None:
         return
     table = Table(title="boot timeline", title_justify="left")
     table.add_column("stage")
-    table.add_column("at (s)", justify="right")
+    table.add_column("passed at (s)" if url_mode else "began at (s)", justify="right")
     table.add_column("took (s)", justify="right")
     entries = list(verdict.stages.items())
     for index, (name, at) in enumerate(entries):
-        took = f"{entries[index + 1][1] - at:.1f}" if index + 1 < len(entries) else ""
+        if url_mode:
+            took = f"{at - (entries[index - 1][1] if index else 0.0):.1f}"
+        else:
+            took = f"{entries[index + 1][1] - at:.1f}" if index + 1 < len(entries) else ""
         table.add_row(name, f"{at:.1f}", took)
     console.print(table)
 
@@ -589,7 +594,7 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
                                         interval_s or INSTANCE_INTERVAL_S, config_hash, tracker)
     except KeyboardInterrupt:  # Ctrl-C still ends with the verdict line the help promises
         verdict = (tracker or Tracker(SILENT)).interrupted()
-    print_timeline(console, verdict)
+    print_timeline(console, verdict, url_mode=bool(url))
     for key, value in verdict.sources.items():
         console.print(f"{key.replace('-', ' ')}: {value}", markup=False, highlight=False)
     if verdict.serial_tail:
