@@ -76,7 +76,7 @@ def test_commands_that_talk_to_a_server_take_its_url_through_the_one_normaliser(
     assert with_urls == {
         "bench sweep": ["--url"], "diagnose": ["--url"], "gate": ["--url"], "litellm": ["--url"],
         "probe all": ["--url"], "probe kv-compare": ["--a", "--b"], "probe structured": ["--url"],
-        "probe tools": ["--url"], "probe vision": ["--url"]}
+        "probe tools": ["--url"], "probe vision": ["--url"], "status": ["--url"]}
 
 
 URL_CASES = [
@@ -108,11 +108,12 @@ def test_an_unreachable_server_is_one_line_and_exit_1(path, option, tmp_path):
     for name in KV_PROMPTS:  # the other side of kv-compare: saved outputs
         (tmp_path / f"{name}.txt").write_text("same")
     extra = {"bench": ["--out", str(tmp_path / "run"), "--vllm-bin", "/bin/true"],
-             "litellm": ["--alias", "a"], "diagnose": ["--log-file", __file__],
+             "litellm": ["--alias", "a"], "diagnose": ["--log-file", __file__], "status": [],
              "probe": {"--a": ["--b-dir", str(tmp_path)], "--b": ["--a-dir", str(tmp_path)]}.get(option, [])
              }[path[0]]
     result = invoke(*path, option, f"127.0.0.1:{port}", *extra)
-    assert_one_line_error(result, 1, f"cannot reach http://127.0.0.1:{port}/v1/models", "Connection refused")
+    asked = "/metrics" if path == ["status"] else "/v1/models"  # status reads /metrics only
+    assert_one_line_error(result, 1, f"cannot reach http://127.0.0.1:{port}{asked}", "Connection refused")
 
 
 @pytest.mark.parametrize("path, command", LEAVES, ids=IDS)

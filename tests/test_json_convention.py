@@ -70,7 +70,7 @@ def empty_dir(tmp_path: Path) -> str:
 
 # A mistake each command finds itself (after click parsed its options), the exit code, and a fragment of the line.
 BAD_INPUTS = [
-    (lambda tmp: ["status", "--url", closed_port()], 1, "/metrics: no answer (ConnectionError)"),
+    (lambda tmp: ["status", "--url", closed_port()], 1, "/metrics: Connection refused"),
     (lambda tmp: ["probe", "tools", "--url", closed_port()], 1, "cannot reach"),
     (lambda tmp: ["bench", "report", empty_dir(tmp)], 1, "no `vllm bench serve` result JSON"),
     (lambda tmp: ["bench", "sweep", "--url", closed_port(), "--model", "m", "--out", str(tmp / "o"),

@@ -22,16 +22,15 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import click
 import requests
 
-from tpuserve.cli import echo_json
 from tpuserve import vllm_metrics as metrics
 from tpuserve.client import server_root
 from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
-from tpuserve.deploy.stack import TunnelError, endpoint_for, read_outputs, stack_options
+from tpuserve.cli import echo_json, request_failure
+from tpuserve.deploy.stack import TunnelError, endpoint_for, read_outputs, stack_options, url_option
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE, PRICE_PER_CHIP_HOUR
 from tpuserve.serving import ConfigError
 
@@ -152,22 +151,11 @@ def expiry_warning(view: VmView, stack: str | None) -> str | None:
 
 # --- the server -----------------------------------------------------------------------------------------------
 
-def metrics_root(url: str) -> str:
-    """'host:port', 'http://host:port', '.../v1' -> 'http://host:port'."""
-    if "://" not in url:
-        url = f"http://{url}"
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise click.BadParameter(f"{url!r} is not a server address like http://10.0.0.5:8000 or localhost:8000",
-                                 param_hint="--url")
-    return server_root(url)
-
-
 def scrape(http: requests.Session, root: str, clock: Callable[[], float] = time.monotonic) -> metrics.Scrape:
     try:
         response = http.get(f"{root}/metrics", timeout=SCRAPE_TIMEOUT_S)
     except requests.RequestException as err:
-        raise ServerUnreachable(f"{root}/metrics: no answer ({type(err).__name__})") from err
+        raise ServerUnreachable(request_failure(err)) from err
     if response.status_code != 200:
         raise ServerUnreachable(f"{root}/metrics answered HTTP {response.status_code}")
     try:
@@ -406,8 +394,8 @@ def reports(sources: Sources, interval_s: float, watch: bool,
 
 
 @click.command()
-@click.option("--url", help="Any vLLM server: http://HOST:PORT or HOST:PORT (its /metrics is read). With --stack, "
-              "the VM comes from the stack and the live view from here.")
+@url_option("Any vLLM server: host:port or http(s)://host:port, with or without /v1 (its /metrics is read). With "
+            "--stack, the VM comes from the stack and the live view from here.")
 @click.option("--watch", is_flag=True, help="Refresh in place every --interval seconds until Ctrl-C.")
 @click.option("--interval", "interval_s", type=click.FloatRange(min=0.5), default=DEFAULT_INTERVAL_S,
               show_default=True, help="Seconds between the two reads of /metrics that rates and TTFT/ITL quantiles "
@@ -427,7 +415,7 @@ def status(url: str | None, watch: bool, interval_s: float, as_json: bool, price
     outputs = read_outputs(stack, stack_outputs)
     if not url and outputs is None:
         raise click.UsageError("give --url (any vLLM server) or --stack (a deployment)")
-    root = metrics_root(url) if url else None
+    root = url  # the server root already (tpuserve.urls), or None
     with ExitStack() as exits:
         sources = Sources(price_per_chip_hour=price_per_chip_hour, stack=stack or stack_of(outputs))
         if outputs is not None and outputs.get("target") == "gcp":
