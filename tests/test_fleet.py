@@ -418,6 +418,7 @@ def test_bad_usage_is_one_line_and_exit_2(pulumi: FakePulumi, run) -> None:
     (["--lead", "0"], "Invalid value for --lead: must be longer than zero"),
     (["--lead", "soon"], "Invalid value for --lead: 'soon' is not a duration like 90m, 2h or 1h30m"),
     (["--deadline", "0"], "Invalid value for --deadline: must be longer than zero"),
+    (["--lease-wait", "soon"], "Invalid value for --lease-wait: 'soon' is not a duration like 90m, 2h or 1h30m"),
 ])
 def test_a_bad_duration_names_its_own_option(args: list[str], message: str) -> None:
     result = CliRunner().invoke(fleet_module.fleet, ["renew", "--stack", "dev", *args])

@@ -282,3 +282,13 @@ def test_status_shows_each_node_and_when_it_goes(monkeypatch: pytest.MonkeyPatch
 def test_a_stack_that_is_not_gke_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
     result = command(monkeypatch, FakeGke(), {"target": "gcp"}, "renew")
     assert result.exit_code == 2 and "not a gke stack deployed by this version (target 'gcp'" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lead", "0"], "Invalid value for --lead: must be longer than zero"),
+    (["--timeout", "soon"], "Invalid value for --timeout: 'soon' is not a duration like 90m, 2h or 1h30m"),
+])
+def test_a_bad_duration_names_its_own_option(args: list[str], message: str) -> None:
+    """Issue #27, item 6, as in `fleet renew`: parse_deadline named --deadline whatever the option."""
+    result = CliRunner().invoke(gke_renew.gke, ["renew", "--stack", "gke", *args])
+    assert result.exit_code == 2 and result.output.splitlines()[-1] == f"Error: {message}"

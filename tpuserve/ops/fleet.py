@@ -925,6 +925,16 @@ def usable_zones(s: Session, zones: str | None, skip_preflight: bool) -> list[st
     return [zone for zone in report.usable_zones if region_of(zone) not in blocked]
 
 
+def parse_duration(text: str, option: str) -> float:
+    """parse_deadline for any option: its message names `option` (parse_deadline names --deadline, the option it
+    was written for)."""
+    try:
+        return parse_deadline(text)
+    except click.BadParameter as err:
+        err.param_hint = option
+        raise
+
+
 def finish(s: Session, as_json: bool, code: int, summary: dict[str, Any]) -> None:
     s.exits.close()
     if as_json:
@@ -953,7 +963,7 @@ def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def parse_wait(text: str) -> float:
     """--lease-wait: 0 (do not wait) or a duration (30m, 1h)."""
-    return 0.0 if text.strip() in ("0", "0s", "0m") else parse_deadline(text)
+    return 0.0 if text.strip() in ("0", "0s", "0m") else parse_duration(text, "--lease-wait")
 
 
 def lease_options(default_wait: str, why: str) -> Callable[..., Any]:
@@ -1085,11 +1095,7 @@ def fleet_renew(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]
                 lease_poll_s: float) -> None:
     """Replace every replica whose flex-start deletion is near: successors placed and gated (several at once),
     added; the old ones drained, destroyed. Without capacity an old replica serves until its deletion (exit 3)."""
-    try:
-        lead = timedelta(seconds=parse_deadline(lead_text))
-    except click.BadParameter as err:
-        err.param_hint = "--lead"  # parse_deadline names --deadline, the option it was written for
-        raise
+    lead = timedelta(seconds=parse_duration(lead_text, "--lead"))
     deadline_s, started = parse_deadline(deadline_text), time.monotonic()
     wait_s = parse_wait(lease_wait_text)
     s = open_fleet(stack, cwd, endpoints, yes, pulumi_args)

@@ -54,8 +54,9 @@ from typing import Any, Protocol
 
 import click
 
-from tpuserve.ops.fleet import human
-from tpuserve.ops.up import EXIT_FAILED, EXIT_NO_CAPACITY, EXIT_OK, parse_deadline
+from tpuserve.cli import echo_json
+from tpuserve.ops.fleet import human, parse_duration
+from tpuserve.ops.up import EXIT_FAILED, EXIT_NO_CAPACITY, EXIT_OK
 
 TERMINATION_ANNOTATION = "node.gke.io/machine-termination-datetime"
 POOL_LABEL = "cloud.google.com/gke-nodepool"
@@ -397,8 +398,7 @@ def run_command(stack: str, cwd: Path, as_json: bool, action: Callable[[Renewer]
             console.print(f"error: {err}", markup=False, highlight=False)
             code, summary = EXIT_FAILED, {"reason": str(err)}
     if as_json:
-        click.echo(json.dumps({"ok": code == EXIT_OK, "stack": stack, "exit": code, **summary,
-                               "events": renewer.events}))
+        echo_json({"ok": code == EXIT_OK, "stack": stack, "exit": code, **summary, "events": renewer.events})
     raise SystemExit(code)
 
 
@@ -429,7 +429,7 @@ def gke() -> None:
 def gke_renew(stack: str, cwd: Path, as_json: bool, lead_text: str, timeout_text: str, only: str | None) -> None:
     """Replace each replica whose node flex-start deletes within --lead: successor first, then the old pod;
     without a successor in time the old one serves on (exit 3). Run it every 15 minutes."""
-    lead, timeout_s = timedelta(seconds=parse_deadline(lead_text)), parse_deadline(timeout_text)
+    lead, timeout_s = timedelta(seconds=parse_duration(lead_text, "--lead")), parse_duration(timeout_text, "--timeout")
     run_command(stack, cwd, as_json, lambda renewer: renewer.renew(lead, timeout_s, only))
 
 
