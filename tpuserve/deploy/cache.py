@@ -188,7 +188,8 @@ def ls(stack: str, project: str | None, stack_outputs: Path | None, compute_url:
     keys = sorted({item["name"].split("/")[1] for item in entries if item["name"].count("/") >= 2})
     if as_json:
         echo_json({"disks": [asdict(d) for d in found],
-                   "bucket": None if bucket is None else {"name": bucket["name"], "objects": len(entries), "keys": keys},
+                   "bucket": None if bucket is None else {"name": bucket["name"], "objects": len(entries),
+                                                          "keys": keys},
                    "monthly_usd": round(sum(d.monthly_usd for d in found), 2)})
         return
     if not found:
