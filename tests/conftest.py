@@ -35,11 +35,13 @@ LONGEST_FIRST = (  # seconds each took in one run of the tier on 2 cores
     "test_startup_script.py",  # 19
     "test_fleet.py",  # 9 (before the lease, parallel-renewal and NAT tests: ~20 now)
     "test_gate.py",  # 9
+    "test_up_script.py",  # 8 (curl's retries of an unavailable release: 3 s)
     "test_up.py",  # 7
+    "test_status.py",  # 6 (tunnels and port-forwards to fake servers)
     "test_router_agent.py",  # 5
     "test_probe_goldens.py",  # 5
-    "test_status.py",  # 4
-    "test_up_script.py",  # 4
+    "test_bench_sweep.py",  # 5 (a fake vllm that really sends requests)
+    "test_json_convention.py",  # 4
     "test_mutation_tool.py",  # 3
 )
 
