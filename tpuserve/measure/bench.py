@@ -245,8 +245,8 @@ class Pace:
         return LEVEL_FLOOR_S + LEVEL_SLACK * num_prompts / self.rate_req_s
 
     def explain(self, num_prompts: int) -> str:
-        return (f"{num_prompts} requests at the slowest rate measured, {self.rate_req_s:.3g} req/s, times "
-                f"{LEVEL_SLACK:g}, plus {LEVEL_FLOOR_S:g} s to start")
+        return (f"{num_prompts} requests at the slowest rate measured ({self.source}: {self.rate_req_s:.3g} req/s), "
+                f"times {LEVEL_SLACK:g}, plus {LEVEL_FLOOR_S:g} s to start")
 
 
 def api_headers() -> dict[str, str]:
@@ -441,7 +441,7 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
     else:
         seconds = time_one_request(workload)
         pace = Pace(1 / seconds, "one timed request")
-        manifest["timing_request"] = {"seconds": round(seconds, 3), "request_rate": round(1 / seconds, 4)}
+        manifest["timing_request"] = {"seconds": seconds, "request_rate": pace.rate_req_s}
     remote_dir = f"{REMOTE_RESULT_ROOT}/{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
     try:
         run_levels(levels, workload, out, manifest, vllm_bin, target, remote_dir, pace)
