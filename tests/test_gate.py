@@ -1032,7 +1032,8 @@ def test_a_server_that_opens_its_port_within_the_connect_timeout_passes():
     opener.start()
     try:
         with requests.Session() as http:
-            verdict = watch_url(http, f"127.0.0.1:{port}", MODEL, timeout_s=30, interval_s=0.05, connect_timeout_s=20)
+            verdict = watch_url(http, f"127.0.0.1:{port}", MODEL, timeout_s=30, interval_s=0.05,
+                                connect_timeout_s=20)
     finally:
         opener.join()
         for server in servers:
