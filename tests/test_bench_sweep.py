@@ -414,10 +414,10 @@ class StoppingVllm(FakeServer):
     request): uvicorn closes its listening socket, so new connections are refused, and waits for the requests in
     flight, which the dead engine never answers (the hang of issue #27). `stop_at` None: it never stops."""
 
-    def __init__(self, stop_at: int | None, stall_at: int | None = None):
+    def __init__(self, stop_at: int | None, stall_at: int | None = None, stop_after: int | None = None):
         super().__init__(vllm_routes())
         self.routes[("POST", "/v1/completions")] = self.complete
-        self.stop_at, self.stall_at = stop_at, stall_at
+        self.stop_at, self.stall_at, self.stop_after = stop_at, stall_at, stop_after
         self.completions = 0
         self.released = threading.Event()
         self.lock = threading.Lock()
@@ -426,7 +426,7 @@ class StoppingVllm(FakeServer):
         with self.lock:
             self.completions += 1
             number = self.completions
-        if number == self.stop_at:
+        if number in (self.stop_at, self.stop_after):  # stop_after: this one is still answered
             threading.Thread(target=self.stop_listening, daemon=True).start()
         if number in (self.stop_at, self.stall_at) or (self.stall_at and number > self.stall_at):
             self.released.wait()  # the engine is gone (or wedged): no answer until the test ends
@@ -495,6 +495,28 @@ def test_a_server_that_stops_mid_level_ends_the_sweep_keeping_what_finished(talk
     assert not any(alive(int(pid)) for pid in talking_vllm.read_text().split())  # nothing left running
     report = CliRunner().invoke(main, ["bench", "report", str(out), "--format", "markdown"])
     assert report.exit_code == 0 and f"> ⚠ unfinished sweep: {lines[-1].removeprefix('Error: ')}" in report.stdout
+
+
+def test_a_server_that_stopped_between_levels_is_not_sent_the_next_one(talking_vllm: Path, tmp_path: Path):
+    """A vLLM stopped just as a level ended: the next level would only fail against it (or hang on it)."""
+    out = tmp_path / "run"
+    with StoppingVllm(stop_at=None, stop_after=1 + 4) as server:  # level 1's last request is answered, then none
+        result, took = sweep_until_stopped(server, out, "--concurrency", "1,2")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.splitlines()[-1].startswith(
+        f"Error: concurrency 2: not started, the server stopped answering (GET {server.url}/health: Connection "
+        "refused, for ")
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert [run["concurrency"] for run in manifest["runs"]] == [1] and manifest["unfinished"]["concurrency"] == 2
+    assert not (out / "c2.log").exists()  # vllm bench serve never ran for it
+
+
+def test_a_level_where_every_request_failed_is_not_counted_as_kept(fake_env: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch):
+    result, out = sweep_against_failing_vllm(tmp_path, monkeypatch, "--output-len", "16", "--concurrency", "1,4")
+    assert result.exit_code == 1
+    assert result.stderr.splitlines()[-2].startswith("the sweep ended early: concurrency 1 (1 of 2 levels) is kept")
+    assert json.loads((out / "sweep.json").read_text())["unfinished"]["concurrency"] == 4  # it ended there
 
 
 def test_a_level_past_its_deadline_is_stopped_though_the_server_answers(talking_vllm: Path, tmp_path: Path,

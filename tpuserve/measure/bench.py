@@ -229,6 +229,14 @@ class LevelStopped(Exception):
     """A level ended before `vllm bench serve` finished it: its deadline passed, or the server stopped answering."""
 
 
+class SweepEnded(Exception):
+    """What ended a sweep at `level`: a ClickException (`cause`), or Ctrl-C (`cause` None)."""
+
+    def __init__(self, level: int, cause: click.ClickException | None):
+        super().__init__(level)
+        self.level, self.cause = level, cause
+
+
 @dataclasses.dataclass
 class Pace:
     """The slowest request rate measured so far (requests per second, `source` says where it came from): what each
@@ -303,6 +311,14 @@ class Liveness:
         if now - self.since < UNANSWERED_LIMIT_S:
             return None
         return f"GET {self.url}: {why}, for {now - self.since:.0f} s"
+
+    def wait_answering(self) -> str | None:
+        """None once the server answers; why not once it has not for UNANSWERED_LIMIT_S."""
+        while True:
+            why = self.check()
+            if why or self.since is None:
+                return why
+            time.sleep(LIVENESS_INTERVAL_S)
 
 
 def end_process(process: subprocess.Popen) -> None:
@@ -445,13 +461,12 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
     remote_dir = f"{REMOTE_RESULT_ROOT}/{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
     try:
         run_levels(levels, workload, out, manifest, vllm_bin, target, remote_dir, pace)
-    except click.ClickException as err:
-        raise Failure(err.message, end_unfinished(out, manifest, err.message, len(levels)), err.exit_code) from err
-    except KeyboardInterrupt:  # Ctrl-C: the level's `vllm bench serve` is stopped already (run_logged)
-        level = unfinished_level(manifest)
-        reason = "interrupted (Ctrl-C)" + (f" during concurrency {level}" if level is not None else "")
-        # 130 = 128 + SIGINT, as a shell reports a command Ctrl-C ended
-        raise Failure(reason, end_unfinished(out, manifest, reason, len(levels)), 130) from None
+    except SweepEnded as ended:
+        # Ctrl-C: the level's `vllm bench serve` is stopped already (run_logged); 130 = 128 + SIGINT, as a shell
+        # reports a command Ctrl-C ended
+        reason = ended.cause.message if ended.cause else f"interrupted (Ctrl-C) during concurrency {ended.level}"
+        code = ended.cause.exit_code if ended.cause else 130
+        raise Failure(reason, end_unfinished(out, manifest, ended.level, reason, len(levels)), code) from ended.cause
     manifest["finished_at"] = now()
     write_manifest(out, manifest)
     if as_json:
@@ -463,27 +478,22 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
     click.echo(f"{len(levels)} levels saved in {out}{note}; `tpuserve bench report {out}` prints the table.")
 
 
-def unfinished_level(manifest: dict[str, Any]) -> int | None:
-    """The level a sweep ended in: the first it has no run of (None: it ran them all)."""
-    ran = {run["concurrency"] for run in manifest["runs"]}
-    return next((level for level in manifest["parameters"]["concurrency"] if level not in ran), None)
-
-
-def end_unfinished(out: Path, manifest: dict[str, Any], reason: str, planned: int) -> dict[str, Any]:
+def end_unfinished(out: Path, manifest: dict[str, Any], level: int, reason: str, planned: int) -> dict[str, Any]:
     """Mark sweep.json unfinished (`unfinished`: the level it ended in and why; `finished_at` stays null) and say
-    what is kept: every level that finished keeps its result file, which `bench report` reads. Returns the same
-    as fields of the error document."""
-    runs = manifest["runs"]
-    manifest["unfinished"] = {"concurrency": unfinished_level(manifest), "reason": reason, "at": now()}
+    what is kept: every level that measured something keeps its result file, which `bench report` reads. Returns
+    the same as fields of the error document."""
+    measured = [run["concurrency"] for run in manifest["runs"] if run["completed"]]
+    manifest["unfinished"] = {"concurrency": level, "reason": reason, "at": now()}
     write_manifest(out, manifest)
-    if runs:
-        names = ", ".join(str(run["concurrency"]) for run in runs)
-        kept = (f"concurrency {names} ({len(runs)} of {planned} levels) {'is' if len(runs) == 1 else 'are'} kept in "
-                f"{out}; sweep.json is marked unfinished; `tpuserve bench report {out}` reports what finished")
+    if measured:
+        names = ", ".join(map(str, measured))
+        kept = (f"concurrency {names} ({len(measured)} of {planned} levels) {'is' if len(measured) == 1 else 'are'} "
+                f"kept in {out}; sweep.json is marked unfinished; `tpuserve bench report {out}` reports what "
+                "finished")
     else:
-        kept = f"no level finished; sweep.json in {out} is marked unfinished"
+        kept = f"no level measured anything; sweep.json in {out} is marked unfinished"
     click.echo(f"the sweep ended early: {kept}", err=True)
-    return {"out": str(out), "kept": [run["concurrency"] for run in runs], "unfinished": manifest["unfinished"]}
+    return {"out": str(out), "kept": measured, "unfinished": manifest["unfinished"]}
 
 
 def start_manifest(workload: Workload, levels: list[int], target: RemoteTarget | None,
@@ -522,20 +532,36 @@ def run_levels(levels: list[int], workload: Workload, out: Path, manifest: dict[
     with Progress(*columns, console=Console(stderr=True)) as progress:
         task = progress.add_task("sweep", total=len(levels))
         for level in levels:
-            deadline_s = pace.deadline_s(workload.num_prompts)
-            progress.update(task, description=f"concurrency {level} (deadline {deadline_s:.0f} s)")
-            run = run_level(level, workload, out, vllm_bin, target, remote_dir, deadline_s,
-                            pace.explain(workload.num_prompts))
-            pace.measured(level, run.get("request_rate") or 0.0)
-            manifest["runs"].append(run)
-            write_manifest(out, manifest)
-            progress.advance(task)
-            cause = f"; vLLM: {run['cause']}" if run.get("cause") else ""
-            progress.console.print(f"concurrency {level}: {run['completed']} completed, {run['failed']} failed"
-                                   f"{cause}", markup=False, highlight=False)
-            if run["completed"] == 0:
-                raise click.ClickException(f"concurrency {level}: all {run['failed']} requests failed; vLLM: "
-                                           f"{run.get('cause')} (log: {out / run['log_file']})")
+            try:
+                run_one(level, workload, out, manifest, vllm_bin, target, remote_dir, pace, progress, task)
+            except click.ClickException as err:
+                raise SweepEnded(level, err) from err
+            except KeyboardInterrupt as interrupt:
+                raise SweepEnded(level, None) from interrupt
+
+
+def run_one(level: int, workload: Workload, out: Path, manifest: dict[str, Any], vllm_bin: str,
+            target: RemoteTarget | None, remote_dir: str, pace: Pace, progress: Any, task: Any) -> None:
+    """One level: the server still answers (local mode: a level against a stopped server would only fail), then
+    its run, recorded and printed."""
+    if target is None:
+        why = Liveness(workload.url).wait_answering()
+        if why:
+            raise click.ClickException(f"concurrency {level}: not started, the server stopped answering ({why})")
+    deadline_s = pace.deadline_s(workload.num_prompts)
+    progress.update(task, description=f"concurrency {level} (deadline {deadline_s:.0f} s)")
+    run = run_level(level, workload, out, vllm_bin, target, remote_dir, deadline_s,
+                    pace.explain(workload.num_prompts))
+    pace.measured(level, run.get("request_rate") or 0.0)
+    manifest["runs"].append(run)
+    write_manifest(out, manifest)
+    progress.advance(task)
+    cause = f"; vLLM: {run['cause']}" if run.get("cause") else ""
+    progress.console.print(f"concurrency {level}: {run['completed']} completed, {run['failed']} failed{cause}",
+                           markup=False, highlight=False)
+    if run["completed"] == 0:
+        raise click.ClickException(f"concurrency {level}: all {run['failed']} requests failed; vLLM: "
+                                   f"{run.get('cause')} (log: {out / run['log_file']})")
 
 
 def run_level(level: int, workload: Workload, out: Path, vllm_bin: str, target: RemoteTarget | None,
