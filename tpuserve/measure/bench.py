@@ -545,6 +545,7 @@ def run_one(level: int, workload: Workload, out: Path, manifest: dict[str, Any],
     """One level: the server still answers (local mode: a level against a stopped server would only fail), then
     its run, recorded and printed."""
     if target is None:
+        progress.update(task, description=f"concurrency {level} (does the server answer?)")
         why = Liveness(workload.url).wait_answering()
         if why:
             raise click.ClickException(f"concurrency {level}: not started, the server stopped answering ({why})")
