@@ -21,7 +21,8 @@ from typing import Any
 
 from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, HYPERDISK_BALANCED_USD_PER_GB_MONTH, LITELLM_VERSION,
                             PRICE_PER_CHIP_HOUR, READY_TIMEOUT_S, V6E_ZONES)
-from tpuserve.serving import DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting
+from tpuserve.serving import (DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting,
+                              untested_modalities)
 
 PROJECT_NAME = "tpu-serve"
 # target -> the component that deploys it, as "module:Class": __main__.py imports only the one a stack names (the
@@ -402,13 +403,17 @@ class StackConfig:
         preflight` asks it); the built-in list only flags a likely typo, offline."""
         if self.target not in TPU_TARGETS:
             return []
-        if self.target == "gke":
-            return self._gke_warnings()
+        warnings = self._gke_warnings() if self.target == "gke" else []
         unknown = [zone for zone in dict.fromkeys((self.zone, *self.zones)) if zone not in V6E_ZONES]
-        if not unknown:
-            return []
-        return [f"zone/zones: {', '.join(unknown)} not among the zones known to offer TPU v6e "
-                f"({', '.join(V6E_ZONES)}); `tpuserve preflight` checks them live"]
+        if unknown and self.target != "gke":
+            warnings.append(f"zone/zones: {', '.join(unknown)} not among the zones known to offer TPU v6e "
+                            f"({', '.join(V6E_ZONES)}); `tpuserve preflight` checks them live")
+        untested = untested_modalities(self.serving)
+        if untested:
+            warnings.append(f"multimodalLimits: {', '.join(untested)} on modelImpl {self.serving.model_impl} runs "
+                            "vLLM's own Gemma 4 code through torchax, which tpu-inference does not test "
+                            "(tpuserve/data/tpu-inference-support.json); send one such request before relying on it")
+        return warnings
 
     def _gke_warnings(self) -> list[str]:
         found = []

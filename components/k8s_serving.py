@@ -42,7 +42,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from tpuserve.facts import CONTAINER_HF_HOME, CONTAINER_XLA_CACHE
-from tpuserve.serving import TPU_CACHE_ENV, ServingConfig, vllm_serve_args
+from tpuserve.serving import TPU_CACHE_ENV, ServingConfig, backend_env, vllm_serve_args
 from vm.supervisor import cache_key
 
 VM_DIR = Path(__file__).resolve().parent.parent / "vm"
@@ -171,7 +171,8 @@ def vllm_container(args: ServingManifestArgs) -> dict[str, Any]:
         "ports": [{"name": "http", "containerPort": cfg.port, "protocol": "TCP"}],
         # The caches' variables of the VM's container; the token is a file, never an environment value.
         "env": [{"name": key, "value": value} for key, value in TPU_CACHE_ENV.items()]
-        + [{"name": "HF_TOKEN_PATH", "value": TOKEN_FILE}, {"name": "HF_XET_CACHE", "value": XET_CACHE_DIR}],
+        + [{"name": "HF_TOKEN_PATH", "value": TOKEN_FILE}, {"name": "HF_XET_CACHE", "value": XET_CACHE_DIR}]
+        + [{"name": name, "value": value} for name, value in backend_env(cfg).items()],
         "resources": {"requests": {TPU_RESOURCE: chips}, "limits": {TPU_RESOURCE: chips}},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
                          {"name": "weights", "mountPath": CONTAINER_HF_HOME},

@@ -38,7 +38,7 @@ def test_stack_files_are_valid_configs():
         cfg = build_stack_config(stack_file_config(stack))
         assert cfg.labels["env"] == stack
     assert build_stack_config(stack_file_config("dev")).serving.mm_limits is None
-    assert build_stack_config(stack_file_config("prod")).serving.mm_limits == {"image": 4, "audio": 1}
+    assert build_stack_config(stack_file_config("prod")).serving.mm_limits == {"image": 4, "audio": 0, "video": 0}
 
 
 @pytest.mark.parametrize("text, seconds", [("4h", 14400), ("90m", 5400), ("1d12h", 129600), ("3600s", 3600),
@@ -379,7 +379,7 @@ BAD_WITH_MESSAGE = [
      'gkeProxySubnetRange, '
      'gkeRouter, gkeSurgeNode, gkeZones, gpuMemoryUtilization, hfToken, hfTokenSecretId, keepCaches, kvCacheDtype, '
      'labels, localGpus, localModelCache, localPort, '
-     'machineType, maxModelLen, maxNumBatchedTokens, maxRunDuration, model, multimodalLimits, network, '
+     'machineType, maxModelLen, maxNumBatchedTokens, maxRunDuration, model, modelImpl, multimodalLimits, network, '
      'pricePerChipHour, project, readinessTimeout, reasoningParser, region, routerImage, routerMachineType, '
      'routerMasterKeySecretId, routerReplicas, routerZone, subnetwork, target, toolCallParser, vllmApiKeySecretId, '
      'zone, zones'),

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from tpuserve.serving import (
-    ConfigError, ServingConfig, check_extra_args, config_hash, option_name, parse_mm_limits, setting,
-    tpu_container_run_args, vllm_serve_args,
+    FIRST_CLASS_OPTIONS, KV_CACHE_DTYPES, MODALITIES, TPU_KV_CACHE_DTYPES, ConfigError, ServingConfig, backend_env,
+    check_extra_args, config_hash, option_name, parse_mm_limits, setting, tpu_container_run_args, tpu_support,
+    untested_modalities, vllm_serve_args,
 )
 
 
@@ -25,9 +26,9 @@ def test_default_args_are_the_reference_deployment_flags():
 
 
 def test_vision_limits_are_compact_json_and_on_tpu_disable_chunked_mm_input():
-    args = vllm_serve_args(ServingConfig(mm_limits={"image": 4, "audio": 1}))
+    args = vllm_serve_args(ServingConfig(mm_limits={"image": 4}))
     assert "--language-model-only" not in args
-    assert args[args.index("--limit-mm-per-prompt") + 1] == '{"image":4,"audio":1}'
+    assert args[args.index("--limit-mm-per-prompt") + 1] == '{"image":4,"audio":0,"video":0}'
     assert args.count("--disable-chunked-mm-input") == 1
 
 
@@ -172,8 +173,15 @@ def test_values_at_the_limits_are_accepted(changes):
     ({"gpu_memory_utilization": 1.01}, "gpuMemoryUtilization: must be in (0, 1], got 1.01"),
     ({"max_num_batched_tokens": 0}, "maxNumBatchedTokens: must be a positive integer, got 0"),
     ({"tensor_parallel_size": 0}, "machineType: tensor parallel size must be at least 1, got 0"),
-    ({"kv_cache_dtype": "fp4"}, "kvCacheDtype: 'fp4' is not one of auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2, "
-                                "fp8_inc, fp8_ds_mla, fp8_per_token_head, int4_per_token_head, int8_per_token_head"),
+    ({"kv_cache_dtype": "fp4"}, "kvCacheDtype: 'fp4' is not one of auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2, "
+                                "fp8_inc, fp8_ds_mla, nvfp4_ds_mla, turboquant_k8v4, turboquant_4bit_nc, "
+                                "turboquant_k3v4_nc, turboquant_3bit_nc, ultraquant_4bit, int4_per_token_head, "
+                                "int8_per_token_head, fp8_per_token_head, nvfp4, nvfp4_4over6"),
+    ({"kv_cache_dtype": "fp8_inc"}, "kvCacheDtype: 'fp8_inc' crashes the TPU backend at boot: tpu-inference's runner "
+                                    "maps the name with jnp.dtype(), which knows only auto, float16, bfloat16, fp8, "
+                                    "fp8_e4m3, fp8_e5m2 (tpuserve/data/tpu-inference-support.json); use one of those"),
+    ({"mm_limits": {"images": 1}}, "multimodalLimits: 'images' is not a modality vLLM takes; use image, audio, video"),
+    ({"model_impl": "jax"}, "modelImpl: 'jax' is not one of auto, flax_nnx, vllm"),
     ({"tool_call_parser": ""}, "enableAutoToolChoice: --enable-auto-tool-choice needs toolCallParser to be set"),
     ({"mm_limits": {"image": -1}}, "multimodalLimits: limit for 'image' must be a non-negative integer, got -1"),
     ({"mm_limits": {}}, "multimodalLimits: must be a non-empty mapping of modality to count, got {}"),
@@ -238,7 +246,8 @@ def test_the_argv_with_every_optional_flag():
         "google/gemma-4-E2B-it", "--host", "0.0.0.0", "--port", "8000", "--max-model-len", "65536",
         "--gpu-memory-utilization", "0.9", "--max-num-batched-tokens", "4096", "--tensor-parallel-size", "1",
         "--kv-cache-dtype", "fp8", "--enable-auto-tool-choice", "--tool-call-parser", "gemma4",
-        "--reasoning-parser", "gemma4", "--limit-mm-per-prompt", '{"image":1}', "--disable-chunked-mm-input",
+        "--reasoning-parser", "gemma4", "--limit-mm-per-prompt", '{"image":1,"audio":0,"video":0}',
+        "--disable-chunked-mm-input",
         "--seed", "7"]
 
 
@@ -274,3 +283,91 @@ def test_a_setting_records_its_key_and_doc_and_copies_a_mutable_default():
         setting("k", "d", ["x"], default_factory=list)  # an explicit factory is not silently replaced
     assert [(f.metadata["key"], f.default) for f in dataclasses.fields(ServingConfig)[:3]] == [
         ("model", "google/gemma-4-E2B-it"), ("containerImage", "vllm/vllm-tpu:nightly"), ("maxModelLen", 65536)]
+
+
+# --- issue #24: what the TPU can serve, from tpuserve/data/tpu-inference-support.json ------------------------------
+
+def test_the_support_data_names_its_upstream_commits():
+    sources = tpu_support()["sources"]
+    assert sources["tpu-inference"]["commit"] == "b8692ff01fa191343836996c27a39dc95f008b88"
+    assert sources["vllm"]["version"] == "0.32.0"
+    assert MODALITIES == ("image", "audio", "video")
+    assert set(TPU_KV_CACHE_DTYPES) < set(KV_CACHE_DTYPES)
+
+
+@pytest.mark.parametrize("limits", [None, {"image": 4}, {"audio": 0}, {"video": 0, "image": 2}],
+                         ids=["text-only", "image", "audio-0", "reordered"])
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+def test_every_argv_names_every_modality_so_none_falls_back_to_999(limits, backend):
+    cfg = ServingConfig(mm_limits=limits, backend=backend).validate()
+    sent = json.loads(vllm_serve_args(cfg)[vllm_serve_args(cfg).index("--limit-mm-per-prompt") + 1])
+    assert list(sent) == ["image", "audio", "video"]
+    assert sent == {m: (limits or {}).get(m, 0) for m in ("image", "audio", "video")}
+
+
+@pytest.mark.parametrize("limits, modality", [({"image": 4, "audio": 1}, "audio"), ({"video": 1}, "video")])
+def test_audio_and_video_on_the_jax_gemma4_are_refused_naming_the_key_and_the_way_out(limits, modality):
+    with pytest.raises(ConfigError) as err:
+        ServingConfig(mm_limits=limits).validate()
+    message = str(err.value)
+    assert err.value.key == "multimodalLimits" and "\n" not in message
+    assert message.startswith(f"multimodalLimits: {modality}: 1 cannot be served on TPU with MODEL_IMPL_TYPE=flax_nnx ")
+    assert "tpu_inference/models/jax/gemma4_mm.py" in message and "b8692ff" in message
+    assert message.endswith(f"set {modality} to 0, or modelImpl: vllm to serve it through that implementation")
+
+
+def test_audio_on_the_torchax_path_is_served_with_its_env_var_in_the_container():
+    cfg = ServingConfig(mm_limits={"image": 4, "audio": 1}, model_impl="vllm").validate()
+    run = tpu_container_run_args(cfg, "abc123")
+    assert run[run.index("MODEL_IMPL_TYPE=vllm") - 1] == "-e"
+    assert run.index("MODEL_IMPL_TYPE=vllm") < run.index(cfg.image)  # a docker option, not a vllm argument
+    assert untested_modalities(cfg) == ["audio"]  # the stack warns: tpu-inference never tests it
+    assert "MODEL_IMPL_TYPE=vllm" not in tpu_container_run_args(ServingConfig(), "abc123")
+    assert config_hash(cfg) != config_hash(dataclasses.replace(cfg, model_impl="auto"))
+    assert backend_env(cfg) == {"MODEL_IMPL_TYPE": "vllm"}
+
+
+def test_model_impl_applies_to_the_tpu_backend_only_and_models_without_data_are_not_judged():
+    with pytest.raises(ConfigError, match="^modelImpl: 'vllm' chooses a tpu-inference model implementation"):
+        ServingConfig(model_impl="vllm").validate(backend="gpu")
+    assert ServingConfig(mm_limits={"image": 1, "audio": 1}).validate(backend="gpu")  # upstream vLLM: its own call
+    assert ServingConfig(model="Qwen/Qwen2.5-VL-7B-Instruct", mm_limits={"video": 1}).validate()  # no evidence
+    assert backend_env(ServingConfig(model_impl="vllm", backend="gpu")) == {}
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"])
+def test_the_kv_dtypes_tpu_inference_maps_are_allowed_on_tpu(dtype):
+    assert ServingConfig(kv_cache_dtype=dtype).validate()
+
+
+@pytest.mark.parametrize("dtype", ["fp8_inc", "fp8_ds_mla", "fp8_per_token_head", "int8_per_token_head", "nvfp4"])
+def test_kv_dtypes_the_tpu_runner_cannot_map_are_refused_there_only(dtype):
+    with pytest.raises(ConfigError, match=f"^kvCacheDtype: '{dtype}' crashes the TPU backend at boot"):
+        ServingConfig(kv_cache_dtype=dtype).validate()
+    assert ServingConfig(kv_cache_dtype=dtype).validate(backend="gpu")
+
+
+@pytest.mark.parametrize("option, key", [("--kv-cache-dtype", "kvCacheDtype"), ("--limit-mm-per-prompt",
+                                                                                 "multimodalLimits")])
+def test_extra_args_may_not_set_the_kv_dtype_or_the_modality_limits_behind_the_checks(option, key):
+    """Both are judged above (the dtype against the TPU runner, the limits against the model implementation): an
+    extraArgs copy would bypass that and vLLM's parser keeps the last value given."""
+    assert FIRST_CLASS_OPTIONS[option] == key
+    for arg in ([option, "x"], [f"{option}=x"], [option.replace("-", "_").replace("__", "--", 1), "x"]):
+        with pytest.raises(ConfigError, match=f"^extraArgs: '{arg[0]}' repeats {option}, which is set by {key}"):
+            check_extra_args(tuple(arg))
+
+
+def test_the_gke_pod_gets_the_same_model_impl_env_and_the_stack_warns_of_untested_modalities():
+    from components.config import build_stack_config
+    from components.k8s_serving import ServingManifestArgs, vllm_container
+    from tests.pulumi_harness import stack_file_config
+
+    raw = {**stack_file_config("dev"), "modelImpl": "vllm", "multimodalLimits": '{"image":2,"video":1}'}
+    cfg = build_stack_config(raw)
+    args = ServingManifestArgs("tpu-serve", "tpu-serve", cfg.serving, "projects/p/secrets/s", "sa@p", 1, {}, 1, 1,
+                               600, config_hash(cfg.serving))
+    assert {"name": "MODEL_IMPL_TYPE", "value": "vllm"} in vllm_container(args)["env"]
+    [warning] = [w for w in cfg.warnings() if w.startswith("multimodalLimits:")]
+    assert warning.startswith("multimodalLimits: video on modelImpl vllm runs vLLM's own Gemma 4 code through torchax")
+    assert not [w for w in build_stack_config(stack_file_config("prod")).warnings() if "multimodal" in w]

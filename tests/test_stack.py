@@ -87,7 +87,7 @@ def instance_inputs_for(config: dict) -> dict:
 
 @pytest.mark.parametrize("change", [
     {"maxModelLen": "32768"},
-    {"multimodalLimits": '{"image":4,"audio":1}'},
+    {"multimodalLimits": '{"image":4}'},
     {"model": "google/gemma-4-E4B-it"},
     {"containerImage": "vllm/vllm-tpu@sha256:" + "0" * 64},
     {"extraArgs": '["--max-num-seqs","64"]', "reasoningParser": ""},

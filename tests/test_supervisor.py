@@ -123,7 +123,7 @@ def mounts(run: dict) -> list[str]:
 def test_a_served_config_change_restarts_the_container_once_with_the_new_argv_and_the_same_mounts(vm):
     first = serving_vm(vm)
     writes = len(vm.guest())
-    changed = ServingConfig(max_model_len=32768, mm_limits={"image": 4, "audio": 1})
+    changed = ServingConfig(max_model_len=32768, mm_limits={"image": 4})
     second = vm.serve(changed)
     vm.wait_for_stage("serving", second)
     old_run, new_run = vm.calls_of("docker", "run")
@@ -403,7 +403,7 @@ def test_the_readiness_check_follows_the_container(tmp_path, container, knobs, m
 
 def test_vision_warm_up_retries_the_first_422_once(vm):
     vm.knobs.image_statuses = [422, 200]
-    serving_vm(vm, ServingConfig(mm_limits={"image": 4, "audio": 1}))
+    serving_vm(vm, ServingConfig(mm_limits={"image": 4}))
     image_posts = [r for r in vm.google.server.requests if r.path.endswith("/chat/completions")
                    and isinstance(r.json()["messages"][0]["content"], list)]
     assert len(image_posts) == 2

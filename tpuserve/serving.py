@@ -12,6 +12,8 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
 from typing import Any
 
 from tpuserve.facts import (CACHE_ROOT, CONTAINER_HF_HOME, CONTAINER_XLA_CACHE,
@@ -24,20 +26,37 @@ TEXT_ONLY = "text-only"
 # Where the argv runs: "tpu" is vLLM with the tpu-inference backend (the gcp target); anything else ("gpu" for the
 # local target's vLLM OpenAI image, "cpu" in the e2e tier) is upstream vLLM on its own platform.
 TPU_BACKEND = "tpu"
-# What text-only serves: every modality Gemma 4 takes limited to 0 (vLLM 0.32 gemma4_mm.py
-# `get_supported_mm_limits`: image, audio, video). tpu-inference turns multimodality off, and skips the vision
+SUPPORT_FILE = "data/tpu-inference-support.json"
+
+
+@cache
+def tpu_support() -> dict[str, Any]:
+    """What the TPU backend serves, read from tpu-inference's and vLLM's source at a recorded commit
+    (tpuserve/data/tpu-inference-support.json): modalities per model implementation, KV cache dtypes."""
+    return json.loads(resources.files("tpuserve").joinpath(SUPPORT_FILE).read_text())
+
+
+# Every modality vLLM 0.32's Gemma 4 registers (image, audio, video; the data file's `modalities`). vLLM counts a
+# modality missing from --limit-mm-per-prompt as 999 items allowed (vllm/config/multimodal.py get_limit_per_prompt),
+# so every argv names all three, a modality not set in multimodalLimits as 0; vLLM ignores a limit for a modality a
+# model does not take (vllm/multimodal/processing/context.py allowed_mm_limits), so this is safe for any model.
+MODALITIES = tuple(tpu_support()["modalities"]["known"])
+# What text-only serves: every modality limited to 0. tpu-inference turns multimodality off, and skips the vision
 # encoder's precompile, only when `limit_mm_per_prompt` is non-empty and every value is 0
 # (tpu_inference/runner/tpu_runner.py, "disable_mm_from_limits"); `--language-model-only` leaves that dict empty, so
-# it is not used. vLLM itself treats both alike (vllm/config/multimodal.py `get_limit_per_prompt`), and drops
-# limits for modalities a model does not take. The reference deployment served '{"image":0,"audio":0}'; video is
-# added so the API refuses a video too instead of handing it to a runner with multimodality off.
-TEXT_ONLY_LIMITS = {"image": 0, "audio": 0, "video": 0}
+# it is not used. The reference deployment served '{"image":0,"audio":0}'; video is added so the API refuses a
+# video too instead of handing it to a runner with multimodality off.
+TEXT_ONLY_LIMITS = {modality: 0 for modality in MODALITIES}
+# tpu-inference's model implementations (MODEL_IMPL_TYPE, tpu_inference/envs.py): auto resolves from the
+# architecture (Gemma 4: flax_nnx, its JAX model); vllm runs vLLM's PyTorch model through torchax.
+MODEL_IMPLS = tuple(tpu_support()["model_impl"]["choices"])
+MODEL_IMPL_ENV = tpu_support()["model_impl"]["env"]
+AUTO_IMPL = "auto"
 
-# `--kv-cache-dtype` choices of vLLM 0.32 (tests/e2e checks them against vLLM's own CacheDType).
-KV_CACHE_DTYPES = (
-    "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
-    "fp8_per_token_head", "int4_per_token_head", "int8_per_token_head",
-)
+# `--kv-cache-dtype` choices of vLLM 0.32 (vllm/config/cache.py CacheDType; tests/e2e checks them against vLLM's
+# own), and the ones the TPU backend can map (its runner ends in jnp.dtype(name): the rest crash at boot).
+KV_CACHE_DTYPES = tuple(tpu_support()["kv_cache_dtypes"]["vllm_choices"])
+TPU_KV_CACHE_DTYPES = tuple(tpu_support()["kv_cache_dtypes"]["tpu"])
 
 # Model ids known not to load on the TPU backend, with the reason users get. Source: vllm-project/tpu-inference#3225
 # (E2B QAT on v6e-1, both model paths) and the open fix, tpu-inference#3299, whose table shows the E4B QAT exports
@@ -87,9 +106,15 @@ class ServingConfig:
                                     "parser, JSON-schema output is enforced only when enable_thinking is on.", "gemma4")
     mm_limits: Mapping[str, int] | None = setting(
         "multimodalLimits", f"'{TEXT_ONLY}', or a JSON object of per-prompt item limits for vLLM "
-        "--limit-mm-per-prompt, e.g. {\"image\":4,\"audio\":1}.", None)
+        "--limit-mm-per-prompt, e.g. {\"image\":4}; a modality left out is 0. On TPU, audio and video need "
+        "modelImpl vllm (Gemma 4's JAX model serves images only).", None)
     kv_cache_dtype: str = setting("kvCacheDtype", "vLLM --kv-cache-dtype; auto = the model's dtype (bf16 for Gemma "
-                                  "4), on TPU as elsewhere.", "auto")
+                                  "4), on TPU as elsewhere. On TPU only auto, bfloat16, float16, fp8, fp8_e4m3 and "
+                                  "fp8_e5m2 (what tpu-inference's runner can map).", "auto")
+    model_impl: str = setting(
+        "modelImpl", "TPU only: tpu-inference's model implementation (MODEL_IMPL_TYPE): auto (Gemma 4: its JAX "
+        "model, images only), flax_nnx (the same, by name) or vllm (vLLM's PyTorch model through torchax: also "
+        "audio and video, which tpu-inference does not test).", AUTO_IMPL)
     extra_args: tuple[str, ...] = setting(
         "extraArgs", "Further `vllm serve` arguments; may not repeat an option that has its own key.", ())
     allow_known_broken_model: bool = setting(
@@ -118,10 +143,22 @@ class ServingConfig:
                               f"{self.tensor_parallel_size}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError("kvCacheDtype", f"{self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+        if backend == TPU_BACKEND and self.kv_cache_dtype not in TPU_KV_CACHE_DTYPES:
+            raise ConfigError("kvCacheDtype", f"{self.kv_cache_dtype!r} crashes the TPU backend at boot: "
+                              "tpu-inference's runner maps the name with jnp.dtype(), which knows only "
+                              f"{', '.join(TPU_KV_CACHE_DTYPES)} (tpuserve/data/tpu-inference-support.json); use one "
+                              "of those")
+        if self.model_impl not in MODEL_IMPLS:
+            raise ConfigError("modelImpl", f"{self.model_impl!r} is not one of {', '.join(MODEL_IMPLS)}")
+        if backend != TPU_BACKEND and self.model_impl != AUTO_IMPL:
+            raise ConfigError("modelImpl", f"{self.model_impl!r} chooses a tpu-inference model implementation; this "
+                              "target runs upstream vLLM: leave it auto")
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise ConfigError("enableAutoToolChoice", "--enable-auto-tool-choice needs toolCallParser to be set")
         if self.mm_limits is not None:
             check_mm_limits(self.mm_limits)
+        if backend == TPU_BACKEND:
+            check_tpu_modalities(self)
         check_extra_args(self.extra_args)
         if backend == "tpu" and not self.allow_known_broken_model:
             for pattern, reason in KNOWN_BROKEN_ON_TPU:
@@ -147,10 +184,71 @@ def check_mm_limits(value: Any) -> Mapping[str, int]:
     if not isinstance(value, Mapping) or not value:
         raise ConfigError("multimodalLimits", f"must be a non-empty mapping of modality to count, got {value!r}")
     for modality, count in value.items():
+        if modality not in MODALITIES:
+            raise ConfigError("multimodalLimits", f"{modality!r} is not a modality vLLM takes; use "
+                              f"{', '.join(MODALITIES)}")
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ConfigError("multimodalLimits", f"limit for {modality!r} must be a non-negative integer, "
                               f"got {count!r}")
     return dict(value)
+
+
+def model_architecture(model: str) -> str | None:
+    """The data file's architecture entry a model id belongs to (e.g. "gemma4" for google/gemma-4-E2B-it), or None
+    when the file knows nothing of it (then no modality is refused: there is no evidence either way)."""
+    for name, entry in tpu_support()["architectures"].items():
+        if entry["model_ids"] in model.lower():
+            return name
+    return None
+
+
+def resolved_impl(cfg: ServingConfig) -> str:
+    """The implementation tpu-inference will run: modelImpl, or what `auto` resolves to for the model."""
+    if cfg.model_impl != AUTO_IMPL:
+        return cfg.model_impl
+    architecture = model_architecture(cfg.model)
+    return tpu_support()["architectures"][architecture]["auto_impl"] if architecture else AUTO_IMPL
+
+
+def mm_limits_of(cfg: ServingConfig) -> dict[str, int]:
+    """--limit-mm-per-prompt's value: every modality, in MODALITIES order, 0 where multimodalLimits is silent."""
+    given = {} if cfg.mm_limits is None else dict(cfg.mm_limits)
+    return {modality: int(given.get(modality, 0)) for modality in MODALITIES}
+
+
+def check_tpu_modalities(cfg: ServingConfig) -> None:
+    """Refuse a modality limit above 0 that the TPU implementation cannot serve: vLLM's API would accept the
+    request and the engine would fail it inside EngineCore (the engine dies; one request takes the server down)."""
+    architecture = model_architecture(cfg.model)
+    if architecture is None:
+        return
+    impl = resolved_impl(cfg)
+    support = tpu_support()["architectures"][architecture].get(impl, {})
+    for modality, count in mm_limits_of(cfg).items():
+        verdict = support.get(modality, {})
+        if count > 0 and not verdict.get("supported", False):
+            alternative = [name for name, modes in tpu_support()["architectures"][architecture].items()
+                           if isinstance(modes, dict) and modes.get(modality, {}).get("supported")]
+            fix = (f"set {modality} to 0" + (f", or modelImpl: {alternative[0]} to serve it through that "
+                                              "implementation" if alternative else ""))
+            raise ConfigError("multimodalLimits", f"{modality}: {count} cannot be served on TPU with "
+                              f"MODEL_IMPL_TYPE={impl} ({verdict.get('evidence', 'no support recorded')}, "
+                              f"tpu-inference {tpu_support()['sources']['tpu-inference']['commit'][:7]}); {fix}")
+
+
+def untested_modalities(cfg: ServingConfig) -> list[str]:
+    """Modalities enabled on TPU that the chosen implementation serves in its code but tpu-inference never tests."""
+    architecture = model_architecture(cfg.model)
+    if cfg.backend != TPU_BACKEND or architecture is None:
+        return []
+    support = tpu_support()["architectures"][architecture].get(resolved_impl(cfg), {})
+    return [modality for modality, count in mm_limits_of(cfg).items()
+            if count > 0 and support.get(modality, {}).get("tested_upstream") is False]
+
+
+def backend_env(cfg: ServingConfig) -> dict[str, str]:
+    """Environment the serving container needs beyond the caches: MODEL_IMPL_TYPE when modelImpl chose one."""
+    return {MODEL_IMPL_ENV: cfg.model_impl} if cfg.backend == TPU_BACKEND and cfg.model_impl != AUTO_IMPL else {}
 
 
 # Single-dash aliases vLLM 0.32 registers for options that have their own setting (vllm/engine/arg_utils.py).
@@ -229,7 +327,7 @@ def vllm_serve_args(cfg: ServingConfig) -> list[str]:
         args += ["--tool-call-parser", cfg.tool_call_parser]
     if cfg.reasoning_parser:
         args += ["--reasoning-parser", cfg.reasoning_parser]
-    limits = TEXT_ONLY_LIMITS if cfg.mm_limits is None else dict(cfg.mm_limits)
+    limits = mm_limits_of(cfg)
     args += ["--limit-mm-per-prompt", json.dumps(limits, separators=(",", ":"))]
     if cfg.backend == TPU_BACKEND and any(count > 0 for count in limits.values()):
         # tpu-inference's platform check warns that multimodal models without it hit execution failures
@@ -269,11 +367,13 @@ def tpu_container_run_args(cfg: ServingConfig, config_hash: str, secret_env: Seq
             "-v", f"{CACHE_ROOT}/huggingface:{CONTAINER_HF_HOME}", *hf_env,
             "-v", f"{xla_host_dir}:{CONTAINER_XLA_CACHE}", *(arg for pair in xla_env for arg in pair),
             "-e", "HF_TOKEN", *(arg for name in secret_env for arg in ("-e", name)),
+            *(arg for name, value in backend_env(cfg).items() for arg in ("-e", f"{name}={value}")),
             "--label", f"tpu-serve.config-hash={config_hash}",
             cfg.image, "vllm", "serve", *vllm_serve_args(cfg)]
 
 
 def config_hash(cfg: ServingConfig) -> str:
     """Short digest of what is served; the VM reports it and the readiness gate re-runs when it changes."""
-    payload = json.dumps([cfg.image, vllm_serve_args(cfg)], separators=(",", ":"))
+    env = backend_env(cfg)  # only when set, so the hash of a config without it did not change when it came
+    payload = json.dumps([cfg.image, vllm_serve_args(cfg), *([env] if env else [])], separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -13,8 +13,8 @@ Contract (other test files build on these names):
   `tpuserve gate --url` run that watched the boot from the start.
 - `vllm_server_plain` -> the same without a reasoning parser and with xgrammar structured outputs
   ({"disable_any_whitespace": true}): the server on which JSON-schema output is enforced. It also runs the prod
-  stack's multimodal flags (limits {"image":4,"audio":1} and --disable-chunked-mm-input), which the text-only tiny
-  model accepts and ignores, so the real server is shown to take them. Started only when asked.
+  stack's multimodal flags (limits {"image":4,"audio":0,"video":0} and --disable-chunked-mm-input), which the
+  text-only tiny model accepts and ignores, so the real server is shown to take them. Started only when asked.
 Servers run with HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1, are reused for the session, and are stopped by PID
 (their whole process group) at the end. /health must answer within 240 s, else the test fails with the log tail.
 """
@@ -45,7 +45,7 @@ MODEL_BUILDER = Path(__file__).with_name("tiny_gemma4.py")
 CACHE_DIR = Path.home() / ".cache" / "tpuserve"
 SERVED_MODEL_NAME = "tiny-gemma4"
 PLAIN_STRUCTURED_OUTPUTS = '{"backend":"xgrammar","disable_any_whitespace":true}'
-PROD_MM_LIMITS = {"image": 4, "audio": 1}  # Pulumi.prod.yaml's multimodalLimits
+PROD_MM_LIMITS = {"image": 4, "audio": 0, "video": 0}  # Pulumi.prod.yaml's multimodalLimits
 
 
 @pytest.fixture(scope="session")
