@@ -76,7 +76,7 @@ def test_commands_that_talk_to_a_server_take_its_url_through_the_one_normaliser(
     assert with_urls == {
         "bench sweep": ["--url"], "diagnose": ["--url"], "gate": ["--url"], "litellm": ["--url"],
         "probe all": ["--url"], "probe kv-compare": ["--a", "--b"], "probe structured": ["--url"],
-        "probe tools": ["--url"], "probe vision": ["--url"], "status": ["--url"]}
+        "probe refusals": ["--url"], "probe tools": ["--url"], "probe vision": ["--url"], "status": ["--url"]}
 
 
 URL_CASES = [

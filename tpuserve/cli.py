@@ -46,7 +46,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                   "Check what would stop a deploy: APIs, machine type per zone, TPU quota, token secret, permissions, "
                   "Cloud NAT."),
     "probe": ("tpuserve.measure.probe:probe",
-              "Probe a deployment's capabilities: tools, structured output, vision; compare KV-cache settings."),
+              "Probe a deployment's capabilities: tools, structured output, vision, refused modalities; compare KV-cache "
+              "settings."),
     "status": ("tpuserve.observe.status:status",
                "The VM (state, time left until flex-start deletes it, cost so far, boot stage) and the server live "
                "from /metrics (running/waiting, KV cache, TTFT and ITL p50/p95, tokens/s)."),

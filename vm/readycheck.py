@@ -15,6 +15,9 @@ A server started with an API key (vLLM's --api-key or VLLM_API_KEY) answers /v1 
 is then sent as a bearer token on the /v1 requests.
 
 Exit 0 when ready, 1 when not; one line on stdout says what was found (the kubelet records it on probe failure).
+
+`refusals` is the disabled-modality check the VM's supervisor runs once at boot: a request of each modality the
+deployment does not serve must answer 4xx, and the server must still serve after it.
 """
 
 from __future__ import annotations
@@ -111,6 +114,38 @@ def check(base_url: str, model: str, timeout_s: float = 10.0, api_key: str = "")
         if not ok:
             return False, f"{name}: {detail}"
     return True, f"ready: {model} answered at {root}"
+
+
+def _refusal(root: str, model: str, modality: str, part: dict[str, Any], timeout_s: float) -> tuple[bool, str]:
+    status, body = _request(f"{root}/v1/chat/completions", timeout_s, {
+        "model": model, "max_tokens": COMPLETION_MAX_TOKENS,
+        "messages": [{"role": "user", "content": [part, {"type": "text", "text": "What is this?"}]}]})
+    if 400 <= status < 500:
+        return True, f"{modality} refused with HTTP {status} ({_error_text(body)[:120]})"
+    said = f" ({_error_text(body)[:200]})" if status >= 500 else ""
+    return False, (f"a {modality} request, which this deployment cannot serve, answered HTTP {status}{said} instead "
+                   f"of a 4xx: one such request can fail the engine")
+
+
+def refusals(base_url: str, model: str, parts: dict[str, dict[str, Any]],
+             timeout_s: float = 10.0) -> tuple[bool, str]:
+    """(ok, detail): one request of each disabled modality (`parts`: modality -> a chat content part carrying it)
+    answers 4xx, and the server still serves afterwards (the three readiness stages again). A 2xx means the limit
+    is not applied, a 5xx that the request reached the engine: either way one client can take the server down."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    said = []
+    for modality, part in parts.items():
+        try:
+            ok, detail = _refusal(root, model, modality, part, timeout_s)
+        except OSError as err:
+            ok, detail = False, f"a {modality} request got no answer ({type(getattr(err, 'reason', err)).__name__})"
+        if not ok:
+            return False, detail
+        said.append(detail)
+    ready, detail = check(root, model, timeout_s)
+    if not ready:
+        return False, f"after the {', '.join(parts)} request(s) the server no longer serves: {detail}"
+    return True, "; ".join(said) + "; still serving"
 
 
 def main(argv: list[str] | None = None) -> int:

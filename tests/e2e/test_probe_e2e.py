@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 
 from tpuserve.client import ChatClient
-from tpuserve.measure.probe import FAIL, NOT_ENFORCED, PASS, SKIPPED, ScenarioResult, run_structured, run_tools, run_vision
+from tpuserve.images import modality_part
+from tpuserve.measure.probe import (FAIL, NOT_ENFORCED, PASS, SKIPPED, ScenarioResult, run_refusals, run_structured,
+                                    run_tools, run_vision)
+from vm import readycheck
 
 pytestmark = pytest.mark.e2e
 
@@ -91,3 +94,21 @@ def test_kv_compare_of_a_server_with_itself_is_byte_identical(vllm_server, vllm_
     cross = tpuserve("probe", "kv-compare", "--a-dir", str(tmp_path / "a"), "--b", vllm_server_plain.url)
     assert cross.returncode == 0, cross.stderr
     print(cross.stdout)
+
+
+@pytest.mark.parametrize("server", ["vllm_server", "vllm_server_plain"])
+def test_every_disabled_modality_is_refused_with_a_4xx_and_the_engine_still_serves(server, request) -> None:
+    """The dev server (text-only: every limit 0) and the plain one (prod's flags: image 4, audio 0, video 0). The tiny
+    model is text-only (a multimodal one cannot be built here), so vLLM 0.32 refuses each part before any limit with
+    400 "<model> is not a multimodal model" (measured); on the TPU's multimodal Gemma 4 the refusal is the limit's
+    "At most 0 audio(s) may be provided in one prompt." Either way the request never reaches the engine."""
+    served = request.getfixturevalue(server)
+    results = run_refusals(ChatClient(served.url, served.model), ("image", "audio", "video"))
+    verdicts(results)
+    assert [r.verdict for r in results] == [PASS] * 3
+    assert all(r.evidence["status"] == 400 and r.reason == f"HTTP 400: {served.model} is not a multimodal model; "
+               "still serving" for r in results)
+    ok, detail = readycheck.refusals(served.url, served.model, {m: modality_part(m) for m in ("audio", "video")},
+                                     timeout_s=60)
+    assert ok, detail
+    assert served.process.poll() is None  # the engine lives

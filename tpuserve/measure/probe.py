@@ -30,7 +30,8 @@ from tpuserve.client import (
     validated_json,
 )
 from tpuserve.cli import Failure, echo_json, json_option
-from tpuserve.images import image_messages
+from tpuserve.images import image_messages, modality_part
+from tpuserve.serving import MODALITIES
 from tpuserve.deploy.stack import model_option, read_outputs, resolve_model, served_endpoint, stack_options, url_option
 
 PASS, FAIL, SKIPPED, NOT_ENFORCED = "pass", "fail", "skipped", "schema not enforced"
@@ -351,6 +352,65 @@ PROBES: dict[str, Callable[[ChatClient, int | None], list[ScenarioResult]]] = {
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Refusals: a modality the deployment cannot serve must be refused, and the server must still serve after it
+
+REFUSAL_MAX_TOKENS = 8
+DEFAULT_REFUSED = ("audio", "video")  # what no TPU deployment of Gemma 4 on its JAX model serves
+
+
+def disabled_modalities(vllm_args: list[str] | None) -> tuple[str, ...] | None:
+    """The modalities a stack's argv limits to 0 (its `vllmArgs` output), or None without one."""
+    if not vllm_args or "--limit-mm-per-prompt" not in vllm_args:
+        return None
+    limits = json.loads(vllm_args[vllm_args.index("--limit-mm-per-prompt") + 1])
+    return tuple(modality for modality in MODALITIES if limits.get(modality, 999) == 0)
+
+
+def still_serving(client: ChatClient) -> str | None:
+    """None when a plain completion still answers, else what went wrong."""
+    try:
+        client.chat(user("Say hello."), max_tokens=REFUSAL_MAX_TOKENS)
+        return None
+    except EndpointError as err:
+        return f"HTTP {err.status}: {excerpt(err.message, 160)}"
+    except requests.RequestException as err:
+        return f"no answer ({type(err).__name__})"
+
+
+def run_refusals(client: ChatClient, modalities: tuple[str, ...]) -> list[ScenarioResult]:
+    """One request of each modality the deployment must refuse: pass on a 4xx with the server still answering
+    afterwards; a 2xx means the limit is not applied, a 5xx that the request reached the engine (the rules of the
+    VM's boot check, vm/readycheck.py `refusals`)."""
+    results = []
+    for modality in modalities:
+        scenario = f"{modality} refused"
+        part = modality_part(modality)
+        request = {"modality": modality, "part": part["type"]}
+        messages = [{"role": "user", "content": [part, {"type": "text", "text": "What is this?"}]}]
+        try:
+            reply = client.chat(messages, max_tokens=REFUSAL_MAX_TOKENS)
+        except EndpointError as err:
+            if not 400 <= err.status < 500:
+                results.append(ScenarioResult("refusals", scenario, FAIL, f"HTTP {err.status} instead of a 4xx: the "
+                                              f"request reached the engine ({excerpt(err.message, 160)})",
+                                              err.latency_s, {"request": request, "status": err.status}))
+                continue
+            broken = still_serving(client)
+            verdict, reason = ((PASS, f"HTTP {err.status}: {excerpt(err.message, 120)}; still serving") if broken is None
+                               else (FAIL, f"HTTP {err.status}, but the server stopped answering: {broken}"))
+            results.append(ScenarioResult("refusals", scenario, verdict, reason, err.latency_s,
+                                          {"request": request, "status": err.status}))
+            continue
+        except requests.RequestException as err:
+            results.append(error_result("refusals", scenario, err, request))
+            continue
+        results.append(ScenarioResult("refusals", scenario, FAIL, f"answered HTTP 200: the {modality} limit is not "
+                                      "applied, so any client can send it", reply.latency_s,
+                                      {"request": request, "response": reply_evidence(reply)}))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # KV-cache comparison
 
 # Greedy prompts whose answers differ visibly when the KV cache loses precision (long, structured, exact).
@@ -482,7 +542,8 @@ def failed(results: list[ScenarioResult]) -> bool:
 
 @click.group()
 def probe() -> None:
-    """Probe a deployment's capabilities: tools, structured output, vision; compare KV-cache settings.
+    """Probe a deployment's capabilities: tools, structured output, vision, refused modalities; compare KV-cache
+    settings.
 
     Exit 0 when the probe ran, whatever the verdicts; with --strict, 1 when a scenario failed or a schema was not
     enforced (skipped never fails).
@@ -519,15 +580,21 @@ def add_probe_command(name: str, probe_names: list[str], help_text: str) -> None
         with served_endpoint(url, model, outputs, api_key) as served:
             client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout)
             results = [result for name in probe_names for result in PROBES[name](client, max_tokens)]
-        reason = could_not_run(results)
-        why = f"the probe could not run against {served.url} ({served.model}): {reason}"
-        if reason and as_json:  # one document: the error, with the results as evidence
-            raise Failure(why, {"results": [asdict(r) for r in results]})
-        print_results(results, as_json)
-        if reason:
-            raise click.ClickException(why)
-        if strict and failed(results):
-            raise SystemExit(1)
+        finish(results, served, as_json, strict)
+
+
+def finish(results: list[ScenarioResult], served: Any, as_json: bool, strict: bool) -> None:
+    """Print the verdicts; exit 1 when the probe could not run at all (under --json: one error document with the
+    results as evidence), or under --strict when a scenario failed."""
+    reason = could_not_run(results)
+    why = f"the probe could not run against {served.url} ({served.model}): {reason}"
+    if reason and as_json:  # one document: the error, with the results as evidence
+        raise Failure(why, {"results": [asdict(r) for r in results]})
+    print_results(results, as_json)
+    if reason:
+        raise click.ClickException(why)
+    if strict and failed(results):
+        raise SystemExit(1)
 
 
 add_probe_command("tools", ["tools"], "Tool calling: simple call, result synthesis, restraint, parallel calls, "
@@ -536,6 +603,26 @@ add_probe_command("structured", ["structured"], "Structured output: json_schema 
                   "json_object; reports whether the server enforced the schema.")
 add_probe_command("vision", ["vision"], "Vision: count and describe shipped images sent as data URIs.")
 add_probe_command("all", list(PROBES), "Every capability probe: tools, structured, vision.")
+
+
+@probe.command("refusals")
+@endpoint_options
+@click.option("--modalities", help="Comma-separated modalities the deployment must refuse (default: those the "
+              f"stack's argv limits to 0, else {','.join(DEFAULT_REFUSED)}).")
+def refusals(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None, api_key_env: str,
+             timeout: float, max_tokens: int | None, as_json: bool, strict: bool, modalities: str | None) -> None:
+    """Disabled modalities: one request of each must answer 4xx and leave the server serving (one that reaches
+    the engine can take it down)."""
+    outputs = read_outputs(stack, stack_outputs)
+    chosen = tuple(m.strip() for m in modalities.split(",") if m.strip()) if modalities else (
+        disabled_modalities((outputs or {}).get("vllmArgs")) or DEFAULT_REFUSED)
+    unknown = [m for m in chosen if m not in MODALITIES]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(MODALITIES)}", param_hint="--modalities")
+    api_key = os.environ.get(api_key_env)
+    with served_endpoint(url, model, outputs, api_key) as served:
+        results = run_refusals(ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout), chosen)
+    finish(results, served, as_json, strict)
 
 
 def side_outputs(side: str, url: str | None, directory: Path | None, model: str | None, api_key_env: str,
