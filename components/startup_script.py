@@ -4,7 +4,8 @@
   Docker and the supervisor. It depends on no serving setting, so a serving change leaves it alone.
 - `tpu-serve-config` (`served_config`): what is served, as JSON: image, the `docker run` argv from
   `tpuserve.serving.tpu_container_run_args` (the one builder), config hash, model, warm-up image, the token secret's
-  name (never the token), the compile-cache bucket. The supervisor applies a change of it on the running VM.
+  name (never the token), the compile-cache bucket, and one request part per modality the config does not serve
+  (the supervisor checks each is refused). The supervisor applies a change of it on the running VM.
 - `tpu-serve-supervisor` (`supervisor_bundle`): vm/supervisor.py and the files it imports, with a version; the
   supervisor re-installs itself when it changes.
 """
@@ -20,21 +21,23 @@ from pathlib import Path
 import jinja2
 
 from components import ops_agent
-from tpuserve.facts import (CACHE_DEVICE_NAME, CACHE_ROOT, GUEST_ATTRIBUTE_NAMESPACE, SERVED_CONFIG_KEY,
-                            SUPERVISOR_KEY)
-from tpuserve.images import image_data_uri
-from tpuserve.serving import DEFAULT_PORT, ServingConfig, config_hash, tpu_container_run_args
+from tpuserve.facts import (CACHE_DEVICE_NAME, CACHE_ROOT, GUEST_ATTRIBUTE_NAMESPACE, GUEST_STATE_KEY,
+                            GUEST_WRITE_INTERVAL_S, SERVED_CONFIG_KEY, SUPERVISOR_KEY)
+from tpuserve.images import image_data_uri, modality_part
+from tpuserve.serving import DEFAULT_PORT, ServingConfig, config_hash, mm_limits_of, tpu_container_run_args
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = ROOT / "templates"
 VM_DIR = ROOT / "vm"
 # The supervisor and what it imports (all standard-library Python that runs on the VM), and the Ops Agent installer
 # it runs once the server is serving (vm/ops-agent-install.sh; its configuration is rendered into the bundle too).
-SUPERVISOR_FILES = ("supervisor.py", "hf_token.py", "readycheck.py", "compile_cache.py", "ops-agent-install.sh")
+SUPERVISOR_FILES = ("supervisor.py", "hf_token.py", "readycheck.py", "compile_cache.py", "guest_state.py",
+                    "ops-agent-install.sh")
 OPS_AGENT_CONFIG_FILE = "ops-agent.yaml"
 METADATA_URL = "http://metadata.google.internal"
 UNIT_NAME = "tpu-serve-supervisor.service"
 BOOT_HASH_FILE = "/run/tpu-serve/boot-config-hash"
+RUN_DIR = "/run/tpu-serve"  # a tmpfs: the boot's state file and the stamp of its last guest-attribute write
 WARMUP_IMAGE = "red-square.png"  # one of the shipped probe images, sent once after boot when images are enabled
 # Below this much free space the cache disk is not used for the boot (a cold start with a warning): one vLLM TPU
 # image, one model's weights and the compile cache fit in it.
@@ -56,7 +59,8 @@ def render_startup_script(*, cache_disk: bool = True, metadata_url: str = METADA
                           cache_device: str = f"/dev/disk/by-id/google-{CACHE_DEVICE_NAME}",
                           python: str = "/usr/bin/python3", supervisor_args: tuple[str, ...] = (),
                           retry_delay_s: int = 10, device_wait_s: int = DEVICE_WAIT_S,
-                          min_free_gb: int = MIN_FREE_GB) -> str:
+                          min_free_gb: int = MIN_FREE_GB,
+                          guest_write_interval_s: float = GUEST_WRITE_INTERVAL_S) -> str:
     """The boot script. Its arguments are the stack's machine settings (is there a cache disk) and test seams (URLs,
     a sandbox root, delays): no serving setting reaches it."""
     return template_environment().get_template("startup.sh.j2").render(
@@ -72,6 +76,9 @@ def render_startup_script(*, cache_disk: bool = True, metadata_url: str = METADA
         device_wait_s=device_wait_s,
         unit_name=UNIT_NAME,
         boot_hash_file=BOOT_HASH_FILE,
+        run_dir=RUN_DIR,
+        state_key=GUEST_STATE_KEY,
+        guest_write_interval_s=guest_write_interval_s,
         python=python,
         supervisor_args=supervisor_args,
         retry_delay_s=retry_delay_s,
@@ -113,6 +120,9 @@ def served_config(serving: ServingConfig, secret_name: str, *, machine_type: str
         else image_data_uri(WARMUP_IMAGE),
         "compile_cache_bucket": compile_cache_bucket,
         "ready_timeout_s": ready_timeout_s,
+        # The disabled-modality check: one request of each modality at 0, each must answer 4xx (vm/readycheck.py).
+        "refusal_parts": {modality: modality_part(modality) for modality, count in mm_limits_of(serving).items()
+                          if count == 0},
     }, sort_keys=True, separators=(",", ":"))
 
 

@@ -10,13 +10,19 @@ import threading
 import time
 
 import pytest
+import requests
 
-from tests.vm_sandbox import (BUCKET, IMAGE_DIGEST, SECRET, SERVICE_ACCOUNT, FakeGoogle, Knobs, NO_ANSWER, Vm,
-                              make_vm, token_contained)
+from tests.httpfake import FakeServer, Request, Response
+from tests.vm_sandbox import (BUCKET, IMAGE_DIGEST, SECRET, SERVICE_ACCOUNT, FakeGoogle, GuestWrite, Knobs,
+                              NO_ANSWER, Vm, collapse, make_vm, token_contained)
+from tests.vm_sandbox import vms  # noqa: F401 - the sandbox VM fixture
+from components import startup_script
 from tpuserve import facts
-from tpuserve.observe.gate import boot_timeline, read_boot
+from tpuserve.deploy.gce import ComputeClient, Instance
+from tpuserve.guest_state import expand
+from tpuserve.observe.gate import INSTANCE_INTERVAL_S, boot_timeline, read_boot, watch_instance
 from tpuserve.serving import ServingConfig, tpu_container_run_args
-from vm import readycheck, supervisor
+from vm import guest_state, readycheck, supervisor
 from vm.supervisor import (ADOPT, APPLY, GIVE_UP, INVALID, RESTART, UPDATE_SELF, WAIT, Container, Metadata,
                            Settings, State, decide, watch)
 
@@ -32,6 +38,12 @@ def test_the_supervisor_agrees_with_facts():
                                                                              facts.XLA_CACHE_KEY_PLACEHOLDER)
     assert (supervisor.MAX_RESTARTS, supervisor.IAM_WAIT_S, supervisor.SECRET_ROLE) == (
         facts.SUPERVISOR_MAX_RESTARTS, facts.IAM_PROPAGATION_WAIT_S, facts.SECRET_ACCESSOR_ROLE)
+    assert (guest_state.NAMESPACE, guest_state.STATE_KEY, guest_state.INTERVAL_S, guest_state.REASSERT_S) == (
+        facts.GUEST_ATTRIBUTE_NAMESPACE, facts.GUEST_STATE_KEY, facts.GUEST_WRITE_INTERVAL_S, facts.GUEST_REASSERT_S)
+    assert supervisor.RUN_DIR == startup_script.RUN_DIR
+    # The VM's writes and the gate's reads together stay inside Google's documented per-minute budget.
+    assert 60 / facts.GUEST_WRITE_INTERVAL_S + 60 / facts.GATE_POLL_S < facts.GUEST_ATTRIBUTE_QUERIES_PER_MINUTE
+    assert INSTANCE_INTERVAL_S == facts.GATE_POLL_S and facts.GUEST_REASSERT_S <= 60
 
 
 # --- decide -----------------------------------------------------------------------------------------------------
@@ -131,11 +143,11 @@ def test_a_served_config_change_restarts_the_container_once_with_the_new_argv_an
     assert mounts(new_run) == mounts(old_run)  # the same cache mounts and variables
     assert len(vm.calls_of("docker", "rm")) == 2  # one before each run
     after = vm.guest()[writes:]
-    assert [v for k, v in after if k == "stage"] == RECONFIG_STAGES
-    # `since`, then the first stage, then the hash: the gate never reads the old `serving` with the new hash.
-    keys = [k for k, _ in after]
-    assert keys.index("since") < keys.index("stage") < keys.index("config-hash")
     status = vm.attributes()
+    # One write carries stage, hash and timeline together: the gate never reads the old `serving` with the new hash
+    # (every write of the new hash belongs to the new run's timeline, every write of the old one to the old).
+    assert all((state["config-hash"] == second) == (state["since"] == status["since"]) for state in after)
+    assert all(state["stage"] in RECONFIG_STAGES for state in after if state["config-hash"] == second)
     assert read_boot(status, second).ready and not read_boot(status, first).done
     assert list(boot_timeline(status)) == RECONFIG_STAGES
     assert token_contained(vm) == []
@@ -164,15 +176,15 @@ def test_a_503ing_metadata_server_is_retried_with_backoff(vm):
 def test_a_container_killed_after_serving_is_restarted_and_reported(vm):
     digest = serving_vm(vm)
     vm.kill_container(exit_code=137)
-    vm.wait_for(lambda: "restarting" in vm.stages(), "restarting")
-    vm.wait_for(lambda: vm.stages()[-1] == "serving" and vm.stages().count("serving") == 2, "serving again")
+    vm.wait_for(lambda: vm.attributes().get("restarts") == "1" and vm.attributes()["stage"] == "serving",
+                "serving again")
     assert len(vm.calls_of("docker", "start")) == 1 and len(vm.calls_of("docker", "run")) == 1
-    reasons = vm.reasons()
-    crash = [r for r in reasons if r.startswith("container exited")][0]
+    # The journal has each reason; the state (coalesced within the write budget) ends with the last one.
+    crash = re.search(r"reason: (container exited .*)", vm.log()).group(1)
     assert crash.startswith("container exited (code 137) after serving; restart 1/5 in 0.05 s. Last log lines: ")
     assert "model weights failed to load" in crash
-    assert reasons[-1] == "restarted after the container exited (restart 1)"
-    assert vm.attributes()["restarts"] == "1" and read_boot(vm.attributes(), digest).ready
+    assert vm.attributes()["reason"] == "restarted after the container exited (restart 1)"
+    assert "restarting" in boot_timeline(vm.attributes()) and read_boot(vm.attributes(), digest).ready
     assert token_contained(vm) == []
 
 
@@ -217,7 +229,7 @@ def test_the_compile_cache_is_restored_before_the_server_starts_and_pushed_after
     uploads = [r for r in vm.google.server.requests if r.path.startswith("/upload/")]
     assert len(uploads) == 1  # only the new entry: nothing overwritten, nothing sent twice
     assert "ifGenerationMatch=0" in uploads[0].query
-    stages = vm.stages()
+    stages = list(boot_timeline(vm.attributes()))
     assert stages.index("restoring-compile-cache") < stages.index("starting-server")
 
 
@@ -258,12 +270,12 @@ def test_transient_failures_are_retried(vm):
 def test_a_fresh_grant_refused_three_times_is_waited_out(vm):
     vm.knobs.secret_statuses = [403, 403, 403, 200]
     serving_vm(vm)
-    waiting = [r for r in vm.reasons() if r.startswith("waiting")]
+    waiting = re.findall(r"reason: (waiting for the secret grant to propagate .*)", vm.log())
     assert len(waiting) == 3 and waiting[0] == "waiting for the secret grant to propagate (HTTP 403, 0 s)"
-    guest = vm.guest()
-    first_wait = guest.index(("reason", waiting[0]))
-    assert [v for k, v in guest[:first_wait] if k == "stage"][-1] == "fetching-token"  # the gate shows it there
-    assert any(r.startswith("the secret grant propagated after") for r in vm.reasons())
+    # What the gate saw (writes coalesced within the budget): a wait, shown in stage fetching-token.
+    shown = [state for state in vm.guest() if state.get("reason", "").startswith("waiting")]
+    assert shown and all(state["stage"] == "fetching-token" for state in shown)
+    assert re.search(r"reason: the secret grant propagated after", vm.log())
     assert token_contained(vm) == []
 
 
@@ -342,8 +354,9 @@ def test_a_reasoning_only_answer_counts_as_serving(vm):
     and the text in `reasoning` (vLLM 0.32's field); the server answered."""
     vm.knobs.answer = "reasoning-only"
     serving_vm(vm, ServingConfig(reasoning_parser="gemma4"))
-    chats = [r.json() for r in vm.google.server.requests if r.path == "/v1/chat/completions"]
-    assert [c["model"] for c in chats] == ["google/gemma-4-E2B-it"]
+    chats = [r.json() for r in vm.google.server.requests if r.path == "/v1/chat/completions"
+             and isinstance(r.json()["messages"][0]["content"], str)]
+    assert [c["model"] for c in chats] == ["google/gemma-4-E2B-it"] * 2  # the check, and again after the refusals
 
 
 def test_a_supervisor_restarted_while_the_model_loads_waits_for_it_before_serving(vm):
@@ -352,10 +365,10 @@ def test_a_supervisor_restarted_while_the_model_loads_waits_for_it_before_servin
     writes = len(vm.guest())
     vm.knobs.health_ok = False  # the engine answers 503 for now
     vm.start_supervisor()  # a second supervisor process: what a supervisor restart by systemd leaves
-    vm.wait_for(lambda: "keeping it" in vm.log() and "loading-model" in [v for k, v in vm.guest()[writes:]
-                                                                        if k == "stage"], "adoption while loading")
+    vm.wait_for(lambda: "keeping it" in vm.log() and "loading-model" in [state["stage"] for state in
+                                                                        vm.guest()[writes:]], "adoption while loading")
     vm.knobs.health_ok = True
-    vm.wait_for(lambda: [v for k, v in vm.guest()[writes:] if k == "stage"] == ["loading-model", "serving"],
+    vm.wait_for(lambda: collapse(state["stage"] for state in vm.guest()[writes:]) == ["loading-model", "serving"],
                 "serving after loading")
     assert read_boot(vm.attributes(), digest).ready and len(vm.calls_of("docker", "run")) == 1
 
@@ -405,7 +418,8 @@ def test_vision_warm_up_retries_the_first_422_once(vm):
     vm.knobs.image_statuses = [422, 200]
     serving_vm(vm, ServingConfig(mm_limits={"image": 4}))
     image_posts = [r for r in vm.google.server.requests if r.path.endswith("/chat/completions")
-                   and isinstance(r.json()["messages"][0]["content"], list)]
+                   and isinstance(r.json()["messages"][0]["content"], list)
+                   and r.json()["messages"][0]["content"][0]["type"] == "image_url"]
     assert len(image_posts) == 2
     assert image_posts[0].json()["messages"][0]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
 
@@ -418,10 +432,39 @@ def test_vision_warm_up_failing_twice_fails(vm):
     assert vm.reasons()[-1] == "the multimodal warm-up request failed twice"
 
 
-def test_text_only_sends_no_image(vm):
+def multimodal_posts(vm: Vm) -> list[list[str]]:
+    """The part types of each chat request that carried more than text, in order."""
+    return [[part["type"] for part in r.json()["messages"][0]["content"] if part["type"] != "text"]
+            for r in vm.google.server.requests if r.path.endswith("/chat/completions")
+            and isinstance(r.json()["messages"][0]["content"], list)]
+
+
+def test_text_only_sends_no_warm_up_only_one_request_of_each_modality_it_must_refuse(vm):
     serving_vm(vm)
-    assert all(isinstance(r.json()["messages"][0]["content"], str) for r in vm.google.server.requests
-               if r.path.endswith("/chat/completions"))
+    assert multimodal_posts(vm) == [["input_audio"], ["image_url"], ["video_url"]]  # each answered 400
+    assert re.search(r"disabled modalities: audio refused with HTTP 400 \(At most 0 audio\(s\) may be provided in "
+                     r"one prompt.\); image refused with HTTP 400 .*; video refused .*; still serving", vm.log())
+
+
+def test_a_vision_config_warms_up_with_an_image_and_checks_only_audio_and_video(vm):
+    serving_vm(vm, ServingConfig(mm_limits={"image": 4}))
+    assert multimodal_posts(vm) == [["image_url"], ["input_audio"], ["video_url"]]  # the warm-up, then refusals
+    sent = json.loads(vm.google.attributes["tpu-serve-config"])["refusal_parts"]
+    assert sorted(sent) == ["audio", "video"]
+    assert sent["video"]["video_url"]["url"].startswith("data:video/jpeg;base64,")  # vLLM's frame-list video
+
+
+@pytest.mark.parametrize("status, says", [
+    (200, "a audio request, which this deployment cannot serve, answered HTTP 200 instead of a 4xx"),
+    (500, "a audio request, which this deployment cannot serve, answered HTTP 500 (EngineCore encountered an issue "
+          "(audio: NotImplementedError)) instead of a 4xx"),
+], ids=["accepted", "engine-died"])
+def test_a_server_that_does_not_refuse_a_modality_it_cannot_serve_fails_the_boot(vm, status, says):
+    vm.knobs.refusal_answers = {"audio": status}
+    digest = vm.serve(ServingConfig())
+    vm.start_supervisor()
+    vm.wait_for_stage("failed", digest)
+    assert vm.reasons()[-1] == f"disabled-modality check: {says}: one such request can fail the engine"
 
 
 def test_weights_count_as_cached_only_when_a_snapshot_holds_a_file(tmp_path):
@@ -438,3 +481,114 @@ def test_the_bucket_is_the_stacks(vm):
     assert json.loads(vm.google.attributes.get("tpu-serve-config", "{}") or "{}") == {}
     vm.serve(ServingConfig())
     assert json.loads(vm.google.attributes["tpu-serve-config"])["compile_cache_bucket"] == BUCKET
+
+
+# --- the guest-attribute budget (vm/guest_state.py, tpuserve/guest_state.py) -------------------------------------
+
+def test_a_boot_in_real_time_stays_within_googles_guest_attribute_budget(vms):
+    """The real intervals (no sandbox time scale): the startup script and the supervisor, from the first stage to
+    `serving`, send one state attribute at most every 12 s; Google allows 10 a minute and 3 a second. The whole
+    sandbox boot fits in one interval, so its second write is the one that says `serving`, 12 s in."""
+    vm = vms(knobs=Knobs(guest_scale=1), disk={"fs": "ext4"})
+    digest = vm.serve(ServingConfig())
+    assert vm.boot() == 0, vm.log()
+    vm.wait_for_stage("serving", digest, timeout_s=30)
+    writes = vm.google.guest
+    assert {write.key for write in writes} == {"state"}  # one key: nothing else is written
+    assert all(write.applied for write in writes)  # nothing went over the budget (the fake drops what does)
+    assert vm.writes_within(60) <= 60 / facts.GUEST_WRITE_INTERVAL_S <= facts.GUEST_ATTRIBUTE_QUERIES_PER_MINUTE
+    assert vm.writes_within(1) == 1 < facts.GUEST_ATTRIBUTE_BURST_PER_SECOND
+    gaps = [b.at - a.at for a, b in zip(writes, writes[1:])]
+    assert gaps and min(gaps) >= facts.GUEST_WRITE_INTERVAL_S - 0.25, gaps  # as received: request latency varies
+    assert list(boot_timeline(vm.attributes())) == [*facts.BOOT_STAGES]  # coalesced, and every stage is there
+
+
+def test_writes_over_googles_budget_would_be_lost_and_the_sandbox_drops_them(tmp_path):
+    """The fake enforces the documented limits (so a writer that went over would lose state in these tests)."""
+    google = FakeGoogle(tmp_path, Knobs(guest_scale=1))
+    with google.server:
+        for n in range(5):
+            google.put_guest("state", json.dumps({"seq": n}))
+    assert [write.applied for write in google.guest] == [True, True, True, False, False]  # the 4th within 1 s
+
+
+class FakeCompute(FakeServer):
+    """The Compute API's getGuestAttributes (compute#guestAttributes: queryValue.items of namespace/key/value) and
+    instances.get, serving what the sandbox VM's applied writes left."""
+
+    def __init__(self, vm: Vm):
+        path = "/compute/v1/projects/p-1/zones/europe-west4-a/instances/tpu-serve-vm"
+        super().__init__({("GET", f"{path}/getGuestAttributes"): self.attributes,
+                          ("GET", path): lambda request: Response(200, {"status": "RUNNING"})})
+        self.vm = vm
+
+    def attributes(self, request: Request) -> Response:
+        applied = [write for write in self.vm.google.guest if write.applied]
+        if not applied:
+            return Response(404, {"error": {"code": 404, "message": "The resource was not found"}})
+        return Response(200, {"kind": "compute#guestAttributes", "queryPath": "tpu-serve/", "queryValue": {"items": [
+            {"namespace": "tpu-serve", "key": applied[-1].key, "value": applied[-1].value}]}})
+
+
+def test_a_lost_serving_write_is_reasserted_and_the_gate_sees_it_within_a_minute(vm):
+    """Compute Engine may drop a write (above the budget, or by chance); the supervisor writes its state again every
+    re-assertion interval, so the gate, polling the Compute API, ends its wait without waiting out its timeout."""
+    lost: list[GuestWrite] = []
+
+    def drop_the_first_serving(write: GuestWrite) -> bool:
+        if write.state().get("stage") == "serving" and not lost:
+            lost.append(write)
+            return True
+        return False
+
+    vm.knobs.drop_guest_write = drop_the_first_serving
+    digest = vm.serve(ServingConfig())
+    vm.start_supervisor()
+    reassert_s = facts.GUEST_REASSERT_S * vm.knobs.guest_scale
+    with FakeCompute(vm) as compute, requests.Session() as http:
+        started = time.monotonic()
+        verdict = watch_instance(ComputeClient(http, compute.url),
+                                 Instance("p-1", "europe-west4-a", "tpu-serve-vm"), timeout_s=30, interval_s=0.05,
+                                 expected_config_hash=digest)
+    assert verdict.ready, verdict.reason
+    assert lost and time.monotonic() - started < 10 * reassert_s  # not the gate's 30 s timeout
+    again = [w for w in vm.google.guest if w.applied and w.state().get("stage") == "serving"][0]
+    assert again.at - lost[0].at <= reassert_s + facts.GUEST_WRITE_INTERVAL_S * vm.knobs.guest_scale + 0.5
+    assert int(again.state()["seq"]) >= int(lost[0].state()["seq"])  # that state (or a later one), sent again
+
+
+def test_the_state_store_coalesces_changes_and_reasserts(tmp_path):
+    google = FakeGoogle(tmp_path, Knobs(guest_scale=1))
+    with google.server:
+        store = guest_state.Store(tmp_path / "run")
+        now = [1000.0]
+        store.update({"stage": "preparing-disk", "at-preparing-disk": "1000"})
+        assert store.publish(google.server.url, 12, clock=lambda: now[0]) == "written"
+        store.update({"stage": "installing-docker"})
+        store.update({"cache": "disk: warm"})
+        assert store.publish(google.server.url, 12, clock=lambda: now[0] + 3) == "wait:9.000"
+        now[0] += 12
+        assert store.publish(google.server.url, 12, clock=lambda: now[0]) == "written"
+        assert store.publish(google.server.url, 12, clock=lambda: now[0] + 20) == "unchanged"
+        assert store.publish(google.server.url, 12, clock=lambda: now[0] + 20, force=True) == "written"
+        store.update({"stage": "pulling-image", "at-pulling-image": "1030"}, new_timeline=True)
+    states = [write.state() for write in google.guest]
+    assert [s["stage"] for s in states] == ["preparing-disk", "installing-docker", "installing-docker"]
+    assert states[1]["cache"] == "disk: warm" and states[1]["seq"] == "3"  # two changes, one write
+    assert store.state() == {"stage": "pulling-image", "at-pulling-image": "1030", "cache": "disk: warm", "seq": 4}
+
+
+def test_a_failed_state_write_spends_the_budget_and_is_retried(tmp_path):
+    store = guest_state.Store(tmp_path / "run")
+    store.update({"stage": "serving"})
+    assert store.publish("http://127.0.0.1:9", 12, clock=lambda: 1000.0) == "failed"  # nothing listens
+    assert store.publish("http://127.0.0.1:9", 12, clock=lambda: 1005.0) == "wait:7.000"
+    assert store.stamp() == {"at": 1000.0, "seq": -1}  # the next allowed write sends it again
+
+
+def test_readers_get_the_states_fields_as_keys_and_flat_keys_still_count():
+    state = json.dumps({"stage": "serving", "config-hash": "h2", "at-serving": "20", "seq": 9})
+    assert expand({"state": state}) == {"stage": "serving", "config-hash": "h2", "at-serving": "20", "seq": "9"}
+    # A router VM (vm/router_agent.py) writes flat keys; an older supervisor did too. The state wins over them.
+    assert expand({"stage": "loading-model", "config-hash": "h1", "reason": "x", "state": state})["stage"] == "serving"
+    assert expand({"stage": "booting", "state": '{"stage": "serv'}) == {"stage": "booting"}  # half-written: ignored

@@ -1,7 +1,9 @@
 """A VM in a directory: the startup script and the supervisor run for real against fakes on 127.0.0.1.
 
 - FakeServer plays the metadata server (instance attributes with real long-poll semantics: `wait_for_change`,
-  `last_etag`, `timeout_sec`, an `ETag` header that changes exactly when the attributes do; guest attributes;
+  `last_etag`, `timeout_sec`, an `ETag` header that changes exactly when the attributes do; guest attributes, every
+  write recorded with its time and dropped, as Compute Engine may, when it goes over Google's documented budget of 10
+  a minute and 3 a second, on a clock the sandbox runs 60 times fast unless a test asks for real time;
   the access token and service-account email), Secret Manager, Cloud Storage (objects list / media download /
   media upload with `ifGenerationMatch=0`) and the local vLLM server. The vLLM routes follow the docker shim's
   container: nothing answers while it is stopped or gone (the connection is dropped, as nothing listens on the port),
@@ -55,6 +57,9 @@ from components.startup_script import render_startup_script, served_config, supe
 from tests.fake_openai import completion
 from tests.httpfake import FakeServer, Request, Response
 from tests.leaks import leaked
+from tpuserve.facts import (GUEST_ATTRIBUTE_BURST_PER_SECOND, GUEST_ATTRIBUTE_QUERIES_PER_MINUTE, GUEST_REASSERT_S,
+                            GUEST_WRITE_INTERVAL_S)
+from tpuserve.guest_state import expand
 from tpuserve.serving import ServingConfig
 
 SECRET = "projects/p-1/secrets/hf-token"
@@ -97,7 +102,28 @@ apt-get install -y -q google-cloud-ops-agent
 """
 OPS_AGENT_CONFIG_PATH = "/etc/google-cloud-ops-agent/config.yaml"
 
+# The chat content part types of each modality (OpenAI's and vLLM's: image_url, input_audio, video_url).
+PART_MODALITY = {"image_url": "image", "input_audio": "audio", "audio_url": "audio", "video_url": "video"}
 SHIMMED = ["apt-get", "dpkg-query", "systemctl", "blkid", "mkfs.ext4", "fsck.ext4", "mount", "mountpoint", "umount", "df"]
+
+
+@dataclass
+class GuestWrite:
+    key: str
+    value: str
+    at: float
+    applied: bool = True
+
+    def state(self) -> dict[str, str]:
+        """The flat fields this write carries (the state attribute expanded as the Compute API's readers do)."""
+        return expand({self.key: self.value})
+
+
+# Google's budget for guest attributes (https://cloud.google.com/compute/docs/metadata/manage-guest-attributes): 10
+# queries a minute and bursts of 3 a second per VM, beyond which writes may be removed.
+GUEST_PER_MINUTE, GUEST_BURST = GUEST_ATTRIBUTE_QUERIES_PER_MINUTE, GUEST_ATTRIBUTE_BURST_PER_SECOND
+# The sandbox runs the VM's clock fast: write interval, re-assertion and the fake's budget windows all × this.
+SANDBOX_GUEST_SCALE = 1 / 60
 
 
 @dataclass
@@ -115,6 +141,10 @@ class Knobs:
     answer_status: int = 200  # another status: the chat route answers vLLM's error body with it
     image_statuses: list[int] = field(default_factory=lambda: [200])  # the multimodal warm-up's answers
     repo_script_statuses: list[int] = field(default_factory=lambda: [200])  # dl.google.com's Ops Agent repo script
+    # modality -> the status a request of it gets instead of vLLM's 400 for a 0 limit (500: the engine dies)
+    refusal_answers: dict[str, int] = field(default_factory=dict)
+    guest_scale: float = SANDBOX_GUEST_SCALE  # 1: the real budget, in real time
+    drop_guest_write: Callable[[GuestWrite], bool] | None = None  # writes Compute Engine "arbitrarily removes"
 
 
 class FakeGoogle:
@@ -125,7 +155,7 @@ class FakeGoogle:
         self.knobs = knobs
         self.attributes: dict[str, str] = {}
         self.changed = threading.Condition()
-        self.guest: list[tuple[str, str, float]] = []  # (key, value, time) in the order written
+        self.guest: list[GuestWrite] = []  # every guest-attribute PUT, in the order received
         self.objects: dict[str, bytes] = {}  # gs://BUCKET/<name>
         routes = {
             ("GET", f"{METADATA}instance/service-accounts/default/token"): self.token,
@@ -176,8 +206,7 @@ class FakeGoogle:
                 return Response(503, "metadata server unavailable")
             return Response(200, self.attributes[key]) if key in self.attributes else Response(404, "not found")
         if request.method == "PUT" and request.path.startswith(prefix_guest):
-            self.guest.append((request.path[len(prefix_guest):], request.body.decode(), time.time()))
-            return Response(200, "")
+            return self.put_guest(request.path[len(prefix_guest):], request.body.decode())
         bucket_objects = f"/storage/v1/b/{BUCKET}/o/"
         if request.method == "GET" and request.path.startswith(bucket_objects):
             name = urllib.parse.unquote(request.path[len(bucket_objects):])
@@ -185,6 +214,20 @@ class FakeGoogle:
                 return Response(404, {"error": {"code": 404, "message": "No such object"}})
             return Response(200, self.objects[name])
         return Response(404, {"error": f"no route {request.path}"})
+
+    def put_guest(self, key: str, value: str) -> Response:
+        """Record the write; like Compute Engine, drop it (answered 200 all the same: the writer cannot tell) when it
+        goes over the documented budget (GUEST_PER_MINUTE in any minute, GUEST_BURST in any second, on the sandbox's
+        clock: Knobs.guest_scale), or when Knobs.drop_guest_write picks it."""
+        now, scale = time.time(), self.knobs.guest_scale
+        recent = [w.at for w in self.guest]
+        over = (sum(at > now - 60 * scale for at in recent) >= GUEST_PER_MINUTE
+                or sum(at > now - scale for at in recent) >= GUEST_BURST)
+        write = GuestWrite(key, value, now, applied=not over)
+        if write.applied and self.knobs.drop_guest_write and self.knobs.drop_guest_write(write):
+            write.applied = False
+        self.guest.append(write)
+        return Response(200, "")
 
     def token(self, request: Request) -> Response:
         status = next_of(self.knobs.token_statuses)
@@ -241,7 +284,15 @@ class FakeGoogle:
         if body.get("model") not in self.served_names():  # vllm/entrypoints/openai/models/serving.py, check_model
             return vllm_error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError", "model")
         content = body["messages"][0]["content"]
-        if isinstance(content, list):  # the multimodal warm-up
+        if isinstance(content, list):
+            modality = next(PART_MODALITY[part["type"]] for part in content if part["type"] in PART_MODALITY)
+            limit = self.mm_limits().get(modality, 999)  # vLLM's default for a modality the argv does not name
+            if modality in self.knobs.refusal_answers:  # a server that does not refuse what it cannot serve
+                return self.engine_answer(self.knobs.refusal_answers[modality], modality)
+            if limit == 0:  # vllm/multimodal/processing/context.py validate_num_items
+                return vllm_error(400, f"At most 0 {modality}(s) may be provided in one prompt.", "BadRequestError",
+                                  modality)
+            # the multimodal warm-up
             status = self.knobs.image_statuses.pop(0) if self.knobs.image_statuses else 200
             return Response(200, completion("red")) if status == 200 else Response(status, {"error": "warming up"})
         if self.knobs.answer_status != 200:
@@ -250,6 +301,20 @@ class FakeGoogle:
         message = {"content": {"content": "ready"}, "reasoning-only": {"content": None, "reasoning": "Greet the user"},
                    "empty": {"content": ""}}[self.knobs.answer]
         return Response(200, vllm_completion(body["model"], **message))
+
+    def mm_limits(self) -> dict[str, int]:
+        argv = self.container().get("argv", [])
+        return json.loads(argv[argv.index("--limit-mm-per-prompt") + 1]) if "--limit-mm-per-prompt" in argv else {}
+
+    def engine_answer(self, status: int, modality: str) -> Response:
+        """What a server that let the request through answers: 200, or a 500 from an engine the request killed
+        (the container exits: tpu-inference's JAX Gemma 4 fails an audio or video input inside EngineCore)."""
+        if status == 200:
+            return Response(200, vllm_completion("m", "a sound"))
+        info = self.container()
+        (self.state / "container.json").write_text(json.dumps({**info, "running": False, "exit_code": 1}))
+        return vllm_error(status, f"EngineCore encountered an issue ({modality}: NotImplementedError)",
+                          "InternalServerError")
 
     def repo_script(self, request: Request) -> Response:
         status = next_of(self.knobs.repo_script_statuses)
@@ -577,18 +642,22 @@ class Vm:
         return {"PATH": f"{self.shims}:/usr/bin:/bin", "HOME": str(self.home), "LANG": "C.UTF-8"}
 
     def supervisor_args(self, iam_wait_s: float = 60) -> tuple[str, ...]:
+        scale = self.knobs.guest_scale
         return ("--metadata-url", self.url, "--secret-manager-url", self.url, "--storage-url", self.url,
                 "--root", str(self.root), "--watch-timeout-s", "1", "--check-s", "0.1", "--poll-s", "0.05",
                 "--retry-delay-s", "0.05", "--max-backoff-s", "1", "--restart-delay-s", "0.05",
                 "--iam-wait-s", str(iam_wait_s), "--iam-poll-s", "0.05",
                 "--ops-agent-repo-script-url", self.url + REPO_SCRIPT_PATH,
-                "--ops-agent-config-path", OPS_AGENT_CONFIG_PATH)
+                "--ops-agent-config-path", OPS_AGENT_CONFIG_PATH,
+                "--guest-write-interval-s", f"{GUEST_WRITE_INTERVAL_S * scale:g}",
+                "--guest-reassert-s", f"{GUEST_REASSERT_S * scale:g}")
 
     def startup_script(self, cache_disk: bool = True, iam_wait_s: float = 60) -> str:
         return render_startup_script(cache_disk=cache_disk, metadata_url=self.url, root=str(self.root),
                                      cache_device=str(self.device), python=VM_PYTHON,
                                      supervisor_args=self.supervisor_args(iam_wait_s), retry_delay_s=0,
-                                     device_wait_s=0)
+                                     device_wait_s=0,
+                                     guest_write_interval_s=GUEST_WRITE_INTERVAL_S * self.knobs.guest_scale)
 
     def serve(self, serving: ServingConfig, bucket: str = BUCKET, **changes: str) -> str:
         """Put `serving` in the metadata (as the stack renders it); returns its config hash."""
@@ -630,18 +699,31 @@ class Vm:
     def calls_of(self, cmd: str, verb: str | None = None) -> list[dict[str, Any]]:
         return [c for c in self.calls() if c["cmd"] == cmd and (verb is None or c["argv"][:1] == [verb])]
 
-    def guest(self) -> list[tuple[str, str]]:
-        return [(key, value) for key, value, _ in self.google.guest]
+    def guest(self) -> list[dict[str, str]]:
+        """The state each applied guest-attribute write carried, in order (tpuserve/guest_state.py's fields)."""
+        return [write.state() for write in self.google.guest if write.applied]
 
     def attributes(self) -> dict[str, str]:
-        """The guest attributes as the Compute API would return them now (last write wins)."""
-        return dict(self.guest())
+        """The guest attributes as the Compute API's readers see them now: the last applied write's state."""
+        written = self.guest()
+        return written[-1] if written else {}
+
+    def held(self) -> dict[str, str]:
+        """The state the VM holds now (its state file), sent or not yet."""
+        path = self.root / "run/tpu-serve/state.json"
+        return {key: str(value) for key, value in json.loads(path.read_text()).items()} if path.exists() else {}
 
     def stages(self) -> list[str]:
-        return [value for key, value in self.guest() if key == "stage"]
+        """The stages the writes carried, a stage held across several writes counted once."""
+        return collapse(state.get("stage", "") for state in self.guest())
 
     def reasons(self) -> list[str]:
-        return [value for key, value in self.guest() if key == "reason" and value]
+        return [reason for reason in collapse(state.get("reason", "") for state in self.guest()) if reason]
+
+    def writes_within(self, seconds: float) -> int:
+        """The most guest-attribute writes sent in any `seconds` (a window starting at a write)."""
+        times = [write.at for write in self.google.guest]
+        return max((sum(start <= at < start + seconds for at in times) for start in times), default=0)
 
     def log(self) -> str:
         path = self.state / "supervisor.log"
@@ -669,6 +751,14 @@ class Vm:
             return attributes.get("stage") == stage and (config_hash is None
                                                          or attributes.get("config-hash") == config_hash)
         self.wait_for(reached, f"stage {stage} (config {config_hash})", timeout_s)
+
+
+def collapse(values: Any) -> list[str]:
+    out: list[str] = []
+    for value in values:
+        if not out or out[-1] != value:
+            out.append(value)
+    return out
 
 
 def make_vm(home: Path, knobs: Knobs | None = None, *, docker_installed: bool = True,

@@ -2,6 +2,21 @@
 
 # The VM writes its boot progress as guest attributes under this namespace; the gate and `diagnose` read them.
 GUEST_ATTRIBUTE_NAMESPACE = "tpu-serve"
+# Google's budget for guest attributes (https://cloud.google.com/compute/docs/metadata/manage-guest-attributes, "When to
+# use guest attributes"): at most 10 queries a minute per VM, bursts of at most 3 a second; beyond that Compute Engine
+# "might arbitrarily remove guest attributes that are in the process of being written". The reads of the gate count
+# (the page does not exempt reads through the Compute API), so the budget is split:
+GUEST_ATTRIBUTE_QUERIES_PER_MINUTE = 10
+GUEST_ATTRIBUTE_BURST_PER_SECOND = 3
+# - the VM keeps the boot's whole state in one key (a JSON object of the fields readers know: stage, config-hash,
+#   since, reason, at-<stage>, cache, image, weights, compile-cache, restarts, supervisor, ops-agent; tpuserve/
+#   guest_state.py expands it) and writes it at most every GUEST_WRITE_INTERVAL_S (5 a minute), re-asserting it every
+#   GUEST_REASSERT_S so a dropped write (a lost `serving`) is repaired within a minute (vm/guest_state.py);
+GUEST_STATE_KEY = "state"
+GUEST_WRITE_INTERVAL_S = 12.0
+GUEST_REASSERT_S = 60.0
+# - the gate reads every GATE_POLL_S (4 a minute): 9 of the 10 queries a minute at most, one left for `tpuserve status`.
+GATE_POLL_S = 15.0
 # Boot stages in the order they are reached: the startup script runs the first three at every boot, the supervisor
 # (vm/supervisor.py) the rest, again for every served-config change. `failed` can follow any of them.
 BOOT_STAGES = ("preparing-disk", "installing-docker", "starting-supervisor", "pulling-image",

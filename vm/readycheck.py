@@ -116,10 +116,11 @@ def check(base_url: str, model: str, timeout_s: float = 10.0, api_key: str = "")
     return True, f"ready: {model} answered at {root}"
 
 
-def _refusal(root: str, model: str, modality: str, part: dict[str, Any], timeout_s: float) -> tuple[bool, str]:
+def _refusal(root: str, model: str, modality: str, part: dict[str, Any], timeout_s: float,
+             api_key: str = "") -> tuple[bool, str]:
     status, body = _request(f"{root}/v1/chat/completions", timeout_s, {
         "model": model, "max_tokens": COMPLETION_MAX_TOKENS,
-        "messages": [{"role": "user", "content": [part, {"type": "text", "text": "What is this?"}]}]})
+        "messages": [{"role": "user", "content": [part, {"type": "text", "text": "What is this?"}]}]}, api_key=api_key)
     if 400 <= status < 500:
         return True, f"{modality} refused with HTTP {status} ({_error_text(body)[:120]})"
     said = f" ({_error_text(body)[:200]})" if status >= 500 else ""
@@ -128,7 +129,7 @@ def _refusal(root: str, model: str, modality: str, part: dict[str, Any], timeout
 
 
 def refusals(base_url: str, model: str, parts: dict[str, dict[str, Any]],
-             timeout_s: float = 10.0) -> tuple[bool, str]:
+             timeout_s: float = 10.0, api_key: str = "") -> tuple[bool, str]:
     """(ok, detail): one request of each disabled modality (`parts`: modality -> a chat content part carrying it)
     answers 4xx, and the server still serves afterwards (the three readiness stages again). A 2xx means the limit
     is not applied, a 5xx that the request reached the engine: either way one client can take the server down."""
@@ -136,13 +137,13 @@ def refusals(base_url: str, model: str, parts: dict[str, dict[str, Any]],
     said = []
     for modality, part in parts.items():
         try:
-            ok, detail = _refusal(root, model, modality, part, timeout_s)
+            ok, detail = _refusal(root, model, modality, part, timeout_s, api_key)
         except OSError as err:
             ok, detail = False, f"a {modality} request got no answer ({type(getattr(err, 'reason', err)).__name__})"
         if not ok:
             return False, detail
         said.append(detail)
-    ready, detail = check(root, model, timeout_s)
+    ready, detail = check(root, model, timeout_s, api_key)
     if not ready:
         return False, f"after the {', '.join(parts)} request(s) the server no longer serves: {detail}"
     return True, "; ".join(said) + "; still serving"

@@ -12,14 +12,15 @@ the shape of Google's guest agent and google-cloud-go's compute/metadata `Subscr
   supervisor's own code in `tpu-serve-supervisor`) and what runs (the `vllm` container's config-hash label and
   state, what was last reported) to one action.
 - act: pull the image, restore the compile cache, fetch the token, (re)start the container with the config's argv
-  and the same cache mounts, wait until it really serves (vm/readycheck.py's rules plus the multimodal warm-up),
+  and the same cache mounts, wait until it really serves (vm/readycheck.py's rules plus the multimodal warm-up, then
+  one request of each modality the config does not serve, which must answer 4xx with the server still serving),
   report; after `serving`, run the post-serving hooks (push the compile cache).
 
-Progress goes to the guest attributes under `tpu-serve/` that `tpuserve gate` follows: `stage`, `at-<stage>`,
-`config-hash`, `since` (when the current config's run began: older `at-` values belong to an earlier run),
-`reason`, and what was warm: `image`, `weights`, `compile-cache`. A served-config change walks the stages again
-from `pulling-image` under the new hash (the stage is written before the hash, so a `serving` left from the old
-config is never read with the new hash). A container that exits after `serving` is restarted with backoff
+Progress goes to the boot's state, which vm/guest_state.py writes as the one guest attribute `tpu-serve/state`
+that `tpuserve gate` follows, within Google's guest-attribute budget: `stage`, `at-<stage>`, `config-hash`, `since`
+(when the current config's run began), `reason`, and what was warm: `image`, `weights`, `compile-cache`. A
+served-config change walks the stages again from `pulling-image` under the new hash, in one change of the state
+(stage and hash travel together, so a `serving` left from the old config is never read with the new hash). A container that exits after `serving` is restarted with backoff
 (`restarting`, its last log lines as `reason`), and given up (`failed`) after too many restarts in a row.
 
 The Hugging Face token is read from Secret Manager as the VM's service account (vm/hf_token.py) and handed to
@@ -43,13 +44,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import compile_cache  # noqa: E402 - siblings, installed beside this file
+import guest_state  # noqa: E402
 import hf_token  # noqa: E402
 import readycheck  # noqa: E402
 
@@ -67,6 +69,10 @@ IAM_WAIT_S = 600
 # The startup script writes the config hash it booted with here (a tmpfs: one boot), so the supervisor's first run
 # continues that boot's timeline instead of starting a new one.
 BOOT_HASH_FILE = "/run/tpu-serve/boot-config-hash"
+RUN_DIR = "/run/tpu-serve"  # the boot's state file, shared with the startup script (vm/guest_state.py)
+GUEST_STATE_KEY = guest_state.STATE_KEY
+GUEST_WRITE_INTERVAL_S = guest_state.INTERVAL_S
+GUEST_REASSERT_S = guest_state.REASSERT_S
 INSTALL_DIR = "/opt/tpu-serve"
 # The Ops Agent: installed by vm/ops-agent-install.sh (shipped in the supervisor bundle with the agent's rendered
 # configuration, components/ops_agent.py) once the server serves; https://cloud.google.com/stackdriver/docs/solutions/
@@ -103,6 +109,9 @@ class Settings:
     # The Ops Agent (installed once the server serves): Google's repository script and the agent's config file.
     ops_agent_repo_script_url: str = OPS_AGENT_REPO_SCRIPT_URL
     ops_agent_config_path: str = OPS_AGENT_CONFIG_PATH
+    # The guest-attribute budget (vm/guest_state.py): at most one write per interval, the state again every reassert.
+    guest_write_interval_s: float = GUEST_WRITE_INTERVAL_S
+    guest_reassert_s: float = GUEST_REASSERT_S
 
     def path(self, absolute: str) -> Path:
         return Path(self.root + absolute)
@@ -151,15 +160,6 @@ class Metadata:
         except MetadataError:
             status = 0
         return body.decode().strip() if status == 200 else "the VM's service account"
-
-    def put_guest(self, key: str, value: str) -> None:
-        """Best effort: a metadata hiccup leaves the gate less informed, never stops the supervisor."""
-        try:
-            status, _, _ = self._call("PUT", f"instance/guest-attributes/{NAMESPACE}/{key}", value.encode())
-        except MetadataError:
-            status = 0
-        if status != 200:
-            log(f"warning: could not write guest attribute {key}")
 
 
 def watch(metadata: Metadata, last_etag: str, settings: Settings,
@@ -224,6 +224,9 @@ class ServedConfig:
     # the one that is vLLM's API key, which the readiness checks then present (components/startup_script.py).
     secret_env: tuple[tuple[str, str], ...] = ()
     api_key_env: str = ""
+    # modality -> one chat content part carrying it, for each modality the config does not serve: sent once the
+    # server is up, each must answer 4xx (readycheck.refusals)
+    refusal_parts: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str | None) -> ServedConfig:
@@ -239,7 +242,8 @@ class ServedConfig:
                        compile_cache_bucket=str(raw.get("compile_cache_bucket") or ""),
                        ready_timeout_s=float(raw.get("ready_timeout_s") or cls.ready_timeout_s),
                        secret_env=tuple(sorted((str(k), str(v)) for k, v in (raw.get("secret_env") or {}).items())),
-                       api_key_env=str(raw.get("api_key_env") or ""))
+                       api_key_env=str(raw.get("api_key_env") or ""),
+                       refusal_parts={str(k): v for k, v in dict(raw.get("refusal_parts") or {}).items()})
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"the {SERVED_CONFIG_KEY} metadata key is unreadable ({type(err).__name__}: {err})") \
                 from None
@@ -371,10 +375,17 @@ def weights_cached(hf_home: Path, model: str) -> bool:
     return snapshots.is_dir() and any(path.is_file() for path in snapshots.rglob("*"))
 
 
+def state_writer(settings: Settings) -> guest_state.GuestState:
+    return guest_state.GuestState(settings.metadata_url, settings.path(RUN_DIR), settings.guest_write_interval_s,
+                                  settings.guest_reassert_s)
+
+
 class Supervisor:
-    def __init__(self, settings: Settings, metadata: Metadata, latest: Latest, own_version: str):
+    def __init__(self, settings: Settings, metadata: Metadata, latest: Latest, own_version: str,
+                 state: guest_state.GuestState | None = None):
         self.settings = settings
         self.metadata = metadata
+        self.guest = state or state_writer(settings)
         self.latest = latest
         self.own_version = own_version
         self.state = State(boot_hash=self._read_boot_hash())
@@ -394,19 +405,25 @@ class Supervisor:
         except OSError:
             return ""
 
-    # reporting
+    # reporting: every change goes into the one state attribute (vm/guest_state.py sends it within the budget,
+    # coalescing changes that come faster); the journal has each reason as it was given
     def report(self, key: str, value: str) -> None:
-        self.metadata.put_guest(key, value)
+        self.change({key: value})
 
-    def stage(self, name: str) -> None:
-        self.report(f"at-{name}", str(int(time.time())))
-        self.report("stage", name)
+    def change(self, fields: dict[str, str], new_timeline: bool = False) -> None:
+        if fields.get("reason"):
+            log(f"reason: {fields['reason']}")
+        self.guest.update(fields, new_timeline)
+
+    def stage(self, name: str, **more: str) -> None:
+        """Enter a stage; `more` fields go into the same change (config_hash= for config-hash)."""
+        self.change({"stage": name, f"at-{name}": str(int(time.time())),
+                     **{key.replace("_", "-"): value for key, value in more.items()}})
         log(f"stage {name}")
 
     def fail(self, reason: str) -> None:
         log(f"FAILED: {reason}")
-        self.report("reason", reason)
-        self.stage("failed")
+        self.stage("failed", reason=reason)
         self.state.phase = "failed"
 
     # the loop
@@ -469,14 +486,13 @@ class Supervisor:
         self.state = replace(self.state, applied_hash=config.config_hash, phase="", restarts=0, invalid="")
         self.current = config
         new_timeline = config.config_hash != self.state.boot_hash  # a reconfiguration, not this boot's first run
-        if new_timeline:
-            self.report("since", str(int(time.time())))
-        self.stage("pulling-image")
-        if new_timeline:
-            self.report("config-hash", config.config_hash)
+        now = str(int(time.time()))
+        # One change: the new hash never shows beside the old config's stage.
+        self.change({**({"since": now} if new_timeline else {}), "stage": "pulling-image", "at-pulling-image": now,
+                     "config-hash": config.config_hash, "reason": "", "image": "", "weights": "", "compile-cache": "",
+                     "restarts": "0"}, new_timeline=new_timeline)
+        log("stage pulling-image")
         self.state.boot_hash = ""  # only the first run after boot continues the boot's timeline
-        for key in ("reason", "image", "weights", "compile-cache"):
-            self.report(key, "")
 
     def apply(self, config: ServedConfig) -> None:
         log(f"serving config {config.config_hash}: model {config.model}, image {config.image}")
@@ -596,6 +612,12 @@ class Supervisor:
         log("first completion answered")
         if config.warmup_image:
             self.warm_up(config)
+        if config.refusal_parts:
+            refused, detail = readycheck.refusals(root, config.model, config.refusal_parts, timeout_s=60,
+                                                  api_key=self.api_key)
+            if not refused:
+                raise Failed(f"disabled-modality check: {detail}")
+            log(f"disabled modalities: {detail}")
 
     def warm_up(self, config: ServedConfig) -> None:
         body = json.dumps({"model": config.model, "max_tokens": 8, "messages": [{"role": "user", "content": [
@@ -618,8 +640,7 @@ class Supervisor:
         self.compile_after = compile_cache.entries(xla_dir)
         self.report_compile_cache()
         self.state.phase, self.state.serving_since = "serving", time.monotonic()
-        self.report("config-hash", config.config_hash)
-        self.stage("serving")
+        self.stage("serving", config_hash=config.config_hash)
         for hook in self.post_serving_hooks:
             try:
                 hook(config)
@@ -685,9 +706,8 @@ class Supervisor:
             self.stage("loading-model")
             self.wait_until_serving(config)
         self.state.phase, self.state.serving_since = "serving", time.monotonic()
-        self.report("config-hash", config.config_hash)
-        self.report("at-serving", str(int(time.time())))  # the rerun's timeline ends where this run began serving
-        self.report("stage", "serving")
+        # at-serving: the rerun's timeline ends where this run began serving
+        self.change({"config-hash": config.config_hash, "at-serving": str(int(time.time())), "stage": "serving"})
         log("stage serving (adopted)")
         self.install_ops_agent(config)  # a new bundle may carry a new agent configuration (the installer skips a current one)
 
@@ -700,9 +720,7 @@ class Supervisor:
         reason = (f"container exited (code {exit_code}) after serving; restart {attempt}/{MAX_RESTARTS} in "
                   f"{delay:g} s. Last log lines: {container_logs()}")
         self.state.phase = "restarting"
-        self.report("restarts", str(attempt))
-        self.report("reason", reason)
-        self.stage("restarting")
+        self.stage("restarting", restarts=str(attempt), reason=reason)
         self.pause(config, delay)
         done = docker("start", CONTAINER, timeout_s=120)
         if done.returncode != 0:
@@ -759,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops-agent-repo-script-url", default=defaults.ops_agent_repo_script_url)
     parser.add_argument("--ops-agent-config-path", default=defaults.ops_agent_config_path)
     for name in ("watch_timeout_s", "check_s", "poll_s", "retry_delay_s", "max_backoff_s", "restart_delay_s",
-                 "stable_s", "iam_wait_s", "iam_poll_s"):
+                 "stable_s", "iam_wait_s", "iam_poll_s", "guest_write_interval_s", "guest_reassert_s"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
     args = parser.parse_args(argv)
     settings = Settings(**{name: (int(value) if name == "watch_timeout_s" else value)
@@ -767,10 +785,11 @@ def main(argv: list[str] | None = None) -> int:
     metadata = Metadata(settings.metadata_url)
     latest = Latest()
     version = own_version(Path(__file__).resolve().parent)
-    metadata.put_guest("supervisor", version)
+    state = state_writer(settings).start()  # first sends what the startup script left unsent
+    state.update({"supervisor": version})
     threading.Thread(target=watcher, args=(metadata, latest, settings), daemon=True, name="watch").start()
     log(f"supervisor {version or '(unversioned)'} watching {SERVED_CONFIG_KEY}")
-    Supervisor(settings, metadata, latest, version).run_forever()
+    Supervisor(settings, metadata, latest, version, state).run_forever()
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import requests
 
 from tpuserve.client import error_message
+from tpuserve.guest_state import expand
 
 COMPUTE_URL = "https://compute.googleapis.com"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
@@ -89,7 +90,8 @@ class ComputeClient:
         if response.status_code == 404:
             return {}
         items = ok(response).json().get("queryValue", {}).get("items", [])
-        return {item["key"]: item.get("value", "") for item in items if item.get("namespace") == namespace}
+        # The VM's boot state is one JSON attribute: readers get its fields as keys (tpuserve/guest_state.py).
+        return expand({item["key"]: item.get("value", "") for item in items if item.get("namespace") == namespace})
 
     def serial_output(self, instance: Instance, port: int = 1) -> str:
         """Everything the serial port still buffers (the API keeps the last ~1 MB)."""

@@ -28,7 +28,7 @@ import requests
 
 from tpuserve.cli import json_option, json_text
 from tpuserve.client import API_KEY_ENV, ChatClient, ChatReply, EndpointError, ModelNotServed, json_or_none, pick_model, server_root
-from tpuserve.facts import (BOOT_STAGES, FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S,
+from tpuserve.facts import (BOOT_STAGES, FAILED_STAGE, GATE_POLL_S, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S,
                             RESTARTING_STAGE)
 from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.images import image_messages
@@ -36,7 +36,8 @@ from tpuserve.deploy.stack import model_option, read_outputs, stack_options, url
 
 SERVING, BOOTING = BOOT_STAGES[-1], "booting"
 URL_INTERVAL_S = 0.5  # a stage passed shows up within the 2 s lag target
-INSTANCE_INTERVAL_S = 3.0  # each poll is a Compute API call: ~500 per 25-minute wait, not ~3000
+# Each poll is a Compute API call that reads the guest attributes, whose budget the VM's writes share (facts.py).
+INSTANCE_INTERVAL_S = GATE_POLL_S
 REQUEST_TIMEOUT_S = 60.0
 SERIAL_TAIL_LINES = 30
 COMPLETION_MAX_TOKENS = 8
@@ -333,7 +334,10 @@ def boot_timeline(attributes: Mapping[str, str]) -> dict[str, float]:
     if not began:
         return {}
     first = min(began.values())
-    return {stage: at - first for stage, at in sorted(began.items(), key=lambda item: item[1])}
+    # Stages begun in the same (whole) second keep their boot order; the state's fields come in key order.
+    order = {stage: index for index, stage in enumerate((*BOOT_STAGES, RESTARTING_STAGE, FAILED_STAGE))}
+    return {stage: at - first for stage, at in sorted(began.items(),
+                                                      key=lambda item: (item[1], order.get(item[0], len(order))))}
 
 
 def read_boot(attributes: Mapping[str, str], expected_config_hash: str | None = None) -> BootStatus:

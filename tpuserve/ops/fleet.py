@@ -77,7 +77,7 @@ from tpuserve.deploy.stack import TunnelError, endpoint_for
 from tpuserve.deploy.sweep import SweepResult, region_of, sweep
 from tpuserve import vllm_metrics
 from tpuserve.facts import CACHE_LABEL, FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, V6E_ZONES
-from tpuserve.observe.gate import SERVING, watch_instance
+from tpuserve.observe.gate import INSTANCE_INTERVAL_S, SERVING, watch_instance
 from tpuserve.observe.status import deletion_at
 from tpuserve.ops.up import EXIT_FAILED, EXIT_NO_CAPACITY, EXIT_OK, EXIT_USAGE, Deployer, parse_deadline, \
     progress_line
@@ -270,7 +270,7 @@ class Fleet:
     now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
     sleep: Callable[[float], None] = time.sleep
     gate_timeout_s: float = GATE_TIMEOUT_S
-    gate_interval_s: float = 3.0
+    gate_interval_s: float = INSTANCE_INTERVAL_S  # the guest-attribute budget (facts.GATE_POLL_S)
     drain_timeout_s: float = DRAIN_TIMEOUT_S
     drain_poll_s: float = DRAIN_POLL_S
     events: list[dict[str, str]] = field(default_factory=list)

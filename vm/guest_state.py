@@ -1,0 +1,214 @@
+"""The boot's state as one guest attribute, written within Google's budget.
+
+Google's guest-attributes page (https://cloud.google.com/compute/docs/metadata/manage-guest-attributes, "When to use
+guest attributes") limits them to 10 queries per minute per VM and bursts of 3 per second, and says that above that
+rate Compute Engine "might arbitrarily remove guest attributes that are in the process of being written". So the
+VM keeps everything the gate, `tpuserve status` and `diagnose` read in ONE key, `tpu-serve/state`: a JSON object
+whose fields are the names the readers always used (stage, config-hash, since, reason, at-<stage>, cache, image,
+weights, compile-cache, restarts, supervisor, ops-agent; tpuserve/guest_state.py expands it), plus `seq` (bumped on
+every change) and `written` (when this copy was sent). One write carries the whole state, so a reader never sees a
+stage with another config's hash.
+
+Writes are spaced at least `interval_s` apart (12 s: 5 a minute, half the budget, leaving the rest for the gate's
+reads, which poll every 15 s), so changes that come faster are coalesced: the stage timestamps inside are exact, only
+the copy is late. The current state is written again every `reassert_s` (60 s) even when nothing changed, so a
+write Compute Engine dropped (a lost `serving`) is repaired within a minute instead of leaving the gate waiting out
+its timeout.
+
+Two writers share the budget: the startup script (through this file's command line, after it installed the
+supervisor bundle) and the supervisor (the `GuestState` thread). They share a state file on /run (a tmpfs: one boot)
+under an flock, and a stamp file with the time and `seq` of the last write, so the supervisor starting up sends what
+the script left unsent, no sooner than the budget allows.
+
+    python3 guest_state.py --metadata-url URL --run-dir DIR [--interval-s 12] set [--new-timeline] [--flush] K=V ...
+
+Standard library only; imports nothing from tpuserve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+NAMESPACE = "tpu-serve"
+STATE_KEY = "state"
+INTERVAL_S = 12.0
+REASSERT_S = 60.0
+STATE_FILE, STAMP_FILE, LOCK_FILE = "state.json", "state.written", "state.lock"
+TIMELINE_PREFIX = "at-"
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} tpu-serve-state: {message}", file=sys.stderr,
+          flush=True)
+
+
+def put(metadata_url: str, value: str, timeout_s: float = 5.0) -> bool:
+    """PUT the state into the guest attribute; False on any failure (the next attempt repairs it)."""
+    url = f"{metadata_url.rstrip('/')}/computeMetadata/v1/instance/guest-attributes/{NAMESPACE}/{STATE_KEY}"
+    request = urllib.request.Request(url, data=value.encode(), method="PUT", headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - the metadata server
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class Store:
+    """The state file, the stamp of the last write and the lock both writers take, in one run directory."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / LOCK_FILE, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _read(self, name: str) -> dict:
+        try:
+            value = json.loads((self.run_dir / name).read_text())
+        except (OSError, ValueError):
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def _write(self, name: str, value: dict) -> None:
+        partial = self.run_dir / f".{name}.new"
+        partial.write_text(json.dumps(value, sort_keys=True))
+        os.replace(partial, self.run_dir / name)
+
+    def state(self) -> dict:
+        return self._read(STATE_FILE)
+
+    def stamp(self) -> dict:
+        return self._read(STAMP_FILE)
+
+    def update(self, changes: Mapping[str, str], new_timeline: bool = False) -> dict:
+        """Apply `changes` (a value of None removes the field); `new_timeline` first drops every at-<stage>, which
+        belongs to an earlier run. Returns the new state (its seq bumped when anything changed)."""
+        with self.locked():
+            state = self.state()
+            before = dict(state)
+            if new_timeline:
+                state = {k: v for k, v in state.items() if not k.startswith(TIMELINE_PREFIX)}
+            for key, value in changes.items():
+                if value is None:
+                    state.pop(key, None)
+                else:
+                    state[key] = str(value)
+            if state != before:
+                state["seq"] = int(before.get("seq", 0)) + 1
+                self._write(STATE_FILE, state)
+            return state
+
+    def publish(self, metadata_url: str, interval_s: float, clock: Callable[[], float] = time.time,
+                force: bool = False) -> str:
+        """Write the state now if the budget allows and it has changed since the last write (`force`: even
+        unchanged, the re-assertion). Returns "written", "unchanged", "failed", or "wait:<seconds>"."""
+        with self.locked():
+            state, stamp = self.state(), self.stamp()
+            now = clock()
+            wait = float(stamp.get("at", 0)) + interval_s - now
+            if not force and int(stamp.get("seq", -1)) == int(state.get("seq", 0)):
+                return "unchanged"
+            if wait > 0:
+                return f"wait:{wait:.3f}"
+            document = json.dumps({**state, "written": str(int(now))}, sort_keys=True, separators=(",", ":"))
+            ok = put(metadata_url, document)
+            # A failed write spends the budget too: the metadata server may have counted it.
+            self._write(STAMP_FILE, {"at": now, "seq": int(state.get("seq", 0)) if ok else -1})
+            return "written" if ok else "failed"
+
+
+class GuestState:
+    """The supervisor's writer: `set` changes the state at once (in the state file); a thread sends it within the
+    budget, and again every `reassert_s`."""
+
+    def __init__(self, metadata_url: str, run_dir: Path, interval_s: float = INTERVAL_S,
+                 reassert_s: float = REASSERT_S):
+        self.metadata_url, self.interval_s, self.reassert_s = metadata_url, interval_s, reassert_s
+        self.store = Store(run_dir)
+        self.changed = threading.Condition()
+        self.thread: threading.Thread | None = None
+
+    def update(self, changes: Mapping[str, str | None], new_timeline: bool = False) -> None:
+        """Change fields at once (one state change, one write); the thread sends it when the budget allows."""
+        self.store.update(changes, new_timeline)
+        with self.changed:
+            self.changed.notify_all()
+
+    def get(self, key: str) -> str:
+        return str(self.store.state().get(key, ""))
+
+    def start(self) -> GuestState:
+        self.thread = threading.Thread(target=self.run, daemon=True, name="guest-state")
+        self.thread.start()
+        return self
+
+    def run(self) -> None:
+        last_write = time.monotonic()
+        while True:
+            force = time.monotonic() - last_write >= self.reassert_s
+            outcome = self.store.publish(self.metadata_url, self.interval_s, force=force)
+            if outcome in ("written", "failed"):
+                last_write = time.monotonic()
+                if outcome == "failed":
+                    log("warning: could not write the guest attribute state; retrying")
+            pause = float(outcome.split(":", 1)[1]) if outcome.startswith("wait:") else (
+                self.interval_s if outcome == "failed" else self.reassert_s - (time.monotonic() - last_write))
+            with self.changed:
+                self.changed.wait(timeout=max(pause, 0.01))
+
+
+def parse_assignments(pairs: list[str]) -> dict[str, str]:
+    changes = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"guest_state.py: {pair!r} is not KEY=VALUE")
+        changes[key] = value
+    return changes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Change the boot state and write it within the guest-attribute "
+                                     "budget.")
+    parser.add_argument("--metadata-url", required=True)
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--interval-s", type=float, default=INTERVAL_S)
+    sub = parser.add_subparsers(dest="command", required=True)
+    setting = sub.add_parser("set", help="change fields (KEY=VALUE; KEY= empties one); write if the budget allows")
+    setting.add_argument("--new-timeline", action="store_true", help="drop the earlier run's at-<stage> fields")
+    setting.add_argument("--flush", action="store_true", help="wait for the budget and write (a failed boot's "
+                         "last word: nobody else will send it)")
+    setting.add_argument("assignments", nargs="*")
+    args = parser.parse_args(argv)
+    store = Store(args.run_dir)
+    store.update(parse_assignments(args.assignments), args.new_timeline)
+    while True:
+        outcome = store.publish(args.metadata_url, args.interval_s)
+        if not (args.flush and outcome.startswith("wait:")):
+            break
+        time.sleep(float(outcome.split(":", 1)[1]))
+    if outcome == "failed":
+        log("warning: could not write the guest attribute state")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
