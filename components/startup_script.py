@@ -44,6 +44,8 @@ WARMUP_IMAGE = "red-square.png"  # one of the shipped probe images, sent once af
 MIN_FREE_GB = 20
 # How long the boot waits for the cache disk's device link (udev) before it boots cold without it.
 DEVICE_WAIT_S = 60
+# How long apt waits for dpkg's lock (unattended-upgrades holds it at first boot) before it fails an attempt.
+APT_LOCK_TIMEOUT_S = 600
 
 
 def template_environment() -> jinja2.Environment:
@@ -82,6 +84,7 @@ def render_startup_script(*, cache_disk: bool = True, metadata_url: str = METADA
         python=python,
         supervisor_args=supervisor_args,
         retry_delay_s=retry_delay_s,
+        apt_lock_timeout_s=APT_LOCK_TIMEOUT_S,
     )
 
 

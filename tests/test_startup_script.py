@@ -170,6 +170,20 @@ def test_apt_failures_are_retried(vms):
     assert "attempt 4/5 of 'apt-get' failed; retrying in 0s" in vm.log()
 
 
+def test_first_boot_waits_for_the_dpkg_lock_unattended_upgrades_holds_instead_of_failing(vms):
+    """Five minutes of unattended-upgrades at first boot: apt waits for dpkg's lock (DPkg::Lock::Timeout=600) on the
+    first attempt, where without the option each attempt failed at once and 5 attempts gave up after 150 s."""
+    vm = vms(docker_installed=False, disk={"fs": "ext4"})
+    (vm.state / "dpkg_lock_held_s").write_text("300")
+    digest = boot_to_serving(vm)
+    [install] = script_apt_get(vm, "install")
+    assert "DPkg::Lock::Timeout=600" in install["argv"] and install["argv"][install["argv"].index(
+        "DPkg::Lock::Timeout=600") - 1] == "-o"
+    assert json.loads((vm.state / "dpkg_lock_waited_s").read_text()) == 300
+    assert all("DPkg::Lock::Timeout=600" in c["argv"] for c in script_apt_get(vm, "update"))
+    assert read_boot(vm.attributes(), digest).ready
+
+
 @pytest.mark.parametrize("failing, reason", [("apt_update_failures", "apt-get update failed 5 times"),
                                              ("apt_install_failures", "could not install docker.io")])
 def test_apt_that_keeps_failing_fails_the_boot_after_5_attempts(vms, failing, reason):

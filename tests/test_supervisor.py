@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 import time
 
@@ -592,3 +593,77 @@ def test_readers_get_the_states_fields_as_keys_and_flat_keys_still_count():
     # A router VM (vm/router_agent.py) writes flat keys; an older supervisor did too. The state wins over them.
     assert expand({"stage": "loading-model", "config-hash": "h1", "reason": "x", "state": state})["stage"] == "serving"
     assert expand({"stage": "booting", "state": '{"stage": "serv'}) == {"stage": "booting"}  # half-written: ignored
+
+
+# --- between containers: the TPU's release, a busy device, a docker call that does not answer -----------------------
+
+def test_a_config_change_waits_until_the_old_container_is_gone_and_the_tpu_free_before_the_next_run(vm):
+    serving_vm(vm)
+    (vm.state / "rm_lingers").write_text("3")  # `docker rm -f` returns; inspect still shows it three more times
+    (vm.state / "vfio_held_s").write_text("0.6")  # then its engine process holds /dev/vfio/0 for 0.6 s
+    second = vm.serve(ServingConfig(max_model_len=8192))
+    vm.wait_for_stage("serving", second)
+    rm, run = vm.calls_of("docker", "rm")[-1], vm.calls_of("docker", "run")[-1]
+    looks = [c for c in vm.calls() if c["cmd"] == "docker" and c["argv"][0] == "inspect" and rm["at"] <= c["at"] <=
+             run["at"]]
+    assert len(looks) >= 4  # three that still saw it, one that did not
+    assert run["at"] >= json.loads((vm.state / "vfio_released_at").read_text())  # only once the TPU was free
+    assert len(vm.calls_of("docker", "run")) == 2  # the first run of the new config worked: nothing to retry
+
+
+def test_a_busy_tpu_at_start_is_retried_once_it_is_free_not_failed(vm):
+    """tpu-inference #926: the new container exits with "open(/dev/vfio/0): Device or resource busy"."""
+    (vm.state / "vfio_busy_runs").write_text("1")
+    digest = serving_vm(vm)
+    assert len(vm.calls_of("docker", "run")) == 2
+    assert re.search(r"reason: the TPU was still held by the previous container \(tpu-inference #926\); starting "
+                     r"again once it is free \(attempt 2/3\)", vm.log())
+    assert read_boot(vm.attributes(), digest).ready
+
+
+def test_a_tpu_that_stays_busy_fails_after_three_starts_with_the_devices_words(vm):
+    (vm.state / "vfio_busy_runs").write_text("99")
+    digest = vm.serve(ServingConfig())
+    vm.start_supervisor()
+    vm.wait_for_stage("failed", digest)
+    assert len(vm.calls_of("docker", "run")) == supervisor.VFIO_BUSY_ATTEMPTS == 3
+    assert "open(/dev/vfio/0): Device or resource busy" in vm.attributes()["reason"]
+
+
+def test_a_docker_call_that_times_out_does_not_kill_the_supervisor(vm):
+    """docker inspect hangs (a daemon busy extracting a 20 GB image): subprocess.TimeoutExpired used to escape and
+    systemd restarted the supervisor without its restart count. Now the call answers like a failed command and the
+    supervisor looks again at its next check."""
+    vm.extra_supervisor_args = ("--docker-timeout-scale", "0.01")  # inspect's 30 s -> 0.3 s
+    digest = serving_vm(vm)
+    vm.kill_container()
+    vm.wait_for(lambda: vm.attributes().get("restarts") == "1" and vm.attributes()["stage"] == "serving",
+                "the first restart")
+    pid = vm.machine.unit.pid
+    (vm.state / "hangs.json").write_text(json.dumps({"docker inspect": [1.0, 1.0, 1.0]}))
+    vm.wait_for(lambda: vm.log().count("did not finish within 0.3 s") >= 3, "three timed-out inspects")
+    vm.kill_container()  # it still watches, and still counts: this is restart 2, not a fresh 1
+    vm.wait_for(lambda: vm.attributes().get("restarts") == "2" and vm.attributes()["stage"] == "serving",
+                "the second restart")
+    assert vm.machine.unit.pid == pid and vm.machine.unit.poll() is None
+    assert "Traceback" not in vm.log() and read_boot(vm.attributes(), digest).ready
+
+
+def test_docker_turns_a_timeout_into_a_failed_command(monkeypatch):
+    def hangs(*args, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], kwargs["timeout"])
+
+    monkeypatch.setattr(supervisor.subprocess, "run", hangs)
+    done = supervisor.docker("pull", "--quiet", "vllm/vllm-tpu:nightly", timeout_s=3600)
+    assert (done.returncode, done.stdout) == (supervisor.DOCKER_TIMED_OUT, "")
+    assert done.stderr == "docker pull --quiet: timed out after 3600 s"
+    with pytest.raises(supervisor.DockerUnavailable):
+        supervisor.inspect_container()
+
+
+def test_vfio_holders_are_read_from_proc(tmp_path):
+    for pid, fd, target in [("100", "3", "/dev/vfio/0"), ("100", "4", "/dev/null"), ("200", "5", "/dev/vfio/vfio")]:
+        (tmp_path / pid / "fd").mkdir(parents=True, exist_ok=True)
+        (tmp_path / pid / "fd" / fd).symlink_to(target)
+    (tmp_path / "self").mkdir()  # not a pid
+    assert supervisor.vfio_holders(tmp_path) == ["100: /dev/vfio/0"]  # the shared container file is not a hold

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from components.startup_script import served_config
+from tests.httpfake import Response
 from tests.test_readycheck import keyed
 from tpuserve.serving import ServingConfig
 from tests.fake_openai import FAKE_MODEL
@@ -49,6 +50,7 @@ def make(monkeypatch: pytest.MonkeyPatch) -> tuple[supervisor.Supervisor, list[d
     sup = supervisor.Supervisor.__new__(supervisor.Supervisor)
     sup.settings, sup.metadata, sup.api_key = supervisor.Settings(), FakeMetadata(), ""
     sup.report = lambda key, value: None  # type: ignore[method-assign]
+    sup.change = lambda fields, new_timeline=False: None  # type: ignore[method-assign]
     return sup, read
 
 
@@ -78,9 +80,26 @@ def test_the_key_goes_to_docker_run_through_its_environment_only(config, monkeyp
     assert all(KEY not in json.dumps(r["args"]) for r in runs)
 
 
+def refusing_disabled_parts(fake):
+    """vLLM's 400 for a part of a modality limited to 0 (the boot's disabled-modality check, vm/readycheck.py
+    `refusals`), behind the key check: the refusal checks must present the key too."""
+    route = ("POST", "/v1/chat/completions")
+    inner = fake.routes[route]
+
+    def chat(request):
+        response = inner(request)
+        parts = [p for m in request.json()["messages"] if isinstance(m.get("content"), list) for p in m["content"]]
+        if response.status == 200 and any(p.get("type") in ("image_url", "input_audio", "video_url") for p in parts):
+            return Response(400, {"error": {"message": "At most 0 item(s) of this modality may be provided in one prompt."}})
+        return response
+
+    fake.routes[route] = chat
+    return fake
+
+
 def test_the_readiness_checks_present_the_key_after_boot_and_after_adoption(config, monkeypatch) -> None:
     sup, _ = make(monkeypatch)
-    with keyed(KEY) as fake:
+    with refusing_disabled_parts(keyed(KEY)) as fake:
         keyed_config = supervisor.ServedConfig(**{**config.__dict__, "server_url": fake.url, "model": FAKE_MODEL})
         assert readycheck.check(fake.url, FAKE_MODEL)[0] is False  # the server refuses a check without the key
         sup.fetch_secret_env(keyed_config)

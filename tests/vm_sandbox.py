@@ -102,6 +102,10 @@ apt-get install -y -q google-cloud-ops-agent
 """
 OPS_AGENT_CONFIG_PATH = "/etc/google-cloud-ops-agent/config.yaml"
 
+# What a container that could not open the TPU logs (tpu-inference #926; the same text in gvisor #11545).
+VFIO_BUSY_LOG = ("RuntimeError: Unable to initialize backend 'tpu': UNKNOWN: TPU initialization failed: "
+                 "open(/dev/vfio/0): Device or resource busy: Device or resource busy; Couldn't open iommu group "
+                 "/dev/vfio/0 (set JAX_PLATFORMS='' to automatically choose an available backend)\n")
 # The chat content part types of each modality (OpenAI's and vLLM's: image_url, input_audio, video_url).
 PART_MODALITY = {"image_url": "image", "input_audio": "audio", "audio_url": "audio", "video_url": "video"}
 SHIMMED = ["apt-get", "dpkg-query", "systemctl", "blkid", "mkfs.ext4", "fsck.ext4", "mount", "mountpoint", "umount", "df"]
@@ -409,6 +413,9 @@ class Machine:
                     if fields and len(fields) >= 4 + int(fields[0]):
                         break
                 name, token_set, token, *argv = (os.fsdecode(f) for f in fields[1:])
+                with machine.lock:
+                    delay = machine.hang(name, argv)
+                time.sleep(delay)  # a daemon slow to answer (outside the lock: other commands go on)
                 status, out, err = machine.call(name, argv, token if token_set else None)
                 self.request.sendall(b"\0".join(os.fsencode(s) for s in (str(status), out, err)) + b"\0")
 
@@ -446,7 +453,7 @@ class Machine:
 
     def call(self, name: str, argv: list[str], hf_token: str | None) -> Answer:
         with self.lock:
-            self.calls.append({"cmd": name, "argv": argv, "hf_token": hf_token})
+            self.calls.append({"cmd": name, "argv": argv, "hf_token": hf_token, "at": time.time()})
             try:
                 behave = {"docker": self.docker, "apt-get": self.apt_get, "dpkg-query": self.dpkg_query,
                           "systemctl": self.systemctl}.get(name, self.disk_tool)
@@ -486,9 +493,16 @@ class Machine:
                 return 100, "", ("E: Failed to fetch http://archive.ubuntu.com/ubuntu/dists/jammy/InRelease  Temporary "
                                  "failure resolving 'archive.ubuntu.com'\n")
         elif args[:1] == ["install"]:
-            if self.counter("apt_install_failures"):
+            # dpkg's lock, held by unattended-upgrades for `dpkg_lock_held_s` more seconds: apt waits for it up to
+            # DPkg::Lock::Timeout (0 without the option: it fails at once), apt-pkg/deb/debsystem.cc
+            held = self.load("dpkg_lock_held_s", 0)
+            wait = next((float(a.split("=", 1)[1]) for a in args if a.startswith("DPkg::Lock::Timeout=")), 0.0)
+            if self.counter("apt_install_failures") or held > wait:
                 return 100, "", ("E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 1234 "
                                  "(unattended-upgr)\n")
+            if held:
+                self.save("dpkg_lock_waited_s", held)
+                self.save("dpkg_lock_held_s", 0)
             if not (self.shims / "docker").is_symlink():  # docker.io puts docker on PATH
                 (self.shims / "docker").symlink_to(self.shims / "shim")
         return 0, "", ""
@@ -554,6 +568,29 @@ class Machine:
             return 0, f"Avail\n {disk.get('avail_gb', 80)}G\n", ""
         return 0, "", ""
 
+    def hold_vfio(self, seconds: float) -> None:
+        """A process holding /dev/vfio/0 (its /proc/PID/fd link, under the sandbox root, which the supervisor scans)
+        for `seconds`; the release time goes to state/vfio_released_at."""
+        link = self.root / "proc" / "4242" / "fd" / "7"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to("/dev/vfio/0")
+
+        def release() -> None:
+            link.unlink(missing_ok=True)
+            self.save("vfio_released_at", time.time())
+        threading.Timer(seconds, release).start()
+
+    def hang(self, name: str, argv: list[str]) -> float:
+        """Seconds a command takes before it answers (state/hangs.json: {"docker inspect": [1.0, ...]}, one each)."""
+        hangs = self.load("hangs.json", {})
+        queue = hangs.get(f"{name} {argv[0] if argv else ''}") or []
+        if not queue:
+            return 0.0
+        hangs[f"{name} {argv[0]}"] = queue[1:]
+        self.save("hangs.json", hangs)
+        return float(queue[0])
+
     def docker(self, name: str, args: list[str]) -> Answer:
         container = self.state / "container.json"
         images = self.load("images.json", {})
@@ -571,6 +608,11 @@ class Machine:
             if not container.exists():
                 return 1, "", f"Error: No such object: {args[-1]}\n"
             info = json.loads(container.read_text())
+            if info.get("removing"):  # `docker rm -f` returned; the daemon still tears it down for a few looks
+                if info["removing"] == 1:
+                    container.unlink()
+                else:
+                    self.save("container.json", {**info, "removing": info["removing"] - 1})
             document = {"Name": "/vllm", "Config": {"Labels": info["labels"]},
                         "State": {"Running": info["running"], "ExitCode": info.get("exit_code", 0)}}
             return 0, json.dumps([document]) + "\n", ""
@@ -582,7 +624,11 @@ class Machine:
                 self.save("xla_at_run.json", sorted(p.name for p in xla.iterdir()) if xla.is_dir() else None)
                 if xla.is_dir():
                     (xla / f"jit_new_{len(list(xla.iterdir()))}-cache").write_text("compiled")
-            self.save("container.json", {"labels": labels, "running": not self.flag("crash"), "argv": args})
+            if self.counter("vfio_busy_runs"):  # the previous container still held the TPU: this one exits at once
+                self.save("container.json", {"labels": labels, "running": False, "exit_code": 1, "argv": args,
+                                             "logs": VFIO_BUSY_LOG})
+            else:
+                self.save("container.json", {"labels": labels, "running": not self.flag("crash"), "argv": args})
             return 0, "c0ffee\n", ""
         elif args[0] == "start":
             info = json.loads(container.read_text())
@@ -590,10 +636,19 @@ class Machine:
             self.save("container.json", info)
             return 0, "vllm\n", ""
         elif args[0] == "rm":
-            container.unlink(missing_ok=True)
+            lingers = self.load("rm_lingers", 0)
+            if container.exists() and lingers:
+                self.save("container.json", {**json.loads(container.read_text()), "running": False,
+                                             "removing": lingers})
+            else:
+                container.unlink(missing_ok=True)
+            held_s = self.load("vfio_held_s", 0)
+            if held_s:  # the removed container's engine still holds the TPU's VFIO group for a while
+                self.hold_vfio(held_s)
         elif args[0] == "logs":
-            return 0, ("INFO Time spent downloading weights for google/gemma-4-E2B-it: 41.250000 seconds\n"
-                       "RuntimeError: model weights failed to load\nengine core exited\n"), ""
+            logs = json.loads(container.read_text()).get("logs") if container.exists() else None
+            return 0, logs or ("INFO Time spent downloading weights for google/gemma-4-E2B-it: 41.250000 seconds\n"
+                               "RuntimeError: model weights failed to load\nengine core exited\n"), ""
         return 0, "", ""
 
 
@@ -610,6 +665,7 @@ class Vm:
     machine: Machine = field(init=False)  # what the shimmed commands do; it runs the supervisor unit
     script_output: str = ""
     script_returncode: int | None = None
+    extra_supervisor_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.root, self.state, self.shims = self.home / "vmroot", self.home / "state", self.home / "shims"
@@ -650,7 +706,8 @@ class Vm:
                 "--ops-agent-repo-script-url", self.url + REPO_SCRIPT_PATH,
                 "--ops-agent-config-path", OPS_AGENT_CONFIG_PATH,
                 "--guest-write-interval-s", f"{GUEST_WRITE_INTERVAL_S * scale:g}",
-                "--guest-reassert-s", f"{GUEST_REASSERT_S * scale:g}")
+                "--guest-reassert-s", f"{GUEST_REASSERT_S * scale:g}", "--release-wait-s", "5",
+                *self.extra_supervisor_args)
 
     def startup_script(self, cache_disk: bool = True, iam_wait_s: float = 60) -> str:
         return render_startup_script(cache_disk=cache_disk, metadata_url=self.url, root=str(self.root),

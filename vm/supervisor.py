@@ -44,6 +44,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,7 @@ OPS_AGENT_REPO_SCRIPT_URL = "https://dl.google.com/cloudagents/add-google-cloud-
 OPS_AGENT_CONFIG_PATH = "/etc/google-cloud-ops-agent/config.yaml"
 OPS_AGENT_TIMEOUT_S = 1800
 PULL_ATTEMPTS = 5
+RELEASE_WAIT_S = 120.0  # how long to wait for a removed container and its TPU devices to go
 
 
 def log(message: str) -> None:
@@ -112,6 +114,8 @@ class Settings:
     # The guest-attribute budget (vm/guest_state.py): at most one write per interval, the state again every reassert.
     guest_write_interval_s: float = GUEST_WRITE_INTERVAL_S
     guest_reassert_s: float = GUEST_REASSERT_S
+    release_wait_s: float = RELEASE_WAIT_S  # for a removed container and its TPU devices to go
+    docker_timeout_scale: float = 1.0  # every docker call's timeout × this (tests shrink them)
 
     def path(self, absolute: str) -> Path:
         return Path(self.root + absolute)
@@ -318,12 +322,38 @@ class Superseded(RuntimeError):
     """A newer served config arrived while acting on this one."""
 
 
+# Every docker call has a timeout; one that runs out (a daemon busy extracting a 20 GB image, or hung) answers like a
+# failed command (exit 124, as timeout(1)), never raises: a supervisor that died on subprocess.TimeoutExpired would be
+# restarted by systemd without its restart count. TIMEOUT_SCALE is a test seam (--docker-timeout-scale).
+DOCKER_TIMED_OUT = 124
+TIMEOUT_SCALE = 1.0
+# tpu-inference #926 (and gvisor #11545): a new process can fail to open the TPU while the previous one still holds
+# its VFIO group: "TPU initialization failed: open(/dev/vfio/1): Device or resource busy: Device or resource busy;
+# Couldn't open iommu group /dev/vfio/1". Once the holder is gone the same start succeeds: retryable.
+VFIO_BUSY = re.compile(r"open\(/dev/vfio/\d+\): Device or resource busy|Couldn't open iommu group /dev/vfio/\d+")
+VFIO_BUSY_ATTEMPTS = 3
+
+
+class DockerUnavailable(RuntimeError):
+    """docker did not answer in time: what runs is unknown, so nothing is decided on it."""
+
+
 def docker(*args: str, env: dict[str, str] | None = None, timeout_s: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+    timeout = timeout_s * TIMEOUT_SCALE
+    try:
+        return subprocess.run(["docker", *args], capture_output=True, text=True, env=env, timeout=timeout,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        log(f"warning: docker {args[0] if args else ''} did not finish within {timeout:g} s")
+        return subprocess.CompletedProcess(["docker", *args], DOCKER_TIMED_OUT, "",
+                                           f"docker {' '.join(args[:2])}: timed out after {timeout:g} s")
 
 
 def inspect_container() -> Container | None:
+    """The vllm container, or None when there is none; DockerUnavailable when docker does not say."""
     done = docker("inspect", CONTAINER, timeout_s=30)
+    if done.returncode == DOCKER_TIMED_OUT:
+        raise DockerUnavailable(done.stderr)
     if done.returncode != 0:
         return None
     try:
@@ -367,6 +397,20 @@ def download_time(weights: str) -> str:
     done = docker("logs", CONTAINER, timeout_s=60)
     found = DOWNLOAD_LINE.findall(done.stdout + done.stderr)
     return f"{weights} in {float(found[-1]):.0f} s" if found else weights
+
+
+def vfio_holders(proc: Path) -> list[str]:
+    """'pid: /dev/vfio/N' for every process holding a VFIO device open (the TPU, for a container that is still
+    going away), from /proc/<pid>/fd; the supervisor runs as root, so it can read every process's fds."""
+    held = []
+    for fd_dir in proc.glob("[0-9]*/fd"):
+        try:
+            targets = [os.readlink(fd) for fd in fd_dir.iterdir()]
+        except OSError:  # the process ended, or a kernel thread without fds
+            continue
+        held += [f"{fd_dir.parent.name}: {target}" for target in targets if target.startswith("/dev/vfio/")
+                 and target != "/dev/vfio/vfio"]  # the container file is shared; the group files are exclusive
+    return held
 
 
 def weights_cached(hf_home: Path, model: str) -> bool:
@@ -429,7 +473,10 @@ class Supervisor:
     # the loop
     def run_forever(self) -> None:
         while True:
-            self.step(self.check())
+            try:
+                self.step(self.check())
+            except DockerUnavailable as err:  # look again at the next check
+                log(f"warning: {err}; looking again in {self.settings.check_s:g} s")
 
     def check(self) -> dict[str, str]:
         attributes, self.seen = self.latest.wait(self.seen, self.settings.check_s)
@@ -512,10 +559,8 @@ class Supervisor:
         token = self.fetch_token(config)
         secrets = self.fetch_secret_env(config)
         self.stage("starting-server")
-        self.start_container(config, token, secrets)
+        self.start_and_wait(config, lambda: self.start_container(config, token, secrets))
         token, secrets = "", {}
-        self.stage("loading-model")
-        self.wait_until_serving(config)
         self.report("image", image)
         self.report("weights", weights if weights == "cached" else download_time(weights))
         self.serving(config)
@@ -580,13 +625,50 @@ class Supervisor:
     def docker_run_args(self, config: ServedConfig) -> list[str]:
         return [arg.replace(XLA_CACHE_KEY_PLACEHOLDER, self.xla_key) for arg in config.docker_run_args]
 
+    def wait_released(self, config: ServedConfig) -> None:
+        """After `docker rm -f`: wait (bounded) until the container is gone and no process holds a TPU device, so the
+        next container can open it (tpu-inference #926). At the bound, go on: a busy device is retried."""
+        deadline = time.monotonic() + self.settings.release_wait_s
+        while True:
+            try:
+                gone = inspect_container() is None
+            except DockerUnavailable:
+                gone = False
+            holders = [] if not gone else vfio_holders(self.settings.path("/proc"))
+            if gone and not holders:
+                return
+            if time.monotonic() >= deadline:
+                log(f"warning: after {self.settings.release_wait_s:g} s " + (
+                    f"the TPU is still held ({', '.join(holders)})" if gone else f"container {CONTAINER} is still "
+                    "there") + "; starting anyway")
+                return
+            self.pause(config, self.settings.poll_s)
+
     def start_container(self, config: ServedConfig, token: str, secrets: dict[str, str] | None = None) -> None:
         docker("rm", "-f", CONTAINER, timeout_s=120)
+        self.wait_released(config)
         # The token and the secrets go to this one `docker run` through its environment; the argv names them only.
         env = {**os.environ, "HF_TOKEN": token, **(secrets or {})}
         done = docker(*self.docker_run_args(config), env=env, timeout_s=600)
         if done.returncode != 0:
             raise Failed(f"docker run of {config.image} failed: {' '.join(done.stderr.split())[-600:]}")
+
+    def start_and_wait(self, config: ServedConfig, start: Callable[[], None]) -> None:
+        """Start the server (`start`) and wait until it serves; a start that failed because the TPU was still held
+        by the previous container (tpu-inference #926) is retried once the device is free, up to VFIO_BUSY_ATTEMPTS
+        times, instead of failing the config."""
+        for attempt in range(1, VFIO_BUSY_ATTEMPTS + 1):
+            start()
+            self.stage("loading-model")
+            try:
+                self.wait_until_serving(config)
+                return
+            except Failed as err:
+                if not VFIO_BUSY.search(str(err)) or attempt == VFIO_BUSY_ATTEMPTS:
+                    raise
+                self.report("reason", f"the TPU was still held by the previous container (tpu-inference #926); "
+                            f"starting again once it is free (attempt {attempt + 1}/{VFIO_BUSY_ATTEMPTS})")
+                self.wait_for_tpu(config)
 
     def wait_until_serving(self, config: ServedConfig) -> None:
         """/health, then the model listed and a real completion (readycheck's rules), then the warm-up."""
@@ -599,7 +681,11 @@ class Supervisor:
                         break
             except OSError:
                 pass
-            container = inspect_container()
+            try:
+                container = inspect_container()
+            except DockerUnavailable as err:  # the daemon is slow to answer: the container is not known to be gone
+                log(f"warning: {err}")
+                container = Container(config.config_hash, True)
             if container is None or not container.running:
                 raise Failed(f"container {CONTAINER} exited: {container_logs()}")
             if time.monotonic() >= deadline:
@@ -716,23 +802,35 @@ class Supervisor:
         self.state.restarts += 1
         attempt = self.state.restarts
         delay = min(self.settings.restart_delay_s * 2 ** (attempt - 1), self.settings.max_backoff_s)
-        exit_code = (inspect_container() or Container("", False)).exit_code
+        try:
+            exit_code = str((inspect_container() or Container("", False)).exit_code)
+        except DockerUnavailable:
+            exit_code = "unknown"
         reason = (f"container exited (code {exit_code}) after serving; restart {attempt}/{MAX_RESTARTS} in "
                   f"{delay:g} s. Last log lines: {container_logs()}")
         self.state.phase = "restarting"
         self.stage("restarting", restarts=str(attempt), reason=reason)
         self.pause(config, delay)
-        done = docker("start", CONTAINER, timeout_s=120)
-        if done.returncode != 0:
-            raise Failed(f"docker start {CONTAINER} failed: {' '.join(done.stderr.split())[-600:]}")
-        self.stage("loading-model")
+        self.wait_for_tpu(config)
+
+        def start() -> None:
+            done = docker("start", CONTAINER, timeout_s=120)
+            if done.returncode != 0:
+                raise Failed(f"docker start {CONTAINER} failed: {' '.join(done.stderr.split())[-600:]}")
+
         try:
-            self.wait_until_serving(config)
+            self.start_and_wait(config, start)
         except Failed as err:
             log(f"restart {attempt} did not come up: {err}")
             return  # still `restarting`: decide restarts again, or gives up
         self.report("reason", f"restarted after the container exited (restart {attempt})")
         self.serving(config)
+
+    def wait_for_tpu(self, config: ServedConfig) -> None:
+        """Before restarting an exited container: the engine processes it left may still hold the TPU."""
+        deadline = time.monotonic() + self.settings.release_wait_s
+        while vfio_holders(self.settings.path("/proc")) and time.monotonic() < deadline:
+            self.pause(config, self.settings.poll_s)
 
     def give_up(self, config: ServedConfig) -> None:
         raise Failed(f"the container exited {self.state.restarts} times in a row after serving; giving up until "
@@ -777,11 +875,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops-agent-repo-script-url", default=defaults.ops_agent_repo_script_url)
     parser.add_argument("--ops-agent-config-path", default=defaults.ops_agent_config_path)
     for name in ("watch_timeout_s", "check_s", "poll_s", "retry_delay_s", "max_backoff_s", "restart_delay_s",
-                 "stable_s", "iam_wait_s", "iam_poll_s", "guest_write_interval_s", "guest_reassert_s"):
+                 "stable_s", "iam_wait_s", "iam_poll_s", "guest_write_interval_s", "guest_reassert_s",
+                 "release_wait_s", "docker_timeout_scale"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
     args = parser.parse_args(argv)
     settings = Settings(**{name: (int(value) if name == "watch_timeout_s" else value)
                            for name, value in vars(args).items()})
+    global TIMEOUT_SCALE
+    TIMEOUT_SCALE = settings.docker_timeout_scale
     metadata = Metadata(settings.metadata_url)
     latest = Latest()
     version = own_version(Path(__file__).resolve().parent)
