@@ -5,7 +5,10 @@ On the TPU VM the XLA compile cache is a host directory on the cache disk, mount
 --enforce-eager) and keeps its compile cache under VLLM_CACHE_ROOT. This starts the real CPU vLLM twice on the tiny
 Gemma 4 with VLLM_CACHE_ROOT on one persistent directory, as the VM's container would have it mounted: the first
 start compiles into an empty cache (cold), the second finds it (warm). Prints both times, the cache entries, and
-warm / cold.
+warm / cold, and where each start's time went, from vLLM's own log lines (weights, Dynamo's bytecode transform,
+compiling or loading the compiled graphs, the engine's profile/KV/warm-up run): what a warm boot still spends with
+every program cached. On the TPU the analogue is tpu-inference's precompilation (capture_model), which still traces
+and lowers every program and only skips XLA's compile when the persistent cache has it.
 
     python benchmarks/compile_cache.py [--vllm-venv ~/.cache/tpuserve/vllm-venv] [--cache-dir DIR]
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -44,6 +48,31 @@ def tiny_model(vllm_venv: Path) -> Path:
                        env={**cpu_server.SERVER_ENV, "PATH": "/usr/bin:/bin"})
         staging.rename(model_dir)
     return model_dir
+
+
+# vLLM 0.32's timing log lines (vllm/model_executor/model_loader/default_loader.py, compilation/backends.py,
+# compilation/monitor.py, v1/engine/core.py).
+PHASES = {
+    "weights": r"Loading weights took ([0-9.]+) seconds",
+    "dynamo bytecode transform": r"Dynamo bytecode transform time: ([0-9.]+) s",
+    "graphs compiled": r"Compiling a graph for compile range \S+ takes ([0-9.]+) s",
+    "graphs loaded from the cache": r"Directly load the compiled graph\(s\) for compile range \S+ from the cache, "
+                                    r"took ([0-9.]+) s",
+    "torch.compile in total": r"torch\.compile took ([0-9.]+) s in total",
+    "engine init (profile, KV cache, warm-up)": r"init engine \(profile, create kv cache, warmup model\) took "
+                                                r"([0-9.]+)",
+}
+
+
+def phases(log: Path) -> dict[str, float]:
+    """Seconds per phase found in a vLLM log (summed where a phase logs once per graph)."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    found = {}
+    for name, pattern in PHASES.items():
+        values = [float(v) for v in re.findall(pattern, text)]
+        if values:
+            found[name] = round(sum(values), 2)
+    return found
 
 
 def entries(directory: Path) -> int:
@@ -83,10 +112,21 @@ def main(vllm_venv: Path, cache_dir: Path | None) -> None:
         cold_entries = entries(cache_root)
         print(f"cold start (empty compile cache): {cold:.1f} s to /health; cache now {cold_entries} files", flush=True)
         warm = time_to_health(vllm_venv / "bin" / "vllm", model_dir, cache_root, scratch / "warm.log")
-        print(f"warm start (same compile cache):  {warm:.1f} s to /health; cache now {entries(cache_root)} files")
+        warm_entries = entries(cache_root)
+        print(f"warm start (same compile cache):  {warm:.1f} s to /health; cache now {warm_entries} files "
+              f"({warm_entries - cold_entries:+d})")
         print(f"ratio warm / cold: {warm / cold:.2f}")
+        cold_phases, warm_phases = phases(scratch / "cold.log"), phases(scratch / "warm.log")
+        print(f"{'phase (s)':44} {'cold':>8} {'warm':>8}")
+        for name in PHASES:
+            print(f"{name:44} {cold_phases.get(name, 0):8.2f} {warm_phases.get(name, 0):8.2f}")
+        # torch.compile (Dynamo, the graphs) runs inside the engine's profile run; weights load before it.
+        known = warm_phases.get("weights", 0) + warm_phases.get("engine init (profile, KV cache, warm-up)", 0)
+        print(f"warm start outside weights and engine init (imports, process start, API server): "
+              f"{warm - known:.1f} s")
         print(json.dumps({"cold_s": round(cold, 1), "warm_s": round(warm, 1), "ratio": round(warm / cold, 3),
-                          "cache_files": cold_entries}))
+                          "cache_files": cold_entries, "cache_files_added_warm": warm_entries - cold_entries,
+                          "cold_phases_s": cold_phases, "warm_phases_s": warm_phases}))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

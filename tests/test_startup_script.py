@@ -14,7 +14,7 @@ import jinja2
 import pytest
 
 from components.startup_script import render_startup_script, template_environment
-from tests.vm_sandbox import CANARY, IMAGE_DIGEST, MACHINE_TYPE, MODEL, Vm, token_contained
+from tests.vm_sandbox import CANARY, IMAGE_DIGEST, MACHINE_TYPE, MODEL, Vm, compiled_programs, token_contained
 from tests.vm_sandbox import vms  # noqa: F401 - the sandbox VM fixture
 from tpuserve.observe.gate import boot_timeline, read_boot
 from tpuserve.serving import ServingConfig, config_hash, tpu_container_run_args
@@ -77,7 +77,8 @@ def test_a_blank_disk_is_formatted_once_and_the_boot_serves_with_the_token_only_
     assert run["argv"] == expected
     assert f"/var/lib/tpu-serve/cache/xla/{XLA_KEY}:/cache/xla" in run["argv"]
     assert re.fullmatch(r"pulled in \d+ s", attributes["image"]) and attributes["weights"] == "downloaded in 41 s"
-    assert attributes["compile-cache"] == "0 entries before, 1 after"
+    assert attributes["compile-cache"] == ("cold (nothing cached yet for this image and machine type; 0 entries "
+                                           "before, 4 after; KV blocks pinned at 8,713 from now on)")
     assert token_contained(vm) == []
 
 
@@ -85,8 +86,11 @@ def test_a_warm_disk_is_mounted_as_is_and_every_cache_is_used(vms):
     vm = vms(disk={"fs": "ext4"})
     xla = vm.cache_root / "xla" / XLA_KEY
     xla.mkdir(parents=True)
-    for name in ("jit_a-cache", "jit_a-atime", "jit_b-cache"):
+    # What a first boot of this config left: its programs (the model's for 8,713 KV blocks) and the pinned count.
+    for name in (*compiled_programs(8713), "jit_sampler-atime"):
         (xla / name).write_text("compiled")
+    (xla / f"tpu-serve-kv-blocks-{config_hash(ServingConfig())}.json").write_text(json.dumps({"blocks": 8713}))
+    (vm.state / "hbm_blocks.json").write_text("[8712]")  # this boot, HBM would leave a block less
     snapshot = vm.cache_root / "huggingface/hub/models--google--gemma-4-E2B-it/snapshots/0f1e"
     snapshot.mkdir(parents=True)
     (snapshot / "model.safetensors").write_text("weights")
@@ -97,8 +101,10 @@ def test_a_warm_disk_is_mounted_as_is_and_every_cache_is_used(vms):
     attributes = vm.attributes()
     assert attributes["cache"] == "disk: warm (80 GB free)"
     assert (attributes["image"], attributes["weights"]) == ("cached", "cached")
-    assert attributes["compile-cache"] == "2 entries before, 3 after"  # the server compiled one program more
-    assert json.loads((vm.state / "xla_at_run.json").read_text()) == ["jit_a-atime", "jit_a-cache", "jit_b-cache"]
+    # Pinned: the same programs, none compiled again, although the allocator would have chosen a block less.
+    assert attributes["compile-cache"] == "warm (4 hits; 4 entries before, 4 after; KV blocks pinned at 8,713)"
+    [run] = vm.calls_of("docker", "run")
+    assert run["argv"][-2:] == ["--num-gpu-blocks-override", "8713"]
     assert token_contained(vm) == []
 
 

@@ -4,11 +4,13 @@ path and the IAM wait, the compile cache's bucket copy, and its own update."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
 import threading
 import time
+from datetime import datetime, timezone
 
 import pytest
 import requests
@@ -22,8 +24,9 @@ from tpuserve import facts
 from tpuserve.deploy.gce import ComputeClient, Instance
 from tpuserve.guest_state import expand
 from tpuserve.observe.gate import INSTANCE_INTERVAL_S, boot_timeline, read_boot, watch_instance
+from tpuserve.observe.status import Report, render, vm_view
 from tpuserve.serving import ServingConfig, tpu_container_run_args
-from vm import guest_state, readycheck, supervisor
+from vm import compile_cache, guest_state, readycheck, supervisor
 from vm.supervisor import (ADOPT, APPLY, GIVE_UP, INVALID, RESTART, UPDATE_SELF, WAIT, Container, Metadata,
                            Settings, State, decide, watch)
 
@@ -223,13 +226,16 @@ def test_a_config_that_failed_is_not_retried_until_it_changes(vm):
 def test_the_compile_cache_is_restored_before_the_server_starts_and_pushed_after_serving(vm):
     vm.google.objects = {f"xla/{XLA_KEY}/jit_a-cache": b"compiled a", f"xla/{XLA_KEY}/jit_b-cache": b"compiled b",
                          "xla/other-key/jit_c-cache": b"another image's"}
-    serving_vm(vm)
+    digest = serving_vm(vm)
     assert json.loads((vm.state / "xla_at_run.json").read_text()) == ["jit_a-cache", "jit_b-cache"]
-    assert vm.attributes()["compile-cache"] == "2 entries before (2 restored from the bucket), 3 after"
-    vm.wait_for(lambda: f"xla/{XLA_KEY}/jit_new_2-cache" in vm.google.objects, "the push after serving")
+    assert vm.attributes()["compile-cache"] == (
+        "cold (4 programs compiled: the KV block count was not pinned yet, so it may differ from the cache's; 2 "
+        "entries before (2 from the bucket), 6 after; KV blocks pinned at 8,713 from now on)")
+    pin = f"xla/{XLA_KEY}/tpu-serve-kv-blocks-{digest}.json"
+    vm.wait_for(lambda: pin in vm.google.objects, "the push after serving")
     uploads = [r for r in vm.google.server.requests if r.path.startswith("/upload/")]
-    assert len(uploads) == 1  # only the new entry: nothing overwritten, nothing sent twice
-    assert "ifGenerationMatch=0" in uploads[0].query
+    assert len(uploads) == 5  # the 4 new entries and the pinned count: nothing overwritten, nothing sent twice
+    assert all("ifGenerationMatch=0" in upload.query for upload in uploads)
     stages = list(boot_timeline(vm.attributes()))
     assert stages.index("restoring-compile-cache") < stages.index("starting-server")
 
@@ -667,3 +673,114 @@ def test_vfio_holders_are_read_from_proc(tmp_path):
         (tmp_path / pid / "fd" / fd).symlink_to(target)
     (tmp_path / "self").mkdir()  # not a pid
     assert supervisor.vfio_holders(tmp_path) == ["100: /dev/vfio/0"]  # the shared container file is not a hold
+
+
+# --- the compile cache hits: the KV block count pinned from the first boot ----------------------------------------
+
+def test_a_second_boot_of_one_config_pins_the_first_boots_block_count_and_compiles_nothing(vms):
+    """The first boot allocates 8,713 KV blocks (the allocator's count) and stores it beside the compile cache; the
+    next boot's HBM would leave a block less (8,712: a count one block different misses every model program), but
+    it runs with --num-gpu-blocks-override 8713 and finds every program cached."""
+    vm = vms(disk={"fs": "ext4"})
+    digest = vm.serve(ServingConfig())
+    assert vm.boot() == 0, vm.log()
+    vm.wait_for_stage("serving", digest)
+    first = vm.attributes()["compile-cache"]
+    assert first.startswith("cold (nothing cached yet") and first.endswith("KV blocks pinned at 8,713 from now on)")
+    assert "--num-gpu-blocks-override" not in vm.calls_of("docker", "run")[0]["argv"]
+    (vm.state / "hbm_blocks.json").write_text("[8712]")
+    assert vm.reboot() == 0, vm.log()
+    vm.wait_for(lambda: len(vm.calls_of("docker", "run")) == 2 and vm.attributes().get("stage") == "serving"
+                and vm.attributes().get("compile-cache", "").startswith("warm"), "the second boot, warm")
+    assert vm.attributes()["compile-cache"] == "warm (4 hits; 4 entries before, 4 after; KV blocks pinned at 8,713)"
+    assert vm.calls_of("docker", "run")[1]["argv"][-2:] == ["--num-gpu-blocks-override", "8713"]
+    assert vm.container()["blocks"] == 8713
+
+
+def test_without_the_pin_the_moved_block_count_misses_every_model_program(vms):
+    """The control: the same reboot with the stored count removed compiles the model's programs again."""
+    vm = vms(disk={"fs": "ext4"})
+    digest = vm.serve(ServingConfig())
+    assert vm.boot() == 0
+    vm.wait_for_stage("serving", digest)
+    vm.wait_for(lambda: f"xla/{XLA_KEY}/tpu-serve-kv-blocks-{digest}.json" in vm.google.objects, "the push")
+    (vm.cache_root / "xla" / XLA_KEY / f"tpu-serve-kv-blocks-{digest}.json").unlink()
+    del vm.google.objects[f"xla/{XLA_KEY}/tpu-serve-kv-blocks-{digest}.json"]  # the bucket's copy too
+    (vm.state / "hbm_blocks.json").write_text("[8712]")
+    assert vm.reboot() == 0
+    vm.wait_for(lambda: len(vm.calls_of("docker", "run")) == 2 and vm.attributes().get("stage") == "serving"
+                and "8,712" in vm.attributes().get("compile-cache", ""), "the second boot")
+    assert vm.attributes()["compile-cache"].startswith("cold (3 programs compiled: the KV block count was not pinned")
+
+
+def test_a_new_disk_restores_the_pinned_count_with_the_cache_from_the_bucket(vms):
+    first = vms(disk={"fs": "ext4"})
+    digest = serving_vm(first)
+    pin = f"xla/{XLA_KEY}/tpu-serve-kv-blocks-{digest}.json"
+    first.wait_for(lambda: pin in first.google.objects and len(first.google.objects) == 5, "the push")
+    second = vms(disk={"fs": ""})  # another VM, a blank disk, the same bucket
+    second.google.objects = dict(first.google.objects)
+    (second.state / "hbm_blocks.json").write_text("[8714]")
+    serving_vm(second)
+    assert second.attributes()["compile-cache"] == ("warm (4 hits; 4 entries before (5 from the bucket), 4 after; "
+                                                    "KV blocks pinned at 8,713)")
+
+
+def test_a_pinned_count_that_no_longer_fits_is_dropped_and_learned_again(vms):
+    vm = vms(disk={"fs": "ext4"})
+    xla = vm.cache_root / "xla" / XLA_KEY
+    xla.mkdir(parents=True)
+    digest = vm.serve(ServingConfig())
+    (xla / f"tpu-serve-kv-blocks-{digest}.json").write_text(json.dumps({"blocks": 9000}))
+    (vm.state / "hbm_capacity_blocks").write_text("8800")
+    vm.start_supervisor()
+    vm.wait_for_stage("serving", digest)
+    first, second = vm.calls_of("docker", "run")
+    assert first["argv"][-2:] == ["--num-gpu-blocks-override", "9000"]
+    assert "--num-gpu-blocks-override" not in second["argv"]
+    assert re.search(r"reason: the pinned 9000 KV blocks did not fit; starting once more without the pin", vm.log())
+    assert compile_cache.read_pin(xla, digest) == 8713
+
+
+def test_a_user_set_block_count_is_left_alone(vm):
+    digest = serving_vm(vm, ServingConfig(extra_args=("--num-gpu-blocks-override", "4096")))
+    [run] = vm.calls_of("docker", "run")
+    assert run["argv"].count("--num-gpu-blocks-override") == 1 and vm.container()["blocks"] == 4096
+    assert compile_cache.read_pin(vm.cache_root / "xla" / XLA_KEY, digest) is None
+
+
+@pytest.mark.parametrize("before, after, pinned, learned, error, expected", [
+    (0, 4, None, 8713, "", "cold (nothing cached yet for this image and machine type; 0 entries before, 4 after; KV "
+                           "blocks pinned at 8,713 from now on)"),
+    (0, 4, None, 8713, "HTTP 403", "cold (nothing cached, the bucket could not be read: HTTP 403; 0 entries before, "
+                                   "4 after; KV blocks pinned at 8,713 from now on)"),
+    (312, 312, 8713, None, "", "warm (312 hits; 312 entries before, 312 after; KV blocks pinned at 8,713)"),
+    (312, 318, 8713, None, "", "warm (312 hits; 312 entries before, 318 after; KV blocks pinned at 8,713)"),  # 2 %
+    (312, 319, 8713, None, "", "cold (7 programs compiled though 312 were cached: this config's programs were not "
+                               "among them; 312 entries before, 319 after; KV blocks pinned at 8,713)"),
+    (4, 5, 8713, None, "", "warm (4 hits; 4 entries before, 5 after; KV blocks pinned at 8,713)"),  # one at least
+], ids=["first", "bucket-unreadable", "warm", "warm-2pc", "cold-past-2pc", "one-new"])
+def test_the_compile_cache_verdict(before, after, pinned, learned, error, expected):
+    assert compile_cache.verdict(before, after, pinned, learned, error) == expected
+
+
+def test_the_gate_and_status_say_warm_or_cold(vms):
+    vm = vms(disk={"fs": "ext4"})
+    digest = vm.serve(ServingConfig())
+    vm.start_supervisor()
+    with FakeCompute(vm) as compute, requests.Session() as http:
+        verdict = watch_instance(ComputeClient(http, compute.url), Instance("p-1", "europe-west4-a", "tpu-serve-vm"),
+                                 timeout_s=30, interval_s=0.05, expected_config_hash=digest)
+    assert verdict.ready and verdict.sources["compile-cache"].startswith("cold (nothing cached yet")
+    view = vm_view(Instance("p-1", "europe-west4-a", "tpu-serve-vm"), {"status": "RUNNING"}, vm.attributes(),
+                   datetime.now(timezone.utc), 1.35, digest)
+    assert view.compile_cache == vm.attributes()["compile-cache"]
+    assert re.search(r"compile cache +cold \(nothing cached yet", render_text(Report(vm=view)))
+
+
+def render_text(report: Report) -> str:
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=200)
+    console.print(render(report))
+    return console.file.getvalue()

@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import socketserver
 import subprocess
@@ -101,6 +102,16 @@ apt-get update -q
 apt-get install -y -q google-cloud-ops-agent
 """
 OPS_AGENT_CONFIG_PATH = "/etc/google-cloud-ops-agent/config.yaml"
+
+# The sandbox's XLA: the model programs take the KV cache arrays as arguments, so each block count has its own; the
+# sampler does not depend on it (tpu-inference runner/compilation_manager.py precompiles both kinds).
+NATURAL_BLOCKS = 8713  # the allocator's count on v6e-1 for Gemma 4 E2B (tpuserve/data/model-presets.json)
+MODEL_PROGRAMS = 3
+
+
+def compiled_programs(blocks: int) -> list[str]:
+    return [f"jit_model_step_{blocks}_{n}-cache" for n in range(MODEL_PROGRAMS)] + ["jit_sampler-cache"]
+
 
 # What a container that could not open the TPU logs (tpu-inference #926; the same text in gvisor #11545).
 VFIO_BUSY_LOG = ("RuntimeError: Unable to initialize backend 'tpu': UNKNOWN: TPU initialization failed: "
@@ -167,6 +178,7 @@ class FakeGoogle:
             ("GET", f"/v1/{SECRET}/versions/latest:access"): self.secret,
             ("GET", "/health"): self.health,
             ("GET", "/v1/models"): self.models,
+            ("GET", "/metrics"): self.metrics,
             ("POST", "/v1/chat/completions"): self.chat,
             ("GET", f"/storage/v1/b/{BUCKET}/o"): self.list_objects,
             ("POST", f"/upload/storage/v1/b/{BUCKET}/o"): self.upload,
@@ -274,6 +286,16 @@ class FakeGoogle:
     def health(self, request: Request) -> Response:
         self.vllm_listening()
         return Response(200 if self.knobs.health_ok else 503)
+
+    def metrics(self, request: Request) -> Response:
+        """vLLM's cache config info gauge (labels as vLLM 0.32 exports them: tests/data/vllm-0.32.0-metrics.prom)."""
+        self.vllm_listening()
+        blocks = self.container().get("blocks", NATURAL_BLOCKS)
+        return Response(200, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+                             "# TYPE vllm:cache_config_info gauge\n"
+                             f'vllm:cache_config_info{{block_size="128",cache_dtype="auto",engine="0",'
+                             f'gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="{blocks}",'
+                             f'num_gpu_blocks_override="None"}} 1.0\n')
 
     def models(self, request: Request) -> Response:
         self.vllm_listening()
@@ -619,16 +641,28 @@ class Machine:
         elif args[0] == "run":
             labels = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--label")
             mounts = dict(args[i + 1].rsplit(":", 1)[::-1] for i, a in enumerate(args) if a == "-v")
-            if "/cache/xla" in mounts:  # what the XLA cache held when the server started; then it compiles one more
+            # The KV block count: --num-gpu-blocks-override when given (tpu-inference allocates what vLLM's KV cache
+            # config says), else what HBM leaves after the weights, which may move by a block from boot to boot.
+            natural = next_of(self.load("hbm_blocks.json", [NATURAL_BLOCKS]))
+            override = [args[i + 1] for i, a in enumerate(args) if a == "--num-gpu-blocks-override"]
+            blocks = int(override[-1]) if override else natural
+            if "/cache/xla" in mounts:  # what the XLA cache held when the server started; then it compiles what lacks
                 xla = Path(str(self.root) + mounts["/cache/xla"])  # the host is the sandbox root
                 self.save("xla_at_run.json", sorted(p.name for p in xla.iterdir()) if xla.is_dir() else None)
                 if xla.is_dir():
-                    (xla / f"jit_new_{len(list(xla.iterdir()))}-cache").write_text("compiled")
+                    for program in compiled_programs(blocks):
+                        if not (xla / program).exists():
+                            (xla / program).write_text("compiled")
             if self.counter("vfio_busy_runs"):  # the previous container still held the TPU: this one exits at once
                 self.save("container.json", {"labels": labels, "running": False, "exit_code": 1, "argv": args,
                                              "logs": VFIO_BUSY_LOG})
+            elif blocks > self.load("hbm_capacity_blocks", 10**9):  # a pinned count that no longer fits in HBM
+                self.save("container.json", {"labels": labels, "running": False, "exit_code": 1, "argv": args,
+                                             "logs": f"jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Error "
+                                                     f"allocating device buffer: the KV cache of {blocks} blocks\n"})
             else:
-                self.save("container.json", {"labels": labels, "running": not self.flag("crash"), "argv": args})
+                self.save("container.json", {"labels": labels, "running": not self.flag("crash"), "argv": args,
+                                             "blocks": blocks})
             return 0, "c0ffee\n", ""
         elif args[0] == "start":
             info = json.loads(container.read_text())
@@ -747,6 +781,17 @@ class Vm:
     def stop(self) -> None:
         """Kill the supervisor (and what it started)."""
         self.machine.stop_unit()
+
+    def reboot(self, **boot: Any) -> int:
+        """The VM stops and starts again: the supervisor dies, the container is left exited (no restart policy),
+        /run (a tmpfs) and the mount are gone; the disk and Docker's images stay. Then the startup script runs."""
+        self.stop()
+        if (self.state / "container.json").exists():
+            self.kill_container(exit_code=0)
+        shutil.rmtree(self.root / "run", ignore_errors=True)
+        (self.root / "run").mkdir()
+        (self.state / "mounted").unlink(missing_ok=True)
+        return self.boot(**boot)
 
     # what happened
     def calls(self) -> list[dict[str, Any]]:

@@ -31,6 +31,15 @@ WORKERS = 8
 TIMEOUT_S = 60.0
 # JAX's LRU cache writes `<key>-cache` plus an `<key>-atime` file per entry; only the former counts as an entry.
 ATIME_SUFFIX = "-atime"
+# Beside the entries, one small file per served config (keyed like the directory, by image and machine type, and by
+# the config hash): the KV block count its first boot allocated. The KV cache arrays are arguments of every jitted
+# model program (tpu-inference runner/compilation_manager.py), and their block count follows the HBM left after the
+# weights load (worker/tpu_worker.py): one block more or less than the boot that filled the cache misses every
+# program. Pinning the count (--num-gpu-blocks-override) makes every boot of one config compile the same programs.
+# It travels to the bucket and back with the entries.
+PIN_PREFIX = "tpu-serve-kv-blocks-"
+# A boot is warm when it compiled about nothing: at most this share of the entries it found, and at least one.
+WARM_NEW_SHARE = 0.02
 
 
 class CacheError(RuntimeError):
@@ -41,7 +50,52 @@ def entries(directory: Path) -> int:
     """Compiled programs in a cache directory (0 when it does not exist)."""
     if not directory.is_dir():
         return 0
-    return sum(1 for path in directory.rglob("*") if path.is_file() and not path.name.endswith(ATIME_SUFFIX))
+    return sum(1 for path in directory.rglob("*") if path.is_file() and not path.name.endswith(ATIME_SUFFIX)
+               and not path.name.startswith(PIN_PREFIX))
+
+
+def pin_path(directory: Path, config_hash: str) -> Path:
+    return directory / f"{PIN_PREFIX}{config_hash}.json"
+
+
+def read_pin(directory: Path, config_hash: str) -> int | None:
+    """The KV block count stored for this config, or None."""
+    try:
+        blocks = json.loads(pin_path(directory, config_hash).read_text())["blocks"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return blocks if isinstance(blocks, int) and blocks > 0 else None
+
+
+def write_pin(directory: Path, config_hash: str, blocks: int, source: str) -> None:
+    path = pin_path(directory, config_hash)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps({"blocks": blocks, "config_hash": config_hash, "source": source}))
+    os.replace(partial, path)
+
+
+def drop_pin(directory: Path, config_hash: str) -> None:
+    pin_path(directory, config_hash).unlink(missing_ok=True)
+
+
+def verdict(before: int, after: int, pinned: int | None, learned: int | None, restore_error: str = "") -> str:
+    """'warm (N hits)' or 'cold (why)', then the counts: how `tpuserve gate` and `status` report the compile cache.
+    JAX logs its persistent-cache hits only at DEBUG, so the hits are the entries the boot found and did not need
+    to add to: a warm boot adds about none (at most WARM_NEW_SHARE of them)."""
+    new = max(after - before, 0)
+    pin = f"KV blocks pinned at {pinned:,}" if pinned else (
+        f"KV blocks pinned at {learned:,} from now on" if learned else "KV blocks not pinned")
+    counts = f"{before} entries before, {after} after; {pin}"
+    if before > 0 and new <= max(1, int(before * WARM_NEW_SHARE)):
+        return f"warm ({before} hits; {counts})"
+    if before == 0:
+        why = (f"nothing cached, the bucket could not be read: {restore_error}" if restore_error else
+               "nothing cached yet for this image and machine type")
+    elif not pinned:
+        why = f"{new} programs compiled: the KV block count was not pinned yet, so it may differ from the cache's"
+    else:
+        why = f"{new} programs compiled though {before} were cached: this config's programs were not among them"
+    return f"cold ({why}; {counts})"
 
 
 def _files(directory: Path) -> list[str]:

@@ -413,6 +413,28 @@ def vfio_holders(proc: Path) -> list[str]:
     return held
 
 
+# vLLM exports its cache config as a Prometheus info gauge, num_gpu_blocks among the labels (vllm/v1/metrics:
+# vllm:cache_config_info; measured on the CPU vLLM 0.32: num_gpu_blocks="16384", and the override's value when given).
+CACHE_CONFIG_INFO = re.compile(r'^vllm:cache_config_info\{[^}]*\bnum_gpu_blocks="(\d+)"', re.MULTILINE)
+BLOCK_OVERRIDE = "--num-gpu-blocks-override"
+# An allocation that did not fit, in XLA's and tpu-inference's words.
+HBM_EXHAUSTED = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|\bOOM\b")
+
+
+def sets_block_count(argv: tuple[str, ...] | list[str]) -> bool:
+    """Whether the served argv already sets the KV block count (extraArgs): then it is the user's, not learned."""
+    return any(arg.replace("_", "-").split("=", 1)[0] == BLOCK_OVERRIDE for arg in argv)
+
+
+def served_block_count(server_url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(f"{server_url}/metrics", timeout=10) as response:  # noqa: S310 - our server
+            found = CACHE_CONFIG_INFO.search(response.read().decode(errors="replace"))
+    except OSError:
+        return None
+    return int(found.group(1)) if found else None
+
+
 def weights_cached(hf_home: Path, model: str) -> bool:
     """Whether the Hugging Face cache already holds a snapshot of `model` (huggingface_hub's cache layout)."""
     snapshots = hf_home / "hub" / f"models--{model.replace('/', '--')}" / "snapshots"
@@ -442,6 +464,9 @@ class Supervisor:
         self.xla_key = ""
         self.api_key = ""  # vLLM's API key when the config sets one: every readiness check presents it
         self.compile_before = self.compile_after = self.compile_restored = 0
+        self.restore_error = ""
+        self.kv_blocks: int | None = None  # the pinned KV block count this start runs with
+        self.kv_learned: int | None = None  # what this boot's allocator chose, when nothing was pinned
 
     def _read_boot_hash(self) -> str:
         try:
@@ -552,6 +577,11 @@ class Supervisor:
         restored = self.restore_compile_cache(config, xla_dir)
         self.compile_before = compile_cache.entries(xla_dir)
         self.compile_restored = restored
+        self.kv_learned = None
+        self.kv_blocks = None if sets_block_count(config.docker_run_args) else compile_cache.read_pin(
+            xla_dir, config.config_hash)
+        if self.kv_blocks:
+            log(f"KV blocks pinned at {self.kv_blocks} (the count this config's first boot allocated)")
         hf_home = self.settings.path(f"{CACHE_ROOT}/huggingface")
         hf_home.mkdir(parents=True, exist_ok=True)
         weights = "cached" if weights_cached(hf_home, config.model) else "downloaded"
@@ -559,7 +589,17 @@ class Supervisor:
         token = self.fetch_token(config)
         secrets = self.fetch_secret_env(config)
         self.stage("starting-server")
-        self.start_and_wait(config, lambda: self.start_container(config, token, secrets))
+        try:
+            self.start_and_wait(config, lambda: self.start_container(config, token, secrets))
+        except Failed as err:
+            if not (self.kv_blocks and HBM_EXHAUSTED.search(str(err))):
+                raise
+            # The pinned count no longer fits (the HBM left after the weights shrank): learn it again.
+            self.report("reason", f"the pinned {self.kv_blocks} KV blocks did not fit; starting once more without "
+                                  "the pin")
+            compile_cache.drop_pin(xla_dir, config.config_hash)
+            self.kv_blocks = None
+            self.start_and_wait(config, lambda: self.start_container(config, token, secrets))
         token, secrets = "", {}
         self.report("image", image)
         self.report("weights", weights if weights == "cached" else download_time(weights))
@@ -583,6 +623,7 @@ class Supervisor:
         return "cached" if before and before == after else f"pulled in {time.monotonic() - started:.0f} s"
 
     def restore_compile_cache(self, config: ServedConfig, xla_dir: Path) -> int:
+        self.restore_error = ""
         if not config.compile_cache_bucket:
             return 0
         self.stage("restoring-compile-cache")
@@ -593,6 +634,7 @@ class Supervisor:
             return restored
         except (compile_cache.CacheError, OSError, ValueError) as err:
             log(f"warning: could not restore the compile cache ({err}); compiling cold")
+            self.restore_error = str(err)[:200]
             return 0
 
     def access_token(self) -> str:
@@ -623,7 +665,9 @@ class Supervisor:
         return values
 
     def docker_run_args(self, config: ServedConfig) -> list[str]:
-        return [arg.replace(XLA_CACHE_KEY_PLACEHOLDER, self.xla_key) for arg in config.docker_run_args]
+        args = [arg.replace(XLA_CACHE_KEY_PLACEHOLDER, self.xla_key) for arg in config.docker_run_args]
+        # Appended to `vllm serve`'s arguments (they end the argv): the served config and its hash stay the user's.
+        return args + (["--num-gpu-blocks-override", str(self.kv_blocks)] if self.kv_blocks else [])
 
     def wait_released(self, config: ServedConfig) -> None:
         """After `docker rm -f`: wait (bounded) until the container is gone and no process holds a TPU device, so the
@@ -724,6 +768,7 @@ class Supervisor:
     def serving(self, config: ServedConfig) -> None:
         xla_dir = self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}")
         self.compile_after = compile_cache.entries(xla_dir)
+        self.learn_block_count(config, xla_dir)
         self.report_compile_cache()
         self.state.phase, self.state.serving_since = "serving", time.monotonic()
         self.stage("serving", config_hash=config.config_hash)
@@ -733,9 +778,26 @@ class Supervisor:
             except Exception as err:  # noqa: BLE001 - a hook never ends the serving
                 log(f"warning: post-serving hook {getattr(hook, '__name__', hook)} failed: {err}")
 
+    def learn_block_count(self, config: ServedConfig, xla_dir: Path) -> None:
+        """First boot of a config (nothing pinned): store the KV block count vLLM allocated (its /metrics
+        cache_config_info), so the next boots pin it and compile the same programs."""
+        if self.kv_blocks or sets_block_count(config.docker_run_args) or not self.xla_key:
+            return
+        blocks = served_block_count(config.server_url)
+        if blocks is None:
+            log("warning: /metrics did not say the KV block count; the next boot is not pinned either")
+            return
+        compile_cache.write_pin(xla_dir, config.config_hash, blocks, "vllm:cache_config_info num_gpu_blocks of the "
+                                "config's first boot")
+        self.kv_learned = blocks
+        log(f"KV block count {blocks} stored: the next boots of this config pin it")
+
     def report_compile_cache(self) -> None:
-        source = f" ({self.compile_restored} restored from the bucket)" if self.compile_restored else ""
-        self.report("compile-cache", f"{self.compile_before} entries before{source}, {self.compile_after} after")
+        text = compile_cache.verdict(self.compile_before, self.compile_after, self.kv_blocks, self.kv_learned,
+                                     self.restore_error)
+        if self.compile_restored:
+            text = text.replace(" entries before,", f" entries before ({self.compile_restored} from the bucket),")
+        self.report("compile-cache", text)
 
     def push_compile_cache(self, config: ServedConfig) -> None:
         """Post-serving: copy new compile-cache entries to the bucket (only now: a run that failed may have left

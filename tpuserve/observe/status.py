@@ -93,6 +93,7 @@ class VmView:
     expected_config_hash: str | None = None
     reason: str | None = None
     ops_agent: str | None = None
+    compile_cache: str | None = None  # the VM's verdict: "warm (N hits; ...)" or "cold (why; ...)"
 
 
 GONE = "GONE"
@@ -119,7 +120,7 @@ def vm_view(target: Instance, instance: Mapping[str, Any] | None, attributes: Ma
         price_per_chip_hour=price_per_chip_hour,
         boot_stage=attributes.get("stage"), config_hash=attributes.get("config-hash"),
         expected_config_hash=expected_config_hash, reason=attributes.get("reason"),
-        ops_agent=attributes.get("ops-agent"))
+        ops_agent=attributes.get("ops-agent"), compile_cache=attributes.get("compile-cache") or None)
 
 
 def read_vm(compute: ComputeClient, target: Instance, price_per_chip_hour: float,
@@ -307,6 +308,8 @@ def render(report: Report) -> Any:
                           + (f" · metrics agent {v.ops_agent}" if v.ops_agent else ""))
         if v.reason:
             table.add_row("reason", v.reason)
+        if v.compile_cache and v.status != GONE:
+            table.add_row("compile cache", v.compile_cache)
     if report.vm and (report.server or report.server_error):
         table.add_row("", "")
     if report.server:
