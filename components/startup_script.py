@@ -22,7 +22,7 @@ import jinja2
 
 from components import ops_agent
 from tpuserve.facts import (CACHE_DEVICE_NAME, CACHE_ROOT, GUEST_ATTRIBUTE_NAMESPACE, GUEST_STATE_KEY,
-                            GUEST_WRITE_INTERVAL_S, SERVED_CONFIG_KEY, SUPERVISOR_KEY)
+                            GUEST_WRITE_INTERVAL_S, IMAGE_PULL_FREE_GB, SERVED_CONFIG_KEY, SUPERVISOR_KEY)
 from tpuserve.images import image_data_uri, modality_part
 from tpuserve.serving import DEFAULT_PORT, ServingConfig, config_hash, mm_limits_of, tpu_container_run_args
 
@@ -126,6 +126,7 @@ def served_config(serving: ServingConfig, secret_name: str, *, machine_type: str
         # The disabled-modality check: one request of each modality at 0, each must answer 4xx (vm/readycheck.py).
         "refusal_parts": {modality: modality_part(modality) for modality, count in mm_limits_of(serving).items()
                           if count == 0},
+        "image_pull_free_gb": IMAGE_PULL_FREE_GB,
     }, sort_keys=True, separators=(",", ":"))
 
 

@@ -78,9 +78,10 @@ class FakeServer:
                         self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if self.command != "HEAD":  # a HEAD answer has the headers of a GET and no body (RFC 9110 9.3.2)
+                    self.wfile.write(body)
 
-            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _serve
 
             def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
                 pass

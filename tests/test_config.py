@@ -110,7 +110,7 @@ BAD = [
                                                  "only: set hfTokenSecretId"),
     ({"extraArgs": '["--api_key", "sk-1"]'}, "extraArgs: --api-key takes a secret"),
     ({"extraArgs": '["--served-model-name=gemma"]'}, "extraArgs: --served-model-name would rename the served model"),
-    ({"containerImage": ""}, "containerImage: must not be empty (default: vllm/vllm-tpu:nightly)"),
+    ({"containerImage": ""}, "containerImage: must not be empty (default: vllm/vllm-tpu@sha256:f776ea23d464b2c0b1de45f6aa4387dc298af5a09aa26c8a3ef24561f35369ae)"),
     ({"pricePerChipHour": "inf"}, "pricePerChipHour: expected a finite number, got 'inf'"),
     ({"project": "My Project"}, "project: 'My Project' is not a GCP project id"),
 ])
@@ -369,7 +369,7 @@ BAD_WITH_MESSAGE = [
     (VALID, {'labels': '{x'},
      "labels: expected a JSON dict, got '{x'"),
     (VALID, {'containerImage': ' '},
-     'containerImage: must not be empty (default: vllm/vllm-tpu:nightly)'),
+     'containerImage: must not be empty (default: vllm/vllm-tpu@sha256:f776ea23d464b2c0b1de45f6aa4387dc298af5a09aa26c8a3ef24561f35369ae)'),
     (VALID, {'maxModelLength': '1'},
      'maxModelLength: unknown setting; known settings are alertDownAfter, alertNotificationChannels, '
      'alertQueueDepth, alertTtftP99Seconds, allowKnownBrokenModel, bootDiskSizeGb, bootDiskType, bootImage, '

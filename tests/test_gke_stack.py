@@ -14,6 +14,7 @@ from components.config import build_stack_config
 from tests.pulumi_harness import CLUSTER_CA, CLUSTER_ENDPOINT, ROOT, RecordingMocks, StackRun, run_stack, \
     stack_file_config
 from tests.test_stack import assert_subset
+from tpuserve.facts import VLLM_TPU_IMAGE
 from tpuserve.serving import ConfigError, config_hash, vllm_serve_args
 
 CLUSTER = "gcp:container/cluster:Cluster"
@@ -93,7 +94,7 @@ def test_nodes_run_as_their_own_least_privilege_account(gke_run: StackRun) -> No
 def test_deployment_runs_the_shared_argv_builder_on_every_chip_of_a_flex_start_v6e_node(gke_run: StackRun) -> None:
     cfg = build_stack_config(gke_config())
     container = vllm_container(gke_run)
-    assert container["image"] == cfg.serving.image == "vllm/vllm-tpu:nightly"
+    assert container["image"] == cfg.serving.image == VLLM_TPU_IMAGE
     assert container["command"] == ["vllm", "serve"]
     assert container["args"] == vllm_serve_args(cfg.serving)
     assert container["resources"] == {"requests": {"google.com/tpu": "1"}, "limits": {"google.com/tpu": "1"}}

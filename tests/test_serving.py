@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tpuserve.facts import VLLM_TPU_IMAGE
 from tpuserve.serving import (
     FIRST_CLASS_OPTIONS, KV_CACHE_DTYPES, MODALITIES, TPU_KV_CACHE_DTYPES, ConfigError, ServingConfig, backend_env,
     check_extra_args, config_hash, option_name, parse_mm_limits, setting, tpu_container_run_args, tpu_support,
@@ -63,7 +64,7 @@ def test_container_gets_the_token_by_name_only_and_the_reference_runtime_flags()
         assert flag in run
     assert run[run.index("/dev/shm:/dev/shm") - 1] == "-v"
     assert "--shm-size" not in run  # the host's /dev/shm is bind-mounted: Docker would ignore a size
-    image_at = run.index("vllm/vllm-tpu:nightly")
+    image_at = run.index(VLLM_TPU_IMAGE)
     assert run[image_at + 1:image_at + 3] == ["vllm", "serve"]
     assert run[image_at + 3:] == vllm_serve_args(ServingConfig())
 
@@ -258,7 +259,7 @@ def test_the_docker_run_argv_in_full():
         "-v", "/var/lib/tpu-serve/cache/huggingface:/cache/huggingface", "-e", "HF_HOME=/cache/huggingface",
         "-v", "/var/lib/tpu-serve/cache/xla/{xla_cache_key}:/cache/xla", "-e", "VLLM_XLA_CACHE_PATH=/cache/xla",
         "-e", "JAX_COMPILATION_CACHE_DIR=/cache/xla", "-e", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0",
-        "-e", "HF_TOKEN", "--label", "tpu-serve.config-hash=abc123", "vllm/vllm-tpu:nightly",
+        "-e", "HF_TOKEN", "--label", "tpu-serve.config-hash=abc123", VLLM_TPU_IMAGE,
         "vllm", "serve", "google/gemma-4-E2B-it", "--host", "0.0.0.0", "--port", "8000", "--max-model-len", "1024",
         "--gpu-memory-utilization", "0.9", "--max-num-batched-tokens", "4096", "--tensor-parallel-size", "1",
         "--enable-auto-tool-choice", "--tool-call-parser", "gemma4", "--reasoning-parser", "gemma4",
@@ -268,8 +269,8 @@ def test_the_docker_run_argv_in_full():
 def test_the_config_hash_of_the_defaults_is_pinned():
     """sha256 of the compact JSON of [image, argv], 16 hex digits: a VM booted by an older toolkit reports the same
     hash for the same config, so the gate does not re-run for nothing."""
-    payload = json.dumps(["vllm/vllm-tpu:nightly", vllm_serve_args(ServingConfig())], separators=(",", ":"))
-    assert config_hash(ServingConfig()) == hashlib.sha256(payload.encode()).hexdigest()[:16] == "807f25a720f5e5b1"
+    payload = json.dumps([VLLM_TPU_IMAGE, vllm_serve_args(ServingConfig())], separators=(",", ":"))
+    assert config_hash(ServingConfig()) == hashlib.sha256(payload.encode()).hexdigest()[:16] == "98891ed1c6bc62d9"
 
 
 def test_a_setting_records_its_key_and_doc_and_copies_a_mutable_default():
@@ -282,7 +283,7 @@ def test_a_setting_records_its_key_and_doc_and_copies_a_mutable_default():
     with pytest.raises(ValueError, match="cannot specify both default and default_factory"):
         setting("k", "d", ["x"], default_factory=list)  # an explicit factory is not silently replaced
     assert [(f.metadata["key"], f.default) for f in dataclasses.fields(ServingConfig)[:3]] == [
-        ("model", "google/gemma-4-E2B-it"), ("containerImage", "vllm/vllm-tpu:nightly"), ("maxModelLen", 65536)]
+        ("model", "google/gemma-4-E2B-it"), ("containerImage", VLLM_TPU_IMAGE), ("maxModelLen", 65536)]
 
 
 # --- issue #24: what the TPU can serve, from tpuserve/data/tpu-inference-support.json ------------------------------

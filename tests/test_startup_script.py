@@ -14,14 +14,14 @@ import jinja2
 import pytest
 
 from components.startup_script import render_startup_script, template_environment
-from tests.vm_sandbox import CANARY, IMAGE_DIGEST, MACHINE_TYPE, MODEL, Vm, compiled_programs, token_contained
+from tests.vm_sandbox import (CANARY, IMAGE_DIGEST, MACHINE_TYPE, MODEL, XLA_KEY, Vm, compiled_programs,
+                              token_contained)
 from tests.vm_sandbox import vms  # noqa: F401 - the sandbox VM fixture
 from tpuserve.observe.gate import boot_timeline, read_boot
 from tpuserve.serving import ServingConfig, config_hash, tpu_container_run_args
 
 BOOT_STAGES = ["preparing-disk", "installing-docker", "starting-supervisor", "pulling-image",
                "restoring-compile-cache", "fetching-token", "starting-server", "loading-model", "serving"]
-XLA_KEY = "abababababababab-ct6e-standard-1t"  # the shim registry's digest (sha256:abab...), first 16 hex + machine
 CACHE = "var/lib/tpu-serve/cache"
 
 
@@ -94,10 +94,10 @@ def test_a_warm_disk_is_mounted_as_is_and_every_cache_is_used(vms):
     snapshot = vm.cache_root / "huggingface/hub/models--google--gemma-4-E2B-it/snapshots/0f1e"
     snapshot.mkdir(parents=True)
     (snapshot / "model.safetensors").write_text("weights")
-    (vm.state / "images.json").write_text(json.dumps({"vllm/vllm-tpu:nightly": IMAGE_DIGEST}))
+    (vm.state / "images.json").write_text(json.dumps({ServingConfig().image: IMAGE_DIGEST}))
     boot_to_serving(vm)
     assert vm.calls_of("mkfs.ext4") == []
-    assert len(vm.calls_of("docker", "pull")) == 1  # a tag may have moved: pulled again, found unchanged
+    assert vm.calls_of("docker", "pull") == []  # the default is a digest: the local copy is that image
     attributes = vm.attributes()
     assert attributes["cache"] == "disk: warm (80 GB free)"
     assert (attributes["image"], attributes["weights"]) == ("cached", "cached")

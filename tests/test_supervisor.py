@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from tests.httpfake import FakeServer, Request, Response
-from tests.vm_sandbox import (BUCKET, IMAGE_DIGEST, SECRET, SERVICE_ACCOUNT, FakeGoogle, GuestWrite, Knobs,
+from tests.vm_sandbox import (BUCKET, IMAGE_DIGEST, SECRET, SERVICE_ACCOUNT, XLA_KEY, FakeGoogle, GuestWrite, Knobs,
                               NO_ANSWER, Vm, collapse, make_vm, token_contained)
 from tests.vm_sandbox import vms  # noqa: F401 - the sandbox VM fixture
 from components import startup_script
@@ -30,7 +30,6 @@ from vm import compile_cache, guest_state, readycheck, supervisor
 from vm.supervisor import (ADOPT, APPLY, GIVE_UP, INVALID, RESTART, UPDATE_SELF, WAIT, Container, Metadata,
                            Settings, State, decide, watch)
 
-XLA_KEY = "abababababababab-ct6e-standard-1t"
 RECONFIG_STAGES = ["pulling-image", "restoring-compile-cache", "fetching-token", "starting-server", "loading-model",
                    "serving"]
 
@@ -214,7 +213,7 @@ def test_a_config_that_failed_is_not_retried_until_it_changes(vm):
     first = vm.serve(ServingConfig())
     vm.start_supervisor()
     vm.wait_for_stage("failed", first)
-    assert vm.reasons()[-1] == "could not pull vllm/vllm-tpu:nightly after 5 attempts"
+    assert vm.reasons()[-1] == f"could not pull {ServingConfig().image} after 5 attempts"
     time.sleep(0.5)
     assert len(vm.calls_of("docker", "pull")) == 5
     (vm.state / "pull_failures").write_text("0")
@@ -375,7 +374,8 @@ def test_a_supervisor_restarted_while_the_model_loads_waits_for_it_before_servin
     vm.wait_for(lambda: "keeping it" in vm.log() and "loading-model" in [state["stage"] for state in
                                                                         vm.guest()[writes:]], "adoption while loading")
     vm.knobs.health_ok = True
-    vm.wait_for(lambda: collapse(state["stage"] for state in vm.guest()[writes:]) == ["loading-model", "serving"],
+    # (the first supervisor's last writes may come first: it was still sending its state when it was replaced)
+    vm.wait_for(lambda: collapse(state["stage"] for state in vm.guest()[writes:])[-2:] == ["loading-model", "serving"],
                 "serving after loading")
     assert read_boot(vm.attributes(), digest).ready and len(vm.calls_of("docker", "run")) == 1
 
@@ -784,3 +784,49 @@ def render_text(report: Report) -> str:
     console = Console(file=io.StringIO(), width=200)
     console.print(render(report))
     return console.file.getvalue()
+
+
+# --- the image: free space before a pull, pruning after serving ----------------------------------------------------
+
+OLD_IMAGE = "vllm/vllm-tpu@sha256:" + "0d" * 32
+
+
+def test_a_pull_that_cannot_fit_fails_with_the_numbers_before_pulling(vms):
+    vm = vms(disk={"fs": "ext4", "avail_gb": 30})
+    digest = vm.serve(ServingConfig())
+    assert vm.boot() == 0
+    vm.wait_for_stage("failed", digest)
+    assert vm.attributes()["reason"] == (
+        f"not enough space to pull {ServingConfig().image}: 30 GB free under /var/lib/tpu-serve/cache (Docker's data "
+        "root), 40 GB needed; grow cacheDiskSizeGb (the filesystem grows online) or start the disk afresh with "
+        "`tpuserve cache rm`")
+    assert vm.calls_of("docker", "pull") == []  # no ENOSPC halfway through 20 GB
+    assert vm.calls_of("docker", "image")[-1]["argv"] == ["image", "prune", "--all", "--force"]  # tried first
+
+
+def test_unused_images_are_pruned_to_make_room_for_a_pull(vms):
+    vm = vms(disk={"fs": "ext4", "avail_gb": 30})
+    (vm.state / "images.json").write_text(json.dumps({OLD_IMAGE: OLD_IMAGE.partition("@")[2]}))
+    digest = vm.serve(ServingConfig())
+    assert vm.boot() == 0
+    vm.wait_for_stage("serving", digest)
+    calls = [c["argv"][:2] for c in vm.calls() if c["cmd"] == "docker"]
+    assert calls.index(["image", "prune"]) < calls.index(["pull", "--quiet"])
+    assert json.loads((vm.state / "pruned_images.json").read_text()) == [OLD_IMAGE]
+
+
+def test_after_serving_the_images_and_compile_caches_no_config_uses_are_pruned(vm):
+    """A served-config change to another image: once it serves, the old image (no container uses it now) and the old
+    image's compile cache directory go; the bucket keeps its copy, restored should that image come back."""
+    first = serving_vm(vm, ServingConfig(image=OLD_IMAGE))
+    old_key = supervisor.cache_key(OLD_IMAGE.partition("@")[2], "ct6e-standard-1t")
+    assert (vm.cache_root / "xla" / old_key).is_dir()
+    vm.wait_for(lambda: any(name.startswith(f"xla/{old_key}/") for name in vm.google.objects), "the first push")
+    second = vm.serve(ServingConfig())
+    vm.wait_for_stage("serving", second)
+    vm.wait_for(lambda: vm.attributes().get("pruned", "").startswith("unused images (25GB)"), "the prune")
+    assert vm.attributes()["pruned"] == "unused images (25GB), 1 compile-cache directory"
+    assert json.loads((vm.state / "pruned_images.json").read_text()) == [OLD_IMAGE]
+    assert sorted(p.name for p in (vm.cache_root / "xla").iterdir()) == [XLA_KEY]
+    assert any(name.startswith(f"xla/{old_key}/") for name in vm.google.objects)  # the bucket is never pruned
+    assert read_boot(vm.attributes(), second).ready and first != second

@@ -59,7 +59,7 @@ from tests.fake_openai import completion
 from tests.httpfake import FakeServer, Request, Response
 from tests.leaks import leaked
 from tpuserve.facts import (GUEST_ATTRIBUTE_BURST_PER_SECOND, GUEST_ATTRIBUTE_QUERIES_PER_MINUTE, GUEST_REASSERT_S,
-                            GUEST_WRITE_INTERVAL_S)
+                            GUEST_WRITE_INTERVAL_S, VLLM_TPU_IMAGE)
 from tpuserve.guest_state import expand
 from tpuserve.serving import ServingConfig
 
@@ -69,7 +69,9 @@ ACCESS_TOKEN = "ya29.ACCESS-canary-5be1"
 SERVICE_ACCOUNT = "tpu-serve-dev@p-1.iam.gserviceaccount.com"
 BUCKET = "p-1-tpu-serve-dev-cache"
 MACHINE_TYPE = "ct6e-standard-1t"
-IMAGE_DIGEST = "sha256:" + "ab" * 32
+# The image digest the sandbox's registry gives a tag, and the default image's (tpuserve/facts.py) pinned one.
+IMAGE_DIGEST = VLLM_TPU_IMAGE.partition("@")[2]
+XLA_KEY = f"{IMAGE_DIGEST.partition(':')[2][:16]}-{MACHINE_TYPE}"  # vm/supervisor.py cache_key
 NO_ANSWER = 0  # a status that makes the fake drop the connection: curl reports no HTTP status at all
 MODEL = ServingConfig().model
 METADATA = "/computeMetadata/v1/"
@@ -105,6 +107,7 @@ OPS_AGENT_CONFIG_PATH = "/etc/google-cloud-ops-agent/config.yaml"
 
 # The sandbox's XLA: the model programs take the KV cache arrays as arguments, so each block count has its own; the
 # sampler does not depend on it (tpu-inference runner/compilation_manager.py precompiles both kinds).
+BOOT_DISK_AVAIL_GB = 150  # a 200 GB boot disk with the OS on it
 NATURAL_BLOCKS = 8713  # the allocator's count on v6e-1 for Gemma 4 E2B (tpuserve/data/model-presets.json)
 MODEL_PROGRAMS = 3
 
@@ -586,8 +589,10 @@ class Machine:
             return (0 if mounted else 1), "", ""
         elif name == "umount":
             (self.state / "mounted").unlink(missing_ok=True)
-        elif name == "df":
-            return 0, f"Avail\n {disk.get('avail_gb', 80)}G\n", ""
+        elif name == "df":  # the cache disk's free space where it is mounted, else the boot disk's
+            mounted = self.flag("mounted") and args[-1].startswith((self.state / "mounted").read_text())
+            free = disk.get("avail_gb", 80) if mounted else self.load("boot_avail_gb", BOOT_DISK_AVAIL_GB)
+            return 0, f"Avail\n {free}G\n", ""
         return 0, "", ""
 
     def hold_vfio(self, seconds: float) -> None:
@@ -620,8 +625,22 @@ class Machine:
             if self.counter("pull_failures"):
                 return 1, "", ("Error response from daemon: Get https://registry-1.docker.io/v2/: net/http: TLS "
                                "handshake timeout\n")
-            images[args[-1]] = self.load("registry.json", {}).get(args[-1], IMAGE_DIGEST)
+            reference = args[-1]
+            images[reference] = reference.partition("@")[2] or self.load("registry.json", {}).get(reference,
+                                                                                                   IMAGE_DIGEST)
             self.save("images.json", images)
+        elif args[:2] == ["image", "prune"]:  # --all: every image no container (running or stopped) uses
+            used = json.loads(container.read_text())["argv"] if container.exists() else []
+            unused = [ref for ref in images if ref not in used]
+            for ref in unused:
+                del images[ref]
+            self.save("images.json", images)
+            disk = self.load("disk.json", {})
+            if disk and unused:  # each vllm-tpu image is ~25 GB on Docker's data root
+                self.save("disk.json", {**disk, "avail_gb": disk.get("avail_gb", 80) + 25 * len(unused)})
+            self.save("pruned_images.json", self.load("pruned_images.json", []) + unused)
+            return 0, "".join(f"untagged: {ref}\n" for ref in unused) + (
+                f"Total reclaimed space: {25 * len(unused)}GB\n"), ""
         elif args[:2] == ["image", "inspect"]:
             if args[-1] not in images:
                 return 1, "", f"Error: No such image: {args[-1]}\n"

@@ -47,6 +47,19 @@ CONTAINER_XLA_CACHE = "/cache/xla"
 # type; the served config carries this placeholder where the key goes.
 XLA_CACHE_KEY_PLACEHOLDER = "{xla_cache_key}"
 DEFAULT_CACHE_DISK_GB = 100
+# The vLLM TPU image a stack runs unless containerImage says otherwise: a digest, so every boot runs the same vLLM
+# although vllm/vllm-tpu:nightly moves daily and each new digest is another 20-26 GB on the cache disk
+# (vllm-project/tpu-inference#1245). REVIEWED: the nightly built from tpu-inference b8692ff (2026-08-22), the commit
+# tpuserve/data/tpu-inference-support.json was read at. Update it only by a deliberate commit, after load-testing the
+# newer build: `python -m tpuserve.registry vllm/vllm-tpu:nightly` prints the tag pinned to its current digest.
+# NOTE: this digest was written offline (the workspace that wrote it could not reach Docker Hub): replace it with the
+# registry's answer before the first deploy; until then a pull of it fails loudly ("could not pull ..."), never runs
+# anything else.
+VLLM_TPU_IMAGE = "vllm/vllm-tpu@sha256:f776ea23d464b2c0b1de45f6aa4387dc298af5a09aa26c8a3ef24561f35369ae"
+# Free space a pull of the vLLM TPU image needs on Docker's data root: the image extracted (20-26 GB, tpu-inference
+# #1245) plus its compressed layers while they download, with room to spare. The VM checks it before pulling and fails
+# with the numbers instead of ENOSPC halfway.
+IMAGE_PULL_FREE_GB = 40
 # Reference price of Hyperdisk Balanced capacity, USD per GiB-month (us-central1; 3,000 IOPS and 140 MiB/s are
 # included at no charge: https://cloud.google.com/compute/docs/disks/hd-types/hyperdisk-balanced). Check
 # https://cloud.google.com/compute/disks-image-pricing for your region.

@@ -16,7 +16,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from tpuserve.facts import (CACHE_ROOT, CONTAINER_HF_HOME, CONTAINER_XLA_CACHE,
+from tpuserve.facts import (CACHE_ROOT, CONTAINER_HF_HOME, CONTAINER_XLA_CACHE, VLLM_TPU_IMAGE,
                             XLA_CACHE_KEY_PLACEHOLDER)
 
 DEFAULT_MODEL = "google/gemma-4-E2B-it"
@@ -92,8 +92,9 @@ class ServingConfig:
     """Serving options of one deployment; field metadata names the stack config key of each."""
 
     model: str = setting("model", "Hugging Face model id served by vLLM.", DEFAULT_MODEL)
-    image: str = setting("containerImage", "vLLM TPU container image; pin a digest (image@sha256:...) for "
-                         "reproducible boots.", "vllm/vllm-tpu:nightly")
+    image: str = setting("containerImage", "vLLM TPU container image; default: the reviewed digest in "
+                         "tpuserve/facts.py. A tag (image:tag) is pinned to the digest it names by `tpuserve up`.",
+                         VLLM_TPU_IMAGE)
     max_model_len: int = setting("maxModelLen", "vLLM --max-model-len: longest prompt + completion in tokens.", 65536)
     gpu_memory_utilization: float = setting(
         "gpuMemoryUtilization", "vLLM --gpu-memory-utilization: share of HBM vLLM may use, in (0, 1].", 0.9)

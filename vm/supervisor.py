@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -231,6 +232,7 @@ class ServedConfig:
     # modality -> one chat content part carrying it, for each modality the config does not serve: sent once the
     # server is up, each must answer 4xx (readycheck.refusals)
     refusal_parts: dict[str, Any] = field(default_factory=dict)
+    image_pull_free_gb: int = 40  # free space a pull needs on Docker's data root (facts.IMAGE_PULL_FREE_GB)
 
     @classmethod
     def parse(cls, text: str | None) -> ServedConfig:
@@ -247,7 +249,8 @@ class ServedConfig:
                        ready_timeout_s=float(raw.get("ready_timeout_s") or cls.ready_timeout_s),
                        secret_env=tuple(sorted((str(k), str(v)) for k, v in (raw.get("secret_env") or {}).items())),
                        api_key_env=str(raw.get("api_key_env") or ""),
-                       refusal_parts={str(k): v for k, v in dict(raw.get("refusal_parts") or {}).items()})
+                       refusal_parts={str(k): v for k, v in dict(raw.get("refusal_parts") or {}).items()},
+                       image_pull_free_gb=int(raw.get("image_pull_free_gb") or cls.image_pull_free_gb))
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"the {SERVED_CONFIG_KEY} metadata key is unreadable ({type(err).__name__}: {err})") \
                 from None
@@ -382,6 +385,28 @@ def image_digest(image: str) -> str:
     return digests[0].partition("@")[2] if digests else ""
 
 
+def free_gb(path: Path) -> int | None:
+    """Free GB on the filesystem holding `path` (df, as the startup script measures it), None when df fails."""
+    try:
+        done = subprocess.run(["df", "--output=avail", "-BG", str(path)], capture_output=True, text=True,
+                              timeout=30 * TIMEOUT_SCALE, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    digits = "".join(ch for ch in (done.stdout.strip().splitlines() or [""])[-1] if ch.isdigit())
+    return int(digits) if done.returncode == 0 and digits else None
+
+
+def prune_images() -> str:
+    """`docker image prune --all --force`: every image no container (running or stopped) uses; what it reclaimed."""
+    done = docker("image", "prune", "--all", "--force", timeout_s=1800)
+    found = re.search(r"Total reclaimed space: (\S+)", done.stdout)
+    reclaimed = found.group(1) if done.returncode == 0 and found else ""
+    return "" if re.fullmatch(r"0(\.0+)?[kMGT]?B", reclaimed) else reclaimed
+
+
+CACHE_KEY = re.compile(r"^(?:[0-9a-f]{16}|unknown-image)-[a-z0-9-]+$")  # what cache_key names
+
+
 def cache_key(digest: str, machine_type: str) -> str:
     """XLA cache directory name: the image digest (its JAX and libtpu) and the machine type (its TPU topology)."""
     hexdigest = digest.partition(":")[2][:16] or "unknown-image"
@@ -458,7 +483,7 @@ class Supervisor:
         self.seen = 0
         # Run once each time the current config reaches `serving` (after a restart too); each must be idempotent
         # and never fail the serving.
-        self.post_serving_hooks = [self.push_compile_cache, self.install_ops_agent]
+        self.post_serving_hooks = [self.push_compile_cache, self.prune_caches, self.install_ops_agent]
         self.ops_agent: threading.Thread | None = None
         self.current: ServedConfig | None = None
         self.xla_key = ""
@@ -610,6 +635,8 @@ class Supervisor:
         before = image_digest(config.image)
         if config.pinned_digest and before:
             return "cached"
+        if not before:
+            self.check_space_for_pull(config)
         started, delay = time.monotonic(), self.settings.retry_delay_s
         for attempt in range(1, PULL_ATTEMPTS + 1):
             if docker("pull", "--quiet", config.image, timeout_s=3600).returncode == 0:
@@ -621,6 +648,37 @@ class Supervisor:
             delay *= 2
         after = image_digest(config.image)
         return "cached" if before and before == after else f"pulled in {time.monotonic() - started:.0f} s"
+
+    def check_space_for_pull(self, config: ServedConfig) -> None:
+        """Fail with the numbers before a pull that cannot fit (a 20-26 GB image), not with ENOSPC halfway through
+        it: first drop the images no container uses, then measure again."""
+        free = free_gb(self.settings.path(CACHE_ROOT))
+        if free is None or free >= config.image_pull_free_gb:
+            return
+        pruned = prune_images()
+        log(f"{free} GB free for a pull that needs {config.image_pull_free_gb} GB; pruned unused images "
+            f"({pruned or 'there were none'})")
+        free = free_gb(self.settings.path(CACHE_ROOT)) or free
+        if free < config.image_pull_free_gb:
+            raise Failed(f"not enough space to pull {config.image}: {free} GB free under {CACHE_ROOT} (Docker's data "
+                         f"root), {config.image_pull_free_gb} GB needed; grow cacheDiskSizeGb (the filesystem grows "
+                         "online) or start the disk afresh with `tpuserve cache rm`")
+
+    def prune_caches(self, config: ServedConfig) -> None:
+        """Post-serving: drop what no config on this VM uses any more: images of no container (`docker image prune
+        -a`: the serving container keeps its own) and the compile caches of other images or machine types
+        (xla/<key>; the bucket keeps its copy, restored if that image comes back)."""
+        reclaimed = prune_images()
+        xla_root = self.settings.path(f"{CACHE_ROOT}/xla")
+        stale = [d for d in xla_root.iterdir() if d.is_dir() and d.name != self.xla_key
+                 and CACHE_KEY.match(d.name)] if xla_root.is_dir() and self.xla_key else []
+        for directory in stale:
+            shutil.rmtree(directory, ignore_errors=True)
+        if reclaimed or stale:
+            said = (f"unused images ({reclaimed or 'none'}), {len(stale)} compile-cache "
+                    f"director{'y' if len(stale) == 1 else 'ies'}")
+            log(f"pruned {said} of other images")
+            self.report("pruned", said)
 
     def restore_compile_cache(self, config: ServedConfig, xla_dir: Path) -> int:
         self.restore_error = ""

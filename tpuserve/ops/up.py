@@ -232,6 +232,8 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
                                f"(pulumi config rm region --stack {stack}: NAT then follows the zone) or limit --zones")
 
     compute, nat_config = None, {}
+    settings = pin_image(config, roots.registry, say, lambda reason: finish(
+        EXIT_FAILED, {"zone": None, "attempts": [], "reason": reason, "orphans": []}))
     if not local:
         try:
             session = exits.enter_context(adc_session())
@@ -264,7 +266,7 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
         return click.confirm(f"Delete these {len(found)} orphaned resource(s)?", default=True, err=True)
 
     deployer = Deployer(pulumi, stack, str(config.get("project", "")), pulumi_args, compute, confirm, say,
-                        nat=nat_config)
+                        nat=nat_config, settings=settings)
     original_zone = config.get("zone")
     say(f"trying {', '.join(candidates)} for stack {stack} (deadline {deadline_text})")
     numbers = itertools.count(1)
@@ -319,6 +321,30 @@ def nat_settings(session: Any, roots: Endpoints, target: Any, report: Report | N
         for line in plan.lines():
             say(line)
     return plan.settings() if plan is not None else {}
+
+
+def pin_image(config: Mapping[str, Any], registry_url: str, say: Callable[[str], None],
+              stop: Callable[[str], None]) -> dict[str, str]:
+    """A TPU stack whose containerImage names a tag deploys the digest that tag names now (tpuserve/registry.py),
+    saved in the stack config by the first `pulumi up`, so every boot of this deploy runs the same image while the
+    tag moves on. Nothing to pin (the default is a reviewed digest): no setting. A registry that cannot say: stop
+    before anything is created."""
+    from tpuserve.registry import RegistryError, pin_for_deploy
+
+    if config.get("target", "gcp") not in ("gcp", GKE):
+        return {}
+    configured = str(config.get("containerImage") or "")
+    try:
+        pinned = pin_for_deploy(configured, registry_url)
+    except RegistryError as err:
+        say(f"error: containerImage: {err}")
+        stop(f"containerImage: {err}")
+        return {}
+    if not pinned:
+        return {}
+    say(f"containerImage {configured} is a tag: deploying the digest it names now, {pinned.partition('@')[2]} "
+        "(saved in the stack config; run `tpuserve up` again to move to a newer one)")
+    return {"containerImage": pinned}
 
 
 def warm_cache_first(session: Any, compute_url: str, project: str, stack: str, candidates: list[str],
