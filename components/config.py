@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, HYPERDISK_BALANCED_USD_PER_GB_MONTH, LITELLM_VERSION,
-                            PRICE_PER_CHIP_HOUR, READY_TIMEOUT_S, V6E_ZONES)
+from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, DEFAULT_CACHE_DISK_IOPS, DEFAULT_CACHE_DISK_MIBPS,
+                            HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_BALANCED_MAX_IOPS,
+                            HYPERDISK_BALANCED_MAX_MIBPS, LITELLM_VERSION, PRICE_PER_CHIP_HOUR, READY_TIMEOUT_S,
+                            V6E_ZONES, hyperdisk_balanced_monthly_usd)
 from tpuserve.serving import (DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting,
                               untested_modalities)
 
@@ -103,6 +105,14 @@ class StackConfig:
         "cacheDiskSizeGb", "Size of the Hyperdisk Balanced cache disk in the VM's zone (Docker's image layers, the "
         "Hugging Face cache, the XLA compile cache), kept when the VM goes; 0 = none (every boot cold).",
         DEFAULT_CACHE_DISK_GB)
+    cache_disk_throughput_mibps: int = setting(
+        "cacheDiskThroughputMibps", f"Provisioned throughput of the cache disk, MiB/s ({HYPERDISK_BALANCED_FREE_MIBPS} "
+        f"to {HYPERDISK_BALANCED_MAX_MIBPS}; above {HYPERDISK_BALANCED_FREE_MIBPS} it bills by the month): how fast a "
+        "warm boot reads the weights (`tpuserve plan` shows the boot time and the cost).", DEFAULT_CACHE_DISK_MIBPS)
+    cache_disk_iops: int = setting(
+        "cacheDiskIops", f"Provisioned IOPS of the cache disk ({HYPERDISK_BALANCED_FREE_IOPS} to "
+        f"{HYPERDISK_BALANCED_MAX_IOPS}; above {HYPERDISK_BALANCED_FREE_IOPS} it bills by the month).",
+        DEFAULT_CACHE_DISK_IOPS)
     compile_cache_bucket: bool = setting(
         "compileCacheBucket", "Also keep the XLA compile cache in a Cloud Storage bucket of the stack, so a new or "
         "lost cache disk still compiles warm.", True)
@@ -256,8 +266,11 @@ class StackConfig:
 
     @property
     def cache_disk_monthly_usd(self) -> float:
-        """What the cache disk costs per month while it exists, VM or not (reference Hyperdisk Balanced price)."""
-        return round(self.cache_disk_gb * HYPERDISK_BALANCED_USD_PER_GB_MONTH, 2)
+        """What the cache disk costs per month while it exists, VM or not (reference Hyperdisk Balanced prices)."""
+        if not self.cache_disk_gb:
+            return 0.0
+        return round(hyperdisk_balanced_monthly_usd(self.cache_disk_gb, self.cache_disk_iops,
+                                                    self.cache_disk_throughput_mibps), 2)
 
     @property
     def worst_case_cost_usd(self) -> float:
@@ -318,6 +331,13 @@ class StackConfig:
         if self.cache_disk_gb != 0 and self.cache_disk_gb < MIN_CACHE_DISK_GB:
             raise ConfigError("cacheDiskSizeGb", f"must be 0 (no cache disk) or at least {MIN_CACHE_DISK_GB}, got "
                               f"{self.cache_disk_gb}")
+        if not HYPERDISK_BALANCED_FREE_MIBPS <= self.cache_disk_throughput_mibps <= HYPERDISK_BALANCED_MAX_MIBPS:
+            raise ConfigError("cacheDiskThroughputMibps", f"must be from {HYPERDISK_BALANCED_FREE_MIBPS} (included "
+                              f"free) to {HYPERDISK_BALANCED_MAX_MIBPS} MiB/s (Hyperdisk Balanced's range), got "
+                              f"{self.cache_disk_throughput_mibps}")
+        if not HYPERDISK_BALANCED_FREE_IOPS <= self.cache_disk_iops <= HYPERDISK_BALANCED_MAX_IOPS:
+            raise ConfigError("cacheDiskIops", f"must be from {HYPERDISK_BALANCED_FREE_IOPS} (included free) to "
+                              f"{HYPERDISK_BALANCED_MAX_IOPS} (Hyperdisk Balanced's range), got {self.cache_disk_iops}")
         if self.boot_disk_type not in V6E_BOOT_DISK_TYPES:
             raise ConfigError("bootDiskType", f"{self.boot_disk_type!r}: a TPU v6e boot disk must be "
                               f"{' or '.join(V6E_BOOT_DISK_TYPES)} (v6e takes only Hyperdisk Balanced and Hyperdisk "

@@ -65,6 +65,7 @@ class TpuServeDeployment(pulumi.ComponentResource):
         cache = ServingCache(f"{base}-cache", ServingCacheArgs(
             project=cfg.project, zone=cfg.zone, region=cfg.effective_region, disk_name=disk_name(base),
             bucket_name=bucket_name(cfg.project, base), disk_gb=cfg.cache_disk_gb, bucket=cfg.compile_cache_bucket,
+            disk_iops=cfg.cache_disk_iops, disk_throughput_mibps=cfg.cache_disk_throughput_mibps,
             keep=cfg.keep_caches, reader_email=identity.email, labels={**labels, CACHE_LABEL: labels["stack"]}),
             opts=child)
         # Three metadata keys: the boot logic (no serving setting in it), what is served, and the supervisor's code.

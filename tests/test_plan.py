@@ -294,3 +294,32 @@ def test_defaults_follow_the_stacks_serving_config_and_the_chip_fact():
     budget = json.loads(completed.stdout)
     assert (budget["max_model_len"], budget["utilization"], budget["max_num_batched_tokens"], budget["hbm_gib"],
             budget["kv_dtype"]) == (8192, 0.8, 2048, 16.0, "fp8")
+
+
+# --- the cache disk: the throughput's boot-time effect and monthly cost ---------------------------------------------
+
+def test_the_cache_disks_throughput_is_shown_with_the_warm_boot_estimate_and_its_cost():
+    result = CliRunner().invoke(plan, ["--json"])
+    assert result.exit_code == 0, result.output
+    disk = json.loads(result.output)["cache_disk"]
+    # 9.4995 GiB of weights × 1024 / 400 MiB/s = 24.3 s; at the free 140 MiB/s 69.5 s (the reference boot's model load
+    # spent 75 s outside XLA).
+    assert (disk["weights_read_s"], disk["weights_read_s_at_free_throughput"]) == (24.3, 69.5)
+    assert disk["warm_boot_estimate_s"] == 164 <= disk["warm_boot_target_s"] == 180
+    # 100 GB × $0.08 + (400 − 140) MiB/s × $0.08 + no IOPS above the free 3,000.
+    assert disk["usd_per_month"] == {"capacity": 8.0, "throughput": 20.8, "iops": 0.0, "total": 28.8}
+    assert disk["prices_as_of"] == "2026-04-15"
+    free = json.loads(CliRunner().invoke(plan, ["--json", "--cache-disk-throughput", "140"]).output)["cache_disk"]
+    assert free["warm_boot_estimate_s"] == 209 > 180 and free["usd_per_month"]["total"] == 8.0
+    assert json.loads(CliRunner().invoke(plan, ["--json", "--cache-disk-gb", "0"]).output)["cache_disk"] is None
+
+
+def test_the_table_says_it_in_words():
+    result = CliRunner().invoke(plan, ["--cache-disk-throughput", "140", "--cache-disk-iops", "6000"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "140 MiB/s: the weights (9.50 GiB) in 69 s (at the free 140 MiB/s: 69 s)" in text
+    assert "209 s, over the 180 s target" in text
+    assert "$68.00 / month while it exists: 100 GB $8.00 + throughput $0.00 + IOPS $60.00" in text  # 3,000 × $0.02
+    bad = CliRunner().invoke(plan, ["--cache-disk-throughput", "100"])
+    assert bad.exit_code == 2 and "--cache-disk-throughput" in bad.output

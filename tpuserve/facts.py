@@ -64,6 +64,40 @@ IMAGE_PULL_FREE_GB = 40
 # included at no charge: https://cloud.google.com/compute/docs/disks/hd-types/hyperdisk-balanced). Check
 # https://cloud.google.com/compute/disks-image-pricing for your region.
 HYPERDISK_BALANCED_USD_PER_GB_MONTH = 0.08
+# Hyperdisk Balanced "include[s], at no extra charge, up to 3,000 IOPS and 140 MiB/s of throughput. You're billed for
+# provisioned throughput that exceeds 140 MiB/s and provisioned IOPS that exceeds 3,000 IOPS"; one volume takes up to
+# 160,000 IOPS and 2,400 MiB/s (https://cloud.google.com/compute/docs/disks/hd-types/hyperdisk-balanced). Google also
+# bounds throughput by the provisioned IOPS and IOPS by the size: disks.insert refuses a pair outside them, in its words.
+HYPERDISK_BALANCED_FREE_IOPS = 3000
+HYPERDISK_BALANCED_FREE_MIBPS = 140
+HYPERDISK_BALANCED_MAX_IOPS = 160_000
+HYPERDISK_BALANCED_MAX_MIBPS = 2400
+# What the provisioned IOPS and MiB/s above the free ones cost, USD per month of 730 h, from Google's hourly list prices
+# in Iowa (us-central1): "Hyperdisk Balanced IOPS" $0.000027397 per IOPS-hour and "Hyperdisk Balanced Throughput"
+# $0.000109589 per MiB/s-hour, as Google's Cloud SQL pricing page listed them on 2026-04-15
+# (https://cloud.google.com/sql/docs/sqlserver/pricing, Storage). The Compute Engine page
+# (https://cloud.google.com/compute/disks-image-pricing) could not be read from the workspace that wrote this: check
+# your region's figures there. (Cloud SQL's capacity price, $0.115/GiB-month, is above Compute Engine's $0.08: these
+# are likely upper bounds.)
+HYPERDISK_PRICES_AS_OF = "2026-04-15"
+HYPERDISK_BALANCED_USD_PER_IOPS_MONTH = round(0.000027397 * 730, 4)
+HYPERDISK_BALANCED_USD_PER_MIBPS_MONTH = round(0.000109589 * 730, 4)
+# The cache disk's default throughput: what a warm boot reads is mostly the weights (Gemma 4 E2B: 9.5 GiB; 70 s at the
+# free 140 MiB/s, about what the reference boot's model load spent outside XLA: 404 - 329 = 75 s). At 400 MiB/s they
+# take 24 s, which keeps the warm boot under 3 minutes (tpuserve plan shows the estimate); IOPS stay at the free 3,000
+# (weights and layers are read in large sequential requests).
+DEFAULT_CACHE_DISK_MIBPS = 400
+DEFAULT_CACHE_DISK_IOPS = HYPERDISK_BALANCED_FREE_IOPS
+
+
+def hyperdisk_balanced_monthly_usd(size_gb: int, iops: int = HYPERDISK_BALANCED_FREE_IOPS,
+                                   throughput_mibps: int = HYPERDISK_BALANCED_FREE_MIBPS,
+                                   usd_per_gb_month: float = HYPERDISK_BALANCED_USD_PER_GB_MONTH) -> float:
+    """What a Hyperdisk Balanced volume bills per month while it exists, VM or not: capacity, and what is
+    provisioned above the free IOPS and throughput."""
+    return (size_gb * usd_per_gb_month
+            + max(iops - HYPERDISK_BALANCED_FREE_IOPS, 0) * HYPERDISK_BALANCED_USD_PER_IOPS_MONTH
+            + max(throughput_mibps - HYPERDISK_BALANCED_FREE_MIBPS, 0) * HYPERDISK_BALANCED_USD_PER_MIBPS_MONTH)
 # Label on the cache disk and bucket (value: the stack), so `tpuserve cache ls` finds them in every zone.
 CACHE_LABEL = "tpu-serve-cache"
 

@@ -33,7 +33,8 @@ def disk_id(project: str, zone: str, name: str) -> str:
 
 def _spec(props: dict[str, Any]) -> cache.DiskSpec:
     return cache.DiskSpec(str(props["project"]), str(props["zone"]), str(props["name"]), int(props["sizeGb"]),
-                          dict(props.get("labels") or {}))
+                          dict(props.get("labels") or {}), int(props.get("provisionedIops") or 0),
+                          int(props.get("provisionedThroughput") or 0))
 
 
 class CacheDiskProvider(ResourceProvider):
@@ -54,7 +55,8 @@ class CacheDiskProvider(ResourceProvider):
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         replaces = [key for key in ("project", "zone", "name") if olds.get(key) != news.get(key)]
-        changes = replaces + (["sizeGb"] if int(olds.get("sizeGb", 0)) != int(news["sizeGb"]) else [])
+        changes = replaces + [key for key in ("sizeGb", "provisionedIops", "provisionedThroughput")
+                              if int(olds.get(key) or 0) != int(news.get(key) or 0)]
         return DiffResult(changes=bool(changes), replaces=replaces, delete_before_replace=False)
 
     def create(self, props: dict[str, Any]) -> CreateResult:

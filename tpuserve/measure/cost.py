@@ -11,7 +11,10 @@ from typing import Any
 import click
 
 from tpuserve.cli import echo_json, json_option
-from tpuserve.facts import DEFAULT_CACHE_DISK_GB, HYPERDISK_BALANCED_USD_PER_GB_MONTH, PRICE_PER_CHIP_HOUR
+from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, DEFAULT_CACHE_DISK_IOPS, DEFAULT_CACHE_DISK_MIBPS,
+                            HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_BALANCED_MAX_IOPS,
+                            HYPERDISK_BALANCED_MAX_MIBPS, HYPERDISK_BALANCED_USD_PER_GB_MONTH, PRICE_PER_CHIP_HOUR,
+                            hyperdisk_balanced_monthly_usd)
 from tpuserve.measure import benchreport
 
 
@@ -20,9 +23,12 @@ def breakeven_output_tok_s(price_per_hour: float, api_usd_per_m: float) -> float
     return price_per_hour / 3600 / api_usd_per_m * 1e6
 
 
-def cache_disk_monthly_usd(size_gb: int, usd_per_gb_month: float = HYPERDISK_BALANCED_USD_PER_GB_MONTH) -> float:
-    """A cache disk bills its provisioned capacity every month it exists (3,000 IOPS and 140 MiB/s are included)."""
-    return size_gb * usd_per_gb_month
+def cache_disk_monthly_usd(size_gb: int, usd_per_gb_month: float = HYPERDISK_BALANCED_USD_PER_GB_MONTH,
+                           iops: int = HYPERDISK_BALANCED_FREE_IOPS,
+                           throughput_mibps: int = HYPERDISK_BALANCED_FREE_MIBPS) -> float:
+    """A cache disk bills its capacity every month it exists, and what is provisioned above the free 3,000 IOPS and
+    140 MiB/s (facts.hyperdisk_balanced_monthly_usd)."""
+    return hyperdisk_balanced_monthly_usd(size_gb, iops, throughput_mibps, usd_per_gb_month)
 
 
 def cold_start_usd(price_per_hour: float, cold_start_min: float) -> float:
@@ -105,10 +111,18 @@ def operating_point(rows: list[benchreport.BenchRow], concurrency: int | None) -
               help="The stack's cacheDiskSizeGb (0: none); it bills by the month, VM or not.")
 @click.option("--disk-price-per-gb-month", type=click.FloatRange(min=0), default=HYPERDISK_BALANCED_USD_PER_GB_MONTH,
               show_default=True, help="$ per GB-month of Hyperdisk Balanced (reference price; check your region's).")
+@click.option("--cache-disk-throughput", "cache_disk_mibps",
+              type=click.IntRange(HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_BALANCED_MAX_MIBPS),
+              default=DEFAULT_CACHE_DISK_MIBPS, show_default=True,
+              help="The stack's cacheDiskThroughputMibps; above 140 MiB/s it bills by the month.")
+@click.option("--cache-disk-iops", type=click.IntRange(HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_MAX_IOPS),
+              default=DEFAULT_CACHE_DISK_IOPS, show_default=True,
+              help="The stack's cacheDiskIops; above 3,000 it bills by the month.")
 @json_option
 def cost(chips: int, price_per_chip_hour: float, price_per_hour: float | None, api_price_per_m: float,
          cold_start_min: float, session_h: float, report_dir: Path | None, concurrency: int | None,
-         output_tok_s: float | None, cache_disk_gb: int, disk_price_per_gb_month: float, as_json: bool) -> None:
+         output_tok_s: float | None, cache_disk_gb: int, disk_price_per_gb_month: float, cache_disk_mibps: int,
+         cache_disk_iops: int, as_json: bool) -> None:
     """Breakeven throughput against an API price, the cost of a cold start, and what a session yields."""
     if price_per_hour is None:
         price_per_hour = chips * price_per_chip_hour  # every chip of the machine bills, serving or not
@@ -126,17 +140,21 @@ def cost(chips: int, price_per_chip_hour: float, price_per_hour: float | None, a
     if as_json:
         document = cost_document(price_per_hour, api_price_per_m, cold_start_min, session_h, breakeven,
                                  output_tok_s, label)
-        document["cache_disk"] = {"size_gb": cache_disk_gb, "usd_per_month":
-                                  cache_disk_monthly_usd(cache_disk_gb, disk_price_per_gb_month)} if cache_disk_gb else None
+        document["cache_disk"] = {"size_gb": cache_disk_gb, "throughput_mibps": cache_disk_mibps,
+                                  "iops": cache_disk_iops, "usd_per_month": cache_disk_monthly_usd(
+                                      cache_disk_gb, disk_price_per_gb_month, cache_disk_iops, cache_disk_mibps)
+                                  } if cache_disk_gb else None
         document["notes"] = notes
         echo_json(document)
         return
     say(f"Breakeven vs ${api_price_per_m:g}/M: {breakeven:,.1f} output tok/s sustained at ${price_per_hour:g}/h")
     say(f"One cold start ({cold_start_min:g} min): ${cold_start_usd(price_per_hour, cold_start_min):.3f}")
     if cache_disk_gb:
-        say(f"Cache disk ({cache_disk_gb} GB Hyperdisk Balanced): "
-            f"${cache_disk_monthly_usd(cache_disk_gb, disk_price_per_gb_month):.2f} / month while it exists, VM or "
-            "not (`tpuserve cache ls` lists them, `cache rm` removes them)")
+        monthly = cache_disk_monthly_usd(cache_disk_gb, disk_price_per_gb_month, cache_disk_iops, cache_disk_mibps)
+        say(f"Cache disk ({cache_disk_gb} GB Hyperdisk Balanced, {cache_disk_mibps} MiB/s, {cache_disk_iops:,} "
+            f"IOPS): ${monthly:.2f} / month while it exists, VM or not (`tpuserve cache ls` lists them, "
+            "`cache rm` removes them)")
+        say("Its throughput sets how fast a warm boot reads the weights: `tpuserve plan` shows what it buys")
     if output_tok_s:
         echo_session(session(price_per_hour, api_price_per_m, session_h, cold_start_min, output_tok_s), label,
                      breakeven)

@@ -43,7 +43,10 @@ from typing import Any
 import click
 
 from tpuserve.cli import echo_json, json_option
-from tpuserve.facts import V6E_HBM_GIB
+from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, DEFAULT_CACHE_DISK_IOPS, DEFAULT_CACHE_DISK_MIBPS,
+                            HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_BALANCED_MAX_IOPS,
+                            HYPERDISK_BALANCED_MAX_MIBPS, HYPERDISK_PRICES_AS_OF, V6E_HBM_GIB,
+                            hyperdisk_balanced_monthly_usd)
 from tpuserve.serving import DEFAULT_MODEL, ConfigError, ServingConfig
 
 GIB = 2**30
@@ -324,6 +327,59 @@ def measured_applies(measured: Mapping[str, Any] | None, plan: Plan) -> bool:
         measured["kv_dtype"], V6E_HBM_GIB)
 
 
+# --- the cache disk: what its throughput buys a warm boot, and what it costs ---------------------------------------
+
+WARM_BOOT_TARGET_S = 180
+# A warm boot (image, weights and compile cache on the cache disk) besides reading the weights: estimates, not
+# measurements (no TPU here), each to be replaced by the VM's own boot timeline (`tpuserve gate` prints it).
+WARM_BOOT_OTHER_S = (
+    ("guest OS boot, startup script, supervisor start (Docker installed)", 45),
+    ("container start and vLLM + tpu-inference imports", 25),
+    ("XLA precompile with every program cached (tracing and lowering still run; benchmarks/compile_cache.py "
+     "measures the CPU analogue)", 60),
+    ("readiness and refused-modality checks", 10),
+)
+
+
+@dataclass(frozen=True)
+class DiskPlan:
+    size_gb: int
+    throughput_mibps: int
+    iops: int
+    weights_gib: float
+
+    def weights_s(self, throughput_mibps: int | None = None) -> float:
+        return self.weights_gib * 1024 / (throughput_mibps or self.throughput_mibps)
+
+    @property
+    def warm_boot_s(self) -> float:
+        return sum(seconds for _, seconds in WARM_BOOT_OTHER_S) + self.weights_s()
+
+    def monthly_usd(self) -> dict[str, float]:
+        """Per month while the disk exists: capacity, throughput above the free 140 MiB/s, IOPS above 3,000."""
+        capacity = hyperdisk_balanced_monthly_usd(self.size_gb)
+        throughput = hyperdisk_balanced_monthly_usd(0, throughput_mibps=self.throughput_mibps)
+        iops = hyperdisk_balanced_monthly_usd(0, iops=self.iops)
+        return {"capacity": round(capacity, 2), "throughput": round(throughput, 2), "iops": round(iops, 2),
+                "total": round(capacity + throughput + iops, 2)}
+
+
+def disk_lines(disk: DiskPlan) -> list[tuple[str, str]]:
+    free = disk.weights_s(HYPERDISK_BALANCED_FREE_MIBPS)
+    cost = disk.monthly_usd()
+    verdict = "within" if disk.warm_boot_s <= WARM_BOOT_TARGET_S else "over"
+    return [
+        ("Cache disk reads", f"{disk.throughput_mibps} MiB/s: the weights ({disk.weights_gib:.2f} GiB) in "
+                             f"{disk.weights_s():.0f} s (at the free {HYPERDISK_BALANCED_FREE_MIBPS} MiB/s: {free:.0f} s)"),
+        ("Warm boot, estimated", f"{disk.warm_boot_s:.0f} s, {verdict} the {WARM_BOOT_TARGET_S} s target: the weights' "
+                                 f"{disk.weights_s():.0f} s and {sum(s for _, s in WARM_BOOT_OTHER_S)} s estimated for "
+                                 "boot, imports, the cached XLA precompile and the checks"),
+        ("Cache disk cost", f"${cost['total']:.2f} / month while it exists: {disk.size_gb} GB ${cost['capacity']:.2f} "
+                            f"+ throughput ${cost['throughput']:.2f} + IOPS ${cost['iops']:.2f} (Google's list prices "
+                            f"of {HYPERDISK_PRICES_AS_OF}, tpuserve/facts.py)"),
+    ]
+
+
 def plan_as_json(plan: Plan, model: Model) -> dict[str, Any]:
     return {"model": model.name, "source": model.source, "backend": plan.budget.backend, "chips": plan.budget.chips,
             "num_layers": plan.num_layers, "budget": asdict(plan.budget), "kv_dtype": plan.kv_dtype,
@@ -433,35 +489,51 @@ def advice(plan: Plan, max_model_len: int) -> str | None:
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=SERVED.max_num_batched_tokens,
               show_default=True, help="vLLM --max-num-batched-tokens: how far past its window a sliding layer holds "
               "KV with --backend gpu (default: the stack's).")
+@click.option("--cache-disk-gb", type=click.IntRange(min=0), default=DEFAULT_CACHE_DISK_GB, show_default=True,
+              help="The stack's cacheDiskSizeGb (0: none).")
+@click.option("--cache-disk-throughput", "cache_disk_mibps",
+              type=click.IntRange(HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_BALANCED_MAX_MIBPS),
+              default=DEFAULT_CACHE_DISK_MIBPS, show_default=True,
+              help="The stack's cacheDiskThroughputMibps: how fast a warm boot reads the weights.")
+@click.option("--cache-disk-iops", type=click.IntRange(HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_MAX_IOPS),
+              default=DEFAULT_CACHE_DISK_IOPS, show_default=True, help="The stack's cacheDiskIops.")
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="--json is the same as --format json.")
 @json_option
 def plan(model: str | None, config_path: Path | None, backend: str, chips: int, hbm_gib: float, utilization: float,
          weights_gib: float | None, kv_dtype: str, max_model_len: int, block_size: int, max_num_batched_tokens: int,
-         output_format: str, as_json: bool) -> None:
-    """KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM."""
+         cache_disk_gb: int, cache_disk_mibps: int, cache_disk_iops: int, output_format: str, as_json: bool) -> None:
+    """KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM; what the cache disk's
+    throughput buys a warm boot, and what it costs."""
     try:
         resolved = resolve_model(model, config_path, weights_gib)
         result = make_plan(resolved.config, Budget(hbm_gib, utilization, resolved.weights_gib, kv_dtype,
                                                    max_model_len, block_size, max_num_batched_tokens, backend, chips))
     except ConfigError as error:
         raise click.ClickException(str(error)) from error
+    disk = DiskPlan(cache_disk_gb, cache_disk_mibps, cache_disk_iops, resolved.weights_gib) if cache_disk_gb else None
     if as_json or output_format == "json":
-        echo_json(plan_as_json(result, resolved))
+        document = plan_as_json(result, resolved)
+        document["cache_disk"] = None if disk is None else {
+            **asdict(disk), "weights_read_s": round(disk.weights_s(), 1),
+            "weights_read_s_at_free_throughput": round(disk.weights_s(HYPERDISK_BALANCED_FREE_MIBPS), 1),
+            "warm_boot_estimate_s": round(disk.warm_boot_s), "warm_boot_target_s": WARM_BOOT_TARGET_S,
+            "usd_per_month": disk.monthly_usd(), "prices_as_of": HYPERDISK_PRICES_AS_OF}
+        echo_json(document)
     else:
-        echo_table(result, resolved)
+        echo_table(result, resolved, disk)
     warning = advice(result, max_model_len)
     if warning:
         click.echo(warning, err=True)
 
 
-def echo_table(result: Plan, model: Model) -> None:
+def echo_table(result: Plan, model: Model, disk: DiskPlan | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=model.name, caption=model.source, show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    for label, value in plan_lines(result, model):
+    for label, value in plan_lines(result, model) + (disk_lines(disk) if disk else []):
         table.add_row(label, value)
     Console().print(table)
