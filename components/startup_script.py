@@ -32,7 +32,7 @@ VM_DIR = ROOT / "vm"
 # The supervisor and what it imports (all standard-library Python that runs on the VM), and the Ops Agent installer
 # it runs once the server is serving (vm/ops-agent-install.sh; its configuration is rendered into the bundle too).
 SUPERVISOR_FILES = ("supervisor.py", "hf_token.py", "readycheck.py", "compile_cache.py", "guest_state.py",
-                    "ops-agent-install.sh")
+                    "cache_disk.py", "ops-agent-install.sh")
 OPS_AGENT_CONFIG_FILE = "ops-agent.yaml"
 METADATA_URL = "http://metadata.google.internal"
 UNIT_NAME = "tpu-serve-supervisor.service"

@@ -5,6 +5,7 @@ can each be booted."""
 from __future__ import annotations
 
 import json
+import time
 import re
 import subprocess
 import sys
@@ -296,7 +297,68 @@ def test_the_supervisor_runs_on_the_vms_python_without_the_projects_packages(vms
     assert f"ExecStart=/usr/bin/python3 {vm.root}/opt/tpu-serve/supervisor.py " in unit
     assert "Restart=always" in unit
     installed = sorted(p.name for p in (vm.root / "opt/tpu-serve").iterdir() if p.name != "__pycache__")
-    assert installed == ["VERSION", "compile_cache.py", "guest_state.py", "hf_token.py", "ops-agent-install.sh",
-                         "ops-agent.yaml", "readycheck.py", "supervisor.py"]
+    assert installed == ["VERSION", "cache_disk.py", "compile_cache.py", "guest_state.py", "hf_token.py",
+                         "ops-agent-install.sh", "ops-agent.yaml", "readycheck.py", "supervisor.py"]
     assert config_hash(ServingConfig()) == vm.attributes()["config-hash"]
     assert MACHINE_TYPE in json.loads(vm.google.attributes["tpu-serve-config"])["machine_type"]
+
+
+# --- issue #22: the cache disk grown online, and never served from once it is gone ---------------------------------
+
+def test_a_grown_disk_has_its_filesystem_grown_online_at_boot(vms):
+    vm = vms(disk={"fs": "ext4", "size_gb": 200, "fs_gb": 100})  # cacheDiskSizeGb 100 -> 200 while the VM was off
+    boot_to_serving(vm)
+    [resize] = vm.calls_of("resize2fs")
+    assert resize["argv"] == [str(vm.device)]
+    calls = [c["cmd"] for c in vm.calls()]
+    assert calls.index("mount") < calls.index("resize2fs") < calls.index("df")  # mounted (online), before the free check
+    assert vm.attributes()["cache"] == "disk: warm (180 GB free; filesystem grown online from 100 to 200 GB)"
+
+
+def test_a_full_disk_that_was_grown_is_mounted_not_dropped_for_the_boot_disk(vms):
+    vm = vms(disk={"fs": "ext4", "size_gb": 150, "fs_gb": 100, "avail_gb": 5})  # full, then grown by 50 GB
+    vm.serve(ServingConfig())
+    assert vm.boot() == 0, vm.log()
+    assert vm.attributes()["cache"] == "disk: warm (55 GB free; filesystem grown online from 100 to 150 GB)"
+    assert (vm.root / "run/tpu-serve/cache-device").read_text().strip() == str(vm.device)
+
+
+def test_an_unchanged_disk_is_not_resized_and_a_boot_disk_fallback_is_not_watched(vms):
+    vm = vms(disk={"fs": "ext4"})
+    boot_to_serving(vm)
+    assert vm.calls_of("resize2fs") == [] and vm.calls_of("tune2fs")  # looked, nothing to grow
+    cold = vms(disk={"fs": "xfs"})
+    boot_to_serving(cold)
+    assert not (cold.root / "run/tpu-serve/cache-device").exists()
+    assert cold.calls_of("tune2fs") == [] and cold.calls_of("resize2fs") == []
+
+
+def test_a_disk_grown_while_the_vm_serves_is_grown_without_a_reboot(vms):
+    vm = vms(disk={"fs": "ext4"})
+    digest = boot_to_serving(vm)
+    disk = json.loads((vm.state / "disk.json").read_text())
+    (vm.state / "disk.json").write_text(json.dumps({**disk, "size_gb": 300}))  # disks.resize by `pulumi up`
+    vm.wait_for(lambda: vm.calls_of("resize2fs") and "grown online" in vm.attributes().get("cache", ""),
+                "the online grow")
+    assert vm.attributes()["cache"] == "disk: filesystem grown online from 100 to 300 GB (280 GB free)"
+    assert len(vm.calls_of("docker", "run")) == 1 and read_boot(vm.attributes(), digest).ready  # kept serving
+    time.sleep(0.5)
+    assert len(vm.calls_of("resize2fs")) == 1  # grown once
+
+
+def test_a_disk_that_goes_away_stops_the_server_and_fails_with_the_reason_never_detaching(vms):
+    vm = vms(disk={"fs": "ext4"})
+    digest = boot_to_serving(vm)
+    vm.device.unlink()  # detached: its /dev/disk/by-id link is gone, the mount stays, every read of it fails
+    vm.wait_for_stage("failed", digest)
+    reason = vm.attributes()["reason"]
+    assert reason == (f"the cache disk {vm.device} is gone (detached?) while mounted at {vm.cache_root}: serving "
+                      "stopped rather than serve from a disk that went away (Docker's data root and the caches are on "
+                      "it); nothing was unmounted or detached. Reattach the disk and reboot the VM, or replace the VM")
+    assert [c["argv"][0] for c in vm.calls_of("docker") if c["argv"][0] in ("stop", "rm")][-2:] == ["stop", "rm"]
+    assert not (vm.state / "container.json").exists()  # nothing serves from it
+    assert vm.calls_of("umount") == []  # never unmounted (nor detached: the VM cannot, the stack would)
+    # A new served config is not applied on a disk that is gone: the supervisor waits for the next boot.
+    vm.serve(ServingConfig(max_model_len=8192))
+    time.sleep(0.8)
+    assert len(vm.calls_of("docker", "run")) == 1 and vm.attributes()["stage"] == "failed"

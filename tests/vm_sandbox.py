@@ -108,6 +108,7 @@ OPS_AGENT_CONFIG_PATH = "/etc/google-cloud-ops-agent/config.yaml"
 # The sandbox's XLA: the model programs take the KV cache arrays as arguments, so each block count has its own; the
 # sampler does not depend on it (tpu-inference runner/compilation_manager.py precompiles both kinds).
 BOOT_DISK_AVAIL_GB = 150  # a 200 GB boot disk with the OS on it
+GIB = 2**30
 NATURAL_BLOCKS = 8713  # the allocator's count on v6e-1 for Gemma 4 E2B (tpuserve/data/model-presets.json)
 MODEL_PROGRAMS = 3
 
@@ -122,7 +123,8 @@ VFIO_BUSY_LOG = ("RuntimeError: Unable to initialize backend 'tpu': UNKNOWN: TPU
                  "/dev/vfio/0 (set JAX_PLATFORMS='' to automatically choose an available backend)\n")
 # The chat content part types of each modality (OpenAI's and vLLM's: image_url, input_audio, video_url).
 PART_MODALITY = {"image_url": "image", "input_audio": "audio", "audio_url": "audio", "video_url": "video"}
-SHIMMED = ["apt-get", "dpkg-query", "systemctl", "blkid", "mkfs.ext4", "fsck.ext4", "mount", "mountpoint", "umount", "df"]
+SHIMMED = ["apt-get", "dpkg-query", "systemctl", "blkid", "mkfs.ext4", "fsck.ext4", "mount", "mountpoint", "umount", "df",
+           "blockdev", "tune2fs", "resize2fs"]
 
 
 @dataclass
@@ -576,8 +578,22 @@ class Machine:
         disk = self.load("disk.json", {})
         if name == "blkid":
             return (0, f"{disk['fs']}\n", "") if disk.get("fs") else (2, "", "")
+        # The block device (cacheDiskSizeGb) and the ext4 filesystem on it, both 100 GB unless a test says otherwise.
+        size_gb, fs_gb = disk.get("size_gb", 100), disk.get("fs_gb", 100)
         if name == "mkfs.ext4":
-            self.save("disk.json", {**disk, "fs": "ext4"})
+            self.save("disk.json", {**disk, "fs": "ext4", "fs_gb": size_gb})
+        elif name == "blockdev":  # --getsize64
+            return 0, f"{size_gb * GIB}\n", ""
+        elif name == "tune2fs":  # -l: the superblock, as tune2fs prints it (Block count in 4 KiB blocks)
+            return 0, (f"tune2fs 1.46.5 (30-Dec-2021)\nFilesystem volume name:   tpu-serve-cache\n"
+                       f"Block count:              {fs_gb * GIB // 4096}\n"
+                       "Block size:               4096\n"), ""
+        elif name == "resize2fs":  # online: the mounted filesystem takes the whole device
+            grown = size_gb - fs_gb
+            self.save("disk.json", {**disk, "fs_gb": size_gb, "avail_gb": disk.get("avail_gb", 80) + grown})
+            mounted = (self.state / "mounted").read_text() if self.flag("mounted") else "?"
+            return 0, (f"resize2fs 1.46.5 (30-Dec-2021)\nFilesystem at {args[-1]} is mounted on {mounted}; on-line "
+                       "resizing required\n"), ""
         elif name == "fsck.ext4":
             return disk.get("fsck_exit", 0), "", ""
         elif name == "mount":
@@ -759,7 +775,7 @@ class Vm:
                 "--ops-agent-repo-script-url", self.url + REPO_SCRIPT_PATH,
                 "--ops-agent-config-path", OPS_AGENT_CONFIG_PATH,
                 "--guest-write-interval-s", f"{GUEST_WRITE_INTERVAL_S * scale:g}",
-                "--guest-reassert-s", f"{GUEST_REASSERT_S * scale:g}", "--release-wait-s", "5",
+                "--guest-reassert-s", f"{GUEST_REASSERT_S * scale:g}", "--release-wait-s", "5", "--disk-check-s", "0.1",
                 *self.extra_supervisor_args)
 
     def startup_script(self, cache_disk: bool = True, iam_wait_s: float = 60) -> str:

@@ -52,7 +52,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import compile_cache  # noqa: E402 - siblings, installed beside this file
+import cache_disk  # noqa: E402 - siblings, installed beside this file
+import compile_cache  # noqa: E402
 import guest_state  # noqa: E402
 import hf_token  # noqa: E402
 import readycheck  # noqa: E402
@@ -116,6 +117,7 @@ class Settings:
     guest_write_interval_s: float = GUEST_WRITE_INTERVAL_S
     guest_reassert_s: float = GUEST_REASSERT_S
     release_wait_s: float = RELEASE_WAIT_S  # for a removed container and its TPU devices to go
+    disk_check_s: float = 30.0  # how often the cache disk is looked at: grown, or gone
     docker_timeout_scale: float = 1.0  # every docker call's timeout × this (tests shrink them)
 
     def path(self, absolute: str) -> Path:
@@ -278,6 +280,7 @@ class State:
     serving_since: float = 0.0
     invalid: str = ""  # the unreadable config it already reported
     boot_hash: str = ""  # what the startup script announced this boot
+    disk_lost: str = ""  # the cache disk went away: nothing is served again until the VM boots again
 
 
 # Actions
@@ -522,8 +525,12 @@ class Supervisor:
 
     # the loop
     def run_forever(self) -> None:
+        disk_checked = 0.0
         while True:
             try:
+                if time.monotonic() - disk_checked >= self.settings.disk_check_s:
+                    disk_checked = time.monotonic()
+                    self.watch_disk()
                 self.step(self.check())
             except DockerUnavailable as err:  # look again at the next check
                 log(f"warning: {err}; looking again in {self.settings.check_s:g} s")
@@ -535,6 +542,8 @@ class Supervisor:
         return attributes
 
     def step(self, attributes: dict[str, str]) -> str:
+        if self.state.disk_lost:  # failed for good this boot: nothing to serve from
+            return WAIT
         action = decide(attributes, inspect_container(), self.state, self.own_version)
         if action != WAIT:
             log(f"action: {action}")
@@ -591,9 +600,50 @@ class Supervisor:
         log("stage pulling-image")
         self.state.boot_hash = ""  # only the first run after boot continues the boot's timeline
 
+    # the cache disk
+    def disk_problem(self) -> str:
+        """Grow the cache disk's filesystem if the disk grew; why it can no longer be served from, or ''."""
+        device = cache_disk.mounted_device(self.settings.path(RUN_DIR))
+        if not device:
+            return ""  # no cache disk this boot: the caches are on the boot disk
+        problem = cache_disk.lost(device, self.settings.path(CACHE_ROOT))
+        if problem:
+            return problem
+        try:
+            grown = cache_disk.grow(device)
+        except cache_disk.DiskError as err:
+            log(f"warning: could not grow the cache disk's filesystem ({err}); it serves at its old size")
+            return ""
+        if grown:
+            free = free_gb(self.settings.path(CACHE_ROOT))
+            log(f"cache disk {device}: {grown}")
+            self.report("cache", f"disk: {grown}" + (f" ({free} GB free)" if free is not None else ""))
+        return ""
+
+    def stop_for_lost_disk(self, problem: str) -> str:
+        """Stop serving from a cache disk that went away (Docker's data root and the caches are on it); never unmount
+        or detach anything. The reason to report."""
+        self.state.disk_lost = problem
+        log(f"{problem}: stopping the server")
+        docker("stop", "--time", "30", CONTAINER, timeout_s=60)
+        docker("rm", "-f", CONTAINER, timeout_s=60)
+        return (f"{problem}: serving stopped rather than serve from a disk that went away (Docker's data root and the "
+                "caches are on it); nothing was unmounted or detached. Reattach the disk and reboot the VM, or "
+                "replace the VM")
+
+    def watch_disk(self) -> None:
+        if self.state.disk_lost:
+            return
+        problem = self.disk_problem()
+        if problem:
+            self.fail(self.stop_for_lost_disk(problem))
+
     def apply(self, config: ServedConfig) -> None:
         log(f"serving config {config.config_hash}: model {config.model}, image {config.image}")
         self.begin(config)
+        problem = self.disk_problem()
+        if problem:  # reported as this config's failure: the gate waiting for it ends with the reason
+            raise Failed(self.stop_for_lost_disk(problem))
         image = self.pull(config)
         digest = config.pinned_digest or image_digest(config.image)
         self.xla_key = cache_key(digest, config.machine_type)
@@ -996,7 +1046,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops-agent-config-path", default=defaults.ops_agent_config_path)
     for name in ("watch_timeout_s", "check_s", "poll_s", "retry_delay_s", "max_backoff_s", "restart_delay_s",
                  "stable_s", "iam_wait_s", "iam_poll_s", "guest_write_interval_s", "guest_reassert_s",
-                 "release_wait_s", "docker_timeout_scale"):
+                 "release_wait_s", "docker_timeout_scale", "disk_check_s"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
     args = parser.parse_args(argv)
     settings = Settings(**{name: (int(value) if name == "watch_timeout_s" else value)

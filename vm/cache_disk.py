@@ -1,0 +1,105 @@
+"""The cache disk under the VM's caches: grown online when the disk grew, and watched for going away.
+
+- Growing: `cacheDiskSizeGb` up resizes the disk (disks.resize), and the guest sees a bigger block device at once, but
+  the ext4 filesystem on it keeps its size until `resize2fs` grows it, which ext4 does online, mounted
+  (resize2fs(8): "If the filesystem is mounted, it can be used to expand the size of the mounted filesystem").
+  `grow` compares the device (`blockdev --getsize64`) with the filesystem (`tune2fs -l`: Block count x Block size)
+  and runs resize2fs when the device is bigger. The startup script calls it after mounting, before its free-space
+  check (a full disk that was grown then mounts); the supervisor calls it every `disk_check_s`, so a disk grown
+  while the VM serves is grown without a reboot.
+- Going away: the startup script records the device it mounted (/run/tpu-serve/cache-device). A detached disk's
+  /dev/disk/by-id link disappears while the mount stays, every read of it failing; Docker's data root and the
+  container's caches are on it. `lost` says why serving must stop; the supervisor then stops the container and reports
+  `failed` (it never detaches or unmounts anything itself: Google warns that detaching a mounted disk can corrupt it).
+
+    python3 cache_disk.py grow DEVICE      # prints what it did; exit 0 unless resize2fs failed
+
+Standard library only; imports nothing from tpuserve.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+GIB = 2**30
+# A filesystem this much smaller than its device is grown (ext4 sizes itself in whole blocks; a fresh mkfs leaves
+# less than one block group's worth unused).
+GROW_SLACK_BYTES = 128 * 2**20
+DEVICE_FILE = "cache-device"  # in the run directory: the device the startup script mounted at the cache root
+
+
+class DiskError(RuntimeError):
+    pass
+
+
+def _run(argv: list[str], timeout_s: float = 120) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise DiskError(f"{argv[0]}: {err}") from err
+    if done.returncode != 0:
+        raise DiskError(f"{' '.join(argv[:2])} exited {done.returncode}: {' '.join(done.stderr.split())[:300]}")
+    return done.stdout
+
+
+def device_bytes(device: str) -> int:
+    return int(_run(["blockdev", "--getsize64", device]).strip())
+
+
+def filesystem_bytes(device: str) -> int:
+    """The ext4 filesystem's size, from its superblock (tune2fs -l reads it on a mounted filesystem too)."""
+    text = _run(["tune2fs", "-l", device])
+    count = re.search(r"^Block count:\s+(\d+)", text, re.MULTILINE)
+    size = re.search(r"^Block size:\s+(\d+)", text, re.MULTILINE)
+    if not (count and size):
+        raise DiskError("tune2fs -l printed no Block count / Block size")
+    return int(count.group(1)) * int(size.group(1))
+
+
+def grow(device: str) -> str:
+    """Grow the filesystem on `device` to the device's size when the device is bigger; what was done, or ''."""
+    before, available = filesystem_bytes(device), device_bytes(device)
+    if available <= before + GROW_SLACK_BYTES:
+        return ""
+    _run(["resize2fs", device], timeout_s=1800)
+    after = filesystem_bytes(device)
+    return f"filesystem grown online from {before / GIB:.0f} to {after / GIB:.0f} GB"
+
+
+def mounted_device(run_dir: Path) -> str:
+    """The device the startup script mounted at the cache root this boot, or '' (no disk, or the boot disk)."""
+    try:
+        return (run_dir / DEVICE_FILE).read_text().strip()
+    except OSError:
+        return ""
+
+
+def lost(device: str, cache_root: Path) -> str:
+    """Why the cache disk the boot mounted can no longer be served from, or ''."""
+    if not Path(device).exists():
+        return f"the cache disk {device} is gone (detached?) while mounted at {cache_root}"
+    try:
+        _run(["mountpoint", "-q", str(cache_root)], timeout_s=30)
+    except DiskError:
+        return f"{cache_root} is no longer mounted from the cache disk {device}"
+    return ""
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "grow":
+        print("usage: cache_disk.py grow DEVICE", file=sys.stderr)
+        return 2
+    try:
+        said = grow(argv[1])
+    except DiskError as err:
+        print(f"could not grow the filesystem: {err}", file=sys.stderr)
+        return 1
+    print(said)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
