@@ -82,7 +82,7 @@ def entries(directory: Path) -> int:
 def time_to_health(vllm_bin: Path, model_dir: Path, cache_root: Path, log: Path) -> float:
     port = free_local_port()
     cfg = dataclasses.replace(ServingConfig(), model=str(model_dir), max_model_len=1024, host="127.0.0.1", port=port,
-                              extra_args=("--dtype", "float32", "--served-model-name", "tiny-gemma4"))
+                              extra_args=("--dtype", "float32"))  # start_server names it tiny-gemma4
     cfg.validate(backend="cpu")
     saved = dict(cpu_server.SERVER_ENV)
     cpu_server.SERVER_ENV["VLLM_CACHE_ROOT"] = str(cache_root)  # the persistent path, as the VM mounts it

@@ -35,6 +35,8 @@ def stack_serving(stack: str) -> ServingConfig:
 @pytest.fixture(scope="module")
 def vllm_verdict(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     argvs = {stack: vllm_serve_args(stack_serving(stack)) for stack in (*STACKS, FOUR_CHIPS)} | {"broken": BROKEN_ARGV}
+    # What the VM's supervisor runs once a config's first boot stored its KV block count (vm/supervisor.py).
+    argvs["pinned"] = vllm_serve_args(stack_serving("dev")) + ["--num-gpu-blocks-override", "8713"]
     out = tmp_path_factory.mktemp("argcheck") / "verdict.json"
     subprocess.run([str(vllm_python), str(ARGCHECK), str(out)], input=json.dumps({"argvs": argvs}), text=True,
                    check=True, capture_output=True, timeout=180)
@@ -106,3 +108,20 @@ def test_the_real_cpu_servers_run_the_text_only_and_multimodal_flags(vllm_server
         reply = requests.post(f"{server.url}/v1/chat/completions", timeout=60, json={
             "model": server.model, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
         assert reply.status_code == 200, reply.text
+
+
+def test_the_pinned_block_count_is_an_argument_vllm_reads(vllm_verdict: dict[str, Any]):
+    checked = vllm_verdict["configs"]["pinned"]
+    assert checked["error"] is None, checked["error"]
+    assert checked["parsed"]["num_gpu_blocks_override"] == 8713
+
+
+def test_the_supervisor_reads_the_block_count_the_real_server_allocated(vllm_server):
+    """vLLM exports its cache config as vllm:cache_config_info; the supervisor learns a config's first boot's block
+    count from it (with an override, vLLM reports the override: measured)."""
+    from vm import supervisor
+
+    text = requests.get(f"{vllm_server.url}/metrics", timeout=30).text
+    [line] = [line for line in text.splitlines() if line.startswith("vllm:cache_config_info{")]
+    reported = int(line.split('num_gpu_blocks="', 1)[1].split('"', 1)[0])
+    assert reported > 0 and supervisor.served_block_count(vllm_server.url) == reported

@@ -20,7 +20,7 @@ from typing import Any
 PARSED_FIELDS = ("model_tag", "host", "port", "max_model_len", "gpu_memory_utilization", "max_num_batched_tokens",
                  "enable_auto_tool_choice", "tool_call_parser", "reasoning_parser", "language_model_only",
                  "limit_mm_per_prompt", "kv_cache_dtype", "dtype", "enforce_eager", "tensor_parallel_size",
-                 "disable_chunked_mm_input")
+                 "disable_chunked_mm_input", "num_gpu_blocks_override")
 
 
 def check_argv(argv: list[str]) -> dict[str, Any]:
