@@ -373,7 +373,8 @@ BAD_WITH_MESSAGE = [
     (VALID, {'maxModelLength': '1'},
      'maxModelLength: unknown setting; known settings are alertDownAfter, alertNotificationChannels, '
      'alertQueueDepth, alertTtftP99Seconds, allowKnownBrokenModel, bootDiskSizeGb, bootDiskType, bootImage, '
-     'cacheDiskIops, cacheDiskSizeGb, cacheDiskThroughputMibps, cloudNatSkipRegions, compileCacheBucket, containerImage, createCloudNat, '
+     'cacheDiskIops, cacheDiskSizeGb, cacheDiskThroughputMibps, cloudNatSkipRegions, compileCacheBucket, '
+     'containerImage, createCloudNat, '
      'enableAutoToolChoice, externalIp, '
      'extraArgs, fleet, gkeCluster, gkeClusterLocation, gkeMaxNodes, gkeMinReplicas, gkeNamespace, '
      'gkeProxySubnetRange, '

@@ -48,7 +48,7 @@ def make(monkeypatch: pytest.MonkeyPatch) -> tuple[supervisor.Supervisor, list[d
     # The supervisor imports its siblings as top-level modules (as on the VM): patch the one it uses.
     monkeypatch.setattr(supervisor.hf_token, "read_secret", read_secret)
     sup = supervisor.Supervisor.__new__(supervisor.Supervisor)
-    sup.settings, sup.metadata, sup.api_key = supervisor.Settings(), FakeMetadata(), ""
+    sup.settings, sup.metadata, sup.api_key, sup.kv_blocks = supervisor.Settings(), FakeMetadata(), "", None
     sup.report = lambda key, value: None  # type: ignore[method-assign]
     sup.change = lambda fields, new_timeline=False: None  # type: ignore[method-assign]
     return sup, read
