@@ -74,6 +74,8 @@ CHANGES: dict[str, tuple[Case, ...]] = {
     "bootDiskSizeGb": (Case("300"),),
     "bootDiskType": (Case(None, why="a v6e boot disk must be hyperdisk-balanced, the default"),),
     "cacheDiskSizeGb": (Case("200"), Case("0")),
+    "cacheDiskThroughputMibps": (Case("600"),),
+    "cacheDiskIops": (Case("6000"),),
     "compileCacheBucket": (Case("false"),),
     "keepCaches": (Case("false"),),  # retainOnDelete of the disk and bucket: no input changes
     "maxRunDuration": (Case("8h"),),
@@ -118,7 +120,8 @@ CHANGES: dict[str, tuple[Case, ...]] = {
     "enableAutoToolChoice": (Case("false"),),
     "toolCallParser": (Case("", also={"enableAutoToolChoice": "false"}),),
     "reasoningParser": (Case(""),),
-    "multimodalLimits": (Case(json.dumps({"image": 4, "audio": 1})),),
+    "multimodalLimits": (Case(json.dumps({"image": 4, "audio": 0, "video": 0})),),
+    "modelImpl": (Case("vllm"),),
     "kvCacheDtype": (Case("bfloat16"),),
     "extraArgs": (Case(json.dumps(["--enable-prefix-caching"])),),
     "allowKnownBrokenModel": (Case("true", why="it only lets validation pass a model known not to load"),),
