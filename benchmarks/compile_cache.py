@@ -7,7 +7,8 @@ Gemma 4 with VLLM_CACHE_ROOT on one persistent directory, as the VM's container 
 start compiles into an empty cache (cold), the second finds it (warm). Prints both times, the cache entries, and
 warm / cold, and where each start's time went, from vLLM's own log lines (weights, Dynamo's bytecode transform,
 compiling or loading the compiled graphs, the engine's profile/KV/warm-up run): what a warm boot still spends with
-every program cached. On the TPU the analogue is tpu-inference's precompilation (capture_model), which still traces
+every program cached (vLLM 0.32's CPU backend compiles the backbone AOT during a warm-up and logs whether the
+cached program loaded). On the TPU the analogue is tpu-inference's precompilation (capture_model), which still traces
 and lowers every program and only skips XLA's compile when the persistent cache has it.
 
     python benchmarks/compile_cache.py [--vllm-venv ~/.cache/tpuserve/vllm-venv] [--cache-dir DIR]
@@ -16,6 +17,7 @@ and lowers every program and only skips XLA's compile when the persistent cache 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import hashlib
 import json
 import re
@@ -64,6 +66,16 @@ PHASES = {
 }
 
 
+# The CPU backend's compile logs no duration of its own (vllm/v1/worker/cpu_model_runner.py warms the model up "for
+# the compilation", vllm/compilation/decorators.py saves or loads the AOT-compiled backbone): it is the time between
+# these two lines, and whether the AOT cache was loaded, or why not, is said by decorators.py.
+STAMP = r"(\d\d-\d\d \d\d:\d\d:\d\d) \[[^\]]+\] "
+COMPILE_SPAN = (STAMP + r"Warming up model for the compilation", STAMP + r"Warming up done")
+AOT_LOADED = r"Directly load AOT compilation from path"
+AOT_FAILED = r"Compiling model again due to a load failure from \S+, reason: (.*)"
+COMPILE_PHASE = "compile (warm-up for the compilation)"
+
+
 def phases(log: Path) -> dict[str, float]:
     """Seconds per phase found in a vLLM log (summed where a phase logs once per graph)."""
     text = log.read_text(errors="replace") if log.exists() else ""
@@ -72,7 +84,23 @@ def phases(log: Path) -> dict[str, float]:
         values = [float(v) for v in re.findall(pattern, text)]
         if values:
             found[name] = round(sum(values), 2)
+    begin, end = (re.search(pattern, text) for pattern in COMPILE_SPAN)
+    if begin and end:
+        found[COMPILE_PHASE] = float((stamp(end[1]) - stamp(begin[1])).total_seconds())
     return found
+
+
+def stamp(text: str) -> datetime.datetime:
+    return datetime.datetime.strptime(text, "%m-%d %H:%M:%S")
+
+
+def aot_cache(log: Path) -> str:
+    """What the start did with the AOT compile cache: loaded, or compiled again and why, or compiled (none there)."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    failed = re.search(AOT_FAILED, text)
+    if failed:
+        return f"compiled again: the cached program did not load ({failed[1].strip()[:160]})"
+    return "loaded from the cache" if re.search(AOT_LOADED, text) else "compiled (nothing cached)"
 
 
 def entries(directory: Path) -> int:
@@ -118,15 +146,18 @@ def main(vllm_venv: Path, cache_dir: Path | None) -> None:
         print(f"ratio warm / cold: {warm / cold:.2f}")
         cold_phases, warm_phases = phases(scratch / "cold.log"), phases(scratch / "warm.log")
         print(f"{'phase (s)':44} {'cold':>8} {'warm':>8}")
-        for name in PHASES:
+        for name in [*PHASES, COMPILE_PHASE]:
             print(f"{name:44} {cold_phases.get(name, 0):8.2f} {warm_phases.get(name, 0):8.2f}")
+        cold_aot, warm_aot = aot_cache(scratch / "cold.log"), aot_cache(scratch / "warm.log")
+        print(f"AOT compile cache: cold start {cold_aot}; warm start {warm_aot}")
         # torch.compile (Dynamo, the graphs) runs inside the engine's profile run; weights load before it.
         known = warm_phases.get("weights", 0) + warm_phases.get("engine init (profile, KV cache, warm-up)", 0)
         print(f"warm start outside weights and engine init (imports, process start, API server): "
               f"{warm - known:.1f} s")
         print(json.dumps({"cold_s": round(cold, 1), "warm_s": round(warm, 1), "ratio": round(warm / cold, 3),
                           "cache_files": cold_entries, "cache_files_added_warm": warm_entries - cold_entries,
-                          "cold_phases_s": cold_phases, "warm_phases_s": warm_phases}))
+                          "cold_phases_s": cold_phases, "warm_phases_s": warm_phases, "cold_aot": cold_aot,
+                          "warm_aot": warm_aot}))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
