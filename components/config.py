@@ -8,6 +8,7 @@ Every setting is a dataclass field whose metadata holds its stack config key and
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import ipaddress
 import json
@@ -74,6 +75,8 @@ NOTIFICATION_CHANNEL = re.compile(r"^projects/[^/]+/notificationChannels/[0-9]+$
 # Target router (a fleet's LiteLLM proxy, components/router.py): one `routerReplicas` entry is `<replica stack>=<its
 # endpoint>`, written by `tpuserve fleet`.
 ROUTER_REPLICA = re.compile(r"^(?P<name>[a-z0-9][a-z0-9_.-]*)=(?P<url>https?://[^\s=]+)$")
+VM_SLOTS = ("a", "b")
+REPLACE_ORDERS = ("create-first", "delete-first")
 SECRET_ID = re.compile(r"^(projects/[^/]+/secrets/)?[A-Za-z0-9_-]{1,255}$")
 STACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # Pulumi's stack name characters
 
@@ -119,6 +122,14 @@ class StackConfig:
     keep_caches: bool = setting(
         "keepCaches", "The cache disk and bucket survive `pulumi destroy` (and a zone change) for the next "
         "deployment; false: they are deleted with the stack (`pulumi up` first, then destroy).", True)
+    vm_slot: str = setting(
+        "vmSlot", "Which of the stack's two VM names (and cache disk slots) the VM uses: a = tpu-serve-<stack>, b = "
+        "tpu-serve-<stack>-b. `tpuserve up` switches it when a change replaces the VM in its zone, so the old VM "
+        "serves until its successor is ready (a name exists once per zone).", "a")
+    replace_order: str = setting(
+        "replaceOrder", "When a change replaces the VM: create-first (the old VM serves until the new one is ready; "
+        "needs quota for both for a moment) or delete-first. `tpuserve up` picks delete-first for one run when the "
+        "region's quota has no room for both.", "create-first")
     max_run_duration: str = setting("maxRunDuration", "Flex-start run limit, e.g. 4h or 1d12h (from 10m to 7d); "
                                     "the VM is deleted when it ends.", "4h")
     hf_token_secret_id: str = setting(
@@ -326,6 +337,10 @@ class StackConfig:
         if not V6E_MACHINE_TYPE.match(self.machine_type):
             raise ConfigError("machineType", f"{self.machine_type!r} is not a TPU v6e machine type "
                               "(ct6e-standard-1t, -4t or -8t)")
+        if self.vm_slot not in VM_SLOTS:
+            raise ConfigError("vmSlot", f"{self.vm_slot!r} is not one of {', '.join(VM_SLOTS)}")
+        if self.replace_order not in REPLACE_ORDERS:
+            raise ConfigError("replaceOrder", f"{self.replace_order!r} is not one of {', '.join(REPLACE_ORDERS)}")
         if self.boot_disk_gb < MIN_BOOT_DISK_GB:
             raise ConfigError("bootDiskSizeGb", f"must be at least {MIN_BOOT_DISK_GB}, got {self.boot_disk_gb}")
         if self.cache_disk_gb != 0 and self.cache_disk_gb < MIN_CACHE_DISK_GB:
@@ -619,7 +634,9 @@ def build_stack_config(raw: Mapping[str, Any]) -> StackConfig:
     known = {f.metadata["key"] for f in all_settings()}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(unknown[0], f"unknown setting; known settings are {', '.join(sorted(known))}")
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        raise ConfigError(unknown[0], f"unknown setting{f' (did you mean {close[0]}?)' if close else ''}; "
+                          "Pulumi.yaml lists every setting with its description")
 
     def values(cls: type) -> dict[str, Any]:
         out = {}

@@ -34,6 +34,12 @@ def fleet_tag(fleet: str) -> str:
     return f"{base_name(fleet)[:34].rstrip('-')}-fleet"
 
 
+def vm_name(base: str, slot: str) -> str:
+    """The VM's name in slot a (`tpu-serve-<stack>`, what every stack had before slots) or b (`...-b`): two names, so
+    a successor can be created beside the VM it replaces in the same zone, where a name exists once."""
+    return base if slot == "a" else f"{base}-b"
+
+
 def stack_labels(stack: str, extra: dict[str, str]) -> dict[str, str]:
     """The labels `tpuserve up` finds the stack's orphans by, plus the stack's own."""
     return {**orphans.stack_labels(stack), **extra}
@@ -62,8 +68,12 @@ class TpuServeDeployment(pulumi.ComponentResource):
         network = ServingNetwork(base, ServingNetworkArgs(
             project=cfg.project, region=cfg.effective_region, network=cfg.network, target_tag=base,
             create_nat=cfg.makes_nat_in(cfg.effective_region) and not cfg.external_ip), opts=child)
+        name = vm_name(base, cfg.vm_slot)
+        # The cache disk follows the VM's slot: a successor in the same zone cannot attach the disk its predecessor
+        # still holds read-write, so it takes the other slot's (kept from the replacement before, warm).
         cache = ServingCache(f"{base}-cache", ServingCacheArgs(
-            project=cfg.project, zone=cfg.zone, region=cfg.effective_region, disk_name=disk_name(base),
+            project=cfg.project, zone=cfg.zone, region=cfg.effective_region,
+            disk_name=disk_name(base) if cfg.vm_slot == "a" else f"{disk_name(base)}-b",
             bucket_name=bucket_name(cfg.project, base), disk_gb=cfg.cache_disk_gb, bucket=cfg.compile_cache_bucket,
             disk_iops=cfg.cache_disk_iops, disk_throughput_mibps=cfg.cache_disk_throughput_mibps,
             keep=cfg.keep_caches, reader_email=identity.email, labels={**labels, CACHE_LABEL: labels["stack"]}),
@@ -79,13 +89,16 @@ class TpuServeDeployment(pulumi.ComponentResource):
                                              api_key_secret=api_key_secret)),
             SUPERVISOR_KEY: supervisor_bundle(port=cfg.serving.port),
         }
-        vm = FlexStartTpuVm(base, FlexStartTpuVmArgs(
+        vm = FlexStartTpuVm(name, FlexStartTpuVmArgs(
             project=cfg.project, zone=cfg.zone, machine_type=cfg.machine_type, boot_image=cfg.boot_image,
             boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type, max_run_seconds=cfg.max_run_seconds,
             network=cfg.network, subnetwork=cfg.subnetwork, external_ip=cfg.external_ip,
             service_account_email=identity.email, metadata=metadata,
-            network_tags=(base, fleet_tag(cfg.fleet)) if cfg.fleet else (base,), labels=labels, cache_disk=cache.disk_source, cache_device_name=CACHE_DEVICE_NAME),
-            # The VM needs its token grant, its egress and its caches before the startup script runs.
+            network_tags=(base, fleet_tag(cfg.fleet)) if cfg.fleet else (base,), labels=labels,
+            cache_disk=cache.disk_source, cache_device_name=CACHE_DEVICE_NAME,
+            delete_first=cfg.replace_order == "delete-first", logical_name=base),
+            # The VM needs its token grant, its egress and its caches before the startup script runs. The logical
+            # name stays `base` whatever the slot, so a slot change is a replacement of this resource, not a new one.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[identity, network, cache]))
         gate = ReadinessGate(f"{base}-ready", ReadinessGateArgs(
             target=vm.name.apply(lambda vm_name: instance_target(vm_name, cfg.zone, cfg.project, serving_hash)),
@@ -94,7 +107,7 @@ class TpuServeDeployment(pulumi.ComponentResource):
             triggers=[vm.instance_id, serving_hash]), opts=child)
         # After the gate: the "down" alert must not fire while the first boot is still under way.
         watch = ServingMonitoring(base, ServingMonitoringArgs(
-            project=cfg.project, instance_name=base, stack=stack, labels=labels,
+            project=cfg.project, instance_name=name, stack=stack, labels=labels,
             notification_channels=cfg.alert_notification_channels, down_after_s=cfg.alert_down_after_seconds,
             ttft_p99_seconds=cfg.alert_ttft_p99_seconds, queue_depth=cfg.alert_queue_depth),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[gate]))
@@ -131,5 +144,6 @@ class TpuServeDeployment(pulumi.ComponentResource):
             "bootTimeline": self.boot_timeline,
             "dashboardUrl": watch.dashboard_url,
             "vmUrn": vm.instance_urn,
+            "vmSlot": cfg.vm_slot,
         }
         self.register_outputs(self.outputs)

@@ -22,10 +22,10 @@ INSTANCE = "gcp:compute/instance:Instance"
 # What must never reach a running VM as an update: the provider's update sends setMetadata (the new served config)
 # first and only then finds that machine type, service account, network or max run need a stopped instance, which it
 # refuses on a RUNNING one without allow_stopping_for_update (resourceComputeInstanceUpdate; paths and lines in
-# tpuserve/data/provider-facts.json). A change to any of them replaces the VM instead, old one first: a
-# replacement that only replaceOnChanges asks for gets no delete-before-replace from the bridge, and a second
-# instance of the same name could not be created (pulumi-terraform-bridge provider.go Diff).
-REPLACE_ON_CHANGES = list(stop_requiring_paths(INSTANCE))
+# tpuserve/data/provider-facts.json). A change to any of them replaces the VM instead (create-first under the
+# stack's other VM name, or delete-first when asked: see the options below). So does a change of the attached disks:
+# the provider would hot-detach a mounted cache disk (`cacheDiskSizeGb: 0`), which Google warns may corrupt it.
+REPLACE_ON_CHANGES = [*stop_requiring_paths(INSTANCE), "attachedDisks"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,11 @@ class FlexStartTpuVmArgs:
     # A data disk to attach (projects/P/zones/Z/disks/NAME) under `cache_device_name`; never deleted with the VM.
     cache_disk: pulumi.Input[str] | None = None
     cache_device_name: str = ""
+    # A replacement deletes the old VM before creating its successor (True) or creates the successor first (False).
+    delete_first: bool = False
+    # The resource's logical name (its URN); the VM's own name is the component's name. Kept apart so the VM can
+    # change name (tpu-serve-<stack> <-> tpu-serve-<stack>-b) as a replacement of the same resource.
+    logical_name: str = ""
 
 
 class FlexStartTpuVm(pulumi.ComponentResource):
@@ -69,9 +74,9 @@ class FlexStartTpuVm(pulumi.ComponentResource):
     instance_urn: pulumi.Output[str]
 
     def __init__(self, name: str, args: FlexStartTpuVmArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("tpuserve:gcp:FlexStartTpuVm", name, None, opts)
+        super().__init__("tpuserve:gcp:FlexStartTpuVm", args.logical_name or name, None, opts)
         instance = compute.Instance(
-            name,
+            args.logical_name or name,
             name=name,
             project=args.project,
             zone=args.zone,
@@ -101,8 +106,16 @@ class FlexStartTpuVm(pulumi.ComponentResource):
             tags=list(args.network_tags),
             labels=dict(args.labels),
             deletion_protection=False,
+            # The name is explicit, so the bridge would replace delete-first whenever the provider plans the
+            # replacement (pulumi-terraform-bridge pkg/tfbridge/schema.go nameRequiresDeleteBeforeReplace), and
+            # create-first when only replaceOnChanges asks for it. Saying it here decides both: False (the default)
+            # keeps the old VM serving until its successor exists (pkg/resource/deploy/step_generator.go: the
+            # user's deleteBeforeReplace overrides the provider's); the successor then needs a name of its own in the
+            # zone (vmSlot, tpuserve/names.py vm_name), which `tpuserve up` gives it. A bare `pulumi up` of such a
+            # change fails on the name the old VM still holds and changes nothing.
             opts=pulumi.ResourceOptions(parent=self, custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT),
-                                        replace_on_changes=REPLACE_ON_CHANGES, delete_before_replace=True))
+                                        replace_on_changes=REPLACE_ON_CHANGES,
+                                        delete_before_replace=args.delete_first))
 
         self.name = instance.name
         self.instance_id = instance.instance_id

@@ -180,6 +180,18 @@ def cloud_nat(project):
     return failure
 
 
+def save_settings():
+    # `--config key=value` (also -c): saved in the stack's config, plaintext, before the update (or preview) starts
+    # (pulumi/pulumi pkg/cmd/pulumi/operations/up.go and preview.go, parseAndSaveConfigArray: split at the first "=",
+    # a key without a namespace gets the project's).
+    settings = [argv[index + 1] for index, flag in enumerate(argv[:-1]) if flag in ("--config", "-c")]
+    for setting in settings:
+        key, _, text = setting.partition("=")
+        config[key if ":" in key else "tpu-serve:" + key] = {"value": text, "secret": False}
+    if settings:
+        write("config.json", config)
+
+
 if stack != "dev" and not os.path.isdir(home) and words[:2] != ["stack", "init"] and words[:2] != ["stack", "ls"]:
     print(f"error: no stack named '{stack}' found", file=sys.stderr)
     sys.exit(255)
@@ -222,16 +234,15 @@ elif words[:2] == ["stack", "export"]:
     print(dumps(read("state.json", {"version": 3, "deployment": {"resources": []}})))
 elif words[:1] == ["refresh"]:
     print("Refreshing (dev):\nResources:\n    5 unchanged\n\nDuration: 3s")
+elif words[:1] == ["preview"]:
+    save_settings()
+    # `preview --json`: the digest (pulumi/pulumi pkg/display/json.go PreviewDigest) the test wrote, else one with
+    # nothing to do; exit 255 with it when the test says the preview fails.
+    play = read("preview.json", {"digest": {"steps": [], "changeSummary": {"same": 24}}, "rc": 0})
+    print(dumps(play["digest"]))
+    sys.exit(play.get("rc", 0))
 elif words[:1] == ["up"]:
-    # `--config key=value` (also -c): saved in the stack's config, plaintext, before the update starts
-    # (pulumi/pulumi pkg/cmd/pulumi/operations/up.go, parseAndSaveConfigArray: split at the first "=", a key without
-    # a namespace gets the project's).
-    settings = [argv[index + 1] for index, flag in enumerate(argv[:-1]) if flag in ("--config", "-c")]
-    for setting in settings:
-        key, _, text = setting.partition("=")
-        config[key if ":" in key else "tpu-serve:" + key] = {"value": text, "secret": False}
-    if settings:
-        write("config.json", config)
+    save_settings()
     zone = value("zone")
     scenario = read("scenario.json", {}, root)
     play = scenario.get(f"{stack}:{zone}") or scenario.get(zone) or scenario.get("*") or {"rc": 0}
@@ -348,6 +359,16 @@ class FakePulumi:
         return sorted(path.name for path in (self.home / "stacks").glob("*")) if (self.home / "stacks").exists() \
             else []
 
+    def preview(self, steps: list[dict[str, Any]], rc: int = 0, diagnostics: list[dict[str, Any]] = ()) -> None:
+        """What `pulumi preview --json` prints next: a digest of these steps (see preview_step)."""
+        summary: dict[str, int] = {}
+        for step in steps:
+            if step["op"] not in ("create-replacement", "delete-replaced"):
+                summary[step["op"]] = summary.get(step["op"], 0) + 1
+        digest = {"config": {"tpu-serve:project": PROJECT_ID}, "steps": steps, "diagnostics": list(diagnostics),
+                  "duration": 4210000000, "changeSummary": {"same": 20, **summary}}
+        (self.home / "preview.json").write_text(json.dumps({"digest": digest, "rc": rc}))
+
     def state(self, state: dict[str, Any]) -> None:
         (self.home / "state.json").write_text(json.dumps(state))
 
@@ -358,6 +379,49 @@ class FakePulumi:
     def commands(self) -> list[str]:
         """Each call as `command [zone]`: 'config set zone us-east5-a', 'up', 'refresh', ..."""
         return [" ".join(a for a in call if not a.startswith("--") and a not in ("dev",)) for call in self.calls()]
+
+
+PROJECT_ID = "my-ml-sandbox"
+INSTANCE_URN = ("urn:pulumi:dev::tpu-serve::tpuserve:index:Deployment$tpuserve:gcp:FlexStartTpuVm$"
+                "gcp:compute/instance:Instance::tpu-serve-dev")
+
+
+def preview_step(op: str, old: dict[str, Any] | None, new: dict[str, Any] | None, urn: str = INSTANCE_URN,
+                 diff: dict[str, str] | None = None, replace: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One entry of a preview digest's `steps` (pulumi/pulumi pkg/display/json.go PreviewStep, its state as
+    apitype.ResourceV3): op, urn, provider, oldState/newState {urn, custom, type, inputs, ...}, diffReasons (the
+    top-level keys of `diff`), replaceReasons and detailedDiff {path: {kind, inputDiff}}."""
+    type_ = urn.split("::")[2].rsplit("$", 1)[-1]
+
+    def state(inputs: dict[str, Any] | None) -> dict[str, Any] | None:
+        if inputs is None:
+            return None
+        return {"urn": urn, "custom": True, "type": type_, "inputs": inputs, "outputs": inputs,
+                "provider": "urn:pulumi:dev::tpu-serve::pulumi:providers:gcp::default_10_2_0::04da6b54"}
+
+    step: dict[str, Any] = {"op": op, "urn": urn,
+                            "provider": "urn:pulumi:dev::tpu-serve::pulumi:providers:gcp::default_10_2_0::04da6b54",
+                            "detailedDiff": None}
+    if old is not None:
+        step["oldState"] = state(old)
+    if new is not None:
+        step["newState"] = state(new)
+    if diff:
+        step["diffReasons"] = list(dict.fromkeys(path.split(".")[0].split("[")[0] for path in diff))
+        step["detailedDiff"] = {path: {"kind": kind, "inputDiff": True} for path, kind in diff.items()}
+    if replace:
+        step["replaceReasons"] = list(replace)
+    return step
+
+
+def replacement(old: dict[str, Any], new: dict[str, Any], diff: dict[str, str], replace: tuple[str, ...],
+                delete_first: bool = False, urn: str = INSTANCE_URN) -> list[dict[str, Any]]:
+    """A replacement as `preview --json --show-replacement-steps` lists it: the logical `replace`, and the
+    create-replacement/delete-replaced steps in the order the engine runs them (delete first when it must)."""
+    create = preview_step("create-replacement", old, new, urn, diff, replace)
+    delete = preview_step("delete-replaced", old, None, urn)
+    logical = preview_step("replace", old, new, urn, diff, replace)
+    return [delete, logical, create] if delete_first else [create, logical, delete]
 
 
 def install(bin_dir: Path, home: Path) -> FakePulumi:

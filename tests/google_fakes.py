@@ -83,6 +83,7 @@ class GoogleFake:
             ("GET", self.quota_path("TPUS-PER-TPU-FAMILY-per-project-region")): self.family_quota,
         }
         routes[("GET", f"/compute/v1/projects/{PROJECT}/aggregated/disks")] = self.aggregated_disks
+        routes[("GET", f"/compute/v1/projects/{PROJECT}/aggregated/instances")] = self.aggregated_instances
         zones = {"europe-west4-a", "us-east5-a", "us-east5-b", "us-east1-d", "us-central1-b", "us-central1-ai1a",
                  "asia-northeast1-b", "us-south1-ai1b", "europe-west8-a"}
         for zone in zones:
@@ -108,6 +109,12 @@ class GoogleFake:
         items["zones/us-west1-a"] = {"warning": {"code": "NO_RESULTS_ON_PAGE", "message": "There are no results for "
                                                  "scope 'zones/us-west1-a' on this page."}}
         return Response(200, {"kind": "compute#diskAggregatedList", "items": items})
+
+    def aggregated_instances(self, request: Request) -> Response:
+        """instances.aggregatedList (https://cloud.google.com/compute/docs/reference/rest/v1/instances/aggregatedList),
+        every instance the fake holds."""
+        items = {f"zones/{zone}": {"instances": held} for zone, held in self.instances.items() if held}
+        return Response(200, {"kind": "compute#instanceAggregatedList", "items": items})
 
     @staticmethod
     def quota_path(quota_id: str) -> str:
@@ -191,8 +198,10 @@ class GoogleFake:
 
 
 def labelled_instance(zone: str, name: str = "tpu-serve-dev", status: str = "TERMINATED",
-                      stack: str = "dev") -> dict[str, Any]:
+                      stack: str = "dev", machine_type: str = "ct6e-standard-1t") -> dict[str, Any]:
     return {"kind": "compute#instance", "name": name, "status": status, "id": "8167227395441398722",
+            "machineType": f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{zone}/machineTypes/"
+                           f"{machine_type}",
             "zone": f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{zone}",
             "creationTimestamp": "2026-11-29T01:58:00.000-08:00",
             "labels": {"app": "tpu-serve", "stack": stack, "managed-by": "pulumi", "env": stack}}

@@ -371,19 +371,8 @@ BAD_WITH_MESSAGE = [
     (VALID, {'containerImage': ' '},
      'containerImage: must not be empty (default: vllm/vllm-tpu@sha256:f776ea23d464b2c0b1de45f6aa4387dc298af5a09aa26c8a3ef24561f35369ae)'),
     (VALID, {'maxModelLength': '1'},
-     'maxModelLength: unknown setting; known settings are alertDownAfter, alertNotificationChannels, '
-     'alertQueueDepth, alertTtftP99Seconds, allowKnownBrokenModel, bootDiskSizeGb, bootDiskType, bootImage, '
-     'cacheDiskIops, cacheDiskSizeGb, cacheDiskThroughputMibps, cloudNatSkipRegions, compileCacheBucket, '
-     'containerImage, createCloudNat, '
-     'enableAutoToolChoice, externalIp, '
-     'extraArgs, fleet, gkeCluster, gkeClusterLocation, gkeMaxNodes, gkeMinReplicas, gkeNamespace, '
-     'gkeProxySubnetRange, '
-     'gkeRouter, gkeSurgeNode, gkeZones, gpuMemoryUtilization, hfToken, hfTokenSecretId, keepCaches, kvCacheDtype, '
-     'labels, localGpus, localModelCache, localPort, '
-     'machineType, maxModelLen, maxNumBatchedTokens, maxRunDuration, model, modelImpl, multimodalLimits, network, '
-     'pricePerChipHour, project, readinessTimeout, reasoningParser, region, routerImage, routerMachineType, '
-     'routerMasterKeySecretId, routerReplicas, routerZone, subnetwork, target, toolCallParser, vllmApiKeySecretId, '
-     'zone, zones'),
+     'maxModelLength: unknown setting (did you mean maxModelLen?); Pulumi.yaml lists every setting with its '
+     'description'),
     (VALID, {'readinessTimeout': 'soon'},
      "readinessTimeout: 'soon' is not a duration like 4h, 90m or 1d12h"),
     (GKE, {'gkeMaxNodes': '0'},

@@ -13,7 +13,7 @@ import requests
 from click.testing import CliRunner
 
 from tests import provider_errors as errors
-from tests.fake_pulumi import FakePulumi, install
+from tests.fake_pulumi import FakePulumi, install, preview_step, replacement
 from tests.google_fakes import PROJECT, GoogleFake, labelled_instance, state_with_instance
 from tpuserve.deploy import gce
 from tpuserve.ops import up as up_module
@@ -253,3 +253,99 @@ def test_an_error_line_says_error_as_every_command_does(pulumi: FakePulumi, monk
     assert code == 1 and verdict["ok"] is False
     assert stderr.splitlines()[-1] == ("Error: no Google application-default credentials; run `gcloud auth "
                                        "application-default login`")
+
+
+# --- look before leaping: the preview of a stack that has a VM ----------------------------------------------------
+
+VM_1T = {"name": "tpu-serve-dev", "zone": "us-east5-a", "machineType": "ct6e-standard-1t",
+         "scheduling": {"provisioningModel": "FLEX_START", "maxRunDuration": {"seconds": 14400}},
+         "metadata": {"tpu-serve-config": '{"argv": ["--tensor-parallel-size", "1"]}'}}
+
+
+def deployed(pulumi: FakePulumi, zone: str = "us-east5-a") -> None:
+    pulumi.state(state_with_instance(zone))
+    (pulumi.home / "outputs.json").write_text(json.dumps({"zone": zone, "instanceName": "tpu-serve-dev",
+                                                          "maxRunSeconds": 14400, "vmSlot": "a"}))
+
+
+def test_a_change_that_replaces_the_vm_stops_before_pulumi_up_and_names_the_keys(pulumi: FakePulumi):
+    """machineType -1t -> -4t (the facts say the provider would resize a running VM only stopped, and the stack
+    replaces it instead): nothing runs without --replace-vm, and the user reads what it costs."""
+    deployed(pulumi)
+    new = {**VM_1T, "machineType": "ct6e-standard-4t", "metadata": {"tpu-serve-config": '{"argv": ["4"]}'}}
+    pulumi.preview(replacement(VM_1T, new, {"machineType": "update-replace", 'metadata["tpu-serve-config"]': "update"},
+                               ("machineType",)))
+    pulumi.scenario({"*": {"rc": 0, "creates": True}})
+    code, verdict, stderr = run_up(GoogleFake(), "--skip-preflight")
+    assert code == 4
+    assert not any(call[0] == "up" for call in pulumi.calls())
+    assert verdict["replace"]["keys"] == ["machineType"]
+    assert verdict["replace"]["changes"] == ["machineType: ct6e-standard-1t -> ct6e-standard-4t"]
+    assert "--replace-vm" in verdict["reason"]
+    text = " ".join(stderr.split())
+    assert "the TPU VM would be REPLACED by this change (machineType)" in text
+    assert "flex-start grant and its max-run clock are lost" in text
+    assert "up to 4 h x 4 chip(s) x $1.35 = $21.60" in text
+    assert "the old VM keeps serving until the new one is created and ready" in text
+
+
+def test_with_replace_vm_the_successor_takes_the_other_name_in_the_same_zone(pulumi: FakePulumi):
+    deployed(pulumi)
+    new = {**VM_1T, "machineType": "ct6e-standard-4t"}
+    pulumi.preview(replacement(VM_1T, new, {"machineType": "update-replace"}, ("machineType",)))
+    pulumi.scenario({"*": {"rc": 0, "creates": True}})
+    code, verdict, stderr = run_up(GoogleFake(), "--skip-preflight", "--replace-vm")
+    assert code == 0, stderr
+    ups = [call for call in pulumi.calls() if call[0] == "up"]
+    assert len(ups) == 1 and "vmSlot=b" in ups[0] and "zone=us-east5-a" in ups[0]
+    previews = [call for call in pulumi.calls() if call[0] == "preview"]
+    assert previews and previews[0][:4] == ["preview", "--json", "--show-replacement-steps", "--refresh"]
+
+
+def test_an_in_place_change_says_so_and_goes_ahead(pulumi: FakePulumi):
+    deployed(pulumi)
+    new = {**VM_1T, "metadata": {"tpu-serve-config": '{"argv": ["--max-model-len", "32768"]}'}}
+    pulumi.preview([preview_step("update", VM_1T, new, diff={'metadata["tpu-serve-config"]': "update"})])
+    pulumi.scenario({"*": {"rc": 0}})
+    code, verdict, stderr = run_up(GoogleFake(), "--skip-preflight")
+    assert code == 0, stderr
+    assert "in place: the VM keeps serving, the supervisor restarts vLLM with the new config" in stderr
+    ups = [call for call in pulumi.calls() if call[0] == "up"]
+    assert len(ups) == 1 and not any("vmSlot" in arg or "replaceOrder" in arg for arg in ups[0])
+
+
+def test_without_quota_room_for_two_vms_the_old_one_goes_first_said_plainly(pulumi: FakePulumi):
+    """us-east5's preemptible quota is 1 chip and the stack's own VM holds it: create-before-delete cannot fit."""
+    deployed(pulumi)
+    new = {**VM_1T, "scheduling": {"provisioningModel": "FLEX_START", "maxRunDuration": {"seconds": 86400}}}
+    pulumi.preview(replacement(VM_1T, new, {"scheduling.maxRunDuration.seconds": "update-replace"},
+                               ("scheduling",), delete_first=False))
+    pulumi.scenario({"*": {"rc": 0, "creates": True}})
+    google = GoogleFake(preemptible={"us-east5": 1},
+                        instances={"us-east5-a": [labelled_instance("us-east5-a", status="RUNNING")]})
+    code, verdict, stderr = run_up(google, "--replace-vm", "--zones", "us-east5-a")
+    assert code == 0, stderr
+    text = " ".join(stderr.split())
+    assert "us-east5's TPU v6e quota is 1 chip(s) and 1 are in use" in text
+    assert "the old VM is deleted FIRST" in text
+    assert "up to 24 h x 1 chip(s)" in text
+    ups = [call for call in pulumi.calls() if call[0] == "up"]
+    assert "replaceOrder=delete-first" in ups[0] and not any("vmSlot" in arg for arg in ups[0])
+    assert "tpu-serve:replaceOrder" not in pulumi.config()  # one run's choice, not the stack's
+
+
+def test_a_failing_preview_stops_with_its_error(pulumi: FakePulumi):
+    deployed(pulumi)
+    pulumi.preview([], rc=255, diagnostics=[{"message": "tpu-serve:machineType: 'ct6e' is not a TPU v6e machine "
+                                                        "type\n", "severity": "error"}])
+    code, verdict, stderr = run_up(GoogleFake(), "--skip-preflight")
+    assert code == 1
+    assert verdict["reason"].endswith("'ct6e' is not a TPU v6e machine type")
+    assert not any(call[0] == "up" for call in pulumi.calls())
+
+
+def test_a_stack_without_a_vm_is_not_previewed(pulumi: FakePulumi):
+    pulumi.scenario({"*": {"rc": 0, "creates": True}})
+    code, verdict, stderr = run_up(GoogleFake(), "--skip-preflight", "--zones", "us-east5-a")
+    assert code == 0, stderr
+    assert not any(call[0] == "preview" for call in pulumi.calls())

@@ -103,6 +103,9 @@ CACHE_LABEL = "tpu-serve-cache"
 
 # How long `pulumi up` (and `tpuserve gate`) waits for the model to answer: a cold start takes 8.5-10.5 min.
 READY_TIMEOUT_S = 25 * 60
+# A cold boot of a new TPU VM to `serving`, in minutes: the image pull ≈ 5 min and the XLA compile 329 s of 404 s
+# (the reference deployment's timeline).
+COLD_START_MINUTES = (8.5, 10.5)
 # Flex-start price of one TPU v6e chip-hour in USD (reference deployment).
 PRICE_PER_CHIP_HOUR = 1.35
 # HBM vLLM can address on one v6e chip (32 GB nominal).

@@ -128,12 +128,35 @@ class ComputeClient:
     def labelled_disks(self, project: str, zone: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         return self._list(self._zone_url(project, zone, "disks"), labels)
 
+    def aggregated_instances(self, project: str, list_filter: str = "") -> list[dict[str, Any]]:
+        """Every instance of the project in every zone (`instances.aggregatedList`, whose `items` map `zones/Z` to
+        {"instances": [...]} or a `warning` for a zone without any), matching `list_filter` if given."""
+        params = {"maxResults": "500", **({"filter": list_filter} if list_filter else {})}
+        items: list[dict[str, Any]] = []
+        while True:
+            body = ok(self.session.get(f"{self.base_url}/compute/v1/projects/{project}/aggregated/instances",
+                                       params=params, timeout=self.timeout_s)).json()
+            for scoped in body.get("items", {}).values():
+                items += scoped.get("instances", [])
+            if not body.get("nextPageToken"):
+                return items
+            params["pageToken"] = body["nextPageToken"]
+
     def delete(self, project: str, zone: str, collection: str, name: str) -> str:
         """Start deleting an instance or disk; returns the zonal operation's name (a 404 means already gone)."""
         response = self.session.delete(self._zone_url(project, zone, f"{collection}/{name}"), timeout=self.timeout_s)
         if response.status_code == 404:
             return ""
         return str(ok(response).json().get("name", ""))
+
+
+def tpu_chips(machine_type_url: str) -> int:
+    """Chips of a TPU v6e machine type (`.../machineTypes/ct6e-standard-4t` -> 4); 0 for any other type."""
+    name = machine_type_url.rsplit("/", 1)[-1]
+    if not name.startswith("ct6e-standard-"):
+        return 0
+    digits = name.removeprefix("ct6e-standard-").removesuffix("t")
+    return int(digits) if digits.isdigit() else 0
 
 
 def label_filter(labels: Mapping[str, str]) -> str:

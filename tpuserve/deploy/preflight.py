@@ -135,6 +135,9 @@ class Report:
     skipped: dict[str, str] = field(default_factory=dict)  # zone -> why the sweep will not try it
     zones: tuple[str, ...] = ()  # the candidates, in order
     nat: nat.NatPlan | None = None  # what serves Cloud NAT where, when the routers could be listed
+    # region -> the larger of its preemptible and standard TPU v6e chip limits (-1 unlimited), where read: how many
+    # chips the project may hold there at once (a replacement VM beside the old one needs twice the stack's)
+    tpu_limits: dict[str, int] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -281,6 +284,9 @@ def check_quota(google: Google, target: Target, report: Report, apis: set[str]) 
     for region in dict.fromkeys(region_of(zone) for zone in target.zones if zone not in report.skipped):
         preemptible = quota_limit(infos[PREEMPTIBLE_QUOTA], region, {})
         standard = quota_limit(infos[FAMILY_QUOTA], region, {"tpu_family": TPU_FAMILY})
+        known = [limit for limit in (preemptible, standard) if limit is not None]
+        if known:
+            report.tpu_limits[region] = -1 if -1 in known else max(known)
         if enough(preemptible, target.chips) or enough(standard, target.chips):
             usable.append(f"{region} (preemptible {fmt(preemptible)}, standard {fmt(standard)})")
             continue

@@ -177,6 +177,24 @@ class PulumiCli:
         settings = [arg for key, value in (config or {}).items() for arg in ("--config", f"{key}={value}")]
         return self.stream(["up", "--yes", "--skip-preview", "--refresh", *settings, *extra], timeout_s)
 
+    def preview(self, extra: Sequence[str], timeout_s: float, config: Mapping[str, str] | None = None) -> Run:
+        """`pulumi preview --json --show-replacement-steps`: the engine's plan as one JSON digest on stdout (its
+        `output`; stderr is echoed, not kept), with the create-replacement/delete-replaced steps that tell the order
+        of a replacement. `config` is saved first, as `up --config` does (the preview command takes the same flag)."""
+        self._forget()
+        settings = [arg for key, value in (config or {}).items() for arg in ("--config", f"{key}={value}")]
+        started = time.monotonic()
+        try:
+            result = subprocess.run(self._argv("preview", "--json", "--show-replacement-steps", "--refresh",
+                                               *settings, *extra),
+                                    cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL, capture_output=True,
+                                    text=True, timeout=max(timeout_s, 1.0), check=False)
+        except subprocess.TimeoutExpired:
+            return Run(255, "", time.monotonic() - started, interrupted=True)
+        for line in result.stderr.splitlines():
+            self.echo(line)
+        return Run(result.returncode, result.stdout, time.monotonic() - started)
+
     def stream(self, args: Sequence[str], timeout_s: float) -> Run:
         """Run a command, echoing each line as it comes; at `timeout_s` interrupt it as Ctrl-C would (Pulumi then
         finishes what is in flight and saves the state), kill it only if it does not stop."""

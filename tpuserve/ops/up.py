@@ -9,8 +9,15 @@ found by the stack's labels, after the user agrees or with --yes). The zone that
 later `pulumi up`/`destroy` and the toolkit use it. The readiness gate failing is not a capacity problem: it stops
 the sweep and points to `tpuserve diagnose`.
 
+Before the first zone, a stack that already has a VM is previewed (`pulumi preview --json`, deploy/preview.py): a
+change that would replace or delete the VM (or its cache disk) is named, with what it costs, and runs only with
+--replace-vm or an interactive yes; an in-place change says so and goes ahead. A replacement keeps the old VM serving
+until the new one is ready (create-before-delete, under the other of the stack's two VM names when it stays in its
+zone) unless the region's TPU quota has no room for both, when the old VM goes first, said plainly.
+
 Exit codes: 0 deployed and ready; 1 stopped by an error no other zone fixes (or preflight); 2 bad usage;
-3 no zone had capacity before the deadline (try later, add zones, or --retry-until-up).
+3 no zone had capacity before the deadline (try later, add zones, or --retry-until-up); 4 the change would replace the
+VM and nobody agreed (--replace-vm).
 """
 
 from __future__ import annotations
@@ -32,14 +39,17 @@ from tpuserve.cli import echo_json
 from tpuserve.deploy import nat
 from tpuserve.deploy.cache import cache_disks, zones_by_warm_cache
 from tpuserve.deploy.capacity import classify
-from tpuserve.deploy.gce import ComputeApiError, ComputeClient, ZonalDisks
+from tpuserve.deploy import preview as previews
+from tpuserve.deploy.gce import ComputeApiError, ComputeClient, ZonalDisks, tpu_chips
 from tpuserve.deploy.orphans import Orphan, delete_orphans, find_orphans, managed_ids, stack_labels
 from tpuserve.deploy.preflight import (Endpoints, Report, configured_zones, endpoint_option, nat_plan, preflight,
                                        print_report, target_from_config)
+from tpuserve.facts import PRICE_PER_CHIP_HOUR
 from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
-from tpuserve.deploy.sweep import ZONE, Attempt, Failure, SweepResult, sweep
+from tpuserve.deploy.sweep import ZONE, Attempt, Failure, SweepResult, region_of, sweep
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_CAPACITY = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_CAPACITY, EXIT_NEEDS_CONSENT = 0, 1, 2, 3, 4
+PREVIEW_TIMEOUT_S = 600.0
 DEFAULT_DEADLINE = "2h"
 CLEANUP_TIMEOUT_S = 300.0  # the refresh between attempts, even past the deadline: nothing may stay half-created
 LOCAL = "local"  # the one "zone" of a local-target stack (a Docker host)
@@ -179,13 +189,15 @@ def verdict(result: SweepResult, stack: str, candidates: Sequence[str]) -> tuple
               "and sweep again until the deadline.")
 @click.option("--yes", is_flag=True, help="Delete orphaned VMs and disks the sweep finds without asking.")
 @click.option("--skip-preflight", is_flag=True, help="Do not run `tpuserve preflight` first.")
+@click.option("--replace-vm", is_flag=True, help="Go ahead when the change replaces the stack's TPU VM (a new "
+              "flex-start request and a cold boot); without it such a change stops before anything happens.")
 @click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
               show_default=True, help="The Pulumi project directory.")
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON line: outcome, zone, attempts, orphans.")
 @endpoint_option
 @click.argument("pulumi_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- PULUMI UP FLAGS]")
 def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, yes: bool, skip_preflight: bool,
-       cwd: Path, as_json: bool, endpoints: tuple[str, ...], pulumi_args: tuple[str, ...]) -> None:
+       replace_vm: bool, cwd: Path, as_json: bool, endpoints: tuple[str, ...], pulumi_args: tuple[str, ...]) -> None:
     """Deploy a stack: find a zone with TPU capacity (preflight, then `pulumi up` zone by zone), clean up.
 
     Flags after `--` go to every `pulumi up`, e.g. `-- --policy-pack policy`. Exit 0 deployed and ready, 1 stopped
@@ -231,7 +243,7 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
                                f"{', '.join(z for z in candidates if not z.startswith(f'{region}-'))}; unset it "
                                f"(pulumi config rm region --stack {stack}: NAT then follows the zone) or limit --zones")
 
-    compute, nat_config = None, {}
+    compute, nat_config, report = None, {}, None
     settings = pin_image(config, roots.registry, say, lambda reason: finish(
         EXIT_FAILED, {"zone": None, "attempts": [], "reason": reason, "orphans": []}))
     if not local:
@@ -243,7 +255,6 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
         compute = ComputeClient(session, roots.compute)
         own = own_nats(pulumi, say)
         target = target_from_config(config, candidates, stack, own or frozenset())
-        report: Report | None = None
         if not skip_preflight:
             report = preflight(session, target, roots)
             print_report(console, report)
@@ -268,6 +279,18 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
     deployer = Deployer(pulumi, stack, str(config.get("project", "")), pulumi_args, compute, confirm, say,
                         nat=nat_config, settings=settings)
     original_zone = config.get("zone")
+    if compute is not None and not single_zone and has_vm(pulumi, outputs):
+        try:
+            look = look_before_leaping(pulumi, stack, config, outputs, compute, report, pulumi_args, say)
+        except PreviewFailed as err:
+            say(f"Error: {err}")
+            finish(EXIT_FAILED, {"zone": None, "attempts": [], "reason": str(err), "orphans": []})
+        if look.refused is not None and not replace_vm and not (interactive and click.confirm(
+                "Replace the VM?", default=False, err=True)):
+            say(look.refused)
+            finish(EXIT_NEEDS_CONSENT, {"zone": None, "attempts": [], "reason": look.refused, "orphans": [],
+                                        "replace": look.replace})
+        deployer.settings = {**deployer.settings, **look.settings}
     say(f"trying {', '.join(candidates)} for stack {stack} (deadline {deadline_text})")
     numbers = itertools.count(1)
     result = sweep(candidates, deployer.attempt, deadline_s - (time.monotonic() - started),
@@ -280,6 +303,7 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
             deployer.clean_up([zone for zone in tried if zone != result.zone])
         if not result.ok:
             keep_zone_consistent(pulumi, original_zone)
+        keep_slot_consistent(pulumi, config, deployer.settings)
     print_table(console, result)
     code, outcome, todo = verdict(result, stack, candidates)
     say(outcome)
@@ -363,6 +387,121 @@ def warm_cache_first(session: Any, compute_url: str, project: str, stack: str, c
     if warm:
         say(f"warm cache disk in {', '.join(sorted(set(warm)))}: tried first")
     return ordered
+
+
+def has_vm(pulumi: PulumiCli, outputs: Mapping[str, Any]) -> bool:
+    """The stack holds a TPU VM now (its outputs name one, or its state does)."""
+    if outputs.get("instanceName"):
+        return True
+    try:
+        return any(zone_of(resource_id) for resource_id in managed_ids(pulumi.export()))
+    except PulumiError:
+        return False
+
+
+@dataclass(frozen=True)
+class Look:
+    """What the preview found: settings the next `pulumi up` needs, and the reason to stop when the VM would be
+    replaced (None when nothing stateful is lost)."""
+
+    settings: dict[str, str]
+    refused: str | None = None
+    replace: dict[str, Any] | None = None
+
+
+def look_before_leaping(pulumi: PulumiCli, stack: str, config: Mapping[str, Any], outputs: Mapping[str, Any],
+                        compute: ComputeClient, report: Report | None, extra: Sequence[str],
+                        say: Callable[[str], None]) -> Look:
+    """Preview the stack in the zone its VM is in; when the VM or its cache disk would be replaced or deleted, say so
+    with what it costs and choose the order (deploy/preview.py)."""
+    zone = str(outputs.get("zone") or config.get("zone") or "")
+    run = pulumi.preview(extra, PREVIEW_TIMEOUT_S, {"zone": zone} if zone else {})
+    try:
+        plan = previews.parse(run.output)
+    except ValueError as err:
+        raise PreviewFailed(f"pulumi preview failed (exit {run.returncode}): {err}") from None
+    if not run.ok:
+        errors = [d.get("message", "").strip() for d in json.loads(run.output).get("diagnostics", [])
+                  if d.get("severity") == "error" and d.get("message", "").strip()]
+        raise PreviewFailed(f"pulumi preview failed (exit {run.returncode}): "
+                            f"{errors[-1] if errors else 'see its output above'}")
+    for line in previews.summary_lines(plan):
+        say(line)
+    losing = plan.losing
+    if not losing:
+        if not plan.in_place:
+            say("the TPU VM is not changed by this update")
+        return Look({})
+    vm = plan.vm_replacement() or losing[0]
+    chips = tpu_chips(str(vm.new_inputs.get("machineType") or config.get("machineType") or "ct6e-standard-1t")) or 1
+    delete_first, why = replacement_order(compute, str(config.get("project", "")), zone, chips, report)
+    same_zone = str(vm.old_inputs.get("zone", zone)) == str(vm.new_inputs.get("zone", zone))
+    cost = previews.Replacement(chips=chips, max_run_seconds=new_run_seconds(vm, outputs),
+                                price_per_chip_hour=float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR),
+                                delete_first=delete_first, same_zone=same_zone)
+    lines = cost.lines(vm, stack)
+    if why:
+        lines.insert(-1, f"  {why}")
+    for line in lines:
+        say(line)
+    settings: dict[str, str] = {}
+    if delete_first:
+        settings["replaceOrder"] = "delete-first"
+    elif same_zone:  # a name can exist once per zone: the successor takes the stack's other name (and cache slot)
+        settings["vmSlot"] = "b" if str(config.get("vmSlot") or "a") == "a" else "a"
+    keys = previews.losing_keys(losing)
+    refused = (f"stopped: this change replaces {vm.what} ({', '.join(keys) or 'see the preview'}); run again with "
+               "--replace-vm to go ahead")
+    return Look(settings, refused, {"what": [step.what for step in losing], "keys": keys,
+                                    "changes": vm.changes(), "deleteFirst": delete_first})
+
+
+class PreviewFailed(RuntimeError):
+    """The preview itself failed: `pulumi up` would fail the same way."""
+
+
+def new_run_seconds(step: previews.Step, outputs: Mapping[str, Any]) -> int:
+    """The successor's max run: the Instance's new `scheduling.maxRunDuration.seconds`, else the stack's current."""
+    scheduling = step.new_inputs.get("scheduling") or {}
+    seconds = (scheduling.get("maxRunDuration") or {}).get("seconds") if isinstance(scheduling, dict) else None
+    return int(float(seconds or outputs.get("maxRunSeconds") or 4 * 3600))
+
+
+def replacement_order(compute: ComputeClient, project: str, zone: str, chips: int,
+                      report: Report | None) -> tuple[bool, str]:
+    """(delete first?, why): create-before-delete needs room in the region's TPU quota for the old VM and its
+    successor at once; the quota's limit comes from preflight, the chips in use from the project's instances."""
+    region = region_of(zone)
+    limit = report.tpu_limits.get(region) if report is not None else None
+    if limit is None or limit == -1:
+        return False, "" if limit == -1 else "(the region's TPU quota was not read: assuming room for both VMs)"
+    try:
+        used = sum(tpu_chips(str(instance.get("machineType", ""))) for instance in compute.aggregated_instances(project)
+                   if region_of(str(instance.get("zone", "")).rsplit("/", 1)[-1]) == region
+                   and instance.get("status") not in ("TERMINATED", "STOPPED", "SUSPENDED"))
+    except (ComputeApiError, requests.RequestException) as err:
+        return False, f"(could not count the chips in use in {region}: {err}; assuming room for both VMs)"
+    if limit - used >= chips:
+        return False, ""
+    return True, (f"{region}'s TPU v6e quota is {limit} chip(s) and {used} are in use: no room for a successor "
+                  f"of {chips} beside the old VM")
+
+
+def keep_slot_consistent(pulumi: PulumiCli, config: Mapping[str, Any], settings: Mapping[str, str]) -> None:
+    """`vmSlot` names the VM the state holds, and a one-run `replaceOrder` goes back to what the stack said."""
+    try:
+        if "replaceOrder" in settings:
+            previous = config.get("replaceOrder")
+            if previous:
+                pulumi.set_config("replaceOrder", str(previous))
+            else:
+                pulumi.remove_config("replaceOrder")
+        if "vmSlot" in settings:
+            slot = pulumi.outputs().get("vmSlot")  # the last deployment's: a failed update leaves them as they were
+            if slot and slot != settings["vmSlot"]:
+                pulumi.set_config("vmSlot", str(slot))
+    except PulumiError as err:
+        click.echo(f"warning: could not restore the stack's vmSlot/replaceOrder: {err}", err=True)
 
 
 def keep_zone_consistent(pulumi: PulumiCli, original_zone: str | None) -> None:

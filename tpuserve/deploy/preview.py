@@ -1,0 +1,209 @@
+"""What the next `pulumi up` would do to the TPU VM, read from `pulumi preview --json` before anything happens.
+
+A flex-start VM is the scarcest thing a stack has: replacing it gives up the grant and its max-run clock, and the new
+request may find no capacity anywhere. `tpuserve up` therefore previews a stack that already has a VM and, when the
+VM (or its cache disk) would be replaced or deleted, says so and which settings cause it before it runs `pulumi up`.
+
+The digest is the real CLI's (pulumi/pulumi pkg/display/json.go `PreviewDigest`, printed by
+pkg/backend/display/json.go `ShowPreviewDigest`): `steps[]` of {op, urn, provider, oldState, newState, diffReasons,
+replaceReasons, detailedDiff: {path: {kind, inputDiff}}}, `changeSummary`, `diagnostics`. With
+`--show-replacement-steps` a replacement shows as its logical `replace` step plus `create-replacement` and
+`delete-replaced` in the order the engine runs them (pkg/backend/display/display.go `shouldShow`), which tells
+create-before-delete from delete-before-create.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+INSTANCE = "gcp:compute/instance:Instance"
+NODE_POOL = "gcp:container/nodePool:NodePool"
+DYNAMIC = "pulumi-python:dynamic:Resource"
+CACHE_DISK_SUFFIX = "-cache-disk"  # components/cache.py names the disk resource `<base>-cache-disk`
+
+# pulumi/pulumi pkg/resource/deploy/step.go StepOp values.
+LOSING = ("replace", "create-replacement", "delete-replaced", "delete")
+CHANGING = ("update",)
+
+# Top-level inputs of the Instance (and the cache disk) -> the stack settings that set them (components/instance.py,
+# components/deployment.py, components/cache.py); tests/test_preview.py checks every input the program declares is
+# here.
+INPUT_KEYS: dict[str, tuple[str, ...]] = {
+    "name": ("vmSlot",),
+    "zone": ("zone",),
+    "project": ("project",),
+    "machineType": ("machineType",),
+    "bootDisk": ("bootImage", "bootDiskSizeGb", "bootDiskType"),
+    "scheduling": ("maxRunDuration",),
+    "serviceAccount": ("hfTokenSecretId", "project"),
+    "networkInterfaces": ("network", "subnetwork", "externalIp"),
+    "attachedDisks": ("cacheDiskSizeGb", "zone", "vmSlot"),
+    "metadata": ("model", "containerImage", "the serving flags"),
+    "labels": ("labels",),
+    "tags": (),
+    "reservationAffinity": (),
+    "deletionProtection": (),
+    # the cache disk's dynamic resource
+    "sizeGb": ("cacheDiskSizeGb",),
+    "type": (),
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    op: str
+    urn: str
+    type: str
+    name: str
+    old_inputs: Mapping[str, Any] = field(default_factory=dict)
+    new_inputs: Mapping[str, Any] = field(default_factory=dict)
+    diff_reasons: tuple[str, ...] = ()
+    replace_reasons: tuple[str, ...] = ()
+    detailed_diff: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def is_vm(self) -> bool:
+        return self.type == INSTANCE
+
+    @property
+    def is_cache_disk(self) -> bool:
+        return self.type == DYNAMIC and self.name.endswith(CACHE_DISK_SUFFIX)
+
+    @property
+    def is_node_pool(self) -> bool:
+        return self.type == NODE_POOL
+
+    @property
+    def what(self) -> str:
+        return "the TPU VM" if self.is_vm else "the cache disk" if self.is_cache_disk else "the TPU node pool"
+
+    def changes(self) -> list[str]:
+        """'machineType: ct6e-standard-1t -> ct6e-standard-4t' for each reason (replace reasons first)."""
+        reasons = self.replace_reasons or self.diff_reasons
+        return [f"{key}: {short(self.old_inputs.get(key))} -> {short(self.new_inputs.get(key))}" for key in reasons]
+
+    def settings(self) -> list[str]:
+        """The stack settings behind this step's reasons, in order, each once."""
+        reasons = self.replace_reasons or self.diff_reasons
+        return list(dict.fromkeys(key for reason in reasons for key in INPUT_KEYS.get(reason, (reason,))))
+
+
+def short(value: Any, limit: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def name_of(urn: str) -> str:
+    return urn.rsplit("::", 1)[-1]
+
+
+def type_of(urn: str) -> str:
+    """The resource type: the last `$`-separated part of the URN's type (a child's type carries its parents')."""
+    return urn.split("::")[2].rsplit("$", 1)[-1] if urn.count("::") >= 3 else ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The steps of one preview, and what they mean for the stateful resources."""
+
+    steps: tuple[Step, ...]
+    summary: Mapping[str, int] = field(default_factory=dict)
+
+    def _stateful(self, step: Step) -> bool:
+        return step.is_vm or step.is_cache_disk or step.is_node_pool
+
+    @property
+    def losing(self) -> list[Step]:
+        """The logical steps that replace or delete the VM, its cache disk or a TPU node pool (a replacement's own
+        create-replacement/delete-replaced steps are folded into its `replace`)."""
+        return [step for step in self.steps if self._stateful(step) and step.op in ("replace", "delete")]
+
+    @property
+    def in_place(self) -> list[Step]:
+        return [step for step in self.steps if self._stateful(step) and step.op in CHANGING]
+
+    def vm_replacement(self) -> Step | None:
+        return next((step for step in self.steps if step.is_vm and step.op == "replace"), None)
+
+    def delete_first(self, step: Step) -> bool:
+        """True when the engine deletes the old resource before it creates its replacement."""
+        ops = [s.op for s in self.steps if s.urn == step.urn and s.op in ("create-replacement", "delete-replaced")]
+        return bool(ops) and ops[0] == "delete-replaced"
+
+    def serving_change(self) -> bool:
+        """The served config changes on the running VM: the supervisor restarts vLLM."""
+        return any(path.startswith('metadata["tpu-serve-config"]') or path == "metadata"
+                   for step in self.in_place if step.is_vm for path in step.detailed_diff)
+
+
+def parse(text: str) -> Plan:
+    """A `pulumi preview --json` digest -> Plan. Raises ValueError when the text is not one."""
+    try:
+        digest = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"pulumi preview --json printed no JSON digest ({err.msg} at line {err.lineno})") from None
+    if not isinstance(digest, dict):
+        raise ValueError("pulumi preview --json printed no JSON digest (not an object)")
+    steps = []
+    for raw in digest.get("steps") or []:
+        urn = str(raw.get("urn", ""))
+        state = raw.get("newState") or raw.get("oldState") or {}
+        steps.append(Step(
+            op=str(raw.get("op", "")), urn=urn, type=str(state.get("type") or type_of(urn)), name=name_of(urn),
+            old_inputs=(raw.get("oldState") or {}).get("inputs") or {},
+            new_inputs=(raw.get("newState") or {}).get("inputs") or {},
+            diff_reasons=tuple(raw.get("diffReasons") or ()), replace_reasons=tuple(raw.get("replaceReasons") or ()),
+            detailed_diff=raw.get("detailedDiff") or {}))
+    return Plan(tuple(steps), dict(digest.get("changeSummary") or {}))
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """What replacing the VM costs, for the warning before it happens."""
+
+    chips: int
+    max_run_seconds: int
+    price_per_chip_hour: float
+    delete_first: bool
+    same_zone: bool
+
+    def lines(self, step: Step, stack: str) -> list[str]:
+        from tpuserve.facts import COLD_START_MINUTES
+
+        hours = self.max_run_seconds / 3600
+        lines = [f"{step.what} would be REPLACED by this change ({', '.join(step.settings()) or 'see the diff'}):"]
+        lines += [f"  {change}" for change in step.changes()]
+        lines += [
+            "  the flex-start grant and its max-run clock are lost: the new VM is a new capacity request, which the "
+            "zone may not have",
+            f"  a cold boot takes {COLD_START_MINUTES[0]}-{COLD_START_MINUTES[1]} min (less with a warm cache disk); the "
+            f"new run may bill up to {hours:g} h x {self.chips} chip(s) x ${self.price_per_chip_hour:g} = "
+            f"${hours * self.chips * self.price_per_chip_hour:.2f}",
+            "  order: " + ("the old VM is deleted FIRST (no quota room for two at once): the stack serves nothing "
+                           "until the new one is ready, and nothing if no zone has capacity" if self.delete_first else
+                           "the old VM keeps serving until the new one is created and ready, then it is deleted "
+                           "(for a moment the stack holds twice the chips)"),
+            f"  go ahead: tpuserve up --stack {stack} --replace-vm (or answer yes when asked)",
+        ]
+        return lines
+
+
+def summary_lines(plan: Plan) -> list[str]:
+    """One line per in-place change of the stateful resources."""
+    lines = []
+    for step in plan.in_place:
+        if step.is_vm and plan.serving_change():
+            lines.append("in place: the VM keeps serving, the supervisor restarts vLLM with the new config")
+        elif step.is_cache_disk:
+            lines.append(f"in place: the cache disk changes ({', '.join(step.changes())}); the VM grows its "
+                         "filesystem online")
+        else:
+            lines.append(f"in place: {step.what} keeps running ({', '.join(step.settings()) or 'metadata'})")
+    return list(dict.fromkeys(lines))
+
+
+def losing_keys(steps: Sequence[Step]) -> list[str]:
+    return list(dict.fromkeys(key for step in steps for key in step.settings()))
