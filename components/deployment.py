@@ -19,13 +19,14 @@ from components.startup_script import API_KEY_ENV, render_startup_script, served
 from tpuserve.deploy import orphans
 from tpuserve.deploy.cache import bucket_name, disk_name
 from tpuserve.facts import CACHE_DEVICE_NAME, CACHE_LABEL, SERVED_CONFIG_KEY, STARTUP_SCRIPT_KEY, SUPERVISOR_KEY
+from tpuserve.names import bounded, service_account_id
 from tpuserve.serving import vllm_serve_args
 
 
 def base_name(stack: str) -> str:
     """`tpu-serve-<stack>` in the character set every GCP resource name accepts."""
     slug = re.sub(r"[^a-z0-9-]+", "-", stack.lower()).strip("-") or "stack"
-    return f"{PROJECT_NAME}-{slug}"[:40].rstrip("-")
+    return bounded(f"{PROJECT_NAME}-{slug}", 40)
 
 
 def fleet_tag(fleet: str) -> str:
@@ -62,7 +63,7 @@ class TpuServeDeployment(pulumi.ComponentResource):
         serving_hash = served_hash(cfg.serving, {API_KEY_ENV: api_key_secret} if api_key_secret else None)
 
         identity = ServingIdentity(base, ServingIdentityArgs(
-            project=cfg.project, account_id=base[:30].rstrip("-"), existing_secret=cfg.hf_token_secret_id,
+            project=cfg.project, account_id=service_account_id(base), existing_secret=cfg.hf_token_secret_id,
             hf_token=cfg.hf_token, new_secret_id=f"{base}-hf-token", labels=labels,
             readable_secrets=(api_key_secret,) if api_key_secret else ()), opts=child)
         network = ServingNetwork(base, ServingNetworkArgs(

@@ -16,6 +16,7 @@ from components.identity import ServingIdentity, ServingIdentityArgs
 from components.k8s_serving import SERVICE_ACCOUNT, GkeServing, GkeServingArgs, ServingManifestArgs
 from tpuserve.deploy.cache import bucket_name, disk_name
 from tpuserve.serving import config_hash, vllm_serve_args
+from tpuserve.names import service_account_id
 
 DEPLOYMENT_NAME = "vllm"
 
@@ -32,7 +33,7 @@ class GkeTpuServe(pulumi.ComponentResource):
         serving_hash = config_hash(cfg.serving)
 
         identity = ServingIdentity(base, ServingIdentityArgs(
-            project=cfg.project, account_id=base[:30].rstrip("-"), existing_secret=cfg.hf_token_secret_id,
+            project=cfg.project, account_id=service_account_id(base), existing_secret=cfg.hf_token_secret_id,
             hf_token=cfg.hf_token, new_secret_id=f"{base}-hf-token", labels=labels, project_roles=(),
             display_name="tpu-serve vLLM pods (GKE)",
             description="Workload Identity of tpu-serve's vLLM pods; reads only the HF token secret."), opts=child)

@@ -35,6 +35,7 @@ from components.startup_script import METADATA_URL, template_environment
 from tpuserve.deploy.litellm_config import fleet_config
 from tpuserve.deploy.nat import fleet_nat_regions
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE, IAM_PROPAGATION_WAIT_S, SECRET_ACCESSOR_ROLE
+from tpuserve.names import service_account_id
 
 ROUTER_PORT = 4000  # HAProxy's, in front of the LiteLLM proxies (vm/router_agent.py)
 REDIS_PORT = 6379  # the router VM's own Redis, shared by its proxies (vm/router_agent.py REDIS_PORT)
@@ -95,7 +96,7 @@ class FleetRouter(pulumi.ComponentResource):
         replica_key = full_secret_name(cfg.project, cfg.vllm_api_key_secret_id)
 
         identity = ServingIdentity(base, ServingIdentityArgs(
-            project=cfg.project, account_id=base[:30].rstrip("-"), existing_secret=cfg.router_master_key_secret_id,
+            project=cfg.project, account_id=service_account_id(base), existing_secret=cfg.router_master_key_secret_id,
             labels=labels, display_name="tpu-serve fleet router", readable_secrets=(replica_key,),
             description="Runs a tpu-serve fleet's LiteLLM proxy; reads only its master key and the replicas' API key."),
             opts=child)

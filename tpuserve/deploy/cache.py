@@ -11,7 +11,6 @@ Both are found by the label `tpu-serve-cache=<stack>` (facts.CACHE_LABEL) in eve
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,23 +21,19 @@ from tpuserve.cli import echo_json
 from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ZonalDisks
 from tpuserve.deploy.gcs import STORAGE_URL, Buckets
 from tpuserve.facts import CACHE_LABEL, HYPERDISK_BALANCED_USD_PER_GB_MONTH
+from tpuserve.names import bounded, stack_slug
 
 DISK_TYPE = "hyperdisk-balanced"
 
 
-def stack_slug(stack: str) -> str:
-    """The label value of a stack (the character set GCP labels take)."""
-    return re.sub(r"[^a-z0-9_-]+", "-", stack.lower())[:63]
-
-
 def disk_name(base: str) -> str:
     """`tpu-serve-<stack>-cache`: the same name in every zone (a disk name is unique per zone)."""
-    return f"{base}-cache"[:63]
+    return bounded(f"{base}-cache", 63)
 
 
 def bucket_name(project: str, base: str) -> str:
     """Bucket names are global: the project id keeps them apart (3-63 characters, lowercase)."""
-    return f"{project}-{base}-cache"[:63].rstrip("-.")
+    return bounded(f"{project}-{base}-cache", 63)
 
 
 @dataclass(frozen=True)

@@ -8,20 +8,20 @@ resource of the stack carries) and deletes them once the user agrees (or with --
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tpuserve.deploy.gce import ComputeClient
 from tpuserve.facts import CACHE_LABEL
+from tpuserve.names import stack_slug
 
 APP = "tpu-serve"  # the Pulumi project's name, the `app` label of everything the stack creates
 
 
 def stack_labels(stack: str) -> dict[str, str]:
     """The labels that identify a stack's resources (components/deployment.py puts them on everything)."""
-    return {"app": APP, "stack": re.sub(r"[^a-z0-9_-]+", "-", stack.lower())[:63], "managed-by": "pulumi"}
+    return {"app": APP, "stack": stack_slug(stack), "managed-by": "pulumi"}
 
 
 @dataclass(frozen=True)

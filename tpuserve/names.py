@@ -1,0 +1,36 @@
+"""Names with a length limit, kept unique: a name that does not fit is cut and ends in a short hash of the whole.
+
+GCP names have limits (a service account id 6-30 characters, a bucket 63, a disk or VM 63, a label value 63).
+Cutting alone makes two names one: `tpu-serve-gemma4-serving-prod-r1` and `-r2` cut at 30 are the same account id, so
+the second stack's create fails with 409, and two long stack names cut at 63 would adopt one bucket. A cut name
+therefore keeps its last characters for a hash of the full name: the same input always gives the same name (so a
+stack's resources keep theirs from one `pulumi up` to the next), and two inputs that differ give different names.
+Names that fit are unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+HASH_CHARS = 6  # 16^6 = 16.7 M names per prefix: a collision between a project's few stacks is out of reach
+
+
+def bounded(name: str, limit: int, separator: str = "-") -> str:
+    """`name` if it has at most `limit` characters, else its first characters, `separator` and a hash of it."""
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:HASH_CHARS]
+    head = name[:limit - HASH_CHARS - len(separator)].rstrip("-_.")
+    return f"{head}{separator}{digest}"
+
+
+def stack_slug(stack: str) -> str:
+    """A stack's name as a label value (lowercase letters, digits, _ and -; at most 63), unique per stack name."""
+    import re
+
+    return bounded(re.sub(r"[^a-z0-9_-]+", "-", stack.lower()), 63)
+
+
+def service_account_id(base: str) -> str:
+    """A service account id (6-30 characters) for the resources named `base`."""
+    return bounded(base, 30)
