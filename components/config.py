@@ -24,10 +24,10 @@ from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, DEFAULT_CACHE_DISK_IOPS, DEFA
                             HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_BALANCED_MAX_IOPS,
                             HYPERDISK_BALANCED_MAX_MIBPS, LITELLM_VERSION, PRICE_PER_CHIP_HOUR, READY_TIMEOUT_S,
                             V6E_ZONES, hyperdisk_balanced_monthly_usd)
+from tpuserve.names import PROJECT_NAME
 from tpuserve.serving import (DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting,
                               untested_modalities)
 
-PROJECT_NAME = "tpu-serve"
 # target -> the component that deploys it, as "module:Class": __main__.py imports only the one a stack names (the
 # others bring provider SDKs it does not use: pulumi_kubernetes, pulumi_docker).
 TARGETS = {"gcp": "components.deployment:TpuServeDeployment", "local": "components.local:LocalVllm",

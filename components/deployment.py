@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timedelta
 
 import pulumi
 
-from components.config import PROJECT_NAME, StackConfig
+from components.config import StackConfig
 from components.identity import ServingIdentity, ServingIdentityArgs, full_secret_name
 from components.instance import FlexStartTpuVm, FlexStartTpuVmArgs
 from components.monitoring import ServingMonitoring, ServingMonitoringArgs
@@ -19,26 +18,14 @@ from components.startup_script import API_KEY_ENV, render_startup_script, served
 from tpuserve.deploy import orphans
 from tpuserve.deploy.cache import bucket_name, disk_name
 from tpuserve.facts import CACHE_DEVICE_NAME, CACHE_LABEL, SERVED_CONFIG_KEY, STARTUP_SCRIPT_KEY, SUPERVISOR_KEY
-from tpuserve.names import bounded, service_account_id
+from tpuserve.names import base_name, service_account_id, vm_name
 from tpuserve.serving import vllm_serve_args
-
-
-def base_name(stack: str) -> str:
-    """`tpu-serve-<stack>` in the character set every GCP resource name accepts."""
-    slug = re.sub(r"[^a-z0-9-]+", "-", stack.lower()).strip("-") or "stack"
-    return bounded(f"{PROJECT_NAME}-{slug}", 40)
 
 
 def fleet_tag(fleet: str) -> str:
     """The network tag every replica of fleet `fleet` carries, whatever its number: the fleet's firewall rules
     (components/router.py) target it, so they never change while replicas come and go."""
     return f"{base_name(fleet)[:34].rstrip('-')}-fleet"
-
-
-def vm_name(base: str, slot: str) -> str:
-    """The VM's name in slot a (`tpu-serve-<stack>`, what every stack had before slots) or b (`...-b`): two names, so
-    a successor can be created beside the VM it replaces in the same zone, where a name exists once."""
-    return base if slot == "a" else f"{base}-b"
 
 
 def stack_labels(stack: str, extra: dict[str, str]) -> dict[str, str]:

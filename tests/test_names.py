@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from components.deployment import base_name
+from tpuserve.names import base_name
 from tpuserve.deploy.cache import bucket_name, disk_name
 from tpuserve.names import bounded, service_account_id, stack_slug
 

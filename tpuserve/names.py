@@ -11,7 +11,9 @@ Names that fit are unchanged.
 from __future__ import annotations
 
 import hashlib
+import re
 
+PROJECT_NAME = "tpu-serve"  # Pulumi.yaml's `name`, the first part of every resource name
 HASH_CHARS = 6  # 16^6 = 16.7 M names per prefix: a collision between a project's few stacks is out of reach
 
 
@@ -26,11 +28,22 @@ def bounded(name: str, limit: int, separator: str = "-") -> str:
 
 def stack_slug(stack: str) -> str:
     """A stack's name as a label value (lowercase letters, digits, _ and -; at most 63), unique per stack name."""
-    import re
-
     return bounded(re.sub(r"[^a-z0-9_-]+", "-", stack.lower()), 63)
 
 
 def service_account_id(base: str) -> str:
     """A service account id (6-30 characters) for the resources named `base`."""
     return bounded(base, 30)
+
+
+def base_name(stack: str) -> str:
+    """`tpu-serve-<stack>` in the character set every GCP resource name accepts: what the stack's resources are
+    named after (the program, components/deployment.py, and the toolkit that finds them, tpuserve inventory)."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", stack.lower()).strip("-") or "stack"
+    return bounded(f"{PROJECT_NAME}-{slug}", 40)
+
+
+def vm_name(base: str, slot: str) -> str:
+    """The VM's name in slot a (`tpu-serve-<stack>`, what every stack had before slots) or b (`...-b`): two names, so
+    a successor can be created beside the VM it replaces in the same zone, where a name exists once."""
+    return base if slot == "a" else f"{base}-b"
