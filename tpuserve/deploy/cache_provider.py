@@ -88,14 +88,24 @@ class CacheBucketProvider(ResourceProvider):
         return Buckets(_session(), self.storage_url)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        replaces = [key for key in ("project", "name", "location") if olds.get(key) != news.get(key)]
-        return DiffResult(changes=bool(replaces), replaces=replaces, delete_before_replace=False)
+        """A new name (or project) is another bucket. A new location is not: a bucket cannot move, and its name is
+        global, so a replacement would create (adopt) the same bucket and then delete it as the old one, under the
+        VM that uses it. The bucket stays where it is (its `bucketLocation` output says where); the change is only
+        recorded."""
+        replaces = [key for key in ("project", "name") if olds.get(key) != news.get(key)]
+        moved = olds.get("location") != news.get("location")
+        return DiffResult(changes=bool(replaces) or moved, replaces=replaces, delete_before_replace=False)
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         spec = cache.BucketSpec(str(props["project"]), str(props["name"]), str(props["location"]),
                                 dict(props.get("labels") or {}))
-        _, adopted = cache.ensure_bucket(self._buckets(), spec)
-        return CreateResult(str(props["name"]), {**props, "adopted": adopted})
+        bucket, adopted = cache.ensure_bucket(self._buckets(), spec)
+        return CreateResult(str(props["name"]), {**props, "adopted": adopted,
+                                                 "bucketLocation": str(bucket.get("location", props["location"]))})
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        return UpdateResult({**news, "adopted": olds.get("adopted"),
+                             "bucketLocation": olds.get("bucketLocation", olds.get("location"))})
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         return ReadResult(id_, props) if self._buckets().get(props["name"]) else ReadResult(None, {})
