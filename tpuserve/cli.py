@@ -37,6 +37,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gate": ("tpuserve.observe.gate:gate", "Wait until a deployment really serves; exit 0 only then."),
     "gke": ("tpuserve.ops.gke_renew:gke",
             "A gke stack's TPU nodes: renew each replica's node before flex-start deletes it; status."),
+    "inventory": ("tpuserve.deploy.inventory:inventory",
+                  ("Everything a stack (or its fleet) owns in the project, across zones and regions: in its state, "
+                   "kept on purpose, or orphaned, with prices.")),
     "litellm": ("tpuserve.deploy.litellm_config:litellm",
                 "Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`)."),
     "logs": ("tpuserve.observe.logs:logs", "Print the VM's serial console and the vLLM container's logs."),

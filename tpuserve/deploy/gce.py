@@ -236,6 +236,22 @@ class ZonalDisks:
             if not page:
                 return disks
 
+    def wait_operation(self, response: requests.Response) -> None:
+        """Wait for the operation a mutating call answered (any scope: its selfLink says where); a 404 (already
+        gone) is done."""
+        if response.status_code == 404:
+            return
+        operation = ok(response).json()
+        link = str(operation.get("selfLink", ""))
+        path = link.split("/compute/", 1)[-1] if "/compute/" in link else ""
+        while operation.get("status") != "DONE" and path:
+            time.sleep(self.poll_s)
+            operation = ok(self.session.get(f"{self.base_url}/compute/{path}", timeout=self.timeout_s)).json()
+        errors = operation.get("error", {}).get("errors", [])
+        if errors:
+            raise ComputeApiError(int(operation.get("httpErrorStatusCode") or 400),
+                                  "; ".join(str(e.get("message", e)) for e in errors))
+
     def wait(self, project: str, zone: str, operation: dict) -> None:
         """Poll a zonal operation until DONE; its `error` becomes a ComputeApiError."""
         url = f"{self.base_url}/compute/v1/projects/{project}/zones/{zone}/operations/{operation['name']}"

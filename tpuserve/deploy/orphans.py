@@ -72,6 +72,19 @@ def find_orphans(compute: ComputeClient, project: str, zones: Iterable[str], lab
     return [orphan for orphan in found if orphan.resource_id(project) not in managed]
 
 
+def blank_cache_disks(compute: ComputeClient, project: str, zones: Iterable[str],
+                      labels: Mapping[str, str]) -> list[Orphan]:
+    """The stack's cache disks in `zones` that no VM ever attached (no `lastAttachTimestamp`, no `users`): what a
+    zone whose VM create failed leaves behind. They hold nothing, so nothing is lost deleting them, in the state or
+    not (the state's entry goes with the next refresh); kept, each would bill its capacity every month and pass for
+    a warm cache."""
+    selector = {key: labels[key] for key in ("app", "stack")}
+    return [Orphan("disks", zone, item["name"], item.get("status", ""), item.get("creationTimestamp", ""))
+            for zone in dict.fromkeys(zones) for item in compute.labelled_disks(project, zone, selector)
+            if CACHE_LABEL in (item.get("labels") or {}) and not item.get("users")
+            and not item.get("lastAttachTimestamp")]
+
+
 def delete_orphans(compute: ComputeClient, project: str, orphans: Iterable[Orphan]) -> list[str]:
     """Start deleting each orphan; returns the operation names (Compute Engine finishes the deletes)."""
     return [compute.delete(project, orphan.zone, orphan.collection, orphan.name) for orphan in orphans]

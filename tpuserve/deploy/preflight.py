@@ -75,6 +75,7 @@ class Endpoints:
     secretmanager: str = "https://secretmanager.googleapis.com"
     cloudquotas: str = "https://cloudquotas.googleapis.com"
     storage: str = STORAGE_URL  # the fleet's lease and buckets
+    iam: str = "https://iam.googleapis.com"
     registry: str = ""  # a container registry's root for every image (tests); empty: the image's own registry
 
     @classmethod

@@ -1,0 +1,529 @@
+"""`tpuserve inventory`: everything a stack (or a fleet) owns in the project, what it bills, and whether anything
+that bills is left that nobody asked for.
+
+Pulumi's state says what the stack *should* own; the cloud says what exists. The two part ways on failure paths: a
+create whose wait timed out (the provider clears the id, the VM appears later), a cache disk whose zone failed and
+was dropped from the state by `retainOnDelete`, a successor that never served. So the inventory looks in the cloud,
+across every zone and region, for what carries the stack's labels (instances, disks, buckets, secrets: the labels
+every resource of the stack gets, components/deployment.py) or, for what takes no labels, the names the program
+gives it (firewall rules, Cloud Routers and their NATs, service accounts: tpuserve/names.py and Pulumi's autonaming,
+`<logical name>-<7 hex>`), and marks each one:
+
+- *in state*: the stack's state holds it;
+- *kept*: not in the state but kept on purpose: a cache disk that holds a warm cache (it was attached and served:
+  `lastAttachTimestamp` and the compile-cache marker the VM writes to the bucket), the compile-cache bucket;
+- *orphan*: everything else. An orphan that bills makes `up`, `destroy` and `fleet renew` exit non-zero with the
+  one command that removes it.
+
+Prices are list prices (tpuserve/data/prices.json, each with its source and date); the monthly total counts 730
+hours a month for what bills by the hour.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import requests
+
+from tpuserve.deploy.gce import ComputeClient, label_filter, ok, tpu_chips
+from tpuserve.facts import CACHE_LABEL, HYPERDISK_BALANCED_USD_PER_GB_MONTH, PRICE_PER_CHIP_HOUR
+from tpuserve.names import base_name, service_account_id, stack_slug
+
+HOURS_PER_MONTH = 730
+IN_STATE, KEPT, ORPHAN = "in state", "kept", "orphan"
+AUTONAME = "-[0-9a-f]{7}"  # Pulumi's autonaming suffix (pulumi-gcp SetAutonaming: name, "-", 7 random hex)
+# The marker object the VM writes to the compile-cache bucket once a cache disk holds a served config's compile
+# cache (vm/compile_cache.py): `disks/<zone>/<disk name>`.
+WARM_MARKER_PREFIX = "disks/"
+
+
+@lru_cache(maxsize=1)
+def prices() -> dict[str, Any]:
+    return json.loads(resources.files("tpuserve").joinpath("data/prices.json").read_text())
+
+
+@dataclass(frozen=True)
+class Item:
+    kind: str  # instance, disk, bucket, router, nat, firewall, service-account, secret
+    name: str
+    location: str  # a zone, a region or "global"
+    status: str  # in state, kept, orphan
+    why: str = ""
+    hourly_usd: float = 0.0
+    monthly_usd: float = 0.0  # storage and other monthly charges, not counting hourly ones
+    remove: str = ""  # the command that deletes it (orphans and kept caches)
+    detail: str = ""
+
+    @property
+    def bills(self) -> bool:
+        return self.hourly_usd > 0 or self.monthly_usd > 0
+
+    @property
+    def per_month(self) -> float:
+        return round(self.hourly_usd * HOURS_PER_MONTH + self.monthly_usd, 2)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "bills": self.bills, "perMonthUsd": self.per_month}
+
+
+@dataclass
+class Inventory:
+    project: str
+    stacks: tuple[str, ...]
+    items: list[Item] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # what could not be listed (the inventory is then partial)
+
+    @property
+    def orphans(self) -> list[Item]:
+        return [item for item in self.items if item.status == ORPHAN]
+
+    @property
+    def billing_orphans(self) -> list[Item]:
+        return [item for item in self.orphans if item.bills]
+
+    def total(self, status: str | None = None) -> float:
+        return round(sum(item.per_month for item in self.items if status is None or item.status == status), 2)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"project": self.project, "stacks": list(self.stacks), "items": [i.as_dict() for i in self.items],
+                "perMonthUsd": {"total": self.total(), "inState": self.total(IN_STATE), "kept": self.total(KEPT),
+                                "orphan": self.total(ORPHAN)},
+                "billingOrphans": len(self.billing_orphans), "errors": self.errors}
+
+
+# --- what the state holds -------------------------------------------------------------------------------------
+
+def state_keys(state: Mapping[str, Any]) -> set[str]:
+    """Every resource of a `pulumi stack export` as `kind:location:name` keys (the provider ids, normalised)."""
+    keys = set()
+    for resource in state.get("deployment", {}).get("resources") or []:
+        key = key_of_id(str(resource.get("id") or ""), str(resource.get("type") or ""))
+        if key:
+            keys.add(key)
+    return keys
+
+
+ID_PATTERNS = (
+    ("instance", re.compile(r"projects/[^/]+/zones/(?P<loc>[^/]+)/instances/(?P<name>[^/]+)$")),
+    ("disk", re.compile(r"projects/[^/]+/zones/(?P<loc>[^/]+)/disks/(?P<name>[^/]+)$")),
+    ("firewall", re.compile(r"projects/[^/]+/global/firewalls/(?P<name>[^/]+)$")),
+    ("router", re.compile(r"projects/[^/]+/regions/(?P<loc>[^/]+)/routers/(?P<name>[^/]+)$")),
+    ("nat", re.compile(r"^(?:projects/)?[^/]+/(?P<loc>[^/]+)/[^/]+/(?P<name>[^/]+)$")),
+    ("service-account", re.compile(r"projects/[^/]+/serviceAccounts/(?P<name>[^@/]+)@")),
+    ("secret", re.compile(r"projects/[^/]+/secrets/(?P<name>[^/]+)$")),
+)
+
+
+def key_of_id(id_: str, type_: str) -> str:
+    if type_ == "pulumi-python:dynamic:Resource" and "/" not in id_ and id_:
+        return f"bucket:global:{id_}"  # the cache bucket's id is its name
+    for kind, pattern in ID_PATTERNS:
+        if kind == "nat" and type_ != "gcp:compute/routerNat:RouterNat":
+            continue
+        match = pattern.search(id_)
+        if match:
+            return f"{kind}:{match.groupdict().get('loc') or 'global'}:{match['name']}"
+    return ""
+
+
+def key(item_kind: str, location: str, name: str) -> str:
+    return f"{item_kind}:{location}:{name}"
+
+
+# --- prices ----------------------------------------------------------------------------------------------------
+
+def instance_hourly(instance: Mapping[str, Any], price_per_chip_hour: float) -> float:
+    machine_type = str(instance.get("machineType", "")).rsplit("/", 1)[-1]
+    if instance.get("status") in ("TERMINATED", "STOPPED", "SUSPENDED"):
+        return 0.0  # a stopped VM bills its disks only (a PROVISIONING one is about to bill: it counts)
+    chips = tpu_chips(machine_type)
+    if chips:
+        return round(chips * price_per_chip_hour, 4)
+    return float(prices()["machineTypesPerHour"].get(machine_type, prices()["machineTypesPerHour"]["default"]))
+
+
+def disk_monthly(disk: Mapping[str, Any]) -> float:
+    """Capacity per month (Hyperdisk Balanced's 3,000 IOPS and 140 MiB/s are included; provisioned performance
+    above them is not counted here)."""
+    table = prices()["diskPerGbMonth"]
+    disk_type = str(disk.get("type", "")).rsplit("/", 1)[-1]
+    per_gb = HYPERDISK_BALANCED_USD_PER_GB_MONTH if disk_type == "hyperdisk-balanced" else \
+        float(table.get(disk_type, table["default"]))
+    return round(int(disk.get("sizeGb", 0)) * per_gb, 2)
+
+
+# --- the command's work ------------------------------------------------------------------------------------------
+
+@dataclass
+class Clients:
+    session: requests.Session
+    compute_url: str
+    storage_url: str
+    iam_url: str = "https://iam.googleapis.com"
+    secretmanager_url: str = "https://secretmanager.googleapis.com"
+
+    def get(self, url: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
+        return ok(self.session.get(url, params=params, timeout=30)).json()
+
+    def pages(self, url: str, params: Mapping[str, str] | None = None) -> Iterable[dict[str, Any]]:
+        query = dict(params or {})
+        while True:
+            body = self.get(url, query)
+            yield body
+            if not body.get("nextPageToken"):
+                return
+            query["pageToken"] = body["nextPageToken"]
+
+
+def labelled(labels: Mapping[str, str], stacks: Sequence[str]) -> bool:
+    return labels.get("app") == "tpu-serve" and labels.get("stack") in {stack_slug(s) for s in stacks}
+
+
+def take_stock(clients: Clients, project: str, stacks: Sequence[str], state: Mapping[str, set[str]],
+               keep_caches: bool = True, price_per_chip_hour: float = PRICE_PER_CHIP_HOUR) -> Inventory:
+    """The inventory of `stacks` (one stack, or a fleet's replicas and router) in `project`; `state` maps each
+    stack to its state's keys (state_keys)."""
+    inventory = Inventory(project, tuple(stacks))
+    held = set().union(*state.values()) if state else set()
+    bases = [base_name(stack) for stack in stacks]
+    compute = ComputeClient(clients.session, clients.compute_url)
+    warm = warm_markers(clients, project, stacks, inventory)
+
+    def mark(kind: str, location: str, name: str) -> str:
+        return IN_STATE if key(kind, location, name) in held else ORPHAN
+
+    try:
+        for instance in compute.aggregated_instances(project, label_filter({"app": "tpu-serve"})):
+            if not labelled(instance.get("labels") or {}, stacks):
+                continue
+            zone = str(instance.get("zone", "")).rsplit("/", 1)[-1]
+            status = mark("instance", zone, instance["name"])
+            inventory.items.append(Item(
+                "instance", instance["name"], zone, status,
+                "" if status == IN_STATE else "not in the stack's state (a create that timed out, or a successor "
+                "that never served)", hourly_usd=instance_hourly(instance, price_per_chip_hour),
+                remove=f"gcloud compute instances delete {instance['name']} --zone {zone} --project {project} --quiet",
+                detail=f"{str(instance.get('machineType', '')).rsplit('/', 1)[-1]}, {instance.get('status', '')}"))
+    except (requests.RequestException, RuntimeError) as err:
+        inventory.errors.append(f"instances: {err}")
+    try:
+        for body in clients.pages(f"{clients.compute_url}/compute/v1/projects/{project}/aggregated/disks",
+                                  {"filter": label_filter({"app": "tpu-serve"})}):
+            for scoped in (body.get("items") or {}).values():
+                for disk in scoped.get("disks", []):
+                    if labelled(disk.get("labels") or {}, stacks):
+                        inventory.items.append(disk_item(disk, project, held, warm, keep_caches))
+    except (requests.RequestException, RuntimeError) as err:
+        inventory.errors.append(f"disks: {err}")
+    buckets_of(clients, project, stacks, held, keep_caches, inventory)
+    unlabelled(clients, project, bases, stacks, held, inventory)
+    inventory.items.sort(key=lambda item: ({IN_STATE: 0, KEPT: 1, ORPHAN: 2}[item.status], item.kind, item.name))
+    return inventory
+
+
+def disk_item(disk: Mapping[str, Any], project: str, held: set[str], warm: set[str] | None,
+              keep_caches: bool) -> Item:
+    zone = str(disk.get("zone", "")).rsplit("/", 1)[-1]
+    name = str(disk["name"])
+    users = [str(user).rsplit("/", 1)[-1] for user in disk.get("users") or []]
+    remove = f"gcloud compute disks delete {name} --zone {zone} --project {project} --quiet"
+    detail = f"{disk.get('sizeGb')} GB {str(disk.get('type', '')).rsplit('/', 1)[-1]}" + (
+        f", attached to {', '.join(users)}" if users else "")
+    monthly = disk_monthly(disk)
+    if key("disk", zone, name) in held:
+        return Item("disk", name, zone, IN_STATE, monthly_usd=monthly, detail=detail)
+    if users:  # a boot disk, or a cache disk attached to a VM the inventory lists: it goes with that VM
+        return Item("disk", name, zone, IN_STATE if any(key("instance", zone, u) in held for u in users) else ORPHAN,
+                    "attached to a VM", monthly_usd=monthly, remove=remove, detail=detail)
+    cache = CACHE_LABEL in (disk.get("labels") or {})
+    if cache and is_warm(disk, warm) and keep_caches:
+        return Item("disk", name, zone, KEPT, f"a warm cache (last attached {disk.get('lastAttachTimestamp')}): "
+                    "the next VM in this zone boots warm", monthly_usd=monthly, remove=remove, detail=detail)
+    why = "a cache disk that never held a served cache (never attached, or no compile-cache marker)" if cache \
+        else "not in the stack's state and attached to nothing"
+    return Item("disk", name, zone, ORPHAN, why, monthly_usd=monthly, remove=remove, detail=detail)
+
+
+def is_warm(disk: Mapping[str, Any], markers: set[str] | None) -> bool:
+    """A cache disk is warm only once a VM attached it and served from it: `lastAttachTimestamp` (Compute's) and the
+    marker the VM wrote to the bucket after `serving` (vm/compile_cache.py). Markers that could not be read (None)
+    leave the attach time alone to decide: a disk is never called an orphan on a guess."""
+    zone = str(disk.get("zone", "")).rsplit("/", 1)[-1]
+    attached = bool(disk.get("lastAttachTimestamp"))
+    return attached and (markers is None or f"{zone}/{disk.get('name')}" in markers)
+
+
+def warm_markers(clients: Clients, project: str, stacks: Sequence[str], inventory: Inventory) -> set[str] | None:
+    """`zone/disk` for every marker object in the stacks' compile-cache buckets; None when they cannot be read."""
+    found: set[str] = set()
+    try:
+        for body in clients.pages(f"{clients.storage_url}/storage/v1/b", {"project": project}):
+            for bucket in body.get("items") or []:
+                if not labelled(bucket.get("labels") or {}, stacks):
+                    continue
+                for page in clients.pages(f"{clients.storage_url}/storage/v1/b/{bucket['name']}/o",
+                                          {"prefix": WARM_MARKER_PREFIX}):
+                    found |= {item["name"].removeprefix(WARM_MARKER_PREFIX) for item in page.get("items") or []}
+    except (requests.RequestException, RuntimeError) as err:
+        inventory.errors.append(f"compile-cache markers: {err}")
+        return None
+    return found
+
+
+def buckets_of(clients: Clients, project: str, stacks: Sequence[str], held: set[str], keep_caches: bool,
+               inventory: Inventory) -> None:
+    price = float(prices()["storagePerGbMonth"]["STANDARD"])
+    try:
+        for body in clients.pages(f"{clients.storage_url}/storage/v1/b", {"project": project}):
+            for bucket in body.get("items") or []:
+                if not labelled(bucket.get("labels") or {}, stacks):
+                    continue
+                size = sum(int(item.get("size", 0)) for page in clients.pages(
+                    f"{clients.storage_url}/storage/v1/b/{bucket['name']}/o") for item in page.get("items") or [])
+                status = IN_STATE if key("bucket", "global", bucket["name"]) in held else KEPT if keep_caches \
+                    else ORPHAN
+                inventory.items.append(Item(
+                    "bucket", bucket["name"], str(bucket.get("location", "")).lower(), status,
+                    "" if status == IN_STATE else "the compile-cache bucket, kept for the next deployment"
+                    if status == KEPT else "not in the stack's state",
+                    monthly_usd=round(size / 2**30 * price, 2),
+                    remove=f"gcloud storage rm --recursive gs://{bucket['name']}", detail=f"{size / 2**20:.1f} MiB"))
+    except (requests.RequestException, RuntimeError) as err:
+        inventory.errors.append(f"buckets: {err}")
+
+
+def unlabelled(clients: Clients, project: str, bases: Sequence[str], stacks: Sequence[str], held: set[str],
+               inventory: Inventory) -> None:
+    """Firewalls, routers with their NATs, service accounts and secrets, by the names the program gives them."""
+    prefixes = "|".join(re.escape(base) for base in bases)
+    autonamed = re.compile(rf"^(?:{prefixes})(?:-[a-z0-9-]+)?{AUTONAME}$")
+    nat_price = float(prices()["cloudNat"]["perVmHour"])
+    try:
+        for body in clients.pages(f"{clients.compute_url}/compute/v1/projects/{project}/global/firewalls"):
+            for rule in body.get("items") or []:
+                if autonamed.match(rule["name"]) and set(rule.get("targetTags") or []) & set(bases) or \
+                        key("firewall", "global", rule["name"]) in held:
+                    inventory.items.append(Item(
+                        "firewall", rule["name"], "global", IN_STATE if key("firewall", "global", rule["name"]) in held
+                        else ORPHAN, remove=f"gcloud compute firewall-rules delete {rule['name']} --project "
+                        f"{project} --quiet", detail=f"to {', '.join(rule.get('targetTags') or [])}"))
+        for body in clients.pages(f"{clients.compute_url}/compute/v1/projects/{project}/aggregated/routers"):
+            for scope, scoped in (body.get("items") or {}).items():
+                region = scope.rsplit("/", 1)[-1]
+                for router in scoped.get("routers", []):
+                    in_state = key("router", region, router["name"]) in held
+                    if not (in_state or autonamed.match(router["name"])):
+                        continue
+                    status = IN_STATE if in_state else ORPHAN
+                    inventory.items.append(Item(
+                        "router", router["name"], region, status, remove=f"gcloud compute routers delete "
+                        f"{router['name']} --region {region} --project {project} --quiet"))
+                    for nat in router.get("nats") or []:
+                        inventory.items.append(Item(
+                            "nat", nat["name"], region, status, "per VM-hour of the VMs using it; data per GB",
+                            detail=f"{nat.get('sourceSubnetworkIpRangesToNat', '')} on {router['name']}",
+                            hourly_usd=0.0 if status == IN_STATE else nat_price,
+                            remove=f"gcloud compute routers nats delete {nat['name']} --router {router['name']} "
+                                   f"--region {region} --project {project} --quiet"))
+    except (requests.RequestException, RuntimeError) as err:
+        inventory.errors.append(f"firewalls and routers: {err}")
+    try:
+        accounts = {service_account_id(base) for base in bases}
+        for body in clients.pages(f"{clients.iam_url}/v1/projects/{project}/serviceAccounts"):
+            for account in body.get("accounts") or []:
+                account_id = str(account.get("email", "")).split("@", 1)[0]
+                if account_id in accounts:
+                    inventory.items.append(Item(
+                        "service-account", account_id, "global",
+                        IN_STATE if key("service-account", "global", account_id) in held else ORPHAN,
+                        remove=f"gcloud iam service-accounts delete {account['email']} --project {project} --quiet"))
+    except (requests.RequestException, RuntimeError) as err:
+        inventory.errors.append(f"service accounts: {err}")
+    try:
+        for body in clients.pages(f"{clients.secretmanager_url}/v1/projects/{project}/secrets"):
+            for secret in body.get("secrets") or []:
+                if not labelled(secret.get("labels") or {}, stacks):
+                    continue
+                name = str(secret["name"]).rsplit("/", 1)[-1]
+                inventory.items.append(Item(
+                    "secret", name, "global", IN_STATE if key("secret", "global", name) in held else ORPHAN,
+                    monthly_usd=float(prices()["secretManager"]["perActiveVersionMonth"]),
+                    remove=f"gcloud secrets delete {name} --project {project} --quiet"))
+    except (requests.RequestException, RuntimeError) as err:
+        inventory.errors.append(f"secrets: {err}")
+
+
+# --- reporting ---------------------------------------------------------------------------------------------------
+
+def summary_lines(inventory: Inventory) -> list[str]:
+    """What `up`, `destroy` and `fleet renew` print at their end: the totals, then every orphan and kept cache with
+    the command that removes it."""
+    lines = [f"inventory of {', '.join(inventory.stacks)} in {inventory.project}: {len(inventory.items)} resource(s), "
+             f"${inventory.total(IN_STATE):.2f}/month in the state, ${inventory.total(KEPT):.2f}/month kept on purpose, "
+             f"${inventory.total(ORPHAN):.2f}/month orphaned"]
+    for item in inventory.items:
+        if item.status == IN_STATE:
+            continue
+        cost = f"${item.per_month:.2f}/month" if item.bills else "free"
+        lines.append(f"  {item.status}: {item.kind} {item.name} ({item.location}, {cost}){': ' + item.why if item.why else ''}")
+        if item.status == ORPHAN and item.bills:
+            lines.append(f"    remove it: {item.remove}")
+    lines += [f"  warning: could not list {error}" for error in inventory.errors]
+    return lines
+
+
+def print_table(console: Any, inventory: Inventory) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"inventory: {', '.join(inventory.stacks)} ({inventory.project})", title_justify="left")
+    for column, justify in (("kind", "left"), ("name", "left"), ("where", "left"), ("status", "left"),
+                            ("$/month", "right")):
+        table.add_column(column, justify=justify, no_wrap=column in ("status", "$/month"), overflow="fold")
+    for item in inventory.items:
+        table.add_row(item.kind, item.name, item.location, item.status,
+                      f"{item.per_month:.2f}" if item.bills else "-")
+    console.print(table)
+    console.print(f"total ${inventory.total():.2f}/month: in the state ${inventory.total(IN_STATE):.2f}, kept "
+                  f"${inventory.total(KEPT):.2f}, orphaned ${inventory.total(ORPHAN):.2f}", highlight=False)
+    for item in inventory.items:
+        if item.status != IN_STATE and item.why:
+            console.print(f"{item.status}: {item.kind} {item.name}: {item.why}", highlight=False, markup=False,
+                          soft_wrap=True)
+        if item.status == ORPHAN and item.bills:
+            console.print(f"  remove it: {item.remove}", highlight=False, markup=False, soft_wrap=True)
+    for error in inventory.errors:
+        console.print(f"warning: could not list {error}", highlight=False, markup=False, soft_wrap=True)
+
+
+def stock_of(pulumi: Any, stacks: Sequence[str], clients: Clients, project: str, keep_caches: bool,
+             price_per_chip_hour: float = PRICE_PER_CHIP_HOUR) -> Inventory:
+    """The inventory of `stacks`, each one's state read with the pulumi CLI (a stack that cannot be exported counts
+    as holding nothing, and says so)."""
+    states: dict[str, set[str]] = {}
+    errors = []
+    for stack in stacks:
+        try:
+            states[stack] = state_keys(pulumi.for_stack(stack).export())
+        except Exception as err:  # noqa: BLE001 - PulumiError, or a state that is not JSON: the cloud still answers
+            states[stack] = set()
+            errors.append(f"the state of {stack} ({err})")
+    inventory = take_stock(clients, project, stacks, states, keep_caches, price_per_chip_hour)
+    inventory.errors += errors
+    return inventory
+
+
+
+def fleet_stacks(stack: str, names: Sequence[str]) -> list[str]:
+    """A fleet's stacks among the project's: its replicas (`<stack>-rN`) and its router (`<stack>-router`)."""
+    replica = re.compile(rf"^{re.escape(stack)}-r[0-9]+$")
+    return [name for name in names if replica.match(name) or name == f"{stack}-router"]
+
+
+def inventory_command() -> Any:
+    import click
+
+    from tpuserve.deploy.preflight import Endpoints, endpoint_option
+
+    @click.command("inventory")
+    @click.option("--stack", required=True, help="The stack whose resources to list (its labels and names).")
+    @click.option("--fleet", "with_fleet", is_flag=True, help="Also its fleet's replicas and router.")
+    @click.option("--cwd", type=click.Path(file_okay=False, exists=True), default=".", show_default=True,
+                  help="The Pulumi project directory.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the inventory as one JSON document.")
+    @endpoint_option
+    def inventory(stack: str, with_fleet: bool, cwd: str, as_json: bool, endpoints: tuple[str, ...]) -> None:
+        """Everything a stack (or its fleet) owns in the project, across zones and regions: in its state, kept on
+        purpose, or orphaned, with prices. Exit 1 when an orphan that bills is left."""
+        from pathlib import Path
+
+        from rich.console import Console
+
+        from tpuserve.deploy.gce import MissingCredentials, adc_session
+        from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
+
+        roots = Endpoints.parse(endpoints)
+        try:
+            pulumi = PulumiCli(stack, Path(cwd))
+            config = pulumi.config()
+            stacks = [stack, *fleet_stacks(stack, pulumi.stacks())] if with_fleet else [stack]
+        except PulumiError as err:
+            raise click.ClickException(str(err)) from err
+        project = str(config.get("project") or "")
+        if not project:
+            raise click.UsageError(f"project: not set in stack {stack}; pulumi config set project <id> --stack {stack}")
+        try:
+            session = adc_session()
+        except MissingCredentials as err:
+            raise click.ClickException(str(err)) from err
+        with session:
+            found = stock_of(pulumi, stacks, clients_for(session, roots), project, keep_caches(config),
+                             float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR))
+        if as_json:
+            click.echo(json.dumps(found.as_dict()))
+        else:
+            print_table(Console(), found)
+        raise SystemExit(1 if found.billing_orphans else 0)
+
+    return inventory
+
+
+def keep_caches(config: Mapping[str, Any]) -> bool:
+    return str(config.get("keepCaches", True)).lower() != "false"
+
+
+def clients_for(session: requests.Session, roots: Any) -> Clients:
+    return Clients(session, roots.compute, roots.storage, roots.iam, roots.secretmanager)
+
+
+inventory = inventory_command()
+
+
+def delete_items(clients: Clients, project: str, items: Sequence[Item]) -> list[str]:
+    """Delete orphans, VMs first (their disks are free only once they are gone), each call waited for; returns what
+    could not be deleted, with why."""
+    from tpuserve.deploy.gce import ComputeApiError, ZonalDisks
+    from tpuserve.deploy.gcs import Buckets
+
+    compute = clients.compute_url.rstrip("/")
+    disks = ZonalDisks(clients.session, compute)
+    failed = []
+    order = {"instance": 0, "nat": 1, "router": 2, "firewall": 3, "disk": 4, "bucket": 5, "secret": 6,
+             "service-account": 7}
+    for item in sorted(items, key=lambda i: order.get(i.kind, 9)):
+        try:
+            if item.kind == "instance":
+                disks.wait_operation(clients.session.delete(
+                    f"{compute}/compute/v1/projects/{project}/zones/{item.location}/instances/{item.name}",
+                    timeout=30))
+            elif item.kind == "disk":
+                disks.delete(project, item.location, item.name)
+            elif item.kind == "router":
+                disks.wait_operation(clients.session.delete(
+                    f"{compute}/compute/v1/projects/{project}/regions/{item.location}/routers/{item.name}",
+                    timeout=30))
+            elif item.kind == "firewall":
+                disks.wait_operation(clients.session.delete(
+                    f"{compute}/compute/v1/projects/{project}/global/firewalls/{item.name}", timeout=30))
+            elif item.kind == "bucket":
+                Buckets(clients.session, clients.storage_url).delete(item.name)
+            elif item.kind == "secret":
+                ok_or_gone(clients.session.delete(f"{clients.secretmanager_url}/v1/projects/{project}/secrets/"
+                                                  f"{item.name}", timeout=30))
+            elif item.kind == "service-account":
+                ok_or_gone(clients.session.delete(f"{clients.iam_url}/v1/projects/{project}/serviceAccounts/"
+                                                  f"{item.name}@{project}.iam.gserviceaccount.com", timeout=30))
+            # a NAT goes with its router
+        except (ComputeApiError, requests.RequestException) as err:
+            failed.append(f"{item.kind} {item.name}: {err}")
+    return failed
+
+
+def ok_or_gone(response: requests.Response) -> None:
+    if response.status_code != 404:
+        ok(response)
