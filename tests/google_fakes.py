@@ -66,8 +66,10 @@ class GoogleFake:
         return FakeServer(self.routes())
 
     def endpoint_options(self, url: str) -> list[str]:
-        return [option for api in ("compute", "serviceusage", "cloudresourcemanager", "secretmanager", "cloudquotas")
-                for option in ("--endpoint", f"{api}={url}")]
+        """Every API root the toolkit knows (preflight.Endpoints) at this fake: nothing may reach out."""
+        from tpuserve.deploy.preflight import Endpoints
+
+        return [option for api in Endpoints.__dataclass_fields__ for option in ("--endpoint", f"{api}={url}")]
 
     def routes(self) -> dict[tuple[str, str], Any]:
         routes: dict[tuple[str, str], Any] = {
@@ -104,8 +106,13 @@ class GoogleFake:
         if self.cache_disks is None:
             return google_error(403, "Required 'compute.disks.list' permission for 'projects/" + PROJECT + "'",
                                 "PERMISSION_DENIED", "forbidden")
-        assert parse_qs(request.query)["filter"] == ["labels.tpu-serve-cache=dev"]
-        items = {f"zones/{zone}": {"disks": disks} for zone, disks in self.cache_disks.items()}
+        wanted = parse_qs(request.query).get("filter", [""])[0]
+        if wanted == "labels.tpu-serve-cache=dev":
+            items = {f"zones/{zone}": {"disks": disks} for zone, disks in self.cache_disks.items()}
+        else:  # every labelled disk (the inventory): the stack's other disks and its cache disks
+            zones = set(self.cache_disks) | set(self.disks)
+            items = {f"zones/{zone}": {"disks": [*self.disks.get(zone, []), *self.cache_disks.get(zone, [])]}
+                     for zone in zones}
         items["zones/us-west1-a"] = {"warning": {"code": "NO_RESULTS_ON_PAGE", "message": "There are no results for "
                                                  "scope 'zones/us-west1-a' on this page."}}
         return Response(200, {"kind": "compute#diskAggregatedList", "items": items})
@@ -190,6 +197,8 @@ class GoogleFake:
     def delete(self, zone: str, collection: str, name: str) -> Any:
         def serve(request: Request) -> Response:
             self.deleted.append(f"{zone}/{collection}/{name}")
+            held = self.instances if collection == "instances" else self.disks
+            held[zone] = [item for item in held.get(zone, []) if item["name"] != name]  # gone once deleted
             return Response(200, {"kind": "compute#operation", "name": f"operation-1764410400000-{len(self.deleted)}",
                                   "operationType": "delete", "status": "RUNNING",
                                   "targetLink": f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/"

@@ -154,10 +154,13 @@ def test_orphans_are_left_alone_without_yes_when_nobody_can_confirm(pulumi: Fake
     pulumi.scenario({"us-east5-a": failed(errors.CREATE_TIMEOUT), "*": {"rc": 0, "creates": True}})
     google = GoogleFake(instances={"us-east5-a": [labelled_instance("us-east5-a", status="RUNNING")]})
     code, verdict, stderr = run_up(google, "--zones", "us-east5-a,europe-west4-a")
-    assert code == 0 and verdict["zone"] == "europe-west4-a"
+    assert verdict["zone"] == "europe-west4-a"
+    assert code == 5  # deployed, but a VM nobody agreed to delete bills on: not a success
     assert google.deleted == []
     assert [o["deleted"] for o in verdict["orphans"]] == [False]  # reported once, though seen again at the end
     assert "run `tpuserve up` again with --yes" in stderr
+    assert "remove it: gcloud compute instances delete tpu-serve-dev --zone us-east5-a" in " ".join(stderr.split())
+    assert verdict["inventory"]["billingOrphans"] == 1
 
 
 def test_the_vm_in_the_state_is_never_an_orphan(pulumi: FakePulumi):

@@ -17,7 +17,8 @@ zone) unless the region's TPU quota has no room for both, when the old VM goes f
 
 Exit codes: 0 deployed and ready; 1 stopped by an error no other zone fixes (or preflight); 2 bad usage;
 3 no zone had capacity before the deadline (try later, add zones, or --retry-until-up); 4 the change would replace the
-VM and nobody agreed (--replace-vm).
+VM and nobody agreed (--replace-vm); 5 deployed, but something that bills is left that the stack does not hold (an
+orphan nobody agreed to delete: the inventory at the end names it and the command that removes it).
 """
 
 from __future__ import annotations
@@ -41,14 +42,15 @@ from tpuserve.deploy.cache import cache_disks, zones_by_warm_cache
 from tpuserve.deploy.capacity import classify
 from tpuserve.deploy import preview as previews
 from tpuserve.deploy.gce import ComputeApiError, ComputeClient, ZonalDisks, tpu_chips
-from tpuserve.deploy.orphans import Orphan, delete_orphans, find_orphans, managed_ids, stack_labels
+from tpuserve.deploy.orphans import (Orphan, blank_cache_disks, delete_orphans, find_orphans, managed_ids,
+                                     stack_labels)
 from tpuserve.deploy.preflight import (Endpoints, Report, configured_zones, endpoint_option, nat_plan, preflight,
                                        print_report, target_from_config)
 from tpuserve.facts import PRICE_PER_CHIP_HOUR
 from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
 from tpuserve.deploy.sweep import ZONE, Attempt, Failure, SweepResult, region_of, sweep
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_CAPACITY, EXIT_NEEDS_CONSENT = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_CAPACITY, EXIT_NEEDS_CONSENT, EXIT_ORPHANS = 0, 1, 2, 3, 4, 5
 PREVIEW_TIMEOUT_S = 600.0
 DEFAULT_DEADLINE = "2h"
 CLEANUP_TIMEOUT_S = 300.0  # the refresh between attempts, even past the deadline: nothing may stay half-created
@@ -110,7 +112,9 @@ class Deployer:
         return failure
 
     def clean_up(self, zones: Sequence[str]) -> None:
-        """Refresh the state (dropping pending creates), then find and delete what it does not hold in `zones`."""
+        """Delete the stack's never-attached cache disks in `zones` (a failed create's), refresh the state (dropping
+        pending creates and what is gone), then find and delete what it does not hold in `zones`."""
+        self.delete_blank_disks(zones)
         refresh = self.pulumi.refresh(CLEANUP_TIMEOUT_S)
         if not refresh.ok:
             self.say(f"warning: pulumi refresh failed (exit {refresh.returncode}); the orphan sweep goes on")
@@ -140,6 +144,24 @@ class Deployer:
         else:
             self.say("left in place: delete them in the console, or run `tpuserve up` again with --yes")
         self.orphans += [{**orphan.as_dict(), "deleted": delete} for orphan in found]
+
+
+    def delete_blank_disks(self, zones: Sequence[str]) -> None:
+        """A zone whose VM create failed keeps the cache disk made for it (the VM depends on it, so it exists first):
+        blank, never attached, billing its capacity monthly. Deleted at once: it holds nothing to keep."""
+        if self.compute is None:
+            return
+        try:
+            blank = [disk for disk in blank_cache_disks(self.compute, self.project, zones, stack_labels(self.stack))
+                     if disk.resource_id(self.project) not in self.seen]
+            disks = ZonalDisks(self.compute.session, self.compute.base_url)
+            for disk in blank:
+                self.seen.add(disk.resource_id(self.project))
+                disks.delete(self.project, disk.zone, disk.name)
+                self.say(f"deleted cache disk {disk.name} in {disk.zone}: no VM ever attached it, so it held nothing")
+                self.orphans.append({**disk.as_dict(), "deleted": True, "why": "a cache disk never attached"})
+        except (ComputeApiError, requests.RequestException) as err:
+            self.say(f"warning: could not delete the never-attached cache disks in {', '.join(zones)}: {err}")
 
 
 def progress_line(index: int, attempt: Attempt) -> str:
@@ -299,8 +321,8 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
                    on_wait=lambda seconds, next_round: say(f"every zone failed; sweep {next_round} in {seconds:.0f} s"))
     if not local:
         tried = list(dict.fromkeys(attempt.zone for attempt in result.attempts))
-        if result.ok and len(tried) > 1:  # a create that timed out may have finished since its zone was swept
-            deployer.clean_up([zone for zone in tried if zone != result.zone])
+        if tried:  # a create that timed out may have finished since its zone was swept; the state says what stays
+            deployer.clean_up(tried)
         if not result.ok:
             keep_zone_consistent(pulumi, original_zone)
         keep_slot_consistent(pulumi, config, deployer.settings)
@@ -313,8 +335,18 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
         endpoint = pulumi.outputs().get("iapTunnelCommand")
         if endpoint:
             say(f"reach it: {endpoint}")
+    stock = None
+    if compute is not None:
+        stock = take_inventory(pulumi, stack, config, session, roots, say)
+        if stock is not None and stock.billing_orphans:
+            stock = remove_orphans(stock, pulumi, stack, config, session, roots, confirm, say)
+        if stock is not None and stock.billing_orphans and code == EXIT_OK:
+            say(f"Error: {len(stock.billing_orphans)} orphan(s) that bill are left (above, each with the command that "
+                "removes it); run `tpuserve up` again with --yes to delete them")
+            code = EXIT_ORPHANS
     finish(code, {"zone": result.zone, "attempts": [attempt.as_dict() for attempt in result.attempts],
-                  "reason": None if result.ok else outcome, "hint": todo or None, "orphans": deployer.orphans})
+                  "reason": None if result.ok else outcome, "hint": todo or None, "orphans": deployer.orphans,
+                  "inventory": None if stock is None else stock.as_dict()})
 
 
 def own_nats(pulumi: PulumiCli, say: Callable[[str], None]) -> frozenset[tuple[str, str, str]] | None:
@@ -387,6 +419,39 @@ def warm_cache_first(session: Any, compute_url: str, project: str, stack: str, c
     if warm:
         say(f"warm cache disk in {', '.join(sorted(set(warm)))}: tried first")
     return ordered
+
+
+def take_inventory(pulumi: PulumiCli, stack: str, config: Mapping[str, Any], session: Any, roots: Endpoints,
+                   say: Callable[[str], None]) -> Any:
+    """Everything the stack owns now (tpuserve inventory), said in a few lines; None when it cannot be taken."""
+    from tpuserve.deploy import inventory
+
+    try:
+        stock = inventory.stock_of(pulumi, [stack], inventory.clients_for(session, roots),
+                                   str(config.get("project", "")), inventory.keep_caches(config),
+                                   float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR))
+    except (PulumiError, requests.RequestException, ComputeApiError) as err:
+        say(f"warning: could not take the stack's inventory: {err}")
+        return None
+    for line in inventory.summary_lines(stock):
+        say(line)
+    return stock
+
+
+def remove_orphans(stock: Any, pulumi: PulumiCli, stack: str, config: Mapping[str, Any], session: Any,
+                   roots: Endpoints, confirm: Callable[[list[Orphan]], bool], say: Callable[[str], None]) -> Any:
+    """Delete the billing orphans the inventory found, anywhere, once the user agrees (or --yes); the inventory
+    again after."""
+    from tpuserve.deploy import inventory
+
+    orphans = stock.billing_orphans
+    if not confirm([Orphan(f"{item.kind}s", item.location, item.name, "", "") for item in orphans]):
+        return stock
+    failed = inventory.delete_items(inventory.clients_for(session, roots), stock.project, orphans)
+    for line in failed:
+        say(f"warning: could not delete {line}")
+    say(f"deleted {len(orphans) - len(failed)} orphan(s): {', '.join(f'{i.kind} {i.name}' for i in orphans)}")
+    return take_inventory(pulumi, stack, config, session, roots, say)
 
 
 def has_vm(pulumi: PulumiCli, outputs: Mapping[str, Any]) -> bool:

@@ -1,0 +1,85 @@
+"""A stack's whole world for scenario tests: the stateful fake cloud (tests/fake_cloud.py), the fake `pulumi` on PATH
+in stateful mode (tests/fake_pulumi.py), whose updates the fake engine in this process runs against the cloud
+(tests/fake_engine.py: the real program under mocks, each resource applied in the program's dependency order), and
+VMs that boot as the test says. `tpuserve up`, `destroy` and the fleet run through their real code; a scenario ends by
+asserting what the cloud holds and what it billed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from tests.fake_cloud import FakeCloud
+from tests.fake_engine import Engine, EngineServer
+from tests.fake_providers import Cloud
+from tests.fake_pulumi import FakePulumi, install
+
+PROJECT = "my-ml-sandbox"
+
+
+@dataclass
+class World:
+    cloud: FakeCloud
+    pulumi: FakePulumi
+    engine: Engine
+    env: dict[str, str]
+    # zone -> what a VM booting there reports: "serving", or the reason it fails (its `failed` stage)
+    boots: dict[str, str] = field(default_factory=dict)
+
+    def boot(self, instance: dict[str, Any]) -> None:
+        """What the VM's startup script and supervisor would report once it runs its `tpu-serve-config`."""
+        zone = str(instance.get("zone", "")).rsplit("/", 1)[-1]
+        items = {item["key"]: item.get("value", "") for item in (instance.get("metadata") or {}).get("items", [])}
+        served = json.loads(items.get("tpu-serve-config") or "{}")
+        outcome = self.boots.get(zone, "serving")
+        values = {"stage": "serving", "config-hash": served.get("config_hash", "")} if outcome == "serving" else \
+            {"stage": "failed", "reason": outcome, "config-hash": served.get("config_hash", "")}
+        self.cloud.set_guest_attributes(instance["name"], zone, values, namespace="tpu-serve")
+
+    def tpuserve(self, command: Any, *args: str) -> tuple[int, dict[str, Any], str]:
+        """Run a click command (e.g. tpuserve.ops.up.up) with the cloud's endpoints; (exit code, its last JSON line,
+        stderr)."""
+        result: Result = CliRunner().invoke(command, [*args, *self.cloud.endpoint_options()], env=self.env)
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        lines = [line for line in result.stdout.strip().splitlines() if line.startswith("{")]
+        return result.exit_code, json.loads(lines[-1]) if lines else {}, result.stderr
+
+    def run_pulumi(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The fake CLI itself, as a user runs it (`pulumi destroy -s dev`)."""
+        return subprocess.run(["pulumi", *args, "--non-interactive"], env={**os.environ, **self.env},
+                              capture_output=True, text=True, check=False, timeout=120)
+
+    def kinds(self, *kinds: str) -> list[tuple[str, str, str]]:
+        """(kind, location, name) of what the cloud holds, of these kinds."""
+        return sorted((r.kind, r.location, r.name) for r in self.cloud.inventory() if not kinds or r.kind in kinds)
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    cloud = FakeCloud(operation_polls=0)
+    with cloud:
+        env = cloud.env(tmp_path / "adc")
+        pulumi = install(tmp_path / "bin", tmp_path / "pulumi-home")
+        env.update({"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "FAKE_PULUMI_HOME": str(pulumi.home)})
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        engine_world = World(cloud, pulumi, None, env)  # type: ignore[arg-type]
+        engine = Engine(Cloud(cloud.url, boot=engine_world.boot))
+        engine_world.engine = engine
+        with EngineServer(engine) as server:
+            (pulumi.home / "engine.json").write_text(json.dumps({"port": server.port}))
+            cloud.api("POST", f"/v1/projects/{PROJECT}/secrets", {"replication": {"automatic": {}}},
+                      {"secretId": "hf-token"})
+            cloud.api("POST", f"/v1/projects/{PROJECT}/secrets/hf-token:addVersion",
+                      {"payload": {"data": "aGZfZmFrZQ=="}})
+            pulumi.set_config(project=PROJECT, zone="us-east5-a", hfTokenSecretId="hf-token")
+            yield engine_world
