@@ -74,3 +74,26 @@ def test_a_create_that_times_out_and_appears_later_is_reported_and_billed_until_
     assert held(world, "us-east5-a") == set()
     assert held(world, "europe-west4-a") == ZONE_STACK
     assert verdict["inventory"]["billingOrphans"] == 0
+
+
+def test_destroy_with_keep_caches_false_leaves_nothing_that_bills(world: World):
+    from tpuserve.ops import destroy as destroy_module
+
+    world.pulumi.set_config(project="my-ml-sandbox", zone="us-east5-a", hfTokenSecretId="hf-token",
+                            keepCaches="false")
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--zones", "us-east5-a",
+                                           "--skip-preflight")
+    assert code == 0, stderr
+    world.cloud.clock.advance(3600)
+    code, verdict, stderr = world.tpuserve(destroy_module.destroy, "--stack", "dev", "--json")
+    assert code == 0, stderr
+    assert world.kinds("instance", "disk", "bucket", "router", "nat", "firewall", "serviceAccount") == []
+    assert verdict["inventory"]["items"] == []
+    def stack_bill() -> float:  # the user's own token secret is not the stack's
+        bill = world.cloud.bill()
+        return round(bill.total - bill.usd("secret", "hf-token"), 6)
+
+    spent = stack_bill()
+    assert 1.35 < spent < 1.5  # the VM's hour, its disks' hour
+    world.cloud.clock.advance(30 * 24 * 3600)
+    assert stack_bill() == spent  # nothing bills any more

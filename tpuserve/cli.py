@@ -29,6 +29,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
               "Measure an endpoint with `vllm bench serve` and report throughput, latency and $ per million tokens."),
     "cost": ("tpuserve.measure.cost:cost",
              "Breakeven throughput against an API price, the cost of a cold start, and what a session yields."),
+    "destroy": ("tpuserve.ops.destroy:destroy",
+                ("`pulumi destroy` a stack, then list what is left of it in the project (kept caches, orphans) and "
+                 "what it bills.")),
     "diagnose": ("tpuserve.observe.logs:diagnose", ("Ask a model why a deployment failed, from its logs and the gate's "
                                             "stage and reason (tokens redacted).")),
     "fleet": ("tpuserve.ops.fleet:fleet",
