@@ -76,6 +76,7 @@ NOTIFICATION_CHANNEL = re.compile(r"^projects/[^/]+/notificationChannels/[0-9]+$
 # endpoint>`, written by `tpuserve fleet`.
 ROUTER_REPLICA = re.compile(r"^(?P<name>[a-z0-9][a-z0-9_.-]*)=(?P<url>https?://[^\s=]+)$")
 VM_SLOTS = ("a", "b")
+DISK_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 REPLACE_ORDERS = ("create-first", "delete-first")
 SECRET_ID = re.compile(r"^(projects/[^/]+/secrets/)?[A-Za-z0-9_-]{1,255}$")
 STACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # Pulumi's stack name characters
@@ -130,6 +131,13 @@ class StackConfig:
         "replaceOrder", "When a change replaces the VM: create-first (the old VM serves until the new one is ready; "
         "needs quota for both for a moment) or delete-first. `tpuserve up` picks delete-first for one run when the "
         "region's quota has no room for both.", "create-first")
+    cache_owner: str = setting(
+        "cacheOwner", "The stack whose caches this stack uses: empty = its own; `tpuserve fleet` sets its replicas' to "
+        "the fleet, so they share one compile-cache bucket and the fleet's pool of cache disks (never deleted with a "
+        "replica).", "")
+    cache_disk_name: str = setting(
+        "cacheDiskName", "Name of the cache disk in the zone; empty = tpu-serve-<stack>-cache (-b for vmSlot b). "
+        "`tpuserve fleet` picks one from the fleet's pool for each replica.", "")
     max_run_duration: str = setting("maxRunDuration", "Flex-start run limit, e.g. 4h or 1d12h (from 10m to 7d); "
                                     "the VM is deleted when it ends.", "4h")
     hf_token_secret_id: str = setting(
@@ -341,6 +349,12 @@ class StackConfig:
             raise ConfigError("vmSlot", f"{self.vm_slot!r} is not one of {', '.join(VM_SLOTS)}")
         if self.replace_order not in REPLACE_ORDERS:
             raise ConfigError("replaceOrder", f"{self.replace_order!r} is not one of {', '.join(REPLACE_ORDERS)}")
+        if self.cache_owner and not self.keep_caches:
+            raise ConfigError("keepCaches", f"false, but the caches belong to stack {self.cache_owner!r} "
+                              "(cacheOwner): a replica never deletes its fleet's caches; unset one of them")
+        if self.cache_disk_name and not DISK_NAME.match(self.cache_disk_name):
+            raise ConfigError("cacheDiskName", f"{self.cache_disk_name!r} is not a disk name (lowercase letters, "
+                              "digits and -, at most 63, starting with a letter)")
         if self.boot_disk_gb < MIN_BOOT_DISK_GB:
             raise ConfigError("bootDiskSizeGb", f"must be at least {MIN_BOOT_DISK_GB}, got {self.boot_disk_gb}")
         if self.cache_disk_gb != 0 and self.cache_disk_gb < MIN_CACHE_DISK_GB:

@@ -18,7 +18,7 @@ from components.startup_script import API_KEY_ENV, render_startup_script, served
 from tpuserve.deploy import orphans
 from tpuserve.deploy.cache import bucket_name, disk_name
 from tpuserve.facts import CACHE_DEVICE_NAME, CACHE_LABEL, SERVED_CONFIG_KEY, STARTUP_SCRIPT_KEY, SUPERVISOR_KEY
-from tpuserve.names import base_name, service_account_id, vm_name
+from tpuserve.names import base_name, service_account_id, stack_slug, vm_name
 from tpuserve.serving import vllm_serve_args
 
 
@@ -57,15 +57,20 @@ class TpuServeDeployment(pulumi.ComponentResource):
             project=cfg.project, region=cfg.effective_region, network=cfg.network, target_tag=base,
             create_nat=cfg.makes_nat_in(cfg.effective_region) and not cfg.external_ip), opts=child)
         name = vm_name(base, cfg.vm_slot)
-        # The cache disk follows the VM's slot: a successor in the same zone cannot attach the disk its predecessor
-        # still holds read-write, so it takes the other slot's (kept from the replacement before, warm).
+        # The caches belong to this stack, or to the fleet whose replica it is (cacheOwner: one bucket per fleet, one
+        # disk per replica from the fleet's pool in each zone, which successors adopt). The disk follows the VM's
+        # slot: a successor in the same zone cannot attach the disk its predecessor still holds read-write, so it
+        # takes the other slot's (kept from the replacement before, warm).
+        owner = cfg.cache_owner or stack
+        owner_base = base_name(owner)
+        cache_labels = {**labels, "stack": stack_slug(owner), CACHE_LABEL: stack_slug(owner)}
         cache = ServingCache(f"{base}-cache", ServingCacheArgs(
             project=cfg.project, zone=cfg.zone, region=cfg.effective_region,
-            disk_name=disk_name(base) if cfg.vm_slot == "a" else f"{disk_name(base)}-b",
-            bucket_name=bucket_name(cfg.project, base), disk_gb=cfg.cache_disk_gb, bucket=cfg.compile_cache_bucket,
-            disk_iops=cfg.cache_disk_iops, disk_throughput_mibps=cfg.cache_disk_throughput_mibps,
-            keep=cfg.keep_caches, reader_email=identity.email, labels={**labels, CACHE_LABEL: labels["stack"]}),
-            opts=child)
+            disk_name=cfg.cache_disk_name or (disk_name(base) if cfg.vm_slot == "a" else f"{disk_name(base)}-b"),
+            bucket_name=bucket_name(cfg.project, owner_base), disk_gb=cfg.cache_disk_gb,
+            bucket=cfg.compile_cache_bucket, disk_iops=cfg.cache_disk_iops,
+            disk_throughput_mibps=cfg.cache_disk_throughput_mibps, keep=cfg.keep_caches or bool(cfg.cache_owner),
+            reader_email=identity.email, labels=cache_labels), opts=child)
         # Three metadata keys: the boot logic (no serving setting in it), what is served, and the supervisor's code.
         # A change of the served config updates the running VM (setMetadata), and its supervisor applies it.
         metadata = {
