@@ -155,6 +155,19 @@ def test_zones_with_a_warm_cache_are_tried_first():
     assert zones_by_warm_cache(candidates, []) == candidates
 
 
+def test_a_cache_disk_is_warm_only_once_attached_and_marked_by_the_vm_that_served():
+    """A failed zone's disk exists, READY, but no VM ever attached it (no lastAttachTimestamp), or one attached it
+    and never served (no marker in the bucket): neither is warm, neither goes first."""
+    caches = [CacheDisk("us-east1-d", "c", 100, "READY", (), "", 8.0),  # never attached
+              CacheDisk("europe-west4-a", "c", 100, "READY", (), "2026-11-20T10:00:00Z", 8.0),  # attached, no marker
+              CacheDisk("us-central1-b", "c", 100, "READY", (), "2026-11-21T10:00:00Z", 8.0)]  # attached and marked
+    candidates = ["us-east1-d", "europe-west4-a", "us-central1-b"]
+    assert zones_by_warm_cache(candidates, caches, {"us-central1-b/c"}) == [
+        "us-central1-b", "us-east1-d", "europe-west4-a"]
+    assert zones_by_warm_cache(candidates, caches, None) == [  # markers unreadable: the attach time decides
+        "us-central1-b", "europe-west4-a", "us-east1-d"]
+
+
 class FakeStorage:
     def __init__(self, buckets: dict[str, dict]):
         self.buckets = buckets

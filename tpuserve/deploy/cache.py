@@ -121,12 +121,21 @@ def cache_disks(disks: ZonalDisks, project: str, stack: str) -> list[CacheDisk]:
     return sorted((CacheDisk.from_api(d) for d in found), key=lambda d: d.zone)
 
 
-def zones_by_warm_cache(candidates: Sequence[str], caches: Iterable[CacheDisk]) -> list[str]:
-    """The candidate zones, those holding a usable cache disk of the stack first (most recently attached first),
-    then the rest in their given order. For the capacity sweep: a zone with a warm disk boots in minutes less."""
+def is_warm(disk: CacheDisk, markers: set[str] | None) -> bool:
+    """Warm only once a VM attached it (`lastAttachTimestamp`) and served from it (the marker the VM writes to the
+    compile-cache bucket after `serving`, `disks/<zone>/<name>`; None: the markers could not be read, the attach time
+    decides). A disk a failed zone left is neither."""
+    return disk.status == "READY" and bool(disk.last_attached) and (
+        markers is None or f"{disk.zone}/{disk.name}" in markers)
+
+
+def zones_by_warm_cache(candidates: Sequence[str], caches: Iterable[CacheDisk],
+                        markers: set[str] | None = None) -> list[str]:
+    """The candidate zones, those holding a warm cache disk of the stack first (most recently attached first), then
+    the rest in their given order. For the capacity sweep: a zone with a warm disk boots in minutes less."""
     warm: dict[str, str] = {}
     for disk in caches:
-        if disk.status == "READY" and disk.zone in candidates:
+        if is_warm(disk, markers) and disk.zone in candidates:
             warm[disk.zone] = max(warm.get(disk.zone, ""), disk.last_attached)
     first = sorted(warm, key=lambda zone: (warm[zone], -candidates.index(zone)), reverse=True)
     return first + [zone for zone in candidates if zone not in warm]

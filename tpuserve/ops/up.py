@@ -38,7 +38,7 @@ import requests
 
 from tpuserve.cli import echo_json
 from tpuserve.deploy import nat
-from tpuserve.deploy.cache import cache_disks, zones_by_warm_cache
+from tpuserve.deploy.cache import cache_disks, is_warm, zones_by_warm_cache
 from tpuserve.deploy.capacity import classify
 from tpuserve.deploy import preview as previews
 from tpuserve.deploy.gce import ComputeApiError, ComputeClient, ZonalDisks, tpu_chips
@@ -286,7 +286,7 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
             candidates = report.usable_zones
         nat_config = nat_settings(session, roots, target, report, own is not None, say)
         if not single_zone and not zones:
-            candidates = warm_cache_first(session, roots.compute, str(config.get("project")), stack, candidates,
+            candidates = warm_cache_first(session, roots, str(config.get("project")), stack, candidates,
                                           outputs.get("zone"), say)
 
     interactive = sys.stdin.isatty()
@@ -393,7 +393,7 @@ def pin_image(config: Mapping[str, Any], registry_url: str, say: Callable[[str],
     try:
         pinned = pin_for_deploy(configured, registry_url)
     except RegistryError as err:
-        say(f"error: containerImage: {err}")
+        say(f"Error: containerImage: {err}")
         stop(f"containerImage: {err}")
         return {}
     if not pinned:
@@ -403,19 +403,23 @@ def pin_image(config: Mapping[str, Any], registry_url: str, say: Callable[[str],
     return {"containerImage": pinned}
 
 
-def warm_cache_first(session: Any, compute_url: str, project: str, stack: str, candidates: list[str],
+def warm_cache_first(session: Any, roots: Endpoints, project: str, stack: str, candidates: list[str],
                      current_zone: str | None, say: Any) -> list[str]:
     """The zones holding one of the stack's warm cache disks first (`tpuserve cache ls`: image layers, weights and
     compile cache make the boot there minutes shorter), after the zone the stack's VM is in now (an update there
     keeps it). A failed listing only loses the ordering."""
+    from tpuserve.deploy import inventory
+
     try:
-        caches = cache_disks(ZonalDisks(session, compute_url), project, stack)
+        caches = cache_disks(ZonalDisks(session, roots.compute), project, stack)
     except (ComputeApiError, requests.RequestException) as err:
         say(f"warning: could not list the stack's cache disks ({err}); trying zones in their configured order")
         return candidates
+    markers = inventory.warm_markers(inventory.clients_for(session, roots), project, [stack],
+                                     inventory.Inventory(project, (stack,)))
     pinned = [current_zone] if current_zone in candidates else []
-    ordered = pinned + zones_by_warm_cache([zone for zone in candidates if zone not in pinned], caches)
-    warm = [disk.zone for disk in caches if disk.zone in candidates]
+    ordered = pinned + zones_by_warm_cache([zone for zone in candidates if zone not in pinned], caches, markers)
+    warm = [disk.zone for disk in caches if disk.zone in candidates and is_warm(disk, markers)]
     if warm:
         say(f"warm cache disk in {', '.join(sorted(set(warm)))}: tried first")
     return ordered
