@@ -25,7 +25,7 @@ from tpuserve.serving import vllm_serve_args
 def fleet_tag(fleet: str) -> str:
     """The network tag every replica of fleet `fleet` carries, whatever its number: the fleet's firewall rules
     (components/router.py) target it, so they never change while replicas come and go."""
-    return f"{base_name(fleet)[:34].rstrip('-')}-fleet"
+    return f"{base_name(fleet)}-fleet"  # at most 46 characters: a network tag may have 63
 
 
 def stack_labels(stack: str, extra: dict[str, str]) -> dict[str, str]:
