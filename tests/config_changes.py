@@ -79,6 +79,10 @@ CHANGES: dict[str, tuple[Case, ...]] = {
     "compileCacheBucket": (Case("false"),),
     "keepCaches": (Case("false"),),  # retainOnDelete of the disk and bucket: no input changes
     "maxRunDuration": (Case("8h"),),
+    "vmSlot": (Case("b"),),
+    "replaceOrder": (Case("delete-first"),),
+    "cacheOwner": (Case("dev-fleet"),),
+    "cacheDiskName": (Case("tpu-serve-dev-fleet-cache-2"),),
     "hfTokenSecretId": (Case("hf-token-2"),),
     "hfToken": (Case("hf_not_a_real_token", also={"hfTokenSecretId": ""}),),
     "network": (Case("ml-vpc"),),
@@ -307,7 +311,15 @@ def vm_replace(t: Touched, target: str) -> str:
     else:
         why = f"{join([f'`{p}`' for p in (list(c.forced_by) or forced or list(c.replace_reasons))])} cannot change " \
               "in place"
-    return f"**replaces {role(t, target)}** ({why}){'; old one first' if c.delete_before_replace else ''}"
+    if t.type != INSTANCE or not t.name.startswith("tpu-serve-dev") or t.name.endswith("-router"):
+        order = "; old one first" if c.delete_before_replace else ""
+    elif c.delete_before_replace:
+        order = "; old one first"
+    elif c.create_conflicts:  # a new VM under the name the old one holds: a bare `pulumi up` fails, changing nothing
+        order = "; `tpuserve up` asks first and creates the new VM under the other vmSlot name while the old one serves"
+    else:
+        order = "; the new VM is created before the old one goes"
+    return f"**replaces {role(t, target)}** ({why}){order}"
 
 
 def describe(touched: list[Touched], outputs: list[str], option_only: list[str], target: str,
@@ -380,7 +392,8 @@ def derive() -> dict[str, Any]:
                 "resources": [{"name": t.name, "type": t.type, "op": t.op,
                                **({"replace_reasons": list(t.change.replace_reasons),
                                    "needs_stop": list(t.change.needs_stop),
-                                   "delete_before_replace": t.change.delete_before_replace}
+                                   "delete_before_replace": t.change.delete_before_replace,
+                                   "create_conflicts": t.change.create_conflicts}
                                   if t.change and t.op == "replace" else {}),
                                **({"paths": list(t.change.detailed_diff)} if t.change else {}),
                                **({"retained": True} if t.retained else {})} for t in touched],

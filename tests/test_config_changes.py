@@ -49,7 +49,14 @@ def test_what_loses_the_tpu(derived):
     vm = "tpu-serve-dev"
     for key in ("project", "zone", "machineType", "bootImage", "maxRunDuration", "network", "subnetwork"):
         assert resources(derived, key)[vm]["op"] == "replace", key
-        assert resources(derived, key)[vm]["delete_before_replace"] is True, key  # a named VM cannot exist twice
+        # the old VM serves until the new one exists (components/instance.py): create-first
+        assert resources(derived, key)[vm]["delete_before_replace"] is False, key
+    for key in ("machineType", "maxRunDuration", "bootImage", "network"):  # the same zone: the name must change
+        assert resources(derived, key)[vm]["create_conflicts"] is True, key
+        assert "creates the new VM under the other vmSlot name" in derived[key]["effect"], key
+    assert resources(derived, "zone")[vm]["create_conflicts"] is False  # a name exists once per zone
+    assert resources(derived, "vmSlot")[vm]["create_conflicts"] is False  # the other name
+    assert derived["replaceOrder"]["effect"] == "nothing on the stack"  # the order of the next replacement only
     for key in ("bootDiskSizeGb", "labels", "externalIp", "readinessTimeout", "hfTokenSecretId", "compileCacheBucket",
                 "model", "containerImage", "maxModelLen", "multimodalLimits", "kvCacheDtype", "extraArgs"):
         assert resources(derived, key)[vm]["op"] == "update", key
@@ -103,17 +110,25 @@ def instance_run(config: dict[str, str]) -> tuple[dict, pulumi.ResourceOptions]:
 
 def test_a_machine_type_change_never_changes_the_served_config_in_place():
     """Issue #22: the provider would setMetadata the new served config (tensor parallel 4) on the one-chip VM and then
-    refuse to resize it. The VM is replaced instead, old one first: nothing is pushed to the old VM."""
+    refuse to resize it. The VM is replaced instead (create-first, under the other slot's name when `tpuserve up`
+    runs it): nothing is pushed to the old VM."""
     base = stack_file_config("dev")
     old, _ = instance_run(base)
     new, opts = instance_run({**base, "machineType": "ct6e-standard-4t"})
     assert old["metadata"][SERVED_CONFIG_KEY] != new["metadata"][SERVED_CONFIG_KEY]  # TP 1 -> 4
-    assert opts.replace_on_changes == list(stop_requiring_paths(INSTANCE)) == REPLACE_ON_CHANGES
-    assert opts.delete_before_replace is True
+    assert opts.replace_on_changes == [*stop_requiring_paths(INSTANCE), "attachedDisks"] == REPLACE_ON_CHANGES
+    assert opts.delete_before_replace is False
     change = plan_change(INSTANCE, old, new, replace_on_changes=opts.replace_on_changes,
                          delete_before_replace=opts.delete_before_replace)
     assert (change.op, change.replace_reasons) == ("replace", ("machineType",))
-    assert change.delete_before_replace and not change.create_conflicts
+    # create-first under the same name would fail (a bare `pulumi up`: nothing changes); `tpuserve up` switches the
+    # slot, and the successor's other name can exist beside the old VM
+    assert not change.delete_before_replace and change.create_conflicts
+    flipped, _ = instance_run({**base, "machineType": "ct6e-standard-4t", "vmSlot": "b"})
+    assert flipped["name"] == "tpu-serve-dev-b"
+    successor = plan_change(INSTANCE, old, flipped, replace_on_changes=opts.replace_on_changes,
+                            delete_before_replace=opts.delete_before_replace)
+    assert successor.op == "replace" and not successor.delete_before_replace and not successor.create_conflicts
     # Without the options the same inputs are the in-place update the issue warns of.
     bare = plan_change(INSTANCE, old, new)
     assert bare.op == "update" and bare.needs_stop == ("machineType",)

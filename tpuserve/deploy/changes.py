@@ -609,6 +609,11 @@ def _keeps_name(type_token: str, old: Mapping, new: Mapping) -> bool:
         get = lambda m: (m.get("metadata") or {}).get("name")  # noqa: E731
         return present(get(new)) and get(new) == get(old)
     keys = [str(parse_path(p)[0]) for p in info.get("delete_before_replace", {}).get("autonamed", [])]
+    # A zonal or regional name is unique only in its zone or region (Compute Engine: an instance name per zone), so
+    # a replacement elsewhere can hold the same name.
+    for scope in ("zone", "region"):
+        if present(new.get(scope)) and new.get(scope) != old.get(scope):
+            return False
     return any(present(new.get(k)) and new.get(k) == old.get(k) for k in keys)
 
 

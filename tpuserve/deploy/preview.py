@@ -80,15 +80,30 @@ class Step:
     def what(self) -> str:
         return "the TPU VM" if self.is_vm else "the cache disk" if self.is_cache_disk else "the TPU node pool"
 
+    def reasons(self) -> list[str]:
+        """The top-level inputs that cause the step: its replaceReasons, and the top-level keys of detailedDiff paths
+        of a replace kind (a replaceOnChanges path such as `networkInterfaces[*].network` makes the step a replace
+        but adds nothing to replaceReasons: pkg/resource/deploy/step_generator.go applyReplaceOnChanges), else its
+        diffReasons. `__meta` (a provider rule outside the schema) is left out."""
+        replacing = [top_key(path) for path, diff in self.detailed_diff.items()
+                     if str(diff.get("kind", "")).endswith("-replace")]
+        found = [*self.replace_reasons, *replacing] if self.op == "replace" else [*self.diff_reasons]
+        return [key for key in dict.fromkeys(found or self.diff_reasons) if key != "__meta"]
+
     def changes(self) -> list[str]:
-        """'machineType: ct6e-standard-1t -> ct6e-standard-4t' for each reason (replace reasons first)."""
-        reasons = self.replace_reasons or self.diff_reasons
-        return [f"{key}: {short(self.old_inputs.get(key))} -> {short(self.new_inputs.get(key))}" for key in reasons]
+        """'machineType: ct6e-standard-1t -> ct6e-standard-4t' for each reason."""
+        return [f"{key}: {short(self.old_inputs.get(key))} -> {short(self.new_inputs.get(key))}"
+                for key in self.reasons()]
 
     def settings(self) -> list[str]:
         """The stack settings behind this step's reasons, in order, each once."""
-        reasons = self.replace_reasons or self.diff_reasons
-        return list(dict.fromkeys(key for reason in reasons for key in INPUT_KEYS.get(reason, (reason,))))
+        return list(dict.fromkeys(key for reason in self.reasons() for key in INPUT_KEYS.get(reason, (reason,))))
+
+
+def top_key(path: str) -> str:
+    """The top-level key of a property path: `scheduling.maxRunDuration.seconds` -> scheduling,
+    `metadata["tpu-serve-config"]` -> metadata, `networkInterfaces[0].network` -> networkInterfaces."""
+    return path.split(".", 1)[0].split("[", 1)[0]
 
 
 def short(value: Any, limit: int = 60) -> str:

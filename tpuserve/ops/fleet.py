@@ -76,6 +76,7 @@ from tpuserve.deploy.router_probe import answered_through_router
 from tpuserve.deploy.stack import TunnelError, endpoint_for
 from tpuserve.deploy.sweep import SweepResult, region_of, sweep
 from tpuserve import vllm_metrics
+from tpuserve.names import base_name
 from tpuserve.facts import CACHE_LABEL, FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, V6E_ZONES
 from tpuserve.observe.gate import INSTANCE_INTERVAL_S, SERVING, watch_instance
 from tpuserve.observe.status import deletion_at
@@ -789,13 +790,6 @@ def open_fleet(stack: str, cwd: Path, endpoints: tuple[str, ...], yes: bool, ext
 
 
 # --- the lease ------------------------------------------------------------------------------------------------------
-
-def base_name(stack: str) -> str:
-    """`tpu-serve-<stack>`, as components/deployment.py base_name names a stack's resources (the toolkit cannot import
-    the Pulumi components)."""
-    slug = re.sub(r"[^a-z0-9-]+", "-", stack.lower()).strip("-") or "stack"
-    return f"tpu-serve-{slug}"[:40].rstrip("-")
-
 
 def fleet_bucket(s: Session) -> str:
     """The fleet's bucket, made if missing: the name the fleet's template stack would give its compile-cache bucket

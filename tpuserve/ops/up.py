@@ -303,7 +303,7 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
     original_zone = config.get("zone")
     if compute is not None and not single_zone and has_vm(pulumi, outputs):
         try:
-            look = look_before_leaping(pulumi, stack, config, outputs, compute, report, pulumi_args, say)
+            look = look_before_leaping(pulumi, stack, config, outputs, compute, report, pulumi_args, say, nat_config)
         except PreviewFailed as err:
             say(f"Error: {err}")
             finish(EXIT_FAILED, {"zone": None, "attempts": [], "reason": str(err), "orphans": []})
@@ -480,11 +480,11 @@ class Look:
 
 def look_before_leaping(pulumi: PulumiCli, stack: str, config: Mapping[str, Any], outputs: Mapping[str, Any],
                         compute: ComputeClient, report: Report | None, extra: Sequence[str],
-                        say: Callable[[str], None]) -> Look:
+                        say: Callable[[str], None], settings: Mapping[str, str] | None = None) -> Look:
     """Preview the stack in the zone its VM is in; when the VM or its cache disk would be replaced or deleted, say so
     with what it costs and choose the order (deploy/preview.py)."""
     zone = str(outputs.get("zone") or config.get("zone") or "")
-    run = pulumi.preview(extra, PREVIEW_TIMEOUT_S, {"zone": zone} if zone else {})
+    run = pulumi.preview(extra, PREVIEW_TIMEOUT_S, {**(settings or {}), **({"zone": zone} if zone else {})})
     try:
         plan = previews.parse(run.output)
     except ValueError as err:
