@@ -36,9 +36,22 @@ class World:
     boots: dict[str, str] = field(default_factory=dict)
 
     def boot(self, instance: dict[str, Any]) -> None:
-        """What the VM's startup script and supervisor would report once it runs its `tpu-serve-config`."""
+        """What the VM's startup script and supervisor would report once it runs its `tpu-serve-config` (a fleet's
+        router VM: what its agent reports once the proxies serve its `litellm-config`, every replica answering)."""
         zone = str(instance.get("zone", "")).rsplit("/", 1)[-1]
         items = {item["key"]: item.get("value", "") for item in (instance.get("metadata") or {}).get("items", [])}
+        if "litellm-config" in items:
+            import yaml
+
+            from components.router import config_digest
+
+            digest = config_digest(items["litellm-config"])
+            replicas = [entry["model_info"]["id"] for entry in yaml.safe_load(items["litellm-config"])["model_list"]]
+            self.cloud.set_guest_attributes(instance["name"], zone, {
+                "stage": "serving", "config-hash": digest,
+                "answered": json.dumps({"config": digest, "deployments": {name: "ok" for name in replicas}})},
+                namespace="tpu-serve")
+            return
         served = json.loads(items.get("tpu-serve-config") or "{}")
         outcome = self.boots.get(zone, "serving")
         values = {"stage": "serving", "config-hash": served.get("config_hash", "")} if outcome == "serving" else \

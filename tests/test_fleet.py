@@ -224,13 +224,15 @@ def test_up_places_replicas_across_zones_and_routes_to_them(pulumi: FakePulumi, 
     assert [[entry.split("=")[0] for entry in s] for s in router_sets] == [
         [], ["dev-r1"], ["dev-r1", "dev-r2"], ["dev-r1", "dev-r2", "dev-r3"]]
     # Each update saves the config it needs itself (`pulumi up --config`): the router's target and replicas, a
-    # replica's zone, its Cloud NAT and its fleet (whose firewall tag it carries).
+    # replica's zone, its Cloud NAT, its fleet (whose firewall tag it carries) and the fleet's caches it uses (the
+    # fleet's bucket and a disk of the fleet's pool in that zone).
     ups = [call for call in pulumi.calls() if call[0] == "up"]
     assert ups[0] == ["up", "--yes", "--skip-preview", "--refresh", "--config", "target=router", "--config",
                       "routerReplicas=[]", "--config", "cloudNatSkipRegions=[]", "--stack", "dev-router",
                       "--non-interactive"]
     assert ups[1] == ["up", "--yes", "--skip-preview", "--refresh", "--config", "createCloudNat=false", "--config",
-                      "fleet=dev", "--config", "zone=europe-west4-a", "--stack", "dev-r1", "--non-interactive"]
+                      "fleet=dev", "--config", "cacheOwner=dev", "--config", "cacheDiskName=tpu-serve-dev-cache-1",
+                      "--config", "zone=europe-west4-a", "--stack", "dev-r1", "--non-interactive"]
     assert "3 of 3 replica(s) serve behind dev-router" in stderr
 
 

@@ -97,3 +97,109 @@ def test_destroy_with_keep_caches_false_leaves_nothing_that_bills(world: World):
     assert 1.35 < spent < 1.5  # the VM's hour, its disks' hour
     world.cloud.clock.advance(30 * 24 * 3600)
     assert stack_bill() == spent  # nothing bills any more
+
+
+def first_up(world: World, zone: str = "us-east5-a", **settings: str) -> None:
+    world.cloud.capacity.update({(zone, "ct6e-standard-1t"): 1, (zone, "ct6e-standard-4t"): 4})
+    world.pulumi.set_config(project="my-ml-sandbox", zone=zone, hfTokenSecretId="hf-token", **settings)
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--skip-preflight")
+    assert code == 0, stderr
+
+
+def vm_calls(world: World, since: int, name: str = "tpu-serve-dev") -> list[str]:
+    """What was asked of instance `name` since call number `since`: 'POST insert', 'POST setMetadata', 'DELETE'."""
+    out = []
+    for call in world.cloud.calls[since:]:
+        path = call.path
+        if call.method == "POST" and path.endswith("/instances") and (call.body or {}).get("name") == name:
+            out.append("insert")
+        elif f"/instances/{name}" in path and call.method != "GET" and path.split(f"/instances/{name}")[1] in (
+                "", "/setMetadata", "/setMachineType", "/detachDisk", "/attachDisk", "/setLabels"):
+            out.append(f"{call.method} {path.split(f'/instances/{name}')[1] or ''}".strip())
+    return out
+
+
+def test_a_machine_type_change_is_refused_then_replaces_the_vm_create_first(world: World):
+    """Issue #22: `-1t` -> `-4t` must never reach the running VM as an update (the provider would push the TP-4 argv
+    with setMetadata, then refuse the resize). `tpuserve up` previews it, stops (exit 4) until told, then creates the
+    successor under the other name while the old VM serves, and deletes the old one after."""
+    first_up(world)
+    calls, commands = len(world.cloud.calls), len(world.pulumi.calls())
+    world.pulumi.set_config(project="my-ml-sandbox", zone="us-east5-a", hfTokenSecretId="hf-token",
+                            machineType="ct6e-standard-4t")
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--skip-preflight")
+    assert code == 4, stderr
+    assert verdict["replace"]["keys"] == ["machineType"]
+    assert vm_calls(world, calls) == []  # nothing reached the VM
+    assert [call[0] for call in world.pulumi.calls()[commands:] if call[0] in ("up", "preview")] == ["preview"]
+
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--skip-preflight",
+                                           "--replace-vm")
+    assert code == 0, stderr
+    assert vm_calls(world, calls) == ["DELETE"]  # the old VM: never updated, deleted once its successor served
+    assert vm_calls(world, calls, "tpu-serve-dev-b") == ["insert"]
+    order = [c.method for c in world.cloud.calls[calls:] if "/instances" in c.path and c.method != "GET"]
+    assert order.index("POST") < order.index("DELETE")  # create-first
+    successor = world.cloud.instance("tpu-serve-dev-b", "us-east5-a")
+    assert successor["machineType"].endswith("ct6e-standard-4t")
+    assert world.pulumi.outputs("dev")["instanceName"] == "tpu-serve-dev-b"
+    assert held(world, "us-east5-a") >= {("instance", "tpu-serve-dev-b"), ("disk", "tpu-serve-dev-b"),
+                                         ("disk", "tpu-serve-dev-cache-b")}
+    assert ("instance", "tpu-serve-dev") not in held(world, "us-east5-a")
+
+
+def test_a_bare_pulumi_up_of_a_machine_type_change_leaves_the_serving_vm_alone(world: World):
+    """Without `tpuserve up` to switch the name, the create-first successor cannot be created beside the old VM (a
+    name exists once per zone): the update fails and the old VM still serves its old config."""
+    first_up(world)
+    calls = len(world.cloud.calls)
+    world.pulumi.set_config(project="my-ml-sandbox", zone="us-east5-a", hfTokenSecretId="hf-token",
+                            machineType="ct6e-standard-4t")
+    before = world.cloud.instance("tpu-serve-dev", "us-east5-a")
+    run = world.run_pulumi("up", "--yes", "--skip-preview", "--stack", "dev")
+    assert run.returncode == 255
+    assert "already exists" in run.stdout
+    assert vm_calls(world, calls) == ["insert"]  # the successor's create, refused: the old VM got no call
+    after = world.cloud.instance("tpu-serve-dev", "us-east5-a")
+    assert (after["status"], after["id"], after["metadata"]) == ("RUNNING", before["id"], before["metadata"])
+
+
+def test_an_in_place_change_updates_the_served_config_and_keeps_the_vm(world: World):
+    first_up(world)
+    before = world.cloud.instance("tpu-serve-dev", "us-east5-a")["id"]
+    calls = len(world.cloud.calls)
+    world.pulumi.set_config(project="my-ml-sandbox", zone="us-east5-a", hfTokenSecretId="hf-token",
+                            maxModelLen="32768")
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--skip-preflight")
+    assert code == 0, stderr
+    assert "in place: the VM keeps serving, the supervisor restarts vLLM with the new config" in stderr
+    assert vm_calls(world, calls) == ["POST /setMetadata"]
+    assert world.cloud.instance("tpu-serve-dev", "us-east5-a")["id"] == before
+    served = [i["value"] for i in world.cloud.instance("tpu-serve-dev", "us-east5-a")["metadata"]["items"]
+              if i["key"] == "tpu-serve-config"][0]
+    assert "32768" in served
+
+
+def test_removing_the_cache_disk_replaces_the_vm_instead_of_detaching_a_mounted_disk(world: World):
+    first_up(world)
+    calls = len(world.cloud.calls)
+    world.pulumi.set_config(project="my-ml-sandbox", zone="us-east5-a", hfTokenSecretId="hf-token",
+                            cacheDiskSizeGb="0")
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--skip-preflight")
+    assert code == 4, stderr
+    assert "cacheDiskSizeGb" in verdict["replace"]["keys"]
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--skip-preflight",
+                                           "--replace-vm")
+    assert code in (0, 5), stderr
+    assert not any("detachDisk" in c.path for c in world.cloud.calls[calls:])
+
+
+def test_growing_the_cache_disk_resizes_it_in_place(world: World):
+    first_up(world)
+    before = world.cloud.instance("tpu-serve-dev", "us-east5-a")["id"]
+    world.pulumi.set_config(project="my-ml-sandbox", zone="us-east5-a", hfTokenSecretId="hf-token",
+                            cacheDiskSizeGb="200")
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--skip-preflight")
+    assert code == 0, stderr
+    assert world.cloud.disk("tpu-serve-dev-cache", "us-east5-a")["sizeGb"] == "200"
+    assert world.cloud.instance("tpu-serve-dev", "us-east5-a")["id"] == before

@@ -63,12 +63,12 @@ import requests
 
 from tpuserve.cli import echo_json
 from tpuserve.deploy import nat
-from tpuserve.deploy.cache import BucketSpec, bucket_name, ensure_bucket
+from tpuserve.deploy.cache import BucketSpec, CacheDisk, bucket_name, cache_disks, ensure_bucket
 from tpuserve.deploy.capacity import classify
-from tpuserve.deploy.gce import ComputeApiError, ComputeClient, Instance
+from tpuserve.deploy.gce import ComputeApiError, ComputeClient, Instance, ZonalDisks
 from tpuserve.deploy.gcs import Buckets
 from tpuserve.deploy.lease import EXIT_LEASE_HELD, POLL_S, Lease, LeaseError, LeaseHeld, LeaseLost, LeaseStore
-from tpuserve.deploy.orphans import Orphan, stack_labels
+from tpuserve.deploy.orphans import Orphan, managed_ids, stack_labels
 from tpuserve.deploy.preflight import Endpoints, Target, configured_zones, endpoint_option, nat_plan, preflight, \
     print_report, target_from_config
 from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
@@ -76,12 +76,12 @@ from tpuserve.deploy.router_probe import answered_through_router
 from tpuserve.deploy.stack import TunnelError, endpoint_for
 from tpuserve.deploy.sweep import SweepResult, region_of, sweep
 from tpuserve import vllm_metrics
-from tpuserve.names import base_name
+from tpuserve.names import base_name, bounded
 from tpuserve.facts import CACHE_LABEL, FAILED_STAGE, GUEST_ATTRIBUTE_NAMESPACE, V6E_ZONES
 from tpuserve.observe.gate import INSTANCE_INTERVAL_S, SERVING, watch_instance
 from tpuserve.observe.status import deletion_at
-from tpuserve.ops.up import EXIT_FAILED, EXIT_NO_CAPACITY, EXIT_OK, EXIT_USAGE, Deployer, parse_deadline, \
-    progress_line
+from tpuserve.ops.up import EXIT_FAILED, EXIT_NO_CAPACITY, EXIT_OK, EXIT_ORPHANS, EXIT_USAGE, Deployer, \
+    parse_deadline, progress_line
 from tpuserve.serving import ConfigError
 
 REPLICA = re.compile(r"^(?P<fleet>.+)-r(?P<number>[0-9]+)$")
@@ -282,6 +282,12 @@ class Fleet:
     router_settings: dict[str, str] = field(default_factory=dict)  # cloudNatSkipRegions, for every router update
     max_run_s: int = 4 * 3600  # the stack's maxRunDuration (open_fleet reads it)
     lead_s: float = 45 * 60.0  # how long before a deletion a replica is renewed
+    cache_disk_gb: int = 1  # the stack's cacheDiskSizeGb: 0, replicas take no cache disk (open_fleet reads it)
+    # The fleet's pool of cache disks: `zone/disk` -> the replica whose placement holds it (tried or attached), so
+    # two placements at once never pick one disk; released when the placement ends.
+    reserved: dict[str, str] = field(default_factory=dict)
+    pool_lock: threading.Lock = field(default_factory=threading.Lock)
+    diagnosed: list[str] = field(default_factory=list)  # the one unready successor kept for `tpuserve diagnose`
 
     def event(self, what: str, replica: str, detail: str = "") -> None:
         self.events.append({"event": what, "replica": replica, **({"detail": detail} if detail else {})})
@@ -367,6 +373,96 @@ class Fleet:
 
     # --- steps ----------------------------------------------------------------------------------------------------
 
+    # --- the fleet's caches ---------------------------------------------------------------------------------------
+    # One compile-cache bucket for the whole fleet (the lease's; every replica's cacheOwner is the fleet) and, in
+    # each zone, a pool of cache disks named `<fleet base>-cache-<k>`: a replica takes a free one (the most recently
+    # attached first: it is the warm one), a new name only when none is free. A successor in its predecessor's zone
+    # cannot attach the disk the predecessor still holds read-write, so a zone holds its replicas' disks plus at most
+    # one spare: what a retired replica leaves, kept warm for the next successor there, the others deleted
+    # (prune_caches). Renewals therefore reuse disks instead of adding one per run.
+
+    def pool_disk(self, number: int) -> str:
+        return bounded(f"{base_name(self.name)}-cache-{number}", 63)
+
+    def pool(self) -> list[CacheDisk]:
+        return cache_disks(ZonalDisks(self.compute.session, self.compute.base_url), self.project, self.name)
+
+    def cache_settings(self, replica: str, zone: str) -> dict[str, str]:
+        """The fleet's cache for a replica's attempt in `zone`: its bucket and a disk of the pool, reserved for it."""
+        if self.cache_disk_gb <= 0:
+            return {"cacheOwner": self.name}
+        try:
+            disks = [disk for disk in self.pool() if disk.zone == zone]
+        except (ComputeApiError, requests.RequestException) as err:
+            raise FleetError(f"could not list the fleet's cache disks in {zone}: {err}") from err
+        with self.pool_lock:
+            for key, holder in list(self.reserved.items()):
+                if holder == replica:
+                    del self.reserved[key]
+            free = sorted((d for d in disks if not d.users and f"{zone}/{d.name}" not in self.reserved),
+                          key=lambda d: d.last_attached, reverse=True)
+            if free:
+                name = free[0].name
+            else:
+                taken = {d.name for d in disks} | {key.split("/", 1)[1] for key in self.reserved
+                                                   if key.startswith(f"{zone}/")}
+                name = next(self.pool_disk(k) for k in range(1, 1000) if self.pool_disk(k) not in taken)
+            self.reserved[f"{zone}/{name}"] = replica
+        return {"cacheOwner": self.name, "cacheDiskName": name}
+
+    def release(self, replica: str) -> None:
+        with self.pool_lock:
+            for key, holder in list(self.reserved.items()):
+                if holder == replica:
+                    del self.reserved[key]
+
+    def prune_caches(self) -> list[str]:
+        """Per zone, keep the disks replicas hold and one spare (the most recently attached); delete the others.
+        Returns what was deleted."""
+        try:
+            disks = self.pool()
+        except (ComputeApiError, requests.RequestException) as err:
+            self.say(f"warning: could not list the fleet's cache disks: {err}")
+            return []
+        deleted = []
+        client = ZonalDisks(self.compute.session, self.compute.base_url)
+        with self.pool_lock:
+            held = set(self.reserved)
+        for zone in sorted({d.zone for d in disks}):
+            spare = sorted((d for d in disks if d.zone == zone and not d.users and f"{zone}/{d.name}" not in held),
+                           key=lambda d: d.last_attached, reverse=True)
+            for disk in spare[1:] + ([] if spare[:1] and spare[0].last_attached else spare[:1]):
+                try:
+                    client.delete(self.project, zone, disk.name)
+                except (ComputeApiError, requests.RequestException) as err:
+                    self.say(f"warning: could not delete the fleet's spare cache disk {zone}/{disk.name}: {err}")
+                    continue
+                deleted.append(f"{zone}/{disk.name}")
+        if deleted:
+            self.say(f"cache disks the fleet no longer needs, deleted: {', '.join(deleted)} (each zone keeps its "
+                     "replicas' disks and one spare)")
+        return deleted
+
+    def prune_unready(self, replicas: list[Replica], members: Sequence[str]) -> None:
+        """Replica stacks outside the router that never served (a successor whose gate failed, kept for diagnosis):
+        the newest stays for `tpuserve diagnose`, the others are destroyed; `replicas` loses them."""
+        unready = [r for r in replicas if r.name not in members and r.stage not in (SERVING, GONE, "planned")
+                   and (r.stage != "empty" or self.holds_resources(r.name))]
+        unready.sort(key=lambda r: replica_number(self.name, r.name) or 0)
+        for replica in unready[:-1]:
+            self.say(f"{replica.name} never served and a newer one is kept for diagnosis: destroying it")
+            if self.retire(replica.name):
+                self.event("destroyed", replica.name, "never served")
+                replicas.remove(replica)
+        self.diagnosed[:] = [r.name for r in unready[-1:]]
+
+    def holds_resources(self, name: str) -> bool:
+        """The replica's state holds resources, though it has no outputs (its first update failed at the gate)."""
+        try:
+            return bool(managed_ids(self.cli(name).export()))
+        except PulumiError:
+            return False
+
     def candidates(self, zones: Sequence[str], replicas: Sequence[Replica]) -> list[str]:
         """`zones` in their order, the ones holding the fewest live replicas first: a new replica spreads out
         while the fleet's zone preference still breaks ties."""
@@ -387,9 +483,11 @@ class Fleet:
                             settings={"createCloudNat": "false", "fleet": self.name, **(settings or {})})
         number = iter(range(1, 10_000))
         self.say(f"{name}: trying {', '.join(zones)}")
+        base_settings = dict(deployer.settings)
 
         def attempt(zone: str, seconds_left: float) -> Any:
             self.guard()
+            deployer.settings = {**base_settings, **self.cache_settings(name, zone)}
             return deployer.attempt(zone, seconds_left)
 
         result = sweep(zones, attempt, deadline_s, retry_until_up=retry_until_up,
@@ -498,10 +596,13 @@ class Fleet:
         if settings and settings.get("maxRunDuration"):
             self.say(f"{name}: max run {settings['maxRunDuration']} (not {run_text(self.max_run_s)}), so that its "
                      "deletion falls between the other replicas'")
-        result = self.place(name, zones, deadline_s, retry_until_up, settings)
+        try:
+            result = self.place(name, zones, deadline_s, retry_until_up, settings)
+        finally:
+            self.release(name)  # its disk is attached now, or free again
         if not result.ok:
             if result.stopped is not None and result.stopped.kind == "not-ready":
-                return None, result, f"{name} was created but never served: tpuserve diagnose --stack {name}"
+                return None, result, self.keep_for_diagnosis(name)
             self.retire(name)
             return None, result, ""
         self.event("created", name, f"in {result.zone}")
@@ -512,6 +613,17 @@ class Fleet:
             return None, result, f"{name} did not pass its readiness gate: {reason}"
         self.event("gated", name)
         return self.look(name), result, ""
+
+    def keep_for_diagnosis(self, name: str) -> str:
+        """A successor whose VM boots but never serves stays for `tpuserve diagnose`, one at a time: the one kept
+        before it (from this run or an earlier one) is destroyed, so scheduled runs never pile up TPU VMs."""
+        with self.pool_lock:
+            older, self.diagnosed[:] = list(self.diagnosed), [name]
+        for stack in older:
+            if stack != name and self.retire(stack):
+                self.event("destroyed", stack, "never served; a newer one is kept for diagnosis")
+        return (f"{name} was created but never served: kept for diagnosis (tpuserve diagnose --stack {name}); the "
+                "next run destroys it")
 
     def answered(self, name: str) -> tuple[bool, str]:
         """Whether replica `name`, in the router, answered a completion through it, and what was found."""
@@ -786,10 +898,41 @@ def open_fleet(stack: str, cwd: Path, endpoints: tuple[str, ...], yes: bool, ext
 
     fleet = Fleet(stack, pulumi, ComputeClient(session, roots.compute), str(config["project"]), extra, say, confirm)
     fleet.max_run_s = run_seconds(str(config.get("maxRunDuration") or "4h")) or fleet.max_run_s
+    try:
+        fleet.cache_disk_gb = int(str(config.get("cacheDiskSizeGb", 100)))
+    except ValueError:
+        pass  # a bad value: every replica's `pulumi up` refuses it, naming the key
     return Session(fleet, config, console, session, roots, exits)
 
 
 # --- the lease ------------------------------------------------------------------------------------------------------
+
+def fleet_inventory(s: Session, yes: bool, code: int) -> tuple[dict[str, Any] | None, int]:
+    """The fleet's inventory (its stack, replicas and router) at the end of a run; billing orphans deleted with
+    --yes (or a yes at a terminal), else the exit is 5 (EXIT_ORPHANS) where it would have been 0."""
+    from tpuserve.deploy import inventory
+
+    stacks = [s.fleet.name, *inventory.fleet_stacks(s.fleet.name, s.fleet.stacks())]
+    clients = inventory.clients_for(s.session, s.roots)
+    keep = inventory.keep_caches(s.config)
+    try:
+        stock = inventory.stock_of(s.fleet.pulumi, stacks, clients, s.fleet.project, keep)
+        if stock.billing_orphans and (yes or (sys.stdin.isatty() and click.confirm(
+                f"Delete these {len(stock.billing_orphans)} orphan(s) of the fleet?", default=True, err=True))):
+            for line in inventory.delete_items(clients, s.fleet.project, stock.billing_orphans):
+                s.fleet.say(f"warning: could not delete {line}")
+            stock = inventory.stock_of(s.fleet.pulumi, stacks, clients, s.fleet.project, keep)
+    except (PulumiError, ComputeApiError, requests.RequestException) as err:
+        s.fleet.say(f"warning: could not take the fleet's inventory: {err}")
+        return None, code
+    for line in inventory.summary_lines(stock):
+        s.fleet.say(line)
+    if stock.billing_orphans and code == EXIT_OK:
+        s.fleet.say(f"Error: {len(stock.billing_orphans)} orphan(s) of the fleet bill on (above, with the command "
+                    "that removes each); run again with --yes to delete them")
+        code = EXIT_ORPHANS
+    return stock.as_dict(), code
+
 
 def fleet_bucket(s: Session) -> str:
     """The fleet's bucket, made if missing: the name the fleet's template stack would give its compile-cache bucket
@@ -1018,6 +1161,7 @@ def fleet_up(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...], r
         hold(s, "fleet up", wait_s, lease_poll_s, as_json)
         try:
             nat_changed, current, members = read_fleet(s)
+            fleet_.prune_unready(current, members)
             # Replicas flex-start deleted leave the router, then their stacks go (nothing left to drain).
             for replica in [r for r in current if r.stage in (GONE, "empty")]:
                 fleet_.remove(replica, members)
@@ -1069,8 +1213,10 @@ def fleet_up(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...], r
                    + (f" ({', '.join(f'{r.name} in {r.zone}' for r in serving_now)})" if serving_now else ""))
         if code == EXIT_NO_CAPACITY:
             fleet_.say("the others found no capacity: run fleet up again later, add zones, or --retry-until-up")
+        fleet_.prune_caches()
+        stock, code = fleet_inventory(s, yes, code)
         finish(s, as_json, code, {"serving": [r.name for r in serving_now], "placed": placed, "failures": failures,
-                                  "events": fleet_.events, "orphans": fleet_.orphans})
+                                  "events": fleet_.events, "orphans": fleet_.orphans, "inventory": stock})
 
 
 @fleet.command("renew")
@@ -1101,6 +1247,7 @@ def fleet_renew(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]
         hold(s, "fleet renew", wait_s, lease_poll_s, as_json)
         try:
             nat_changed, current, members = read_fleet(s)
+            fleet_.prune_unready(current, members)
             now = fleet_.now()
             due = sorted([r for r in current if r.in_router and (r.stage == GONE or (
                 r.expiry is not None and r.expiry - now < lead))], key=lambda r: r.expiry or now)
@@ -1117,6 +1264,7 @@ def fleet_renew(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]
                 finish(s, as_json, EXIT_FAILED, {"reason": "preflight failed", "events": fleet_.events})
             renewal = Renewal(fleet_, members, current, zone_list or [], deadline_s, started, parallel)
             renewal.run(renewal.plan(due, adopted))
+            fleet_.prune_caches()
             if nat_changed and not fleet_.events and current:
                 fleet_.say("Cloud NAT changed in the fleet's regions: the router stack follows")
                 fleet_.route(members)
@@ -1124,9 +1272,10 @@ def fleet_renew(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]
         except (FleetError, LeaseLost, PulumiError) as err:
             fleet_.say(f"error: {err}")
             code = EXIT_FAILED
+        stock, code = fleet_inventory(s, yes, code)
         finish(s, as_json, code, {"renewed": renewal.renewed if renewal else [],
                                   "kept": renewal.kept if renewal else [], "events": fleet_.events,
-                                  "orphans": fleet_.orphans})
+                                  "orphans": fleet_.orphans, "inventory": stock})
 
 
 @fleet.command("down")
