@@ -465,7 +465,9 @@ def inventory_command() -> Any:
             found = stock_of(pulumi, stacks, clients_for(session, roots), project, keep_caches(config),
                              float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR))
         if as_json:
-            click.echo(json.dumps(found.as_dict()))
+            from tpuserve.cli import echo_json
+
+            echo_json(found.as_dict())
         else:
             print_table(Console(), found)
         raise SystemExit(1 if found.billing_orphans else 0)

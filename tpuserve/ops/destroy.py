@@ -12,7 +12,6 @@ an orphan that bills is left.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -87,6 +86,8 @@ def destroy(stack: str, yes: bool, cwd: Path, as_json: bool, endpoints: tuple[st
                     "command that removes it); run again with --yes to delete them")
                 code = EXIT_ORPHANS
     if as_json:
-        click.echo(json.dumps({"ok": code == EXIT_OK, "stack": stack, "exit": code,
-                               "inventory": None if stock is None else stock.as_dict()}))
+        from tpuserve.cli import echo_json
+
+        echo_json({"ok": code == EXIT_OK, "stack": stack, "exit": code,
+                   "inventory": None if stock is None else stock.as_dict()})
     raise SystemExit(code)

@@ -24,6 +24,7 @@ orphan nobody agreed to delete: the inventory at the end names it and the comman
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import sys
 import time
