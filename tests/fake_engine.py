@@ -363,7 +363,7 @@ class Engine:
                 return EXIT_FAILED if run.failure is not None and run.failure.op == "program" else 0
             self.save(state_file, state, [stack_resource(stack), *run.state])
             if run.failure is None and run.outputs is not None:
-                (home / "outputs.json").write_text(json.dumps(run.outputs))
+                write_whole(home / "outputs.json", run.outputs)
             out(update_text(stack, run))
             return 0 if run.failure is None else EXIT_FAILED
 
@@ -404,7 +404,14 @@ class Engine:
     @staticmethod
     def save(state_file: Path, state: dict[str, Any], resources: list[dict[str, Any]]) -> None:
         state["deployment"]["resources"] = resources
-        state_file.write_text(json.dumps(state))
+        write_whole(state_file, state)
+
+
+def write_whole(path: Path, value: Any) -> None:
+    """Replace a stack file at once (another stack's process may read it meanwhile, as the CLI's writes allow)."""
+    partial = path.with_name(f"{path.name}.{threading.get_ident()}.tmp")
+    partial.write_text(json.dumps(value))
+    partial.replace(path)
 
 
 def stack_resource(stack: str) -> dict[str, Any]:

@@ -84,8 +84,12 @@ def read(name, default, where=None):
 
 
 def write(name, value):
-    with open(os.path.join(home, name), "w") as file:
+    # Whole or not at all, as the CLI's own state writes: another stack's process (a fleet renews in parallel) may
+    # read this file at any moment, and must never see it half-written.
+    path = os.path.join(home, name)
+    with open(f"{path}.{os.getpid()}.tmp", "w") as file:
         file.write(dumps(value))
+    os.replace(f"{path}.{os.getpid()}.tmp", path)
 
 
 config = read("config.json", {})
