@@ -48,6 +48,8 @@ INPUT_KEYS: dict[str, tuple[str, ...]] = {
     "deletionProtection": (),
     # the cache disk's dynamic resource
     "sizeGb": ("cacheDiskSizeGb",),
+    "provisionedIops": ("cacheDiskIops",),
+    "provisionedThroughput": ("cacheDiskThroughputMibps",),
     "type": (),
 }
 

@@ -304,7 +304,8 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
     original_zone = config.get("zone")
     if compute is not None and not single_zone and has_vm(pulumi, outputs):
         try:
-            look = look_before_leaping(pulumi, stack, config, outputs, compute, report, pulumi_args, say, nat_config)
+            look = look_before_leaping(pulumi, stack, config, outputs, compute, report, pulumi_args, say,
+                                       {**nat_config, **settings})
         except PreviewFailed as err:
             say(f"Error: {err}")
             finish(EXIT_FAILED, {"zone": None, "attempts": [], "reason": str(err), "orphans": []})
