@@ -64,9 +64,9 @@ class TpuServeDeployment(pulumi.ComponentResource):
         owner = cfg.cache_owner or stack
         owner_base = base_name(owner)
         cache_labels = {**labels, "stack": stack_slug(owner), CACHE_LABEL: stack_slug(owner)}
+        cache_disk_name = cfg.cache_disk_name or (disk_name(base) if cfg.vm_slot == "a" else f"{disk_name(base)}-b")
         cache = ServingCache(f"{base}-cache", ServingCacheArgs(
-            project=cfg.project, zone=cfg.zone, region=cfg.effective_region,
-            disk_name=cfg.cache_disk_name or (disk_name(base) if cfg.vm_slot == "a" else f"{disk_name(base)}-b"),
+            project=cfg.project, zone=cfg.zone, region=cfg.effective_region, disk_name=cache_disk_name,
             bucket_name=bucket_name(cfg.project, owner_base), disk_gb=cfg.cache_disk_gb,
             bucket=cfg.compile_cache_bucket, disk_iops=cfg.cache_disk_iops,
             disk_throughput_mibps=cfg.cache_disk_throughput_mibps, keep=cfg.keep_caches or bool(cfg.cache_owner),
@@ -79,7 +79,9 @@ class TpuServeDeployment(pulumi.ComponentResource):
                 lambda values: served_config(cfg.serving, values[0], machine_type=cfg.machine_type,
                                              compile_cache_bucket=values[1],
                                              ready_timeout_s=cfg.readiness_timeout_seconds,
-                                             api_key_secret=api_key_secret)),
+                                             api_key_secret=api_key_secret,
+                                             cache_disk=f"{cfg.zone}/{cache_disk_name}" if cfg.cache_disk_gb > 0
+                                             else "")),
             SUPERVISOR_KEY: supervisor_bundle(port=cfg.serving.port),
         }
         vm = FlexStartTpuVm(name, FlexStartTpuVmArgs(

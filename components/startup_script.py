@@ -102,12 +102,12 @@ def served_hash(serving: ServingConfig, secret_env: Mapping[str, str] | None = N
 
 
 def served_config(serving: ServingConfig, secret_name: str, *, machine_type: str, compile_cache_bucket: str = "",
-                  ready_timeout_s: int = 3600, server_url: str | None = None,
+                  ready_timeout_s: int = 3600, server_url: str | None = None, cache_disk: str = "",
                   api_key_secret: str = "") -> str:
     """The `tpu-serve-config` metadata value (JSON, keys sorted so equal configs are equal strings). With
     `api_key_secret`, vLLM takes requests on /v1 only with that secret's value (VLLM_API_KEY): `secret_env` names
     the secrets the supervisor fetches into the container's environment and `api_key_env` the one its readiness
-    checks present."""
+    checks present. `cache_disk` names the cache disk the VM attaches, "<zone>/<name>" (none: "")."""
     secret_env = {API_KEY_ENV: api_key_secret} if api_key_secret else {}
     digest = served_hash(serving, secret_env)
     return json.dumps({
@@ -127,6 +127,8 @@ def served_config(serving: ServingConfig, secret_name: str, *, machine_type: str
         "refusal_parts": {modality: modality_part(modality) for modality, count in mm_limits_of(serving).items()
                           if count == 0},
         "image_pull_free_gb": IMAGE_PULL_FREE_GB,
+        # The cache disk ("<zone>/<name>"), which the supervisor marks warm in the bucket once it served from it.
+        **({"cache_disk": cache_disk} if cache_disk else {}),
     }, sort_keys=True, separators=(",", ":"))
 
 

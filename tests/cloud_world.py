@@ -57,6 +57,11 @@ class World:
         values = {"stage": "serving", "config-hash": served.get("config_hash", "")} if outcome == "serving" else \
             {"stage": "failed", "reason": outcome, "config-hash": served.get("config_hash", "")}
         self.cloud.set_guest_attributes(instance["name"], zone, values, namespace="tpu-serve")
+        if outcome == "serving" and served.get("cache_disk") and served.get("compile_cache_bucket"):
+            # the supervisor's post-serving marker (vm/supervisor.py mark_cache_disk, tested in the VM sandbox)
+            self.cloud.api("POST", f"/upload/storage/v1/b/{served['compile_cache_bucket']}/o",
+                           json.dumps({"config_hash": served.get("config_hash")}).encode(),
+                           {"uploadType": "media", "name": f"disks/{served['cache_disk']}"})
 
     def tpuserve(self, command: Any, *args: str) -> tuple[int, dict[str, Any], str]:
         """Run a click command (e.g. tpuserve.ops.up.up) with the cloud's endpoints; (exit code, its last JSON line,

@@ -146,6 +146,8 @@ def test_a_machine_type_change_is_refused_then_replaces_the_vm_create_first(worl
     assert held(world, "us-east5-a") >= {("instance", "tpu-serve-dev-b"), ("disk", "tpu-serve-dev-b"),
                                          ("disk", "tpu-serve-dev-cache-b")}
     assert ("instance", "tpu-serve-dev") not in held(world, "us-east5-a")
+    kept = {(i["kind"], i["name"]) for i in verdict["inventory"]["items"] if i["status"] == "kept"}
+    assert ("disk", "tpu-serve-dev-cache") in kept  # slot a's disk: warm, the next replacement's
 
 
 def test_a_bare_pulumi_up_of_a_machine_type_change_leaves_the_serving_vm_alone(world: World):
@@ -203,3 +205,21 @@ def test_growing_the_cache_disk_resizes_it_in_place(world: World):
     assert code == 0, stderr
     assert world.cloud.disk("tpu-serve-dev-cache", "us-east5-a")["sizeGb"] == "200"
     assert world.cloud.instance("tpu-serve-dev", "us-east5-a")["id"] == before
+
+
+def test_destroy_with_keep_caches_true_keeps_the_warm_disk_and_bucket_and_says_what_they_cost(world: World):
+    from tpuserve.ops import destroy as destroy_module
+
+    first_up(world)
+    code, verdict, stderr = world.tpuserve(destroy_module.destroy, "--stack", "dev", "--json")
+    assert code == 0, stderr
+    assert world.kinds("instance", "router", "nat", "firewall", "serviceAccount") == []
+    assert world.kinds("disk", "bucket") == [("bucket", "US-EAST5", "my-ml-sandbox-tpu-serve-dev-cache"),
+                                             ("disk", "us-east5-a", "tpu-serve-dev-cache")]
+    kept = {(i["kind"], i["name"]): i for i in verdict["inventory"]["items"]}
+    assert {key: item["status"] for key, item in kept.items()} == {
+        ("disk", "tpu-serve-dev-cache"): "kept", ("bucket", "my-ml-sandbox-tpu-serve-dev-cache"): "kept"}
+    assert kept[("disk", "tpu-serve-dev-cache")]["perMonthUsd"] == 8.0 + 20.8  # 100 GB, and 260 MiB/s above the free 140
+    assert "tpuserve cache rm --stack dev --project my-ml-sandbox --bucket" in stderr
+    world.cloud.clock.advance(24 * 3600)
+    assert {line.kind for line in world.cloud.bill().lines if line.usd} >= {"disk"}  # what is kept bills on

@@ -142,6 +142,34 @@ def test_a_disk_at_the_limits_is_used(vms, disk, cache):
     assert json.loads((vm.root / "etc/docker/daemon.json").read_text()) == {"data-root": f"{vm.cache_root}/docker"}
 
 
+CACHE_DISK = "us-east5-a/tpu-serve-dev-cache"
+MARKER = f"disks/{CACHE_DISK}"
+
+
+def test_a_cache_disk_that_served_is_marked_warm_in_the_bucket(vms):
+    """tpuserve inventory keeps a cache disk as warm (and a sweep tries its zone first) only with this marker, written
+    after `serving`: the disk of a zone whose VM never served stays unmarked and is an orphan once no VM holds it."""
+    vm = vms(disk={"fs": ""})
+    digest = vm.serve(ServingConfig(), cache_disk=CACHE_DISK)
+    assert MARKER not in vm.google.objects
+    assert vm.boot() == 0, vm.log()
+    vm.wait_for_stage("serving", digest)
+    vm.wait_for(lambda: MARKER in vm.google.objects, "the marker after serving")
+    facts = json.loads(vm.google.objects[MARKER])
+    assert (facts["config_hash"], facts["xla_key"]) == (digest, XLA_KEY)
+
+
+def test_caches_on_the_boot_disk_mark_no_cache_disk(vms):
+    """A disk the boot could not use (here: not attached) holds none of this boot's caches: no marker."""
+    vm = vms(disk=None)
+    digest = vm.serve(ServingConfig(), cache_disk=CACHE_DISK)  # the served config names the disk all the same
+    assert vm.boot() == 0, vm.log()
+    vm.wait_for_stage("serving", digest)
+    # the hooks run in order (compile cache, this marker, pruning, the Ops Agent): the agent's report comes after
+    vm.wait_for(lambda: vm.attributes().get("ops-agent"), "the post-serving hooks")
+    assert MARKER not in vm.google.objects
+
+
 def test_a_stack_without_a_cache_disk_does_not_wait_for_one(vms):
     vm = vms(disk=None)
     boot_to_serving(vm, cache_disk=False)

@@ -785,10 +785,10 @@ class Vm:
                                      device_wait_s=0,
                                      guest_write_interval_s=GUEST_WRITE_INTERVAL_S * self.knobs.guest_scale)
 
-    def serve(self, serving: ServingConfig, bucket: str = BUCKET, **changes: str) -> str:
+    def serve(self, serving: ServingConfig, bucket: str = BUCKET, cache_disk: str = "", **changes: str) -> str:
         """Put `serving` in the metadata (as the stack renders it); returns its config hash."""
         text = served_config(serving, SECRET, machine_type=MACHINE_TYPE, compile_cache_bucket=bucket,
-                             ready_timeout_s=5, server_url=self.url)
+                             ready_timeout_s=5, server_url=self.url, cache_disk=cache_disk)
         self.google.set_attributes(**{"tpu-serve-config": text}, **changes)
         return json.loads(text)["config_hash"]
 

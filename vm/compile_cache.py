@@ -182,3 +182,18 @@ def push(bucket: str, key: str, directory: Path, token: Callable[[], str], stora
 
     with ThreadPoolExecutor(WORKERS) as pool:
         return sum(pool.map(upload, todo))
+
+
+# The object that says a cache disk holds a served cache: `disks/<zone>/<disk name>` in the stack's (or fleet's)
+# bucket, written after `serving` (tpuserve/deploy/inventory.py WARM_MARKER_PREFIX reads it: a disk is warm, kept on
+# purpose, only with it and a lastAttachTimestamp).
+MARKER_PREFIX = "disks/"
+
+
+def mark_disk(bucket: str, disk: str, facts: dict, token: Callable[[], str], storage_url: str = STORAGE_URL) -> None:
+    """Write (or rewrite) the marker of cache disk `disk` ("<zone>/<name>"), its body `facts` as JSON."""
+    query = urllib.parse.urlencode({"uploadType": "media", "name": f"{MARKER_PREFIX}{disk}"})
+    status, body = _request("POST", f"{storage_url}/upload/storage/v1/b/{urllib.parse.quote(bucket)}/o?{query}",
+                            token(), json.dumps(facts, sort_keys=True).encode())
+    if status != 200:
+        raise CacheError(f"writing gs://{bucket}/{MARKER_PREFIX}{disk} answered HTTP {status}: {body[:200]!r}")

@@ -235,6 +235,7 @@ class ServedConfig:
     # server is up, each must answer 4xx (readycheck.refusals)
     refusal_parts: dict[str, Any] = field(default_factory=dict)
     image_pull_free_gb: int = 40  # free space a pull needs on Docker's data root (facts.IMAGE_PULL_FREE_GB)
+    cache_disk: str = ""  # "<zone>/<name>" of the VM's cache disk, marked warm in the bucket once it served
 
     @classmethod
     def parse(cls, text: str | None) -> ServedConfig:
@@ -252,7 +253,8 @@ class ServedConfig:
                        secret_env=tuple(sorted((str(k), str(v)) for k, v in (raw.get("secret_env") or {}).items())),
                        api_key_env=str(raw.get("api_key_env") or ""),
                        refusal_parts={str(k): v for k, v in dict(raw.get("refusal_parts") or {}).items()},
-                       image_pull_free_gb=int(raw.get("image_pull_free_gb") or cls.image_pull_free_gb))
+                       image_pull_free_gb=int(raw.get("image_pull_free_gb") or cls.image_pull_free_gb),
+                       cache_disk=str(raw.get("cache_disk") or ""))
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"the {SERVED_CONFIG_KEY} metadata key is unreadable ({type(err).__name__}: {err})") \
                 from None
@@ -486,7 +488,8 @@ class Supervisor:
         self.seen = 0
         # Run once each time the current config reaches `serving` (after a restart too); each must be idempotent
         # and never fail the serving.
-        self.post_serving_hooks = [self.push_compile_cache, self.prune_caches, self.install_ops_agent]
+        self.post_serving_hooks = [self.push_compile_cache, self.mark_cache_disk, self.prune_caches,
+                                   self.install_ops_agent]
         self.ops_agent: threading.Thread | None = None
         self.current: ServedConfig | None = None
         self.xla_key = ""
@@ -919,6 +922,23 @@ class Supervisor:
             log(f"pushed {pushed} compile-cache entries to gs://{config.compile_cache_bucket}")
         except (compile_cache.CacheError, OSError, ValueError) as err:
             log(f"warning: could not push the compile cache ({err})")
+
+    def mark_cache_disk(self, config: ServedConfig) -> None:
+        """Post-serving: say in the bucket that the cache disk now holds a served config's caches (`disks/<zone>/
+        <name>`), so `tpuserve inventory` keeps it as warm and a capacity sweep tries its zone first; a disk whose VM
+        never served stays unmarked, and is an orphan once no VM holds it. Only when this boot mounted the disk:
+        on the boot disk, the caches die with the VM."""
+        if not config.cache_disk or not config.compile_cache_bucket:
+            return
+        if not cache_disk.mounted_device(self.settings.path(RUN_DIR)):
+            return
+        try:
+            compile_cache.mark_disk(config.compile_cache_bucket, config.cache_disk, {
+                "config_hash": config.config_hash, "xla_key": self.xla_key, "entries": self.compile_after,
+                "served_at": int(time.time())}, self.access_token, self.settings.storage_url)
+            log(f"marked cache disk {config.cache_disk} warm in gs://{config.compile_cache_bucket}")
+        except (compile_cache.CacheError, OSError, ValueError) as err:
+            log(f"warning: could not mark the cache disk warm ({err})")
 
     def install_ops_agent(self, config: ServedConfig) -> None:
         """Post-serving, once per supervisor process (the installer itself skips a current agent): install and

@@ -32,7 +32,8 @@ from typing import Any
 import requests
 
 from tpuserve.deploy.gce import ComputeClient, label_filter, ok, tpu_chips
-from tpuserve.facts import CACHE_LABEL, HYPERDISK_BALANCED_USD_PER_GB_MONTH, PRICE_PER_CHIP_HOUR
+from tpuserve.facts import (CACHE_LABEL, HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS,
+                            PRICE_PER_CHIP_HOUR, hyperdisk_balanced_monthly_usd)
 from tpuserve.names import base_name, service_account_id, stack_slug
 
 HOURS_PER_MONTH = 730
@@ -149,13 +150,16 @@ def instance_hourly(instance: Mapping[str, Any], price_per_chip_hour: float) -> 
 
 
 def disk_monthly(disk: Mapping[str, Any]) -> float:
-    """Capacity per month (Hyperdisk Balanced's 3,000 IOPS and 140 MiB/s are included; provisioned performance
-    above them is not counted here)."""
-    table = prices()["diskPerGbMonth"]
+    """What a disk bills per month: its capacity, and for Hyperdisk Balanced the IOPS and throughput provisioned above
+    the free 3,000 and 140 MiB/s (tpuserve.facts, the one formula `tpuserve plan` and `cost` use too)."""
+    size = int(disk.get("sizeGb", 0))
     disk_type = str(disk.get("type", "")).rsplit("/", 1)[-1]
-    per_gb = HYPERDISK_BALANCED_USD_PER_GB_MONTH if disk_type == "hyperdisk-balanced" else \
-        float(table.get(disk_type, table["default"]))
-    return round(int(disk.get("sizeGb", 0)) * per_gb, 2)
+    if disk_type == "hyperdisk-balanced":
+        return round(hyperdisk_balanced_monthly_usd(
+            size, int(disk.get("provisionedIops") or HYPERDISK_BALANCED_FREE_IOPS),
+            int(disk.get("provisionedThroughput") or HYPERDISK_BALANCED_FREE_MIBPS)), 2)
+    table = prices()["diskPerGbMonth"]
+    return round(size * float(table.get(disk_type, table["default"])), 2)
 
 
 # --- the command's work ------------------------------------------------------------------------------------------
