@@ -7,13 +7,17 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.pulumi_harness import ROOT
 from tpuserve.ops.fleet import DEFAULT_LEAD, DESTROY_TIMEOUT_S, DRAIN_TIMEOUT_S, ROUTER_TIMEOUT_S, fleet
+from tpuserve.ops.destroy import destroy
 from tpuserve.ops.up import CLEANUP_TIMEOUT_S, parse_deadline, up
 
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -38,9 +42,17 @@ def test_the_up_step_is_a_valid_tpuserve_up_command_with_the_policy_pack():
     assert params["yes"] and params["retry_until_up"] and params["as_json"]
     assert params["pulumi_args"] == ("--policy-pack", "policy", "--policy-pack-config", "policy/config/dev.json")
     install = next(step for step in steps if step.get("uses", "").startswith("pulumi/actions"))
-    # preview and destroy run in the action; up and fleet-renew through tpuserve, the action then only installs.
-    assert install["with"]["command"] == ("${{ (inputs.command == 'preview' || inputs.command == 'destroy') && "
-                                          "inputs.command || '' }}")
+    # preview runs in the action; up, destroy and fleet-renew through tpuserve, the action then only installs.
+    assert install["with"]["command"] == "${{ inputs.command == 'preview' && inputs.command || '' }}"
+
+
+def test_the_destroy_step_is_tpuserve_destroy_which_ends_with_the_inventory():
+    steps = yaml.safe_load((WORKFLOWS / "pulumi.yml").read_text())["jobs"]["pulumi"]["steps"]
+    step = next(step for step in steps if step.get("if") == "inputs.command == 'destroy'")
+    argv = shlex.split(step["run"].replace("$STACK", "dev"))
+    assert argv[:2] == [".venv/bin/tpuserve", "destroy"]
+    params = destroy.make_context("destroy", argv[2:]).params
+    assert params["stack"] == "dev" and params["yes"] and params["as_json"]
 
 
 def test_renewal_runs_every_15_minutes_in_the_deploy_job_with_its_auth():
@@ -58,12 +70,30 @@ def test_renewal_runs_every_15_minutes_in_the_deploy_job_with_its_auth():
 def test_the_renew_step_is_a_valid_fleet_renew_command_with_the_policy_pack():
     steps = yaml.safe_load((WORKFLOWS / "pulumi.yml").read_text())["jobs"]["pulumi"]["steps"]
     step = next(step for step in steps if step.get("if") == "inputs.command == 'fleet-renew'")
-    argv = shlex.split(step["run"].replace("$STACK", "dev").replace("$DEADLINE", "30m"))
+    line = next(line for line in step["run"].splitlines() if line.startswith(".venv/bin/tpuserve"))
+    argv = shlex.split(line.removesuffix(" || code=$?").replace("$STACK", "dev").replace("$DEADLINE", "30m"))
     assert argv[:3] == [".venv/bin/tpuserve", "fleet", "renew"]
     params = fleet.commands["renew"].make_context("renew", argv[3:]).params
     assert params["stack"] == "dev" and params["deadline_text"] == "30m" and params["yes"] and params["as_json"]
     assert params["lead_text"] == "45m"
     assert params["pulumi_args"] == ("--policy-pack", "policy", "--policy-pack-config", "policy/config/dev.json")
+
+
+@pytest.mark.parametrize("exit_code, job_exit", [(0, 0), (6, 0), (3, 3), (1, 1), (5, 5)])
+def test_a_renewal_that_meets_the_lease_held_is_a_skip_and_every_other_failure_fails_the_job(
+        tmp_path: Path, exit_code: int, job_exit: int):
+    """The step's own shell, run by bash as the runner does (`bash -e {0}`), over a tpuserve that exits as told."""
+    steps = yaml.safe_load((WORKFLOWS / "pulumi.yml").read_text())["jobs"]["pulumi"]["steps"]
+    step = next(step for step in steps if step.get("if") == "inputs.command == 'fleet-renew'")
+    fake = tmp_path / ".venv" / "bin" / "tpuserve"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f"#!/bin/sh\nexit {exit_code}\n")
+    fake.chmod(0o755)
+    (tmp_path / "step.sh").write_text(step["run"])
+    done = subprocess.run(["bash", "-e", str(tmp_path / "step.sh")], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "STACK": "dev", "DEADLINE": "30m"}, check=False)
+    assert done.returncode == job_exit
+    assert ("lease" in done.stdout) == (exit_code == 6)
 
 
 # --- concurrency: the groups each caller's jobs land in, and GitHub's rules replayed on them -------------------------
