@@ -26,18 +26,27 @@ WORKFLOWS = ROOT / ".github" / "workflows"
 def test_every_deploy_job_runs_up_with_a_deadline_that_fits_the_job():
     deploy = yaml.safe_load((WORKFLOWS / "deploy.yml").read_text())
     job = yaml.safe_load((WORKFLOWS / "pulumi.yml").read_text())["jobs"]["pulumi"]
+    # A push never replaces a VM on its own; a person does, from the workflow's form
+    assert deploy[True]["workflow_dispatch"]["inputs"]["replace_vm"] == {
+        "description": deploy[True]["workflow_dispatch"]["inputs"]["replace_vm"]["description"], "type": "boolean",
+        "default": False}
     for name in ("dev", "prod"):
         inputs = deploy["jobs"][name]["with"]
         assert inputs["command"] == "up"
+        assert inputs["replace-vm"] == "${{ inputs.replace_vm || false }}"
         assert parse_deadline(inputs["deadline"]) + CLEANUP_TIMEOUT_S + 10 * 60 <= job["timeout-minutes"] * 60, name
 
 
 def test_the_up_step_is_a_valid_tpuserve_up_command_with_the_policy_pack():
     steps = yaml.safe_load((WORKFLOWS / "pulumi.yml").read_text())["jobs"]["pulumi"]["steps"]
     step = next(step for step in steps if step.get("if") == "inputs.command == 'up'")
-    argv = shlex.split(step["run"].replace("$STACK", "dev").replace("$DEADLINE", step["env"]["DEADLINE"]))
-    assert argv[:2] == [".venv/bin/tpuserve", "up"]
-    params = up.make_context("up", argv[2:]).params
+    for replace_vm in ("", "--replace-vm"):  # what REPLACE_VM is without and with the input
+        argv = shlex.split(step["run"].replace("$STACK", "dev").replace("$DEADLINE", step["env"]["DEADLINE"])
+                           .replace("$REPLACE_VM", replace_vm))
+        assert argv[:2] == [".venv/bin/tpuserve", "up"]
+        params = up.make_context("up", argv[2:]).params
+        assert params["replace_vm"] is bool(replace_vm)
+    assert step["env"]["REPLACE_VM"] == "${{ inputs.replace-vm && '--replace-vm' || '' }}"
     assert params["stack"] == "dev" and params["deadline_text"] == "${{ inputs.deadline }}"
     assert params["yes"] and params["retry_until_up"] and params["as_json"]
     assert params["pulumi_args"] == ("--policy-pack", "policy", "--policy-pack-config", "policy/config/dev.json")
@@ -70,7 +79,7 @@ def test_renewal_runs_every_15_minutes_in_the_deploy_job_with_its_auth():
 def test_the_renew_step_is_a_valid_fleet_renew_command_with_the_policy_pack():
     steps = yaml.safe_load((WORKFLOWS / "pulumi.yml").read_text())["jobs"]["pulumi"]["steps"]
     step = next(step for step in steps if step.get("if") == "inputs.command == 'fleet-renew'")
-    line = next(line for line in step["run"].splitlines() if line.startswith(".venv/bin/tpuserve"))
+    line = next(line for line in step["run"].replace("\\\n", " ").splitlines() if line.startswith(".venv/bin/tpuserve"))
     argv = shlex.split(line.removesuffix(" || code=$?").replace("$STACK", "dev").replace("$DEADLINE", "30m"))
     assert argv[:3] == [".venv/bin/tpuserve", "fleet", "renew"]
     params = fleet.commands["renew"].make_context("renew", argv[3:]).params
