@@ -41,7 +41,7 @@ if [[ -n $google ]]; then
   if [[ -z $project ]]; then
     pulumi_cmd=pulumi
     [[ $pulumi_dir == "$PWD"/.tools/* ]] && pulumi_cmd=${pulumi_dir#"$PWD"/}/pulumi
-    echo "error: stack $stack names no GCP project: run" \
+    echo "Error: stack $stack names no GCP project: run" \
       "\`${backend_hint}${pulumi_cmd} config set -s $stack project YOUR_PROJECT_ID\`" >&2
     exit 1
   fi

@@ -674,7 +674,7 @@ def test_a_lost_lease_stops_the_renewal_before_its_next_change(pulumi: FakePulum
     before = len(pulumi.calls())
     code, verdict, stderr = run("renew")
     assert code == 1
-    assert "error: the lease of fleet dev was lost (another command wrote the lease: fleet dev is held by ana@laptop" \
+    assert "Error: the lease of fleet dev was lost (another command wrote the lease: fleet dev is held by ana@laptop" \
         in stderr
     assert router_sets(pulumi, before) == []  # no router update after the loss
     assert not any(call[0] == "destroy" for call in pulumi.calls()[before:])

@@ -122,7 +122,7 @@ def test_missing_credentials_stop_before_pulumi_up_and_say_how_to_log_in(clone: 
     assert result.returncode == 1
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr  # the one error line: the login check runs before the installer
-    assert lines[-1].startswith("error: no Google application-default credentials (")
+    assert lines[-1].startswith("Error: no Google application-default credentials (")
     assert lines[-1].endswith("; run `gcloud auth application-default login`")
     assert "Traceback" not in result.stderr
     assert commands(clone) == ["bootstrap stack"]
@@ -136,7 +136,7 @@ def test_the_login_check_comes_before_any_download(clone: Clone):
     result = clone.run("up.sh", "dev", release=release)
 
     assert result.returncode == 1
-    assert result.stderr.splitlines()[-1].startswith("error: no Google application-default credentials (")
+    assert result.stderr.splitlines()[-1].startswith("Error: no Google application-default credentials (")
     assert result.requests == []  # told to log in without waiting on a download first
 
 
@@ -164,7 +164,7 @@ def test_a_stack_without_a_project_says_the_exact_command(clone: Clone):
 
     assert result.returncode == 1
     assert result.stderr.splitlines()[-1] == (
-        "error: stack staging names no GCP project: run "
+        "Error: stack staging names no GCP project: run "
         f"`PULUMI_BACKEND_URL=file://{clone.root}/.pulumi-state pulumi config set -s staging project YOUR_PROJECT_ID`")
     assert commands(clone)[-1] == "config get project --stack staging"
 
@@ -174,7 +174,7 @@ def test_the_project_hint_names_the_installed_cli_and_leaves_a_chosen_backend_al
 
     assert result.returncode == 1
     assert result.stderr.splitlines()[-1] == (
-        "error: stack dev names no GCP project: run "
+        "Error: stack dev names no GCP project: run "
         "`.tools/pulumi/bin/pulumi config set -s dev project YOUR_PROJECT_ID`")
     assert clone.pulumi_calls()[1] == "stack select --create dev | gs://my-state"
 

@@ -146,4 +146,4 @@ if __name__ == "__main__":
     try:
         print(resolve(sys.argv[1]))
     except (RegistryError, IndexError) as err:
-        sys.exit(f"error: {err}")
+        sys.exit(f"Error: {err}")

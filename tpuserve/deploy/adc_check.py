@@ -22,7 +22,7 @@ def main() -> int:
     try:
         gce.adc_session()
     except gce.MissingCredentials as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"Error: {err}", file=sys.stderr)
         return 1
     return 0
 

@@ -971,7 +971,7 @@ def hold(s: Session, command: str, wait_s: float, poll_s: float, as_json: bool) 
         fleet_.say(str(held))
         finish(s, as_json, EXIT_LEASE_HELD, {"reason": "lease held", "lease": held.holder.as_dict()})
     except (FleetError, LeaseError, requests.RequestException) as err:
-        fleet_.say(f"error: could not take the fleet's lease: {err}")
+        fleet_.say(f"Error: could not take the fleet's lease: {err}")
         finish(s, as_json, EXIT_FAILED, {"reason": f"lease: {err}"})
     s.exits.callback(lease.release)
     if threading.current_thread() is threading.main_thread():
@@ -1206,7 +1206,7 @@ def fleet_up(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...], r
                 fleet_.event("added", replica.name)
                 placed.append({"replica": replica.name, "zone": replica.zone, "attempts": attempts})
         except (FleetError, LeaseLost, PulumiError) as err:
-            fleet_.say(f"error: {err}")
+            fleet_.say(f"Error: {err}")
             code = EXIT_FAILED
         serving_now = [r for r in fleet_.look_all() if r.stage == SERVING and r.in_router]
         fleet_.say(f"{len(serving_now)} of {replicas} replica(s) serve behind {router_name(stack)}"
@@ -1270,7 +1270,7 @@ def fleet_renew(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]
                 fleet_.route(members)
             code = renewal.code
         except (FleetError, LeaseLost, PulumiError) as err:
-            fleet_.say(f"error: {err}")
+            fleet_.say(f"Error: {err}")
             code = EXIT_FAILED
         stock, code = fleet_inventory(s, yes, code)
         finish(s, as_json, code, {"renewed": renewal.renewed if renewal else [],
@@ -1316,7 +1316,7 @@ def fleet_down(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...],
                     break
             left = [n for n in order if n not in destroyed]
         except (FleetError, LeaseLost, PulumiError) as err:
-            fleet_.say(f"error: {err}")
+            fleet_.say(f"Error: {err}")
             code, left = EXIT_FAILED, [n for n in fleet_.stacks() if n == router_name(stack)
                                        or replica_number(stack, n) is not None]
         fleet_.say(f"destroyed {', '.join(destroyed) or 'nothing'}" + (f"; left: {', '.join(left)}" if left else ""))

@@ -395,7 +395,7 @@ def run_command(stack: str, cwd: Path, as_json: bool, action: Callable[[Renewer]
         try:
             code, summary = action(renewer)
         except ClusterError as err:
-            console.print(f"error: {err}", markup=False, highlight=False)
+            console.print(f"Error: {err}", markup=False, highlight=False)
             code, summary = EXIT_FAILED, {"reason": str(err)}
     if as_json:
         echo_json({"ok": code == EXIT_OK, "stack": stack, "exit": code, **summary, "events": renewer.events})
