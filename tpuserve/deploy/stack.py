@@ -240,14 +240,19 @@ def resolve_model(url: str, model: str | None, api_key: str | None = None, optio
     return Served(normalize_server_url(url), card["id"], card)
 
 
+def require_endpoint(url: str | None, outputs: Mapping[str, Any] | None) -> None:
+    """No --url and no stack is a usage error, said before anything else is looked for."""
+    if url is None and outputs is None:
+        raise click.UsageError("give --url, or --stack / --stack-outputs")
+
+
 @contextmanager
 def served_endpoint(url: str | None, model: str | None, outputs: Mapping[str, Any] | None,
                     api_key: str | None = None) -> Iterator[Served]:
     """The server to talk to while the block runs: --url as given, else the stack's endpoint (through an IAP
     tunnel for a gcp stack), with the model resolved by `resolve_model` (default: the stack's model, else the first
     served). No --url and no stack is a usage error."""
-    if url is None and outputs is None:
-        raise click.UsageError("give --url, or --stack / --stack-outputs")
+    require_endpoint(url, outputs)
     with ExitStack() as exits:
         if url is None:
             try:

@@ -27,7 +27,8 @@ import click
 
 from tpuserve.cli import Failure, echo_json, json_option
 from tpuserve.client import server_root
-from tpuserve.deploy.stack import Served, model_option, read_outputs, served_endpoint, stack_options, url_option
+from tpuserve.deploy.stack import (Served, model_option, read_outputs, require_endpoint, served_endpoint, stack_options,
+                                   url_option)
 from tpuserve.deploy.vmssh import docker_over_iap
 from tpuserve.facts import PRICE_PER_CHIP_HOUR, SINGLE_STREAM_TOK_S
 from tpuserve.measure import benchreport
@@ -438,6 +439,7 @@ def sweep(url: str | None, model: str | None, tokenizer: str | None, levels: lis
         run_sweep(served, tokenizer, levels, input_len, output_len, num_prompts, out, "vllm",
                   RemoteTarget(vm, zone, project, container), outputs, as_json)
         return
+    require_endpoint(url, outputs)  # a missing --url is the first thing to say, with or without a vllm here
     vllm_path = find_vllm(vllm_bin)
     with served_endpoint(url, model, outputs) as served:
         check_lengths(served.card, input_len, output_len)
