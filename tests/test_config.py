@@ -110,7 +110,7 @@ BAD = [
                                                  "only: set hfTokenSecretId"),
     ({"extraArgs": '["--api_key", "sk-1"]'}, "extraArgs: --api-key takes a secret"),
     ({"extraArgs": '["--served-model-name=gemma"]'}, "extraArgs: --served-model-name would rename the served model"),
-    ({"containerImage": ""}, "containerImage: must not be empty (default: vllm/vllm-tpu@sha256:f776ea23d464b2c0b1de45f6aa4387dc298af5a09aa26c8a3ef24561f35369ae)"),
+    ({"containerImage": ""}, "containerImage: must not be empty (default: vllm/vllm-tpu@sha256:ea98ed065a86d3e69ec7142b9f4766aa3cd7e475d752e680f4ef7612745aca61)"),
     ({"pricePerChipHour": "inf"}, "pricePerChipHour: expected a finite number, got 'inf'"),
     ({"project": "My Project"}, "project: 'My Project' is not a GCP project id"),
 ])
@@ -369,7 +369,7 @@ BAD_WITH_MESSAGE = [
     (VALID, {'labels': '{x'},
      "labels: expected a JSON dict, got '{x'"),
     (VALID, {'containerImage': ' '},
-     'containerImage: must not be empty (default: vllm/vllm-tpu@sha256:f776ea23d464b2c0b1de45f6aa4387dc298af5a09aa26c8a3ef24561f35369ae)'),
+     'containerImage: must not be empty (default: vllm/vllm-tpu@sha256:ea98ed065a86d3e69ec7142b9f4766aa3cd7e475d752e680f4ef7612745aca61)'),
     (VALID, {'maxModelLength': '1'},
      'maxModelLength: unknown setting (did you mean maxModelLen?); Pulumi.yaml lists every setting with its '
      'description'),

@@ -49,13 +49,16 @@ XLA_CACHE_KEY_PLACEHOLDER = "{xla_cache_key}"
 DEFAULT_CACHE_DISK_GB = 100
 # The vLLM TPU image a stack runs unless containerImage says otherwise: a digest, so every boot runs the same vLLM
 # although vllm/vllm-tpu:nightly moves daily and each new digest is another 20-26 GB on the cache disk
-# (vllm-project/tpu-inference#1245). REVIEWED: the nightly built from tpu-inference b8692ff (2026-08-22), the commit
-# tpuserve/data/tpu-inference-support.json was read at. Update it only by a deliberate commit, after load-testing the
-# newer build: `python -m tpuserve.registry vllm/vllm-tpu:nightly` prints the tag pinned to its current digest.
-# NOTE: this digest was written offline (the workspace that wrote it could not reach Docker Hub): replace it with the
-# registry's answer before the first deploy; until then a pull of it fails loudly ("could not pull ..."), never runs
-# anything else.
-VLLM_TPU_IMAGE = "vllm/vllm-tpu@sha256:f776ea23d464b2c0b1de45f6aa4387dc298af5a09aa26c8a3ef24561f35369ae"
+# (vllm-project/tpu-inference#1245). Update it only by a deliberate commit, after load-testing the newer build:
+# `python -m tpuserve.registry vllm/vllm-tpu:nightly` prints the tag pinned to its current digest.
+# WHERE THIS ONE COMES FROM: no workspace of this project could reach Docker Hub or a TPU, so it is not our own
+# load-tested pick. It is the digest public benchmark notes record as `vllm/vllm-tpu:nightly` on 2026-09-28 (vLLM
+# 0.30.1rc1.dev221+gc8d7a7dd1), which served Gemma 4 on one ct6e-standard-1t; those runs swapped in a patched
+# tpu_inference for QAT checkpoints, so the stock image's bf16 E2B path is not what they measured. It is newer than
+# tpu-inference b8692ff (2026-08-22), where tpuserve/data/tpu-inference-support.json was read: the modalities and KV
+# dtypes refused there stay refused (conservative if the newer build supports more). Load-test it (or your own
+# reviewed digest) with `tpuserve up` on a dev stack before prod relies on it.
+VLLM_TPU_IMAGE = "vllm/vllm-tpu@sha256:ea98ed065a86d3e69ec7142b9f4766aa3cd7e475d752e680f4ef7612745aca61"
 # Free space a pull of the vLLM TPU image needs on Docker's data root: the image extracted (20-26 GB, tpu-inference
 # #1245) plus its compressed layers while they download, with room to spare. The VM checks it before pulling and fails
 # with the numbers instead of ENOSPC halfway.

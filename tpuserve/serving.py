@@ -92,7 +92,7 @@ class ServingConfig:
     """Serving options of one deployment; field metadata names the stack config key of each."""
 
     model: str = setting("model", "Hugging Face model id served by vLLM.", DEFAULT_MODEL)
-    image: str = setting("containerImage", "vLLM TPU container image; default: the reviewed digest in "
+    image: str = setting("containerImage", "vLLM TPU container image; default: the pinned digest in "
                          "tpuserve/facts.py. A tag (image:tag) is pinned to the digest it names by `tpuserve up`.",
                          VLLM_TPU_IMAGE)
     max_model_len: int = setting("maxModelLen", "vLLM --max-model-len: longest prompt + completion in tokens.", 65536)

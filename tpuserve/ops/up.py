@@ -385,7 +385,7 @@ def pin_image(config: Mapping[str, Any], registry_url: str, say: Callable[[str],
               stop: Callable[[str], None]) -> dict[str, str]:
     """A TPU stack whose containerImage names a tag deploys the digest that tag names now (tpuserve/registry.py),
     saved in the stack config by the first `pulumi up`, so every boot of this deploy runs the same image while the
-    tag moves on. Nothing to pin (the default is a reviewed digest): no setting. A registry that cannot say: stop
+    tag moves on. Nothing to pin (the default is a pinned digest): no setting. A registry that cannot say: stop
     before anything is created."""
     from tpuserve.registry import RegistryError, pin_for_deploy
 
