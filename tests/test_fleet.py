@@ -827,6 +827,47 @@ def test_fleet_up_after_up_dev_makes_no_second_nat(pulumi: FakePulumi, cloud: Fa
                            ("us-east1", "tpu-serve-dev-router-us-east1-nat")]
 
 
+def test_destroying_the_stack_whose_nat_a_fleet_uses_is_refused_until_asked_for(pulumi: FakePulumi,
+                                                                                cloud: FakeCloud, run) -> None:
+    """The seam `pulumi destroy -s dev` leaves (above): `tpuserve destroy --stack dev` names the fleet's VMs that
+    reach the internet through dev's NAT and destroys nothing (exit 2, with --yes too, which is about orphans);
+    --despite-nat-users destroys dev, its NAT with it."""
+    from tpuserve.ops import destroy as destroy_module
+
+    pulumi.capacity({"europe-west4-a": 2, "us-east1-d": 1, "us-central1-b": 1})
+    result = CliRunner().invoke(up_module.up, ["--stack", "dev", "--zones", "europe-west4-a",
+                                               *cloud.endpoint_options()])
+    assert result.exit_code == 0, result.stderr
+    assert run("up", "--replicas", "2")[0] == 0
+    # a replica VM in dev's region, without an external IP, as fleet placement leaves one (the fleet's own VMs here
+    # live in FleetCompute, not in the fake Compute API's instance list that nat.list_vms reads)
+    status, _ = cloud.api("POST", f"/compute/v1/projects/{PROJECT}/zones/europe-west4-a/instances", {
+        "name": "tpu-serve-dev-r9", "machineType": "zones/europe-west4-a/machineTypes/ct6e-standard-1t",
+        "networkInterfaces": [{"network": "global/networks/default"}], "labels": {"stack": "dev-r9"},
+        "disks": [{"boot": True, "initializeParams": {"diskSizeGb": "100"}}]})
+    assert status == 200
+    before = len(pulumi.calls())
+
+    refused = CliRunner().invoke(destroy_module.destroy, ["--stack", "dev", "--yes", "--json",
+                                                           *cloud.endpoint_options()])
+    assert refused.exit_code == 2, refused.stderr
+    assert ("warning: tpu-serve-dev-router/tpu-serve-dev-nat in europe-west4 (stack dev) also serves "
+            in refused.stderr) and "tpu-serve-dev-r9" in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "Error: nothing destroyed: VMs of other stacks use dev's Cloud NAT (above); destroy those stacks first "
+        "(tpuserve fleet down for a fleet), or run again with --despite-nat-users")
+    verdict = json.loads(refused.stdout.strip().splitlines()[-1])
+    assert verdict["ok"] is False and verdict["exit"] == 2 and len(verdict["natUsers"]) == 1
+    assert not any(call[0] == "destroy" for call in pulumi.calls()[before:])
+    assert ("europe-west4", "tpu-serve-dev-nat") in nats(cloud)
+
+    forced = CliRunner().invoke(destroy_module.destroy, ["--stack", "dev", "--yes", "--despite-nat-users",
+                                                          *cloud.endpoint_options()])
+    assert forced.exit_code in (0, 5), forced.stderr
+    assert [call[call.index("--stack") + 1] for call in pulumi.calls()[before:] if call[0] == "destroy"] == ["dev"]
+    assert ("europe-west4", "tpu-serve-dev-nat") not in nats(cloud)
+
+
 def dev_vm(cloud: FakeCloud) -> None:
     """dev's VM as a deploy leaves it, without an external IP, in a region whose NAT another stack owns."""
     status, _ = cloud.api("POST", f"/compute/v1/projects/{PROJECT}/zones/europe-west4-a/instances", {

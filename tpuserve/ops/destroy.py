@@ -6,21 +6,28 @@ disk a failed zone left) go on billing without a word in its output. So the inve
 the run: each kept cache with its monthly price and the command that removes it, each orphan too; orphans that bill
 are deleted once the user agrees (or with --yes), else the command exits 5.
 
-Exit codes: 0 destroyed, nothing billing left but what is kept on purpose; 1 the destroy failed; 5 destroyed, but
-an orphan that bills is left.
+Before anything is destroyed, the stack's own Cloud NATs are checked for VMs of other stacks that reach the internet
+through them (a fleet's replicas in dev's region: one NAT per network and region, deploy/nat.py): destroying the
+owner takes their egress until the next fleet command makes a NAT there, and a successor booting meanwhile cannot pull
+its image. Such a destroy is refused unless the user agrees (or --despite-nat-users).
+
+Exit codes: 0 destroyed, nothing billing left but what is kept on purpose; 1 the destroy failed; 2 nothing destroyed:
+other stacks' VMs use the stack's Cloud NAT; 5 destroyed, but an orphan that bills is left.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from tpuserve.deploy.preflight import Endpoints, endpoint_option
 from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
 
-EXIT_OK, EXIT_FAILED, EXIT_ORPHANS = 0, 1, 5
+EXIT_OK, EXIT_FAILED, EXIT_NAT_USERS, EXIT_ORPHANS = 0, 1, 2, 5
 DESTROY_TIMEOUT_S = 30 * 60.0
 
 
@@ -29,13 +36,16 @@ DESTROY_TIMEOUT_S = 30 * 60.0
 @click.option("--yes", is_flag=True, help="Delete orphans that bill without asking (kept caches stay).")
 @click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
               show_default=True, help="The Pulumi project directory.")
+@click.option("--despite-nat-users", is_flag=True, help="Destroy even when VMs of other stacks reach the internet "
+              "through this stack's Cloud NAT (they lose it until another stack makes one in their region).")
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON document: the outcome and the inventory.")
 @endpoint_option
 @click.argument("pulumi_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- PULUMI DESTROY FLAGS]")
-def destroy(stack: str, yes: bool, cwd: Path, as_json: bool, endpoints: tuple[str, ...],
+def destroy(stack: str, yes: bool, cwd: Path, despite_nat_users: bool, as_json: bool, endpoints: tuple[str, ...],
             pulumi_args: tuple[str, ...]) -> None:
     """`pulumi destroy` a stack, then list what is left of it in the project (kept caches, orphans) and what it
-    bills. Exit 0 done, 1 the destroy failed, 5 an orphan that bills is left."""
+    bills. Refused while VMs of other stacks use the stack's Cloud NAT, unless confirmed or --despite-nat-users.
+    Exit 0 done, 1 the destroy failed, 2 nothing destroyed (NAT users), 5 an orphan that bills is left."""
     from rich.console import Console
 
     from tpuserve.deploy import inventory
@@ -52,42 +62,80 @@ def destroy(stack: str, yes: bool, cwd: Path, as_json: bool, endpoints: tuple[st
         config = pulumi.config()
     except PulumiError as err:
         raise click.ClickException(str(err)) from err
+    cloud = config.get("target", "gcp") != "local" and bool(config.get("project"))
+    session = None
+    if cloud:
+        try:
+            session = adc_session()
+        except MissingCredentials as err:
+            say(f"warning: no inventory and no Cloud NAT check ({err})")
+    if session is not None and not despite_nat_users:
+        users = nat_users(pulumi, stack, str(config["project"]), session, roots, say)
+        for line in users:
+            say(f"warning: {line}")
+        if users and not (sys.stdin.isatty() and click.confirm(f"Destroy {stack} anyway?", default=False, err=True)):
+            reason = (f"nothing destroyed: VMs of other stacks use {stack}'s Cloud NAT (above); destroy those stacks "
+                      "first (tpuserve fleet down for a fleet), or run again with --despite-nat-users")
+            say(f"Error: {reason}")
+            if as_json:
+                from tpuserve.cli import echo_json
+
+                echo_json({"ok": False, "stack": stack, "exit": EXIT_NAT_USERS, "reason": reason, "natUsers": users,
+                           "inventory": None})
+            raise SystemExit(EXIT_NAT_USERS)
     run = pulumi.stream(["destroy", "--yes", "--skip-preview", *pulumi_args], DESTROY_TIMEOUT_S)
     code = EXIT_OK if run.ok else EXIT_FAILED
     say(f"pulumi destroy -s {stack}: {'done' if run.ok else f'failed (exit {run.returncode})'}")
     stock = None
-    if config.get("target", "gcp") != "local" and config.get("project"):
-        try:
-            session = adc_session()
-        except MissingCredentials as err:
-            say(f"warning: no inventory ({err})")
-        else:
-            with session:
-                clients = inventory.clients_for(session, roots)
+    if session is not None:
+        with session:
+            clients = inventory.clients_for(session, roots)
+            stock = inventory.stock_of(pulumi, [stack], clients, str(config["project"]),
+                                       inventory.keep_caches(config))
+            for line in inventory.summary_lines(stock):
+                say(line)
+            orphans = stock.billing_orphans
+            if orphans and (yes or (sys.stdin.isatty() and click.confirm(
+                    f"Delete these {len(orphans)} orphan(s)?", default=True, err=True))):
+                for line in inventory.delete_items(clients, stock.project, orphans):
+                    say(f"warning: could not delete {line}")
                 stock = inventory.stock_of(pulumi, [stack], clients, str(config["project"]),
                                            inventory.keep_caches(config))
                 for line in inventory.summary_lines(stock):
                     say(line)
-                orphans = stock.billing_orphans
-                if orphans and (yes or (sys.stdin.isatty() and click.confirm(
-                        f"Delete these {len(orphans)} orphan(s)?", default=True, err=True))):
-                    for line in inventory.delete_items(clients, stock.project, orphans):
-                        say(f"warning: could not delete {line}")
-                    stock = inventory.stock_of(pulumi, [stack], clients, str(config["project"]),
-                                               inventory.keep_caches(config))
-                    for line in inventory.summary_lines(stock):
-                        say(line)
-            kept = [item for item in stock.items if item.status == inventory.KEPT] if stock else []
-            if kept:
-                say(f"kept on purpose (keepCaches): ${sum(i.per_month for i in kept):.2f}/month; to delete them too: "
-                    f"tpuserve cache rm --stack {stack} --project {config['project']} --bucket")
-            if stock is not None and stock.billing_orphans and code == EXIT_OK:
-                say(f"Error: {len(stock.billing_orphans)} orphan(s) that bill are left (above, each with the "
-                    "command that removes it); run again with --yes to delete them")
-                code = EXIT_ORPHANS
+        kept = [item for item in stock.items if item.status == inventory.KEPT] if stock else []
+        if kept:
+            say(f"kept on purpose (keepCaches): ${sum(i.per_month for i in kept):.2f}/month; to delete them too: "
+                f"tpuserve cache rm --stack {stack} --project {config['project']} --bucket")
+        if stock is not None and stock.billing_orphans and code == EXIT_OK:
+            say(f"Error: {len(stock.billing_orphans)} orphan(s) that bill are left (above, each with the "
+                "command that removes it); run again with --yes to delete them")
+            code = EXIT_ORPHANS
     if as_json:
         from tpuserve.cli import echo_json
 
         echo_json({"ok": code == EXIT_OK, "stack": stack, "exit": code,
                    "inventory": None if stock is None else stock.as_dict()})
     raise SystemExit(code)
+
+
+def nat_users(pulumi: PulumiCli, stack: str, project: str, session: Any, roots: Endpoints,
+              say: Callable[[str], None]) -> list[str]:
+    """What `nat.reliance` says of the stack's own Cloud NATs: one line per NAT that VMs of other stacks use. Nothing
+    when the stack holds no NAT; a warning and nothing when the state or the project cannot be read."""
+    import requests
+
+    from tpuserve.deploy import nat
+    from tpuserve.deploy.gce import ComputeApiError
+    from tpuserve.deploy.orphans import stack_labels
+
+    try:
+        own = nat.own_nats(pulumi.export())
+        if not own:
+            return []
+        found = nat.reliance(own, nat.list_nats(session, project, roots.compute),
+                             nat.list_vms(session, project, roots.compute), [stack_labels(stack)["stack"]])
+    except (PulumiError, ComputeApiError, requests.RequestException, ValueError) as err:
+        say(f"warning: could not tell which VMs use the stack's Cloud NAT ({err})")
+        return []
+    return found.lines(stack)
