@@ -46,6 +46,16 @@ def assert_golden(name: str, value: Any) -> None:
     assert value == json.loads(path.read_text())
 
 
+def recorded(fake: FakeServer, golden: str, timeout_s: float = 10.0) -> None:
+    """Until the fake recorded as many completions as the golden holds (or the time is up, and the comparison then
+    says what is missing): a client that timed out has sent a request that the fake's handler thread may not have
+    read yet on a busy machine (a flaky tools-stalled run in CI)."""
+    expected = len(json.loads((GOLDENS / f"{golden}.json").read_text())["sent"])
+    deadline = time.monotonic() + timeout_s
+    while sum(r.path == "/v1/chat/completions" for r in fake.requests) < expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def report(results: list, fake: FakeServer) -> dict[str, Any]:
     return normalised({"results": [dataclasses.asdict(r) for r in results],
                        "sent": [r.json() for r in fake.requests if r.path == "/v1/chat/completions"]}, fake.url)
@@ -89,6 +99,7 @@ def test_tools_report(case: str) -> None:
     with servers[case]() as fake:
         client = ChatClient(fake.url, FAKE_MODEL, timeout_s=0.2 if case == "stalled" else 10)
         results = run_tools(client, max_tokens=64 if case == "capable" else None)
+        recorded(fake, f"tools-{case}")
     assert_golden(f"tools-{case}", report(results, fake))
 
 
@@ -112,6 +123,7 @@ def test_structured_report(case: str) -> None:
     with server as fake:
         client = ChatClient(fake.url, FAKE_MODEL, timeout_s=0.2 if case == "stalled" else 10)
         results = run_structured(client, max_tokens=77 if case == "enforced" else None)
+        recorded(fake, f"structured-{case}")
     assert_golden(f"structured-{case}", report(results, fake))
 
 

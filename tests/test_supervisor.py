@@ -124,10 +124,19 @@ def vm(tmp_path):
         yield made
 
 
+def prunes(vm: Vm) -> int:
+    return sum(1 for c in vm.calls() if c["cmd"] == "docker" and c["argv"][:2] == ["image", "prune"])
+
+
 def serving_vm(vm: Vm, serving: ServingConfig = ServingConfig(), iam_wait_s: float = 60) -> str:
+    """The supervisor serving `serving`, and past its post-serving hooks' docker calls: `serving` is reported before
+    the hooks run (vm/supervisor.py), and their last docker call, `docker image prune`, would otherwise land in
+    whatever a test counts next on a slow machine."""
     digest = vm.serve(serving)
+    before = prunes(vm)
     vm.start_supervisor(iam_wait_s)
     vm.wait_for_stage("serving", digest)
+    vm.wait_for(lambda: prunes(vm) > before, "the post-serving hooks to prune images")
     return digest
 
 
