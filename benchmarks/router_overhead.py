@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,11 +29,11 @@ from pathlib import Path
 
 import click
 import requests
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.e2e.processes import background, find_binary, wait_for_port  # noqa: E402
 from tpuserve.deploy.litellm_config import fleet_config  # noqa: E402
 from tpuserve.deploy.stack import free_local_port  # noqa: E402
 from tpuserve.measure.bench import Workload, bench_serve_args  # noqa: E402
@@ -81,49 +80,44 @@ def wait_healthy(url: str, processes: list[subprocess.Popen], workdir: Path,
     raise click.ClickException(f"{url} did not answer within {PROXY_BOOT_TIMEOUT_S:.0f} s")
 
 
-def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """A process in its own group (its children are counted and stopped with it), output to `log`."""
-    with log.open("wb") as out:
-        return subprocess.Popen(argv, env=env, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-
-
-def needed(binary: str) -> str:
-    found = shutil.which(binary) or (f"/usr/sbin/{binary}" if Path(f"/usr/sbin/{binary}").exists() else None)
-    if not found:
-        raise click.ClickException(f"{binary} not found: install it (Debian: apt-get install {binary})")
-    return found
-
-
 @contextlib.contextmanager
 def start_router(litellm_bin: Path, url: str, model: str, workdir: Path, master_key: str,
                  proxies: int) -> Iterator[tuple[str, list[subprocess.Popen]]]:
     """The router as the VM runs it, for one replica: Redis, `proxies` single-worker LiteLLM processes on the shared
     config, HAProxy in front. Yields HAProxy's URL and the proxy processes (whose CPU is the router's cost)."""
-    started: list[subprocess.Popen] = []
-    try:
+    with contextlib.ExitStack() as running:
+        def start(argv: list[str], log: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+            try:
+                return running.enter_context(background(argv, workdir / log, env))
+            except OSError as err:
+                raise click.ClickException(f"{argv[0]}: {err}") from err
+
+        def binary(name: str) -> str:
+            try:
+                return find_binary(name)
+            except FileNotFoundError as missing:
+                raise click.ClickException(str(missing)) from missing
+
         redis_port = free_local_port()
-        started.append(spawn([needed("redis-server"), "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                              "--appendonly", "no"], workdir / "redis.log"))
+        started = [start([binary("redis-server"), "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no"], "redis.log")]
+        wait_for_port(redis_port)
         config = workdir / "router.yaml"  # JSON, which YAML reads (the agent writes it so)
         config.write_text(with_shared_state(json.dumps(fleet_config([("bench-r1", url)], model)), "127.0.0.1",
                                             redis_port))
         env = {**os.environ, **OFFLINE_ENV, "LITELLM_MASTER_KEY": master_key, "TPUSERVE_API_KEY": "none"}
         ports = [free_local_port() for _ in range(proxies)]
-        proxy_processes = [spawn([str(litellm_bin), "--config", str(config), "--host", "127.0.0.1", "--port",
-                                  str(port), "--run_gunicorn", "--num_workers", "1"], workdir / f"proxy{i}.log", env)
+        proxy_processes = [start([str(litellm_bin), "--config", str(config), "--host", "127.0.0.1", "--port",
+                                  str(port), "--run_gunicorn", "--num_workers", "1"], f"proxy{i}.log", env)
                            for i, port in enumerate(ports)]
         started += proxy_processes
         for port, process in zip(ports, proxy_processes):
             wait_healthy(f"http://127.0.0.1:{port}", started, workdir, master=process)
         front = free_local_port()
         (workdir / "haproxy.cfg").write_text(haproxy_config(front, ports))
-        started.append(spawn([needed("haproxy"), "-db", "-f", str(workdir / "haproxy.cfg")], workdir / "haproxy.log"))
+        started.append(start([binary("haproxy"), "-db", "-f", str(workdir / "haproxy.cfg")], "haproxy.log"))
         wait_healthy(f"http://127.0.0.1:{front}", started, workdir)
         yield f"http://127.0.0.1:{front}", proxy_processes
-    finally:
-        for process in reversed(started):
-            stop(process)
 
 
 def cpu_seconds(process_group: int) -> float:
@@ -137,15 +131,6 @@ def cpu_seconds(process_group: int) -> float:
         if int(fields[2]) == process_group:  # pgrp; utime and stime follow at 11 and 12 (proc(5), after the name)
             total += (int(fields[11]) + int(fields[12])) / tick
     return total
-
-
-def stop(process: subprocess.Popen) -> None:
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=40)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def bench_once(vllm_bin: str, workload: Workload, concurrency: int, out: Path, name: str, key: str,

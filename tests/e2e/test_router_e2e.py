@@ -23,8 +23,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -42,6 +40,7 @@ import requests
 import yaml
 from click.testing import CliRunner
 
+from tests.e2e.processes import background, find_binary, stop_process_group, wait_for_port
 from tests.fake_openai import FAKE_MODEL, FakeOpenAI, completion
 from tests.httpfake import FakeServer, Request, Response
 from tests.test_router_agent import Metadata
@@ -176,21 +175,11 @@ elif args[0] == "kill":
 IMAGE = "ghcr.io/berriai/litellm:test"
 
 
-def stop_process_group(pid: int, grace_s: float = 10.0) -> None:
-    """SIGTERM the process group, SIGKILL what is left after grace_s: gunicorn waits its graceful timeout for a
-    wedged worker, and the e2e tier has no memory to spare for one."""
+def needed_binary(name: str) -> str:
     try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    os.killpg(pid, signal.SIGKILL)
+        return find_binary(name)
+    except FileNotFoundError as missing:
+        pytest.fail(str(missing))
 
 
 def proxy_config(replicas: dict[str, str]) -> str:
@@ -199,35 +188,6 @@ def proxy_config(replicas: dict[str, str]) -> str:
     result = CliRunner().invoke(main, ["litellm", "--model", "tiny-gemma4", *args])
     assert result.exit_code == 0, result.output
     return json.dumps(yaml.safe_load(result.output), indent=1)
-
-
-def needed_binary(name: str) -> str:
-    """A Debian binary the router VM installs (scripts/install-litellm-proxy.sh installs it for these tests)."""
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"{name} is not installed: the router VM runs Debian's; apt-get install {name} (or run "
-                    "scripts/install-litellm-proxy.sh as root)")
-    return path
-
-
-@contextlib.contextmanager
-def background(argv: list[str], log: Path) -> Iterator[subprocess.Popen]:
-    with log.open("ab") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        yield process
-    finally:
-        stop_process_group(process.pid, grace_s=5.0)
-        process.wait(timeout=10)
-
-
-def wait_for_port(port: int, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:.0f} s")
 
 
 @dataclass
