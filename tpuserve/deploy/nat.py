@@ -276,3 +276,14 @@ def reliance(own: set[tuple[str, str, str]], nats: Iterable[Nat], vms: Iterable[
         if nat.key in own and (using := dependents(nat, vms, besides)):
             found.by_nat[nat] = using
     return found
+
+
+def reliance_on(state: Mapping[str, Any], session: requests.Session, project: str, besides: Iterable[str],
+                compute_url: str = COMPUTE_URL) -> Reliance:
+    """`reliance` for a stack's `pulumi stack export`: which of its own NATs serve VMs of stacks not in `besides`
+    (nothing listed when the state holds no NAT)."""
+    own = own_nats(state)
+    if not own:
+        return Reliance()
+    return reliance(own, list_nats(session, project, compute_url), list_vms(session, project, compute_url), besides)
+

@@ -130,11 +130,7 @@ def nat_users(pulumi: PulumiCli, stack: str, project: str, session: Any, roots: 
     from tpuserve.deploy.orphans import stack_labels
 
     try:
-        own = nat.own_nats(pulumi.export())
-        if not own:
-            return []
-        found = nat.reliance(own, nat.list_nats(session, project, roots.compute),
-                             nat.list_vms(session, project, roots.compute), [stack_labels(stack)["stack"]])
+        found = nat.reliance_on(pulumi.export(), session, project, [stack_labels(stack)["stack"]], roots.compute)
     except (PulumiError, ComputeApiError, requests.RequestException, ValueError) as err:
         say(f"warning: could not tell which VMs use the stack's Cloud NAT ({err})")
         return []

@@ -1330,12 +1330,8 @@ def nat_users(s: Session, replicas: Sequence[str]) -> list[str]:
     if router not in fleet_.stacks():
         return []
     try:
-        own = nat.own_nats(fleet_.cli(router).export())
-        if not own:
-            return []
-        found = nat.reliance(own, nat.list_nats(s.session, fleet_.project, s.roots.compute),
-                             nat.list_vms(s.session, fleet_.project, s.roots.compute),
-                             [stack_labels(name)["stack"] for name in (router, *replicas)])
+        found = nat.reliance_on(fleet_.cli(router).export(), s.session, fleet_.project,
+                                [stack_labels(name)["stack"] for name in (router, *replicas)], s.roots.compute)
     except (PulumiError, ComputeApiError, requests.RequestException, ValueError) as err:
         fleet_.say(f"warning: could not tell which VMs use the router's Cloud NAT ({err})")
         return []
