@@ -832,6 +832,7 @@ def test_destroying_the_stack_whose_nat_a_fleet_uses_is_refused_until_asked_for(
     """The seam `pulumi destroy -s dev` leaves (above): `tpuserve destroy --stack dev` names the fleet's VMs that
     reach the internet through dev's NAT and destroys nothing (exit 2, with --yes too, which is about orphans);
     --despite-nat-users destroys dev, its NAT with it."""
+    from tpuserve.cli import main as cli_main
     from tpuserve.ops import destroy as destroy_module
 
     pulumi.capacity({"europe-west4-a": 2, "us-east1-d": 1, "us-central1-b": 1})
@@ -848,8 +849,8 @@ def test_destroying_the_stack_whose_nat_a_fleet_uses_is_refused_until_asked_for(
     assert status == 200
     before = len(pulumi.calls())
 
-    refused = CliRunner().invoke(destroy_module.destroy, ["--stack", "dev", "--yes", "--json",
-                                                           *cloud.endpoint_options()])
+    refused = CliRunner().invoke(cli_main, ["destroy", "--stack", "dev", "--yes", "--json",
+                                             *cloud.endpoint_options()])  # the CLI writes the error document
     assert refused.exit_code == 2, refused.stderr
     assert ("warning: tpu-serve-dev-router/tpu-serve-dev-nat in europe-west4 (stack dev) also serves "
             in refused.stderr) and "tpu-serve-dev-r9" in refused.stderr
@@ -857,7 +858,10 @@ def test_destroying_the_stack_whose_nat_a_fleet_uses_is_refused_until_asked_for(
         "Error: nothing destroyed: VMs of other stacks use dev's Cloud NAT (above); destroy those stacks first "
         "(tpuserve fleet down for a fleet), or run again with --despite-nat-users")
     verdict = json.loads(refused.stdout.strip().splitlines()[-1])
-    assert verdict["ok"] is False and verdict["exit"] == 2 and len(verdict["natUsers"]) == 1
+    assert verdict == {"ok": False, "exit": 2, "error": refused.stderr.strip().splitlines()[-1].removeprefix("Error: "),
+                       "stack": "dev", "natUsers": [line.removeprefix("warning: ") for line in
+                                                    refused.stderr.splitlines() if "also serves" in line]}
+    assert len(verdict["natUsers"]) == 1
     assert not any(call[0] == "destroy" for call in pulumi.calls()[before:])
     assert ("europe-west4", "tpu-serve-dev-nat") in nats(cloud)
 

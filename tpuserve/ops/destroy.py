@@ -74,15 +74,11 @@ def destroy(stack: str, yes: bool, cwd: Path, despite_nat_users: bool, as_json: 
         for line in users:
             say(f"warning: {line}")
         if users and not (sys.stdin.isatty() and click.confirm(f"Destroy {stack} anyway?", default=False, err=True)):
-            reason = (f"nothing destroyed: VMs of other stacks use {stack}'s Cloud NAT (above); destroy those stacks "
-                      "first (tpuserve fleet down for a fleet), or run again with --despite-nat-users")
-            say(f"Error: {reason}")
-            if as_json:
-                from tpuserve.cli import echo_json
+            from tpuserve.cli import Failure
 
-                echo_json({"ok": False, "stack": stack, "exit": EXIT_NAT_USERS, "reason": reason, "natUsers": users,
-                           "inventory": None})
-            raise SystemExit(EXIT_NAT_USERS)
+            raise Failure(f"nothing destroyed: VMs of other stacks use {stack}'s Cloud NAT (above); destroy those "
+                          "stacks first (tpuserve fleet down for a fleet), or run again with --despite-nat-users",
+                          {"stack": stack, "natUsers": users}, EXIT_NAT_USERS)
     run = pulumi.stream(["destroy", "--yes", "--skip-preview", *pulumi_args], DESTROY_TIMEOUT_S)
     code = EXIT_OK if run.ok else EXIT_FAILED
     say(f"pulumi destroy -s {stack}: {'done' if run.ok else f'failed (exit {run.returncode})'}")
