@@ -1,7 +1,6 @@
 """tpu-serve: vLLM on a flex-start Cloud TPU v6e VM (target gcp), a flex-start TPU node pool on GKE (target gke), or
-a local Docker host (target local); target router is a fleet's LiteLLM proxy (`tpuserve fleet`). Reads config,
-builds the deployment for the target (only its component module is imported: components.config.TARGETS), exports
-its outputs."""
+a local Docker host (target local). Reads config, builds the deployment for the target (only its component module is
+imported: components.config.TARGETS), exports its outputs."""
 
 import importlib
 

@@ -22,8 +22,9 @@ from typing import Any
 
 from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, DEFAULT_CACHE_DISK_IOPS, DEFAULT_CACHE_DISK_MIBPS,
                             HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_BALANCED_MAX_IOPS,
-                            HYPERDISK_BALANCED_MAX_MIBPS, LITELLM_VERSION, PRICE_PER_CHIP_HOUR, READY_TIMEOUT_S,
+                            HYPERDISK_BALANCED_MAX_MIBPS, PRICE_PER_CHIP_HOUR, READY_TIMEOUT_S,
                             V6E_ZONES, hyperdisk_balanced_monthly_usd)
+from tpuserve import durations
 from tpuserve.names import PROJECT_NAME
 from tpuserve.serving import (DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting,
                               untested_modalities)
@@ -31,7 +32,7 @@ from tpuserve.serving import (DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfi
 # target -> the component that deploys it, as "module:Class": __main__.py imports only the one a stack names (the
 # others bring provider SDKs it does not use: pulumi_kubernetes, pulumi_docker).
 TARGETS = {"gcp": "components.deployment:TpuServeDeployment", "local": "components.local:LocalVllm",
-           "gke": "components.gke_deployment:GkeTpuServe", "router": "components.router:FleetRouter"}
+           "gke": "components.gke_deployment:GkeTpuServe"}
 TPU_TARGETS = ("gcp", "gke")  # targets that run vLLM on TPU v6e and share the gcp settings and rules
 MIN_BOOT_DISK_GB = 200
 # A cache disk must hold one vLLM TPU image, one model's weights and the compile cache with room to spare (the boot
@@ -58,8 +59,6 @@ PROJECT_ID = re.compile(r"^(?:[a-z][-a-z0-9.]{0,61}[a-z0-9]:)?[a-z][-a-z0-9]{4,2
 EMPTY_MEANS_NONE = "empty for none"
 LABEL_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[a-z0-9_-]{0,63}$")
-DURATION_PART = re.compile(r"(\d+)([dhms])")
-SECONDS_PER_UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 GKE_CLUSTER_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
 K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC 1123 label
 GKE_MAX_NODES = 64  # a bound on cost mistakes, not a GKE limit: 64 ct6e-standard-8t nodes are $691/h at $1.35
@@ -72,14 +71,9 @@ GKE_ROUTERS = ("service", "inference-gateway")
 # (https://cloud.google.com/load-balancing/docs/proxy-only-subnets).
 MAX_PROXY_SUBNET_PREFIX = 26
 NOTIFICATION_CHANNEL = re.compile(r"^projects/[^/]+/notificationChannels/[0-9]+$")
-# Target router (a fleet's LiteLLM proxy, components/router.py): one `routerReplicas` entry is `<replica stack>=<its
-# endpoint>`, written by `tpuserve fleet`.
-ROUTER_REPLICA = re.compile(r"^(?P<name>[a-z0-9][a-z0-9_.-]*)=(?P<url>https?://[^\s=]+)$")
 VM_SLOTS = ("a", "b")
-DISK_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 REPLACE_ORDERS = ("create-first", "delete-first")
 SECRET_ID = re.compile(r"^(projects/[^/]+/secrets/)?[A-Za-z0-9_-]{1,255}$")
-STACK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # Pulumi's stack name characters
 
 
 @dataclass(frozen=True)
@@ -131,13 +125,6 @@ class StackConfig:
         "replaceOrder", "When a change replaces the VM: create-first (the old VM serves until the new one is ready; "
         "needs quota for both for a moment) or delete-first. `tpuserve up` picks delete-first for one run when the "
         "region's quota has no room for both.", "create-first")
-    cache_owner: str = setting(
-        "cacheOwner", "The stack whose caches this stack uses: empty = its own; `tpuserve fleet` sets its replicas' to "
-        "the fleet, so they share one compile-cache bucket and the fleet's pool of cache disks (never deleted with a "
-        "replica).", "")
-    cache_disk_name: str = setting(
-        "cacheDiskName", "Name of the cache disk in the zone; empty = tpu-serve-<stack>-cache (-b for vmSlot b). "
-        "`tpuserve fleet` picks one from the fleet's pool for each replica.", "")
     max_run_duration: str = setting("maxRunDuration", "Flex-start run limit, e.g. 4h or 1d12h (from 10m to 7d); "
                                     "the VM is deleted when it ends.", "4h")
     hf_token_secret_id: str = setting(
@@ -145,6 +132,9 @@ class StackConfig:
         "projects/P/secrets/S). Alternative to hfToken.", "")
     hf_token: Any = setting("hfToken", "Hugging Face token; the stack stores it in a new Secret Manager secret. "
                             "Set with `pulumi config set --secret hfToken`.", None, repr=False)
+    vllm_api_key_secret_id: str = setting(
+        "vllmApiKeySecretId", "Secret Manager secret (id or projects/P/secrets/S) holding the API key vLLM requires on "
+        "/v1 (clients send it as TPUSERVE_API_KEY); empty for none.", "")
     network: str = setting("network", "VPC network name.", "default")
     subnetwork: str = setting("subnetwork", "Subnetwork name; empty = the network's default for the region.", "")
     external_ip: bool = setting("externalIp", "Give the VM an external IP (then no Cloud NAT is made).", False)
@@ -152,8 +142,8 @@ class StackConfig:
                                      "VPC already has NAT in the region.", True)
     cloud_nat_skip_regions: tuple[str, ...] = setting(
         "cloudNatSkipRegions", "Regions where another stack's Cloud NAT already serves the network, so this stack "
-        "makes none there (a network takes one all-subnetworks NAT per region); `tpuserve up` and `tpuserve fleet` "
-        "write it from the NATs they find.", ())
+        "makes none there (a network takes one all-subnetworks NAT per region); `tpuserve up` writes it "
+        "from the NATs it finds.", ())
     labels: Mapping[str, str] = setting("labels", "Extra labels on every resource that takes labels.", {})
     price_per_chip_hour: float = setting("pricePerChipHour", "USD per chip-hour, for cost outputs.",
                                          PRICE_PER_CHIP_HOUR)
@@ -202,27 +192,6 @@ class StackConfig:
         "gkeProxySubnetRange", "Target gke, gkeRouter inference-gateway: CIDR of the proxy-only subnet the stack "
         "creates for the regional internal load balancer; empty for none (the network already has one in the "
         "region).", "10.129.0.0/23")
-    # Target router (components/router.py): a fleet's LiteLLM proxy VM. `tpuserve fleet` creates the stack from the
-    # fleet's own and writes routerReplicas; project, zone, zones (Cloud NAT for each of their regions), network,
-    # createCloudNat, labels and the served model mean the same as for gcp.
-    router_replicas: tuple[str, ...] = setting(
-        "routerReplicas", "Target router: the replicas the proxy routes to, each `<replica stack>=<endpoint>`; "
-        "`tpuserve fleet` writes it.", ())
-    vllm_api_key_secret_id: str = setting(
-        "vllmApiKeySecretId", "Secret Manager secret (id or projects/P/secrets/S) holding the API key vLLM requires on "
-        "/v1 (clients send it as TPUSERVE_API_KEY); empty for none. A fleet needs one: its router presents it to the "
-        "replicas.", "")
-    fleet: str = setting("fleet", "Set by `tpuserve fleet` on its replica stacks: the fleet whose firewall (the "
-                         "router's stack) admits only the router and IAP to the VM's vLLM port; empty for none.", "")
-    router_master_key_secret_id: str = setting(
-        "routerMasterKeySecretId", "Secret Manager secret (id or projects/P/secrets/S) holding the LiteLLM proxy's "
-        "master key, which clients of a fleet's router present; required by `tpuserve fleet`.", "")
-    router_machine_type: str = setting(
-        "routerMachineType", "Target router: machine type of the LiteLLM proxy VM; streaming costs it about 1.3 ms of "
-        "CPU per output token (benchmarks/router_overhead.py), about 3 vCPUs per busy v6e chip.", "e2-standard-4")
-    router_zone: str = setting("routerZone", "Target router: zone of the proxy VM; empty = the stack's zone.", "")
-    router_image: str = setting("routerImage", "Target router: the LiteLLM proxy's container image (pin a digest "
-                                "for reproducible boots).", f"ghcr.io/berriai/litellm:v{LITELLM_VERSION}")
     serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
 
     def __post_init__(self) -> None:
@@ -302,8 +271,6 @@ class StackConfig:
         if self.target in TPU_TARGETS:
             self._validate_gcp()
             self._validate_monitoring()
-        elif self.target == "router":
-            self._validate_router()
         else:
             self._validate_local()
         if self.target == "gke":
@@ -312,14 +279,11 @@ class StackConfig:
             if not LABEL_KEY.match(str(key)) or not LABEL_VALUE.match(str(value)):
                 raise ConfigError("labels", f"{key}={value!r}: keys and values must be lowercase letters, digits, "
                                   "_ or -, at most 63 chars (keys start with a letter)")
-        if self.vllm_api_key_secret_id and self.target not in ("gcp", "router"):
-            raise ConfigError("vllmApiKeySecretId", f"applies to targets gcp and router (a fleet), not {self.target}")
+        if self.vllm_api_key_secret_id and self.target != "gcp":
+            raise ConfigError("vllmApiKeySecretId", f"applies to target gcp, not {self.target}")
         if self.vllm_api_key_secret_id and not SECRET_ID.match(self.vllm_api_key_secret_id):
             raise ConfigError("vllmApiKeySecretId", f"{self.vllm_api_key_secret_id!r} is not a secret id or "
                               "projects/P/secrets/S")
-        if self.fleet and (self.target != "gcp" or not STACK_NAME.match(self.fleet)):
-            raise ConfigError("fleet", f"{self.fleet!r}: set by `tpuserve fleet` on a replica stack (target gcp) to "
-                              "its fleet's stack name; leave it unset")
         for region in self.cloud_nat_skip_regions:
             if not isinstance(region, str) or not REGION_FORMAT.match(region):
                 raise ConfigError("cloudNatSkipRegions", f"{region!r} is not a region name like europe-west4 (it is "
@@ -349,12 +313,6 @@ class StackConfig:
             raise ConfigError("vmSlot", f"{self.vm_slot!r} is not one of {', '.join(VM_SLOTS)}")
         if self.replace_order not in REPLACE_ORDERS:
             raise ConfigError("replaceOrder", f"{self.replace_order!r} is not one of {', '.join(REPLACE_ORDERS)}")
-        if self.cache_owner and not self.keep_caches:
-            raise ConfigError("keepCaches", f"false, but the caches belong to stack {self.cache_owner!r} "
-                              "(cacheOwner): a replica never deletes its fleet's caches; unset one of them")
-        if self.cache_disk_name and not DISK_NAME.match(self.cache_disk_name):
-            raise ConfigError("cacheDiskName", f"{self.cache_disk_name!r} is not a disk name (lowercase letters, "
-                              "digits and -, at most 63, starting with a letter)")
         if self.boot_disk_gb < MIN_BOOT_DISK_GB:
             raise ConfigError("bootDiskSizeGb", f"must be at least {MIN_BOOT_DISK_GB}, got {self.boot_disk_gb}")
         if self.cache_disk_gb != 0 and self.cache_disk_gb < MIN_CACHE_DISK_GB:
@@ -493,48 +451,6 @@ class StackConfig:
         if self.alert_queue_depth < 1:
             raise ConfigError("alertQueueDepth", f"must be at least 1, got {self.alert_queue_depth}")
 
-    @property
-    def router_vm_zone(self) -> str:
-        return self.router_zone or self.zone
-
-    @property
-    def replica_endpoints(self) -> list[tuple[str, str]]:
-        """routerReplicas as (replica stack, endpoint) pairs."""
-        return [(match["name"], match["url"]) for match in map(ROUTER_REPLICA.match, self.router_replicas) if match]
-
-    def _validate_router(self) -> None:
-        if not self.project:
-            raise ConfigError("project", "is required: pulumi config set project <gcp-project-id>")
-        for key, zone in (("zone", self.zone), ("routerZone", self.router_vm_zone)):
-            if not ZONE_FORMAT.match(zone):
-                raise ConfigError(key, f"{zone!r} is not a zone name like europe-west4-a")
-        self._validate_zones()
-        if not self.router_master_key_secret_id:
-            raise ConfigError("routerMasterKeySecretId", "is required: the LiteLLM proxy refuses to start without a "
-                              "master key; create one (printf 'sk-%s' \"$(openssl rand -hex 32)\" | gcloud secrets "
-                              "create litellm-master-key --data-file=-) and pulumi config set routerMasterKeySecretId "
-                              "litellm-master-key")
-        if not self.vllm_api_key_secret_id:
-            raise ConfigError("vllmApiKeySecretId", "is required for a fleet: its replicas answer only requests with "
-                              "the key, which the router presents; create one (printf 'sk-%s' \"$(openssl rand -hex "
-                              "32)\" | gcloud secrets create vllm-api-key --data-file=-) and pulumi config set "
-                              "vllmApiKeySecretId vllm-api-key on the fleet's stack")
-        if not SECRET_ID.match(self.router_master_key_secret_id):
-            raise ConfigError("routerMasterKeySecretId", f"{self.router_master_key_secret_id!r} is not a secret id "
-                              "or projects/P/secrets/S")
-        names = []
-        for entry in self.router_replicas:
-            match = ROUTER_REPLICA.match(str(entry))
-            if not match:
-                raise ConfigError("routerReplicas", f"{entry!r} is not `<replica stack>=<endpoint URL>`")
-            names.append(match["name"])
-        repeated = sorted({name for name in names if names.count(name) > 1})
-        if repeated:
-            raise ConfigError("routerReplicas", f"{', '.join(repeated)} listed twice")
-        if not self.router_machine_type or self.router_machine_type.startswith("ct"):
-            raise ConfigError("routerMachineType", f"{self.router_machine_type!r}: the proxy needs a small CPU "
-                              "machine type such as e2-standard-4, not a TPU one")
-
     def _validate_local(self) -> None:
         if self.hf_token_secret_id:
             raise ConfigError("hfTokenSecretId", "target local cannot read Secret Manager; set hfToken (pulumi "
@@ -554,12 +470,10 @@ class StackConfig:
 
 def parse_duration(key: str, text: str) -> int:
     """'4h' -> 14400, '1d12h' -> 129600; the error names the key."""
-    if not text or DURATION_PART.sub("", text) or not DURATION_PART.search(text):
-        raise ConfigError(key, f"{text!r} is not a duration like 4h, 90m or 1d12h")
-    seconds = sum(int(n) * SECONDS_PER_UNIT[unit] for n, unit in DURATION_PART.findall(text))
-    if seconds <= 0:
-        raise ConfigError(key, f"{text!r} must be longer than zero")
-    return seconds
+    try:
+        return durations.parse(text)
+    except ValueError as err:
+        raise ConfigError(key, str(err)) from None
 
 
 def _parse_int(key: str, raw: str) -> int:
@@ -781,12 +695,10 @@ DOCS_BEGIN = ("<!-- BEGIN generated by `python -m components.config --docs` from
               "tpuserve/serving.py: edit those, not this block -->")
 DOCS_END = "<!-- END generated -->"
 # The reference's sections, by key prefix (first match wins); the serving keys are ServingConfig's fields.
-DOCS_SECTIONS = (("Stack and VM", "Every target that runs on GCP; gke and router stacks read them too.", ""),
+DOCS_SECTIONS = (("Stack and VM", "Every target that runs on GCP; gke stacks read them too.", ""),
                  ("Monitoring", "The dashboard and alert policies of a gcp stack.", "alert"),
                  ("Target local", "A Docker host (`components/local.py`).", "local"),
-                 ("Target gke", "A flex-start TPU node pool on GKE (`components/gke.py`).", "gke"),
-                 ("Target router", "A fleet's LiteLLM proxy VM (`components/router.py`), made by `tpuserve fleet`.",
-                  "router"))
+                 ("Target gke", "A flex-start TPU node pool on GKE (`components/gke.py`).", "gke"))
 SERVING_SECTION = ("Serving", "What vLLM serves and how: the same `vllm serve` argv on every target "
                    "(`tpuserve/serving.py`).")
 

@@ -22,12 +22,6 @@ from tpuserve.names import base_name, service_account_id, stack_slug, vm_name
 from tpuserve.serving import vllm_serve_args
 
 
-def fleet_tag(fleet: str) -> str:
-    """The network tag every replica of fleet `fleet` carries, whatever its number: the fleet's firewall rules
-    (components/router.py) target it, so they never change while replicas come and go."""
-    return f"{base_name(fleet)}-fleet"  # at most 46 characters: a network tag may have 63
-
-
 def stack_labels(stack: str, extra: dict[str, str]) -> dict[str, str]:
     """The labels `tpuserve up` finds the stack's orphans by, plus the stack's own."""
     return {**orphans.stack_labels(stack), **extra}
@@ -57,19 +51,15 @@ class TpuServeDeployment(pulumi.ComponentResource):
             project=cfg.project, region=cfg.effective_region, network=cfg.network, target_tag=base,
             create_nat=cfg.makes_nat_in(cfg.effective_region) and not cfg.external_ip), opts=child)
         name = vm_name(base, cfg.vm_slot)
-        # The caches belong to this stack, or to the fleet whose replica it is (cacheOwner: one bucket per fleet, one
-        # disk per replica from the fleet's pool in each zone, which successors adopt). The disk follows the VM's
-        # slot: a successor in the same zone cannot attach the disk its predecessor still holds read-write, so it
-        # takes the other slot's (kept from the replacement before, warm).
-        owner = cfg.cache_owner or stack
-        owner_base = base_name(owner)
-        cache_labels = {**labels, "stack": stack_slug(owner), CACHE_LABEL: stack_slug(owner)}
-        cache_disk_name = cfg.cache_disk_name or (disk_name(base) if cfg.vm_slot == "a" else f"{disk_name(base)}-b")
+        # The cache disk follows the VM's slot: a successor in the same zone cannot attach the disk its predecessor
+        # still holds read-write, so it takes the other slot's (kept from the replacement before, warm).
+        cache_labels = {**labels, CACHE_LABEL: stack_slug(stack)}
+        cache_disk_name = disk_name(base) if cfg.vm_slot == "a" else f"{disk_name(base)}-b"
         cache = ServingCache(f"{base}-cache", ServingCacheArgs(
             project=cfg.project, zone=cfg.zone, region=cfg.effective_region, disk_name=cache_disk_name,
-            bucket_name=bucket_name(cfg.project, owner_base), disk_gb=cfg.cache_disk_gb,
+            bucket_name=bucket_name(cfg.project, base), disk_gb=cfg.cache_disk_gb,
             bucket=cfg.compile_cache_bucket, disk_iops=cfg.cache_disk_iops,
-            disk_throughput_mibps=cfg.cache_disk_throughput_mibps, keep=cfg.keep_caches or bool(cfg.cache_owner),
+            disk_throughput_mibps=cfg.cache_disk_throughput_mibps, keep=cfg.keep_caches,
             reader_email=identity.email, labels=cache_labels), opts=child)
         # Three metadata keys: the boot logic (no serving setting in it), what is served, and the supervisor's code.
         # A change of the served config updates the running VM (setMetadata), and its supervisor applies it.
@@ -89,7 +79,7 @@ class TpuServeDeployment(pulumi.ComponentResource):
             boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type, max_run_seconds=cfg.max_run_seconds,
             network=cfg.network, subnetwork=cfg.subnetwork, external_ip=cfg.external_ip,
             service_account_email=identity.email, metadata=metadata,
-            network_tags=(base, fleet_tag(cfg.fleet)) if cfg.fleet else (base,), labels=labels,
+            network_tags=(base,), labels=labels,
             cache_disk=cache.disk_source, cache_device_name=CACHE_DEVICE_NAME,
             delete_first=cfg.replace_order == "delete-first", logical_name=base),
             # The VM needs its token grant, its egress and its caches before the startup script runs. The logical

@@ -24,7 +24,7 @@ class ServingIdentityArgs:
     labels: Mapping[str, str] = field(default_factory=dict)
     # Project-level write roles; a GKE pod needs none (its node ships its logs and metrics).
     project_roles: tuple[str, ...] = PROJECT_ROLES
-    # More secrets the account may read (projects/P/secrets/S): vLLM's API key on a fleet's VMs.
+    # More secrets the account may read (projects/P/secrets/S): vLLM's API key.
     readable_secrets: tuple[str, ...] = ()
     display_name: str = "tpu-serve vLLM VM"
     description: str = "Runs one tpu-serve TPU VM; reads only its HF token secret."

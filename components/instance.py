@@ -44,7 +44,7 @@ class FlexStartTpuVmArgs:
     # Instance metadata beside enable-guest-attributes and enable-oslogin: `startup-script`, the served config and
     # the supervisor (components/startup_script.py). All of it updates in place (setMetadata).
     metadata: Mapping[str, pulumi.Input[str]]
-    network_tags: tuple[str, ...]  # its own (the IAP rule's target) and, for a fleet's replica, the fleet's
+    network_tags: tuple[str, ...]  # the IAP rule's target
     labels: Mapping[str, str] = field(default_factory=dict)
     # A data disk to attach (projects/P/zones/Z/disks/NAME) under `cache_device_name`; never deleted with the VM.
     cache_disk: pulumi.Input[str] | None = None

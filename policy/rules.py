@@ -90,9 +90,8 @@ def check_firewall_sources(args: ResourceValidationArgs, report: ReportViolation
     if args.props.get("direction", "INGRESS") != "INGRESS":
         return
     if args.props.get("denies") and not args.props.get("allows"):
-        return  # a deny rule admits nothing, whatever its sources (a fleet's firewall denies 0.0.0.0/0 on vLLM's port)
+        return  # a deny rule admits nothing, whatever its sources
     allowed = args.get_config().get("allowedSourceRanges", [IAP_SOURCE_RANGE])
-    allowed_tags = args.get_config().get("allowedSourceTags", [])
     sources = args.props.get("sourceRanges") or []
     tags = args.props.get("sourceTags") or []
     if not sources and not tags:
@@ -103,9 +102,7 @@ def check_firewall_sources(args: ResourceValidationArgs, report: ReportViolation
             report(f"source range {source} is outside the allowed ranges {', '.join(allowed)}; reach the VM "
                    "through IAP, or list the range in allowedSourceRanges of this stack's policy config", None)
     for tag in tags:
-        if tag not in allowed_tags:
-            report(f"sourceTags {tag} admits traffic from other VMs; only the allowed source ranges may reach the "
-                   "VM (a fleet's router tag may be listed in allowedSourceTags of the stack's policy config)", None)
+        report(f"sourceTags {tag} admits traffic from other VMs; only the allowed source ranges may reach the VM", None)
     if args.props.get("sourceServiceAccounts"):
         report("sourceServiceAccounts admits traffic from other VMs; only the allowed source ranges may reach the VM",
                None)
@@ -143,7 +140,7 @@ def check_boot_disk_size(args: ResourceValidationArgs, report: ReportViolation) 
     scheduling = args.props.get("scheduling") or {}
     if not str(args.props.get("machineType")).startswith("ct") and \
             scheduling.get("provisioningModel") != "FLEX_START":
-        return  # not a TPU serving VM (a fleet's router runs the LiteLLM proxy from a small disk)
+        return  # not a TPU serving VM
     boot_disk = args.props.get("bootDisk") or {}
     if boot_disk.get("source"):
         return  # an existing disk: its size is that disk's own input
@@ -310,10 +307,7 @@ POLICIES = [
     _policy("firewall-iap-sources-only", "Ingress firewall sources are limited to the IAP range.", [FIREWALL],
             check_firewall_sources,
             {"allowedSourceRanges": {"type": "array", "items": {"type": "string"}, "default": [IAP_SOURCE_RANGE],
-                                     "description": "CIDR ranges an ingress rule may admit."},
-             "allowedSourceTags": {"type": "array", "items": {"type": "string"}, "default": [],
-                                   "description": "Network tags an ingress rule may admit (a fleet's router, "
-                                                  "tpu-serve-<stack>-router, reaching its replicas)."}}),
+                                     "description": "CIDR ranges an ingress rule may admit."}}),
     _policy("no-external-ip", "VMs get no external IP unless the stack opts in.", [INSTANCE], check_no_external_ip,
             {"allowExternalIp": {"type": "boolean", "default": False,
                                  "description": "This stack's VMs may have an external IP."}}),

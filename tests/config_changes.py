@@ -32,21 +32,16 @@ INSTANCE = "gcp:compute/instance:Instance"
 SERVED_CONFIG = f'metadata["{SERVED_CONFIG_KEY}"]'
 
 # Every stack the project ships, as (stack name, stack file, settings beside the file's), plus the settings that add
-# resource types of their own: the router stack `tpuserve fleet` makes from dev's, and an hfToken (a new Secret and
-# its version).
-ROUTER_REPLICAS = ["dev-r1=http://10.164.0.11:8000/v1"]
+# resource types of their own: an hfToken (a new Secret and its version).
 VARIANTS = {
     "dev": ("dev", "dev", {}),
     "prod": ("prod", "prod", {}),
     "gke": ("gke", "gke", {}),
     "gke-gateway": ("gke", "gke", {"gkeRouter": "inference-gateway"}),
     "local": ("local", "local", {}),
-    "dev-router": ("dev-router", "dev", {"target": "router", "routerMasterKeySecretId": "litellm-master-key",
-                                         "vllmApiKeySecretId": "vllm-api-key",
-                                         "routerReplicas": json.dumps(ROUTER_REPLICAS)}),
     "dev-token": ("dev", "dev", {"hfTokenSecretId": "", "hfToken": "hf_not_a_real_token"}),
 }
-BASES = {"gcp": "dev", "local": "local", "gke": "gke", "router": "dev-router"}  # where each target's keys change
+BASES = {"gcp": "dev", "local": "local", "gke": "gke"}  # where each target's keys change
 @dataclass(frozen=True)
 class Case:
     """One key's change: `value` (as `pulumi config set` stores it) on the `base` target's stack (or a VARIANTS
@@ -60,8 +55,7 @@ class Case:
 
 
 CHANGES: dict[str, tuple[Case, ...]] = {
-    "target": (Case("router", also={"routerMasterKeySecretId": "litellm-master-key",
-                                    "vllmApiKeySecretId": "vllm-api-key"}),),
+    "target": (Case("gke", also={"zone": "us-east5-b"}),),
     "project": (Case("my-ml-other"),),
     "zone": (Case("us-east5-a"),),
     "zones": (Case(json.dumps(["us-east5-a", "europe-west4-a"]),
@@ -81,8 +75,6 @@ CHANGES: dict[str, tuple[Case, ...]] = {
     "maxRunDuration": (Case("8h"),),
     "vmSlot": (Case("b"),),
     "replaceOrder": (Case("delete-first"),),
-    "cacheOwner": (Case("dev-fleet"),),
-    "cacheDiskName": (Case("tpu-serve-dev-fleet-cache-2"),),
     "hfTokenSecretId": (Case("hf-token-2"),),
     "hfToken": (Case("hf_not_a_real_token", also={"hfTokenSecretId": ""}),),
     "network": (Case("ml-vpc"),),
@@ -109,13 +101,7 @@ CHANGES: dict[str, tuple[Case, ...]] = {
     "gkeSurgeNode": (Case("false", base="gke"),),
     "gkeRouter": (Case("inference-gateway", base="gke"),),
     "gkeProxySubnetRange": (Case("10.130.0.0/23", base="gke-gateway"),),
-    "vllmApiKeySecretId": (Case("vllm-api-key"), Case("vllm-api-key-2", base="router")),
-    "fleet": (Case("ml-fleet"),),
-    "routerReplicas": (Case(json.dumps([*ROUTER_REPLICAS, "dev-r2=http://10.132.0.12:8000/v1"]), base="router"),),
-    "routerMasterKeySecretId": (Case("litellm-master-key-2", base="router"),),
-    "routerMachineType": (Case("e2-standard-8", base="router"),),
-    "routerZone": (Case("europe-west4-b", base="router"),),
-    "routerImage": (Case("ghcr.io/berriai/litellm:v1.108.8", base="router"),),
+    "vllmApiKeySecretId": (Case("vllm-api-key"),),
     "model": (Case("google/gemma-4-E4B-it"),),
     "containerImage": (Case("vllm/vllm-tpu@sha256:" + "a" * 64),),
     "maxModelLen": (Case("32768"),),
@@ -230,7 +216,7 @@ def role(t: Touched, target: str) -> str:
     """What a resource is, in the words of the docs."""
     kind = t.type.rsplit(":", 1)[-1]
     if t.type == INSTANCE:
-        return "the router VM" if target == "router" else "the VM"
+        return "the VM"
     if t.type == DYNAMIC:
         return "the cache disk" if t.name.endswith("-disk") else "the cache bucket"
     if t.type.startswith("pulumi:providers:"):
@@ -311,7 +297,7 @@ def vm_replace(t: Touched, target: str) -> str:
     else:
         why = f"{join([f'`{p}`' for p in (list(c.forced_by) or forced or list(c.replace_reasons))])} cannot change " \
               "in place"
-    if t.type != INSTANCE or not t.name.startswith("tpu-serve-dev") or t.name.endswith("-router"):
+    if t.type != INSTANCE or not t.name.startswith("tpu-serve-dev"):
         order = "; old one first" if c.delete_before_replace else ""
     elif c.delete_before_replace:
         order = "; old one first"

@@ -24,7 +24,7 @@ import pytest
 
 PULUMI_PROGRAM_FILES = frozenset({  # each calls tests/pulumi_harness.py's run_stack
     "test_stack.py", "test_k8s_manifests.py", "test_gke_stack.py", "test_policy_gke.py", "test_monitoring.py",
-    "test_policy.py", "test_config.py", "test_router_stack.py", "test_local_stack.py", "test_changes.py",
+    "test_policy.py", "test_config.py", "test_local_stack.py", "test_changes.py",
     "test_config_changes.py", "test_preview.py",
 })
 PULUMI_SCOPE = "tests/[pulumi programs]"
@@ -33,12 +33,10 @@ LONGEST_FIRST = (  # seconds each took in one run of the tier on 2 cores
     *sorted(PULUMI_PROGRAM_FILES),  # 18, together
     "test_supervisor.py",  # 23
     "test_startup_script.py",  # 19
-    "test_fleet.py",  # 9 (before the lease, parallel-renewal and NAT tests: ~20 now)
     "test_gate.py",  # 9
     "test_up_script.py",  # 8 (curl's retries of an unavailable release: 3 s)
     "test_up.py",  # 7
     "test_status.py",  # 6 (tunnels and port-forwards to fake servers)
-    "test_router_agent.py",  # 5
     "test_probe_goldens.py",  # 5
     "test_bench_sweep.py",  # 5 (a fake vllm that really sends requests)
     "test_json_convention.py",  # 4

@@ -628,7 +628,7 @@ class FakeCloud:
     # --- how the toolkit reaches it ---------------------------------------------------------------------------
 
     def endpoint_options(self) -> list[str]:
-        """`--endpoint SERVICE=URL` for every API root tpuserve.deploy.preflight.Endpoints knows (up, fleet,
+        """`--endpoint SERVICE=URL` for every API root tpuserve.deploy.preflight.Endpoints knows (up,
         preflight); commands with `--compute-url`/`--storage-url` take `cloud.url` itself."""
         from tpuserve.deploy.preflight import Endpoints
 
@@ -658,14 +658,6 @@ class FakeCloud:
                 "GOOGLE_MONITORING_CUSTOM_ENDPOINT": f"{self.url}/"}
 
     # --- what a test sets and reads ----------------------------------------------------------------------------
-
-    def route(self, method: str, path: str, handler: Callable[[Request], Response]) -> None:
-        """Answer `method path` (exactly) with a test's own handler instead of the fake's state: a resource another
-        fake holds (tests/test_fleet.py: the VMs tests/fake_pulumi.py keeps in its own files). Calls to it are not
-        recorded in `calls`."""
-        if self._server is None:
-            raise RuntimeError("start the fake cloud before routing a path to a handler of the test's")
-        self._server.routes[(method, path)] = handler
 
     def api(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
             headers: Mapping[str, str] | None = None) -> tuple[int, Any]:

@@ -8,17 +8,9 @@ tests/provider_errors.py), the exit code (255 for a failed update, as the CLI), 
 was created (a gate failure happens after the create). On SIGINT it stops the way the CLI does and exits 255. Every
 call is logged as JSON.
 
-Several stacks (what `tpuserve fleet` drives): `dev` keeps its files in $FAKE_PULUMI_HOME itself, any other stack in
-$FAKE_PULUMI_HOME/stacks/<name>/. `stack init --copy-config-from`, `stack ls --json` (the CLI's list of {"name",
-"current", "updateInProgress", "resourceCount"}), `destroy` and `stack rm` work on them. With capacity.json (zone ->
-how many VMs it holds, in "room"), `up` of a gcp stack gets a VM while its zone has room, counting every stack's VM
-there, and otherwise fails with the provider's stockout text ("stockout", tests/provider_errors.py); a
-"<stack>:<zone>" key in scenario.json plays for that stack only. A router stack's `up` exports the replicas of its
-`routerReplicas`.
-
 With FAKE_CLOUD_URL (the stateful fake cloud, tests/fake_cloud.py), `up` also makes the stack's Cloud Routers and
-NATs there, in the regions its program would (its config's createCloudNat, externalIp, region or zone, a router's
-zones, cloudNatSkipRegions), before its VM, and keeps them in state.json under the provider's ids; `destroy` deletes
+NATs there, in the regions its program would (its config's createCloudNat, externalIp, region or zone,
+cloudNatSkipRegions), before its VM, and keeps them in state.json under the provider's ids; `destroy` deletes
 them. A NAT the cloud refuses (a second all-subnetworks NAT in a region) fails the update with the provider's error.
 """
 
@@ -61,18 +53,14 @@ argv = sys.argv[1:]
 with open(os.path.join(root, "calls.jsonl"), "a") as log:
     log.write(dumps(argv) + "\n")
 # The flags that take a value; every other argument not starting with "-" is a word of the command.
-VALUED = ("--stack", "--copy-config-from", "--config", "-c")
+VALUED = ("--stack", "--config", "-c")
 flags = {flag: argv[index + 1] for index, flag in enumerate(argv[:-1]) if flag in VALUED}
 words = [arg for index, arg in enumerate(argv) if not arg.startswith("-") and (index == 0 or argv[index - 1]
                                                                                    not in VALUED)]
 stack = flags.get("--stack", "dev")
 
 
-def dir_of(name):
-    return root if name == "dev" else os.path.join(root, "stacks", name)
-
-
-home = dir_of(stack)
+home = root
 
 
 def read(name, default, where=None):
@@ -84,8 +72,8 @@ def read(name, default, where=None):
 
 
 def write(name, value):
-    # Whole or not at all, as the CLI's own state writes: another stack's process (a fleet renews in parallel) may
-    # read this file at any moment, and must never see it half-written.
+    # Whole or not at all, as the CLI's own state writes: another process may read this file at any moment, and
+    # must never see it half-written.
     path = os.path.join(home, name)
     with open(f"{path}.{os.getpid()}.tmp", "w") as file:
         file.write(dumps(value))
@@ -99,26 +87,16 @@ def value(key, default=""):
     return config.get("tpu-serve:" + key, {}).get("value", default)
 
 
-def others():
-    stacks = os.path.join(root, "stacks")
-    return ["dev"] * os.path.exists(os.path.join(root, "config.json")) + sorted(
-        name for name in (os.listdir(stacks) if os.path.isdir(stacks) else []) if os.path.isdir(dir_of(name)))
-
-
 NAT_TYPES = ("gcp:compute/router:Router", "gcp:compute/routerNat:RouterNat")
 
 
 def nat_regions():
     # The regions this stack's program makes Cloud NAT in, decided from its config as the program does
-    # (components/network.py and components/deployment.py for gcp, components/router.py nat_regions for a router,
-    # StackConfig.makes_nat_in; pinned by tests/test_stack.py and tests/test_router_stack.py).
+    # (components/network.py and components/deployment.py, StackConfig.makes_nat_in; pinned by tests/test_stack.py).
     zone = value("zone")
     if value("createCloudNat", "true").lower() == "false" or value("externalIp", "false").lower() == "true":
         return []
-    if value("target") == "router":
-        regions = [z.rsplit("-", 1)[0] for z in (value("routerZone") or zone, zone, *loads(value("zones", "[]")))]
-    else:
-        regions = [value("region") or zone.rsplit("-", 1)[0]]
+    regions = [value("region") or zone.rsplit("-", 1)[0]]
     skip = loads(value("cloudNatSkipRegions", "[]"))
     return [r for index, r in enumerate(regions) if r not in regions[:index] and r not in skip]
 
@@ -161,8 +139,7 @@ def cloud_nat(project):
     for region in wanted:
         if region in routers:
             continue
-        prefix = f"{base[:28]}-{region}" if value("target") == "router" else base
-        router, nat = f"{prefix}-router", f"{prefix}-nat"
+        router, nat = f"{base}-router", f"{base}-nat"
         call("POST", f"regions/{region}/routers", {
             "name": router, "network": f"global/networks/{value('network', 'default')}",
             "description": f"tpu-serve stack {stack}: Cloud NAT for the VMs of the region without an external IP"})
@@ -196,9 +173,6 @@ def save_settings():
         write("config.json", config)
 
 
-if stack != "dev" and not os.path.isdir(home) and words[:2] != ["stack", "init"] and words[:2] != ["stack", "ls"]:
-    print(f"error: no stack named '{stack}' found", file=sys.stderr)
-    sys.exit(255)
 engine = read("engine.json", None, root)
 if engine is not None and words[:1] in (["up"], ["preview"], ["destroy"], ["refresh"]):
     # Stateful mode (tests/fake_engine.py): the engine in the test process runs the program and the providers.
@@ -223,24 +197,7 @@ if engine is not None and words[:1] in (["up"], ["preview"], ["destroy"], ["refr
         else:
             sys.exit(message["rc"])
     sys.exit(255)
-if words[:2] == ["stack", "ls"]:
-    print(dumps([{"name": name, "current": False, "updateInProgress": False,
-                  "resourceCount": len(read("state.json", {}, dir_of(name)).get("deployment", {})
-                                       .get("resources", []))} for name in others()]))
-elif words[:2] == ["stack", "init"]:
-    if os.path.isdir(home):
-        print(f"error: stack '{stack}' already exists", file=sys.stderr)
-        sys.exit(255)
-    os.makedirs(home)
-    source = flags.get("--copy-config-from")
-    write("config.json", read("config.json", {}, dir_of(source)) if source else {})
-    print(f"Created stack '{stack}'")
-elif words[:2] == ["stack", "rm"]:
-    for name in os.listdir(home):  # a stack's files: config.json, outputs.json, state.json
-        os.unlink(os.path.join(home, name))
-    os.rmdir(home)
-    print(f"Stack '{stack}' has been removed!")
-elif words[:1] == ["destroy"]:
+if words[:1] == ["destroy"]:
     if os.environ.get("FAKE_CLOUD_URL"):
         config["tpu-serve:createCloudNat"] = {"value": "false"}  # nothing is wanted any more: every NAT goes
         cloud_nat(value("project"))
@@ -273,15 +230,7 @@ elif words[:1] == ["up"]:
     save_settings()
     zone = value("zone")
     scenario = read("scenario.json", {}, root)
-    play = scenario.get(f"{stack}:{zone}") or scenario.get(zone) or scenario.get("*") or {"rc": 0}
-    capacity = read("capacity.json", None, root)
-    if value("target") == "router":
-        play = {"rc": 0, "router": True}
-    elif capacity is not None and not read("outputs.json", {}).get("instanceName"):
-        held = sum(read("outputs.json", {}, dir_of(name)).get("zone") == zone
-                   and read("outputs.json", {}, dir_of(name)).get("target") == "gcp" for name in others())
-        play = {"rc": 0, "creates": True} if held < capacity["room"].get(zone, 0) else {
-            "rc": 255, "output": capacity["stockout"].replace("ZONE", zone).replace("STACK", stack)}
+    play = scenario.get(zone) or scenario.get("*") or {"rc": 0}
 
     def interrupted(*_):
         print("^C received; cancelling the current operation. Press ^C again to forcibly exit.", flush=True)
@@ -290,44 +239,21 @@ elif words[:1] == ["up"]:
 
     _signal.signal(_signal.SIGINT, interrupted)  # `signal` is this with enums, which cost an import of enum
     print(f"Updating ({stack}):", flush=True)
-    barrier = read("barrier.json", {}, root)
-    if stack in barrier.get("stacks", []):
-        # Wait until `count` of the listed stacks' updates run at once (a test of concurrency); fail after `timeout`.
-        gate = os.path.join(root, "barrier")
-        os.makedirs(gate, exist_ok=True)
-        open(os.path.join(gate, stack), "w").close()
-        waited = 0.0
-        while len(os.listdir(gate)) < barrier["count"]:
-            if waited > barrier["timeout"]:
-                print(f"barrier: {len(os.listdir(gate))} of {barrier['count']} updates ran at once")
-                sys.exit(255)
-            time.sleep(0.01)
-            waited += 0.01
     time.sleep(play.get("seconds", 0))
     project = value("project")
     failed = cloud_nat(project)  # made before the VM, which depends on its network (NAT included)
     if failed:
         sys.stdout.write(failed)
         sys.exit(255)
-    if play.get("router"):
-        replicas = loads(value("routerReplicas", "[]"))
-        write("outputs.json", {
-            "target": "router", "zone": zone, "instanceName": f"tpu-serve-{stack}", "project": project,
-            "endpoint": "http://10.164.0.2:4000/v1", "routerConfigHash": "c0ffee",
-            "iapTunnelCommand": f"gcloud compute start-iap-tunnel tpu-serve-{stack} 4000 "
-                                f"--local-host-port=localhost:4000 --zone={zone} --project={project}",
-            "replicas": [entry.split("=", 1)[0] for entry in replicas]})
-    elif play.get("creates"):
+    if play.get("creates"):
         vm = f"tpu-serve-{stack}"
         kept = [r for r in read("state.json", {}).get("deployment", {}).get("resources", []) if r["type"] in NAT_TYPES]
         write("state.json", {"version": 3, "deployment": {"resources": [*kept, {
             "urn": f"urn:pulumi:{stack}::tpu-serve::gcp:compute/instance:Instance::{vm}",
             "type": "gcp:compute/instance:Instance",
             "id": f"projects/{project}/zones/{zone}/instances/{vm}"}]}})
-        stacks = os.path.join(root, "stacks")
-        address = 10 + (len(os.listdir(stacks)) if os.path.isdir(stacks) else 0)
         write("outputs.json", {"target": "gcp", "zone": zone, "instanceName": vm, "project": project,
-            "endpoint": f"http://10.164.0.{address}:8000/v1", "model": value("model", "google/gemma-4-E2B-it"),
+            "endpoint": "http://10.164.0.10:8000/v1", "model": value("model", "google/gemma-4-E2B-it"),
             "configHash": "c0ffee", "maxRunSeconds": 14400,
             "iapTunnelCommand": f"gcloud compute start-iap-tunnel {vm} 8000 --local-host-port=localhost:8000 "
                                 f"--zone={zone} --project={project}"})
@@ -361,31 +287,9 @@ class FakePulumi:
         """zone -> {"output": str, "rc": int, "seconds": float, "creates": bool}; "*" for every other zone."""
         (self.home / "scenario.json").write_text(json.dumps(plays))
 
-    def capacity(self, room: dict[str, int]) -> None:
-        """Zones and how many VMs each holds (across stacks); an `up` beyond that gets the provider's stockout."""
-        from tests import provider_errors as errors
-
-        stockout = errors.pulumi_failed(errors.STOCKOUT.replace("us-east5-a", "ZONE"), name="tpu-serve-STACK",
-                                        stack="STACK")
-        (self.home / "capacity.json").write_text(json.dumps({"room": room, "stockout": stockout}))
-
-    def barrier(self, stacks: list[str], count: int, timeout_s: float = 30.0) -> None:
-        """The `up` of each of `stacks` waits until `count` of them run at once; one that waited `timeout_s` fails."""
-        (self.home / "barrier.json").write_text(json.dumps({"stacks": stacks, "count": count, "timeout": timeout_s}))
-
-    def home_of(self, stack: str) -> Path:
-        return self.home if stack == "dev" else self.home / "stacks" / stack
-
-    def stack_config(self, stack: str) -> dict[str, Any]:
-        return json.loads((self.home_of(stack) / "config.json").read_text())
-
-    def outputs(self, stack: str) -> dict[str, Any]:
-        path = self.home_of(stack) / "outputs.json"
+    def outputs(self) -> dict[str, Any]:
+        path = self.home / "outputs.json"
         return json.loads(path.read_text()) if path.exists() else {}
-
-    def stacks(self) -> list[str]:
-        return sorted(path.name for path in (self.home / "stacks").glob("*")) if (self.home / "stacks").exists() \
-            else []
 
     def preview(self, steps: list[dict[str, Any]], rc: int = 0, diagnostics: list[dict[str, Any]] = ()) -> None:
         """What `pulumi preview --json` prints next: a digest of these steps (see preview_step)."""

@@ -225,8 +225,6 @@ def test_the_zone_warning_reaches_pulumis_log_and_the_stack_deploys(caplog):
 
 GKE = {"target": "gke", "project": "proj-1", "zone": "us-east5-b", "hfTokenSecretId": "hf-token"}
 LOCAL = {"target": "local", "containerImage": "vllm/vllm-openai:v0.32.0"}
-ROUTER = {"target": "router", "project": "proj-1", "routerMasterKeySecretId": "litellm-master-key",
-          "vllmApiKeySecretId": "vllm-api-key"}
 
 
 EDGES = [
@@ -263,10 +261,6 @@ EDGES = [
     (LOCAL, {"localGpus": "device=0,1"}),
     (LOCAL, {"localModelCache": "/srv/huggingface"}),
     (LOCAL, {"readinessTimeout": "1m"}),  # the gke minimum is gke's
-    (ROUTER, {}),
-    (ROUTER, {"routerReplicas": '["dev=http://10.0.0.2:8000", "prod=https://10.0.0.3:8000"]',
-              "routerZone": "us-east5-b"}),
-    (ROUTER, {"routerMasterKeySecretId": "projects/proj-1/secrets/litellm-master-key"}),
 ]
 
 
@@ -351,7 +345,7 @@ BAD_WITH_MESSAGE = [
     (VALID, {'hfTokenSecretId': 'bad id!'},
      "hfTokenSecretId: 'bad id!' is not a secret id or projects/P/secrets/S"),
     (VALID, {'target': 'aws'},
-     "target: 'aws' is not one of gcp, local, gke, router"),
+     "target: 'aws' is not one of gcp, local, gke"),
     (VALID, {'zone': 'europe-west4'},
      "zone: 'europe-west4' is not a zone name like europe-west4-a"),
     (VALID, {'externalIp': 'yes'},
@@ -423,30 +417,6 @@ BAD_WITH_MESSAGE = [
      "readinessTimeout: 'soon' is not a duration like 4h, 90m or 1d12h"),
     (LOCAL, {'pricePerChipHour': '-1'},
      'pricePerChipHour: must not be negative, got -1.0'),
-    (ROUTER, {'project': ''},
-     'project: is required: pulumi config set project <gcp-project-id>'),
-    (ROUTER, {'zone': 'bad'},
-     "zone: 'bad' is not a zone name like europe-west4-a"),
-    (ROUTER, {'routerZone': 'us-east5'},
-     "routerZone: 'us-east5' is not a zone name like europe-west4-a"),
-    (ROUTER, {'zones': '[]'},
-     'zones: must list at least one zone (or leave it unset for the default order)'),
-    (ROUTER, {'routerMasterKeySecretId': ''},
-     'routerMasterKeySecretId: is required: the LiteLLM proxy refuses to start without a master key; create one '
-     '(printf \'sk-%s\' "$(openssl rand -hex 32)" | gcloud secrets create litellm-master-key --data-file=-) and '
-     'pulumi config set routerMasterKeySecretId litellm-master-key'),
-    (ROUTER, {'routerMasterKeySecretId': 'bad key!'},
-     "routerMasterKeySecretId: 'bad key!' is not a secret id or projects/P/secrets/S"),
-    (ROUTER, {'routerReplicas': '["dev"]'},
-     "routerReplicas: 'dev' is not `<replica stack>=<endpoint URL>`"),
-    (ROUTER, {'routerReplicas': '["dev=http://10.0.0.2:8000", "dev=http://10.0.0.3:8000", "b=http://x:1", '
-                                '"b=http://y:1"]'},
-     'routerReplicas: b, dev listed twice'),
-    (ROUTER, {'routerMachineType': 'ct6e-standard-1t'},
-     "routerMachineType: 'ct6e-standard-1t': the proxy needs a small CPU machine type such as e2-standard-4, not a "
-     'TPU one'),
-    (ROUTER, {'routerMachineType': ''},
-     'routerMachineType: must not be empty (default: e2-standard-4)'),
 ]
 
 
@@ -459,17 +429,8 @@ def test_each_bad_value_is_one_line_naming_the_key(base, override, message):
     assert err.value.key == message.split(":", 1)[0]
 
 
-def test_a_router_machine_type_left_empty_is_refused_by_validation_too():
-    """build_stack_config stops an empty string earlier; a StackConfig made in code is validated the same."""
-    cfg = StackConfig(target="router", project="proj-1", router_master_key_secret_id="k", vllm_api_key_secret_id="v",
-                      router_machine_type="")
-    with pytest.raises(ConfigError, match="^routerMachineType: '': the proxy needs a small CPU machine type"):
-        cfg.validate()
-
-
-@pytest.mark.parametrize("base", [LOCAL, ROUTER])
-def test_zones_unknown_to_the_offline_list_are_no_concern_off_tpu(base):
-    cfg = build_stack_config({**base, "zone": "us-west2-a", "zones": '["us-west2-a"]'})
+def test_zones_unknown_to_the_offline_list_are_no_concern_off_tpu():
+    cfg = build_stack_config({**LOCAL, "zone": "us-west2-a", "zones": '["us-west2-a"]'})
     assert cfg.warnings() == []
 
 

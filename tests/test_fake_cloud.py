@@ -434,24 +434,24 @@ def test_a_network_takes_one_all_subnetworks_nat_per_region(cloud: FakeCloud, se
 
     assert poll_region(session.post(routers, json={"name": "dev-router", "network": "global/networks/default",
                                                    "nats": [nat]}).json())["status"] == "DONE"
-    second = session.post(routers, json={"name": "fleet-router", "network": "global/networks/default",
-                                         "nats": [{**nat, "name": "fleet-nat"}]})
+    second = session.post(routers, json={"name": "prod-router", "network": "global/networks/default",
+                                         "nats": [{**nat, "name": "prod-nat"}]})
     assert second.status_code == 400
     assert second.json()["error"]["message"] == (
         "Invalid value for field 'resource.nats[0].sourceSubnetworkIpRangesToNat': 'ALL_SUBNETWORKS_ALL_IP_RANGES'. "
         "Can not create new Nats since a Nat with option ALL_SUBNETWORKS_ALL_IP_RANGES exists.")
     # The provider's RouterNat is a PATCH of the router: a router without NAT takes none either.
     poll_region(session.post(routers, json={"name": "bare", "network": "global/networks/default"}).json())
-    patched = session.patch(f"{routers}/bare", json={"nats": [{**nat, "name": "fleet-nat"}]})
+    patched = session.patch(f"{routers}/bare", json={"nats": [{**nat, "name": "prod-nat"}]})
     assert patched.status_code == 400
     # Re-sending the NAT a router already holds is no new NAT; another region is another story.
     assert session.patch(f"{routers}/dev-router", json={"nats": [{**nat, "logConfig": {"enable": True}}]}).ok
     assert session.post(compute_url(cloud, "regions/us-east5/routers"), json={
-        "name": "fleet-router", "network": "global/networks/default", "nats": [nat]}).ok
+        "name": "prod-router", "network": "global/networks/default", "nats": [nat]}).ok
     body = session.get(compute_url(cloud, "aggregated/routers")).json()["items"]
     assert [r["name"] for r in body["regions/europe-west4"]["routers"]] == ["bare", "dev-router"]
     assert [(r.kind, r.name, r.location, r.attached_to) for r in cloud.inventory() if r.kind == "nat"] == [
-        ("nat", "nat", "europe-west4", ("dev-router",)), ("nat", "nat", "us-east5", ("fleet-router",))]
+        ("nat", "nat", "europe-west4", ("dev-router",)), ("nat", "nat", "us-east5", ("prod-router",))]
 
 
 def test_firewalls_are_global(cloud: FakeCloud, session: requests.Session):
@@ -475,20 +475,20 @@ def upload(session: requests.Session, cloud: FakeCloud, bucket: str, name: str, 
                         params={"uploadType": "media", "name": name, **preconditions})
 
 
-def test_object_generations_and_preconditions_make_a_lease(cloud: FakeCloud, session: requests.Session):
-    """The fleet lease of issue #26: create with ifGenerationMatch=0, renew against the generation held."""
-    ensure_bucket(Buckets(session, cloud.url), BucketSpec(PROJECT, "fleet", "europe-west4", {}))
-    first = upload(session, cloud, "fleet", "lease/fleet", b"holder-a", ifGenerationMatch=0)
+def test_object_generations_and_preconditions(cloud: FakeCloud, session: requests.Session):
+    """Create-only uploads (ifGenerationMatch=0, as vm/compile_cache.py writes), and writes against a generation."""
+    ensure_bucket(Buckets(session, cloud.url), BucketSpec(PROJECT, "cache", "europe-west4", {}))
+    first = upload(session, cloud, "cache", "xla/entry", b"holder-a", ifGenerationMatch=0)
     assert first.status_code == 200
-    taken = upload(session, cloud, "fleet", "lease/fleet", b"holder-b", ifGenerationMatch=0)
+    taken = upload(session, cloud, "cache", "xla/entry", b"holder-b", ifGenerationMatch=0)
     assert taken.status_code == 412 and taken.json()["error"]["errors"][0]["reason"] == "conditionNotMet"
     generation = int(first.json()["generation"])
     cloud.clock.advance(1)
-    renewed = upload(session, cloud, "fleet", "lease/fleet", b"holder-a", ifGenerationMatch=generation)
+    renewed = upload(session, cloud, "cache", "xla/entry", b"holder-a", ifGenerationMatch=generation)
     assert int(renewed.json()["generation"]) > generation and renewed.json()["metageneration"] == "1"
-    assert upload(session, cloud, "fleet", "lease/fleet", b"x", ifGenerationMatch=generation).status_code == 412
+    assert upload(session, cloud, "cache", "xla/entry", b"x", ifGenerationMatch=generation).status_code == 412
 
-    url = f"{cloud.url}/storage/v1/b/fleet/o/{requests.utils.quote('lease/fleet', safe='')}"
+    url = f"{cloud.url}/storage/v1/b/cache/o/{requests.utils.quote('xla/entry', safe='')}"
     patched = session.patch(url, params={"ifMetagenerationMatch": 1}, json={"metadata": {"expires": "T+60"}})
     assert patched.json()["metageneration"] == "2"
     assert session.patch(url, params={"ifMetagenerationMatch": 1}, json={}).status_code == 412
@@ -497,16 +497,16 @@ def test_object_generations_and_preconditions_make_a_lease(cloud: FakeCloud, ses
     assert session.delete(url, params={"ifGenerationMatch": generation}).status_code == 412
     assert session.delete(url, params={"ifGenerationMatch": renewed.json()["generation"]}).status_code == 204
     missing = session.get(url)
-    assert missing.status_code == 404 and missing.json()["error"]["message"] == "No such object: fleet/lease/fleet"
+    assert missing.status_code == 404 and missing.json()["error"]["message"] == "No such object: cache/xla/entry"
 
 
-def test_one_lease_wins_a_race(cloud: FakeCloud):
+def test_one_create_only_upload_wins_a_race(cloud: FakeCloud):
     """Requests are served concurrently and the state is locked: of eight creates with ifGenerationMatch=0, one."""
     from concurrent.futures import ThreadPoolExecutor
 
-    ensure_bucket(Buckets(requests.Session(), cloud.url), BucketSpec(PROJECT, "fleet", "US", {}))
+    ensure_bucket(Buckets(requests.Session(), cloud.url), BucketSpec(PROJECT, "cache", "US", {}))
     with ThreadPoolExecutor(8) as pool:
-        codes = list(pool.map(lambda i: upload(requests.Session(), cloud, "fleet", "lease", str(i).encode(),
+        codes = list(pool.map(lambda i: upload(requests.Session(), cloud, "cache", "xla/entry", str(i).encode(),
                                                ifGenerationMatch=0).status_code, range(8)))
     assert sorted(codes) == [200] + [412] * 7
 
@@ -548,15 +548,15 @@ def test_object_listing_pages_and_delimits(cloud: FakeCloud, session: requests.S
 
 def test_storage_write_rate_limits_when_switched_on(cloud: FakeCloud, session: requests.Session):
     cloud.rate_limits.gcs_object_write_interval_s = 1.0
-    ensure_bucket(Buckets(session, cloud.url), BucketSpec(PROJECT, "fleet", "US", {}))
-    assert upload(session, cloud, "fleet", "lease", b"1").ok
-    throttled = upload(session, cloud, "fleet", "lease", b"2")
+    ensure_bucket(Buckets(session, cloud.url), BucketSpec(PROJECT, "cache", "US", {}))
+    assert upload(session, cloud, "cache", "xla/entry", b"1").ok
+    throttled = upload(session, cloud, "cache", "xla/entry", b"2")
     assert throttled.status_code == 429
-    assert throttled.json()["error"]["message"].startswith("The object fleet/lease exceeded the rate limit for object "
+    assert throttled.json()["error"]["message"].startswith("The object cache/xla/entry exceeded the rate limit for object "
                                                            "mutation operations")
-    assert upload(session, cloud, "fleet", "other", b"2").ok  # another object name is another limit
+    assert upload(session, cloud, "cache", "other", b"2").ok  # another object name is another limit
     cloud.clock.advance(1)
-    assert upload(session, cloud, "fleet", "lease", b"2").ok
+    assert upload(session, cloud, "cache", "xla/entry", b"2").ok
 
 
 def test_compute_rate_quota_when_switched_on(cloud: FakeCloud, session: requests.Session):

@@ -1,7 +1,6 @@
 """`tpuserve gke renew` against a fake GKE on a virtual clock (tests/gke_fakes.py: nodes with the labels and the
 termination annotation GKE sets, the HPA, ReplicaSet, scheduler, cluster autoscaler and flex-start expiry as
-controllers), the way tests/test_fleet.py tests the VM fleet's renewal: the replica is replaced before its node is
-deleted, the endpoint stays up across max runs, and a renewal without capacity leaves the cluster as it found it."""
+controllers): the replica is replaced before its node is deleted, the endpoint stays up across max runs, and a renewal without capacity leaves the cluster as it found it."""
 
 from __future__ import annotations
 
@@ -66,7 +65,7 @@ def test_the_replica_is_replaced_before_its_node_is_deleted() -> None:
 
 
 def every_15_minutes(gke: FakeGke, hours: float, renew: bool) -> list[tuple[int, dict]]:
-    """What a schedule does (like .github/workflows/renew.yml for the fleet): one renew every quarter hour."""
+    """What a schedule does: one renew every quarter hour."""
     run, _ = renewer(gke)
     codes = []
     end = gke.now + timedelta(hours=hours)
@@ -276,7 +275,7 @@ def test_status_shows_each_node_and_when_it_goes(monkeypatch: pytest.MonkeyPatch
     (node,) = gke.node_objs
     result = command(monkeypatch, gke, OUTPUTS, "status")
     assert result.exit_code == 0, result.output
-    assert f"{node} us-east5-a: deleted in 3 h 50 min; replicas vllm-" in " ".join(result.output.split())
+    assert f"{node} us-east5-a: deleted in 3h 50m; replicas vllm-" in " ".join(result.output.split())
 
 
 def test_a_stack_that_is_not_gke_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -285,10 +284,10 @@ def test_a_stack_that_is_not_gke_is_a_usage_error(monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--lead", "0"], "Invalid value for --lead: must be longer than zero"),
-    (["--timeout", "soon"], "Invalid value for --timeout: 'soon' is not a duration like 90m, 2h or 1h30m"),
+    (["--lead", "0"], "Invalid value for --lead: '0' must be longer than zero"),
+    (["--timeout", "soon"], "Invalid value for --timeout: 'soon' is not a duration like 4h, 90m or 1d12h"),
 ])
 def test_a_bad_duration_names_its_own_option(args: list[str], message: str) -> None:
-    """Issue #27, item 6, as in `fleet renew`: parse_deadline named --deadline whatever the option."""
+    """Issue #27, item 6: a duration's error names its own option."""
     result = CliRunner().invoke(gke_renew.gke, ["renew", "--stack", "gke", *args])
     assert result.exit_code == 2 and result.output.splitlines()[-1] == f"Error: {message}"

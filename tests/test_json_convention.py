@@ -45,8 +45,8 @@ def one_document(result) -> dict:
 
 def test_every_command_is_found():
     assert {" ".join(path) for path in EVERY} >= {
-        "bench report", "bench sweep", "cache ls", "cache rm", "cost", "diagnose", "fleet renew", "fleet status",
-        "fleet up", "gate", "litellm", "logs", "plan", "preflight", "probe all", "probe kv-compare", "status", "up"}
+        "bench report", "bench sweep", "cache ls", "cache rm", "cost", "diagnose", "gate", "gke renew", "gke status",
+        "litellm", "logs", "plan", "preflight", "probe all", "probe kv-compare", "status", "up"}
 
 
 @pytest.mark.parametrize("path", EVERY, ids=[" ".join(path) for path in EVERY])
@@ -76,9 +76,9 @@ BAD_INPUTS = [
     (lambda tmp: ["bench", "sweep", "--url", closed_port(), "--model", "m", "--out", str(tmp / "o"),
                   "--vllm-bin", "no-such-vllm"], 2, "Invalid value for --vllm-bin"),
     (lambda tmp: ["cost", "--concurrency", "8"], 2, "Invalid value for --concurrency: needs --report"),
-    (lambda tmp: ["litellm", "--replica", "r1", "--model", "m"], 2, "--replica: 'r1' is not NAME=URL"),
+    (lambda tmp: ["litellm", "--url", "h"], 2, "is not a server URL (no port)"),
     (lambda tmp: ["plan", "--config", str(tmp / "missing.json")], 2, "does not exist"),
-    (lambda tmp: ["fleet", "renew", "--stack", "dev", "--lead", "0"], 2, "Invalid value for --lead"),
+    (lambda tmp: ["gke", "renew", "--stack", "dev", "--lead", "0"], 2, "Invalid value for --lead"),
     (lambda tmp: ["up", "--stack", "dev", "--deadline", "soon"], 2, "Invalid value for --deadline"),
     (lambda tmp: ["logs"], 2, "missing --instance, --zone, --project"),
     (lambda tmp: ["gate", "--url", "h"], 2, "is not a server URL (no port)"),

@@ -142,7 +142,7 @@ def test_a_machine_type_change_is_refused_then_replaces_the_vm_create_first(worl
     assert order.index("POST") < order.index("DELETE")  # create-first
     successor = world.cloud.instance("tpu-serve-dev-b", "us-east5-a")
     assert successor["machineType"].endswith("ct6e-standard-4t")
-    assert world.pulumi.outputs("dev")["instanceName"] == "tpu-serve-dev-b"
+    assert world.pulumi.outputs()["instanceName"] == "tpu-serve-dev-b"
     assert held(world, "us-east5-a") >= {("instance", "tpu-serve-dev-b"), ("disk", "tpu-serve-dev-b"),
                                          ("disk", "tpu-serve-dev-cache-b")}
     assert ("instance", "tpu-serve-dev") not in held(world, "us-east5-a")

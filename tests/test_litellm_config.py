@@ -77,49 +77,7 @@ def test_json_is_the_same_config() -> None:
     assert json.loads(result.output) == generate(*args)
 
 
-def test_the_fleet_form_balances_one_model_group_over_the_replicas() -> None:
-    config = generate("--replica", "dev-r1=http://10.164.0.5:8000", "--replica", "dev-r2=http://10.132.0.9:8000/v1",
-                      "--model", "google/gemma-4-E2B-it", "--alias", "gemini-2.0-flash")
-    assert config["model_list"] == [
-        {"model_name": "google/gemma-4-E2B-it",
-         "litellm_params": {"model": "hosted_vllm/google/gemma-4-E2B-it", "api_base": "http://10.164.0.5:8000/v1",
-                            "api_key": "os.environ/TPUSERVE_API_KEY"}, "model_info": {"id": "dev-r1"}},
-        {"model_name": "google/gemma-4-E2B-it",
-         "litellm_params": {"model": "hosted_vllm/google/gemma-4-E2B-it", "api_base": "http://10.132.0.9:8000/v1",
-                            "api_key": "os.environ/TPUSERVE_API_KEY"}, "model_info": {"id": "dev-r2"}}]
-    assert config["router_settings"] == {"routing_strategy": "least-busy", "num_retries": 2, "allowed_fails": 1,
-                                         "cooldown_time": 30,
-                                         "model_group_alias": {"gemini-2.0-flash": "google/gemma-4-E2B-it"}}
-    assert config["general_settings"] == {"master_key": "os.environ/LITELLM_MASTER_KEY"}
-
-
-@pytest.mark.parametrize("args, fragment", [
-    (["--replica", "dev-r1=http://h:8000"], "--replica needs --model"),
-    (["--replica", "dev-r1=http://h:8000", "--model", "m", "--url", "http://h:8000"], "without --url"),
-    (["--replica", "dev-r1", "--model", "m"], "--replica: 'dev-r1' is not NAME=URL"),
-    (["--replica", "a=http://h:1", "--replica", "a=http://h:2", "--model", "m"], "repeated: a"),
-])
-def test_the_fleet_form_refuses_bad_usage_in_one_line(args: list[str], fragment: str) -> None:
-    result = CliRunner().invoke(main, ["litellm", *args])
-    assert result.exit_code == 2 and fragment in result.output and "Traceback" not in result.output
-
-
-# --- issue #27, item 8: the one URL normaliser for replicas; a model the server does not serve is refused ----------
-
-def test_a_replica_takes_host_port_like_every_url():
-    config = generate("--replica", "r1=127.0.0.1:8011", "--replica", "r2=https://10.0.0.9:443/v1", "--model", "m",
-                      "--alias", "a")
-    assert [entry["litellm_params"]["api_base"] for entry in config["model_list"]] == [
-        "http://127.0.0.1:8011/v1", "https://10.0.0.9:443/v1"]
-
-
-def test_a_replica_url_the_normaliser_refuses_says_why():
-    result = CliRunner().invoke(main, ["litellm", "--replica", "r1=ftp://h:21", "--model", "m"])
-    assert result.exit_code == 2
-    assert result.output.splitlines()[-1] == ("Error: --replica: 'r1=ftp://h:21': 'ftp://h:21' is not a server URL "
-                                              "(scheme 'ftp'); give host:port or http(s)://host:port, with or "
-                                              "without /v1")
-
+# --- a model the server does not serve is refused ---------------------------------------------------------------
 
 def test_a_model_the_server_does_not_serve_is_refused_with_what_it_serves():
     with FakeOpenAI() as fake:

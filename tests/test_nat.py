@@ -52,8 +52,7 @@ def listed(fake_cloud: FakeCloud) -> list[nat.Nat]:
 
 def test_the_api_refuses_a_second_all_subnetworks_nat(fake_cloud: FakeCloud, listed: list[nat.Nat]) -> None:
     """Why a stack must not make one where another's serves: the fake answers as the API does."""
-    status, body = make_router(fake_cloud, "europe-west4", "tpu-serve-dev-router-europe-west4-router", "dev-router",
-                               "tpu-serve-dev-router-europe-west4-nat")
+    status, body = make_router(fake_cloud, "europe-west4", "tpu-serve-prod-router", "prod", "tpu-serve-prod-nat")
     assert status == 400 and "Can not create new Nats since a Nat with option ALL_SUBNETWORKS_ALL_IP_RANGES exists" \
         in body["error"]["message"]
 
@@ -61,13 +60,13 @@ def test_the_api_refuses_a_second_all_subnetworks_nat(fake_cloud: FakeCloud, lis
 def test_a_region_another_stacks_nat_serves_is_skipped_and_its_owner_named(listed: list[nat.Nat]) -> None:
     assert listed == [nat.Nat("europe-west4", "tpu-serve-dev-router", "tpu-serve-dev-nat", "default",
                               "ALL_SUBNETWORKS_ALL_IP_RANGES", owner="dev")]
-    plan = nat.plan(listed, "dev-router", ["europe-west4", "us-east1"], "default")
+    plan = nat.plan(listed, "prod", ["europe-west4", "us-east1"], "default")
     assert plan.skip_regions() == ["europe-west4"]
     assert plan.settings() == {"cloudNatSkipRegions": json.dumps(["europe-west4"])}
     assert plan.lines() == [
-        "Cloud NAT in europe-west4: tpu-serve-dev-router/tpu-serve-dev-nat (stack dev) serves it; dev-router makes "
-        "none there",
-        "Cloud NAT in us-east1: none yet; dev-router makes one"]
+        "Cloud NAT in europe-west4: tpu-serve-dev-router/tpu-serve-dev-nat (stack dev) serves it; prod makes none "
+        "there",
+        "Cloud NAT in us-east1: none yet; prod makes one"]
 
 
 def test_a_stacks_own_nat_is_never_skipped(listed: list[nat.Nat]) -> None:
@@ -103,8 +102,8 @@ def test_a_nat_for_a_list_of_subnetworks_serves_those_and_blocks_the_rest(fake_c
 
 
 def test_the_vms_that_rely_on_a_stacks_nat_are_named(fake_cloud: FakeCloud, listed: list[nat.Nat]) -> None:
-    """A fleet's replica in europe-west4 without an external IP uses dev's NAT: destroying dev takes its egress."""
-    for name, stack, external in (("tpu-serve-dev", "dev", False), ("tpu-serve-dev-r1", "dev-r1", False),
+    """prod's VM in europe-west4 without an external IP uses dev's NAT: destroying dev takes its egress."""
+    for name, stack, external in (("tpu-serve-dev", "dev", False), ("tpu-serve-prod", "prod", False),
                                   ("bastion", "", True)):
         nic = {"network": "global/networks/default", **({"accessConfigs": [{}]} if external else {})}
         status, _ = fake_cloud.api("POST", f"/compute/v1/projects/{PROJECT}/zones/europe-west4-a/instances", {
@@ -115,19 +114,13 @@ def test_the_vms_that_rely_on_a_stacks_nat_are_named(fake_cloud: FakeCloud, list
     vms = nat.list_vms(requests.Session(), PROJECT, fake_cloud.url)
     assert sorted((v.name, v.stack, v.external_ip, v.subnetwork) for v in vms) == [
         ("bastion", "", True, "default"), ("tpu-serve-dev", "dev", False, "default"),
-        ("tpu-serve-dev-r1", "dev-r1", False, "default")]
+        ("tpu-serve-prod", "prod", False, "default")]
     found = nat.reliance(nat.own_nats(dev_state()), listed, vms, ["dev"])
     assert found.lines("dev") == [
-        "tpu-serve-dev-router/tpu-serve-dev-nat in europe-west4 (stack dev) also serves 1 VM(s) of dev-r1 "
-        "(tpu-serve-dev-r1): destroying dev, or moving it out of europe-west4, takes their internet egress until "
+        "tpu-serve-dev-router/tpu-serve-dev-nat in europe-west4 (stack dev) also serves 1 VM(s) of prod "
+        "(tpu-serve-prod): destroying dev, or moving it out of europe-west4, takes their internet egress until "
         "another stack makes a NAT there"]
     assert nat.reliance(set(), listed, vms, ["dev"]).lines("dev") == []  # not dev's own: nothing to say
-
-
-def test_the_fleets_nat_regions_are_its_routers_and_its_zones() -> None:
-    assert nat.fleet_nat_regions("", "europe-west4-a", ["europe-west4-b", "us-east1-d", "us-east5-a"]) == [
-        "europe-west4", "us-east1", "us-east5"]
-    assert nat.fleet_nat_regions("us-central1-b", "europe-west4-a", []) == ["us-central1", "europe-west4"]
 
 
 # --- `tpuserve up` never makes a second NAT ------------------------------------------------------------------------
@@ -171,17 +164,16 @@ def skips(pulumi: FakePulumi) -> list[str | None]:
 
 
 def test_up_makes_no_nat_where_another_stacks_serves(project: tuple[FakeCloud, FakePulumi]) -> None:
-    """A fleet's router stack made the NAT of europe-west4 first: `tpuserve up dev` there says whose it is and
+    """Stack prod made the NAT of europe-west4 first: `tpuserve up dev` there says whose it is and
     deploys dev without one (without the skip the fake cloud would refuse dev's, and the update fail)."""
     cloud, pulumi = project
-    make_router(cloud, "europe-west4", "tpu-serve-dev-router-europe-west4-router", "dev-router",
-                "tpu-serve-dev-router-europe-west4-nat")
+    make_router(cloud, "europe-west4", "tpu-serve-prod-router", "prod", "tpu-serve-prod-nat")
     code, stderr = run_up(cloud)
     assert code == 0, stderr
-    assert ("Cloud NAT in europe-west4: tpu-serve-dev-router-europe-west4-router/tpu-serve-dev-router-europe-west4-nat "
-            "(stack dev-router) serves it; dev makes none there") in stderr.replace("\n", " ")
+    assert ("Cloud NAT in europe-west4: tpu-serve-prod-router/tpu-serve-prod-nat (stack prod) serves it; dev makes "
+            "none there") in stderr.replace("\n", " ")
     assert skips(pulumi) == ['["europe-west4"]']
-    assert nats(cloud) == [("europe-west4", "tpu-serve-dev-router-europe-west4-nat")]
+    assert nats(cloud) == [("europe-west4", "tpu-serve-prod-nat")]
 
 
 def test_up_keeps_the_nat_it_owns(project: tuple[FakeCloud, FakePulumi]) -> None:
@@ -211,15 +203,15 @@ def test_without_the_skip_the_second_nat_fails_the_update(project: tuple[FakeClo
 
 def test_preflight_names_the_vms_that_rely_on_the_stacks_nat_and_skips_blocked_regions(
         project: tuple[FakeCloud, FakePulumi]) -> None:
-    """`tpuserve preflight --stack dev` after dev made its NAT: a fleet replica in europe-west4 uses it (a warning:
+    """`tpuserve preflight --stack dev` after dev made its NAT: prod's VM in europe-west4 uses it (a warning:
     destroying dev takes its egress); us-east1's only NAT serves another subnetwork, so its zones are skipped."""
     from tpuserve.deploy.preflight import preflight_command
 
     cloud, pulumi = project
     assert run_up(cloud)[0] == 0
     status, _ = cloud.api("POST", f"/compute/v1/projects/{PROJECT}/zones/europe-west4-a/instances", {
-        "name": "tpu-serve-dev-r1", "machineType": "zones/europe-west4-a/machineTypes/e2-standard-2",
-        "networkInterfaces": [{"network": "global/networks/default"}], "labels": {"stack": "dev-r1"},
+        "name": "tpu-serve-prod", "machineType": "zones/europe-west4-a/machineTypes/e2-standard-2",
+        "networkInterfaces": [{"network": "global/networks/default"}], "labels": {"stack": "prod"},
         "disks": [{"boot": True, "initializeParams": {"diskSizeGb": "10"}}]})
     assert status == 200
     make_router(cloud, "us-east1", "team-router", None, "team-nat", "LIST_OF_SUBNETWORKS", ("ml-east",))
@@ -231,6 +223,6 @@ def test_preflight_names_the_vms_that_rely_on_the_stacks_nat_and_skips_blocked_r
     assert checks["Cloud NAT"]["detail"].startswith(
         "Cloud NAT in europe-west4: tpu-serve-dev-router/tpu-serve-dev-nat (this stack, dev) serves it; Cloud NAT in "
         "us-east1: none serves the VMs' subnetwork, and team-router/team-nat")
-    assert checks["Cloud NAT users"]["status"] == "warning" and "also serves 1 VM(s) of dev-r1 (tpu-serve-dev-r1)" \
+    assert checks["Cloud NAT users"]["status"] == "warning" and "also serves 1 VM(s) of prod (tpu-serve-prod)" \
         in checks["Cloud NAT users"]["detail"]
     assert report["zones"] == ["europe-west4-a"] and "team-router/team-nat" in report["skipped"]["us-east1-d"]

@@ -71,8 +71,7 @@ OUTSIDE = ("source range {} is outside the allowed ranges {}; reach the VM throu
            "allowedSourceRanges of this stack's policy config")
 NO_SOURCES = ("ingress rule without sourceRanges (with no source tags either, GCP admits 0.0.0.0/0); set sourceRanges "
               "to 35.235.240.0/20 (IAP)")
-TAGS = ("sourceTags {} admits traffic from other VMs; only the allowed source ranges may reach the VM (a fleet's "
-        "router tag may be listed in allowedSourceTags of the stack's policy config)")
+TAGS = "sourceTags {} admits traffic from other VMs; only the allowed source ranges may reach the VM"
 ACCOUNTS = "sourceServiceAccounts admits traffic from other VMs; only the allowed source ranges may reach the VM"
 
 
@@ -93,9 +92,7 @@ ACCOUNTS = "sourceServiceAccounts admits traffic from other VMs; only the allowe
     ({}, None, [NO_SOURCES]),
     ({"sourceRanges": [], "sourceTags": []}, None, [NO_SOURCES]),
     ({"sourceTags": ["bastion"]}, None, [TAGS.format("bastion")]),
-    ({"sourceRanges": [IAP], "sourceTags": ["bastion"]}, {"allowedSourceTags": ["tpu-serve-dev-router"]},
-     [TAGS.format("bastion")]),
-    ({"sourceTags": ["tpu-serve-dev-router"]}, {"allowedSourceTags": ["tpu-serve-dev-router"]}, []),
+    ({"sourceRanges": [IAP], "sourceTags": ["bastion"]}, None, [TAGS.format("bastion")]),
     ({"sourceRanges": [IAP], "sourceServiceAccounts": ["router@p.iam.gserviceaccount.com"]}, None, [ACCOUNTS]),
     ({"sourceRanges": [IAP], "sourceServiceAccounts": []}, None, []),
 ])
@@ -176,7 +173,7 @@ def test_an_external_ip_passes_only_with_the_stacks_opt_in() -> None:
 @pytest.mark.parametrize("machine_type, model, held", [
     ("ct6e-standard-4t", "STANDARD", True),  # a TPU machine type, flex-start or not
     ("e2-standard-4", "FLEX_START", True),
-    ("e2-standard-4", "STANDARD", False),  # a fleet's router VM: a small disk is fine
+    ("e2-standard-4", "STANDARD", False),  # not a TPU VM: a small disk is fine
 ])
 def test_the_boot_disk_minimum_holds_for_tpu_or_flex_start_vms(machine_type: str, model: str, held: bool) -> None:
     props = changed(VM, machineType=machine_type, bootDisk__initializeParams__size=20,

@@ -20,35 +20,6 @@ def pulumi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakePulumi:
     return fake
 
 
-def test_the_stack_list_follows_the_stacks_this_process_creates_and_removes(pulumi: FakePulumi) -> None:
-    cli = PulumiCli("dev")
-    assert cli.stacks() == ["dev"]
-    replica = cli.for_stack("dev-r1")
-    replica.init("dev")
-    assert cli.stacks() == ["dev", "dev-r1"] and replica.stacks() == ["dev", "dev-r1"]
-    replica.remove()
-    assert cli.stacks() == ["dev"]
-    assert pulumi.commands() == ["stack ls", "stack init dev-r1", "stack rm dev-r1"]
-    assert pulumi.calls()[1] == ["stack", "init", "--copy-config-from", "dev", "--stack", "dev-r1",
-                                 "--non-interactive"]
-
-
-def test_a_failed_create_or_removal_makes_it_ask_again(pulumi: FakePulumi) -> None:
-    cli = PulumiCli("dev")
-    replica = cli.for_stack("dev-r1")
-    replica.init("dev")  # before any listing: nothing to update
-    assert cli.stacks() == ["dev", "dev-r1"]
-    with pytest.raises(PulumiError, match="stack 'dev-r1' already exists"):
-        replica.init("dev")
-    assert cli.stacks() == ["dev", "dev-r1"]
-    replica.remove()
-    with pytest.raises(PulumiError, match="no stack named 'dev-r1' found"):
-        replica.remove()
-    assert cli.stacks() == ["dev"]
-    assert pulumi.commands() == ["stack init dev-r1", "stack ls", "stack init dev-r1", "stack ls", "stack rm dev-r1",
-                                "stack rm dev-r1", "stack ls"]
-
-
 def test_up_saves_the_config_it_is_given_with_the_update(pulumi: FakePulumi) -> None:
     cli = PulumiCli("dev")
     run = cli.up(["--policy-pack", "policy"], 30.0, {"zone": "us-east1-d", "createCloudNat": "false"})

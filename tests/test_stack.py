@@ -276,7 +276,7 @@ def test_a_four_chip_vm_serves_on_four_chips():
 def test_a_gcp_stack_loads_no_other_targets_components(monkeypatch: pytest.MonkeyPatch) -> None:
     """__main__.py imports the chosen target's component only: the others bring SDKs a gcp stack never uses
     (pulumi_kubernetes, pulumi_docker), and every `pulumi preview` would import them."""
-    others = ("components.gke_deployment", "components.k8s_serving", "components.local", "components.router")
+    others = ("components.gke_deployment", "components.k8s_serving", "components.local")
     for name in others:
         monkeypatch.delitem(sys.modules, name, raising=False)  # put back after the test
     run = run_stack(stack_file_config("dev"), "dev")

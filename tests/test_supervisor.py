@@ -626,7 +626,7 @@ def test_a_failed_state_write_spends_the_budget_and_is_retried(tmp_path):
 def test_readers_get_the_states_fields_as_keys_and_flat_keys_still_count():
     state = json.dumps({"stage": "serving", "config-hash": "h2", "at-serving": "20", "seq": 9})
     assert expand({"state": state}) == {"stage": "serving", "config-hash": "h2", "at-serving": "20", "seq": "9"}
-    # A router VM (vm/router_agent.py) writes flat keys; an older supervisor did too. The state wins over them.
+    # An older supervisor wrote flat keys. The state wins over them.
     assert expand({"stage": "loading-model", "config-hash": "h1", "reason": "x", "state": state})["stage"] == "serving"
     assert expand({"stage": "booting", "state": '{"stage": "serv'}) == {"stage": "booting"}  # half-written: ignored
 

@@ -1,22 +1,17 @@
 """The pipelines: the deploy runs `tpuserve up` with a deadline (its command line parses with the real command; the
-deadline plus the clean-up fit the job's timeout), renewals run `tpuserve fleet renew`, and the concurrency groups
-keep updates of one stack apart without a renewal and a deploy cancelling or holding each other."""
+deadline plus the clean-up fit the job's timeout), and the concurrency groups keep updates of one stack apart."""
 
 from __future__ import annotations
 
 import itertools
 import re
 import shlex
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.pulumi_harness import ROOT
-from tpuserve.ops.fleet import DEFAULT_LEAD, DESTROY_TIMEOUT_S, DRAIN_TIMEOUT_S, ROUTER_TIMEOUT_S, fleet
 from tpuserve.ops.destroy import destroy
 from tpuserve.ops.up import CLEANUP_TIMEOUT_S, parse_deadline, up
 
@@ -51,7 +46,7 @@ def test_the_up_step_is_a_valid_tpuserve_up_command_with_the_policy_pack():
     assert params["yes"] and params["retry_until_up"] and params["as_json"]
     assert params["pulumi_args"] == ("--policy-pack", "policy", "--policy-pack-config", "policy/config/dev.json")
     install = next(step for step in steps if step.get("uses", "").startswith("pulumi/actions"))
-    # preview runs in the action; up, destroy and fleet-renew through tpuserve, the action then only installs.
+    # preview runs in the action; up and destroy through tpuserve, the action then only installs.
     assert install["with"]["command"] == "${{ inputs.command == 'preview' && inputs.command || '' }}"
 
 
@@ -62,47 +57,6 @@ def test_the_destroy_step_is_tpuserve_destroy_which_ends_with_the_inventory():
     assert argv[:2] == [".venv/bin/tpuserve", "destroy"]
     params = destroy.make_context("destroy", argv[2:]).params
     assert params["stack"] == "dev" and params["yes"] and params["as_json"]
-
-
-def test_renewal_runs_every_15_minutes_in_the_deploy_job_with_its_auth():
-    renew = yaml.safe_load((WORKFLOWS / "renew.yml").read_text())
-    assert renew[True]["schedule"] == [{"cron": "*/15 * * * *"}]  # yaml reads the `on:` key as True
-    job = renew["jobs"]["dev"]
-    assert job["uses"] == "./.github/workflows/pulumi.yml"  # the deploy's own job: same auth and environment
-    assert job["with"]["command"] == "fleet-renew" and job["with"]["stack"] == "dev"
-    pulumi_job = yaml.safe_load((WORKFLOWS / "pulumi.yml").read_text())["jobs"]["pulumi"]
-    # One renewal at its worst (the deadline, two router updates, a drain, a destroy) fits the job's timeout.
-    budget = parse_deadline(job["with"]["deadline"]) + 2 * ROUTER_TIMEOUT_S + DRAIN_TIMEOUT_S + DESTROY_TIMEOUT_S
-    assert budget <= pulumi_job["timeout-minutes"] * 60
-
-
-def test_the_renew_step_is_a_valid_fleet_renew_command_with_the_policy_pack():
-    steps = yaml.safe_load((WORKFLOWS / "pulumi.yml").read_text())["jobs"]["pulumi"]["steps"]
-    step = next(step for step in steps if step.get("if") == "inputs.command == 'fleet-renew'")
-    line = next(line for line in step["run"].replace("\\\n", " ").splitlines() if line.startswith(".venv/bin/tpuserve"))
-    argv = shlex.split(line.removesuffix(" || code=$?").replace("$STACK", "dev").replace("$DEADLINE", "30m"))
-    assert argv[:3] == [".venv/bin/tpuserve", "fleet", "renew"]
-    params = fleet.commands["renew"].make_context("renew", argv[3:]).params
-    assert params["stack"] == "dev" and params["deadline_text"] == "30m" and params["yes"] and params["as_json"]
-    assert params["lead_text"] == "45m"
-    assert params["pulumi_args"] == ("--policy-pack", "policy", "--policy-pack-config", "policy/config/dev.json")
-
-
-@pytest.mark.parametrize("exit_code, job_exit", [(0, 0), (6, 0), (3, 3), (1, 1), (5, 5)])
-def test_a_renewal_that_meets_the_lease_held_is_a_skip_and_every_other_failure_fails_the_job(
-        tmp_path: Path, exit_code: int, job_exit: int):
-    """The step's own shell, run by bash as the runner does (`bash -e {0}`), over a tpuserve that exits as told."""
-    steps = yaml.safe_load((WORKFLOWS / "pulumi.yml").read_text())["jobs"]["pulumi"]["steps"]
-    step = next(step for step in steps if step.get("if") == "inputs.command == 'fleet-renew'")
-    fake = tmp_path / ".venv" / "bin" / "tpuserve"
-    fake.parent.mkdir(parents=True)
-    fake.write_text(f"#!/bin/sh\nexit {exit_code}\n")
-    fake.chmod(0o755)
-    (tmp_path / "step.sh").write_text(step["run"])
-    done = subprocess.run(["bash", "-e", str(tmp_path / "step.sh")], cwd=tmp_path, capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "STACK": "dev", "DEADLINE": "30m"}, check=False)
-    assert done.returncode == job_exit
-    assert ("lease" in done.stdout) == (exit_code == 6)
 
 
 # --- concurrency: the groups each caller's jobs land in, and GitHub's rules replayed on them -------------------------
@@ -227,11 +181,9 @@ class CallerJob:
 
     @property
     def updates(self) -> frozenset[str]:
-        """The Pulumi stacks this job updates: up/destroy its stack; fleet-renew the fleet's replica and router
-        stacks (tpuserve/ops/fleet.py: <stack>-rN, <stack>-router); a preview none."""
+        """The Pulumi stacks this job updates: up/destroy its stack; a preview none."""
         stack, command = self.inputs["stack"], self.inputs["command"]
-        return frozenset({"up": {stack}, "destroy": {stack}, "fleet-renew": {f"{stack}-r*", f"{stack}-router"},
-                          "preview": set()}[command])
+        return frozenset({"up": {stack}, "destroy": {stack}, "preview": set()}[command])
 
 
 def github_context(workflow: dict[str, Any]) -> dict[str, Any]:
@@ -277,8 +229,7 @@ def test_every_caller_is_found_with_its_evaluated_group() -> None:
         ("deploy", "dev", "up"): "pulumi-dev-update", ("deploy", "prod", "up"): "pulumi-prod-update",
         ("destroy", "dev", "destroy"): "pulumi-dev-update", ("destroy", "prod", "destroy"): "pulumi-prod-update",
         ("preview", "dev", "preview"): "pulumi-dev-preview-refs/pull/7/merge",
-        ("preview", "prod", "preview"): "pulumi-prod-preview-refs/pull/7/merge",
-        ("renew", "dev", "fleet-renew"): "pulumi-dev-fleet"}
+        ("preview", "prod", "preview"): "pulumi-prod-preview-refs/pull/7/merge"}
     assert evaluate("a == 'A' && format('x-{0}-{1}', 'y', 2) || 'z'", {"a": "a"}) == "x-y-2.0"  # GitHub's == is
     assert evaluate("!(1 == 2) && ''", {}) == ""  # case-insensitive on strings; && and || return an operand
 
@@ -289,20 +240,10 @@ def test_jobs_that_update_one_stack_share_a_group_and_no_update_is_ever_cancelle
         if first.updates & second.updates:  # two updates of one stack would fight over its lock: they queue
             assert first.group == second.group, (first, second)
     for job in jobs:
-        # A cancelled `pulumi up`/`destroy`/renewal leaves a locked, half-applied stack: only previews cancel.
+        # A cancelled `pulumi up`/`destroy` leaves a locked, half-applied stack: only previews cancel.
         assert job.cancel_in_progress == (job.inputs["command"] == "preview"), job
         if not job.updates:  # read-only jobs never share a group with an update (they would cancel its pending one)
             assert all(other.group != job.group for other in jobs if other.updates), job
-
-
-def test_renewals_and_deploys_never_share_a_group() -> None:
-    jobs = caller_jobs()
-    renewals = [job for job in jobs if job.inputs["command"] == "fleet-renew"]
-    assert renewals
-    for renewal in renewals:
-        for other in jobs:
-            if other.inputs["command"] != "fleet-renew":
-                assert other.group != renewal.group, (renewal, other)
 
 
 class Actions:
@@ -343,14 +284,12 @@ class Actions:
             on_finish(job_id, end)
 
 
-def test_github_rules_replayed_renewals_keep_their_lead_and_every_pushed_deploy_reaches_prod() -> None:
-    """Three pushes to main a minute apart deploy dev with `--retry-until-up` for 100 minutes each while renewals
-    come every 15 minutes (2 minutes when nothing is due; 25 when one renews: a successor's boot, two router updates,
-    a drain; one 40 minutes, its capacity search running to the deadline). A renewal is cancelled only by a newer one (which renews the same replicas), every tick is followed by
-    a renewal start within one renewal's length (well inside the lead), the only deploy cancelled is the first push's
-    pending one (the newest main supersedes it), and the newest push's prod runs after its dev."""
+def test_github_rules_replayed_every_pushed_deploy_reaches_prod() -> None:
+    """Three pushes to main a minute apart deploy dev with `--retry-until-up` for 100 minutes each: the only deploy
+    cancelled is the second push's pending one (the newest main supersedes it), and each remaining push's prod runs
+    after its dev."""
     by_key = {(job.workflow, job.job): job for job in caller_jobs()}
-    deploy_dev, deploy_prod, renew = by_key[("deploy", "dev")], by_key[("deploy", "prod")], by_key[("renew", "dev")]
+    deploy_dev, deploy_prod = by_key[("deploy", "dev")], by_key[("deploy", "prod")]
     assert deploy_prod.needs == ("dev",)
     actions = Actions()
     waiting_for: dict[str, str] = {}  # a job id -> the job id it needs
@@ -361,26 +300,13 @@ def test_github_rules_replayed_renewals_keep_their_lead_and_every_pushed_deploy_
                 del waiting_for[dependent]
                 actions.queue(dependent, deploy_prod, 5, end)
 
-    events = [(0.0, "push-0"), (1.0, "push-1"), (2.0, "push-2")] + [(15.0 * n, f"renew-{n}") for n in range(1, 16)]
-    for at, name in sorted(events):
+    for at, name in ((0.0, "push-0"), (1.0, "push-1"), (2.0, "push-2")):
         actions.advance(at, on_finish)
-        if name.startswith("push"):
-            actions.queue(f"{name}/dev", deploy_dev, 100, at)
-            waiting_for[f"{name}/prod"] = f"{name}/dev"
-        else:
-            number = int(name.split("-")[1])
-            actions.queue(name, renew, 40 if number == 4 else 25 if number % 3 == 1 else 2, at)
+        actions.queue(f"{name}/dev", deploy_dev, 100, at)
+        waiting_for[f"{name}/prod"] = f"{name}/dev"
     actions.advance(10_000, on_finish)
 
     log = actions.log
-    started = sorted(entry["started"] for job_id, entry in log.items() if job_id.startswith("renew") and
-                     "started" in entry)
-    for at, name in events:
-        if name.startswith("renew"):
-            assert any(at <= start <= at + 40 - 15 for start in started), name
-    assert parse_deadline(DEFAULT_LEAD) / 60 > 15 + 25  # the lead covers a schedule interval plus that wait
-    cancelled = {job_id for job_id, entry in log.items() if "cancelled" in entry}
-    assert {job_id for job_id in cancelled if not job_id.startswith("renew")} == {"push-1/dev"}  # push 2 supersedes
-    assert cancelled - {"push-1/dev"} == {"renew-5"}  # pending behind the 40-minute one, replaced by renew-6
+    assert {job_id for job_id, entry in log.items() if "cancelled" in entry} == {"push-1/dev"}
     assert log["push-0/prod"]["started"] >= log["push-0/dev"]["finished"]
     assert log["push-2/prod"]["started"] >= log["push-2/dev"]["finished"] and "finished" in log["push-2/prod"]

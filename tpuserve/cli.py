@@ -34,15 +34,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                  "what it bills.")),
     "diagnose": ("tpuserve.observe.logs:diagnose", ("Ask a model why a deployment failed, from its logs and the gate's "
                                             "stage and reason (tokens redacted).")),
-    "fleet": ("tpuserve.ops.fleet:fleet",
-              "Replicas across zones behind a LiteLLM router, renewed before flex-start deletes them: up, status, "
-              "renew, down."),
     "gate": ("tpuserve.observe.gate:gate", "Wait until a deployment really serves; exit 0 only then."),
     "gke": ("tpuserve.ops.gke_renew:gke",
             "A gke stack's TPU nodes: renew each replica's node before flex-start deletes it; status."),
     "inventory": ("tpuserve.deploy.inventory:inventory",
-                  ("Everything a stack (or its fleet) owns in the project, across zones and regions: in its state, "
-                   "kept on purpose, or orphaned, with prices.")),
+                  ("Everything a stack owns in the project, across zones and regions: in its state, kept on purpose, "
+                   "or orphaned, with prices.")),
     "litellm": ("tpuserve.deploy.litellm_config:litellm",
                 "Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`)."),
     "logs": ("tpuserve.observe.logs:logs", "Print the VM's serial console and the vLLM container's logs."),
@@ -69,7 +66,7 @@ JSON_CONVENTION = """`--json`, the same on every command:
 - `status --watch --json` is a stream of such documents, one line per refresh: JSON Lines (https://jsonlines.org).
 - an error is a document too: {"ok": false, "error": "<the one line>", "exit": <code>} (and what the command
   adds, e.g. a sweep's kept levels), with that non-zero exit code; the `Error: ...` line still goes to stderr.
-- `gate` prints its verdict ({"ready": ...}) and `up`/`fleet` their outcome ({"ok": ..., "exit": ...}) as that
+- `gate` prints its verdict ({"ready": ...}) and `up` its outcome ({"ok": ..., "exit": ...}) as that
   one document whether they succeed or not; `gate` prints it without --json too.
 """
 RAW_ARGS = "tpuserve.args"  # ctx.meta key: the command line after `tpuserve`, for wants_json
@@ -217,6 +214,23 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="tpu-serve")
 def main() -> None:
     """Operate a vLLM endpoint on a flex-start Cloud TPU VM: up, gate, bench, cost, plan, probe."""
+
+
+class Duration(click.ParamType):
+    """An option holding a duration ('2h', '90m', '1h30m', '600'), converted to seconds (tpuserve.durations)."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from tpuserve import durations
+
+        try:
+            return value if isinstance(value, int) else durations.parse(value)
+        except ValueError as err:  # "Invalid value for --deadline: ...", as the other options' errors read
+            raise click.BadParameter(str(err), ctx, param, param_hint=param.opts[0] if param else None) from None
+
+
+DURATION = Duration()
 
 
 def json_option(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -143,12 +143,6 @@ PRE_READINESS_ALLOWANCES_S = (GUEST_BOOT_ALLOWANCE_S, DOCKER_INSTALL_ALLOWANCE_S
 # (components/ops_agent.py), which `tpuserve logs --source cloud` and `diagnose` read back.
 CONTAINER_LOG_NAME = "vllm"
 
-# The LiteLLM proxy a fleet's router runs: the router VM's container image (ghcr.io/berriai/litellm:v<version>, the
-# tag scheme from 1.84 on) and the pinned pip install of the router tests and benchmark
-# (scripts/install-litellm-proxy.sh) use this one version. 1.108.7 is the newest release whose `proxy` extra resolves
-# from the package index (1.110's requires a `litellm-proxy` distribution that is not published there).
-LITELLM_VERSION = "1.108.7"
-
 # One stream of google/gemma-4-E2B-it on one v6e chip (the reference flags): output tokens per second, measured. A
 # remote sweep's first level takes its deadline from it (tpuserve/measure/bench.py), having no request of its own
 # to time from this machine.

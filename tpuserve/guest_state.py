@@ -4,8 +4,8 @@ The VM keeps its whole state in one attribute, `tpu-serve/state` (facts.GUEST_ST
 fields are the names readers always used: stage, config-hash, since, reason, at-<stage>, cache, image, weights,
 compile-cache, restarts, supervisor, ops-agent, plus `seq` and `written` (vm/guest_state.py writes it within
 Google's guest-attribute budget). `expand` turns the attributes the Compute API returns into that flat mapping, so
-the gate, `status`, `fleet` and `diagnose` read one shape. Keys written on their own (a fleet's router VM,
-vm/router_agent.py, still writes flat keys; an older supervisor did too) are kept; the state's fields win over them.
+the gate, `status` and `diagnose` read one shape. Keys written on their own (an older supervisor did) are kept; the
+state's fields win over them.
 """
 
 from __future__ import annotations

@@ -184,9 +184,9 @@ def push(bucket: str, key: str, directory: Path, token: Callable[[], str], stora
         return sum(pool.map(upload, todo))
 
 
-# The object that says a cache disk holds a served cache: `disks/<zone>/<disk name>` in the stack's (or fleet's)
-# bucket, written after `serving` (tpuserve/deploy/inventory.py WARM_MARKER_PREFIX reads it: a disk is warm, kept on
-# purpose, only with it and a lastAttachTimestamp).
+# The object that says a cache disk holds a served cache: `disks/<zone>/<disk name>` in the stack's bucket, written
+# after `serving` (tpuserve/deploy/inventory.py WARM_MARKER_PREFIX reads it: a disk is warm, kept on purpose, only
+# with it and a lastAttachTimestamp).
 MARKER_PREFIX = "disks/"
 
 

@@ -140,15 +140,3 @@ def vllm_server_plain(vllm_bin: Path, tiny_model_dir: Path, tmp_path_factory: py
                extra_args=("--structured-outputs-config", PLAIN_STRUCTURED_OUTPUTS)) as server:
         wait_healthy_or_fail(server)
         yield server
-
-
-LITELLM_INSTALL_SCRIPT = REPO / "scripts" / "install-litellm-proxy.sh"
-
-
-@pytest.fixture(scope="session")
-def litellm_proxy_bin() -> Path:
-    """The `litellm` proxy CLI of the version a fleet's router runs (tpuserve/facts.py LITELLM_VERSION), from its
-    own venv: scripts/install-litellm-proxy.sh returns at once when its stamp says the recipe is installed."""
-    venv = Path(os.environ.get("TPUSERVE_LITELLM_VENV", CACHE_DIR / "litellm-proxy-venv"))
-    subprocess.run(["bash", str(LITELLM_INSTALL_SCRIPT), str(venv)], check=True)
-    return venv / "bin" / "litellm"

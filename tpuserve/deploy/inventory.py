@@ -1,4 +1,4 @@
-"""`tpuserve inventory`: everything a stack (or a fleet) owns in the project, what it bills, and whether anything
+"""`tpuserve inventory`: everything a stack owns in the project, what it bills, and whether anything
 that bills is left that nobody asked for.
 
 Pulumi's state says what the stack *should* own; the cloud says what exists. The two part ways on failure paths: a
@@ -12,7 +12,7 @@ gives it (firewall rules, Cloud Routers and their NATs, service accounts: tpuser
 - *in state*: the stack's state holds it;
 - *kept*: not in the state but kept on purpose: a cache disk that holds a warm cache (it was attached and served:
   `lastAttachTimestamp` and the compile-cache marker the VM writes to the bucket), the compile-cache bucket;
-- *orphan*: everything else. An orphan that bills makes `up`, `destroy` and `fleet renew` exit non-zero with the
+- *orphan*: everything else. An orphan that bills makes `up` and `destroy` exit non-zero with the
   one command that removes it.
 
 Prices are list prices (tpuserve/data/prices.json, each with its source and date); the monthly total counts 730
@@ -191,7 +191,7 @@ def labelled(labels: Mapping[str, str], stacks: Sequence[str]) -> bool:
 
 def take_stock(clients: Clients, project: str, stacks: Sequence[str], state: Mapping[str, set[str]],
                keep_caches: bool = True, price_per_chip_hour: float = PRICE_PER_CHIP_HOUR) -> Inventory:
-    """The inventory of `stacks` (one stack, or a fleet's replicas and router) in `project`; `state` maps each
+    """The inventory of `stacks` in `project`; `state` maps each
     stack to its state's keys (state_keys)."""
     inventory = Inventory(project, tuple(stacks))
     held = set().union(*state.values()) if state else set()
@@ -366,7 +366,7 @@ def unlabelled(clients: Clients, project: str, bases: Sequence[str], stacks: Seq
 # --- reporting ---------------------------------------------------------------------------------------------------
 
 def summary_lines(inventory: Inventory) -> list[str]:
-    """What `up`, `destroy` and `fleet renew` print at their end: the totals, then every orphan and kept cache with
+    """What `up` and `destroy` print at their end: the totals, then every orphan and kept cache with
     the command that removes it."""
     lines = [f"inventory of {', '.join(inventory.stacks)} in {inventory.project}: {len(inventory.items)} resource(s), "
              f"${inventory.total(IN_STATE):.2f}/month in the state, ${inventory.total(KEPT):.2f}/month kept on purpose, "
@@ -405,28 +405,18 @@ def print_table(console: Any, inventory: Inventory) -> None:
         console.print(f"warning: could not list {error}", highlight=False, markup=False, soft_wrap=True)
 
 
-def stock_of(pulumi: Any, stacks: Sequence[str], clients: Clients, project: str, keep_caches: bool,
+def stock_of(pulumi: Any, clients: Clients, project: str, keep_caches: bool,
              price_per_chip_hour: float = PRICE_PER_CHIP_HOUR) -> Inventory:
-    """The inventory of `stacks`, each one's state read with the pulumi CLI (a stack that cannot be exported counts
+    """The inventory of `pulumi`'s stack, its state read with the pulumi CLI (a stack that cannot be exported counts
     as holding nothing, and says so)."""
-    states: dict[str, set[str]] = {}
-    errors = []
-    for stack in stacks:
-        try:
-            states[stack] = state_keys(pulumi.for_stack(stack).export())
-        except Exception as err:  # noqa: BLE001 - PulumiError, or a state that is not JSON: the cloud still answers
-            states[stack] = set()
-            errors.append(f"the state of {stack} ({err})")
-    inventory = take_stock(clients, project, stacks, states, keep_caches, price_per_chip_hour)
+    try:
+        state, errors = state_keys(pulumi.export()), []
+    except Exception as err:  # noqa: BLE001 - PulumiError, or a state that is not JSON: the cloud still answers
+        state, errors = set(), [f"the state of {pulumi.stack} ({err})"]
+    inventory = take_stock(clients, project, [pulumi.stack], {pulumi.stack: state}, keep_caches, price_per_chip_hour)
     inventory.errors += errors
     return inventory
 
-
-
-def fleet_stacks(stack: str, names: Sequence[str]) -> list[str]:
-    """A fleet's stacks among the project's: its replicas (`<stack>-rN`) and its router (`<stack>-router`)."""
-    replica = re.compile(rf"^{re.escape(stack)}-r[0-9]+$")
-    return [name for name in names if replica.match(name) or name == f"{stack}-router"]
 
 
 def inventory_command() -> Any:
@@ -436,14 +426,13 @@ def inventory_command() -> Any:
 
     @click.command("inventory")
     @click.option("--stack", required=True, help="The stack whose resources to list (its labels and names).")
-    @click.option("--fleet", "with_fleet", is_flag=True, help="Also its fleet's replicas and router.")
     @click.option("--cwd", type=click.Path(file_okay=False, exists=True), default=".", show_default=True,
                   help="The Pulumi project directory.")
     @click.option("--json", "as_json", is_flag=True, help="Print the inventory as one JSON document.")
     @endpoint_option
-    def inventory(stack: str, with_fleet: bool, cwd: str, as_json: bool, endpoints: tuple[str, ...]) -> None:
-        """Everything a stack (or its fleet) owns in the project, across zones and regions: in its state, kept on
-        purpose, or orphaned, with prices. Exit 1 when an orphan that bills is left."""
+    def inventory(stack: str, cwd: str, as_json: bool, endpoints: tuple[str, ...]) -> None:
+        """Everything a stack owns in the project, across zones and regions: in its state, kept on purpose, or
+        orphaned, with prices. Exit 1 when an orphan that bills is left."""
         from pathlib import Path
 
         from rich.console import Console
@@ -455,7 +444,6 @@ def inventory_command() -> Any:
         try:
             pulumi = PulumiCli(stack, Path(cwd))
             config = pulumi.config()
-            stacks = [stack, *fleet_stacks(stack, pulumi.stacks())] if with_fleet else [stack]
         except PulumiError as err:
             raise click.ClickException(str(err)) from err
         project = str(config.get("project") or "")
@@ -466,7 +454,7 @@ def inventory_command() -> Any:
         except MissingCredentials as err:
             raise click.ClickException(str(err)) from err
         with session:
-            found = stock_of(pulumi, stacks, clients_for(session, roots), project, keep_caches(config),
+            found = stock_of(pulumi, clients_for(session, roots), project, keep_caches(config),
                              float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR))
         if as_json:
             from tpuserve.cli import echo_json

@@ -4,13 +4,6 @@ Tools that only speak to hosted models (Gemini-CLI-style clients, OpenAI SDK app
 proxy and ask for e.g. `gemini-2.0-flash`; the proxy forwards to vLLM's OpenAI-compatible API. Keys are never
 written into the file: LiteLLM resolves `os.environ/NAME` references when it loads it.
 
-The fleet form (`--replica NAME=URL`, repeatable; what a fleet's router runs, components/router.py) puts every
-replica in one model group named after the served model, so LiteLLM's router balances over them: one entry per
-replica (`hosted_vllm/<model>`, the replica's api_base, its stack name as the deployment id), `least-busy` routing
-(fewest requests in flight), retries on another replica, and a replica that fails more than `allowed_fails` times
-in a minute is cooled down for `cooldown_time` seconds (litellm/router.py `Router.__init__` arguments, given in the
-proxy config's `router_settings`; a 5xx counts, litellm/router_utils/cooldown_handlers.py `_is_cooldown_required`).
-Aliases map onto that one group through `model_group_alias`.
 """
 
 from __future__ import annotations
@@ -27,13 +20,8 @@ from tpuserve.cli import echo_json, json_option
 from tpuserve.client import API_KEY_ENV, EndpointError, ModelNotServed, api_base, served_card
 from tpuserve.deploy.stack import model_option, read_outputs, resolve_model, stack_options, url_option
 from tpuserve.serving import ConfigError
-from tpuserve.urls import InvalidUrl, normalize_server_url
 
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
-ROUTING_STRATEGY = "least-busy"
-NUM_RETRIES = 2  # a failed request is retried (on another replica once the failing one cools down)
-ALLOWED_FAILS = 1  # failures per minute before a replica is cooled down
-COOLDOWN_S = 30
 ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 CHECK_TIMEOUT_S = 5.0  # asking /v1/models before writing: a server that answers does so at once
 
@@ -59,42 +47,6 @@ def litellm_config(url: str, served_model: str, aliases: Sequence[str], api_key_
               "api_key": env_reference("--api-key-env", api_key_env)}
     return {"model_list": [{"model_name": alias, "litellm_params": dict(params)} for alias in aliases],
             "general_settings": {"master_key": env_reference("--master-key-env", master_key_env)}}
-
-
-def fleet_config(replicas: Sequence[tuple[str, str]], served_model: str, aliases: Sequence[str] = (),
-                 api_key_env: str = API_KEY_ENV, master_key_env: str = MASTER_KEY_ENV) -> dict[str, Any]:
-    """The router's proxy config: one deployment per (replica name, URL) in the served model's group."""
-    if not served_model:
-        raise ConfigError("--model", "must name the served model")
-    names = [name for name, _ in replicas]
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise ConfigError("--replica", f"repeated: {', '.join(repeated)}")
-    if served_model in aliases or len(set(aliases)) < len(aliases):
-        raise ConfigError("--alias", "repeats a name (or the served model's own)")
-    api_key = env_reference("--api-key-env", api_key_env)
-    router_settings: dict[str, Any] = {"routing_strategy": ROUTING_STRATEGY, "num_retries": NUM_RETRIES,
-                                       "allowed_fails": ALLOWED_FAILS, "cooldown_time": COOLDOWN_S}
-    if aliases:
-        router_settings["model_group_alias"] = {alias: served_model for alias in aliases}
-    return {"model_list": [{"model_name": served_model,
-                            "litellm_params": {"model": f"hosted_vllm/{served_model}", "api_base": api_base(url),
-                                               "api_key": api_key},
-                            "model_info": {"id": name}} for name, url in replicas],
-            "router_settings": router_settings,
-            "general_settings": {"master_key": env_reference("--master-key-env", master_key_env)}}
-
-
-def parse_replica(value: str) -> tuple[str, str]:
-    """'dev-r1=10.0.0.5:8000' -> ('dev-r1', 'http://10.0.0.5:8000'): the URL in any form every --url takes
-    (tpuserve.urls)."""
-    name, _, url = value.partition("=")
-    if not name or not url:
-        raise ConfigError("--replica", f"{value!r} is not NAME=URL, e.g. dev-r1=10.164.0.5:8000")
-    try:
-        return name, normalize_server_url(url)
-    except InvalidUrl as err:
-        raise ConfigError("--replica", f"{value!r}: {err}") from err
 
 
 def check_served(url: str, model: str, api_key: str | None) -> None:
@@ -130,9 +82,6 @@ def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
 @model_option("Served model name; default: the stack's `model` output, else the first model the server at --url "
               "lists.")
 @stack_options
-@click.option("--replica", "replicas", multiple=True, metavar="NAME=URL",
-              help="Fleet form: a replica to balance over, e.g. dev-r1=http://10.164.0.5:8000; repeatable (with "
-              "--model; --alias then optional).")
 @click.option("--alias", "aliases", multiple=True,
               help="Model name clients ask for, e.g. gemini-2.0-flash; repeatable.")
 @click.option("--api-key-env", default=API_KEY_ENV, show_default=True,
@@ -143,30 +92,13 @@ def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
               "whether it serves the model (by default a model it does not list is refused).")
 @json_option
 def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None,
-            replicas: tuple[str, ...], aliases: tuple[str, ...], api_key_env: str, master_key_env: str,
+            aliases: tuple[str, ...], api_key_env: str, master_key_env: str,
             offline: bool, as_json: bool) -> None:
     """Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`).
 
     With --url and --model the server is asked whether it serves the model (not with --offline, nor when it
     cannot be reached from here); with --url alone the model is the first it lists; --stack works offline.
-    The fleet form (--replica, repeated) balances one model group over the replicas. --json prints the same config
-    as JSON (LiteLLM reads it too: YAML is a superset of JSON)."""
-    if replicas:
-        if url or stack or stack_outputs:
-            raise click.UsageError("--replica lists the servers itself: give it without --url, --stack or "
-                                   "--stack-outputs")
-        if not model:
-            raise click.UsageError("--replica needs --model (the model every replica serves)")
-        try:
-            config = fleet_config([parse_replica(value) for value in replicas], model, aliases, api_key_env,
-                                  master_key_env)
-        except ConfigError as err:
-            raise click.UsageError(str(err)) from err
-        if as_json:
-            echo_json(config)
-        else:
-            click.echo(yaml.safe_dump(config, sort_keys=False), nl=False)
-        return
+    --json prints the same config as JSON (LiteLLM reads it too: YAML is a superset of JSON)."""
     outputs = read_outputs(stack, stack_outputs)
     if url is not None and model is not None and not offline:
         check_served(url, model, os.environ.get(api_key_env))

@@ -1,27 +1,9 @@
-"""Cloud NAT: which NAT serves a network in a region, and which stack owns it, so no stack ever makes a second one.
+"""Cloud NAT: which NAT serves a network in a region and which stack owns it, so no stack makes a second one.
 
-A network takes one NAT covering all its subnetworks per region: "if this field contains
-ALL_SUBNETWORKS_ALL_IP_RANGES or ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES, then there should not be any other Router.Nat
-section in any Router for this network in this region" (Compute API, RouterNat.sourceSubnetworkIpRangesToNat,
-https://cloud.google.com/compute/docs/reference/rest/v1/routers), and the API refuses a second with "Can not create
-new Nats since a Nat with option ALL_SUBNETWORKS_ALL_IP_RANGES exists". Yet every stack makes its own: a gcp stack
-in its VM's region (components/network.py), a fleet's router stack in every region of the fleet's zones
-(components/router.py), a gke stack in its cluster's region (components/gke.py). The `dev` stack that CI deploys and a
-fleet in europe-west4 collide, and whichever comes second fails.
-
-The rule, applied by `tpuserve up` and `tpuserve fleet` before each `pulumi up`: a stack makes NAT in a region only
-where no other NAT serves its network there. The first stack to make one owns it; a stack deployed after it is given
-`cloudNatSkipRegions` (the regions another stack's NAT serves, with each update: `pulumi up --config`) and makes none
-there. A stack's own NAT is read from its Pulumi state (a RouterNat's id is `{project}/{region}/{router}/{nat}`,
-terraform-provider-google-beta v7.45 resource_compute_router_nat.go), never guessed from a name, so a stack never
-skips, and so deletes, the NAT it owns. The owner of another's NAT is named by its Router's description
-(`router_description`, which the components set).
-
-What this cannot prevent: the owner going away. `pulumi destroy -s dev` deletes dev's NAT while a fleet's replicas in
-its region use it, and a dev stack moving to another zone's region moves its NAT. `tpuserve preflight` and `tpuserve
-up` name the VMs of other stacks that rely on a stack's NAT (`dependents`), and the next `fleet up|renew` finds the
-region unserved and makes the router stack's own NAT there (until then the fleet's VMs there have no egress: running
-replicas keep serving, a successor would fail to pull its image).
+A network takes one all-subnetworks NAT per region (Compute API RouterNat.sourceSubnetworkIpRangesToNat). `tpuserve
+up` gives a stack `cloudNatSkipRegions` where another stack's NAT already serves; a stack's own NAT is read from its
+state, never guessed from a name. `destroy` names the VMs of other stacks that rely on a stack's NAT. Why and how:
+docs/design/cloud-nat.md.
 """
 
 from __future__ import annotations
@@ -54,12 +36,6 @@ def region_of(zone: str) -> str:
 
 def last(link: Any) -> str:
     return str(link or "").rstrip("/").rsplit("/", 1)[-1]
-
-
-def fleet_nat_regions(router_zone: str, zone: str, zones: Sequence[str]) -> list[str]:
-    """The regions a fleet's router stack gives Cloud NAT: its own VM's and every region of the zones the fleet's
-    replicas may be placed in (components/router.py nat_regions, tpuserve fleet's --zones check)."""
-    return list(dict.fromkeys(region_of(z) for z in dict.fromkeys((router_zone or zone, zone, *zones)) if z))
 
 
 @dataclass(frozen=True)
@@ -269,7 +245,7 @@ class Reliance:
 def reliance(own: set[tuple[str, str, str]], nats: Iterable[Nat], vms: Iterable[Vm], besides: Iterable[str]
              ) -> Reliance:
     """Which of the stack's own NATs (`own_nats` of its state) serve VMs of other stacks than `besides` (`stack`
-    label values: the stack's own, a fleet's replicas)."""
+    label values)."""
     vms, besides = list(vms), list(besides)
     found = Reliance()
     for nat in nats:

@@ -74,7 +74,7 @@ class Endpoints:
     cloudresourcemanager: str = "https://cloudresourcemanager.googleapis.com"
     secretmanager: str = "https://secretmanager.googleapis.com"
     cloudquotas: str = "https://cloudquotas.googleapis.com"
-    storage: str = STORAGE_URL  # the fleet's lease and buckets
+    storage: str = STORAGE_URL  # the buckets
     iam: str = "https://iam.googleapis.com"
     registry: str = ""  # a container registry's root for every image (tests); empty: the image's own registry
 
@@ -423,9 +423,6 @@ def target_from_config(config: Mapping[str, Any], zones: Sequence[str], stack: s
     in each zone's region (where `tpuserve up` may put the VM); `own_nats` are the NATs of its state."""
     if not stack or config.get("target") == "local":
         regions: tuple[str, ...] = ()
-    elif config.get("target") == "router":  # a fleet's router stack: NAT for every region of the fleet's zones
-        regions = tuple(nat.fleet_nat_regions(str(config.get("routerZone") or ""), str(config.get("zone") or ""),
-                                              [str(z) for z in config.get("zones") or V6E_ZONES]))
     else:
         regions = (str(config["region"]),) if config.get("region") else \
             tuple(dict.fromkeys(region_of(str(zone)) for zone in zones))

@@ -43,47 +43,27 @@ class Run:
 
 
 class PulumiCli:
-    """The `pulumi` CLI for one stack. Each call starts the CLI (≈ 1 s with a cloud backend), so what only an update
-    changes is read once: a stack's outputs until this process runs an update, destroy, refresh, init or rm on it,
-    and the project's stack list, which then follows the stacks this process creates and removes (a failed create or
-    removal forgets it). Config an update needs goes with the update (`up --config`) rather than in a call of its
-    own. The CLIs `for_stack` hands out share that memory (a fleet command asks about the same replicas again and
-    again)."""
+    """The `pulumi` CLI for one stack. Each call starts the CLI (≈ 1 s with a cloud backend), so the stack's outputs
+    are read once, until this process runs an update, destroy or refresh. Config an update needs goes with the update
+    (`up --config`) rather than in a call of its own."""
 
-    def __init__(self, stack: str, cwd: Path | None = None, echo: Callable[[str], None] = lambda line: None,
-                 _family: dict[str, Any] | None = None):
+    def __init__(self, stack: str, cwd: Path | None = None, echo: Callable[[str], None] = lambda line: None):
         executable = shutil.which("pulumi")
         if executable is None:
             raise PulumiError("the pulumi CLI is not on PATH (https://www.pulumi.com/docs/install/; scripts/up.sh "
                               "installs the pinned version)")
         self.executable, self.stack, self.cwd, self.echo = executable, stack, cwd, echo
         self.env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"}
-        # stack name -> PulumiCli, and "stacks" -> the cached `stack ls`; one dict per family of CLIs, and its lock
-        # (a fleet renewal creates and removes replica stacks from several threads)
-        self._family: dict[str, Any] = _family if _family is not None else {
-            "clis": {stack: self}, "stacks": None, "lock": threading.RLock()}
         self._outputs: dict[str, Any] | None = None
 
-    def _forget(self, stacks: bool = False) -> None:
+    def _forget(self) -> None:
         self._outputs = None
-        if stacks:
-            with self._family["lock"]:
-                self._family["stacks"] = None
-
-    def _listed(self, present: bool) -> None:
-        """This stack now exists (or no longer does): the stack list, if read, says so without asking again."""
-        with self._family["lock"]:
-            known = self._family["stacks"]
-            if known is not None:
-                others = [name for name in known if name != self.stack]
-                self._family["stacks"] = [*others, self.stack] if present else others
 
     def _argv(self, *args: str) -> list[str]:
         return [self.executable, *args, "--stack", self.stack, "--non-interactive"]
 
-    def _run(self, *args: str, stack: bool = True) -> str:
-        argv = self._argv(*args) if stack else [self.executable, *args, "--non-interactive"]
-        result = subprocess.run(argv, cwd=self.cwd, env=self.env, capture_output=True, text=True, check=False)
+    def _run(self, *args: str) -> str:
+        result = subprocess.run(self._argv(*args), cwd=self.cwd, env=self.env, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
             raise PulumiError(f"`pulumi {' '.join(args)} --stack {self.stack}` failed: "
@@ -125,42 +105,6 @@ class PulumiCli:
     def export(self) -> dict[str, Any]:
         """`pulumi stack export`: the state, whose resources carry their provider ids."""
         return dict(json.loads(self._run("stack", "export") or "{}"))
-
-    def for_stack(self, stack: str) -> PulumiCli:
-        """The same CLI, project directory and output echo, for another stack (a fleet runs one per replica)."""
-        with self._family["lock"]:
-            clis = self._family["clis"]
-            if stack not in clis:
-                clis[stack] = PulumiCli(stack, self.cwd, self.echo, _family=self._family)
-            return clis[stack]
-
-    def stacks(self) -> list[str]:
-        """Names of the project's stacks (`pulumi stack ls --json`: a list of {"name", "current", ...})."""
-        with self._family["lock"]:
-            if self._family["stacks"] is None:
-                self._family["stacks"] = [str(entry["name"]) for entry in
-                                          json.loads(self._run("stack", "ls", "--json", stack=False) or "[]")]
-            return list(self._family["stacks"])
-
-    def init(self, copy_config_from: str) -> None:
-        """`pulumi stack init` this stack with the settings of `copy_config_from` (secrets re-encrypted for it)."""
-        self._forget()
-        try:
-            self._run("stack", "init", "--copy-config-from", copy_config_from)
-        except PulumiError:
-            self._forget(stacks=True)  # created or not: the next question asks the CLI
-            raise
-        self._listed(True)
-
-    def remove(self) -> None:
-        """`pulumi stack rm`: the stack's config and (empty) state; it must hold no resources."""
-        self._forget()
-        try:
-            self._run("stack", "rm", "--yes")
-        except PulumiError:
-            self._forget(stacks=True)
-            raise
-        self._listed(False)
 
     def destroy(self, timeout_s: float) -> Run:
         return self.stream(["destroy", "--yes", "--skip-preview"], timeout_s)

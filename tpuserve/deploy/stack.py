@@ -165,7 +165,7 @@ def endpoint_for(outputs: Mapping[str, Any]) -> Iterator[str]:
     target = outputs.get("target")
     if target == "local":
         yield outputs["endpoint"]
-    elif target in ("gcp", "router"):  # a router stack is a fleet's LiteLLM proxy VM, reached the same way
+    elif target == "gcp":
         with iap_tunnel(outputs) as endpoint:
             yield endpoint
     elif target == "gke":

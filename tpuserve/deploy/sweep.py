@@ -5,7 +5,7 @@ An attempt is a callable that tries one zone and returns None on success, or a `
 this zone, the zone's region, or everything (stop). The loop keeps the blocked zones and regions, moves the zones a
 failure suggests to the front, stops at the deadline, reports every attempt, and with `retry_until_up` repeats the
 pass after a growing gap (capacity comes and goes; a lasting failure such as a missing quota stays blocked).
-`tpuserve up` runs one sweep for its VM; a fleet can run one per replica.
+`tpuserve up` runs one sweep for its VM.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from tpuserve import vllm_metrics as metrics
 from tpuserve.client import server_root
 from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.cli import echo_json, request_failure
+from tpuserve.durations import human
 from tpuserve.deploy.stack import TunnelError, endpoint_for, read_outputs, stack_options, url_option
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE, PRICE_PER_CHIP_HOUR
 from tpuserve.serving import ConfigError
@@ -143,7 +144,7 @@ def expiry_warning(view: VmView, stack: str | None) -> str | None:
     if view.left_s is None or view.left_s > EXPIRY_WARNING_S or view.status == GONE:
         return None
     name = stack or "<stack>"
-    when = "now" if view.left_s <= 0 else f"in {duration(view.left_s)}"
+    when = "now" if view.left_s <= 0 else f"in {human(view.left_s)}"
     return (f"{view.name} is deleted {when} (flex-start max run ends {clock(view.deletion_at)}). To keep serving, "
             f"replace it now (a cold start takes ~10 min):\n"
             f"  pulumi up --stack {name} --replace \"$(pulumi stack output vmUrn --stack {name})\"\n"
@@ -242,16 +243,6 @@ class Report:
                 "warnings": self.warnings}
 
 
-def duration(seconds: float) -> str:
-    seconds = int(abs(seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes = rest // 60
-    if days:
-        return f"{days}d {hours}h"
-    return f"{hours}h {minutes:02d}m" if hours else f"{minutes} min" if minutes else f"{seconds} s"
-
-
 def clock(iso: str | None) -> str:
     moment = parse_timestamp(iso)
     return moment.astimezone(timezone.utc).strftime("%H:%M UTC %b %d") if moment else "?"
@@ -293,9 +284,9 @@ def render(report: Report) -> Any:
         if v.status == GONE:
             table.add_row("", "deleted (flex-start max run ended?) or destroyed: `pulumi up --refresh` makes a new one")
         if v.uptime_s is not None:
-            table.add_row("up", f"{duration(v.uptime_s)} since {clock(v.started_at)}")
+            table.add_row("up", f"{human(v.uptime_s)} since {clock(v.started_at)}")
         if v.left_s is not None and v.status != GONE:
-            left = duration(v.left_s)
+            left = human(v.left_s)
             table.add_row("deleted in", (f"[bold red]{left}[/]" if v.left_s <= EXPIRY_WARNING_S else left)
                           + f" (at {clock(v.deletion_at)}, flex-start max run)")
         if v.cost_so_far_usd is not None:

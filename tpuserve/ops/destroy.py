@@ -7,9 +7,8 @@ the run: each kept cache with its monthly price and the command that removes it,
 are deleted once the user agrees (or with --yes), else the command exits 5.
 
 Before anything is destroyed, the stack's own Cloud NATs are checked for VMs of other stacks that reach the internet
-through them (a fleet's replicas in dev's region: one NAT per network and region, deploy/nat.py): destroying the
-owner takes their egress until the next fleet command makes a NAT there, and a successor booting meanwhile cannot pull
-its image. Such a destroy is refused unless the user agrees (or --despite-nat-users).
+through them (one NAT per network and region, deploy/nat.py): destroying the owner takes their egress until their
+next `tpuserve up` makes a NAT there. Such a destroy is refused unless the user agrees (or --despite-nat-users).
 
 Exit codes: 0 destroyed, nothing billing left but what is kept on purpose; 1 the destroy failed; 2 nothing destroyed:
 other stacks' VMs use the stack's Cloud NAT; 5 destroyed, but an orphan that bills is left.
@@ -77,7 +76,7 @@ def destroy(stack: str, yes: bool, cwd: Path, despite_nat_users: bool, as_json: 
             from tpuserve.cli import Failure
 
             raise Failure(f"nothing destroyed: VMs of other stacks use {stack}'s Cloud NAT (above); destroy those "
-                          "stacks first (tpuserve fleet down for a fleet), or run again with --despite-nat-users",
+                          "stacks first, or run again with --despite-nat-users",
                           {"stack": stack, "natUsers": users}, EXIT_NAT_USERS)
     run = pulumi.stream(["destroy", "--yes", "--skip-preview", *pulumi_args], DESTROY_TIMEOUT_S)
     code = EXIT_OK if run.ok else EXIT_FAILED
@@ -86,7 +85,7 @@ def destroy(stack: str, yes: bool, cwd: Path, despite_nat_users: bool, as_json: 
     if session is not None:
         with session:
             clients = inventory.clients_for(session, roots)
-            stock = inventory.stock_of(pulumi, [stack], clients, str(config["project"]),
+            stock = inventory.stock_of(pulumi, clients, str(config["project"]),
                                        inventory.keep_caches(config))
             for line in inventory.summary_lines(stock):
                 say(line)
@@ -95,7 +94,7 @@ def destroy(stack: str, yes: bool, cwd: Path, despite_nat_users: bool, as_json: 
                     f"Delete these {len(orphans)} orphan(s)?", default=True, err=True))):
                 for line in inventory.delete_items(clients, stock.project, orphans):
                     say(f"warning: could not delete {line}")
-                stock = inventory.stock_of(pulumi, [stack], clients, str(config["project"]),
+                stock = inventory.stock_of(pulumi, clients, str(config["project"]),
                                            inventory.keep_caches(config))
                 for line in inventory.summary_lines(stock):
                     say(line)

@@ -2,8 +2,7 @@
 
 A flex-start node is deleted at the end of its max run (maxRunDuration), and its replica with it. The Deployment
 then recreates the pod, which waits for a new node and boots: minutes without that replica, and without the endpoint
-when it is the only one. `gke renew` does what `tpuserve fleet renew` does for a fleet's VMs, with the cluster's
-own parts: for each node that serves a replica and is deleted within `--lead`, closest deletion first, one at a time,
+when it is the only one. `gke renew` replaces it first, with the cluster's own parts: for each node that serves a replica and is deleted within `--lead`, closest deletion first, one at a time,
 
 1. cordon the node (nothing new lands there; its pod keeps serving);
 2. raise the HPA's minReplicas (and maxReplicas, at its maximum) by one, so the HPA scales the Deployment up and
@@ -54,8 +53,8 @@ from typing import Any, Protocol
 
 import click
 
-from tpuserve.cli import echo_json
-from tpuserve.ops.fleet import human, parse_duration
+from tpuserve.cli import DURATION, echo_json
+from tpuserve.durations import human
 from tpuserve.ops.up import EXIT_FAILED, EXIT_NO_CAPACITY, EXIT_OK
 
 TERMINATION_ANNOTATION = "node.gke.io/machine-termination-datetime"
@@ -64,7 +63,7 @@ ZONE_LABEL = "topology.kubernetes.io/zone"
 RENEWAL_ANNOTATION = "tpu-serve/renewal"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 FIRST_TO_GO = "-1000"
-DEFAULT_LEAD = "45m"  # as `fleet renew`'s: a flex-start node's wait plus a warm start, with room
+DEFAULT_LEAD = "45m"  # a flex-start node's wait plus a warm start, with room
 # A successor may wait for flex-start capacity: as long as `pulumi up` waits for one (components/k8s_serving.py
 # CAPACITY_WAIT_S), plus a warm start.
 DEFAULT_TIMEOUT = "70m"
@@ -266,7 +265,7 @@ class Renewer:
                 self.finish(state, replaced=False)
                 if node.name in {v.name for v in self.look()}:
                     self.cordon(node.name, False)
-                why = f"no successor served within {human(timedelta(seconds=timeout_s))} (no flex-start capacity?)"
+                why = f"no successor served within {human(timeout_s)} (no flex-start capacity?)"
                 self.event("kept", node.name, why)
                 return False, why
             self.sleep(self.poll_s)
@@ -311,11 +310,12 @@ class Renewer:
         if not due and not renewed:
             soonest = next((v for v in self.look() if v.pods and v.expiry), None)
             self.say("nothing to renew" + (f": the next deletion is {soonest.name}'s at {soonest.expiry:%H:%M} UTC "
-                                           f"(in {human(soonest.expiry - now)})" if soonest else ""))
+                                           f"(in {human((soonest.expiry - now).total_seconds())})" if soonest else ""))
         for node in due:
             if node.name in {r["node"] for r in renewed}:
                 continue
-            left = f"deleted at {node.expiry:%H:%M} UTC, in {human(node.expiry - now)}" if node.expiry else ""
+            left = (f"deleted at {node.expiry:%H:%M} UTC, in {human((node.expiry - now).total_seconds())}"
+                    if node.expiry else "")
             self.say(f"{node.name} ({node.zone}) is {left or 'asked for'}: renewing its replica")
             ok, detail = self.replace(node, timeout_s)
             (renewed if ok else kept).append({"node": node.name, "zone": node.zone, "ok": ok, "detail": detail,
@@ -422,15 +422,14 @@ def gke() -> None:
 @common
 @click.option("--node", "only", help="Renew this node now, whatever its deletion time (instead of `kubectl drain`, "
               "which the budget blocks while it serves).")
-@click.option("--lead", "lead_text", default=DEFAULT_LEAD, show_default=True,
+@click.option("--lead", "lead_s", type=DURATION, default=DEFAULT_LEAD, show_default=True,
               help="Renew a node whose flex-start deletion is less than this far away.")
-@click.option("--timeout", "timeout_text", default=DEFAULT_TIMEOUT, show_default=True,
+@click.option("--timeout", "timeout_s", type=DURATION, default=DEFAULT_TIMEOUT, show_default=True,
               help="Give up waiting for a successor to serve after this long (it may wait for capacity).")
-def gke_renew(stack: str, cwd: Path, as_json: bool, lead_text: str, timeout_text: str, only: str | None) -> None:
+def gke_renew(stack: str, cwd: Path, as_json: bool, lead_s: int, timeout_s: int, only: str | None) -> None:
     """Replace each replica whose node flex-start deletes within --lead: successor first, then the old pod;
     without a successor in time the old one serves on (exit 3). Run it every 15 minutes."""
-    lead, timeout_s = timedelta(seconds=parse_duration(lead_text, "--lead")), parse_duration(timeout_text, "--timeout")
-    run_command(stack, cwd, as_json, lambda renewer: renewer.renew(lead, timeout_s, only))
+    run_command(stack, cwd, as_json, lambda renewer: renewer.renew(timedelta(seconds=lead_s), timeout_s, only))
 
 
 @gke.command("status")
@@ -444,7 +443,7 @@ def gke_status(stack: str, cwd: Path, as_json: bool) -> None:
         hpa = renewer.hpa() or {}
         renewal = (hpa.get("metadata", {}).get("annotations") or {}).get(RENEWAL_ANNOTATION)
         for view in views:
-            left = f"in {human(view.expiry - now)}" if view.expiry else "unknown"
+            left = f"in {human((view.expiry - now).total_seconds())}" if view.expiry else "unknown"
             renewer.say(f"{view.name} {view.zone or '-'}: deleted {left}"
                         f"{', cordoned' if view.cordoned else ''}; replicas {', '.join(view.pods) or 'none'}"
                         f" ({len(view.ready)} ready)")

@@ -37,6 +37,7 @@ from typing import Any
 import click
 import requests
 
+from tpuserve import durations
 from tpuserve.cli import echo_json
 from tpuserve.deploy import nat
 from tpuserve.deploy.cache import cache_disks, is_warm, zones_by_warm_cache
@@ -57,22 +58,14 @@ DEFAULT_DEADLINE = "2h"
 CLEANUP_TIMEOUT_S = 300.0  # the refresh between attempts, even past the deadline: nothing may stay half-created
 LOCAL = "local"  # the one "zone" of a local-target stack (a Docker host)
 GKE = "gke"
-DURATION = re.compile(r"(\d+)([hms])")
-UNIT_S = {"h": 3600, "m": 60, "s": 1}
 
 
 def parse_deadline(text: str) -> float:
     """'2h' -> 7200, '1h30m' -> 5400, '600' -> 600 seconds."""
-    text = text.strip()
-    if text.isdigit():
-        seconds = int(text)
-    elif text and not DURATION.sub("", text):
-        seconds = sum(int(n) * UNIT_S[unit] for n, unit in DURATION.findall(text))
-    else:
-        raise click.BadParameter(f"{text!r} is not a duration like 90m, 2h or 1h30m", param_hint="--deadline")
-    if seconds <= 0:
-        raise click.BadParameter("must be longer than zero", param_hint="--deadline")
-    return float(seconds)
+    try:
+        return float(durations.parse(text))
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--deadline") from None
 
 
 def zone_of(resource_id: str) -> str | None:
@@ -433,7 +426,7 @@ def take_inventory(pulumi: PulumiCli, stack: str, config: Mapping[str, Any], ses
     from tpuserve.deploy import inventory
 
     try:
-        stock = inventory.stock_of(pulumi, [stack], inventory.clients_for(session, roots),
+        stock = inventory.stock_of(pulumi, inventory.clients_for(session, roots),
                                    str(config.get("project", "")), inventory.keep_caches(config),
                                    float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR))
     except (PulumiError, requests.RequestException, ComputeApiError) as err:
