@@ -1,28 +1,11 @@
 """Re-derive tpuserve/data/provider-facts.json from the providers' own source: which input paths of each resource the
 stacks declare force a replacement, and which Compute Instance updates need a stopped VM.
 
-    .venv/bin/python scripts/provider_facts.py            # rewrite the JSON from the mirrors below
-    .venv/bin/python scripts/provider_facts.py --check    # exit 1 if the committed JSON differs
+    .venv/bin/python scripts/provider_facts.py --fetch ~/src        # get each pinned source (git, network), then
+    .venv/bin/python scripts/provider_facts.py --sources ~/src       # rewrite the JSON (--check: exit 1 if it differs)
 
-Each source is a git directory (bare mirror, read at a pinned commit) or a checkout. The pins are the versions the
-project installs: pulumi-gcp 10.2.0 (its `upstream` submodule pins terraform-provider-google-beta v7.45.0, not
-terraform-provider-google), pulumi-command 1.2.1, pulumi-docker 5.2 (upstream kreuzwerker/terraform-provider-docker
-v4.5.0), pulumi-kubernetes 4.34. CI has no mirror, so this runs by hand when a pin moves; tests/test_changes.py checks
-the JSON's shape and that every resource type the stacks declare is in it.
-
-What is read, and how (a small reader of Go composite literals, not a Go parser: it fails loudly on any shape it
-does not know rather than guess):
-- Terraform SDKv2 schemas (`map[string]*schema.Schema{...}`), following package variables, functions that return a
-  schema (with their arguments bound), `tpgresource.MergeSchemas`, and `Elem: &schema.Resource{...}`. Every path with
-  `ForceNew: true` is kept, with its type, whether it is Computed, and whether pulumi-gcp flattens it (MaxItemsOne,
-  from the bridge's own bridge-metadata.json), as the Pulumi input path the engine sees.
-- `CustomizeDiff`: every function in it is listed; one that can force a replacement (`ForceNewIf*`, `d.ForceNew`)
-  must have a note in CUSTOMIZE_DIFF_NOTES below, written from reading it, or the run fails.
-- resourceComputeInstanceUpdate: the order of its update calls and the changes that need a stopped instance
-  (`needToStopInstanceBeforeUpdating` and the helpers it calls).
-- pulumi-gcp provider/resources.go: `DeleteBeforeReplace` and auto-named fields, which decide delete-before-replace
-  (pulumi-terraform-bridge pkg/tfbridge/provider.go Diff, schema.go nameRequiresDeleteBeforeReplace).
-- pulumi-kubernetes provider/pkg/provider/diff.go `forceNew`; pulumi-command's `provider:"replaceOnChanges"` tags.
+Each source is a git clone (or bare git dir) holding the pinned commit of PINS, in <sources>/<repository name>, or
+named by --<key>. How the Go source is read, and why: docs/design/provider-facts.md.
 """
 
 from __future__ import annotations
@@ -39,7 +22,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tpuserve" / "data" / "provider-facts.json"
-MIRRORS = Path("/work/.mirror")
 
 
 @dataclass(frozen=True)
@@ -50,8 +32,15 @@ class Pin:
     note: str = ""
 
     @property
-    def default_dir(self) -> Path:
-        return MIRRORS / self.repo.replace("/", "+") / "repo"
+    def dirname(self) -> str:
+        return self.repo.rsplit("/", 1)[1]
+
+    def fetch_commands(self, sources: Path) -> list[list[str]]:
+        """A shallow clone of just the pinned commit (GitHub serves a commit by its id)."""
+        where = str(sources / self.dirname)
+        return [["git", "init", "-q", where],
+                ["git", "-C", where, "fetch", "-q", "--depth", "1", f"https://github.com/{self.repo}", self.rev],
+                ["git", "-C", where, "checkout", "-q", "FETCH_HEAD"]]
 
 
 PINS = {
@@ -67,7 +56,7 @@ PINS = {
                          "newest mirrored commit (tags stop at v5.1.0; the installed SDK is 5.2.0)"),
     "pulumi-kubernetes": Pin("pulumi/pulumi-kubernetes", "94977969d64112b04e19945818a7d5d5f38f631d", "v4.34.x",
                              "newest mirrored commit (2026-07-01; no v4.34 tag mirrored; the installed SDK is 4.34.2)"),
-    "pulumi-command": Pin("pulumi/pulumi-command", "v1.2.1", "v1.2.1"),
+    "pulumi-command": Pin("pulumi/pulumi-command", "7f3eb6f3b77cd0fa3895ba437a695dd393f7dd25", "v1.2.1"),
     "bridge": Pin("pulumi/pulumi-terraform-bridge", "59de6c661df1e7561e6ece7ad7f1c835c63010c4", "v3.136.0",
                   "pulumi-gcp 10.2 and pulumi-docker build with v3.137.0, which is not mirrored; the rules cited "
                   "are read at v3.136.0"),
@@ -140,7 +129,10 @@ class Tree:
         self.git = rev is not None and (path / "HEAD").exists() or (path / ".git").exists()
         self.rev = rev or "HEAD"
         self._cache: dict[str, str] = {}
-        self.commit = self._git("rev-parse", f"{self.rev}^{{commit}}").strip() if self.git else ""
+        try:
+            self.commit = self._git("rev-parse", f"{self.rev}^{{commit}}").strip() if self.git else ""
+        except subprocess.CalledProcessError:
+            raise SourceError(f"{path} does not hold commit {self.rev}: fetch it (--fetch DIR)") from None
 
     def _git(self, *args: str) -> str:
         return subprocess.run(["git", f"--git-dir={self._git_dir()}", *args], check=True, capture_output=True,
@@ -1165,19 +1157,31 @@ def dump(value: Any, indent: str = "") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sources", type=Path, help="a folder holding one clone per pinned repository, by name")
+    parser.add_argument("--fetch", type=Path, metavar="DIR", help="clone each pinned commit into DIR (network)")
     for key in PINS:
-        parser.add_argument(f"--{key}", type=Path, help=f"git dir or checkout of {PINS[key].repo}")
+        parser.add_argument(f"--{key}", type=Path, help=f"git clone or dir of {PINS[key].repo}")
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed JSON differs")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
+    if args.fetch:
+        args.fetch.mkdir(parents=True, exist_ok=True)
+        for pin in PINS.values():
+            if not (args.fetch / pin.dirname).exists():
+                for command in pin.fetch_commands(args.fetch):
+                    subprocess.run(command, check=True)
+        print(f"fetched the pinned sources into {args.fetch}; now --sources {args.fetch}")
+        return 0
     trees = {}
     for key, pin in PINS.items():
-        path = getattr(args, key.replace("-", "_")) or pin.default_dir
-        if not path.exists():
-            print(f"{key}: no source at {path}; pass --{key} <git dir or checkout of {pin.repo}>", file=sys.stderr)
+        path = getattr(args, key.replace("-", "_")) or (args.sources / pin.dirname if args.sources else None)
+        if path is None or not path.exists():
+            print(f"{key}: no source at {path}; pass --sources DIR (see --fetch) or --{key} <clone of {pin.repo} "
+                  f"holding {pin.rev}>", file=sys.stderr)
             return 2
-        trees[key] = Tree(path, pin.rev)
+        trees[key] = path
     try:
+        trees = {key: Tree(path, PINS[key].rev) for key, path in trees.items()}
         facts = derive(trees, declared_types())
     except SourceError as err:
         print(f"provider_facts: {err}", file=sys.stderr)

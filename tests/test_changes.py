@@ -273,3 +273,16 @@ def test_a_subnetwork_range_grows_in_place_and_is_replaced_otherwise():
     moved = plan_change(subnet, old, {**old, "ipCidrRange": "10.130.0.0/23"})
     assert (moved.op, moved.replace_reasons, moved.forced_by) == ("replace", ("__meta",), ("ipCidrRange",))
     assert moved.delete_before_replace  # an explicit name
+
+
+def test_the_facts_generator_names_what_to_fetch_when_a_source_is_missing(tmp_path) -> None:
+    """scripts/provider_facts.py reads nothing from a fixed path: without --sources it says how to get each pin."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "scripts/provider_facts.py", "--sources", str(tmp_path), "--check"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"google-beta: no source at {tmp_path}/terraform-provider-google-beta; pass "
+                                  "--sources DIR (see --fetch) or --google-beta <clone of "
+                                  "hashicorp/terraform-provider-google-beta holding 3dc173a3")
