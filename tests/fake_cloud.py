@@ -2136,7 +2136,14 @@ class FakeCloud:
         return Response(200, {"permissions": granted} if granted else {})
 
     def _services_batch_get(self, project: str, query: dict[str, list[str]], **_: Any) -> Response:
+        """Service Usage v1 services.batchGet (https://cloud.google.com/service-usage/docs/reference/rest/v1/services/
+        batchGet): `{"services": [Service]}`, each `{name, parent, config, state}` with state ENABLED or DISABLED
+        (https://cloud.google.com/service-usage/docs/reference/rest/v1/services); `disabled_apis` holds the state. "A
+        single request can get a maximum of 30 services at a time": more is refused (the 400's message is the
+        reference's sentence; the API's own words were not found)."""
         number = project_number(project)
+        if len(query.get("names", [])) > 30:
+            raise invalid("A single request can get a maximum of 30 services at a time.")
         return Response(200, {"services": [
             {"name": f"projects/{number}/services/{last_segment(n)}", "parent": f"projects/{number}",
              "config": {"name": last_segment(n)},

@@ -5,7 +5,8 @@ Resource Manager v1 `Project`, Service Usage v1 `services.batchGet` -> `{"servic
 ENABLED/DISABLED, Compute v1 `MachineType`, `InstanceList`/`DiskList` (no `items` when empty) and `Operation`, Cloud
 Quotas v1 `QuotaInfo` (`dimensionsInfos[].dimensions`, `.details.value` as an int64 string, `.applicableLocations`),
 Secret Manager v1 `Secret` and `SecretVersion` (`state` ENABLED/DISABLED/DESTROYED), Resource Manager
-`testIamPermissions` -> the granted subset. Errors use Google's JSON error envelope.
+`testIamPermissions` -> the granted subset. Errors use Google's JSON error envelope. Beside them, the container
+registry preflight asks (tests/fake_registry.py's shapes): `images` are the pinned references it holds.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from urllib.parse import parse_qs
 
 from tests.httpfake import FakeServer, Request, Response
 from tpuserve.deploy.preflight import PERMISSIONS
+from tpuserve.facts import VLLM_TPU_IMAGE
 
 PROJECT = "my-ml-sandbox"
+INDEX = "application/vnd.oci.image.index.v1+json"
 NUMBER = "415104041262"
 
 
@@ -48,8 +51,9 @@ class GoogleFake:
 
     zones_offering: set[str] = field(default_factory=lambda: {"europe-west4-a", "us-east5-a", "us-east5-b",
                                                                "us-east1-d", "us-central1-b", "us-central1-ai1a"})
-    enabled: set[str] = field(default_factory=lambda: {"compute.googleapis.com", "secretmanager.googleapis.com",
-                                                        "iam.googleapis.com", "cloudquotas.googleapis.com"})
+    enabled: set[str] = field(default_factory=lambda: {
+        "compute.googleapis.com", "secretmanager.googleapis.com", "iam.googleapis.com", "cloudquotas.googleapis.com",
+        "monitoring.googleapis.com", "logging.googleapis.com", "storage.googleapis.com", "storage-api.googleapis.com"})
     # region -> limit of PREEMPTIBLE-TPU-V6E-per-project-region; regions not listed get the default of 1536
     preemptible: dict[str, int] = field(default_factory=dict)
     # region -> limit of TPUS-PER-TPU-FAMILY-per-project-region for CT6E; unlisted regions inherit 0
@@ -61,6 +65,7 @@ class GoogleFake:
     deleted: list[str] = field(default_factory=list)
     # zone -> the stack's cache disks there (disks.aggregatedList by the tpu-serve-cache label); None: the list fails
     cache_disks: dict[str, list[dict[str, Any]]] | None = field(default_factory=dict)
+    images: tuple[str, ...] = (VLLM_TPU_IMAGE,)  # pinned references the registry holds
 
     def start(self) -> FakeServer:
         return FakeServer(self.routes())
@@ -84,6 +89,12 @@ class GoogleFake:
             ("GET", self.quota_path("PREEMPTIBLE-TPU-V6E-per-project-region")): self.preemptible_quota,
             ("GET", self.quota_path("TPUS-PER-TPU-FAMILY-per-project-region")): self.family_quota,
         }
+        for image in self.images:
+            repository, digest = image.split("@")
+            path = f"/v2/{repository}/manifests/{digest}"
+            routes[("HEAD", path)] = routes[("GET", path)] = lambda r, digest=digest: Response(
+                200, {"schemaVersion": 2, "mediaType": INDEX, "manifests": []} if r.method == "GET" else b"",
+                {"Content-Type": INDEX, "Docker-Content-Digest": digest})
         routes[("GET", f"/compute/v1/projects/{PROJECT}/aggregated/disks")] = self.aggregated_disks
         routes[("GET", f"/compute/v1/projects/{PROJECT}/aggregated/instances")] = self.aggregated_instances
         zones = {"europe-west4-a", "us-east5-a", "us-east5-b", "us-east1-d", "us-central1-b", "us-central1-ai1a",

@@ -110,7 +110,13 @@ BAD = [
                                                  "only: set hfTokenSecretId"),
     ({"extraArgs": '["--api_key", "sk-1"]'}, "extraArgs: --api-key takes a secret"),
     ({"extraArgs": '["--served-model-name=gemma"]'}, "extraArgs: --served-model-name would rename the served model"),
-    ({"containerImage": ""}, "containerImage: must not be empty (default: vllm/vllm-tpu@sha256:ea98ed065a86d3e69ec7142b9f4766aa3cd7e475d752e680f4ef7612745aca61)"),
+    ({"containerImage": ""}, "containerImage: must not be empty (default: vllm/vllm-tpu@sha256:19a1a0526476f902eb83e1057f3d8938f35b457dd7716a30e9ab4f7bee90d507)"),
+    # A digest docker cannot pull by is refused here, not minutes into a paid boot (OCI: sha256 is 64 lowercase hex).
+    ({"containerImage": "vllm/vllm-tpu@sha256:19a1a0526476f9"}, "containerImage: 'vllm/vllm-tpu@sha256:19a1a0526476f9' "
+     "has a malformed digest: sha256 takes 64 hex digits, got 14"),
+    ({"containerImage": "vllm/vllm-tpu@sha256:19A1A0526476F902EB83E1057F3D8938F35B457DD7716A30E9AB4F7BEE90D507"},
+     "containerImage: 'vllm/vllm-tpu@sha256:19A1A0526476F902EB83E1057F3D8938F35B457DD7716A30E9AB4F7BEE90D507' has a "
+     "malformed digest: sha256 digits must be lowercase hex (the OCI image spec forbids A-F)"),
     ({"pricePerChipHour": "inf"}, "pricePerChipHour: expected a finite number, got 'inf'"),
     ({"project": "My Project"}, "project: 'My Project' is not a GCP project id"),
 ])
@@ -363,7 +369,7 @@ BAD_WITH_MESSAGE = [
     (VALID, {'labels': '{x'},
      "labels: expected a JSON dict, got '{x'"),
     (VALID, {'containerImage': ' '},
-     'containerImage: must not be empty (default: vllm/vllm-tpu@sha256:ea98ed065a86d3e69ec7142b9f4766aa3cd7e475d752e680f4ef7612745aca61)'),
+     'containerImage: must not be empty (default: vllm/vllm-tpu@sha256:19a1a0526476f902eb83e1057f3d8938f35b457dd7716a30e9ab4f7bee90d507)'),
     (VALID, {'maxModelLength': '1'},
      'maxModelLength: unknown setting (did you mean maxModelLen?); Pulumi.yaml lists every setting with its '
      'description'),

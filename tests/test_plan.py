@@ -1,4 +1,5 @@
-"""Unit tests of the HBM/KV planner: hand-checked numbers, no server (the preset and small made-up configs)."""
+"""Unit tests of the HBM/KV planner: hand-checked numbers, no server (the preset and small made-up configs), and the
+preset's public v6e-1 allocator measurements, each with its source (tpuserve/data/model-presets.json)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tpuserve.measure.plan import GIB, Budget, KvLayer, kv_layers, make_plan, plan, presets
+from tpuserve.measure.plan import (GIB, Budget, KvLayer, default_max_num_seqs, kv_layers, make_plan, plan, presets,
+                                   tpu_block_size)
 from tpuserve.serving import ConfigError
 
 E2B = presets()["google/gemma-4-E2B-it"]
@@ -48,11 +50,39 @@ def test_e2b_plan_on_one_v6e_chip_is_what_tpu_inference_allocates():
     assert result.contexts_if_windows_honoured == 43
 
 
-def test_e2b_plan_agrees_with_the_reference_deployments_allocator():
-    # The reference run on v6e-1 logged 8,713 blocks of 128 (17.02 contexts of 65,536): within 5%.
-    blocks = make_plan(E2B["config"], DEFAULT_BUDGET).blocks
-    assert abs(blocks / 8_713 - 1) < 0.05
-    assert E2B["measured"]["blocks"] == 8_713
+@pytest.mark.parametrize("max_model_len, max_num_seqs, block", [
+    (32_768, 256, 64), (2_048, 16, 128),  # the public v6e-1 boot logs of the preset's measurements
+    (16_384, 256, 32), (65_536, 256, 128),  # xbill9/gemma4-dev gce-vllm-v6e8-2b/SERVING-PARAMS.md §2, at 256 seqs
+    (8_192, 256, 256), (1_024, 256, 64),  # up to 8,192 tokens: 16 pages of at most 256
+    (131_072, 256, 256), (65_536, 1, 16),  # SMEM: 256 seqs × 512 pages × 4 B fill half of 1 MiB; one seq: 131,072
+])
+def test_the_tpu_block_size_follows_max_model_len_and_max_num_seqs(max_model_len, max_num_seqs, block):
+    assert tpu_block_size(max_model_len, max_num_seqs) == block
+
+
+def test_vllms_default_max_num_seqs_is_256_or_the_batched_tokens():
+    assert (default_max_num_seqs(4096), default_max_num_seqs(128)) == (256, 128)
+
+
+@pytest.mark.parametrize("measured", E2B["measured"], ids=[m["vllm"] for m in E2B["measured"]])
+def test_e2b_resident_tokens_are_within_4_percent_of_each_public_measurement(measured):
+    """The planner against each allocator it cites (max_model_len 65,536, 32,768 and 2,048; vLLM 0.26.1 and the
+    pinned image's 0.29.1): the block size tpu-inference picked, and the resident tokens (in fact within 0.02%)."""
+    block = tpu_block_size(measured["max_model_len"], measured["max_num_seqs"])
+    assert block == measured["block_size"]
+    budget = Budget(31.24, measured["utilization"], E2B["hbm_gib"], "auto", measured["max_model_len"], block, 4096,
+                    "tpu", measured["chips"], measured["max_num_seqs"])
+    result = make_plan(E2B["config"], budget)
+    tokens = measured["blocks"] * measured["block_size"]
+    assert measured.get("tokens", tokens) == tokens
+    assert abs(result.resident_tokens / tokens - 1) < 0.04
+    assert result.kv_dtype == measured["kv_dtype"] == "bfloat16"  # auto is 16-bit on v6e, whatever the log says
+
+
+def test_the_public_logs_share_one_pool_whatever_max_model_len():
+    # 1,151,744 tokens at 32,768 (blocks of 64) and at 2,048 (blocks of 128): the pool does not follow the context.
+    public = [m for m in E2B["measured"] if "tokens" in m]
+    assert {m["tokens"] for m in public} == {1_151_744} and {m["block_size"] for m in public} == {64, 128}
 
 
 def test_fp8_saves_nothing_on_tpu_for_one_kv_head():
@@ -194,36 +224,67 @@ def test_bad_config_names_the_key(change, key):
     assert raised.value.key == key
 
 
-def test_cli_default_output_for_the_default_model():
+@pytest.fixture
+def wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "300")  # rich's console width: one table row per line
+
+
+def test_cli_default_output_for_the_default_model(wide):
     result = CliRunner().invoke(plan, [])
     assert result.exit_code == 0, result.output
     assert "18 KiB (bfloat16 = auto, the model's dtype" in result.stdout
-    assert "1,084,416 (8,472 blocks of 128)" in result.stdout
-    assert "Full-length contexts that fit │ 16 (43 if sliding layers kept only their" in result.stdout
-    assert "8,713 blocks of 128 (this plan -2.8%)" in result.stdout
+    # 31.24 × 0.9 − 8.97 GiB (the model in HBM, measured) = 20,557,860,962 B // 2,359,296 = 8,713 blocks of 128.
+    assert "31.24 GiB × 0.9 − 8.97 GiB weights = 19.15 GiB" in result.stdout
+    assert "1,115,264 (8,713 blocks of 128)" in result.stdout
+    assert "blocks of tpu-inference's page size for max_model_len 65,536 and max_num_seqs 256" in result.stdout
+    assert "Full-length contexts that fit │ 17 (44 if sliding layers kept only their" in result.stdout
+    assert "8,713 blocks of 128 (this plan +0.0%): the reference deployment's allocator" in result.stdout
+
+
+def test_cli_picks_the_block_size_and_the_measurement_of_the_public_logs(wide):
+    data = json.loads(CliRunner().invoke(plan, ["--max-model-len", "32768", "--utilization", "0.92",
+                                                "--json"]).stdout)
+    assert (data["budget"]["block_size"], data["blocks"], data["measured_blocks"]) == (64, 17_995, 17_996)
+    data = json.loads(CliRunner().invoke(plan, ["--max-model-len", "2048", "--max-num-seqs", "16", "--utilization",
+                                                "0.92", "--json"]).stdout)
+    assert (data["budget"]["block_size"], data["blocks"], data["measured_blocks"]) == (128, 8_997, 8_998)
+    given = CliRunner().invoke(plan, ["--block-size", "32"]).stdout
+    assert "1,115,328 (34,854 blocks of 32)" in given and "blocks of --block-size" in given and "Measured" not in given
+
+
+def test_cli_says_the_fp8_e5m2_log_line_is_not_an_fp8_cache(wide):
+    table = " ".join(CliRunner().invoke(plan, []).stdout.replace("│", " ").split())
+    assert ('"fp8_e5m2" in the log v6e servers log "Automatically using fp8_e5m2 for FP8 KV cache on TPU v6e." at boot '
+            "whatever --kv-cache-dtype is: it says which fp8 type would be used, not that the cache is fp8") in table
+    assert "regular_attn_dtype=bfloat16" in table
+    fp8 = CliRunner().invoke(plan, ["--kv-dtype", "fp8"]).stdout
+    assert "fp8_e5m2" not in fp8
 
 
 def test_cli_fp8_on_tpu_prints_the_same_18_kib_and_says_why():
     result = CliRunner().invoke(plan, ["--kv-dtype", "fp8", "--format", "json"])
     data = json.loads(result.stdout)
-    assert (data["kv_bytes_per_token"], data["contexts"], data["fp8_saves"]) == (18_432, 16, False)
+    assert (data["kv_bytes_per_token"], data["contexts"], data["fp8_saves"]) == (18_432, 17, False)
     table = CliRunner().invoke(plan, ["--kv-dtype", "fp8"], terminal_width=200).stdout
     assert "18 KiB (fp8: no smaller than bf16 on TPU" in table
 
 
 def test_cli_gpu_backend_keeps_the_windowed_numbers():
     data = json.loads(CliRunner().invoke(plan, ["--backend", "gpu", "--format", "json"]).stdout)
-    assert (data["kv_bytes_per_token"], data["context_bytes"], data["contexts"]) == (18_432, 460_849_152, 43)
-    assert data["measured_blocks"] is None  # the measurement was tpu-inference's
+    # vLLM's blocks of 16: a sliding layer keeps ceil(4,607 / 16) + 1 = 289 blocks = 4,624 tokens × 12 × 1,024 B =
+    # 56,819,712 B, plus the full layers' 402,653,184 B: 459,472,896 B; 20,557,860,962 // that = 44.
+    assert data["budget"]["block_size"] == 16
+    assert (data["kv_bytes_per_token"], data["context_bytes"], data["contexts"]) == (18_432, 459_472_896, 44)
+    assert data["measured_blocks"] is None  # the measurements were tpu-inference's
 
 
 def test_cli_warns_when_one_context_does_not_fit_and_names_only_fixes_that_help():
-    # 10.6 × 0.9 − 9.4995 = 0.0405 GiB left for KV: less than one 1,152 MiB context.
-    result = CliRunner().invoke(plan, ["--hbm-gib", "10.6"])
+    # 10.0 × 0.9 − 8.97 = 0.03 GiB left for KV: less than one 1,152 MiB context.
+    result = CliRunner().invoke(plan, ["--hbm-gib", "10.0"])
     assert result.exit_code == 0, result.output
     assert "warning: not even one 65,536-token context fits" in result.stderr
-    # 43,497,000 B // 2,359,296 → 18 blocks of 128 = 2,304 tokens.
-    assert "lower --max-model-len (at most 2,304 tokens fit)" in result.stderr
+    # 32,212,254 B // 2,359,296 → 13 blocks of 128 = 1,664 tokens.
+    assert "lower --max-model-len (at most 1,664 tokens fit)" in result.stderr
     assert "fp8" not in result.stderr  # it would save nothing on TPU for this model
 
 

@@ -1,20 +1,11 @@
-"""A tag pinned to its digest (tpuserve/registry.py) against a fake registry on 127.0.0.1, and `tpuserve up` pinning a
-stack's tag before its first `pulumi up` (the fake `pulumi` of tests/fake_pulumi.py records what it was given).
-
-The fake registry is built from the Docker Registry HTTP API v2 (distribution/distribution docs/spec/api.md: `HEAD`
-and `GET /v2/<name>/manifests/<reference>`, the `Docker-Content-Digest` header, the content type of the manifest it
-chose from the `Accept` list, errors as {"errors": [{"code", "message", "detail"}]} with MANIFEST_UNKNOWN and
-NAME_UNKNOWN) and its token authentication (docs/spec/auth/token.md: a 401 with `WWW-Authenticate: Bearer
-realm=...,service=...,scope=repository:<name>:pull`; the realm answers {"token", "access_token", "expires_in",
-"issued_at"}). Like Docker Hub, it serves a multi-arch index only to a client that accepts one; otherwise the
-linux/amd64 manifest, whose digest is another.
+"""A tag pinned to its digest (tpuserve/registry.py) and a pinned image located on its registry, against the fake
+registry of tests/fake_registry.py on 127.0.0.1; `tpuserve up` pinning a stack's tag before its first `pulumi up` (the
+fake `pulumi` of tests/fake_pulumi.py records what it was given); `tpuserve images check`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -22,68 +13,16 @@ import requests
 from click.testing import CliRunner
 
 from tests.fake_pulumi import FakePulumi, install
+from tests.fake_registry import INDEX, MANIFEST, TOKEN, FakeRegistry
 from tests.google_fakes import PROJECT, GoogleFake
-from tests.httpfake import FakeServer, Request, Response
+from tpuserve.cli import main
 from tpuserve.deploy import gce
-from tpuserve.facts import VLLM_TPU_IMAGE
+from tpuserve.facts import VLLM_TPU_IMAGE, VLLM_TPU_IMAGE_EVIDENCE
 from tpuserve.ops import up as up_module
-from tpuserve.registry import MANIFEST_TYPES, Reference, RegistryError, pin_for_deploy, resolve
+from tpuserve.registry import (ABSENT, MANIFEST_TYPES, OK, UNKNOWN, Reference, RegistryError, locate, pin_for_deploy,
+                               resolve)
 
-INDEX = "application/vnd.oci.image.index.v1+json"
-MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-TOKEN = "registry-token-7f2c"
-
-
-def manifest_bytes(tag: str) -> tuple[bytes, bytes]:
-    """(index, amd64 manifest) of a tag: real JSON shapes (OCI image-spec image-index.md, manifest.md)."""
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": MANIFEST,
-                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "size": 7023,
-                                      "digest": "sha256:" + hashlib.sha256(tag.encode()).hexdigest()},
-                           "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                                       "size": 9_871_234_567, "digest": "sha256:" + "1" * 64}]}).encode()
-    index = json.dumps({"schemaVersion": 2, "mediaType": INDEX, "manifests": [
-        {"mediaType": MANIFEST, "size": len(manifest), "digest": "sha256:" + hashlib.sha256(manifest).hexdigest(),
-         "platform": {"architecture": "amd64", "os": "linux"}}]}).encode()
-    return index, manifest
-
-
-class FakeRegistry(FakeServer):
-    def __init__(self, tags: dict[str, list[str]], anonymous_pull: bool = True, send_digest: bool = True):
-        super().__init__(fallback=self.route)
-        self.tags, self.anonymous_pull, self.send_digest = tags, anonymous_pull, send_digest
-
-    def digest_of(self, repository: str, tag: str, accept: str = INDEX) -> str:
-        index, manifest = manifest_bytes(f"{repository}:{tag}")
-        return "sha256:" + hashlib.sha256(index if INDEX in accept else manifest).hexdigest()
-
-    def route(self, request: Request) -> Response:
-        if request.path == "/token":
-            query = urllib.parse.parse_qs(request.query)
-            if not self.anonymous_pull:
-                return Response(401, {"errors": [{"code": "UNAUTHORIZED", "message": "authentication required"}]})
-            assert query["service"] == ["registry.fake"] and query["scope"][0].endswith(":pull"), query
-            return Response(200, {"token": TOKEN, "access_token": TOKEN, "expires_in": 300,
-                                  "issued_at": "2026-08-22T10:00:00Z"})
-        if not request.path.startswith("/v2/") or "/manifests/" not in request.path:
-            return Response(404, {"errors": [{"code": "UNSUPPORTED", "message": "unknown route"}]})
-        repository, _, tag = request.path[len("/v2/"):].partition("/manifests/")
-        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
-            challenge = (f'Bearer realm="{self.url}/token",service="registry.fake",'
-                         f'scope="repository:{repository}:pull"')
-            return Response(401, {"errors": [{"code": "UNAUTHORIZED", "message": "authentication required"}]},
-                            {"WWW-Authenticate": challenge})
-        if repository not in self.tags:
-            return Response(404, {"errors": [{"code": "NAME_UNKNOWN", "message": "repository name not known to "
-                                              "registry", "detail": {"name": repository}}]})
-        if tag not in self.tags[repository]:
-            return Response(404, {"errors": [{"code": "MANIFEST_UNKNOWN", "message": "manifest unknown",
-                                              "detail": {"Tag": tag}}]})
-        accept = request.headers.get("Accept", "")
-        index, manifest = manifest_bytes(f"{repository}:{tag}")
-        body, kind = (index, INDEX) if INDEX in accept else (manifest, MANIFEST)
-        headers = {"Content-Type": kind, **({"Docker-Content-Digest": self.digest_of(repository, tag, accept)}
-                                            if self.send_digest else {})}
-        return Response(200, body if request.method == "GET" else b"", headers)
+PINNED_REPO, PINNED_DIGEST = VLLM_TPU_IMAGE.split("@")
 
 
 @pytest.fixture
@@ -150,7 +89,7 @@ def test_the_default_and_images_given_with_a_digest_are_not_looked_up():
     assert pin_for_deploy(VLLM_TPU_IMAGE, "http://127.0.0.1:9") is None
     assert pin_for_deploy("vllm/vllm-tpu:nightly@" + VLLM_TPU_IMAGE.partition("@")[2], "http://127.0.0.1:9") is None
     assert resolve(VLLM_TPU_IMAGE, "http://127.0.0.1:9") == VLLM_TPU_IMAGE
-    with pytest.raises(RegistryError, match="is not an image reference"):
+    with pytest.raises(RegistryError, match="has a malformed digest: sha256 takes 64 hex digits, got 5"):
         resolve("vllm/vllm-tpu@sha256:short")
 
 
@@ -200,10 +139,137 @@ def test_up_with_a_tag_the_registry_does_not_know_stops_before_any_pulumi_up(pul
     assert "Traceback" not in stderr
 
 
-def test_up_with_the_default_image_asks_no_registry(pulumi: FakePulumi, registry):
+def test_up_with_the_default_image_resolves_no_tag_but_checks_the_pin_is_still_there(pulumi: FakePulumi, registry):
+    registry.held[PINNED_REPO] = {PINNED_DIGEST}  # an older build the registry keeps by digest
     pulumi.scenario({"europe-west4-a": {"rc": 0, "creates": True}})
     code, _, stderr = run_up(registry)
     assert code == 0, stderr
-    assert registry.requests == []
+    manifests = [(r.method, r.path) for r in registry.requests if "/manifests/" in r.path]
+    assert set(manifests) == {("HEAD", f"/v2/{PINNED_REPO}/manifests/{PINNED_DIGEST}")}  # no tag looked up
+    assert "ok       container image" in stderr
     [up] = [call for call in pulumi.calls() if call[0] == "up"]
     assert not any(arg.startswith("containerImage=") for arg in up)
+
+
+def test_up_stops_in_preflight_when_the_pinned_default_is_gone_from_the_registry(pulumi: FakePulumi, registry):
+    registry.held[PINNED_REPO] = {PINNED_DIGEST}
+    registry.deleted.add(PINNED_DIGEST)
+    code, verdict, stderr = run_up(registry)
+    assert code == 1 and verdict["reason"] == "preflight failed"
+    [check] = [c for c in verdict["preflight"]["checks"] if c["check"] == "container image"]
+    assert check["status"] == "fail"
+    assert check["detail"] == (f"{VLLM_TPU_IMAGE}: registry-1.docker.io has no such digest or repository "
+                               "(MANIFEST_UNKNOWN: manifest unknown): a pull cannot succeed")
+    assert check["fix"].startswith("the pinned default is gone: update facts.VLLM_TPU_IMAGE")
+    assert [call for call in pulumi.calls() if call[0] == "up"] == []  # nothing created, nothing bills
+
+
+# --- locating a pinned image, and the digest grammar --------------------------------------------------------------
+
+def test_a_pinned_digest_the_registry_holds_is_ok_and_one_it_dropped_is_absent(registry):
+    pinned = registry.pinned("vllm/vllm-tpu", "nightly")
+    found = locate(pinned, registry.url)
+    assert (found.status, found.digest) == (OK, pinned.partition("@")[2])
+    assert found.detail == "resolves on registry-1.docker.io"
+    registry.deleted.add(pinned.partition("@")[2])
+    registry.requests.clear()
+    gone = locate(pinned, registry.url)
+    assert gone.status == ABSENT and "MANIFEST_UNKNOWN" in gone.detail
+    # The HEAD's 404 has no body; the GET reads the registry's error code.
+    assert [r.method for r in registry.requests if "/manifests/" in r.path] == ["HEAD", "HEAD", "GET"]
+
+
+def test_a_tag_is_located_with_the_digest_it_names_now(registry):
+    found = locate("vllm/vllm-tpu:nightly", registry.url)
+    assert found.status == OK and found.digest == registry.digest_of("vllm/vllm-tpu", "nightly")
+    assert found.detail.endswith(f"(the tag names {found.digest} now)")
+    assert locate("vllm/vllm-gpu:nightly", registry.url).status == ABSENT  # NAME_UNKNOWN
+
+
+@pytest.mark.parametrize("setup, words", [
+    # A HEAD answer has no body: the 429's words are its reason (a GET would count against Docker Hub's pull limit).
+    (lambda fake: setattr(fake, "rate_limited", True), "registry-1.docker.io answered HTTP 429 (Too Many Requests)"),
+    (lambda fake: setattr(fake, "anonymous_pull", False), "could not check on registry-1.docker.io: the token service"),
+])
+def test_a_registry_that_cannot_say_is_unknown_not_absent(setup, words):
+    with FakeRegistry({"vllm/vllm-tpu": ["nightly"]}) as fake:
+        setup(fake)
+        found = locate(fake.pinned("vllm/vllm-tpu", "nightly"), fake.url)
+    assert found.status == UNKNOWN and words in found.detail
+
+
+def test_an_unreachable_registry_or_one_outside_the_spec_is_unknown():
+    assert locate(VLLM_TPU_IMAGE, "http://127.0.0.1:9").status == UNKNOWN
+    google = GoogleFake(images=())  # a 404 without the registry's error body: not a registry that said "absent"
+    with google.start() as fake:
+        found = locate(VLLM_TPU_IMAGE, fake.url)
+    assert found.status == UNKNOWN and found.detail.startswith("registry-1.docker.io answered HTTP 404")
+
+
+@pytest.mark.parametrize("digest, problem", [
+    ("sha256:" + "a" * 63, "sha256 takes 64 hex digits, got 63"),
+    ("sha256:" + "A" * 64, "sha256 digits must be lowercase hex (the OCI image spec forbids A-F)"),
+    ("sha256:" + "g" * 64, "sha256 takes hex digits (0-9, a-f) only"),
+    ("md5:" + "a" * 32, "'md5:" + "a" * 32 + "' is not sha256:<64 hex digits> (or sha512:<128>)"),
+    ("sha256", "'sha256' is not sha256:<64 hex digits> (or sha512:<128>)"),
+])
+def test_a_malformed_digest_is_refused_with_what_is_wrong(digest, problem):
+    with pytest.raises(RegistryError) as err:
+        Reference.parse(f"vllm/vllm-tpu@{digest}")
+    assert str(err.value) == (f"'vllm/vllm-tpu@{digest}' has a malformed digest: {problem}; use the digest as the "
+                              "registry prints it (`docker buildx imagetools inspect IMAGE`)")
+
+
+def test_sha512_digests_are_references_too():
+    digest = "sha512:" + "0" * 128
+    assert Reference.parse(f"vllm/vllm-tpu@{digest}").digest == digest
+
+
+# --- `tpuserve images check` ---------------------------------------------------------------------------------------
+
+def images_check(registry: FakeRegistry, *args: str):
+    result = CliRunner().invoke(main, ["images", "check", *args, "--endpoint", f"registry={registry.url}"])
+    return result, (json.loads(result.stdout.strip().splitlines()[-1]) if "--json" in args else None)
+
+
+def test_images_check_says_the_pin_resolves_and_what_it_rests_on(registry):
+    registry.held[PINNED_REPO] = {PINNED_DIGEST}
+    result, _ = images_check(registry)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"ok       {VLLM_TPU_IMAGE}: resolves on registry-1.docker.io\n")
+    assert ("pinned for: stock google/gemma-4-E2B-it (bf16), TP 1, --max-model-len 2048 --max-num-seqs 16, every "
+            "modality 0 served on one ct6e-standard-1t (europe-west4-a, on demand), ready after 346 s, 2026-09-24, "
+            "vLLM 0.29.1rc1.dev468+g0b7f11a1e") in result.stdout
+    _, document = images_check(registry, "--json")
+    assert (document["ok"], document["status"], document["digest"]) == (True, "ok", PINNED_DIGEST)
+    assert document["evidence"]["source"] == VLLM_TPU_IMAGE_EVIDENCE["source"]
+    assert document["evidence"]["machine_type"] == "ct6e-standard-1t" and document["evidence"]["ready_s"] == 346
+
+
+def test_images_check_fails_in_seconds_when_the_image_is_gone(registry):
+    pinned = registry.pinned("vllm/vllm-tpu", "nightly-20260822-b8692ff")
+    registry.deleted.add(pinned.partition("@")[2])
+    result, document = images_check(registry, "--image", pinned, "--json")
+    assert result.exit_code == 1
+    assert (document["ok"], document["status"], document["evidence"]) == (False, "absent", None)
+    assert document["error"] == (f"{pinned}: registry-1.docker.io has no such digest or repository (MANIFEST_UNKNOWN: "
+                                 "manifest unknown): a pull cannot succeed")
+    assert f"Error: {document['error']}" in result.stderr
+
+
+def test_images_check_warns_but_passes_when_the_registry_cannot_say(registry):
+    registry.rate_limited = True
+    result, _ = images_check(registry, "--image", registry.pinned("vllm/vllm-tpu", "nightly"))
+    assert result.exit_code == 0 and result.stdout.startswith("warning  vllm/vllm-tpu@sha256:")
+    assert "could not tell whether a pull would succeed" in result.stdout
+
+
+def test_images_check_reads_the_stacks_image_and_refuses_a_malformed_one(pulumi: FakePulumi, registry):
+    pulumi.set_config(project=PROJECT, containerImage="vllm/vllm-tpu:nightly")
+    result, document = images_check(registry, "--stack", "dev", "--json")
+    assert result.exit_code == 0, result.output
+    assert document["image"] == "vllm/vllm-tpu:nightly" and document["digest"] == registry.digest_of(
+        "vllm/vllm-tpu", "nightly")
+    result, _ = images_check(registry, "--image", "vllm/vllm-tpu@sha256:ABC")
+    assert result.exit_code == 2 and "--image: 'vllm/vllm-tpu@sha256:ABC' has a malformed digest" in result.stderr
+    assert not [r for r in registry.requests if "sha256:ABC" in r.path]  # refused before asking

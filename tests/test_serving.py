@@ -161,6 +161,8 @@ def test_bad_mm_limits_name_the_key(raw):
     {"max_num_batched_tokens": 1}, {"tensor_parallel_size": 1}, {"kv_cache_dtype": "fp8_e5m2"},
     {"enable_auto_tool_choice": False, "tool_call_parser": ""}, {"mm_limits": {"image": 0}},
     {"extra_args": ("--seed", "7", "--no-enable-prefix-caching")}, {"model": "google/gemma-4-E2B-it-qat-q4_0-gguf"},
+    {"image": "vllm/vllm-tpu:nightly"}, {"image": "us-docker.pkg.dev/p/r/vllm-tpu:v1@sha256:" + "0" * 64},
+    {"image": "localhost:5000/vllm@sha512:" + "f" * 128},
 ], ids=lambda changes: ",".join(f"{k}={v}" for k, v in changes.items()))
 def test_values_at_the_limits_are_accepted(changes):
     cfg = dataclasses.replace(ServingConfig(), **changes)
@@ -169,6 +171,14 @@ def test_values_at_the_limits_are_accepted(changes):
 
 @pytest.mark.parametrize("changes, message", [
     ({"model": "  "}, "model: must name a model"),
+    ({"image": "vllm/vllm-tpu@sha256:" + "a" * 63}, "containerImage: 'vllm/vllm-tpu@sha256:" + "a" * 63 + "' has a "
+     "malformed digest: sha256 takes 64 hex digits, got 63; use the digest as the registry prints it (`docker buildx "
+     "imagetools inspect IMAGE`)"),
+    ({"image": "vllm/vllm-tpu@sha256:" + "E" * 64}, "containerImage: 'vllm/vllm-tpu@sha256:" + "E" * 64 + "' has a "
+     "malformed digest: sha256 digits must be lowercase hex (the OCI image spec forbids A-F); use the digest as the "
+     "registry prints it (`docker buildx imagetools inspect IMAGE`)"),
+    ({"image": "vllm/vllm-tpu nightly"}, "containerImage: 'vllm/vllm-tpu nightly' is not an image reference like "
+     "vllm/vllm-tpu:nightly or vllm/vllm-tpu@sha256:19a1a0526476f902eb83e1057f3d8938f35b457dd7716a30e9ab4f7bee90d507"),
     ({"max_model_len": 0}, "maxModelLen: must be a positive integer, got 0"),
     ({"gpu_memory_utilization": 0.0}, "gpuMemoryUtilization: must be in (0, 1], got 0.0"),
     ({"gpu_memory_utilization": 1.01}, "gpuMemoryUtilization: must be in (0, 1], got 1.01"),
@@ -270,7 +280,7 @@ def test_the_config_hash_of_the_defaults_is_pinned():
     """sha256 of the compact JSON of [image, argv], 16 hex digits: a VM booted by an older toolkit reports the same
     hash for the same config, so the gate does not re-run for nothing."""
     payload = json.dumps([VLLM_TPU_IMAGE, vllm_serve_args(ServingConfig())], separators=(",", ":"))
-    assert config_hash(ServingConfig()) == hashlib.sha256(payload.encode()).hexdigest()[:16] == "a5051a0939f44fc1"
+    assert config_hash(ServingConfig()) == hashlib.sha256(payload.encode()).hexdigest()[:16] == "cb068c86421fe6af"
 
 
 def test_a_setting_records_its_key_and_doc_and_copies_a_mutable_default():

@@ -37,6 +37,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gate": ("tpuserve.observe.gate:gate", "Wait until a deployment really serves; exit 0 only then."),
     "gke": ("tpuserve.ops.gke_renew:gke",
             "A gke stack's TPU nodes: renew each replica's node before flex-start deletes it; status."),
+    "images": ("tpuserve.deploy.image_check:images",
+               "The vLLM TPU image: whether the pinned digest (or a stack's containerImage) still resolves."),
     "inventory": ("tpuserve.deploy.inventory:inventory",
                   ("Everything a stack owns in the project, across zones and regions: in its state, kept on purpose, "
                    "or orphaned, with prices.")),

@@ -50,15 +50,29 @@ DEFAULT_CACHE_DISK_GB = 100
 # The vLLM TPU image a stack runs unless containerImage says otherwise: a digest, so every boot runs the same vLLM
 # although vllm/vllm-tpu:nightly moves daily and each new digest is another 20-26 GB on the cache disk
 # (vllm-project/tpu-inference#1245). Update it only by a deliberate commit, after load-testing the newer build:
-# `python -m tpuserve.registry vllm/vllm-tpu:nightly` prints the tag pinned to its current digest.
-# WHERE THIS ONE COMES FROM: no workspace of this project could reach Docker Hub or a TPU, so it is not our own
-# load-tested pick. It is the digest public benchmark notes record as `vllm/vllm-tpu:nightly` on 2026-09-28 (vLLM
-# 0.30.1rc1.dev221+gc8d7a7dd1), which served Gemma 4 on one ct6e-standard-1t; those runs swapped in a patched
-# tpu_inference for QAT checkpoints, so the stock image's bf16 E2B path is not what they measured. It is newer than
-# tpu-inference b8692ff (2026-08-22), where tpuserve/data/tpu-inference-support.json was read: the modalities and KV
-# dtypes refused there stay refused (conservative if the newer build supports more). Load-test it (or your own
-# reviewed digest) with `tpuserve up` on a dev stack before prod relies on it.
-VLLM_TPU_IMAGE = "vllm/vllm-tpu@sha256:ea98ed065a86d3e69ec7142b9f4766aa3cd7e475d752e680f4ef7612745aca61"
+# `python -m tpuserve.registry vllm/vllm-tpu:nightly` prints the tag pinned to its current digest, and `tpuserve images
+# check` asks the registry whether the pin still resolves. No workspace of this project could reach a TPU, so the pick
+# is the digest with the strongest public record of serving the stock default model on the default machine type
+# (VLLM_TPU_IMAGE_EVIDENCE). The only other candidate, the nightly of 2026-09-28 (sha256:ea98ed06..., vLLM
+# 0.30.1rc1.dev221), has public runs only with a patched tpu_inference (QAT checkpoints), none of stock E2B. The
+# image is newer than tpu-inference b8692ff (2026-08-22), where tpuserve/data/tpu-inference-support.json was read: what
+# is refused there stays refused (conservative if this build supports more).
+VLLM_TPU_IMAGE = "vllm/vllm-tpu@sha256:19a1a0526476f902eb83e1057f3d8938f35b457dd7716a30e9ab4f7bee90d507"
+# What that image reports itself as (its boot log's banner): what tpuserve/data/tpu-inference-support.json and the
+# planner's measurements are checked against.
+VLLM_TPU_IMAGE_VLLM = "0.29.1rc1.dev468+g0b7f11a1e"
+# Where the pin's evidence comes from: one public run, quoted, not ours. `tpuserve images check` prints it.
+VLLM_TPU_IMAGE_EVIDENCE = {
+    "source": "https://github.com/xbill9/gemma4-dev/blob/c7f96dafacd803ee4128d955aab83de529795be4/jev-tpu/RESULTS.md",
+    "log": "https://github.com/xbill9/gemma4-dev/blob/c7f96dafacd803ee4128d955aab83de529795be4/jev-tpu/results/"
+           "2026-09-24-v6e1-evidence/run.log",
+    "date": "2026-09-24",
+    "ran": "stock google/gemma-4-E2B-it (bf16), TP 1, --max-model-len 2048 --max-num-seqs 16, every modality 0",
+    "machine_type": "ct6e-standard-1t",
+    "where": "europe-west4-a, on demand",
+    "ready_s": 346,  # "READY google/gemma-4-E2B-it after 346s" (run.log); no compile cache
+    "also": "E4B 421 s, 12B 512 s and RedHatAI/gemma-4-26B-A4B-it-FP8-dynamic 616 s on the same VM and image",
+}
 # Free space a pull of the vLLM TPU image needs on Docker's data root: the image extracted (20-26 GB, tpu-inference
 # #1245) plus its compressed layers while they download, with room to spare. The VM checks it before pulling and fails
 # with the numbers instead of ENOSPC halfway.

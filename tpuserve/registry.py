@@ -1,21 +1,27 @@
-"""A container image tag -> the digest it names now, from the registry itself (Docker Registry HTTP API v2).
+"""Container images against their registry (Docker Registry HTTP API v2 / OCI distribution-spec): a tag pinned to
+the digest it names now, and whether a pinned image still resolves.
 
 `tpuserve up` pins a tag the user named (`containerImage: vllm/vllm-tpu:nightly`) to its digest before deploying,
 so every boot of that deploy runs the same image although the tag moves daily; the default image is already a digest
-(facts.VLLM_TPU_IMAGE). The protocol, from the registry specs (distribution/distribution docs/spec/api.md and
-docs/spec/auth/token.md; Docker's reference/api/registry/auth):
+(facts.VLLM_TPU_IMAGE). Preflight and `tpuserve images check` ask whether the image still resolves, so a pull that
+cannot succeed fails in seconds here rather than minutes into a paid boot. The protocol, from the specs
+(opencontainers/distribution-spec spec.md "Pulling manifests", "Checking if content exists in the registry" and
+"Error Codes", which grew out of distribution/distribution docs/spec/api.md; token auth: docs/spec/auth/token.md):
 
-- `HEAD /v2/<name>/manifests/<tag>` with an `Accept` of the manifest types (OCI index and manifest, Docker manifest
-  list and v2 manifest: a multi-arch image answers with its index); the digest is the `Docker-Content-Digest` header.
-- A `401` carries `WWW-Authenticate: Bearer realm="...",service="...",scope="repository:<name>:pull"`; an anonymous
-  `GET realm?service=...&scope=...` gives `{"token": ...}` (Docker Hub; some registries say `access_token`), sent
-  again as `Authorization: Bearer`.
+- `HEAD /v2/<name>/manifests/<tag or digest>` with an `Accept` of the manifest types (OCI index and manifest, Docker
+  manifest list and v2 manifest: a multi-arch image answers with its index): 200 with the digest in
+  `Docker-Content-Digest`, or 404 when the manifest is not in the registry. A HEAD answer has no body, so a 404 is
+  read again with GET for its error code.
+- A `401` carries `WWW-Authenticate: Bearer realm="...",service="...",scope="repository:<name>:pull"` (Docker Hub:
+  realm https://auth.docker.io/token, service registry.docker.io); an anonymous `GET realm?service=...&scope=...`
+  gives `{"token": ...}` (some registries say `access_token`), sent again as `Authorization: Bearer`.
 - Errors are `{"errors": [{"code": "MANIFEST_UNKNOWN" | "NAME_UNKNOWN" | "UNAUTHORIZED" | ..., "message": ...}]}`.
 
 Docker Hub names: an image without a registry host is on registry-1.docker.io, one without a namespace is
 `library/<name>` (docker/distribution reference normalisation).
 
     python -m tpuserve.registry vllm/vllm-tpu:nightly     # prints the pinned reference (a deliberate update)
+    tpuserve images check [--stack dev | --image IMAGE]   # does the pinned image (or the stack's) still resolve?
 """
 
 from __future__ import annotations
@@ -32,12 +38,34 @@ MANIFEST_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.do
                   "application/vnd.oci.image.manifest.v1+json",
                   "application/vnd.docker.distribution.manifest.v2+json")
 TIMEOUT_S = 30.0
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# OCI image-spec descriptor.md "Digests": the registered algorithms' encoded part "MUST match /[a-f0-9]{64}/" (sha256)
+# or /[a-f0-9]{128}/ (sha512); "[A-F] MUST NOT be used". A pinned reference with another digest is refused at config
+# time: docker would refuse it minutes into a boot.
+DIGEST_HEX = {"sha256": 64, "sha512": 128}
+DIGEST = re.compile(r"^(?:sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})$")
+# distribution-spec "Error Codes": what a registry says when the image is not there (a pull cannot succeed).
+ABSENT_CODES = ("MANIFEST_UNKNOWN", "NAME_UNKNOWN")
+OK, ABSENT, UNKNOWN = "ok", "absent", "unknown"
 CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 
 
 class RegistryError(RuntimeError):
     """The registry could not say what the tag names; the message is one line for the user."""
+
+
+def digest_problem(digest: str) -> str | None:
+    """Why `digest` is not one docker can pull by, in words; None when it is one."""
+    algorithm, colon, encoded = digest.partition(":")
+    if not colon or algorithm not in DIGEST_HEX:
+        return f"{digest!r} is not sha256:<64 hex digits> (or sha512:<128>)"
+    want = DIGEST_HEX[algorithm]
+    if len(encoded) != want:
+        return f"{algorithm} takes {want} hex digits, got {len(encoded)}"
+    if re.fullmatch(r"[0-9a-fA-F]+", encoded) and encoded != encoded.lower():
+        return f"{algorithm} digits must be lowercase hex (the OCI image spec forbids A-F)"
+    if not re.fullmatch(r"[0-9a-f]+", encoded):
+        return f"{algorithm} takes hex digits (0-9, a-f) only"
+    return None
 
 
 @dataclass(frozen=True)
@@ -49,7 +77,7 @@ class Reference:
 
     @classmethod
     def parse(cls, text: str) -> Reference:
-        name, _, digest = text.partition("@")
+        name, at, digest = text.partition("@")
         first, slash, rest = name.partition("/")
         if slash and ("." in first or ":" in first or first == "localhost"):
             registry, path = first, rest
@@ -58,9 +86,13 @@ class Reference:
         repository, _, tag = path.rpartition(":") if ":" in path else (path, "", "")
         if registry == DOCKER_HUB and "/" not in repository:
             repository = f"library/{repository}"
-        if not repository or (digest and not DIGEST.match(digest)):
+        if not repository:
             raise RegistryError(f"{text!r} is not an image reference like vllm/vllm-tpu:nightly or "
                                 "vllm/vllm-tpu@sha256:<64 hex>")
+        problem = digest_problem(digest) if at else None
+        if problem:
+            raise RegistryError(f"{text!r} has a malformed digest: {problem}; use the digest as the registry prints "
+                                "it (`docker buildx imagetools inspect IMAGE`)")
         return cls(registry, repository, tag or ("" if digest else "latest"), digest)
 
     def pinned(self, digest: str, original: str) -> str:
@@ -97,23 +129,34 @@ def error_words(response: requests.Response) -> str:
         return response.reason or f"HTTP {response.status_code}"
 
 
+def manifest_url(reference: Reference, registry_url: str) -> str:
+    base = (registry_url or f"https://{reference.registry}").rstrip("/")
+    return f"{base}/v2/{reference.repository}/manifests/{reference.digest or reference.tag}"
+
+
+def ask(session: requests.Session, method: str, url: str, repository: str,
+        headers: dict[str, str]) -> requests.Response:
+    """One manifest request; a 401's token challenge is answered once (`headers` keeps the token for the next)."""
+    response = session.request(method, url, headers=headers, timeout=TIMEOUT_S)
+    if response.status_code == 401 and "Authorization" not in headers:
+        token = bearer_token(session, response.headers.get("WWW-Authenticate", ""), repository)
+        headers["Authorization"] = f"Bearer {token}"
+        response = session.request(method, url, headers=headers, timeout=TIMEOUT_S)
+    return response
+
+
 def resolve(image: str, registry_url: str = "", session: requests.Session | None = None) -> str:
     """`image` pinned to the digest its tag names now (an image already pinned is returned as it is).
     `registry_url` replaces https://<registry host> (tests point it at a fake on 127.0.0.1)."""
     reference = Reference.parse(image)
     if reference.digest:
         return image
-    base = (registry_url or f"https://{reference.registry}").rstrip("/")
-    url = f"{base}/v2/{reference.repository}/manifests/{reference.tag}"
+    url = manifest_url(reference, registry_url)
     headers = {"Accept": ", ".join(MANIFEST_TYPES)}
     owned = session is None
     session = session or requests.Session()
     try:
-        response = session.head(url, headers=headers, timeout=TIMEOUT_S)
-        if response.status_code == 401:
-            token = bearer_token(session, response.headers.get("WWW-Authenticate", ""), reference.repository)
-            headers["Authorization"] = f"Bearer {token}"
-            response = session.head(url, headers=headers, timeout=TIMEOUT_S)
+        response = ask(session, "HEAD", url, reference.repository, headers)
         digest = response.headers.get("Docker-Content-Digest", "")
         if response.status_code == 200 and not digest:  # HEAD without the header: the digest of the body
             response = session.get(url, headers=headers, timeout=TIMEOUT_S)
@@ -132,6 +175,57 @@ def resolve(image: str, registry_url: str = "", session: requests.Session | None
     if not DIGEST.match(digest):
         raise RegistryError(f"{image}: {reference.registry} gave no sha256 digest ({digest!r})")
     return reference.pinned(digest, image)
+
+
+@dataclass(frozen=True)
+class Located:
+    """Whether a registry holds an image: OK (a pull can start), ABSENT (the registry says it has no such manifest
+    or repository: a pull cannot succeed) or UNKNOWN (unreachable, private, or an answer outside the spec)."""
+
+    image: str
+    status: str
+    detail: str
+    digest: str = ""  # what the registry names the manifest (the pin itself for a pinned image)
+
+
+def locate(image: str, registry_url: str = "", session: requests.Session | None = None) -> Located:
+    """Ask the image's registry for its manifest (HEAD, the tag or the digest). Never raises for what the registry
+    says; RegistryError only for a malformed reference."""
+    reference = Reference.parse(image)
+    url = manifest_url(reference, registry_url)
+    headers = {"Accept": ", ".join(MANIFEST_TYPES)}
+    where = reference.registry
+    owned = session is None
+    session = session or requests.Session()
+    try:
+        response = ask(session, "HEAD", url, reference.repository, headers)
+        if response.status_code == 404:  # a HEAD has no body: the error code comes with a GET
+            response = session.get(url, headers=headers, timeout=TIMEOUT_S)
+    except RegistryError as err:  # a private image's token realm refused us: no way to tell
+        return Located(image, UNKNOWN, f"could not check on {where}: {err}")
+    except requests.RequestException as err:
+        return Located(image, UNKNOWN, f"could not reach {where} ({type(err).__name__}); a pull may still work")
+    finally:
+        if owned:
+            session.close()
+    if response.status_code == 200:
+        digest = reference.digest or response.headers.get("Docker-Content-Digest", "")
+        named = f" (the tag names {digest} now)" if digest and not reference.digest else ""
+        return Located(image, OK, f"resolves on {where}{named}", digest)
+    codes = registry_codes(response)
+    if response.status_code == 404 and codes & set(ABSENT_CODES):
+        what = "digest" if reference.digest else "tag"
+        return Located(image, ABSENT, f"{where} has no such {what} or repository ({error_words(response)}): a pull "
+                                      "cannot succeed")
+    return Located(image, UNKNOWN, f"{where} answered HTTP {response.status_code} ({error_words(response)}); could "
+                                   "not tell whether a pull would succeed")
+
+
+def registry_codes(response: requests.Response) -> set[str]:
+    try:
+        return {str(error.get("code")) for error in response.json().get("errors") or [] if isinstance(error, dict)}
+    except (ValueError, AttributeError):
+        return set()
 
 
 def pin_for_deploy(configured: str, registry_url: str = "") -> str | None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from tpuserve.facts import (CACHE_ROOT, CONTAINER_HF_HOME, CONTAINER_XLA_CACHE, VLLM_TPU_IMAGE,
                             XLA_CACHE_KEY_PLACEHOLDER)
+from tpuserve.registry import Reference, RegistryError
 
 DEFAULT_MODEL = "google/gemma-4-E2B-it"
 DEFAULT_PORT = 8000
@@ -133,6 +134,7 @@ class ServingConfig:
         backend = backend or self.backend
         if not self.model.strip():
             raise ConfigError("model", "must name a model")
+        check_image(self.image)
         if self.max_model_len <= 0:
             raise ConfigError("maxModelLen", f"must be a positive integer, got {self.max_model_len}")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -167,6 +169,18 @@ class ServingConfig:
                     raise ConfigError("model", f"{self.model!r}: {reason}. Set allowKnownBrokenModel to deploy "
                                       "it anyway.")
         return self
+
+
+def check_image(image: str) -> None:
+    """An image reference docker can pull by: a malformed digest (too few hex digits, uppercase hex) is refused here,
+    not by `docker pull` minutes into a paid boot (the grammar: tpuserve/registry.py, from the OCI image spec)."""
+    if not image.strip() or any(ch.isspace() for ch in image):
+        raise ConfigError("containerImage", f"{image!r} is not an image reference like vllm/vllm-tpu:nightly or "
+                          f"{VLLM_TPU_IMAGE}")
+    try:
+        Reference.parse(image)
+    except RegistryError as err:
+        raise ConfigError("containerImage", str(err)) from None
 
 
 def parse_mm_limits(value: Any) -> Mapping[str, int] | None:

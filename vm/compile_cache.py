@@ -36,7 +36,9 @@ ATIME_SUFFIX = "-atime"
 # model program (tpu-inference runner/compilation_manager.py), and their block count follows the HBM left after the
 # weights load (worker/tpu_worker.py): one block more or less than the boot that filled the cache misses every
 # program. Pinning the count (--num-gpu-blocks-override) makes every boot of one config compile the same programs.
-# It travels to the bucket and back with the entries.
+# It travels to the bucket and back with the entries. The block size needs no place in the key or the pin: tpu-inference
+# derives it from max_model_len and max_num_seqs (tpuserve/measure/plan.py `tpu_block_size`), both in the argv the
+# config hash covers, and JAX keys each cached program by its shapes (another block size is a miss, never a wrong hit).
 PIN_PREFIX = "tpu-serve-kv-blocks-"
 # A boot is warm when it compiled about nothing: at most this share of the entries it found, and at least one.
 WARM_NEW_SHARE = 0.02

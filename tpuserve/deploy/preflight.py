@@ -2,7 +2,11 @@
 
 With the user's application-default credentials (as the gate uses them), for the stack's project and candidate zones:
 - the project exists and is active (Resource Manager `projects.get`);
-- the Compute Engine, Secret Manager and IAM APIs are enabled (Service Usage `services.batchGet`);
+- every API the stack uses is enabled (Service Usage `services.batchGet`): Compute Engine, Secret Manager, IAM,
+  Cloud Monitoring (dashboard, alerts), Cloud Logging (the container's logs) and Cloud Storage (the compile-cache
+  bucket), so a disabled one fails here with the `gcloud services enable` line, not late at the bucket or the alerts;
+- the container image still resolves on its registry (tpuserve/registry.py): one that is gone fails here, in seconds,
+  instead of minutes into a paid boot; an unreachable registry is only a warning;
 - each candidate zone offers the machine type (Compute `machineTypes.get`): the live answer that replaces any
   built-in zone list;
 - each candidate region has TPU v6e quota: a flex-start VM draws preemptible quota, else standard quota ("When you
@@ -36,12 +40,25 @@ from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient
 from tpuserve.deploy.gcs import STORAGE_URL
 from tpuserve.deploy.orphans import stack_labels
 from tpuserve.deploy.sweep import region_of
-from tpuserve.facts import V6E_ZONES
+from tpuserve.facts import V6E_ZONES, VLLM_TPU_IMAGE
+from tpuserve.registry import ABSENT, OK as IMAGE_OK, RegistryError, locate
 
 OK, WARNING, FAIL = "ok", "warning", "fail"
 DEFAULT_MACHINE_TYPE = "ct6e-standard-1t"
 TIMEOUT_S = 20.0
-REQUIRED_APIS = ("compute.googleapis.com", "secretmanager.googleapis.com", "iam.googleapis.com")
+# Service names as Service Usage spells them (`projects/P/services/<name>`): Compute, Secret Manager and IAM for what
+# `pulumi up` creates; monitoring.googleapis.com ("Service: monitoring.googleapis.com", the Monitoring API v3 REST
+# reference) for the dashboard and alert policies; logging.googleapis.com (googleapis google/logging/v2/
+# logging_v2.yaml `name:`) for the container's logs.
+REQUIRED_APIS = ("compute.googleapis.com", "secretmanager.googleapis.com", "iam.googleapis.com",
+                 "monitoring.googleapis.com", "logging.googleapis.com")
+# Cloud Storage is two services that Google lists side by side among those a new project has enabled ("Cloud Storage
+# API" and "Google Cloud Storage JSON API", https://cloud.google.com/service-usage/docs/enabled-service), the second
+# the JSON API's own name (its "has not been used in project ... or it is disabled" error links
+# apis/api/storage_api; creating a bucket needed `gcloud services enable storage-api.googleapis.com` in
+# terraform-google-modules/cloud-foundation-training#14). Which one gates the bucket calls is not documented: both off
+# fails, one off warns.
+STORAGE_APIS = ("storage.googleapis.com", "storage-api.googleapis.com")
 QUOTAS_API = "cloudquotas.googleapis.com"
 PREEMPTIBLE_QUOTA = "PREEMPTIBLE-TPU-V6E-per-project-region"
 FAMILY_QUOTA = "TPUS-PER-TPU-FAMILY-per-project-region"
@@ -108,6 +125,8 @@ class Target:
     nat_regions: tuple[str, ...] = ()
     makes_nat: bool = True
     own_nats: frozenset[tuple[str, str, str]] = frozenset()
+    image: str = ""  # containerImage (the default pin when unset); empty: not checked
+    bucket: bool = True  # compileCacheBucket: the stack keeps a Cloud Storage bucket
 
     @property
     def chips(self) -> int:
@@ -199,21 +218,51 @@ def check_project(google: Google) -> Check:
     return Check("project", OK, f"{google.project} (number {project.get('projectNumber', '?')}), active")
 
 
-def check_apis(google: Google) -> tuple[Check, set[str]]:
-    """The required APIs' state; also returns every API found enabled (the quota check needs Cloud Quotas)."""
-    names = [f"projects/{google.project}/services/{api}" for api in (*REQUIRED_APIS, QUOTAS_API)]
+def check_apis(google: Google, target: Target) -> tuple[Check, set[str]]:
+    """The state of every API the stack uses, in one batchGet (at most 30 names a request: Service Usage v1
+    services.batchGet); also returns every API found enabled (the quota check needs Cloud Quotas)."""
+    storage = STORAGE_APIS if target.bucket else ()
+    wanted = (*REQUIRED_APIS, *storage)
+    names = [f"projects/{google.project}/services/{api}" for api in (*wanted, QUOTAS_API)]
     try:
         body = google.call("serviceusage", f"/v1/projects/{google.project}/services:batchGet",
                            params={"names": names}, bill_project=True)
     except (ApiError, requests.RequestException) as err:
-        return unreachable("APIs", err), set(REQUIRED_APIS)
+        return unreachable("APIs", err), set(wanted)
     enabled = {service["name"].rsplit("/", 1)[-1] for service in body.get("services", [])
                if service.get("state") == "ENABLED"}
     disabled = [api for api in REQUIRED_APIS if api not in enabled]
+    storage_off = [api for api in storage if api not in enabled]
+    if storage_off and len(storage_off) == len(storage):
+        disabled += storage_off
+    enable = f"gcloud services enable {{}} --project {google.project}"
     if disabled:
-        return Check("APIs", FAIL, f"not enabled: {', '.join(disabled)}",
-                     f"gcloud services enable {' '.join(disabled)} --project {google.project}"), enabled
-    return Check("APIs", OK, f"enabled: {', '.join(api.split('.')[0] for api in REQUIRED_APIS)}"), enabled
+        return Check("APIs", FAIL, f"not enabled: {', '.join(disabled)}", enable.format(" ".join(disabled))), enabled
+    if storage_off:
+        on = ", ".join(api for api in storage if api not in storage_off)
+        detail = (f"not enabled: {', '.join(storage_off)} (while {on} is; which of the two Cloud Storage services "
+                  "the bucket needs is not documented)")
+        return Check("APIs", WARNING, detail, enable.format(" ".join(storage_off))), enabled
+    return Check("APIs", OK, f"enabled: {', '.join(api.split('.')[0] for api in wanted)}"), enabled
+
+
+def check_image(target: Target, registry_url: str) -> Check:
+    """Whether the registry still holds the image the VM will pull; asked without the Google credentials (a fresh
+    session: the user's token must not reach another registry)."""
+    name = "container image"
+    try:
+        with requests.Session() as session:
+            found = locate(target.image, registry_url, session)
+    except RegistryError as err:
+        return Check(name, FAIL, str(err), "fix containerImage (pulumi config set containerImage IMAGE@sha256:...)")
+    if found.status == IMAGE_OK:
+        return Check(name, OK, f"{target.image}: {found.detail}")
+    if found.status == ABSENT:
+        fix = ("the pinned default is gone: update facts.VLLM_TPU_IMAGE (`python -m tpuserve.registry "
+               "vllm/vllm-tpu:nightly` names today's), or set containerImage" if target.image == VLLM_TPU_IMAGE
+               else "pulumi config set containerImage IMAGE (one `tpuserve images check --image IMAGE` finds)")
+        return Check(name, FAIL, f"{target.image}: {found.detail}", fix)
+    return Check(name, WARNING, f"{target.image}: {found.detail}")
 
 
 def check_machine_type(google: Google, target: Target, report: Report) -> Check:
@@ -395,12 +444,14 @@ def preflight(session: requests.Session, target: Target, endpoints: Endpoints = 
     report.checks.append(project := check_project(google))
     if project.status == FAIL:
         return report
-    apis_check, apis = check_apis(google)
+    apis_check, apis = check_apis(google, target)
     report.checks.append(apis_check)
     report.checks.append(check_machine_type(google, target, report))
     report.checks.append(check_quota(google, target, report, apis))
     report.checks.append(check_secret(google, target))
     report.checks.append(check_permissions(google, target))
+    if target.image:
+        report.checks.append(check_image(target, endpoints.registry))
     if target.nat_regions:
         report.checks += check_nat(google, target, report)
     if not report.usable_zones and not report.failed:  # e.g. quota unknown but every zone lacks the machine type
@@ -432,7 +483,8 @@ def target_from_config(config: Mapping[str, Any], zones: Sequence[str], stack: s
                   stack=stack, network=str(config.get("network") or "default"),
                   subnetwork=str(config.get("subnetwork") or ""), nat_regions=regions,
                   makes_nat=setting_on(config, "createCloudNat", True) and not setting_on(config, "externalIp", False),
-                  own_nats=own_nats)
+                  own_nats=own_nats, image=str(config.get("containerImage") or VLLM_TPU_IMAGE),
+                  bucket=setting_on(config, "compileCacheBucket", True))
 
 
 def configured_zones(config: Mapping[str, Any], outputs: Mapping[str, Any], explicit: str | None) -> list[str]:
@@ -478,7 +530,9 @@ def endpoint_option(command: Any) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line: the checks and the zones to try.")
 @endpoint_option
 def preflight_command(stack: str, zones: str | None, cwd: Path, as_json: bool, endpoints: tuple[str, ...]) -> None:
-    """Check what would stop a deploy: APIs, machine type per zone, TPU quota, token secret, permissions, Cloud NAT."""
+    """Check what would stop a deploy: APIs, machine type per zone, TPU quota, token secret, permissions, Cloud NAT.
+
+    Also whether the container image still resolves on its registry."""
     from rich.console import Console
 
     from tpuserve.deploy.gce import MissingCredentials, adc_session

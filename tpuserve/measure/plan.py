@@ -22,10 +22,13 @@ Two backends size them differently (`--backend`):
   - KV heads are padded to a multiple of the chips and split over them (`get_padded_num_heads`,
     `get_kv_cache_shape_with_mesh`): one KV head is replicated on every chip;
   - the budget is every chip's HBM × utilization minus what the loaded model uses (tpu_inference/worker/tpu_worker.py
-    `determine_available_memory`), taken here per chip as HBM × utilization − weights / chips.
+    `determine_available_memory`), taken here per chip as HBM × utilization − weights / chips (a preset's weights are
+    the HBM its model was measured to take after loading);
+  - the block (page) size follows max_model_len and max_num_seqs unless --block-size is given (`tpu_block_size`).
 - `gpu`: upstream vLLM's arithmetic: K and V of each KV head at the dtype's size, `max(1, heads // chips)` heads per
   device, and a sliding layer keeps at most `sliding_window - 1 + max_num_batched_tokens` tokens per request,
-  rounded up to blocks plus one (`SlidingWindowSpec.max_admission_blocks_per_request`).
+  rounded up to blocks plus one (`SlidingWindowSpec.max_admission_blocks_per_request`); blocks of 16 tokens
+  (vllm/config/cache.py `CacheConfig.DEFAULT_BLOCK_SIZE`, vLLM 0.32; an attention backend may prefer another).
 Activations and compilation scratch come out of the budget too on a real server: treat the counts as upper bounds.
 """
 
@@ -60,6 +63,15 @@ MODEL_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 2}  # vLLM serves a
 TPU_WORD_BYTES = 4  # the kernel packs K/V values into 32-bit words
 TPU_LANES = 128
 V6E_CHIPS = (1, 4, 8)  # ct6e-standard-1t, -4t, -8t
+GPU_BLOCK_SIZE = 16
+# vLLM's `vllm serve` default for max_num_seqs on a device under 70 GiB (a v6e chip has 32 GB), capped by
+# max_num_batched_tokens (vLLM 0.32 vllm/engine/arg_utils.py `get_batch_defaults`, L2943-2952; its TPU branch changes
+# only the batched tokens; `_set_default_max_num_seqs_and_batched_tokens_args`, L3123-3180).
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+# tpu-inference's page size bounds, and the SMEM its block tables must fit in half of ("up to v6e, the SMEM size is
+# 1MB"): tpu_inference/layers/vllm/backends/flash_attn.py L107-143 at b8692ff.
+TPU_PAGE_MIN, TPU_PAGE_MAX, TPU_PAGE_SPLIT, TPU_PAGE_LONG_CONTEXT = 16, 256, 16, 8192
+TPU_SMEM_BYTES = 1024 * 1024
 FULL, SLIDING = "full_attention", "sliding_attention"
 # The stack's serving defaults: a plan without options describes what a default deployment runs.
 SERVED = ServingConfig()
@@ -67,6 +79,31 @@ SERVED = ServingConfig()
 
 def align(value: int, to: int) -> int:
     return math.ceil(value / to) * to
+
+
+def next_power_of_2(value: int) -> int:
+    return 1 << (value - 1).bit_length()
+
+
+def default_max_num_seqs(max_num_batched_tokens: int) -> int:
+    return min(VLLM_DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens)
+
+
+def tpu_block_size(max_model_len: int, max_num_seqs: int) -> int:
+    """The KV block size tpu-inference picks when --block-size is not given (TpuPlatform.check_and_update_config,
+    tpu_inference/platforms/tpu_platform.py L366-387 at b8692ff): max_model_len split into 16 pages of 16-256 tokens
+    (16 above 8,192 tokens: `get_page_size`), raised to the next power of two that keeps every request's block table
+    (max_num_seqs × pages × 4 B) within half the SMEM (`get_min_page_size`, "Increase the page size from 16 to 64 to
+    avoid SMEM OOM" in the logs). Public v6e-1 boot logs: 32,768 tokens × 256 seqs -> 64; 2,048 × 16 -> 128."""
+    page = TPU_PAGE_MIN if max_model_len > TPU_PAGE_LONG_CONTEXT else min(
+        max(next_power_of_2(max_model_len) // TPU_PAGE_SPLIT, TPU_PAGE_MIN), TPU_PAGE_MAX)
+    pages_per_request = TPU_SMEM_BYTES // 2 // max_num_seqs // 4
+    return max(page, next_power_of_2(math.ceil(max_model_len / pages_per_request)))
+
+
+def block_size_for(backend: str, max_model_len: int, max_num_seqs: int) -> int:
+    """The block size the backend picks by itself (no --block-size)."""
+    return tpu_block_size(max_model_len, max_num_seqs) if backend == TPU else GPU_BLOCK_SIZE
 
 
 def padded_kv_heads(kv_heads: int, chips: int) -> int:
@@ -165,6 +202,7 @@ class Budget:
     max_num_batched_tokens: int
     backend: str = TPU
     chips: int = 1
+    max_num_seqs: int = VLLM_DEFAULT_MAX_NUM_SEQS  # what the TPU block size follows (tpu_block_size)
 
     @property
     def usable_gib(self) -> float:
@@ -270,9 +308,14 @@ class Model:
 
     name: str
     config: Mapping[str, Any]
-    weights_gib: float
+    weights_gib: float  # the checkpoint (what a boot reads from disk)
     source: str
-    measured: Mapping[str, Any] | None = None  # a preset's recorded allocator figure, when it has one
+    measured: tuple[Mapping[str, Any], ...] = ()  # a preset's recorded allocator figures
+    hbm_gib: float | None = None  # what the loaded model takes in HBM, when measured; else weights_gib
+
+    @property
+    def loaded_gib(self) -> float:
+        return self.weights_gib if self.hbm_gib is None else self.hbm_gib
 
 
 def config_name(config: Mapping[str, Any], config_path: Path) -> str:
@@ -285,6 +328,7 @@ def resolve_model(model: str | None, config_path: Path | None, weights_gib: floa
     """--config/--weights-gib first, then the checkpoint beside the config, then the preset of --model. `model` is
     None when --model was not given: a --config then stands alone (it is named by itself, and no preset's weights
     are borrowed for it)."""
+    given_weights = weights_gib
     preset = presets().get(model or DEFAULT_MODEL) if config_path is None or model else None
     if config_path is None and preset is None:
         raise ConfigError("--config", f"no built-in preset for {model!r} (have: {', '.join(presets())}); "
@@ -306,8 +350,11 @@ def resolve_model(model: str | None, config_path: Path | None, weights_gib: floa
     if weights_gib is None:
         raise ConfigError("--weights-gib", f"unknown for {name}: no safetensors beside {config_path}; give "
                           "--weights-gib (or --model naming a built-in preset)")
-    measured = preset.get("measured") if preset and config_path is None else None
-    return Model(name, config, weights_gib, source, measured)
+    own = preset and config_path is None
+    hbm = preset.get("hbm_gib") if own and given_weights is None else None
+    if hbm is not None:
+        source += f"; in HBM after loading: {hbm} GiB ({preset['hbm_source']})"
+    return Model(name, config, weights_gib, source, tuple(preset.get("measured", ())) if own else (), hbm)
 
 
 def describe_layers(layers: list[KvLayer]) -> list[str]:
@@ -316,15 +363,13 @@ def describe_layers(layers: list[KvLayer]) -> list[str]:
             for (kind, heads, dim, window), count in sorted(groups.items(), key=lambda item: item[0][0])]
 
 
-def measured_applies(measured: Mapping[str, Any] | None, plan: Plan) -> bool:
-    """Whether a preset's measured allocation was taken under this plan's conditions."""
-    if not measured:
-        return False
+def measurement_for(model: Model, plan: Plan) -> Mapping[str, Any] | None:
+    """The preset's recorded allocation taken under this plan's conditions, if any."""
     budget = plan.budget
-    return (budget.backend, budget.chips, budget.utilization, budget.block_size, budget.max_model_len,
-            plan.kv_dtype, budget.hbm_gib) == (
-        TPU, measured["chips"], measured["utilization"], measured["block_size"], measured["max_model_len"],
-        measured["kv_dtype"], V6E_HBM_GIB)
+    here = (budget.backend, budget.chips, budget.utilization, budget.block_size, budget.max_model_len, plan.kv_dtype,
+            budget.hbm_gib)
+    return next((m for m in model.measured if here == (TPU, m["chips"], m["utilization"], m["block_size"],
+                                                       m["max_model_len"], m["kv_dtype"], V6E_HBM_GIB)), None)
 
 
 # --- the cache disk: what its throughput buys a warm boot, and what it costs ---------------------------------------
@@ -388,7 +433,21 @@ def plan_as_json(plan: Plan, model: Model) -> dict[str, Any]:
             "resident_tokens": plan.resident_tokens, "blocks": plan.blocks, "context_bytes": plan.context_bytes,
             "contexts": plan.contexts, "contexts_if_windows_kept_all": plan.contexts_if_windows_kept_all,
             "contexts_if_windows_honoured": plan.contexts_if_windows_honoured,
-            "measured_blocks": model.measured["blocks"] if measured_applies(model.measured, plan) else None}
+            "measured_blocks": (measurement_for(model, plan) or {}).get("blocks"),
+            "block_size_note": block_note(plan.budget), "fp8_log_note": FP8_LOG_NOTE if shows_fp8_note(plan) else None}
+
+
+# What a v6e server logs at boot whatever its KV dtype: tpu-inference's TpuPlatform.fp8_dtype() says it each time
+# anything asks which fp8 type to use (tpu_inference/platforms/tpu_platform.py L208-214 at b8692ff); `auto` still
+# allocates the model's 16 bits (tpu_inference/runner/tpu_runner.py L839-842). The public v6e-1 boot logs of the
+# preset's measurements print it 18-20 times beside `regular_attn_dtype=bfloat16` and a pool of the 16-bit size.
+FP8_LOG_NOTE = ("v6e servers log \"Automatically using fp8_e5m2 for FP8 KV cache on TPU v6e.\" at boot whatever "
+                "--kv-cache-dtype is: it says which fp8 type would be used, not that the cache is fp8. With auto the "
+                "pool is 16-bit (public v6e-1 logs: regular_attn_dtype=bfloat16, a pool the bf16 size to 0.01%)")
+
+
+def shows_fp8_note(plan: Plan) -> bool:
+    return plan.budget.backend == TPU and KV_DTYPE_BYTES.get(plan.kv_dtype, 2) == 2
 
 
 def dtype_note(plan: Plan) -> str:
@@ -399,6 +458,15 @@ def dtype_note(plan: Plan) -> str:
         return (f"{name}: no smaller than bf16 on TPU, whose kernel packs K and V into 32-bit words: with "
                 f"{'/'.join(map(str, sorted(heads)))} KV head(s) per chip an fp8 word stays half empty")
     return f"{name}, every KV layer"
+
+
+def block_note(budget: Budget) -> str:
+    if budget.block_size != block_size_for(budget.backend, budget.max_model_len, budget.max_num_seqs):
+        return "blocks of --block-size"
+    if budget.backend == GPU:
+        return f"blocks of vLLM's default {GPU_BLOCK_SIZE}"
+    return (f"blocks of tpu-inference's page size for max_model_len {budget.max_model_len:,} and max_num_seqs "
+            f"{budget.max_num_seqs}")
 
 
 def plan_lines(plan: Plan, model: Model) -> list[tuple[str, str]]:
@@ -426,13 +494,16 @@ def plan_lines(plan: Plan, model: Model) -> list[tuple[str, str]]:
         ("KV budget" + (" per chip" if budget.chips > 1 else ""),
          f"{budget.hbm_gib:g} GiB × {budget.utilization:g} − {weights} = {budget.kv_bytes / GIB:.2f} GiB"),
         ("Resident KV tokens", f"{plan.resident_tokens:,} ({plan.blocks:,} blocks of {budget.block_size})"),
+        ("", block_note(budget)),
         (f"One {budget.max_model_len:,}-token context", f"{plan.context_bytes / 2**20:,.1f} MiB ({context})"),
         ("Full-length contexts that fit", contexts),
     ]
-    if measured_applies(model.measured, plan):
-        measured = model.measured
+    measured = measurement_for(model, plan)
+    if measured:
         lines.append(("Measured", f"{measured['blocks']:,} blocks of {measured['block_size']} (this plan "
                                   f"{plan.blocks / measured['blocks'] - 1:+.1%}): {measured['source']}"))
+    if shows_fp8_note(plan):
+        lines.append(("\"fp8_e5m2\" in the log", FP8_LOG_NOTE))
     return lines
 
 
@@ -485,7 +556,11 @@ def advice(plan: Plan, max_model_len: int) -> str | None:
               "dtype).")
 @click.option("--max-model-len", type=click.IntRange(min=1), default=SERVED.max_model_len, show_default=True,
               help="vLLM --max-model-len (default: the stack's).")
-@click.option("--block-size", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--max-num-seqs", type=click.IntRange(1, TPU_SMEM_BYTES // 8),
+              help=f"vLLM --max-num-seqs (default: vLLM's, {VLLM_DEFAULT_MAX_NUM_SEQS} or --max-num-batched-tokens if "
+              "fewer): with --max-model-len it sets tpu-inference's block size.")
+@click.option("--block-size", type=click.IntRange(min=1), help="vLLM --block-size (default: what the backend picks: "
+              "on TPU from --max-model-len and --max-num-seqs, as tpu-inference does; 16 with --backend gpu).")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=SERVED.max_num_batched_tokens,
               show_default=True, help="vLLM --max-num-batched-tokens: how far past its window a sliding layer holds "
               "KV with --backend gpu (default: the stack's).")
@@ -501,14 +576,17 @@ def advice(plan: Plan, max_model_len: int) -> str | None:
               help="--json is the same as --format json.")
 @json_option
 def plan(model: str | None, config_path: Path | None, backend: str, chips: int, hbm_gib: float, utilization: float,
-         weights_gib: float | None, kv_dtype: str, max_model_len: int, block_size: int, max_num_batched_tokens: int,
-         cache_disk_gb: int, cache_disk_mibps: int, cache_disk_iops: int, output_format: str, as_json: bool) -> None:
+         weights_gib: float | None, kv_dtype: str, max_model_len: int, max_num_seqs: int | None,
+         block_size: int | None, max_num_batched_tokens: int, cache_disk_gb: int, cache_disk_mibps: int,
+         cache_disk_iops: int, output_format: str, as_json: bool) -> None:
     """KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM; what the cache disk's
     throughput buys a warm boot, and what it costs."""
     try:
         resolved = resolve_model(model, config_path, weights_gib)
-        result = make_plan(resolved.config, Budget(hbm_gib, utilization, resolved.weights_gib, kv_dtype,
-                                                   max_model_len, block_size, max_num_batched_tokens, backend, chips))
+        seqs = max_num_seqs or default_max_num_seqs(max_num_batched_tokens)
+        block = block_size or block_size_for(backend, max_model_len, seqs)
+        result = make_plan(resolved.config, Budget(hbm_gib, utilization, resolved.loaded_gib, kv_dtype,
+                                                   max_model_len, block, max_num_batched_tokens, backend, chips, seqs))
     except ConfigError as error:
         raise click.ClickException(str(error)) from error
     disk = DiskPlan(cache_disk_gb, cache_disk_mibps, cache_disk_iops, resolved.weights_gib) if cache_disk_gb else None
