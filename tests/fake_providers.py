@@ -451,13 +451,16 @@ class AlertPolicyProvider(Provider):
 # --- the dynamic resources: this repository's own providers ------------------------------------------------------
 
 class DynamicProvider(Provider):
-    """tpuserve.deploy.cache_provider's CacheDiskProvider or CacheBucketProvider, pointed at the fake cloud."""
+    """tpuserve.deploy.cache_provider's CacheDiskProvider or CacheBucketProvider, or tpuserve.alert_metrics'
+    MetricsWrittenProvider, pointed at the fake cloud."""
 
     def __init__(self, cloud: Cloud, type_: str, urn: str) -> None:
         super().__init__(cloud, type_)
+        from tpuserve import alert_metrics
         from tpuserve.deploy import cache_provider
 
-        self.impl = cache_provider.CacheDiskProvider(cloud.url) if urn.endswith("-disk") else \
+        self.impl = alert_metrics.MetricsWrittenProvider(cloud.url) if urn.endswith("-metrics") else \
+            cache_provider.CacheDiskProvider(cloud.url) if urn.endswith("-disk") else \
             cache_provider.CacheBucketProvider(cloud.url)
 
     @staticmethod
