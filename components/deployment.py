@@ -128,6 +128,7 @@ class TpuServeDeployment(pulumi.ComponentResource):
             "expectedExpiry": self.expected_expiry,
             "bootTimeline": self.boot_timeline,
             "dashboardUrl": watch.dashboard_url,
+            "alerts": watch.alerts,  # which alert policies exist, which wait for their metrics
             "vmUrn": vm.instance_urn,
             "vmSlot": cfg.vm_slot,
         }

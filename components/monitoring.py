@@ -6,7 +6,8 @@ The metrics arrive as `prometheus.googleapis.com/<name>/<kind>` and are queried 
 digits, `_` and `:` use the traditional syntax); every query selects the stack's VM by the `instance_name` label the
 agent's relabel rule sets. Series names come from tpuserve.vllm_metrics, checked against a real vLLM 0.32 scrape
 (tests/test_monitoring.py). Dashboard JSON: https://cloud.google.com/monitoring/api/ref_v3/rest/v1/projects.dashboards
-(mosaicLayout of 48 columns, xyChart data sets with `timeSeriesQuery.prometheusQuery`).
+(mosaicLayout of 48 columns, xyChart data sets with `timeSeriesQuery.prometheusQuery`). An alert policy is declared
+only once Cloud Monitoring accepts every metric its query names (tpuserve/alert_metrics.py, docs/design/alerts.md).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
+import pulumi.dynamic
 from pulumi_gcp import monitoring
 
 from components.ops_agent import INSTANCE_LABEL
 from tpuserve import vllm_metrics as m
+from tpuserve.alert_metrics import MetricsWrittenProvider, metric_types
 
 WINDOW = "5m"  # the rate window of every chart and of the TTFT alert
 COLUMNS, TILE_WIDTH, TILE_HEIGHT = 48, 24, 16
@@ -36,6 +39,10 @@ class Alert:
     duration: str  # how long the query must hold before the alert fires
     severity: str
     content: str
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return metric_types(self.query)
 
 
 @dataclass(frozen=True)
@@ -124,10 +131,23 @@ def alerts(args: ServingMonitoringArgs) -> list[Alert]:
     ]
 
 
+class MetricsWritten(pulumi.dynamic.Resource):
+    """Which of `metricTypes` an alert policy may name now (`ready`), asked after the gate
+    (tpuserve/alert_metrics.py)."""
+
+    ready: pulumi.Output[list]
+    reason: pulumi.Output[str]
+
+    def __init__(self, name: str, props: dict, opts: pulumi.ResourceOptions):
+        super().__init__(MetricsWrittenProvider(), name, {**props, "ready": None, "reason": None}, opts)
+
+
 class ServingMonitoring(pulumi.ComponentResource):
-    """The stack's Cloud Monitoring dashboard and alert policies; `dashboard_url` opens the dashboard."""
+    """The stack's Cloud Monitoring dashboard and alert policies; `dashboard_url` opens the dashboard, `alerts` says
+    which policies exist and which wait for their metrics (the next `pulumi up` after those arrive creates them)."""
 
     dashboard_url: pulumi.Output[str]
+    alerts: pulumi.Output[dict]
 
     def __init__(self, name: str, args: ServingMonitoringArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:gcp:ServingMonitoring", name, None, opts)
@@ -137,18 +157,37 @@ class ServingMonitoring(pulumi.ComponentResource):
             dashboard_json=dashboard_json(f"tpu-serve {args.stack}: {args.instance_name}", args.instance_name,
                                           args.labels),
             opts=child)
-        self.alert_policies = [monitoring.AlertPolicy(
-            f"{name}-{alert.key}", project=args.project, display_name=alert.title, combiner="OR",
-            severity=alert.severity,
-            conditions=[monitoring.AlertPolicyConditionArgs(
-                display_name=alert.title, condition_prometheus_query_language=PromQlCondition(
-                    query=alert.query, duration=alert.duration, evaluation_interval="60s"))],
-            documentation=monitoring.AlertPolicyDocumentationArgs(content=alert.content, mime_type="text/markdown"),
-            alert_strategy=monitoring.AlertPolicyAlertStrategyArgs(auto_close="1800s"),
-            notification_channels=list(args.notification_channels), user_labels=dict(args.labels),
-            opts=child) for alert in alerts(args)]
+        wanted = alerts(args)
+        # Cloud Monitoring refuses a policy on a metric never written (superserve-ai/sandbox#370,
+        # hashicorp/terraform-provider-google#11102), and the Ops Agent ships the vLLM metrics only after serving.
+        written = MetricsWritten(f"{name}-metrics", {
+            "project": args.project, "metricTypes": sorted({t for alert in wanted for t in alert.metrics})}, child)
+        # Declared inside the apply: a policy exists only once its metrics do (a preview of the update that asks
+        # again does not show them yet).
+        self.alerts = pulumi.Output.all(written.ready, written.reason).apply(
+            lambda seen: self._declare(name, args, wanted, set(seen[0] or ()), seen[1] or ""))
         # The resource id is projects/<number>/dashboards/<id>; the console opens it by the last part.
         self.dashboard_url = dashboard.id.apply(
             lambda dashboard_id: "https://console.cloud.google.com/monitoring/dashboards/custom/"
                                  f"{dashboard_id.rsplit('/', 1)[-1]}?project={args.project}")
-        self.register_outputs({"dashboardUrl": self.dashboard_url})
+        self.register_outputs({"dashboardUrl": self.dashboard_url, "alerts": self.alerts})
+
+    def _declare(self, name: str, args: ServingMonitoringArgs, wanted: list[Alert], known: set[str],
+                 reason: str) -> dict:
+        ready = [alert for alert in wanted if set(alert.metrics) <= known]
+        for alert in ready:
+            monitoring.AlertPolicy(
+                f"{name}-{alert.key}", project=args.project, display_name=alert.title, combiner="OR",
+                severity=alert.severity,
+                conditions=[monitoring.AlertPolicyConditionArgs(
+                    display_name=alert.title, condition_prometheus_query_language=PromQlCondition(
+                        query=alert.query, duration=alert.duration, evaluation_interval="60s"))],
+                documentation=monitoring.AlertPolicyDocumentationArgs(content=alert.content,
+                                                                      mime_type="text/markdown"),
+                alert_strategy=monitoring.AlertPolicyAlertStrategyArgs(auto_close="1800s"),
+                notification_channels=list(args.notification_channels), user_labels=dict(args.labels),
+                opts=pulumi.ResourceOptions(parent=self))
+        pending = [alert for alert in wanted if alert not in ready]
+        return {"created": [alert.key for alert in ready], "pending": [alert.key for alert in pending],
+                "metrics": sorted({t for alert in pending for t in alert.metrics}),
+                "reason": reason if pending else ""}

@@ -22,8 +22,23 @@ from tests.fake_cloud import FakeCloud
 from tests.fake_engine import Engine, EngineServer
 from tests.fake_providers import Cloud
 from tests.fake_pulumi import FakePulumi, install
+from tpuserve import alert_metrics
+from tpuserve.ops import alerts
 
 PROJECT = "my-ml-sandbox"
+RECORDING = Path(__file__).resolve().parent / "data" / "vllm-0.32.0-metrics.prom"
+
+
+def agent_series(instance_name: str) -> list[dict[str, Any]]:
+    """What the VM's Ops Agent writes at its first export: a series per vLLM metric family of the real scrape, typed
+    as Managed Prometheus types them (tpuserve/alert_metrics.py prometheus_type), labelled by its relabel rule."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [{"metric": {"type": f"prometheus.googleapis.com/{family.name}{'_total' if family.type == 'counter' else ''}"
+                                f"/{family.type}", "labels": {"instance_name": instance_name}},
+             "resource": {"type": "prometheus_target", "labels": {"location": "us-east5-a", "job": "vllm"}}}
+            for family in text_string_to_metric_families(RECORDING.read_text())
+            if family.name.startswith("vllm:") and family.type in ("counter", "gauge", "histogram")]
 
 
 @dataclass
@@ -34,6 +49,10 @@ class World:
     env: dict[str, str]
     # zone -> what a VM booting there reports: "serving", or the reason it fails (its `failed` stage)
     boots: dict[str, str] = field(default_factory=dict)
+    # seconds after serving before the Ops Agent's first samples reach Cloud Monitoring (it installs after serving);
+    # None: never (its install failed). The default stands for a project an earlier deploy already wrote them to:
+    # settled, the alert policies need no wait.
+    ops_agent_s: float | None = -alert_metrics.SETTLE_S
 
     def boot(self, instance: dict[str, Any]) -> None:
         """What the VM's startup script and supervisor would report once it runs its `tpu-serve-config`."""
@@ -44,6 +63,9 @@ class World:
         values = {"stage": "serving", "config-hash": served.get("config_hash", "")} if outcome == "serving" else \
             {"stage": "failed", "reason": outcome, "config-hash": served.get("config_hash", "")}
         self.cloud.set_guest_attributes(instance["name"], zone, values, namespace="tpu-serve")
+        if outcome == "serving" and self.ops_agent_s is not None:
+            self.cloud.write_time_series(agent_series(instance["name"]), at=self.cloud.clock.now() + self.ops_agent_s,
+                                         project=PROJECT)
         if outcome == "serving" and served.get("cache_disk") and served.get("compile_cache_bucket"):
             # the supervisor's post-serving marker (vm/supervisor.py mark_cache_disk, tested in the VM sandbox)
             self.cloud.api("POST", f"/upload/storage/v1/b/{served['compile_cache_bucket']}/o",
@@ -77,6 +99,9 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         env.update({"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "FAKE_PULUMI_HOME": str(pulumi.home)})
         for name, value in env.items():
             monkeypatch.setenv(name, value)
+        monkeypatch.setattr(alerts, "sleep", cloud.clock.advance)  # `tpuserve up` waits in virtual time
+        monkeypatch.setattr(alerts, "monotonic", cloud.clock.now)
+        monkeypatch.setattr(alert_metrics, "now", cloud.clock.now)  # and asks how old a metric is in it
         engine_world = World(cloud, pulumi, None, env)  # type: ignore[arg-type]
         engine = Engine(Cloud(cloud.url, boot=engine_world.boot))
         engine_world.engine = engine

@@ -218,7 +218,8 @@ def role(t: Touched, target: str) -> str:
     if t.type == INSTANCE:
         return "the VM"
     if t.type == DYNAMIC:
-        return "the cache disk" if t.name.endswith("-disk") else "the cache bucket"
+        return "the cache disk" if t.name.endswith("-disk") else "the alerts' metrics check" \
+            if t.name.endswith("-metrics") else "the cache bucket"
     if t.type.startswith("pulumi:providers:"):
         return "the Kubernetes provider"
     if t.type.startswith("kubernetes:"):

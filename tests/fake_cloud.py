@@ -20,7 +20,9 @@ APIs and their references (each handler names the page of its shape or error tex
 - Cloud Storage JSON API v1, https://cloud.google.com/storage/docs/json_api/v1: buckets, objects (media upload
   and download), generation/metageneration preconditions.
 - IAM v1 service accounts, Secret Manager v1 secrets and versions, Cloud Monitoring dashboards (v1) and alert
-  policies (v3): enough to create, list and delete what the stacks declare.
+  policies (v3): enough to create, list and delete what the stacks declare. An alert policy naming a metric that was
+  never written is refused as Cloud Monitoring refuses it; `timeSeries.create` (the fake VM's Ops Agent, or
+  `cloud.write_time_series`) makes a metric's descriptor exist, `metricDescriptors.get` reads it.
 - What `tpuserve preflight` asks (Resource Manager projects.get and testIamPermissions, Service Usage batchGet,
   Cloud Quotas quotaInfos), answered from this state: `cloud.quota` is the TPU quota preflight reads and creates
   draw from.
@@ -555,6 +557,8 @@ class FakeCloud:
     - operation_polls (default 1: the insert answers RUNNING, the first poll DONE; 0: an operation that is
       already finished answers DONE, for clients that sleep before their first poll) and operation_seconds (0).
     - rate_limits (RateLimits, off), disabled_apis, denied_permissions (for preflight), require_auth.
+    - metric_visibility_s (seconds from a metric's first write until alert policies may name it; 0) and
+      monitoring_unavailable (metricDescriptors.get answers 503).
     """
 
     def __init__(self, clock: FakeClock | None = None, *, project: str = PROJECT, operation_polls: int = 1,
@@ -571,6 +575,10 @@ class FakeCloud:
         self.rate_limits = RateLimits()
         self.disabled_apis: set[str] = set()
         self.denied_permissions: set[str] = set()
+        # seconds after its first write before a metric is accepted in an alert policy (the refusal's own text says
+        # it "could take up to 10 minutes"); 0: at once
+        self.metric_visibility_s = 0.0
+        self.monitoring_unavailable = False  # metricDescriptors.get answers 503 (a read that cannot be made)
         self._lock = threading.RLock()
         self._server: FakeServer | None = None
         self._clear()
@@ -591,6 +599,9 @@ class FakeCloud:
         self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
         self.dashboards: dict[tuple[str, str], dict[str, Any]] = {}
         self.alert_policies: dict[tuple[str, str], dict[str, Any]] = {}
+        self.metric_descriptors: dict[tuple[str, str], dict[str, Any]] = {}  # (project, metric type)
+        self.time_series: dict[tuple[str, str, str], list[dict[str, Any]]] = {}  # (project, type, labels): points
+        self._metric_writes: list[tuple[float, str, list[dict[str, Any]]]] = []  # due, project, series
         self.operations: dict[str, _Operation] = {}
         self.guest_attributes: dict[tuple[str, str, str], dict[tuple[str, str], str]] = {}
         self.serial_output: dict[tuple[str, str, str], str] = {}
@@ -680,6 +691,14 @@ class FakeCloud:
                 ns, _, name = (f"{namespace}/{key}" if namespace else key).partition("/")
                 held[(ns, name)] = str(value)
 
+    def write_time_series(self, series: list[dict[str, Any]], at: float | None = None,
+                          project: str | None = None) -> None:
+        """What an agent writes (TimeSeries objects, as timeSeries.create takes them), now or at virtual time `at`."""
+        with self._lock:
+            self._metric_writes.append((self.clock.now() if at is None else at, project or self.project,
+                                        [dict(item) for item in series]))
+            self._settle()
+
     def append_serial_output(self, instance: str, zone: str, text: str, project: str | None = None) -> None:
         with self._lock:
             key = (project or self.project, zone, instance)
@@ -739,6 +758,7 @@ class FakeCloud:
         with self._lock:
             times = [op.due for op in self.operations.values() if not op.applied]
             times += [i["_terminate_at"] for i in self.instances.values() if i.get("_terminate_at") is not None]
+            times += [due for due, _, _ in self._metric_writes]
             return min(times, default=None)
 
     def run_due(self) -> None:
@@ -748,6 +768,9 @@ class FakeCloud:
     def _settle(self) -> None:
         """Apply what is due at the clock's present, earliest first."""
         now = self.clock.now()
+        for write in [w for w in self._metric_writes if w[0] <= now]:
+            self._metric_writes.remove(write)
+            self._write_series(write[1], write[2], write[0])
         while True:
             pending = [(op.due, 0, op.body["name"]) for op in self.operations.values()
                        if not op.applied and op.due <= now]
@@ -814,6 +837,7 @@ class FakeCloud:
         bucket, obj = "/storage/v1/b/(?P<bucket>[^/]+)", "/o/(?P<object>.+)"
         secret = f"{v1}/secrets/(?P<secret>[^/:]+)"
         monitoring = "/v[13]/projects/(?P<project>[^/]+)/(?P<collection>dashboards|alertPolicies)"
+        v3 = "/v3/projects/(?P<project>[^/]+)"
         routes = [
             ("GET", f"{c}{zone}/instances", self._instances_list),
             ("POST", f"{c}{zone}/instances", self._instances_insert),
@@ -887,6 +911,10 @@ class FakeCloud:
             ("POST", monitoring, self._monitoring_create),
             ("GET", f"{monitoring}/(?P<id>[^/]+)", self._monitoring_get),
             ("DELETE", f"{monitoring}/(?P<id>[^/]+)", self._monitoring_delete),
+            ("PATCH", f"{v3}/alertPolicies/(?P<id>[^/]+)", self._alert_policies_patch),
+            ("GET", f"{v3}/metricDescriptors/(?P<metric_type>.+)", self._metric_descriptors_get),
+            ("POST", f"{v3}/timeSeries", self._time_series_create),
+            ("GET", f"{v3}/timeSeries", self._time_series_list),
             ("GET", "/v1/projects/(?P<project>[^/:]+)", self._project_get),
             ("POST", "/v1/projects/(?P<project>[^/:]+):testIamPermissions", self._test_permissions),
             ("GET", f"{v1}/services:batchGet", self._services_batch_get),
@@ -2086,7 +2114,7 @@ class FakeCloud:
         found = self._version(project, secret, version)
         return Response(200, {"name": found["name"], "payload": {"data": found["_data"]}})
 
-    # --- Cloud Monitoring (inventory only) ---------------------------------------------------------------------
+    # --- Cloud Monitoring -------------------------------------------------------------------------------------
 
     # collection -> (store, inventory kind, resource name): dashboards are named by project number
     # (https://cloud.google.com/monitoring/api/ref_v3/rest/v1/projects.dashboards), alert policies by project id
@@ -2108,6 +2136,8 @@ class FakeCloud:
 
     def _monitoring_create(self, project: str, collection: str, body: dict[str, Any], **_: Any) -> Response:
         store, kind, name = self._monitoring(collection)
+        if collection == "alertPolicies":
+            self._check_metrics(project, body)
         resource_id = hashlib.sha256(f"{project}/{kind}/{next(_ids)}".encode()).hexdigest()[:20]
         item = {**body, "name": name.format(number=project_number(project), project=project, id=resource_id),
                 "etag": fingerprint([resource_id]), "_created": self.clock.now(),
@@ -2123,6 +2153,106 @@ class FakeCloud:
         self._monitoring_item(project, collection, id)
         del self._monitoring(collection)[0][(project, id)]
         return Response(200, {})
+
+    def _alert_policies_patch(self, project: str, id: str, body: dict[str, Any], query: dict[str, list[str]],
+                              **_: Any) -> Response:
+        """alertPolicies.patch (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies/patch):
+        the fields `updateMask` names, or the whole policy without one; checked as a create is."""
+        item = self._monitoring_item(project, "alertPolicies", id)
+        mask = [f for f in query.get("updateMask", [""])[0].split(",") if f]
+        updated = {**item, **({f: body[f] for f in mask if f in body} if mask else
+                              {k: v for k, v in body.items() if k != "name"})}
+        self._check_metrics(project, updated)
+        updated["_display"] = updated.get("displayName", item["_display"])
+        self.alert_policies[(project, id)] = updated
+        return Response(200, _public(updated))
+
+    def _check_metrics(self, project: str, policy: dict[str, Any]) -> None:
+        """Refuse a policy whose conditions name a metric Cloud Monitoring does not know yet, with the error
+        hashicorp/terraform-provider-google#11102 quotes (a threshold condition; superserve-ai/sandbox#369/#370 report
+        the PromQL validator refusing metrics "that have not emitted yet", without the text). A PromQL series name
+        resolves to its Managed Prometheus types (`_bucket` -> `/histogram`, `_total` -> `/counter`, #369)."""
+        now = self.clock.now()
+        for condition in policy.get("conditions") or []:
+            wanted: list[list[str]] = []
+            query = (condition.get("conditionPrometheusQueryLanguage") or {}).get("query", "")
+            for series in re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*[{\[]", query):
+                base = re.sub(r"_(bucket|sum|count)$", "", series)
+                wanted.append([f"prometheus.googleapis.com/{base}/histogram"] if base != series else
+                              [f"prometheus.googleapis.com/{series}/{kind}"
+                               for kind in (("counter",) if series.endswith("_total") else
+                                            ("gauge", "unknown", "counter", "summary"))])
+            for key in ("conditionThreshold", "conditionAbsent"):
+                wanted += [[t] for t in re.findall(r'metric\.type\s*=\s*"([^"]+)"',
+                                                   (condition.get(key) or {}).get("filter", ""))]
+            for types in wanted:
+                known = [self.metric_descriptors.get((project, t)) for t in types]
+                if not any(d is not None and d["_created"] + self.metric_visibility_s <= now for d in known):
+                    raise ApiError(404, f'Cannot find metric(s) that match type = "{types[0]}". If a metric was '
+                                        "created recently, it could take up to 10 minutes to become available. "
+                                        "Please try again soon.", status="NOT_FOUND")
+
+    def _metric_descriptors_get(self, project: str, metric_type: str, **_: Any) -> Response:
+        # https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.metricDescriptors/get; the 404's message is
+        # not documented (AIP-193's shape): clients go by the status
+        if self.monitoring_unavailable:  # AIP-193's 503 (https://google.aip.dev/193)
+            raise ApiError(503, "The service is currently unavailable.", status="UNAVAILABLE")
+        found = self.metric_descriptors.get((project, metric_type))
+        if found is None:
+            raise ApiError(404, f"Could not find descriptor for metric '{metric_type}'.", status="NOT_FOUND")
+        return Response(200, _public(found))
+
+    def _time_series_create(self, project: str, body: dict[str, Any], **_: Any) -> Response:
+        """timeSeries.create (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.timeSeries/create):
+        "If successful, the response body is empty"; the first write of a type creates its descriptor."""
+        series = body.get("timeSeries") or []
+        if not series or any(not (item.get("metric") or {}).get("type") for item in series):
+            raise ApiError(400, "Field timeSeries[0].metric.type had an invalid value: a metric type is required.",
+                           status="INVALID_ARGUMENT")
+        self._write_series(project, series, self.clock.now())
+        return Response(200, {})
+
+    def _time_series_list(self, project: str, query: dict[str, list[str]], **_: Any) -> Response:
+        """timeSeries.list (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.timeSeries/list): the
+        series of the filter's one `metric.type` with points in `interval`; `{}` when none (proto3 JSON omits empty
+        fields); HEADERS without the points; `pageSize` of them."""
+        if self.monitoring_unavailable:
+            raise ApiError(503, "The service is currently unavailable.", status="UNAVAILABLE")
+        wanted = re.findall(r'metric\.type\s*=\s*"([^"]+)"', query.get("filter", [""])[0])
+        if len(wanted) != 1 or "interval.endTime" not in query:
+            raise ApiError(400, "The filter must specify a single metric type and the request an interval.endTime.",
+                           status="INVALID_ARGUMENT")
+        end = parse_time(query["interval.endTime"][0])
+        start = parse_time(query["interval.startTime"][0]) if "interval.startTime" in query else end
+        found = []
+        for (p, metric_type, labels), points in sorted(self.time_series.items()):
+            inside = [point for point in points if start <= point["_t"] <= end]
+            if p == project and metric_type == wanted[0] and inside:
+                header = {"metric": {"type": metric_type, "labels": json.loads(labels)},
+                          "resource": {"type": "prometheus_target"},
+                          **{k: v for k, v in self.metric_descriptors[(p, metric_type)].items()
+                             if k in ("metricKind", "valueType")}}
+                found.append(header if query.get("view", ["FULL"])[0] == "HEADERS" else
+                             {**header, "points": _public(inside)})
+        size = int(query.get("pageSize", ["100000"])[0] or 100000)
+        return Response(200, {"timeSeries": found[:size]} if found else {})
+
+    def _write_series(self, project: str, series: list[dict[str, Any]], at: float) -> None:
+        for item in series:
+            metric_type = item["metric"]["type"]
+            labels = dict((item.get("metric") or {}).get("labels") or {})
+            kind = metric_type.rsplit("/", 1)[-1]
+            self.metric_descriptors.setdefault((project, metric_type), {
+                "name": f"projects/{project}/metricDescriptors/{metric_type}", "type": metric_type,
+                "labels": [{"key": key} for key in sorted(labels)],
+                "metricKind": item.get("metricKind") or ("CUMULATIVE" if kind in ("counter", "histogram") else "GAUGE"),
+                "valueType": item.get("valueType") or ("DISTRIBUTION" if kind == "histogram" else "DOUBLE"),
+                "monitoredResourceTypes": [(item.get("resource") or {}).get("type", "prometheus_target")],
+                "_created": at})
+            key = (project, metric_type, json.dumps(labels, sort_keys=True))
+            self.time_series.setdefault(key, []).extend(
+                {**point, "_t": at} for point in item.get("points") or [{"interval": {"endTime": zulu_time(at)},
+                                                                         "value": {"doubleValue": 0.0}}])
 
     # --- what preflight asks ---------------------------------------------------------------------------------------
 

@@ -13,8 +13,10 @@ the fake cloud (tests/fake_cloud.py) in the order the real provider makes them.
 - pulumi-command's local.Command (the readiness gate) replaces on a change of `create` or `triggers`; here it reads
   the VM's guest attributes as `tpuserve gate --instance` does and fails the way pulumi-command reports a failed
   command.
-Resources nothing bills and no test inspects in the cloud (IAM bindings, dashboards, alert policies, Kubernetes
-objects) are held in the state only: `Virtual`.
+- google_monitoring_alert_policy (resource_monitoring_alert_policy.go): alertPolicies.create, patch, get, delete;
+  Cloud Monitoring refuses a policy on a metric never written (tests/fake_cloud.py).
+Resources nothing bills and no test inspects in the cloud (IAM bindings, dashboards, Kubernetes objects) are held in
+the state only: `Virtual`.
 """
 
 from __future__ import annotations
@@ -417,16 +419,48 @@ class ServiceAccountProvider(Provider):
                                 f"{google_message(response)}")
 
 
-# --- the dynamic cache resources: this repository's own providers --------------------------------------------
+class AlertPolicyProvider(Provider):
+    """The policy's id is its name, projects/P/alertPolicies/ID, which Cloud Monitoring chooses."""
+
+    FIELDS = ("displayName", "combiner", "conditions", "documentation", "alertStrategy", "notificationChannels",
+              "userLabels", "severity", "enabled")
+
+    def _body(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        return {key: inputs[key] for key in self.FIELDS if key in inputs}
+
+    def create(self, reg: Any) -> tuple[str, dict[str, Any]]:
+        policy = self.cloud.call("POST", f"{self.cloud.url}/v3/projects/{reg.inputs['project']}/alertPolicies",
+                                 "Error creating AlertPolicy", json=self._body(reg.inputs))
+        return policy["name"], {**reg.inputs, "name": policy["name"]}
+
+    def read(self, entry: Mapping[str, Any]) -> dict[str, Any] | None:
+        return None if self.cloud.get(f"{self.cloud.url}/v3/{entry['id']}") is None else dict(entry["outputs"])
+
+    def update(self, old: Mapping[str, Any], reg: Any, change: ResourceChange) -> tuple[str, dict[str, Any]]:
+        self.cloud.call("PATCH", f"{self.cloud.url}/v3/{old['id']}", f"Error updating AlertPolicy {old['id']!r}",
+                        params={"updateMask": ",".join(self.FIELDS)}, json=self._body(reg.inputs))
+        return str(old["id"]), {**reg.inputs, "name": old["id"]}
+
+    def delete(self, entry: Mapping[str, Any]) -> None:
+        response = self.cloud.session.delete(f"{self.cloud.url}/v3/{entry['id']}", timeout=30)
+        if not response.ok and response.status_code != 404:
+            raise ProviderError(f"Error deleting AlertPolicy: googleapi: Error {response.status_code}: "
+                                f"{google_message(response)}")
+
+
+# --- the dynamic resources: this repository's own providers ------------------------------------------------------
 
 class DynamicProvider(Provider):
-    """tpuserve.deploy.cache_provider's CacheDiskProvider or CacheBucketProvider, pointed at the fake cloud."""
+    """tpuserve.deploy.cache_provider's CacheDiskProvider or CacheBucketProvider, or tpuserve.alert_metrics'
+    MetricsWrittenProvider, pointed at the fake cloud."""
 
     def __init__(self, cloud: Cloud, type_: str, urn: str) -> None:
         super().__init__(cloud, type_)
+        from tpuserve import alert_metrics
         from tpuserve.deploy import cache_provider
 
-        self.impl = cache_provider.CacheDiskProvider(cloud.url) if urn.endswith("-disk") else \
+        self.impl = alert_metrics.MetricsWrittenProvider(cloud.url) if urn.endswith("-metrics") else \
+            cache_provider.CacheDiskProvider(cloud.url) if urn.endswith("-disk") else \
             cache_provider.CacheBucketProvider(cloud.url)
 
     @staticmethod
@@ -522,6 +556,8 @@ def for_resource(type_: str, urn: str, cloud: Cloud) -> Provider:
         return RouterNatProvider(cloud, type_)
     if type_ == "gcp:serviceaccount/account:Account":
         return ServiceAccountProvider(cloud, type_)
+    if type_ == "gcp:monitoring/alertPolicy:AlertPolicy":
+        return AlertPolicyProvider(cloud, type_)
     if type_ == "pulumi-python:dynamic:Resource":
         return DynamicProvider(cloud, type_, urn)
     if type_ == "command:local:Command":

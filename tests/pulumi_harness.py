@@ -76,6 +76,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
             outputs["stdout"] = GATE_STDOUT
         elif args.typ == "gcp:container/cluster:Cluster":
             outputs.update(endpoint=CLUSTER_ENDPOINT, masterAuth={"clusterCaCertificate": CLUSTER_CA})
+        elif "metricTypes" in args.inputs:  # components/monitoring.py's MetricsWritten: every metric written
+            outputs.update(ready=args.inputs["metricTypes"], reason="")
         return f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:

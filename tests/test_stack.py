@@ -115,7 +115,8 @@ def test_machine_changes_still_change_inputs_that_replace_the_vm(change, replace
 
 def test_the_cache_disk_and_bucket_are_kept_adopted_caches_in_the_vms_zone():
     run = run_stack(VALID)
-    bucket, disk = sorted((r for r in run.of_type("pulumi-python:dynamic:Resource")), key=lambda r: r.name)
+    bucket, disk = sorted((r for r in run.of_type("pulumi-python:dynamic:Resource") if "-cache-" in r.name),
+                          key=lambda r: r.name)
     assert disk.name == "tpu-serve-dev-cache-disk" and bucket.name == "tpu-serve-dev-cache-bucket"
     assert {k: disk.inputs[k] for k in ("project", "zone", "name", "sizeGb", "type")} == {
         "project": "proj-1", "zone": "europe-west4-a", "name": "tpu-serve-dev-cache", "sizeGb": 100.0,
@@ -138,7 +139,7 @@ def test_the_cache_disk_and_bucket_are_kept_adopted_caches_in_the_vms_zone():
 
 def test_no_cache_disk_and_no_bucket_when_turned_off():
     run = run_stack({**VALID, "cacheDiskSizeGb": "0", "compileCacheBucket": "false"})
-    assert run.of_type("pulumi-python:dynamic:Resource") == []
+    assert [r.name for r in run.of_type("pulumi-python:dynamic:Resource")] == ["tpu-serve-dev-metrics"]
     assert "attachedDisks" not in run.one(INSTANCE).inputs
     assert "readonly EXPECT_CACHE_DISK=false" in run.one(INSTANCE).inputs["metadata"]["startup-script"]
     assert served(run)["compile_cache_bucket"] == ""

@@ -93,6 +93,7 @@ class Endpoints:
     cloudquotas: str = "https://cloudquotas.googleapis.com"
     storage: str = STORAGE_URL  # the buckets
     iam: str = "https://iam.googleapis.com"
+    monitoring: str = "https://monitoring.googleapis.com"  # the alert policies' metrics (tpuserve/ops/alerts.py)
     registry: str = ""  # a container registry's root for every image (tests); empty: the image's own registry
 
     @classmethod

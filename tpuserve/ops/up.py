@@ -330,6 +330,11 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
         endpoint = pulumi.outputs().get("iapTunnelCommand")
         if endpoint:
             say(f"reach it: {endpoint}")
+    alerts = None
+    if result.ok and compute is not None:  # serving: the alert policies whose metrics had not arrived yet
+        from tpuserve.ops.alerts import create_pending_alerts
+
+        alerts = create_pending_alerts(pulumi, stack, session, roots.monitoring, pulumi_args, say)
     stock = None
     if compute is not None:
         stock = take_inventory(pulumi, stack, config, session, roots, say)
@@ -341,7 +346,7 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
             code = EXIT_ORPHANS
     finish(code, {"zone": result.zone, "attempts": [attempt.as_dict() for attempt in result.attempts],
                   "reason": None if result.ok else outcome, "hint": todo or None, "orphans": deployer.orphans,
-                  "inventory": None if stock is None else stock.as_dict()})
+                  "inventory": None if stock is None else stock.as_dict(), "alerts": alerts})
 
 
 def own_nats(pulumi: PulumiCli, say: Callable[[str], None]) -> frozenset[tuple[str, str, str]] | None:
