@@ -26,6 +26,7 @@ from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, DEFAULT_CACHE_DISK_IOPS, DEFA
                             V6E_ZONES, hyperdisk_balanced_monthly_usd)
 from tpuserve import durations
 from tpuserve.names import PROJECT_NAME
+from tpuserve.registry import DOCKER_HUB, Reference, RegistryError
 from tpuserve.serving import (DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting,
                               untested_modalities)
 
@@ -67,6 +68,10 @@ GKE_MAX_NODES = 64  # a bound on cost mistakes, not a GKE limit: 64 ct6e-standar
 GKE_FLEX_START = json.loads(resources.files("tpuserve").joinpath("data/gke-flex-start-tpu.json").read_text())
 GKE_FLEX_START_V6E_ZONES: tuple[str, ...] = tuple(GKE_FLEX_START["zones"]["v6e"])
 GKE_ROUTERS = ("service", "inference-gateway")
+# Where GKE's image streaming reads images: Artifact Registry (standard or remote repositories) or Docker Hub's public
+# registry (https://cloud.google.com/kubernetes-engine/docs/how-to/image-streaming, requirements).
+ARTIFACT_REGISTRY_HOST = re.compile(r"^[a-z0-9-]+-docker\.pkg\.dev$")
+DOCKER_HUB_HOSTS = (DOCKER_HUB, "docker.io", "index.docker.io")  # the names docker normalises to Docker Hub
 # A proxy-only subnet for a regional Envoy-based load balancer: /23 recommended, /26 at least
 # (https://cloud.google.com/load-balancing/docs/proxy-only-subnets).
 MAX_PROXY_SUBNET_PREFIX = 26
@@ -74,6 +79,15 @@ NOTIFICATION_CHANNEL = re.compile(r"^projects/[^/]+/notificationChannels/[0-9]+$
 VM_SLOTS = ("a", "b")
 REPLACE_ORDERS = ("create-first", "delete-first")
 SECRET_ID = re.compile(r"^(projects/[^/]+/secrets/)?[A-Za-z0-9_-]{1,255}$")
+
+
+def streamed_registry(image: str) -> str:
+    """'' when GKE's image streaming can serve `image`, else its registry host."""
+    try:
+        registry = Reference.parse(image).registry
+    except RegistryError:
+        return ""  # the image check elsewhere says what is wrong with it
+    return "" if registry in DOCKER_HUB_HOSTS or ARTIFACT_REGISTRY_HOST.match(registry) else registry
 
 
 @dataclass(frozen=True)
@@ -168,8 +182,8 @@ class StackConfig:
     # Target gke (components/gke.py, components/k8s_serving.py); zone, machineType, maxRunDuration, bootDisk*,
     # network, hfToken* and labels mean the same as for gcp, applied to the TPU node pool and the pods.
     gke_cluster: str = setting("gkeCluster", "Target gke: name of an existing GKE Standard cluster (Workload Identity "
-                               "on) to add the TPU node pool to; empty = create a regional cluster tpu-serve-<stack>.",
-                               "")
+                               "on) to add the TPU node pool to; empty = create a zonal cluster tpu-serve-<stack> in "
+                               "the zone (GKE's free tier covers one zonal cluster's fee).", "")
     gke_cluster_location: str = setting("gkeClusterLocation", "Target gke: location (region or zone) of gkeCluster; "
                                         "empty = the zone's region.", "")
     gke_max_nodes: int = setting("gkeMaxNodes", "Target gke: most vLLM replicas (one flex-start TPU node each) the "
@@ -349,7 +363,7 @@ class StackConfig:
                               f"{self.zone!r}, so the cluster must be regional in {region} or zonal in {self.zone}")
         if self.gke_cluster_location and not self.gke_cluster:
             raise ConfigError("gkeClusterLocation", "applies to an existing cluster only; set gkeCluster too, or "
-                              "leave it empty (a new cluster is regional in the zone's region)")
+                              "leave it empty (a new cluster is zonal, in the zone)")
         if not 1 <= self.gke_max_nodes <= GKE_MAX_NODES:
             raise ConfigError("gkeMaxNodes", f"must be between 1 and {GKE_MAX_NODES}, got {self.gke_max_nodes}")
         if not 0 <= self.gke_min_replicas <= self.gke_max_nodes:
@@ -427,6 +441,11 @@ class StackConfig:
         if not self.gke_surge_node and self.gke_min_replicas == 1:
             found.append("gkeSurgeNode: false with gkeMinReplicas 1: every rollout and every node renewal stops the "
                          "only replica before its successor serves (a pod start, 5-10 min, of no service)")
+        registry = streamed_registry(self.serving.image)
+        if registry:
+            found.append(f"containerImage: {registry} is not Artifact Registry or Docker Hub, the registries GKE's "
+                         "image streaming reads: each new TPU node pulls the whole image (20-26 GB) before vLLM "
+                         "starts; mirror it into Artifact Registry in the node region")
         if "@sha256:" not in self.serving.image:
             found.append(f"containerImage: {self.serving.image!r} is a tag: each new node pulls what it names at that "
                          "moment, so replicas may run different builds, and the compile cache is keyed by the tag "

@@ -1,6 +1,10 @@
-"""The gke target's cluster side: a GKE Standard cluster (new, or an existing one named in config), a flex-start
-TPU v6e node pool that scales from zero, the nodes' own least-privilege service account, and the Workload Identity
-binding that lets the serving pods act as their Google service account.
+"""The gke target's cluster side: a zonal GKE Standard cluster (new, or an existing one named in config), a
+flex-start TPU v6e node pool that scales from zero, the nodes' own least-privilege service account, and the Workload
+Identity binding that lets the serving pods act as their Google service account.
+
+A new cluster is zonal, in the stack's zone: GKE's free tier covers one zonal cluster's fee, never a regional one's
+(https://cloud.google.com/kubernetes-engine/pricing#cluster_management_fee_and_free_tier). Its pools may still use
+the region's other zones (terraform-provider-google container_node_pool.html.markdown, `node_locations`).
 
 Flex-start node pool, following Google's "Run a small batch workload with TPUs and flex-start provisioning mode"
 (https://cloud.google.com/kubernetes-engine/docs/how-to/dws-flex-start-training-tpu: `--flex-start
@@ -17,6 +21,9 @@ the autoscaler takes a node wherever there is capacity; changing the zones updat
 (terraform-provider-google `resource_container_node_pool.go`: `node_locations` is not ForceNew). Its maximum is
 `pool_max_nodes`: the HPA's maximum plus, with gkeSurgeNode, one node for the pod a rollout or renewal starts
 before the one it replaces stops.
+
+The TPU pool streams the 20-26 GB image instead of pulling it first (image streaming: `gcfs_config` on COS with
+containerd; why not secondary boot disks: docs/gke.md).
 
 Warm pods need the Cloud Storage FUSE CSI driver (the compile cache and the weights live in a bucket), and the
 inference-gateway router needs GKE's Gateway API (CHANNEL_STANDARD) and a proxy-only subnet for the regional internal
@@ -44,12 +51,21 @@ GKE_MIN_VERSION = "1.33"  # flex-start TPU node pools need 1.33.0-gke.1712000+; 
 RELEASE_CHANNEL = "REGULAR"
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # GKE's least-privilege role for a node service account (logs, metrics, resource metadata): nodes never run as the
-# default compute service account, which holds Editor in most projects.
-NODE_ROLES = ("roles/container.defaultNodeServiceAccount",)
+# default compute service account, which holds Editor in most projects. Image streaming asks a custom node account
+# for Service Usage Consumer in the project that hosts the image (the image-streaming page's requirements): this
+# one, for an image mirrored into its Artifact Registry.
+NODE_ROLES = ("roles/container.defaultNodeServiceAccount", "roles/serviceusage.serviceUsageConsumer")
 WORKLOAD_IDENTITY_USER = "roles/iam.workloadIdentityUser"
-# The cluster's non-TPU workloads (kube-dns, Managed Prometheus collectors, the custom metrics adapter) need a node
-# that is not tainted for TPUs; one small VM in the TPU zone.
+# The cluster's non-TPU workloads (kube-dns, Managed Prometheus collectors, the custom metrics adapter, the renewal
+# CronJob) need a node that is not tainted for TPUs; one small VM in the stack's zone.
 SYSTEM_MACHINE_TYPE = "e2-standard-4"
+# With the inference gateway it also runs the endpoint picker, whose chart asks for 8 CPUs
+# (components/inference_gateway.py EPP_RESOURCES): more than an 8-vCPU node can give one pod, since GKE keeps part of
+# every node for itself ("Node allocatable resources", https://cloud.google.com/kubernetes-engine/docs/concepts/
+# plan-node-sizes), so the next E2 size.
+GATEWAY_SYSTEM_MACHINE_TYPE = "e2-standard-16"
+# Image streaming: Container-Optimized OS with containerd, the image type it needs (and GKE's default for TPU pools).
+STREAMING_IMAGE_TYPE = "COS_CONTAINERD"
 SYSTEM_DISK_GB = 50
 # Creating an empty flex-start pool is quick; capacity is waited for when a pod needs a node, not here.
 NODE_POOL_TIMEOUT = "30m"
@@ -133,7 +149,7 @@ class GkeTpuClusterArgs:
     # (email) it acts as through Workload Identity.
     workload_ksa: tuple[str, str]
     workload_gsa_email: pulumi.Input[str]
-    existing_cluster: str = ""  # empty: create a regional cluster in `region`
+    existing_cluster: str = ""  # empty: create a zonal cluster in `zone`
     existing_location: str = ""
     gateway: bool = False  # the inference-gateway router: Gateway API on, a proxy-only subnet
     proxy_subnet_range: str = ""  # empty: the network already has a proxy-only subnet in the region
@@ -183,8 +199,7 @@ class GkeTpuCluster(pulumi.ComponentResource):
                     source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
                     log_config=compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"), opts=child)
             cluster = container.Cluster(
-                name, name=name, project=args.project, location=args.region, node_locations=[args.zone],
-                network=args.network, subnetwork=args.subnetwork or None,
+                name, name=name, project=args.project, location=args.zone, network=args.network, subnetwork=args.subnetwork or None,
                 # The default pool is removed at once; while it exists it runs as the nodes' own account too.
                 remove_default_node_pool=True, initial_node_count=1,
                 node_config=container.ClusterNodeConfigArgs(
@@ -208,10 +223,11 @@ class GkeTpuCluster(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, depends_on=node_grants,
                                             custom_timeouts=pulumi.CustomTimeouts(create=CLUSTER_TIMEOUT)))
             container.NodePool(
-                f"{name}-system", name="system", project=args.project, cluster=cluster.name, location=args.region,
+                f"{name}-system", name="system", project=args.project, cluster=cluster.name, location=args.zone,
                 node_locations=[args.zone], node_count=1,
                 node_config=container.NodePoolNodeConfigArgs(
-                    machine_type=SYSTEM_MACHINE_TYPE, disk_size_gb=SYSTEM_DISK_GB, **node_identity,
+                    machine_type=GATEWAY_SYSTEM_MACHINE_TYPE if args.gateway else SYSTEM_MACHINE_TYPE,
+                    disk_size_gb=SYSTEM_DISK_GB, **node_identity,
                     workload_metadata_config=container.NodePoolNodeConfigWorkloadMetadataConfigArgs(**gke_metadata),
                     resource_labels=dict(args.labels)),
                 management=container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
@@ -239,6 +255,7 @@ class GkeTpuCluster(pulumi.ComponentResource):
                 reservation_affinity=container.NodePoolNodeConfigReservationAffinityArgs(
                     consume_reservation_type="NO_RESERVATION"),
                 disk_size_gb=args.boot_disk_gb, disk_type=args.boot_disk_type, **node_identity,
+                image_type=STREAMING_IMAGE_TYPE, gcfs_config=container.NodePoolNodeConfigGcfsConfigArgs(enabled=True),
                 workload_metadata_config=container.NodePoolNodeConfigWorkloadMetadataConfigArgs(**gke_metadata),
                 resource_labels=dict(args.labels)),
             opts=pulumi.ResourceOptions(parent=self, depends_on=cluster_ready + node_grants,

@@ -7,15 +7,15 @@ from typing import Any
 
 import pulumi
 
-from components import inference_gateway
+from components import inference_gateway, k8s_renewal
 from components.cache import ServingCache, ServingCacheArgs
 from components.config import StackConfig
 from components.deployment import base_name, stack_labels
 from components.gke import GkeTpuCluster, GkeTpuClusterArgs
 from components.identity import ServingIdentity, ServingIdentityArgs
-from components.k8s_serving import SERVICE_ACCOUNT, GkeServing, GkeServingArgs, ServingManifestArgs
+from components.k8s_serving import SERVICE_ACCOUNT, GkeServing, GkeServingArgs, ServingManifestArgs, pod_serve_args
 from tpuserve.deploy.cache import bucket_name, disk_name
-from tpuserve.serving import config_hash, vllm_serve_args
+from tpuserve.serving import config_hash
 from tpuserve.names import service_account_id
 
 DEPLOYMENT_NAME = "vllm"
@@ -61,11 +61,13 @@ class GkeTpuServe(pulumi.ComponentResource):
             startup_budget_s=cfg.readiness_timeout_seconds, config_hash=serving_hash,
             machine_type=cfg.machine_type,
             cache_bucket=cache.bucket_name if cfg.compile_cache_bucket else "", surge=cfg.gke_surge_node,
-            router=cfg.gke_router, labels=labels)
+            router=cfg.gke_router, pool_max_nodes=cfg.gke_pool_max_nodes, max_run_s=cfg.max_run_seconds,
+            labels=labels)
+        renewal = k8s_renewal.manifests(manifest)
         GkeServing(f"{base}-serving", GkeServingArgs(
             manifest=manifest, kubeconfig=cluster.kubeconfig, depends_on=(cluster, identity, cache),
             gateway_objects=tuple(inference_gateway.manifests(manifest)),
-            gateway_depends_on=tuple(cluster.proxy_subnet)), opts=child)
+            gateway_depends_on=tuple(cluster.proxy_subnet), renewal_objects=tuple(renewal)), opts=child)
 
         port = cfg.serving.port
         self.outputs: dict[str, Any] = {
@@ -92,13 +94,16 @@ class GkeTpuServe(pulumi.ComponentResource):
             "portForwardCommand": f"kubectl port-forward --namespace {cfg.gke_namespace} "
                                   f"service/{DEPLOYMENT_NAME} {port}:{port}",
             "model": cfg.serving.model,
-            "vllmArgs": vllm_serve_args(cfg.serving),
+            "vllmArgs": pod_serve_args(cfg.serving),
             "configHash": serving_hash,
             "maxRunSeconds": cfg.max_run_seconds,
-            # Every replica's node busy: the most the TPUs cost per hour in steady state (the cluster fee comes on
-            # top; a rollout or renewal adds the surge node for its duration).
+            # Every replica's node busy: the most the TPUs cost per hour in steady state (the system node comes on
+            # top, and the cluster fee beyond GKE's free tier of one zonal cluster; a rollout or renewal adds the
+            # surge node for its duration).
             "maxTpuCostPerHourUsd": round(cfg.gke_max_nodes * cfg.chips * cfg.price_per_chip_hour, 2),
         }
+        if renewal:  # `kubectl get jobs` / `kubectl logs job/<name>` in the namespace: what each run did
+            self.outputs["renewalCronJob"] = k8s_renewal.renewer_name(manifest)
         if gateway:
             self.outputs["gateway"] = DEPLOYMENT_NAME
             self.outputs["gatewayAddressCommand"] = (

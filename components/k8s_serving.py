@@ -1,9 +1,10 @@
 """The gke target's Kubernetes side: vLLM on the flex-start TPU node pool, declared with pulumi-kubernetes.
 
 The manifests are plain dicts made by the functions below (tests validate every one against the Kubernetes OpenAPI
-schema and the PodMonitoring CRD), then handed to typed pulumi-kubernetes resources unchanged:
-- Deployment: `vllm serve` with exactly `tpuserve.serving.vllm_serve_args` (the one argv builder), requesting all of
-  the node's `google.com/tpu` chips, selecting the flex-start v6e pool by its labels and tolerating the TPU taint.
+schema and the published CRDs), then handed to typed pulumi-kubernetes resources unchanged:
+- Deployment: `vllm serve` with `tpuserve.serving.vllm_serve_args` (the one argv builder) and vLLM's drain on
+  SIGTERM (--shutdown-timeout), requesting all of the node's `google.com/tpu` chips, selecting the flex-start v6e
+  pool by its labels and tolerating the TPU taint.
   The Hugging Face token never enters a Kubernetes object: an init container (vm/hf_token.py) reads the secret from
   Secret Manager as the pod's Workload Identity into an in-memory emptyDir, and huggingface_hub reads it from
   HF_TOKEN_PATH. Probes: startup runs vm/pod_boot.py (/health, for the whole cold-start budget, and the boot
@@ -21,8 +22,9 @@ schema and the PodMonitoring CRD), then handed to typed pulumi-kubernetes resour
   (tpuserve.serving.TPU_CACHE_ENV).
 - Rollouts that fit: with the surge node (gkeSurgeNode) a new pod starts before the one it replaces stops
   (maxSurge 1, maxUnavailable 0) and the PodDisruptionBudget lets nothing evict a serving pod (maxUnavailable 0:
-  a rollout or `tpuserve gke renew` replaces first, then removes); without it one pod stops first (maxSurge 0,
-  maxUnavailable 1) and the budget allows the same one at a time.
+  a rollout or a renewal replaces first, then removes); without it one pod stops first (maxSurge 0,
+  maxUnavailable 1) and the budget allows the same one at a time. A pod that goes finishes its requests first: a
+  preStop hook (vm/drain.py) and a grace period made from the route's longest request (REQUEST_TIMEOUT_S).
 - Service (ClusterIP), PodDisruptionBudget, a Managed Prometheus PodMonitoring for /metrics, and an HPA on
   `vllm:num_requests_waiting` through the Custom Metrics Stackdriver Adapter, whose metric names are
   `prometheus.googleapis.com|<metric>|<kind>` (https://cloud.google.com/kubernetes-engine/docs/tutorials/
@@ -46,8 +48,9 @@ from tpuserve.serving import TPU_CACHE_ENV, ServingConfig, backend_env, vllm_ser
 from vm.supervisor import cache_key
 
 VM_DIR = Path(__file__).resolve().parent.parent / "vm"
-# Shipped to the pod in a ConfigMap, run by the image's python3 (pod_boot.py imports compile_cache.py).
-SCRIPTS = ("readycheck.py", "hf_token.py", "pod_boot.py", "compile_cache.py")
+# Shipped to the pod in a ConfigMap, run by the image's python3 (pod_boot.py imports compile_cache.py, drain.py
+# imports pod_boot.py).
+SCRIPTS = ("readycheck.py", "hf_token.py", "pod_boot.py", "compile_cache.py", "drain.py")
 SCRIPTS_DIR = "/opt/tpu-serve"
 TOKEN_DIR = "/var/run/tpu-serve/hf"
 TOKEN_FILE = f"{TOKEN_DIR}/token"
@@ -63,6 +66,21 @@ READYCHECK_REQUEST_TIMEOUT_S = 15  # per request; three requests per check
 LIVENESS_PERIOD_S = 15
 # A new replica needs a flex-start node first: Pulumi waits this long for capacity on top of the cold start.
 CAPACITY_WAIT_S = 60 * 60
+# The longest request the route lets run: the inference gateway's backend timeout (its GCPBackendPolicy), and what
+# a pod that goes waits for before vLLM stops. Every stop budget below is made from it.
+REQUEST_TIMEOUT_S = 600
+# preStop: how long a deleted pod's endpoint takes to leave kube-proxy, the load balancer's NEG and the endpoint
+# picker before new requests stop coming (KServe's 15 s: kserve/kserve#5496).
+ENDPOINT_REMOVAL_S = 15
+# vLLM's --shutdown-timeout: on SIGTERM it refuses new requests and lets running ones finish for this long
+# (vllm/config/vllm.py `shutdown_timeout`, 0 = abort; in vLLM since 0.18, llm-d/llm-d#927): after the preStop saw
+# no request in flight, only one that slipped in at that moment.
+SHUTDOWN_TIMEOUT_S = 30
+SHUTDOWN_MARGIN_S = 15  # vLLM's teardown after the drain
+# The pod's whole stop: the preStop's two waits, vLLM's drain and its teardown (the kubelet counts the preStop
+# against the grace period: https://kubernetes.io/docs/concepts/containers/container-lifecycle-hooks/).
+TERMINATION_GRACE_S = ENDPOINT_REMOVAL_S + REQUEST_TIMEOUT_S + SHUTDOWN_TIMEOUT_S + SHUTDOWN_MARGIN_S
+DRAIN_POLL_S = 2
 # A replica costs a cold start (~10 min) and a node-hour: scale up at once, scale down slowly.
 SCALE_DOWN_WINDOW_S = 15 * 60
 # Cloud Storage FUSE (https://cloud.google.com/kubernetes-engine/docs/how-to/cloud-storage-fuse-csi-driver-setup):
@@ -103,6 +121,8 @@ class ServingManifestArgs:
     cache_bucket: pulumi.Input[str] = ""  # the stack's bucket: weights and compile cache
     surge: bool = True  # the pool has a node for the pod a rollout starts before it stops one
     router: str = "service"  # or inference-gateway (components/inference_gateway.py)
+    pool_max_nodes: int = 0  # the TPU pool's maximum, and the nodes' max run: the renewal CronJob's
+    max_run_s: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -156,6 +176,11 @@ def config_map(args: ServingManifestArgs) -> dict[str, Any]:
             "data": script_texts()}
 
 
+def pod_serve_args(cfg: ServingConfig) -> list[str]:
+    """`vllm serve`'s arguments in the pod: the shared ones, then the drain on SIGTERM (last: it wins over extraArgs)."""
+    return vllm_serve_args(cfg) + ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
+
+
 def vllm_container(args: ServingManifestArgs) -> dict[str, Any]:
     cfg = args.serving
     url = f"http://127.0.0.1:{cfg.port}"
@@ -167,7 +192,7 @@ def vllm_container(args: ServingManifestArgs) -> dict[str, Any]:
         "name": "vllm",
         "image": cfg.image,
         "command": ["vllm", "serve"],
-        "args": vllm_serve_args(cfg),
+        "args": pod_serve_args(cfg),
         "ports": [{"name": "http", "containerPort": cfg.port, "protocol": "TCP"}],
         # The caches' variables of the VM's container; the token is a file, never an environment value.
         "env": [{"name": key, "value": value} for key, value in TPU_CACHE_ENV.items()]
@@ -188,6 +213,9 @@ def vllm_container(args: ServingManifestArgs) -> dict[str, Any]:
                            "timeoutSeconds": 3 * READYCHECK_REQUEST_TIMEOUT_S + 5, "failureThreshold": 2},
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": LIVENESS_PERIOD_S,
                           "timeoutSeconds": 5, "failureThreshold": 4},
+        "lifecycle": {"preStop": {"exec": {"command": [
+            "python3", f"{SCRIPTS_DIR}/drain.py", "--url", url, "--settle", str(ENDPOINT_REMOVAL_S),
+            "--timeout", str(REQUEST_TIMEOUT_S), "--poll", str(DRAIN_POLL_S)]}}},
     }
 
 
@@ -236,7 +264,7 @@ def deployment(args: ServingManifestArgs) -> dict[str, Any]:
                 "serviceAccountName": SERVICE_ACCOUNT,
                 "nodeSelector": dict(args.node_labels),
                 "tolerations": [{"key": TPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-                "terminationGracePeriodSeconds": 60,
+                "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
                 "initContainers": [token_init_container(args)],
                 "containers": [vllm_container(args)],
                 "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}, *cache_volumes(args),
@@ -303,6 +331,8 @@ TYPED = {
     "PodDisruptionBudget": k8s.policy.v1.PodDisruptionBudget,
     "HorizontalPodAutoscaler": k8s.autoscaling.v2.HorizontalPodAutoscaler,
     "Role": k8s.rbac.v1.Role, "RoleBinding": k8s.rbac.v1.RoleBinding,
+    "ClusterRole": k8s.rbac.v1.ClusterRole, "ClusterRoleBinding": k8s.rbac.v1.ClusterRoleBinding,
+    "CronJob": k8s.batch.v1.CronJob,
 }
 FIELD_ARGS = {"roleRef": "role_ref"}  # top-level fields whose Python argument is not their name
 
@@ -317,6 +347,8 @@ class GkeServingArgs:
     # proxy-only subnet of the load balancer).
     gateway_objects: tuple[dict[str, Any], ...] = ()
     gateway_depends_on: tuple[pulumi.Resource, ...] = ()
+    # The renewal CronJob and its access (components/k8s_renewal.py).
+    renewal_objects: tuple[dict[str, Any], ...] = ()
 
 
 class GkeServing(pulumi.ComponentResource):
@@ -359,6 +391,8 @@ class GkeServing(pulumi.ComponentResource):
         for obj in args.gateway_objects:
             declare(obj, f"{name}-{obj['metadata']['name']}-{obj['kind'].lower()}",
                     list(args.gateway_depends_on) if obj["kind"] == "Gateway" else [])
+        for obj in args.renewal_objects:  # one of each kind; named apart from the namespace its ClusterRole names
+            declare(obj, f"{name}-renewer-{obj['kind'].lower()}", [])
 
         self.service_name = args.manifest.name
         self.register_outputs({"deployment": args.manifest.name, "namespace": args.manifest.namespace})

@@ -44,6 +44,8 @@ GKE_NODE_POOL = "gcp:container/nodePool:NodePool"
 GKE_FLEX_START_FILE = Path(__file__).resolve().parent.parent / "tpuserve" / "data" / "gke-flex-start-tpu.json"
 GKE_FLEX_START_V6E_ZONES = tuple(json.loads(GKE_FLEX_START_FILE.read_text())["zones"]["v6e"])
 V6E_MACHINE = re.compile(r"^ct6e-")
+STREAMING_IMAGE_TYPE = "COS_CONTAINERD"  # image streaming's node image (GKE's image-streaming page)
+REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")  # us-east5; a zone has a suffix (us-east5-b)
 # GCP types a tpu-serve stack may declare that take `labels` (tests/test_policy.py checks this against pulumi-gcp).
 LABELLED_TYPES = frozenset({
     INSTANCE,
@@ -266,6 +268,29 @@ def check_gke_flex_start_zones(args: ResourceValidationArgs, report: ReportViola
                "capacity wherever it is (GKE supports no other policy for it)", None)
 
 
+def check_gke_image_streaming(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """A flex-start TPU pool streams its image: each of its nodes is new, and a 20-26 GB pull would come first."""
+    node_config = args.props.get("nodeConfig") or {}
+    if node_config.get("flexStart") is not True or not V6E_MACHINE.match(str(node_config.get("machineType") or "")):
+        return
+    if (node_config.get("gcfsConfig") or {}).get("enabled") is not True:
+        report("flex-start TPU pool without image streaming (nodeConfig.gcfsConfig.enabled): every new node pulls "
+               "the whole vLLM image before the pod starts", None)
+    if node_config.get("imageType") != STREAMING_IMAGE_TYPE:
+        report(f"nodeConfig.imageType is {node_config.get('imageType')!r}, not {STREAMING_IMAGE_TYPE!r}: image "
+               "streaming needs Container-Optimized OS with containerd", None)
+
+
+def check_gke_zonal_cluster(args: ResourceValidationArgs, report: ReportViolation) -> None:
+    """GKE's free tier credits one zonal or Autopilot cluster per billing account, never a regional one."""
+    if (args.get_config() or {}).get("allowRegionalCluster"):
+        return
+    location = str(args.props.get("location") or "")
+    if REGION.match(location):
+        report(f"location {location} makes a regional cluster, whose $0.10/h fee GKE's free tier never covers; "
+               "create it in a zone (its node pools may still use the region's other zones)", None)
+
+
 def _missing_labels(labels: Mapping[str, Any] | None, expected: Mapping[str, str]) -> list[str]:
     labels = labels or {}
     return [f"{key}={value}" for key, value in expected.items() if labels.get(key) != value]
@@ -334,4 +359,11 @@ POLICIES = [
             {"allowedZones": {"type": "array", "items": {"type": "string"}, "default": list(GKE_FLEX_START_V6E_ZONES),
                               "description": "Zones a flex-start TPU v6e node pool may use (GKE's list: "
                                              "tpuserve/data/gke-flex-start-tpu.json)."}}),
+    _policy("gke-image-streaming", "Flex-start TPU v6e pools stream their image (gcfsConfig on COS_CONTAINERD).",
+            [GKE_NODE_POOL], check_gke_image_streaming),
+    _policy("gke-zonal-cluster", "GKE clusters the stack creates are zonal, the kind GKE's free tier covers.",
+            [GKE_CLUSTER], check_gke_zonal_cluster,
+            {"allowRegionalCluster": {"type": "boolean", "default": False,
+                                      "description": "This stack may create a regional cluster (its fee is never "
+                                                     "covered by the free tier)."}}),
 ]

@@ -388,7 +388,7 @@ BAD_WITH_MESSAGE = [
      'least 25m'),
     (GKE, {'gkeClusterLocation': 'us-east5'},
      'gkeClusterLocation: applies to an existing cluster only; set gkeCluster too, or leave it empty (a new '
-     "cluster is regional in the zone's region)"),
+     "cluster is zonal, in the zone)"),
     (GKE, {'gkeCluster': 'ml', 'gkeClusterLocation': 'us-east1'},
      "gkeClusterLocation: 'us-east1': the TPU nodes run in zone 'us-east5-b', so the cluster must be regional in "
      'us-east5 or zonal in us-east5-b'),

@@ -1,20 +1,34 @@
-"""`tpuserve gke renew` against a fake GKE on a virtual clock (tests/gke_fakes.py: nodes with the labels and the
-termination annotation GKE sets, the HPA, ReplicaSet, scheduler, cluster autoscaler and flex-start expiry as
-controllers): the replica is replaced before its node is deleted, the endpoint stays up across max runs, and a renewal without capacity leaves the cluster as it found it."""
+"""The renewer (tpuserve/gke_renewer.py) against a fake GKE on a virtual clock (tests/gke_fakes.py: nodes with the
+labels and the termination annotation GKE sets, the HPA, ReplicaSet, scheduler, cluster autoscaler and flex-start
+expiry as controllers): the replica is replaced before its node is deleted, the endpoint stays up across max runs, and
+a renewal without capacity leaves the cluster as it found it. Then the same renewer as the CronJob runs it: through a
+fake Kubernetes API server with the RBAC the stack declares, and from the ConfigMap's files on a bare Python; and as
+`tpuserve gke renew` runs it, through kubectl."""
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
-from tests.gke_fakes import T0, FakeGke
+from components import k8s_renewal
+from components.config import build_stack_config
+from components.k8s_serving import TERMINATION_GRACE_S, ServingManifestArgs
+from tests.gke_fakes import T0, FakeApiServer, FakeGke
+from tests.pulumi_harness import stack_file_config
 from tests.test_stack_resolution import write_executable
-from tpuserve.ops import gke_renew
-from tpuserve.ops.gke_renew import RENEWAL_ANNOTATION, KubectlCluster, Renewer, node_expiry
+from tpuserve import gke_renewer
+from tpuserve.gke_renewer import RENEWAL_ANNOTATION, ApiCluster, ClusterError, Renewer, node_expiry
+from tpuserve.ops import gke_renew, up
+from tpuserve.ops.gke_renew import KubectlCluster
 
 LEAD = timedelta(minutes=45)
 TIMEOUT_S = 70 * 60.0
@@ -291,3 +305,195 @@ def test_a_bad_duration_names_its_own_option(args: list[str], message: str) -> N
     """Issue #27, item 6: a duration's error names its own option."""
     result = CliRunner().invoke(gke_renew.gke, ["renew", "--stack", "gke", *args])
     assert result.exit_code == 2 and result.output.splitlines()[-1] == f"Error: {message}"
+
+
+def test_the_renewers_exit_codes_are_the_toolkits() -> None:
+    assert (gke_renewer.EXIT_OK, gke_renewer.EXIT_FAILED, gke_renewer.EXIT_NO_CAPACITY) == \
+        (up.EXIT_OK, up.EXIT_FAILED, up.EXIT_NO_CAPACITY)
+
+
+def test_the_old_pod_is_given_its_whole_grace_period_to_finish_its_requests() -> None:
+    """A pod that goes waits for its last requests (the preStop), up to its grace period: the renewal waits as long
+    as the pod's own terminationGracePeriodSeconds says before calling it still terminating."""
+    gke = serving(FakeGke(grace_s=TERMINATION_GRACE_S, drain_s=400))
+    (old_pod,) = [p["metadata"]["name"] for p in gke.ready()]
+    gke.settle(3 * 3600 + 20 * 60 - 600)
+    run, _ = renewer(gke)
+    code, _ = run.renew(LEAD, TIMEOUT_S)
+    assert code == 0 and [e["event"] for e in run.events] == ["cordoned", "successor ready", "renewed"]
+    assert old_pod not in gke.pod_objs and gke.down_s == 0
+
+
+# --- the CronJob's way: the Kubernetes API, as its own service account ------------------------------------------
+
+TOKEN = "eyJhbGciOiJSUzI1NiJ9.renewer"
+
+
+@functools.cache
+def declared_renewal() -> dict[str, dict[str, Any]]:
+    """The renewal's objects for Pulumi.gke.yaml's stack, by kind: what the stack declares (components/
+    k8s_renewal.py; tests/inventories/gke.yaml pins the declared rules and CronJob)."""
+    cfg = build_stack_config(stack_file_config("gke"))
+    args = ServingManifestArgs(
+        name="vllm", namespace=cfg.gke_namespace, serving=cfg.serving, secret_name="projects/p/secrets/s",
+        gsa_email="pods@my-ml-sandbox.iam.gserviceaccount.com", chips=cfg.chips,
+        node_labels={"cloud.google.com/gke-nodepool": POOL}, min_replicas=cfg.gke_min_replicas,
+        max_replicas=cfg.gke_max_nodes, startup_budget_s=cfg.readiness_timeout_seconds, config_hash="0",
+        pool_max_nodes=cfg.gke_pool_max_nodes, max_run_s=cfg.max_run_seconds)
+    return {obj["kind"]: obj for obj in k8s_renewal.manifests(args)}
+
+
+def grants() -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """The declared roles, as bound to the renewer's service account."""
+    objects = declared_renewal()
+    account = objects["ServiceAccount"]["metadata"]
+    for binding in ("ClusterRoleBinding", "RoleBinding"):
+        assert objects[binding]["subjects"] == [{"kind": "ServiceAccount", "name": account["name"],
+                                                 "namespace": account["namespace"]}]
+    assert objects["ClusterRoleBinding"]["roleRef"]["name"] == objects["ClusterRole"]["metadata"]["name"]
+    assert objects["RoleBinding"]["roleRef"]["name"] == objects["Role"]["metadata"]["name"]
+    return [(None, objects["ClusterRole"]["rules"]), (objects["Role"]["metadata"]["namespace"],
+                                                      objects["Role"]["rules"])]
+
+
+def granted(rules_by_scope: list[tuple[str | None, list[dict[str, Any]]]]) -> set[tuple[str, str, str]]:
+    return {(group, resource, verb) for _, rules in rules_by_scope for rule in rules for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def test_the_cronjobs_renewer_renews_through_the_api_with_exactly_the_declared_access(tmp_path: Path) -> None:
+    gke = serving(FakeGke(grace_s=TERMINATION_GRACE_S))
+    (old_node,) = gke.node_objs
+    gke.settle(3 * 3600 + 20 * 60 - 600)
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    with FakeApiServer(gke, TOKEN, grants()) as api:
+        run = Renewer(ApiCluster(api.url, str(tmp_path / "token")), "tpu-serve", "vllm", POOL, 3, MAX_RUN_S,
+                      now=gke.clock, sleep=gke.sleep)
+        code, summary = run.renew(LEAD, TIMEOUT_S)
+    assert code == 0 and summary["renewed"][0]["node"] == old_node
+    assert [e["event"] for e in run.events] == ["cordoned", "successor ready", "renewed"]
+    # Least access: nothing was refused, and every grant was needed.
+    assert api.denied == []
+    assert {(c.group, c.resource, c.verb) for c in api.calls} == granted(grants())
+    # The inventory: the old node cordoned and empty, one ready replica elsewhere, the HPA as it was.
+    assert gke.node_objs[old_node]["spec"]["unschedulable"] is True
+    assert [p["spec"]["nodeName"] for p in gke.ready()] != [old_node] and len(gke.ready()) == 1
+    assert gke.hpa_obj["spec"]["minReplicas"] == gke.hpa_obj["spec"]["maxReplicas"] == 1
+    assert RENEWAL_ANNOTATION not in gke.hpa_obj["metadata"]["annotations"]
+    assert gke.killed == [] and gke.down_s == 0
+
+
+def test_without_a_grant_the_renewal_stops_before_it_changes_anything(tmp_path: Path) -> None:
+    gke = serving(FakeGke())
+    (node,) = gke.node_objs
+    gke.settle(3 * 3600 + 20 * 60 - 600)
+    (tmp_path / "token").write_text(TOKEN)
+    read_only = [(scope, [{**rule, "verbs": [v for v in rule["verbs"] if v != "patch"]} for rule in rules])
+                 for scope, rules in grants()]
+    with FakeApiServer(gke, TOKEN, read_only) as api:
+        run = Renewer(ApiCluster(api.url, str(tmp_path / "token")), "tpu-serve", "vllm", POOL, 3, MAX_RUN_S,
+                      now=gke.clock, sleep=gke.sleep)
+        with pytest.raises(ClusterError) as err:
+            run.renew(LEAD, TIMEOUT_S)
+    assert str(err.value) == (
+        f'PATCH /api/v1/nodes/{node}: HTTP 403 Forbidden nodes "{node}" is forbidden: User '
+        '"system:serviceaccount:tpu-serve:vllm-renewer" cannot patch resource "nodes" in API group "" at the cluster '
+        "scope")
+    # what is left: the node schedulable, the HPA untouched, the replica serving
+    assert "unschedulable" not in gke.node_objs[node]["spec"] and gke.hpa_obj["metadata"]["annotations"] == {}
+    assert len(gke.ready()) == 1 and gke.deployment_obj["spec"]["replicas"] == 1
+
+
+def test_the_api_client_reads_the_token_each_call_and_says_what_the_server_said(tmp_path: Path) -> None:
+    gke = serving(FakeGke())
+    token = tmp_path / "token"
+    token.write_text("expired")
+    with FakeApiServer(gke, TOKEN, grants()) as api:
+        cluster = ApiCluster(api.url, str(token))
+        with pytest.raises(ClusterError, match=r"^GET /api/v1/nodes: HTTP 401 Unauthorized Unauthorized$"):
+            cluster.nodes(POOL)
+        token.write_text(TOKEN)  # the kubelet rotated it: the next call reads the new one
+        assert [n["metadata"]["name"] for n in cluster.nodes(POOL)] == list(gke.node_objs)
+        assert cluster.hpa("tpu-serve", "vllm")["spec"]["maxReplicas"] == 1
+        gke.hpa_obj = None
+        assert cluster.hpa("tpu-serve", "vllm") is None  # a 404 is "no HPA", not an error
+        with pytest.raises(ClusterError, match="no API path for a deployment"):
+            cluster.patch("deployment", "vllm", {})
+
+
+def test_the_in_cluster_api_server_comes_from_the_pods_environment() -> None:
+    env = {"KUBERNETES_SERVICE_HOST": "10.8.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    assert gke_renewer.in_cluster_server(env) == "https://10.8.0.1:443"
+    assert gke_renewer.in_cluster_server({"KUBERNETES_SERVICE_HOST": "fd00::1"}) == "https://[fd00::1]:443"
+    with pytest.raises(ClusterError, match="not in a pod; give --api-server"):
+        gke_renewer.in_cluster_server({})
+
+
+def test_the_configmap_carries_everything_the_renewer_imports_and_nothing_else_is_needed() -> None:
+    """The renewer's imports, followed through the shipped files: the standard library and those files only."""
+    files = declared_renewal()["ConfigMap"]["data"]
+    seen, todo = set(), ["tpuserve.gke_renewer"]
+    while todo:
+        module = todo.pop()
+        seen.add(module)
+        for node in ast.walk(ast.parse(files[f"{module.split('.')[-1]}.py"])):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in names:
+                if name.startswith("tpuserve."):
+                    assert f"{name.split('.')[-1]}.py" in files, name
+                    todo += [] if name in seen else [name]
+                else:
+                    assert name.split(".")[0] in sys.stdlib_module_names or name == "__future__", name
+    assert seen == {"tpuserve.gke_renewer", "tpuserve.durations"} and set(files) == {
+        "__init__.py", "durations.py", "gke_renewer.py"}
+
+
+def test_the_cronjobs_command_runs_from_the_configmap_on_a_bare_python(tmp_path: Path) -> None:
+    """The CronJob's container, as close as this machine gets: the ConfigMap's files as the `tpuserve` package in
+    its working directory, `python -S` (no site-packages: nothing installed), its declared arguments, and the fake
+    API server; the cluster's clock moves on with each request."""
+    objects = declared_renewal()
+    (container,) = objects["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    package = tmp_path / "work" / "tpuserve"
+    package.mkdir(parents=True)
+    for name, text in objects["ConfigMap"]["data"].items():
+        (package / name).write_text(text)
+    (tmp_path / "token").write_text(TOKEN)
+    gke = serving(FakeGke(grace_s=TERMINATION_GRACE_S))
+    (node,) = gke.node_objs
+    with FakeApiServer(gke, TOKEN, grants(), tick_s=5.0) as api:
+        done = subprocess.run(
+            [sys.executable, "-S", *container["command"][1:], *container["args"], "--node", node,
+             "--poll-seconds", "0.01", "--api-server", api.url, "--token-file", str(tmp_path / "token")],
+            cwd=package.parent, env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
+            capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["ok"] is True and summary["renewed"][0]["node"] == node
+    assert [e["event"] for e in summary["events"]] == ["cordoned", "successor ready", "renewed"]
+    assert api.denied == [] and gke.node_objs[node]["spec"]["unschedulable"] is True and gke.down_s == 0
+
+
+def test_the_job_says_why_it_failed_in_one_line_and_its_summary(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    code = gke_renewer.main(["--namespace", "tpu-serve", "--deployment", "vllm", "--pool", POOL,
+                             "--pool-max-nodes", "3", "--api-server", "http://127.0.0.1:9",
+                             "--token-file", str(tmp_path / "missing")], env={})
+    error, summary = capsys.readouterr().out.splitlines()
+    assert code == 1 and error.startswith(f"Error: cannot read the service account token {tmp_path / 'missing'}")
+    assert json.loads(summary) == {"ok": False, "exit": 1, "reason": error.removeprefix("Error: "), "events": []}
+    assert gke_renewer.main(["--namespace", "tpu-serve", "--deployment", "vllm", "--pool", POOL,
+                             "--pool-max-nodes", "3"], env={}) == 1  # not in a pod, no --api-server
+    assert "KUBERNETES_SERVICE_HOST is not set" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--lead", "0"], "argument --lead: '0' must be longer than zero"),
+    (["--timeout", "soon"], "argument --timeout: 'soon' is not a duration like 4h, 90m or 1d12h"),
+])
+def test_a_bad_duration_for_the_job_names_its_option(args: list[str], message: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        gke_renewer.main(["--namespace", "n", "--deployment", "d", "--pool", "p", "--pool-max-nodes", "2", *args])
+    assert exit_.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(message)

@@ -15,6 +15,7 @@ from tests.pulumi_harness import CLUSTER_CA, CLUSTER_ENDPOINT, ROOT, RecordingMo
     stack_file_config
 from tests.test_stack import assert_subset
 from tpuserve.facts import VLLM_TPU_IMAGE
+from components.k8s_serving import REQUEST_TIMEOUT_S, TERMINATION_GRACE_S, pod_serve_args
 from tpuserve.serving import ConfigError, config_hash, vllm_serve_args
 
 CLUSTER = "gcp:container/cluster:Cluster"
@@ -46,7 +47,14 @@ def tpu_pool(run: StackRun) -> dict:
 
 
 def pod_spec(run: StackRun) -> dict:
-    return run.one(DEPLOYMENT).inputs["spec"]["template"]["spec"]
+    return k8s_object(run, "Deployment", "vllm")["spec"]["template"]["spec"]
+
+
+def k8s_object(run: StackRun, kind: str, name: str) -> dict:
+    """The Kubernetes object of this kind and metadata.name, as declared."""
+    (found,) = [r.inputs for r in run.resources if r.type.startswith("kubernetes:") and r.type.endswith(f":{kind}")
+                and r.inputs["metadata"]["name"] == name]
+    return found
 
 
 def vllm_container(run: StackRun) -> dict:
@@ -60,8 +68,11 @@ def test_stack_matches_its_inventory(gke_run: StackRun) -> None:
     for resource in gke_run.resources:
         counts[resource.type] = counts.get(resource.type, 0) + 1
     assert counts == inventory["counts"]
-    for type_token, expected in inventory["values"].items():
-        assert_subset(expected, gke_run.one(type_token).inputs, type_token)
+    for key, expected in inventory["values"].items():
+        type_token, _, name = key.partition(" ")  # "<type> <name>" where a type has several resources
+        found = [r for r in gke_run.of_type(type_token) if r.name == name] if name else [gke_run.one(type_token)]
+        assert len(found) == 1, key
+        assert_subset(expected, found[0].inputs, key)
 
 
 def test_tpu_node_pool_is_flex_start_from_zero_without_repair_or_reservation(gke_run: StackRun) -> None:
@@ -88,7 +99,9 @@ def test_nodes_run_as_their_own_least_privilege_account(gke_run: StackRun) -> No
         assert pool.inputs["nodeConfig"]["serviceAccount"] == email
     assert gke_run.one(CLUSTER).inputs["nodeConfig"]["serviceAccount"] == email
     grants = [(r.inputs["role"], r.inputs["member"]) for r in gke_run.of_type("gcp:projects/iAMMember:IAMMember")]
-    assert grants == [("roles/container.defaultNodeServiceAccount", f"serviceAccount:{email}")]
+    # GKE's node role, and what image streaming asks of a custom node account (Service Usage Consumer)
+    assert grants == [("roles/container.defaultNodeServiceAccount", f"serviceAccount:{email}"),
+                      ("roles/serviceusage.serviceUsageConsumer", f"serviceAccount:{email}")]
 
 
 def test_deployment_runs_the_shared_argv_builder_on_every_chip_of_a_flex_start_v6e_node(gke_run: StackRun) -> None:
@@ -96,7 +109,9 @@ def test_deployment_runs_the_shared_argv_builder_on_every_chip_of_a_flex_start_v
     container = vllm_container(gke_run)
     assert container["image"] == cfg.serving.image == VLLM_TPU_IMAGE
     assert container["command"] == ["vllm", "serve"]
-    assert container["args"] == vllm_serve_args(cfg.serving)
+    # the shared argv, then vLLM's drain on SIGTERM (last, so extraArgs cannot undo it)
+    assert container["args"] == vllm_serve_args(cfg.serving) + ["--shutdown-timeout", "30"] == \
+        pod_serve_args(cfg.serving)
     assert container["resources"] == {"requests": {"google.com/tpu": "1"}, "limits": {"google.com/tpu": "1"}}
     spec = pod_spec(gke_run)
     assert spec["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
@@ -133,7 +148,7 @@ def test_probes_cover_a_cold_start_and_use_the_gate_rules(gke_run: StackRun) -> 
     assert command == ["python3", "/opt/tpu-serve/readycheck.py", "--url", "http://127.0.0.1:8000",
                        "--model", "google/gemma-4-E2B-it", "--timeout", "15"]
     assert container["readinessProbe"]["timeoutSeconds"] > 3 * 15  # three requests, each up to --timeout
-    scripts = gke_run.one("kubernetes:core/v1:ConfigMap").inputs
+    scripts = k8s_object(gke_run, "ConfigMap", "vllm-scripts")
     assert scripts["data"]["readycheck.py"] == (ROOT / "vm" / "readycheck.py").read_text()
     assert scripts["data"]["hf_token.py"] == (ROOT / "vm" / "hf_token.py").read_text()
     assert scripts["data"]["pod_boot.py"] == (ROOT / "vm" / "pod_boot.py").read_text()
@@ -155,7 +170,7 @@ def test_token_reaches_the_pod_through_workload_identity_only(gke_run: StackRun)
     assert {"name": "HF_TOKEN_PATH", "value": "/var/run/tpu-serve/hf/token"} in vllm_container(gke_run)["env"]
     assert not any("HF_TOKEN" == e["name"] for e in vllm_container(gke_run)["env"])
     assert "envFrom" not in vllm_container(gke_run) and "env" not in init
-    ksa = gke_run.one("kubernetes:core/v1:ServiceAccount").inputs
+    ksa = k8s_object(gke_run, "ServiceAccount", "vllm")
     binding = gke_run.one("gcp:serviceaccount/iAMMember:IAMMember").inputs
     assert spec["serviceAccountName"] == ksa["metadata"]["name"]
     assert binding["member"] == f"serviceAccount:my-ml-sandbox.svc.id.goog[{ksa['metadata']['namespace']}/" \
@@ -228,17 +243,18 @@ def test_autoscaler_owns_replicas_when_serving(gke_run: StackRun) -> None:
 def test_outputs(gke_run: StackRun) -> None:
     cfg = build_stack_config(gke_config())
     assert gke_run.outputs == {
-        "target": "gke", "project": "my-ml-sandbox", "cluster": "tpu-serve-gke", "clusterLocation": "us-east5",
+        "target": "gke", "project": "my-ml-sandbox", "cluster": "tpu-serve-gke", "clusterLocation": "us-east5-b",
         "zone": "us-east5-b", "nodePool": "tpu-serve-gke-tpu", "nodePoolZones": ["us-east5-a", "us-east5-b"],
         "maxReplicas": 2, "nodePoolMaxNodes": 3, "deployment": "vllm",
         "cacheBucket": "my-ml-sandbox-tpu-serve-gke-cache", "router": "service",
         "namespace": "tpu-serve", "service": "vllm",
         "port": 8000, "endpoint": "http://vllm.tpu-serve.svc.cluster.local:8000/v1",
-        "getCredentialsCommand": "gcloud container clusters get-credentials tpu-serve-gke --location us-east5 "
+        "getCredentialsCommand": "gcloud container clusters get-credentials tpu-serve-gke --location us-east5-b "
                                  "--project my-ml-sandbox",
         "portForwardCommand": "kubectl port-forward --namespace tpu-serve service/vllm 8000:8000",
-        "model": "google/gemma-4-E2B-it", "vllmArgs": vllm_serve_args(cfg.serving),
+        "model": "google/gemma-4-E2B-it", "vllmArgs": pod_serve_args(cfg.serving),
         "configHash": config_hash(cfg.serving), "maxRunSeconds": 86400, "maxTpuCostPerHourUsd": 2.7,
+        "renewalCronJob": "vllm-renewer",
     }
 
 
@@ -305,7 +321,7 @@ def test_the_pool_spans_gkes_flex_start_zones_of_the_region_and_only_those() -> 
     assert listed["zones"]["v6e"] == ["asia-northeast1-b", "us-east5-a", "us-east5-b"]
     tokyo = run_stack(gke_config(zone="asia-northeast1-b"), "gke")
     assert tpu_pool(tokyo)["nodeLocations"] == ["asia-northeast1-b"]
-    assert tokyo.one(CLUSTER).inputs["location"] == "asia-northeast1"
+    assert tokyo.one(CLUSTER).inputs["location"] == "asia-northeast1-b"
     one_zone = run_stack(gke_config(gkeZones='["us-east5-a"]'), "gke")
     assert tpu_pool(one_zone)["nodeLocations"] == ["us-east5-a"]
     system = next(r.inputs for r in one_zone.of_type(NODE_POOL) if r.name.endswith("-system"))
@@ -361,7 +377,7 @@ def test_weights_and_compile_cache_live_in_the_stacks_bucket_through_gcs_fuse(gk
     mounts = {m["name"]: m["mountPath"] for m in vllm_container(gke_run)["volumeMounts"]}
     assert (mounts["weights"], mounts["compile-cache"]) == ("/cache/huggingface", "/cache/xla")
     grant = gke_run.one("gcp:storage/bucketIAMMember:BucketIAMMember").inputs
-    ksa_gsa = gke_run.one("kubernetes:core/v1:ServiceAccount").inputs["metadata"]["annotations"][
+    ksa_gsa = k8s_object(gke_run, "ServiceAccount", "vllm")["metadata"]["annotations"][
         "iam.gke.io/gcp-service-account"]
     assert (grant["bucket"], grant["member"]) == (bucket, f"serviceAccount:{ksa_gsa}")  # the pods' own account
 
@@ -438,20 +454,48 @@ def test_the_endpoint_picker_reads_metrics_vllm_serves(gateway_run: StackRun) ->
 
     epp = next(r.inputs for r in gateway_run.of_type(DEPLOYMENT) if r.inputs["metadata"]["name"] == "vllm-epp")
     (container,) = epp["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == "registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0"
-    assert container["args"][:6] == ["--pool-name", "vllm", "--pool-namespace", "tpu-serve", "--pool-group",
-                                     "inference.networking.k8s.io"]
+    # llm-d's router, as GKE's "Inference Gateway powered by llm-d" guide installs it (chart and image v0.10.0)
+    assert container["image"] == "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"
+    assert container["args"] == ["--pool-name", "vllm", "--pool-namespace", "tpu-serve", "--pool-group",
+                                 "inference.networking.k8s.io", "--zap-encoder", "json", "--config-file",
+                                 "/config/default-plugins.yaml", "--grpc-health-port", "9003", "--tracing=false"]
+    # sized as the chart sizes it, on a system node that can give it that (GKE keeps part of a node for itself)
+    assert container["resources"] == {"requests": {"cpu": "8", "memory": "8Gi"}, "limits": {"memory": "16Gi"}}
+    system = next(r.inputs for r in gateway_run.of_type(NODE_POOL) if r.name.endswith("-system"))
+    vcpus = int(system["nodeConfig"]["machineType"].rsplit("-", 1)[1])
+    assert vcpus > float(container["resources"]["requests"]["cpu"]) and vcpus == 16
     assert "nodeSelector" not in epp["spec"]["template"]["spec"]  # the system node: it tolerates no TPU taint
+    # the chart: the picker's grace "should mirror the longest grace period of the pods within the pool"
+    assert epp["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == pod_spec(gateway_run)[
+        "terminationGracePeriodSeconds"]
     config = next(r.inputs for r in gateway_run.of_type("kubernetes:core/v1:ConfigMap")
                   if r.inputs["metadata"]["name"] == "vllm-epp")
     assert yaml.safe_load(config["data"]["default-plugins.yaml"]) == inference_gateway.PLUGINS_CONFIG
-    # The vLLM metrics the picker's vLLM extractor reads (v1.5.0 factories.go), each in a real vLLM 0.32 scrape.
+    # The vLLM metrics the picker's vLLM extractor reads (llm-d-router v0.10.0 factories.go), each in a real
+    # vLLM 0.32 scrape.
     scrape = (ROOT / "tests" / "data" / "vllm-0.32.0-metrics.prom").read_text()
     for metric in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
                    "vllm:cache_config_info"):
         assert f"\n{metric}{{" in scrape, metric
-    role = custom(gateway_run, "Role")
+    role = k8s_object(gateway_run, "Role", "vllm-epp-sa")
     assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "watch", "list"]} in role["rules"]
+
+
+def test_the_gateways_request_timeout_and_the_pods_grace_period_are_one_fact(gateway_run: StackRun) -> None:
+    """A request the load balancer lets run REQUEST_TIMEOUT_S is not cut when its pod goes: the preStop waits that
+    long (after the endpoint's removal) and the grace period covers both waits and vLLM's own drain."""
+    policy = custom(gateway_run, "GCPBackendPolicy")["spec"]["default"]
+    assert policy["timeoutSec"] == policy["connectionDraining"]["drainingTimeoutSec"] == REQUEST_TIMEOUT_S
+    container = vllm_container(gateway_run)
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["python3", "/opt/tpu-serve/drain.py"]
+    settle, timeout = float(command[command.index("--settle") + 1]), float(command[command.index("--timeout") + 1])
+    assert timeout == policy["timeoutSec"]
+    args = container["args"]
+    drain = int(args[args.index("--shutdown-timeout") + 1])
+    grace = pod_spec(gateway_run)["terminationGracePeriodSeconds"]
+    assert grace == TERMINATION_GRACE_S > settle + timeout + drain
+    assert pod_spec(run_stack(gke_config(), "gke"))["terminationGracePeriodSeconds"] == grace  # either router
 
 
 def test_the_gateway_gets_the_cluster_features_and_the_proxy_only_subnet_it_needs(gateway_run: StackRun) -> None:
@@ -472,3 +516,72 @@ def test_the_gateway_gets_the_cluster_features_and_the_proxy_only_subnet_it_need
 def test_the_service_router_declares_no_gateway(gke_run: StackRun) -> None:
     assert not [r for r in gke_run.resources if "gateway" in r.type.lower() or "inference" in r.type.lower()]
     assert "gatewayApiConfig" not in gke_run.one(CLUSTER).inputs
+
+
+# --- a zonal cluster, an image that streams -----------------------------------------------------------------------
+
+def test_a_new_cluster_is_zonal_in_the_stacks_zone_and_its_tpu_pool_spans_the_region(gke_run: StackRun) -> None:
+    """GKE's free tier covers one zonal cluster's fee, never a regional one's; the TPU pool keeps both flex-start
+    zones of the region (a multi-zonal cluster)."""
+    cluster = gke_run.one(CLUSTER).inputs
+    assert cluster["location"] == "us-east5-b" and "nodeLocations" not in cluster
+    pool = tpu_pool(gke_run)
+    assert pool["location"] == "us-east5-b" and pool["nodeLocations"] == ["us-east5-a", "us-east5-b"]
+    assert gke_run.outputs["clusterLocation"] == "us-east5-b"
+    # The region still places what is regional: the NAT, and the gateway's proxy-only subnet.
+    assert gke_run.one("gcp:compute/routerNat:RouterNat").inputs["region"] == "us-east5"
+
+
+def test_the_tpu_pool_streams_the_image(gke_run: StackRun) -> None:
+    node = tpu_pool(gke_run)["nodeConfig"]
+    assert node["gcfsConfig"] == {"enabled": True} and node["imageType"] == "COS_CONTAINERD"
+    # The default image is on Docker Hub, public: a registry image streaming serves.
+    assert vllm_container(gke_run)["image"].startswith("vllm/vllm-tpu@sha256:")
+
+
+def test_an_image_from_a_registry_image_streaming_cannot_serve_is_a_warning_not_an_error() -> None:
+    digest = "@sha256:" + "ab12" * 16
+    for streams in (f"vllm/vllm-tpu{digest}", f"docker.io/vllm/vllm-tpu{digest}",
+                    f"us-east5-docker.pkg.dev/my-ml-sandbox/vllm/vllm-tpu{digest}"):
+        assert not [w for w in build_stack_config(gke_config(containerImage=streams)).warnings()
+                    if "image streaming" in w], streams
+    (warning,) = [w for w in build_stack_config(gke_config(containerImage=f"ghcr.io/me/vllm-tpu{digest}")).warnings()
+                  if "image streaming" in w]
+    assert warning.startswith("containerImage: ghcr.io is not Artifact Registry or Docker Hub")
+
+
+# --- renewal in the cluster ---------------------------------------------------------------------------------------
+
+def test_the_renewal_cronjob_renews_this_stacks_pool_every_15_minutes(gke_run: StackRun) -> None:
+    from tpuserve import durations
+    from tpuserve.gke_renewer import DEFAULT_TIMEOUT
+
+    cron = k8s_object(gke_run, "CronJob", "vllm-renewer")["spec"]
+    assert (cron["schedule"], cron["concurrencyPolicy"]) == ("*/15 * * * *", "Forbid")
+    job = cron["jobTemplate"]["spec"]
+    spec = job["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["command"] == ["python3", "-m", "tpuserve.gke_renewer"]
+    assert container["image"].startswith("python:3.12-slim@sha256:")  # pinned: nothing installed at run time
+    args = dict(zip(container["args"][::2], container["args"][1::2]))
+    assert args == {"--namespace": "tpu-serve", "--deployment": "vllm", "--pool": tpu_pool(gke_run)["name"],
+                    "--pool-max-nodes": "3", "--max-run-seconds": "86400", "--lead": "45m", "--timeout": "70m"}
+    # a stuck run cannot hold back the next ones for ever, and a slow one is not cut short
+    assert job["activeDeadlineSeconds"] >= durations.parse(DEFAULT_TIMEOUT) + TERMINATION_GRACE_S
+    # the renewer's own service account, and its files as the `tpuserve` package it imports
+    assert spec["serviceAccountName"] == "vllm-renewer"
+    files = k8s_object(gke_run, "ConfigMap", "vllm-renewer")["data"]
+    assert files == {name: (ROOT / "tpuserve" / name).read_text() for name in
+                     ("__init__.py", "durations.py", "gke_renewer.py")}
+    mount = container["volumeMounts"][0]
+    assert mount["mountPath"] == f"{container['workingDir']}/tpuserve"
+    # its pods are not replicas: nothing that selects the vLLM pods selects them
+    labels = job["template"]["metadata"]["labels"]
+    selector = k8s_object(gke_run, "Deployment", "vllm")["spec"]["selector"]["matchLabels"]
+    assert not all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_a_parked_stack_has_no_renewal() -> None:
+    run = run_stack(gke_config(gkeMinReplicas="0"), "gke")
+    assert not [r for r in run.resources if "renewer" in r.name]
+    assert "renewalCronJob" not in run.outputs

@@ -3,11 +3,11 @@ Kubernetes OpenAPI schemas that `kubernetes-validate` ships (strict: unknown fie
 version from GKE_MIN_VERSION (the new cluster's floor, flex-start TPUs' minimum) to the newest the package knows,
 since a release channel upgrades the cluster under the stack; the custom resources against their published CRDs
 (tests/data/crds/, each file's source and commit in its header): PodMonitoring (GoogleCloudPlatform/prometheus-engine),
-InferencePool (kubernetes-sigs/gateway-api-inference-extension v1.5.0), Gateway and HTTPRoute (kubernetes-sigs/
-gateway-api v1.5.1). CRD schemas are made strict the way kubernetes-validate's strict schemas are: an object schema
-that lists its properties takes no others (the API server drops or, with strict field validation, rejects unknown
-fields). Not checked: the CRDs' CEL rules (x-kubernetes-validations), and GKE's HealthCheckPolicy and
-GCPBackendPolicy (networking.gke.io), whose CRDs GKE installs but does not publish.
+InferencePool (kubernetes-sigs/gateway-api-inference-extension v1.6.0), Gateway and HTTPRoute (kubernetes-sigs/
+gateway-api v1.5.1), GKE's HealthCheckPolicy and GCPBackendPolicy (GoogleCloudPlatform/gke-gateway-api). CRD schemas
+are made strict the way kubernetes-validate's strict schemas are: an object schema that lists its properties takes
+no others (the API server drops or, with strict field validation, rejects unknown fields). Not checked: the CRDs' CEL
+rules (x-kubernetes-validations).
 
 The objects are taken from what the engine received under mocks, so what is validated is what `pulumi up` sends.
 """
@@ -77,11 +77,13 @@ VARIANTS = {"as-declared": {}, "parked": {"gkeMinReplicas": "0"},
 CRD_FILES = {"PodMonitoring": "monitoring.googleapis.com_podmonitorings.yaml",
              "InferencePool": "inference.networking.k8s.io_inferencepools.yaml",
              "Gateway": "gateway.networking.k8s.io_gateways.yaml",
-             "HTTPRoute": "gateway.networking.k8s.io_httproutes.yaml"}
-UNPUBLISHED = {"HealthCheckPolicy", "GCPBackendPolicy"}  # networking.gke.io: GKE's own, no published schema
+             "HTTPRoute": "gateway.networking.k8s.io_httproutes.yaml",
+             "HealthCheckPolicy": "networking.gke.io_healthcheckpolicies.yaml",
+             "GCPBackendPolicy": "networking.gke.io_gcpbackendpolicies.yaml"}
+GATEWAY_KINDS = {"InferencePool", "Gateway", "HTTPRoute", "HealthCheckPolicy", "GCPBackendPolicy"}
 
 
-BUILT_IN_GROUPS = {"", "apps", "policy", "autoscaling", "rbac.authorization.k8s.io"}
+BUILT_IN_GROUPS = {"", "apps", "batch", "policy", "autoscaling", "rbac.authorization.k8s.io"}
 GATEWAY_VARIANT = "inference-gateway-no-surge-no-bucket"
 
 
@@ -140,7 +142,7 @@ def validate_crd(obj: dict[str, Any]) -> None:
 def validate(obj: dict[str, Any], version: str) -> None:
     if obj["kind"] in CRD_FILES:
         validate_crd(obj)
-    elif obj["kind"] not in UNPUBLISHED:
+    else:
         kubernetes_validate.validate(obj, version, strict=True)
 
 
@@ -153,6 +155,8 @@ def test_every_declared_object_is_valid(objects: list[dict[str, Any]], version: 
     kinds = [obj["kind"] for obj in objects]
     assert {"Namespace", "ServiceAccount", "ConfigMap", "Deployment", "Service", "PodDisruptionBudget",
             "PodMonitoring"} <= set(kinds)
+    # the renewal CronJob and its access wherever there is an HPA to renew with
+    assert ({"CronJob", "ClusterRole", "ClusterRoleBinding"} <= set(kinds)) == ("HorizontalPodAutoscaler" in kinds)
     for obj in objects:
         validate(obj, version)
 
@@ -190,10 +194,10 @@ def test_the_crd_schema_rejects_a_broken_pod_monitoring(objects: list[dict[str, 
 def test_only_the_inference_gateway_router_declares_its_objects(objects) -> None:
     kinds = {obj["kind"] for obj in objects}
     routed = objects is variant_objects(GATEWAY_VARIANT)
-    assert ({"InferencePool", "Gateway", "HTTPRoute"} | UNPUBLISHED <= kinds) == routed
-    assert not ({"InferencePool", "Gateway", "HTTPRoute"} | UNPUBLISHED) & kinds or routed
+    assert (GATEWAY_KINDS <= kinds) == routed
+    assert not GATEWAY_KINDS & kinds or routed
     custom = {obj["kind"] for obj in objects if obj["apiVersion"].rpartition("/")[0] not in BUILT_IN_GROUPS}
-    assert custom <= set(CRD_FILES) | UNPUBLISHED  # every other custom kind is validated against a schema here
+    assert custom <= set(CRD_FILES)  # every custom kind is validated against its published schema here
 
 
 @pytest.mark.parametrize(("kind", "mutation", "complaint"), [
@@ -204,6 +208,10 @@ def test_only_the_inference_gateway_router_declares_its_objects(objects) -> None
     ("HTTPRoute", lambda spec: spec["rules"][0].update(backendRef={}), "'backendRef' was unexpected"),
     ("Gateway", lambda spec: spec.pop("gatewayClassName"), "'gatewayClassName' is a required property"),
     ("Gateway", lambda spec: spec["listeners"][0].update(port=0), "0"),
+    ("GCPBackendPolicy", lambda spec: spec["default"]["connectionDraining"].update(drainingTimeoutSec=3601),
+     "3601"),  # GKE's maximum is an hour
+    ("GCPBackendPolicy", lambda spec: spec["default"].update(timeout=600), "'timeout' was unexpected"),
+    ("HealthCheckPolicy", lambda spec: spec.pop("targetRef"), "'targetRef' is a required property"),
 ])
 def test_the_crd_schemas_reject_a_broken_gateway_object(kind: str, mutation, complaint: str) -> None:
     (declared,) = [obj for obj in variant_objects(GATEWAY_VARIANT) if obj["kind"] == kind]

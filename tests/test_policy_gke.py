@@ -86,6 +86,13 @@ UNSAFE: dict[str, tuple[str, str, Any, str]] = {
                                          "gke-flex-start-zones"),
     "TPU pool balancing zones": (NODE_POOL, "-tpu", set_path("autoscaling.locationPolicy", "BALANCED"),
                                  "gke-flex-start-zones"),
+    "TPU pool pulling its whole image": (NODE_POOL, "-tpu", delete_path("nodeConfig.gcfsConfig"),
+                                         "gke-image-streaming"),
+    "TPU pool with streaming off": (NODE_POOL, "-tpu", set_path("nodeConfig.gcfsConfig.enabled", False),
+                                    "gke-image-streaming"),
+    "TPU pool on Ubuntu": (NODE_POOL, "-tpu", set_path("nodeConfig.imageType", "UBUNTU_CONTAINERD"),
+                           "gke-image-streaming"),
+    "regional cluster": (CLUSTER, "", set_path("location", "us-east5"), "gke-zonal-cluster"),
     "cluster without labels": (CLUSTER, "", delete_path("resourceLabels"), "stack-labels"),
     "TPU nodes labelled for another stack": (NODE_POOL, "-tpu", set_path("nodeConfig.resourceLabels.stack", "dev"),
                                              "stack-labels"),
@@ -108,6 +115,16 @@ def test_a_pool_that_is_not_flex_start_is_not_held_to_flex_start_limits(captured
     assert "gke-flex-start-node-pool" not in violations(system, "gke")
     assert system.inputs["nodeLocations"] == ["us-east5-b"] and "autoscaling" not in system.inputs
     assert "gke-flex-start-zones" not in violations(system, "gke")
+
+
+def test_a_regional_cluster_passes_only_where_the_stacks_policy_config_allows_it(
+        captured: dict[str, Captured]) -> None:
+    cluster = captured["new cluster"].one(CLUSTER, "")
+    regional = {**copy.deepcopy(cluster.inputs), "location": "us-east5"}
+    assert "gke-zonal-cluster" in violations(cluster, "gke", props=regional)
+    assert "gke-zonal-cluster" not in violations(cluster, "gke", props=regional,
+                                                 config={"gke-zonal-cluster": {"allowRegionalCluster": True}})
+    assert "gke-image-streaming" not in violations(captured["new cluster"].one(NODE_POOL, "-system"), "gke")
 
 
 def test_the_policys_zones_are_the_stacks_data() -> None:

@@ -1,0 +1,111 @@
+"""The gke target's node renewal in the cluster: a CronJob that runs tpuserve/gke_renewer.py every 15 minutes as its
+own service account, with only the access a renewal uses (docs/design/gke-renewal.md).
+
+The renewer is standard library plus tpuserve/durations.py: the files ride in a ConfigMap mounted as a `tpuserve`
+package and run on a digest-pinned python image, so a run installs nothing and needs no image of ours. Declared only
+while the Deployment has an HPA (gkeMinReplicas > 0): a parked stack has nothing to renew.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from components.k8s_serving import TERMINATION_GRACE_S, ServingManifestArgs, metadata
+from tpuserve import durations
+from tpuserve.gke_renewer import DEFAULT_LEAD, DEFAULT_TIMEOUT, POOL_LABEL
+
+SCHEDULE = "*/15 * * * *"
+# python:3.12-slim by its multi-arch index digest, as public Dockerfiles pinned it in 2026 (one notes "verified
+# against the canonical index"); not resolved from here (no registry access): `python -m tpuserve.registry
+# python:3.12-slim` prints today's.
+PYTHON_IMAGE = "python:3.12-slim@sha256:78387bc3881b8273120a12ebe6c1ab22b018ccc2c9adf565ae1ac9b536e184ea"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent / "tpuserve"
+# The renewer and what it imports from tpuserve (tests/test_gke_renew.py checks the closure).
+PACKAGE_FILES = ("__init__.py", "durations.py", "gke_renewer.py")
+WORKDIR = "/opt/tpu-serve-renewer"
+NOBODY = 65534
+# A margin past the longest run (a successor's wait, then the old pod's stop) before a stuck Job is stopped; with
+# concurrencyPolicy Forbid a stuck Job would hold back every later run. A renewal cut short is resumed by the next.
+RUN_MARGIN_S = 10 * 60
+RBAC = "rbac.authorization.k8s.io"
+
+
+def renewer_name(args: ServingManifestArgs) -> str:
+    return f"{args.name}-renewer"
+
+
+def cluster_role_name(args: ServingManifestArgs) -> str:
+    """Cluster-wide, so named after the namespace too (one per stack on a shared cluster)."""
+    return f"{args.namespace}-{renewer_name(args)}"
+
+
+def node_rules() -> list[dict[str, Any]]:
+    # Nodes are cluster-scoped: only a ClusterRole reaches them. `list` takes no resourceNames.
+    return [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]}]
+
+
+def namespace_rules(args: ServingManifestArgs) -> list[dict[str, Any]]:
+    """The Deployment (read; replicas through its scale subresource) and the HPA by name; the pods it lists and
+    marks (generated names: no resourceNames)."""
+    only = [args.name]
+    return [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get"], "resourceNames": only},
+            {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["patch"], "resourceNames": only},
+            {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": ["get", "patch"],
+             "resourceNames": only},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]}]
+
+
+def renewer_args(args: ServingManifestArgs) -> list[str]:
+    return ["--namespace", args.namespace, "--deployment", args.name, "--pool", args.node_labels[POOL_LABEL],
+            "--pool-max-nodes", str(args.pool_max_nodes), "--max-run-seconds", str(args.max_run_s),
+            "--lead", DEFAULT_LEAD, "--timeout", DEFAULT_TIMEOUT]
+
+
+def package_files() -> dict[str, str]:
+    return {name: (PACKAGE_DIR / name).read_text() for name in PACKAGE_FILES}
+
+
+def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
+    """The renewer's objects in apply order; none while parked."""
+    if args.min_replicas == 0:
+        return []
+    name = renewer_name(args)
+    meta = metadata(args, name)
+    meta["labels"]["app.kubernetes.io/name"] = name  # not the vLLM pods' selector: its pods are not replicas
+    cluster_meta = metadata(args, cluster_role_name(args), namespaced=False)
+    cluster_meta["labels"]["app.kubernetes.io/name"] = name
+    subject = [{"kind": "ServiceAccount", "name": name, "namespace": args.namespace}]
+    container = {
+        "name": "renewer", "image": PYTHON_IMAGE, "command": ["python3", "-m", "tpuserve.gke_renewer"],
+        "args": renewer_args(args), "workingDir": WORKDIR,
+        "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "renewer", "mountPath": f"{WORKDIR}/tpuserve", "readOnly": True}],
+    }
+    job = {"backoffLimit": 0,  # the next run, 15 minutes on, retries (and resumes a renewal left midway)
+           "activeDeadlineSeconds": durations.parse(DEFAULT_TIMEOUT) + TERMINATION_GRACE_S + RUN_MARGIN_S,
+           "template": {"metadata": {"labels": dict(meta["labels"])}, "spec": {
+               "serviceAccountName": name, "restartPolicy": "Never",
+               "securityContext": {"runAsNonRoot": True, "runAsUser": NOBODY, "runAsGroup": NOBODY,
+                                   "seccompProfile": {"type": "RuntimeDefault"}},
+               "containers": [container],
+               "volumes": [{"name": "renewer", "configMap": {"name": name}}]}}}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRole", "metadata": cluster_meta, "rules": node_rules()},
+        {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRoleBinding", "metadata": cluster_meta, "subjects": subject,
+         "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": cluster_role_name(args)}},
+        {"apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": meta, "rules": namespace_rules(args)},
+        {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding", "metadata": meta, "subjects": subject,
+         "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": name}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": package_files()},
+        {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": meta, "spec": {
+            "schedule": SCHEDULE, "timeZone": "Etc/UTC",
+            # One renewal at a time: a run still waiting for a successor's capacity makes the next one skip.
+            "concurrencyPolicy": "Forbid", "startingDeadlineSeconds": 300,
+            "successfulJobsHistoryLimit": 1, "failedJobsHistoryLimit": 3,
+            "jobTemplate": {"metadata": {"labels": dict(meta["labels"])}, "spec": job}}},
+    ]
