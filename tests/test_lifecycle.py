@@ -3,6 +3,8 @@ the fake engine applies the real program to the cloud, and each scenario ends wi
 
 from __future__ import annotations
 
+import json
+
 from tests.cloud_world import World, world  # noqa: F401 - the fixture
 from tpuserve.ops import up as up_module
 
@@ -223,3 +225,96 @@ def test_destroy_with_keep_caches_true_keeps_the_warm_disk_and_bucket_and_says_w
     assert "tpuserve cache rm --stack dev --project my-ml-sandbox --bucket" in stderr
     world.cloud.clock.advance(24 * 3600)
     assert {line.kind for line in world.cloud.bill().lines if line.usd} >= {"disk"}  # what is kept bills on
+
+
+
+# --- the queue: no zone has a TPU free now, so `tpuserve up` waits in Compute Engine's queue --------------------------
+
+def queued_world(world: World, monkeypatch) -> None:
+    """The toolkit's waits on the cloud's clock, and no TPU free in us-east5-a."""
+    from tpuserve.deploy import queue as queues
+    from tpuserve.ops import renew as renew_module
+
+    world.on_the_clock(monkeypatch, up_module, queues, renew_module)
+    world.cloud.capacity[("us-east5-a", "ct6e-standard-1t")] = 0
+
+
+def queued_insert(world: World) -> dict:
+    inserts = [c for c in world.cloud.calls if c.method == "POST" and c.path.endswith("/instances")
+               and (c.body or {}).get("params")]
+    assert len(inserts) == 1, inserts
+    return inserts[0].body
+
+
+def test_a_vm_granted_from_the_queue_ends_adopted_serving_and_never_replaced(world: World, monkeypatch):
+    """No chip now: after the immediate try, the VM waits PENDING (billing nothing) until a chip frees 40 minutes
+    later, boots, and the next update adopts it (import, no create): it serves, the state holds it, and the next
+    `tpuserve up` leaves it as it is."""
+    queued_world(world, monkeypatch)
+    world.cloud.schedule_capacity("us-east5-a", "ct6e-standard-1t", 1, after_s=40 * 60)
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--zones", "us-east5-a",
+                                           "--skip-preflight")
+    assert code == 0, stderr
+    assert verdict["queue"] == [{"zone": "us-east5-a", "name": "tpu-serve-dev", "outcome": "running",
+                                 "waitedSeconds": 2400, "reason": None}]
+    assert [(a["zone"], a["class"]) for a in verdict["attempts"]] == [("us-east5-a", "capacity"),
+                                                                      ("us-east5-a", "created")]
+    assert "queued in us-east5-a for 12 min, 1h 48m left" in stderr  # a line per poll
+    assert "granted in us-east5-a after 40 min: tpu-serve-dev runs" in stderr
+    body = queued_insert(world)
+    assert body["params"] == {"requestValidForDuration": {"seconds": "7200"}}  # the deadline's 2 h, Google's most
+    vm = world.cloud.instance("tpu-serve-dev", "us-east5-a")
+    assert vm["status"] == "RUNNING" and vm["lastStartTimestamp"] > vm["creationTimestamp"]  # started when granted
+    outputs = world.pulumi.outputs()
+    assert outputs["instanceName"] == "tpu-serve-dev" and outputs["vmSlot"] == "a" and "vmInsertBody" not in outputs
+    assert outputs["bootTimeline"]  # the readiness gate passed on the adopted VM
+    assert "TPUSERVE" not in json.dumps(world.pulumi.config())  # one run's environment, never the stack's config
+    assert verdict["inventory"]["billingOrphans"] == 0
+    assert world.cloud.bill().usd("instance", "tpu-serve-dev") < 0.01  # PENDING for 40 min billed nothing
+
+    calls = len(world.cloud.calls)
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--skip-preflight")
+    assert code == 0, stderr
+    assert "the TPU VM is not changed by this update" in stderr
+    assert vm_calls(world, calls) == []
+    assert world.cloud.instance("tpu-serve-dev", "us-east5-a")["id"] == vm["id"]
+
+
+def test_a_queue_that_ends_without_a_chip_leaves_nothing_that_bills_but_the_kept_caches(world: World, monkeypatch):
+    """Compute Engine deletes the PENDING VM when its wait ends (its operation ends in an error); `up` exits 3 and
+    the stack holds its network and caches, no VM."""
+    queued_world(world, monkeypatch)
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--zones", "us-east5-a",
+                                           "--skip-preflight", "--deadline", "1h")
+    assert code == 3, stderr
+    assert [q["outcome"] for q in verdict["queue"]] == ["no-capacity"]
+    assert "does not have enough resources available" in verdict["queue"][0]["reason"]  # the operation's error
+    assert queued_insert(world)["params"]["requestValidForDuration"] == {"seconds": "3600"}
+    assert "none granted in us-east5-a's queue within 1h 00m" in stderr
+    assert world.kinds("instance") == []
+    # The queued run made the cache disk again; never attached, it held nothing and is deleted like a failed zone's.
+    assert [(o["name"], o["deleted"]) for o in verdict["orphans"]] == [("tpu-serve-dev-cache", True)] * 2
+    items = verdict["inventory"]["items"]
+    assert {(i["kind"], i["status"]) for i in items} == {
+        ("bucket", "in state"), ("firewall", "in state"), ("nat", "in state"), ("router", "in state"),
+        ("service-account", "in state")}
+    assert [i for i in items if i["bills"]] == [] and verdict["inventory"]["perMonthUsd"]["total"] == 0
+    assert world.kinds("instance", "disk") == []
+    def stack_bill() -> float:  # the user's own token secret is not the stack's
+        bill = world.cloud.bill()
+        return round(bill.total - bill.usd("secret", "hf-token"), 6)
+
+    spent = stack_bill()
+    assert spent < 0.02  # the cache disk's hour beside the queued VM; the PENDING VM billed nothing
+    world.cloud.clock.advance(30 * 24 * 3600)
+    assert stack_bill() == spent  # nothing bills: no VM, no disk, an empty bucket, an idle NAT
+
+
+def test_a_plain_pulumi_up_without_capacity_changes_nothing_and_tpuserve_up_then_queues(world: World, monkeypatch):
+    """A bare `pulumi up` declares the VM (never withheld: that is one run's environment) and fails on capacity."""
+    queued_world(world, monkeypatch)
+    run = world.run_pulumi("up", "--yes", "--skip-preview", "--stack", "dev")
+    assert run.returncode == 255
+    assert "does not have enough resources available" in run.stdout
+    assert all(not env for env in world.engine.environments)  # no TPUSERVE_* reached that program
+    assert world.kinds("instance") == []

@@ -125,9 +125,9 @@ def test_a_failed_readiness_gate_stops_the_sweep_and_keeps_the_zone_of_its_vm(pu
     assert pulumi.config()["tpu-serve:zone"]["value"] == "europe-west4-a"  # where the VM that did not serve runs
 
 
-def test_no_capacity_anywhere_exits_3_and_restores_the_zone(pulumi: FakePulumi):
+def test_without_the_queue_no_capacity_anywhere_exits_3_and_restores_the_zone(pulumi: FakePulumi):
     pulumi.scenario({"*": failed(errors.STOCKOUT)})
-    code, verdict, stderr = run_up(GoogleFake(), "--zones", "us-east5-a,europe-west4-a")
+    code, verdict, stderr = run_up(GoogleFake(), "--zones", "us-east5-a,europe-west4-a", "--no-queue")
     assert code == 3
     assert [a["zone"] for a in verdict["attempts"]] == ["us-east5-a", "europe-west4-a"]
     assert verdict["reason"] == "no capacity in us-east5-a, europe-west4-a"
