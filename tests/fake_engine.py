@@ -45,6 +45,7 @@ import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 
 from tests import fake_providers as providers
+from tests import provider_errors
 from tpuserve.deploy.changes import ResourceChange
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -324,7 +325,7 @@ class Engine:
         self.canceled = threading.Event()
         self.lock = threading.Lock()  # mocks are process-global: one command at a time
         self.names: set[str] = set()  # autonamed names handed out
-        self.locked_for = 0  # the next N updates meet the stack locked by another process
+        self.locked_for = 0  # the next N updates meet the stack locked by another process (the diy backend's words)
         self.environments: list[dict[str, str]] = []  # the TPUSERVE_* environment of each program run
 
     def provider(self, reg: Registration) -> providers.Provider:
@@ -387,7 +388,7 @@ class Engine:
             verb = words[0]
             if self.locked_for and verb in ("up", "destroy", "refresh"):
                 self.locked_for -= 1
-                out(LOCKED.format(stack=stack, home=home))
+                out(provider_errors.LOCKED)
                 return EXIT_FAILED
             state_file = home / "state.json"
             state = json.loads(state_file.read_text()) if state_file.exists() else \
@@ -455,13 +456,6 @@ class Engine:
     def save(state_file: Path, state: dict[str, Any], resources: list[dict[str, Any]]) -> None:
         state["deployment"]["resources"] = resources
         write_whole(state_file, state)
-
-
-# The diy backend's refusal, as `pulumi up` prints it while another process holds the stack (pulumi/pulumi
-# pkg/backend/diy/lock.go checkForLock).
-LOCKED = ("error: the stack is currently locked by 1 lock(s). Either wait for the other process(es) to end or delete "
-          "the lock file with `pulumi cancel`.\n  file://{home}/.pulumi/locks/{stack}/5d1e.json: created by "
-          "runner@fv-az1 (pid 4242) at 2026-11-29T02:00:00Z")
 
 
 @contextlib.contextmanager

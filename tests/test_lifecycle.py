@@ -318,3 +318,107 @@ def test_a_plain_pulumi_up_without_capacity_changes_nothing_and_tpuserve_up_then
     assert "does not have enough resources available" in run.stdout
     assert all(not env for env in world.engine.environments)  # no TPUSERVE_* reached that program
     assert world.kinds("instance") == []
+
+
+# --- renewal: the successor serves before flex-start deletes the VM -------------------------------------------------
+
+def renewal_world(world: World, monkeypatch, chips: int) -> None:
+    """A deployed stack (slot a, a 4 h run from now) whose zone has `chips` v6e chips, on the cloud's clock."""
+    queued_world(world, monkeypatch)
+    first_up(world)
+    world.cloud.capacity[("us-east5-a", "ct6e-standard-1t")] = chips
+
+
+def renew(world: World, *args: str) -> tuple[int, dict, str]:
+    from tpuserve.ops import renew as renew_module
+
+    return world.tpuserve(renew_module.renew, "--stack", "dev", "--json", "--zones", "us-east5-a", *args)
+
+
+def test_renew_creates_the_successor_in_the_other_slot_and_deletes_the_old_vm_once_it_serves(world: World,
+                                                                                              monkeypatch):
+    renewal_world(world, monkeypatch, chips=2)
+    old = world.cloud.instance("tpu-serve-dev", "us-east5-a")
+    code, verdict, stderr = renew(world)
+    assert code == 0 and verdict["action"] == "not-due", stderr  # 4 h away: more than the 45 min lead
+    world.cloud.clock.advance(3 * 3600 + 20 * 60)
+    calls = len(world.cloud.calls)
+    code, verdict, stderr = renew(world)
+    assert code == 0, stderr
+    assert verdict["action"] == "renewed" and verdict["vm"]["leftSeconds"] == 40 * 60
+    assert verdict["successor"] == {"name": "tpu-serve-dev-b", "zone": "us-east5-a"}
+    assert vm_calls(world, calls) == ["DELETE"]  # the old VM: never updated, deleted once
+    assert vm_calls(world, calls, "tpu-serve-dev-b") == ["insert"]
+    paths = [(c.method, c.path) for c in world.cloud.calls[calls:]]
+    gate = max(i for i, (m, p) in enumerate(paths) if p.endswith("/instances/tpu-serve-dev-b/getGuestAttributes"))
+    delete = paths.index(("DELETE", f"/compute/v1/projects/my-ml-sandbox/zones/us-east5-a/instances/tpu-serve-dev"))
+    assert gate < delete  # the old VM served until its successor's gate saw it serve
+    assert world.cloud.instance("tpu-serve-dev", "us-east5-a") is None
+    successor = world.cloud.instance("tpu-serve-dev-b", "us-east5-a")
+    assert successor["status"] == "RUNNING" and successor["id"] != old["id"]
+    outputs = world.pulumi.outputs()
+    assert (outputs["instanceName"], outputs["vmSlot"]) == ("tpu-serve-dev-b", "b")
+    assert world.pulumi.config()["tpu-serve:vmSlot"]["value"] == "b"
+    assert verdict["inventory"]["billingOrphans"] == 0
+    kept = {(i["kind"], i["name"]) for i in verdict["inventory"]["items"] if i["status"] == "kept"}
+    assert ("disk", "tpu-serve-dev-cache") in kept  # slot a's disk, warm for the next renewal
+    assert {name for kind, _, name in world.kinds("instance")} == {"tpu-serve-dev-b"}
+
+    code, verdict, stderr = renew(world)  # its own run has just begun
+    assert code == 0 and verdict["action"] == "not-due", stderr
+
+
+def test_renew_without_capacity_leaves_the_old_vm_serving_until_its_deletion_and_exits_3(world: World, monkeypatch):
+    renewal_world(world, monkeypatch, chips=1)
+    old = world.cloud.instance("tpu-serve-dev", "us-east5-a")
+    world.cloud.clock.advance(3 * 3600 + 50 * 60)
+    calls = len(world.cloud.calls)
+    code, verdict, stderr = renew(world)
+    assert code == 3, stderr
+    assert verdict["action"] == "kept"
+    assert {a["class"] for a in verdict["attempts"]} == {"capacity"} and len(verdict["attempts"]) > 1
+    assert "tpu-serve-dev served until flex-start deleted it at 2026-11-29 06:00 UTC" in stderr  # tried to the end
+    assert vm_calls(world, calls) == []  # never touched; flex-start deleted it at the end of its run
+    assert [c for c in world.cloud.calls[calls:] if c.method == "POST" and "tpu-serve-dev-b" in json.dumps(c.body)]
+    assert world.kinds("instance") == [] and old["status"] == "RUNNING"
+    assert world.pulumi.config()["tpu-serve:vmSlot"]["value"] == "a"  # the slot of the VM the state held
+    assert ("disk", "us-east5-a", "tpu-serve-dev-cache-b") not in world.kinds("disk")  # blank successor disks went
+    assert verdict["inventory"]["billingOrphans"] == 0
+
+
+def test_renew_before_the_deletion_leaves_the_old_vm_running_when_no_successor_comes(world: World, monkeypatch):
+    """Checked at the moment the renewal gives up early (a stop, not a deadline): the old VM is as it was."""
+    renewal_world(world, monkeypatch, chips=1)
+    world.cloud.quota["us-east5"] = 1  # a second VM would exceed the region's quota: a lasting failure
+    before = world.cloud.instance("tpu-serve-dev", "us-east5-a")
+    world.cloud.clock.advance(3 * 3600 + 30 * 60)
+    calls = len(world.cloud.calls)
+    code, verdict, stderr = renew(world)
+    assert code == 3, stderr
+    assert [a["class"] for a in verdict["attempts"]] == ["quota"]
+    assert "tpu-serve-dev keeps serving until flex-start deletes it at 2026-11-29 06:00 UTC (in 30 min)" in stderr
+    after = world.cloud.instance("tpu-serve-dev", "us-east5-a")
+    assert (after["status"], after["id"], after["metadata"]) == ("RUNNING", before["id"], before["metadata"])
+    assert vm_calls(world, calls) == []
+    assert world.pulumi.outputs()["instanceName"] == "tpu-serve-dev"
+
+
+def test_a_renewal_that_meets_the_stack_locked_waits_for_it(world: World, monkeypatch):
+    renewal_world(world, monkeypatch, chips=2)
+    world.cloud.clock.advance(3 * 3600 + 20 * 60)
+    world.engine.locked_for = 2  # a deploy holds the stack for the first two tries
+    code, verdict, stderr = renew(world)
+    assert code == 0, stderr
+    assert stderr.count("the stack is locked by another update") == 2
+    assert world.pulumi.outputs()["instanceName"] == "tpu-serve-dev-b"
+
+
+def test_renew_after_flex_start_deleted_the_vm_deploys_the_stack_again(world: World, monkeypatch):
+    renewal_world(world, monkeypatch, chips=1)
+    world.cloud.clock.advance(4 * 3600 + 60)
+    assert world.kinds("instance") == []
+    code, verdict, stderr = renew(world)
+    assert code == 0, stderr
+    assert "tpu-serve-dev is gone (flex-start deleted it): deploying the stack" in stderr
+    assert world.cloud.instance("tpu-serve-dev", "us-east5-a")["status"] == "RUNNING"
+    assert verdict["zone"] == "us-east5-a" and verdict["inventory"]["billingOrphans"] == 0  # up's own document

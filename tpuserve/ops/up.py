@@ -60,9 +60,10 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_CAPACITY, EXIT_NEEDS_CONSENT, EXIT_ORP
 PREVIEW_TIMEOUT_S = 600.0
 DEFAULT_DEADLINE = "2h"
 CLEANUP_TIMEOUT_S = 300.0  # the refresh between attempts, even past the deadline: nothing may stay half-created
-# The update that adopts a VM granted from the queue runs its readiness gate (a cold boot, 8.5-10.5 min; the gate gives
-# up after readinessTimeout, 25 min, plus the boot's allowances): the deadline bounds the wait, not that boot.
-ADOPT_TIMEOUT_S = 40 * 60.0
+# An update that boots a VM found at the last moment (granted from the queue, or a renewal's successor) runs its
+# readiness gate (a cold boot, 8.5-10.5 min; the gate gives up after readinessTimeout, 25 min, plus the boot's
+# allowances): the deadline bounds the search for capacity, not that boot.
+BOOT_UPDATE_S = 40 * 60.0
 LOCK_POLL_S = 60.0  # another update holds the stack (a deploy, a renewal): try again this often until the deadline
 LOCAL = "local"  # the one "zone" of a local-target stack (a Docker host)
 GKE = "gke"
@@ -97,12 +98,13 @@ class Deployer:
     settings: Mapping[str, str] = field(default_factory=dict)  # more stack config every attempt sets
     nat: Mapping[str, str] = field(default_factory=dict)  # cloudNatSkipRegions, when nat_settings decided it
     queued: list[dict[str, Any]] = field(default_factory=list)  # each wait in the queue, as queues.Queued.as_dict
+    boot_floor_s: float = 0.0  # an attempt's update may outlast the deadline by this much (BOOT_UPDATE_S: renewals)
 
     def attempt(self, zone: str, seconds_left: float) -> Failure | None:
         """`pulumi up` with the stack's `zone` set to `zone` by the same command (it stays set whatever the outcome;
         after a failed sweep keep_zone_consistent puts the stack's `zone` back)."""
         self.say(f"── {self.stack}: pulumi up in {zone} ({seconds_left / 60:.0f} min left)")
-        failure = self.update(zone, seconds_left)
+        failure = self.update(zone, max(seconds_left, self.boot_floor_s))
         if failure is not None and zone != LOCAL and failure.kind != "locked":
             self.clean_up([zone])
         return failure
@@ -158,7 +160,7 @@ class Deployer:
                 return Failure("capacity", ZONE, f"no TPU granted in {zone} within {durations.human(queued.waited_s)} "
                                                  f"of waiting ({queued.reason})")
         self.say(f"── {self.stack}: pulumi up in {zone}, adopting {body['name']}")
-        failure = self.update(zone, max(left(), ADOPT_TIMEOUT_S),
+        failure = self.update(zone, max(left(), BOOT_UPDATE_S),
                               {ADOPT_VM_ENV: instance_id(self.project, zone, str(body["name"]))})
         if failure is not None and failure.kind != "locked":
             self.clean_up([zone])  # a VM the update could not adopt is an orphan: found and deleted (or named) here
