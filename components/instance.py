@@ -127,6 +127,19 @@ def capacity_hint(stack: str, log: Callable[[str], None] | None = None) -> Calla
     return hook
 
 
+def error_hooks(name: str, stack: str) -> pulumi.ResourceHookBinding | None:
+    """The capacity hint, where the CLI runs error hooks (pulumi >= 3.217; the SDK would fail the program on an older
+    one: pulumi/runtime/resource.py register_error_hook) and the SDK has them: the floor is pulumi 3.200."""
+    from pulumi.runtime.proto import resource_pb2
+    from pulumi.runtime.settings import monitor_supports_feature
+
+    if not hasattr(pulumi, "ErrorHook") or not monitor_supports_feature(
+            resource_pb2.RESOURCE_MONITOR_FEATURE_ERROR_HOOKS):
+        return None
+    return pulumi.ResourceHookBinding(on_error=[pulumi.ErrorHook(f"{name}-capacity-hint",
+                                                                 capacity_hint(stack or pulumi.get_stack()))])
+
+
 class FlexStartTpuVm(pulumi.ComponentResource):
     """A FLEX_START Compute Engine VM: deleted when its max run duration ends, never restarted, no reservation.
 
@@ -190,9 +203,7 @@ class FlexStartTpuVm(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT),
                                         replace_on_changes=REPLACE_ON_CHANGES,
                                         delete_before_replace=args.delete_first, import_=args.adopt_id or None,
-                                        hooks=pulumi.ResourceHookBinding(on_error=[pulumi.ErrorHook(
-                                            f"{args.logical_name or name}-capacity-hint",
-                                            capacity_hint(args.stack or pulumi.get_stack()))])))
+                                        hooks=error_hooks(args.logical_name or name, args.stack)))
 
         self.name = instance.name
         self.instance_id = instance.instance_id
