@@ -6,7 +6,7 @@ the successor beside it, the readiness gate waits until it serves, the outputs m
 VM at the end of that update (create-first, as `tpuserve up --replace-vm`). The successor is an immediate create,
 tried zone after zone (the VM's zone first) until the old VM's deletion; why it does not wait in Compute Engine's
 queue as a first deploy does: docs/getting-a-tpu.md, "Renewals". A stack whose VM is already gone is deployed as
-`tpuserve up` does. The inventory closes the run.
+`tpuserve up --deadline <lead>` does. The inventory closes the run.
 
 Exit codes: 0 renewed, or nothing due; 1 an error; 2 bad usage; 3 no successor before the deletion (the old VM serves
 until then); 5 renewed, but an orphan that bills is left.
@@ -102,9 +102,11 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
         if err.status != 404:
             say(f"Error: could not read {name}: {err}")
             finish(EXIT_FAILED, {"action": None, "reason": str(err)})
-        say(f"{name} is gone (flex-start deleted it): deploying the stack as `tpuserve up --stack {stack}` does")
-        ctx.invoke(ups.up, stack=stack, zones=zones, yes=yes, cwd=cwd, as_json=as_json, endpoints=endpoints,
-                   pulumi_args=pulumi_args)
+        # Bounded by the lead: a scheduled renewal fits its job, and the next one (15 min on) tries again.
+        say(f"{name} is gone (flex-start deleted it): deploying the stack as `tpuserve up --stack {stack} "
+            f"--deadline {lead_text}` does")
+        ctx.invoke(ups.up, stack=stack, zones=zones, deadline_text=lead_text, yes=yes, cwd=cwd, as_json=as_json,
+                   endpoints=endpoints, pulumi_args=pulumi_args)
         return
     except requests.RequestException as err:
         say(f"Error: could not read {name}: {err}")
