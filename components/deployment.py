@@ -95,7 +95,7 @@ class TpuServeDeployment(pulumi.ComponentResource):
             adopt_id=adopted_vm(cfg.project, cfg.zone, name))
         if flex_start.withheld():
             # `tpuserve up` queues the VM itself (docs/getting-a-tpu.md): this run makes all it needs and says how
-            # to insert it, secret only so that `pulumi up` does not print 120 kB of metadata.
+            # to insert it, secret only so that `pulumi up` does not print its 140 kB of metadata.
             self.outputs = {"target": cfg.target, "zone": cfg.zone, "project": cfg.project, "vmSlot": cfg.vm_slot,
                             "cacheDisk": cache.disk_source or "", "cacheBucket": cache.bucket_name,
                             "vmInsertBody": pulumi.Output.secret(insert_body_output(name, vm_args))}

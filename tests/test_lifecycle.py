@@ -310,7 +310,27 @@ def test_a_queue_that_ends_without_a_chip_leaves_nothing_that_bills_but_the_kept
     assert stack_bill() == spent  # nothing bills: no VM, no disk, an empty bucket, an idle NAT
 
 
-def test_a_plain_pulumi_up_without_capacity_changes_nothing_and_tpuserve_up_then_queues(world: World, monkeypatch):
+def test_a_granted_vm_that_differs_in_a_field_that_replaces_it_is_never_adopted_and_is_deleted(world: World,
+                                                                                               monkeypatch):
+    """Pulumi refuses to replace a resource declared with `import_`: a queued VM whose max run differs from the
+    program's fails the adopting update, and the orphan sweep deletes it (--yes) instead of leaving it billing."""
+    from tpuserve.deploy import queue as queues
+
+    queued_world(world, monkeypatch)
+    world.cloud.schedule_capacity("us-east5-a", "ct6e-standard-1t", 1, after_s=10 * 60)
+    real = queues.with_wait
+    monkeypatch.setattr(queues, "with_wait", lambda body, seconds: {**real(body, seconds), "scheduling": {
+        **body["scheduling"], "maxRunDuration": {"seconds": "3600"}}})
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--zones", "us-east5-a",
+                                           "--skip-preflight", "--yes")
+    assert code == 1, stderr
+    assert "previously-imported resources that still specify an ID may not be replaced" in verdict["reason"]
+    assert ("us-east5-a", "tpu-serve-dev", True) in [(o["zone"], o["name"], o["deleted"]) for o in verdict["orphans"]]
+    assert world.kinds("instance") == []
+    assert "instanceName" not in world.pulumi.outputs()
+
+
+def test_a_plain_pulumi_up_without_capacity_declares_the_vm_and_creates_none(world: World, monkeypatch):
     """A bare `pulumi up` declares the VM (never withheld: that is one run's environment) and fails on capacity."""
     queued_world(world, monkeypatch)
     run = world.run_pulumi("up", "--yes", "--skip-preview", "--stack", "dev")
