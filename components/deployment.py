@@ -8,7 +8,7 @@ import pulumi
 
 from components.config import StackConfig
 from components.identity import ServingIdentity, ServingIdentityArgs, full_secret_name
-from components.instance import FlexStartTpuVm, FlexStartTpuVmArgs
+from components.instance import FlexStartTpuVm, FlexStartTpuVmArgs, insert_body_output
 from components.monitoring import ServingMonitoring, ServingMonitoringArgs
 from components.network import ServingNetwork, ServingNetworkArgs
 from components.readiness import ReadinessGate, ReadinessGateArgs, instance_gate_timeout_s, instance_target
@@ -17,6 +17,7 @@ from components.startup_script import API_KEY_ENV, render_startup_script, served
     supervisor_bundle
 from tpuserve.deploy import orphans
 from tpuserve.deploy.cache import bucket_name, disk_name
+from tpuserve import flex_start
 from tpuserve.facts import CACHE_DEVICE_NAME, CACHE_LABEL, SERVED_CONFIG_KEY, STARTUP_SCRIPT_KEY, SUPERVISOR_KEY
 from tpuserve.names import base_name, service_account_id, stack_slug, vm_name
 from tpuserve.serving import vllm_serve_args
@@ -25,6 +26,15 @@ from tpuserve.serving import vllm_serve_args
 def stack_labels(stack: str, extra: dict[str, str]) -> dict[str, str]:
     """The labels `tpuserve up` finds the stack's orphans by, plus the stack's own."""
     return {**orphans.stack_labels(stack), **extra}
+
+
+def adopted_vm(project: str, zone: str, name: str) -> str:
+    """The instance this run adopts (flex_start.ADOPT_VM_ENV), only ever this stack's VM in this zone and slot."""
+    wanted = flex_start.adopted_id()
+    if wanted and wanted != flex_start.instance_id(project, zone, name):
+        raise ValueError(f"{flex_start.ADOPT_VM_ENV}: {wanted} is not this stack's VM "
+                         f"({flex_start.instance_id(project, zone, name)}); unset it")
+    return wanted
 
 
 def expiry(creation_timestamp: str, seconds: int) -> str:
@@ -74,14 +84,24 @@ class TpuServeDeployment(pulumi.ComponentResource):
                                              else "")),
             SUPERVISOR_KEY: supervisor_bundle(port=cfg.serving.port),
         }
-        vm = FlexStartTpuVm(name, FlexStartTpuVmArgs(
+        vm_args = FlexStartTpuVmArgs(
             project=cfg.project, zone=cfg.zone, machine_type=cfg.machine_type, boot_image=cfg.boot_image,
             boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type, max_run_seconds=cfg.max_run_seconds,
             network=cfg.network, subnetwork=cfg.subnetwork, external_ip=cfg.external_ip,
             service_account_email=identity.email, metadata=metadata,
             network_tags=(base,), labels=labels,
             cache_disk=cache.disk_source, cache_device_name=CACHE_DEVICE_NAME,
-            delete_first=cfg.replace_order == "delete-first", logical_name=base),
+            delete_first=cfg.replace_order == "delete-first", logical_name=base, stack=stack,
+            adopt_id=adopted_vm(cfg.project, cfg.zone, name))
+        if flex_start.withheld():
+            # `tpuserve up` queues the VM itself (docs/getting-a-tpu.md): this run makes all it needs and says how
+            # to insert it, secret only so that `pulumi up` does not print its 140 kB of metadata.
+            self.outputs = {"target": cfg.target, "zone": cfg.zone, "project": cfg.project, "vmSlot": cfg.vm_slot,
+                            "cacheDisk": cache.disk_source or "", "cacheBucket": cache.bucket_name,
+                            "vmInsertBody": pulumi.Output.secret(insert_body_output(name, vm_args))}
+            self.register_outputs(self.outputs)
+            return
+        vm = FlexStartTpuVm(name, vm_args,
             # The VM needs its token grant, its egress and its caches before the startup script runs. The logical
             # name stays `base` whatever the slot, so a slot change is a replacement of this resource, not a new one.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[identity, network, cache]))

@@ -85,9 +85,31 @@ class World:
         return subprocess.run(["pulumi", *args, "--non-interactive"], env={**os.environ, **self.env},
                               capture_output=True, text=True, check=False, timeout=120)
 
+    def on_the_clock(self, monkeypatch: pytest.MonkeyPatch, *modules: Any) -> None:
+        """The toolkit's waits and deadlines in `modules` (their `time`) follow the cloud's clock: a sleep advances
+        it, so a two-hour queue passes in a moment and Google's deadlines and ours are on one clock."""
+        for module in modules:
+            monkeypatch.setattr(module, "time", CloudTime(self.cloud))
+
     def kinds(self, *kinds: str) -> list[tuple[str, str, str]]:
         """(kind, location, name) of what the cloud holds, of these kinds."""
         return sorted((r.kind, r.location, r.name) for r in self.cloud.inventory() if not kinds or r.kind in kinds)
+
+
+@dataclass
+class CloudTime:
+    """`time` as the toolkit uses it (monotonic, time, sleep), on the fake cloud's clock."""
+
+    cloud: FakeCloud
+
+    def monotonic(self) -> float:
+        return self.cloud.clock.now()
+
+    def time(self) -> float:
+        return self.cloud.clock.now()
+
+    def sleep(self, seconds: float) -> None:
+        self.cloud.clock.advance(seconds)
 
 
 @pytest.fixture
@@ -104,6 +126,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
         monkeypatch.setattr(alert_metrics, "now", cloud.clock.now)  # and asks how old a metric is in it
         engine_world = World(cloud, pulumi, None, env)  # type: ignore[arg-type]
         engine = Engine(Cloud(cloud.url, boot=engine_world.boot))
+        cloud.on_granted = engine_world.boot  # a VM granted from the queue boots without any provider
         engine_world.engine = engine
         with EngineServer(engine) as server:
             (pulumi.home / "engine.json").write_text(json.dumps({"port": server.port}))

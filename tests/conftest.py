@@ -25,7 +25,7 @@ import pytest
 PULUMI_PROGRAM_FILES = frozenset({  # each calls tests/pulumi_harness.py's run_stack
     "test_stack.py", "test_k8s_manifests.py", "test_gke_stack.py", "test_policy_gke.py", "test_monitoring.py",
     "test_policy.py", "test_config.py", "test_local_stack.py", "test_changes.py",
-    "test_config_changes.py", "test_preview.py",
+    "test_config_changes.py", "test_preview.py", "test_instance.py",
 })
 PULUMI_SCOPE = "tests/[pulumi programs]"
 

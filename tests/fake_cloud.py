@@ -61,6 +61,7 @@ from urllib.parse import parse_qs, quote, unquote
 from tests import provider_errors
 from tests.httpfake import FakeServer, Request, Response
 from tpuserve.facts import HYPERDISK_BALANCED_USD_PER_GB_MONTH, PRICE_PER_CHIP_HOUR, V6E_ZONES
+from tpuserve.flex_start import QUEUE_MIN_S
 
 PROJECT = provider_errors.PROJECT
 START = "2026-11-29T02:00:00Z"  # the clock's default start, the date the other fixtures use
@@ -553,6 +554,10 @@ class FakeCloud:
     - quota[region] = TPU chips the project may run there; unlisted: unlimited. QUOTA_EXCEEDED on the operation.
     - create_delay_s[zone] = virtual seconds an instance insert there takes (the "create that times out and
       appears later": the client gives up waiting, the instance is PROVISIONING, `clock.advance` makes it RUNNING).
+    - The flex-start queue: an insert with `params.requestValidForDuration` of 90 s or more waits as PENDING, holding
+      nothing, until quota and capacity admit it (granted first come, first served) or its wait ends (then it is
+      deleted and its operation fails). `schedule_capacity(zone, machine_type, units, after_s)` changes a zone's
+      capacity later on the clock; `on_granted(instance)` runs when a queued VM starts (it never passes a provider).
     - tpu_zones: zones whose machineTypes offer ct6e (default tpuserve.facts.V6E_ZONES).
     - operation_polls (default 1: the insert answers RUNNING, the first poll DONE; 0: an operation that is
       already finished answers DONE, for clients that sleep before their first poll) and operation_seconds (0).
@@ -579,6 +584,8 @@ class FakeCloud:
         # it "could take up to 10 minutes"); 0: at once
         self.metric_visibility_s = 0.0
         self.monitoring_unavailable = False  # metricDescriptors.get answers 503 (a read that cannot be made)
+        self.capacity_schedule: list[tuple[float, str, str, int]] = []  # (at, zone, machine type, units)
+        self.on_granted: Callable[[dict[str, Any]], None] | None = None
         self._lock = threading.RLock()
         self._server: FakeServer | None = None
         self._clear()
@@ -608,6 +615,7 @@ class FakeCloud:
         self._ledgers: dict[str, _Ledger] = {}
         self._rate_windows: dict[tuple[str, str, int], int] = {}
         self._last_write: dict[tuple[str, ...], float] = {}
+        self._granted: list[dict[str, Any]] = []
 
     def reset(self) -> None:
         """Forget every resource, operation, call and charge; the knobs stay."""
@@ -759,7 +767,14 @@ class FakeCloud:
             times = [op.due for op in self.operations.values() if not op.applied]
             times += [i["_terminate_at"] for i in self.instances.values() if i.get("_terminate_at") is not None]
             times += [due for due, _, _ in self._metric_writes]
+            times += [at for at, *_ in self.capacity_schedule]
             return min(times, default=None)
+
+    def schedule_capacity(self, zone: str, machine_type: str, units: int, after_s: float) -> None:
+        """In `after_s` virtual seconds the zone has `units` of the machine type (a VM elsewhere ended, DWS found
+        room): a queued VM there may then be granted."""
+        with self._lock:
+            self.capacity_schedule.append((self.clock.now() + after_s, zone, machine_type, units))
 
     def run_due(self) -> None:
         with self._lock:
@@ -776,14 +791,24 @@ class FakeCloud:
                        if not op.applied and op.due <= now]
             pending += [(i["_terminate_at"], 1, key) for key, i in self.instances.items()
                         if i.get("_terminate_at") is not None and i["_terminate_at"] <= now]
+            pending += [(entry[0], 2, index) for index, entry in enumerate(self.capacity_schedule) if entry[0] <= now]
             if not pending:
                 break
             _, kind, key = min(pending, key=lambda p: (p[0], p[1]))
             if kind == 0:
                 self._apply(self.operations[key])
-            else:
+            elif kind == 1:
                 self._run_out(key)
+            else:
+                _, zone, machine_type, units = self.capacity_schedule.pop(key)
+                self.capacity[(zone, machine_type)] = units
+            self._grant_queued()
+        self._grant_queued()
         self._rebill()
+        granted, self._granted = self._granted, []
+        for instance in granted:
+            if self.on_granted is not None:
+                self.on_granted(_public(instance))
 
     # --- HTTP ---------------------------------------------------------------------------------------------------
 
@@ -1187,7 +1212,8 @@ class FakeCloud:
     def _instances_insert(self, project: str, zone: str, body: dict[str, Any], **_: Any) -> Response:
         """instances.insert (https://cloud.google.com/compute/docs/reference/rest/v1/instances/insert). The
         instance is listed at once (PROVISIONING) and RUNNING when its operation is done; a create the project's
-        quota or the zone's capacity cannot take fails on its operation and leaves nothing."""
+        quota or the zone's capacity cannot take fails on its operation and leaves nothing. With a wait time it
+        queues instead (_queue_insert)."""
         name = check_name(body.get("name"))
         link = self._link(project, "zones", zone, "instances", name)
         if (project, zone, name) in self.instances:
@@ -1205,53 +1231,101 @@ class FakeCloud:
         for disk_name in boot_names:
             if (project, zone, disk_name) in self.disks:
                 raise already_exists(f"projects/{project}/zones/{zone}/disks/{disk_name}")
+        wait = float(((body.get("params") or {}).get("requestValidForDuration") or {}).get("seconds") or 0)
+        if wait >= QUEUE_MIN_S and (body.get("scheduling") or {}).get("provisioningModel") == "FLEX_START":
+            return self._queue_insert(project, zone, name, link, body, machine_type, shape, wait)
         delay = self.create_delay_s.get(zone)
-        refusal = self._admission_error(project, zone, machine_type)
-        if refusal is None:
-            for entry in disks_in:
-                if entry.get("source"):
-                    held = self.disks.get(self._disk_key(project, zone, entry["source"]))
-                    if held is None:
-                        refusal = {"errors": [{"code": "RESOURCE_NOT_FOUND", "message": not_found(
-                            entry["source"].split("/compute/v1/")[-1]).message}], "_http": (404, "NOT FOUND")}
-                    elif (busy := self._in_use(held, link)) is not None and entry.get("mode") != "READ_ONLY":
-                        refusal = {"errors": [{"code": "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE",
-                                               "message": busy.message}], "_http": (400, "BAD REQUEST")}
+        refusal = self._admission_error(project, zone, machine_type) or self._disk_refusal(project, zone, link, body)
         if refusal is not None:
             return self._operation(project, ("zones", zone), "insert", link, _numeric_id(name), lambda: refusal,
                                    seconds=delay)
+        instance = self._new_instance(project, zone, name, link, body, machine_type, shape)
+        attached = self._attach_requested(instance, body)
+        self.instances[(project, zone, name)] = instance
+        self._ledger("instance", project, zone, instance)
 
+        def started() -> None:
+            if self.instances.get((project, zone, name)) is not instance:
+                return
+            self._start_running(instance)
+            self._disks_ready(project, zone, attached)
+
+        return self._operation(project, ("zones", zone), "insert", link, instance["id"], started, seconds=delay)
+
+    def _disk_refusal(self, project: str, zone: str, link: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """An attached disk that does not exist, or that another VM holds read-write: the operation's error."""
+        for entry in body.get("disks") or []:
+            if entry.get("source"):
+                held = self.disks.get(self._disk_key(project, zone, entry["source"]))
+                if held is None:
+                    return {"errors": [{"code": "RESOURCE_NOT_FOUND", "message": not_found(
+                        entry["source"].split("/compute/v1/")[-1]).message}], "_http": (404, "NOT FOUND")}
+                if (busy := self._in_use(held, link)) is not None and entry.get("mode") != "READ_ONLY":
+                    return {"errors": [{"code": "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE", "message": busy.message}],
+                            "_http": (400, "BAD REQUEST")}
+        return None
+
+    def _queue_insert(self, project: str, zone: str, name: str, link: str, body: dict[str, Any], machine_type: str,
+                      shape: MachineType, wait: float) -> Response:
+        """A flex-start insert with a wait time: "it enters the PENDING state ... Compute Engine attempts to acquire
+        the necessary resources to start your compute instance until its wait time ends. If Compute Engine acquires
+        the resources within this time and you have sufficient quota for those resources, then the compute instance
+        state changes to PROVISIONING. Otherwise, you encounter an error and Compute Engine deletes the compute
+        instance" (https://cloud.google.com/compute/docs/instances/instance-lifecycle). Google documents neither
+        that error's text nor whether the insert operation stays RUNNING meanwhile: here it does, and ends with the
+        zone's stockout error at the deadline (the client reads neither: it follows the instance)."""
+        # A disk that does not exist fails at once; one another VM holds only holds the grant back.
+        missing = [entry for entry in body.get("disks") or [] if entry.get("source") and
+                   self.disks.get(self._disk_key(project, zone, entry["source"])) is None]
+        refusal = self._disk_refusal(project, zone, link, {"disks": missing})
+        if refusal is not None:
+            return self._operation(project, ("zones", zone), "insert", link, _numeric_id(name), lambda: refusal)
+        instance = self._new_instance(project, zone, name, link, body, machine_type, shape)
+        instance.update(status="PENDING", _holds_capacity=False)
+        self.instances[(project, zone, name)] = instance
+        self._ledger("instance", project, zone, instance)
+        resource = f"projects/{project}/zones/{zone}"
+
+        def ended() -> dict[str, Any] | None:
+            if self.instances.get((project, zone, name)) is not instance or instance["status"] != "PENDING":
+                return None  # granted (or deleted by its owner) before the wait ended
+            self._remove_instance((project, zone, name))
+            return {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                                "message": STOCKOUT_MESSAGE.format(resource=resource)}],
+                    "_http": (503, "SERVICE UNAVAILABLE")}
+
+        response = self._operation(project, ("zones", zone), "insert", link, instance["id"], ended, seconds=wait)
+        instance["_queued"] = {"body": body, "op": response.body["name"]}
+        self._settle()  # granted at once when the zone has room now
+        return response
+
+    def _grant_queued(self) -> None:
+        """Queued VMs that quota and capacity now admit start, oldest request first."""
+        for key, instance in sorted(((k, i) for k, i in self.instances.items() if i.get("_queued") is not None),
+                                    key=lambda item: item[1]["_queued_at"]):
+            project, zone, _ = key
+            queued = instance["_queued"]
+            if self._admission_error(project, zone, instance["_machine_type"]) is not None or \
+                    self._disk_refusal(project, zone, instance["selfLink"], queued["body"]) is not None:
+                continue
+            instance["_queued"] = None
+            attached = self._attach_requested(instance, queued["body"])
+            self._start_running(instance)
+            self._disks_ready(project, zone, attached)
+            op = self.operations.get(queued["op"])
+            if op is not None:
+                op.due = self.clock.now()  # its operation ends now, without an error
+            self._granted.append(instance)
+
+    def _new_instance(self, project: str, zone: str, name: str, link: str, body: dict[str, Any],
+                      machine_type: str, shape: MachineType) -> dict[str, Any]:
+        """The instance resource of an insert, PROVISIONING, its disks not yet attached (_attach_requested)."""
         now = self.clock.now()
         scheduling = dict(body.get("scheduling") or {})
         scheduling.setdefault("onHostMaintenance", "TERMINATE" if shape.chips else "MIGRATE")
         scheduling.setdefault("automaticRestart", not shape.chips)
         scheduling.setdefault("preemptible", False)
         scheduling.setdefault("provisioningModel", "STANDARD")
-        attached: list[dict[str, Any]] = []
-        for index, entry in enumerate(disks_in):
-            params = entry.get("initializeParams")
-            if params:
-                disk_name = params.get("diskName") or name
-                disk_type = last_segment(params.get("diskType") or "pd-standard")
-                size = int(params.get("diskSizeGb") or 10)
-                disk = self._new_disk(project, zone, {
-                    "name": disk_name, "sizeGb": str(size), "type": f"zones/{zone}/diskTypes/{disk_type}",
-                    "labels": dict(params.get("labels") or {}), "sourceImage": params.get("sourceImage", ""),
-                    **{k: params[k] for k in ("provisionedIops", "provisionedThroughput") if k in params}})
-                disk["users"] = [link]
-                self.disks[(project, zone, disk_name)] = disk
-                source = disk["selfLink"]
-            else:
-                disk = self.disks[self._disk_key(project, zone, entry["source"])]
-                disk["users"] = [*disk.get("users", []), link]
-                source = disk["selfLink"]
-            attached.append({"kind": "compute#attachedDisk", "type": "PERSISTENT",
-                             "mode": entry.get("mode", "READ_WRITE"), "source": source,
-                             "deviceName": entry.get("deviceName") or (f"persistent-disk-{index}" if params else
-                                                                       last_segment(source)),
-                             "index": index, "boot": bool(entry.get("boot", index == 0 and params is not None)),
-                             "autoDelete": bool(entry.get("autoDelete", params is not None)),
-                             "interface": entry.get("interface", "NVME"), "diskSizeGb": disk["sizeGb"]})
         nics = []
         for index, nic in enumerate(body.get("networkInterfaces") or [{}]):
             out = {"kind": "compute#networkInterface", "name": f"nic{index}",
@@ -1275,31 +1349,56 @@ class FakeCloud:
             "status": "PROVISIONING", "selfLink": link, "labels": labels, "labelFingerprint": fingerprint(labels),
             "metadata": {"kind": "compute#metadata", "fingerprint": fingerprint(metadata_items),
                          "items": metadata_items},
-            "tags": {"items": tags, "fingerprint": fingerprint(tags)}, "disks": attached,
+            "tags": {"items": tags, "fingerprint": fingerprint(tags)}, "disks": [],
             "networkInterfaces": nics, "serviceAccounts": list(body.get("serviceAccounts") or []),
             "scheduling": scheduling, "deletionProtection": bool(body.get("deletionProtection", False)),
             "reservationAffinity": body.get("reservationAffinity", {"consumeReservationType": "ANY_RESERVATION"}),
             "cpuPlatform": "Unknown CPU Platform", "startRestricted": False, "fingerprint": fingerprint([name, now]),
             "_machine_type": machine_type, "_chips": shape.chips, "_units": shape.chips or 1,
-            "_holds_capacity": True, "_terminate_at": None}
+            "_holds_capacity": True, "_terminate_at": None, "_queued": None, "_queued_at": now,
+            "_key": (project, zone, name)}
         if not labels:
             instance.pop("labels")
-        self.instances[(project, zone, name)] = instance
-        self._ledger("instance", project, zone, instance)
+        return instance
+
+    def _attach_requested(self, instance: dict[str, Any], body: dict[str, Any]) -> list[dict[str, Any]]:
+        """Create the boot disk an insert asks for and attach it and the existing ones; returns the attachments."""
+        project, zone, name, link = instance["_key"] + (instance["selfLink"],)
+        attached: list[dict[str, Any]] = []
+        for index, entry in enumerate(body.get("disks") or []):
+            params = entry.get("initializeParams")
+            if params:
+                disk_name = params.get("diskName") or name
+                disk_type = last_segment(params.get("diskType") or "pd-standard")
+                size = int(params.get("diskSizeGb") or 10)
+                disk = self._new_disk(project, zone, {
+                    "name": disk_name, "sizeGb": str(size), "type": f"zones/{zone}/diskTypes/{disk_type}",
+                    "labels": dict(params.get("labels") or {}), "sourceImage": params.get("sourceImage", ""),
+                    **{k: params[k] for k in ("provisionedIops", "provisionedThroughput") if k in params}})
+                disk["users"] = [link]
+                self.disks[(project, zone, disk_name)] = disk
+                source = disk["selfLink"]
+            else:
+                disk = self.disks[self._disk_key(project, zone, entry["source"])]
+                disk["users"] = [*disk.get("users", []), link]
+                source = disk["selfLink"]
+            attached.append({"kind": "compute#attachedDisk", "type": "PERSISTENT",
+                             "mode": entry.get("mode", "READ_WRITE"), "source": source,
+                             "deviceName": entry.get("deviceName") or (f"persistent-disk-{index}" if params else
+                                                                       last_segment(source)),
+                             "index": index, "boot": bool(entry.get("boot", index == 0 and params is not None)),
+                             "autoDelete": bool(entry.get("autoDelete", params is not None)),
+                             "interface": entry.get("interface", "NVME"), "diskSizeGb": disk["sizeGb"]})
+            self._ledger("disk", project, zone, disk)
+        instance["disks"] = attached
+        return attached
+
+    def _disks_ready(self, project: str, zone: str, attached: list[dict[str, Any]]) -> None:
         for entry in attached:
-            self._ledger("disk", project, zone, self.disks[self._disk_key(project, zone, entry["source"])])
-
-        def started() -> None:
-            if self.instances.get((project, zone, name)) is not instance:
-                return
-            self._start_running(instance)
-            for entry in attached:
-                held = self.disks.get(self._disk_key(project, zone, entry["source"]))
-                if held is not None:
-                    held["status"] = "READY"
-                    held["lastAttachTimestamp"] = compute_time(self.clock.now())
-
-        return self._operation(project, ("zones", zone), "insert", link, instance["id"], started, seconds=delay)
+            held = self.disks.get(self._disk_key(project, zone, entry["source"]))
+            if held is not None:
+                held["status"] = "READY"
+                held["lastAttachTimestamp"] = compute_time(self.clock.now())
 
     def _start_running(self, instance: dict[str, Any]) -> None:
         """RUNNING from now; a time limit (scheduling.maxRunDuration, or terminationTime) sets the planned end,
@@ -1361,6 +1460,9 @@ class FakeCloud:
             raise invalid(f"Invalid resource usage: 'Resource cannot be deleted if it's protected against "
                           f"deletion.'.")
         instance["status"] = "STOPPING"
+        queued, instance["_queued"] = instance.get("_queued"), None
+        if queued is not None and queued["op"] in self.operations:  # a queued VM its owner no longer waits for
+            self.operations[queued["op"]].due = self.clock.now()
 
         def deleted() -> None:
             if self.instances.get((project, zone, name)) is instance:

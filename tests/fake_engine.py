@@ -15,7 +15,12 @@ step_executor.go):
 - the first failed step stops the update: no new step starts, the state keeps what was done (a replaced resource
   whose successor failed stays), and nothing is deleted;
 - after the program, resources it no longer declares and replaced ones are deleted in reverse dependency order,
-  except those marked retainOnDelete, which only leave the state.
+  except those marked retainOnDelete, which only leave the state;
+- a resource declared with `import_` whose state holds no resource of that id is read from the cloud (the
+  provider's import), then diffed like any other: `same`, or an `update` in place; a change that would replace it
+  fails the update with the engine's own words (pkg/resource/deploy/step_generator.go, #19339's import-then-update).
+  When the state holds another resource under that URN, the import replaces it: the old one is deleted at the end,
+  as a replaced one is (NewImportReplacementStep, which pends the original's deletion).
 
 The CLI side (`pulumi up/preview/destroy/refresh` output and exit codes, `--config`, `stack export`) stays with
 tests/fake_pulumi.py, which hands these commands to an EngineServer in the test process over 127.0.0.1 (the
@@ -40,6 +45,7 @@ import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 
 from tests import fake_providers as providers
+from tests import provider_errors
 from tpuserve.deploy.changes import ResourceChange
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +78,7 @@ class Registration:
     replace_on_changes: list[str]
     timeouts: dict[str, str]
     applied: dict[str, Any] = field(default_factory=dict)  # the inputs the provider gets: an autonamed name added
+    import_id: str = ""  # the `import_` option's id
 
 
 @dataclass
@@ -132,7 +139,8 @@ class EngineMonitor(pulumi_mocks.MockMonitor):
                     retain_on_delete=bool(request.retainOnDelete),
                     replace_on_changes=list(request.replaceOnChanges),
                     timeouts={"create": request.customTimeouts.create, "update": request.customTimeouts.update,
-                              "delete": request.customTimeouts.delete})
+                              "delete": request.customTimeouts.delete},
+                    import_id=request.importId)
             return super().RegisterResource(request)
 
 
@@ -166,6 +174,8 @@ class EngineMocks(pulumi.runtime.Mocks):
             kept = (old or {}).get("outputs", {}).get("name")
             reg.applied["name"] = kept or autoname(reg.name, reg.urn, len(self.engine.names))
             self.engine.names.add(reg.applied["name"])
+        if reg.import_id and (old is None or old.get("id") != reg.import_id):
+            return self._import(reg, provider, old)
         if old is None:
             return self._step("create", reg, None, lambda: provider.create(reg))
         change = provider.diff(old, reg)
@@ -189,6 +199,38 @@ class EngineMocks(pulumi.runtime.Mocks):
                             keep_old_on_failure=True)
         self.replaced.append(old)
         return result
+
+    def _import(self, reg: Registration, provider: providers.Provider,
+                original: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+        """Read the resource `import_` names, then update it in place to the program's inputs, or fail."""
+        step = Step("import", reg.urn, reg.type, original)
+        self.run.steps.append(step)
+
+        def fail(error: str) -> None:
+            step.status, step.error = "failed", error
+            self.run.failure = step
+            if original is not None:
+                self.run.state.append(original)
+            raise providers.ProviderError(error)
+
+        found = provider.import_(reg.import_id)
+        if found is None:
+            fail(f"resource '{reg.import_id}' does not exist")
+        imported = {"id": reg.import_id, "inputs": found[0], "outputs": found[1]}
+        change = provider.diff(imported, reg)
+        step.change = change
+        if change.op == "replace":
+            diff = "\n".join(f"{key}: {found[0].get(key)!r} => {reg.inputs.get(key)!r}"
+                             for key in change.replace_reasons)
+            fail("previously-imported resources that still specify an ID may not be replaced; please remove the "
+                 f"`import` declaration from your program;\n{diff}")
+        if original is not None:
+            self.replaced.append(original)  # the import replaces it: deleted at the end
+        if change.op == "same" or self.preview:
+            step.new = resource_state(reg, reg.import_id, provider.read({"inputs": reg.applied}) or found[1])
+            self.run.state.append(step.new)
+            return reg.import_id, step.new["outputs"]
+        return self._step("update", reg, imported, lambda: provider.update(imported, reg, change), change)
 
     def _step(self, op: str, reg: Registration, old: dict[str, Any] | None,
               act: Callable[[], tuple[str, dict[str, Any]]], change: ResourceChange | None = None,
@@ -283,6 +325,8 @@ class Engine:
         self.canceled = threading.Event()
         self.lock = threading.Lock()  # mocks are process-global: one command at a time
         self.names: set[str] = set()  # autonamed names handed out
+        self.locked_for = 0  # the next N updates meet the stack locked by another process (the diy backend's words)
+        self.environments: list[dict[str, str]] = []  # the TPUSERVE_* environment of each program run
 
     def provider(self, reg: Registration) -> providers.Provider:
         return self.provider_for(reg.type, reg.urn)
@@ -336,11 +380,16 @@ class Engine:
 
     # --- commands --------------------------------------------------------------------------------------------------
 
-    def command(self, argv: list[str], home: Path, stack: str, out: Callable[[str], None]) -> int:
+    def command(self, argv: list[str], home: Path, stack: str, out: Callable[[str], None],
+                env: Mapping[str, str] | None = None) -> int:
         with self.lock:
             self.canceled.clear()
             words = [arg for arg in argv if not arg.startswith("-")]
             verb = words[0]
+            if self.locked_for and verb in ("up", "destroy", "refresh"):
+                self.locked_for -= 1
+                out(provider_errors.LOCKED)
+                return EXIT_FAILED
             state_file = home / "state.json"
             state = json.loads(state_file.read_text()) if state_file.exists() else \
                 {"version": 3, "deployment": {"resources": []}}
@@ -357,7 +406,9 @@ class Engine:
                 return self.destroy(state_file, state, resources, home, stack, out)
             old = {entry["urn"]: entry for entry in resources if entry.get("type") != STACK_TYPE}
             preview = verb == "preview"
-            run = self.run_program(stack, project_config, old, preview)
+            with program_environment(env or {}):
+                self.environments.append(dict(env or {}))
+                run = self.run_program(stack, project_config, old, preview)
             if preview:
                 out(json.dumps(digest(run, project_config), indent=4))
                 return EXIT_FAILED if run.failure is not None and run.failure.op == "program" else 0
@@ -407,6 +458,23 @@ class Engine:
         write_whole(state_file, state)
 
 
+@contextlib.contextmanager
+def program_environment(env: Mapping[str, str]) -> Iterator[None]:
+    """The environment the CLI's program would see: what tpuserve set for that one `pulumi` (TPUSERVE_*)."""
+    import os
+
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def write_whole(path: Path, value: Any) -> None:
     """Replace a stack file at once (another stack's process may read it meanwhile, as the CLI's writes allow)."""
     partial = path.with_name(f"{path.name}.{threading.get_ident()}.tmp")
@@ -422,7 +490,7 @@ def stack_resource(stack: str) -> dict[str, Any]:
 # --- what the CLI prints ----------------------------------------------------------------------------------------
 
 SYMBOLS = {"create": "+ ", "update": "~ ", "replace": "+-", "delete": "- ", "delete-replaced": "--",
-           "create-replacement": "++"}
+           "create-replacement": "++", "import": "= "}
 
 
 def update_text(stack: str, run: Run) -> str:
@@ -435,7 +503,7 @@ def update_text(stack: str, run: Run) -> str:
         if step.op == "same" or step.op == "create-replacement":
             continue
         status = {"create": "created", "update": "updated", "replace": "replaced", "delete": "deleted",
-                  "delete-replaced": "deleted original"}.get(step.op, step.op)
+                  "delete-replaced": "deleted original", "import": "imported"}.get(step.op, step.op)
         if step.status == "failed":
             status = f"**{step.op} failed**"
         lines.append(f" {SYMBOLS.get(step.op, '  ')}  {step.type:<24} {step.urn.rsplit('::', 1)[-1]:<19} {status}")
@@ -541,7 +609,8 @@ class EngineServer:
 
             threading.Thread(target=watch, daemon=True).start()
             try:
-                code = self.engine.command(request["argv"], Path(request["home"]), request["stack"], out)
+                code = self.engine.command(request["argv"], Path(request["home"]), request["stack"], out,
+                                           request.get("env"))
             except Exception as err:  # noqa: BLE001 - the fake's own bug: say it where the test reads output
                 import traceback
 

@@ -142,6 +142,10 @@ class Provider:
     def delete(self, entry: Mapping[str, Any]) -> None:
         return None
 
+    def import_(self, id_: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """(inputs, outputs) of the resource `id_` names, None when there is none (the engine's `import_`)."""
+        raise ProviderError(f"provider does not support importing resources ({self.type})")
+
 
 class Virtual(Provider):
     """Held in the state only: its id and outputs are what the real provider would compute from the inputs."""
@@ -161,14 +165,22 @@ def zonal(project: str, zone: str, collection: str, name: str = "") -> str:
     return f"projects/{project}/zones/{zone}/{collection}" + (f"/{name}" if name else "")
 
 
+# pulumi-gcp's attribution label, which the provider adds to a resource it creates (pulumi/pulumi-gcp patch 0006;
+# terraform-provider-google tpgresource/labels.go, strategy CREATION_ONLY).
+ATTRIBUTION = {"goog-pulumi-provisioned": "true"}
+
+
 def instance_body(inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """instances.insert's body from the Instance's inputs (resource_compute_instance.go expandComputeInstance)."""
+    """instances.insert's body from the Instance's inputs (resource_compute_instance.go expandComputeInstance:
+    relative links for the machine type, disk type and network; compute_instance_helpers.go expandScheduling sends
+    `preemptible`; the effective labels carry the attribution label)."""
     project, zone = inputs["project"], inputs["zone"]
     boot = inputs.get("bootDisk") or {}
     params = boot.get("initializeParams") or {}
     disks = [{"boot": True, "autoDelete": boot.get("autoDelete", True), "initializeParams": {
         "sourceImage": params.get("image"), "diskSizeGb": str(int(float(params.get("size", 10)))),
-        "diskType": f"zones/{zone}/diskTypes/{params.get('type', 'pd-balanced')}", "labels": params.get("labels") or {}}}]
+        "diskType": f"projects/{project}/zones/{zone}/diskTypes/{params.get('type', 'pd-balanced')}",
+        "labels": params.get("labels") or {}}}]
     for attached in inputs.get("attachedDisks") or []:
         disks.append({"source": attached["source"], "deviceName": attached.get("deviceName"),
                       "mode": attached.get("mode", "READ_WRITE"), "autoDelete": False})
@@ -182,20 +194,75 @@ def instance_body(inputs: Mapping[str, Any]) -> dict[str, Any]:
             entry["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]
         nics.append(entry)
     account = inputs.get("serviceAccount") or {}
-    scheduling = dict(inputs.get("scheduling") or {})
+    scheduling = {"preemptible": False, **(inputs.get("scheduling") or {})}
     if "maxRunDuration" in scheduling:
         scheduling["maxRunDuration"] = {"seconds": str(int(float(scheduling["maxRunDuration"]["seconds"])))}
     return {
-        "name": inputs["name"], "machineType": f"zones/{zone}/machineTypes/{inputs['machineType']}",
+        "name": inputs["name"], "machineType": f"projects/{project}/zones/{zone}/machineTypes/{inputs['machineType']}",
         "disks": disks, "networkInterfaces": nics,
         "serviceAccounts": [{"email": account.get("email"), "scopes": account.get("scopes", [])}] if account else [],
         "scheduling": scheduling,
         "reservationAffinity": {"consumeReservationType": (inputs.get("reservationAffinity") or {}).get(
             "type", "ANY_RESERVATION")},
         "metadata": {"items": [{"key": k, "value": v} for k, v in (inputs.get("metadata") or {}).items()]},
-        "tags": {"items": inputs.get("tags") or []}, "labels": inputs.get("labels") or {},
+        "tags": {"items": inputs.get("tags") or []}, "labels": {**(inputs.get("labels") or {}), **ATTRIBUTION},
+        "canIpForward": bool(inputs.get("canIpForward", False)),
         "deletionProtection": bool(inputs.get("deletionProtection", False)),
     }
+
+
+def relative(link: str) -> str:
+    """A resource link without its host and API version: projects/P/zones/Z/disks/D."""
+    return "projects/" + link.split("/projects/", 1)[1] if "/projects/" in link else link
+
+
+def last(link: str) -> str:
+    return str(link).rsplit("/", 1)[-1]
+
+
+# Scheduling fields the program sets; the others are read back at the schema's defaults, which no diff sees.
+SCHEDULING_INPUTS = ("provisioningModel", "maxRunDuration", "instanceTerminationAction", "onHostMaintenance",
+                     "automaticRestart")
+
+
+def instance_inputs(instance: Mapping[str, Any], boot_disk: Mapping[str, Any]) -> dict[str, Any]:
+    """The inputs an import of `instance` records, as the provider's Read and diff see them (resourceComputeInstance
+    Read; flattenBootDisk takes image, size, type and labels from the boot disk itself). Where the API answers a link
+    and a DiffSuppressFunc equates it with a name (network: CompareSelfLinkOrResourceName; the image family:
+    DiskImageDiffSuppress, which the fake's disks satisfy by keeping the family as their sourceImage), the name is
+    given. Labels drop the attribution label: the provider keeps it in effective_labels, not in `labels`."""
+    project = instance["selfLink"].split("/projects/", 1)[1].split("/", 1)[0]
+    boot = next(disk for disk in instance["disks"] if disk.get("boot"))
+    scheduling = {key: value for key, value in (instance.get("scheduling") or {}).items() if key in SCHEDULING_INPUTS}
+    if "maxRunDuration" in scheduling:
+        scheduling["maxRunDuration"] = {"seconds": float(scheduling["maxRunDuration"]["seconds"])}
+    nics = []
+    for nic in instance.get("networkInterfaces") or []:
+        entry: dict[str, Any] = {"network": last(nic["network"])}
+        if nic.get("accessConfigs"):
+            entry["accessConfigs"] = [{} for _ in nic["accessConfigs"]]
+        nics.append(entry)
+    accounts = instance.get("serviceAccounts") or []
+    inputs: dict[str, Any] = {
+        "bootDisk": {"autoDelete": bool(boot.get("autoDelete")), "initializeParams": {
+            "image": boot_disk.get("sourceImage"), "labels": dict(boot_disk.get("labels") or {}),
+            "size": float(boot_disk["sizeGb"]), "type": last(boot_disk["type"])}},
+        "deletionProtection": bool(instance.get("deletionProtection")),
+        "labels": {k: v for k, v in (instance.get("labels") or {}).items() if k not in ATTRIBUTION},
+        "machineType": last(instance["machineType"]),
+        "metadata": {item["key"]: item.get("value", "") for item in (instance.get("metadata") or {}).get("items", [])},
+        "name": instance["name"], "networkInterfaces": nics, "project": project,
+        "reservationAffinity": {"type": (instance.get("reservationAffinity") or {}).get("consumeReservationType")},
+        "scheduling": scheduling, "tags": list((instance.get("tags") or {}).get("items") or []),
+        "zone": last(instance["zone"]),
+    }
+    if accounts:
+        inputs["serviceAccount"] = {"email": accounts[0].get("email"), "scopes": list(accounts[0].get("scopes", []))}
+    attached = [{"deviceName": disk.get("deviceName"), "mode": disk.get("mode"), "source": relative(disk["source"])}
+                for disk in instance["disks"] if not disk.get("boot")]
+    if attached:
+        inputs["attachedDisks"] = attached
+    return inputs
 
 
 class InstanceProvider(Provider):
@@ -219,6 +286,14 @@ class InstanceProvider(Provider):
         instance = self.cloud.get(self._url(inputs)) or {}
         self._boot(instance)
         return zonal(inputs["project"], inputs["zone"], "instances", inputs["name"]), self._outputs(inputs, instance)
+
+    def import_(self, id_: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        instance = self.cloud.get(self.cloud.compute(id_))
+        if instance is None:
+            return None
+        boot = next(disk for disk in instance["disks"] if disk.get("boot"))
+        inputs = instance_inputs(instance, self.cloud.get(self.cloud.local(boot["source"])) or {})
+        return inputs, self._outputs(inputs, instance)
 
     def _boot(self, instance: Mapping[str, Any]) -> None:
         if self.cloud.boot is not None and instance:

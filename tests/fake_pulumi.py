@@ -182,7 +182,9 @@ if engine is not None and words[:1] in (["up"], ["preview"], ["destroy"], ["refr
 
     connection = socket.create_connection(("127.0.0.1", engine["port"]))
     stream = connection.makefile("rw", encoding="utf-8")
-    stream.write(dumps({"argv": argv, "home": home, "stack": stack}) + "\n")
+    # The program's environment: what tpuserve sets for one `pulumi` (TPUSERVE_*) reaches the engine's program run.
+    env = {key: value for key, value in os.environ.items() if key.startswith("TPUSERVE_")}
+    stream.write(dumps({"argv": argv, "home": home, "stack": stack, "env": env}) + "\n")
     stream.flush()
 
     def forward_interrupt(*_):
@@ -213,6 +215,13 @@ elif words[:2] == ["config", "set"]:
 elif words[:2] == ["config", "rm"]:
     config.pop("tpu-serve:" + words[2], None)
     write("config.json", config)
+elif words[:2] == ["stack", "output"] and len(words) > 2:
+    # One output (`pulumi stack output NAME --json [--show-secrets]`): its value as JSON, or the CLI's refusal.
+    outputs = read("outputs.json", {})
+    if words[2] not in outputs:
+        print(f"error: current stack does not have output property '{words[2]}'", file=sys.stderr)
+        sys.exit(255)
+    print(dumps(outputs[words[2]]))
 elif words[:2] == ["stack", "output"]:
     print(dumps(read("outputs.json", {})))
 elif words[:2] == ["stack", "export"]:

@@ -180,6 +180,13 @@ LOCKED = ("error: the stack is currently locked by 1 lock(s). Either wait for th
           "  file:///work/.pulumi-state/.pulumi/locks/organization/tpu-serve/dev/22d8693a.json: created by ci@runner "
           "(pid 4242) at 2026-11-29T02:00:00Z\n")
 
+# Pulumi Cloud's refusal while another update runs (pulumi/pulumi pkg/backend/httpstate/backend.go returns
+# backenderr.ConflictingUpdateError, whose text adds the link; the Automation API matches its first line:
+# sdk/python/lib/pulumi/automation/errors.py conflict_text).
+LOCKED_CLOUD = ("error: [409] Conflict: Another update is currently in progress.\n"
+                "To learn more about possible reasons and resolution, visit "
+                "https://www.pulumi.com/docs/support/troubleshooting/common-issues/update-conflicts/\n")
+
 # --- go on to the next zone ---------------------------------------------------------------------------------------
 
 # The text of RESOURCE_OPERATION_RATE_EXCEEDED (which SkyPilot's handler blocks per zone), quoted in public logs

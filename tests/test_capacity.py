@@ -70,6 +70,7 @@ def test_policy_and_lock_stop_before_anything_is_created():
     locked = classify(errors.LOCKED, ZONE)
     assert (locked.kind, locked.block) == ("locked", "stop")
     assert "pulumi cancel" in locked.hint
+    assert classify(errors.LOCKED_CLOUD, ZONE).kind == "locked"  # Pulumi Cloud's words for the same
 
 
 def test_a_disabled_api_names_the_command_that_enables_it():

@@ -3,6 +3,8 @@ the fake engine applies the real program to the cloud, and each scenario ends wi
 
 from __future__ import annotations
 
+import json
+
 from tests.cloud_world import World, world  # noqa: F401 - the fixture
 from tpuserve.ops import up as up_module
 
@@ -223,3 +225,220 @@ def test_destroy_with_keep_caches_true_keeps_the_warm_disk_and_bucket_and_says_w
     assert "tpuserve cache rm --stack dev --project my-ml-sandbox --bucket" in stderr
     world.cloud.clock.advance(24 * 3600)
     assert {line.kind for line in world.cloud.bill().lines if line.usd} >= {"disk"}  # what is kept bills on
+
+
+
+# --- the queue: no zone has a TPU free now, so `tpuserve up` waits in Compute Engine's queue --------------------------
+
+def queued_world(world: World, monkeypatch) -> None:
+    """The toolkit's waits on the cloud's clock, and no TPU free in us-east5-a."""
+    from tpuserve.deploy import queue as queues
+    from tpuserve.ops import renew as renew_module
+
+    world.on_the_clock(monkeypatch, up_module, queues, renew_module)
+    world.cloud.capacity[("us-east5-a", "ct6e-standard-1t")] = 0
+
+
+def queued_insert(world: World) -> dict:
+    inserts = [c for c in world.cloud.calls if c.method == "POST" and c.path.endswith("/instances")
+               and (c.body or {}).get("params")]
+    assert len(inserts) == 1, inserts
+    return inserts[0].body
+
+
+def test_a_vm_granted_from_the_queue_ends_adopted_serving_and_never_replaced(world: World, monkeypatch):
+    """No chip now: after the immediate try, the VM waits PENDING (billing nothing) until a chip frees 40 minutes
+    later, boots, and the next update adopts it (import, no create): it serves, the state holds it, and the next
+    `tpuserve up` leaves it as it is."""
+    queued_world(world, monkeypatch)
+    world.cloud.schedule_capacity("us-east5-a", "ct6e-standard-1t", 1, after_s=40 * 60)
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--zones", "us-east5-a",
+                                           "--skip-preflight")
+    assert code == 0, stderr
+    assert verdict["queue"] == [{"zone": "us-east5-a", "name": "tpu-serve-dev", "outcome": "running",
+                                 "waitedSeconds": 2400, "reason": None}]
+    assert [(a["zone"], a["class"]) for a in verdict["attempts"]] == [("us-east5-a", "capacity"),
+                                                                      ("us-east5-a", "created")]
+    assert "queued in us-east5-a for 12 min, 1h 48m left" in stderr  # a line per poll
+    assert "granted in us-east5-a after 40 min: tpu-serve-dev runs" in stderr
+    body = queued_insert(world)
+    assert body["params"] == {"requestValidForDuration": {"seconds": "7200"}}  # the deadline's 2 h, Google's most
+    vm = world.cloud.instance("tpu-serve-dev", "us-east5-a")
+    assert vm["status"] == "RUNNING" and vm["lastStartTimestamp"] > vm["creationTimestamp"]  # started when granted
+    outputs = world.pulumi.outputs()
+    assert outputs["instanceName"] == "tpu-serve-dev" and outputs["vmSlot"] == "a" and "vmInsertBody" not in outputs
+    assert outputs["bootTimeline"]  # the readiness gate passed on the adopted VM
+    assert "TPUSERVE" not in json.dumps(world.pulumi.config())  # one run's environment, never the stack's config
+    assert verdict["inventory"]["billingOrphans"] == 0
+    assert world.cloud.bill().usd("instance", "tpu-serve-dev") < 0.01  # PENDING for 40 min billed nothing
+
+    calls = len(world.cloud.calls)
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--skip-preflight")
+    assert code == 0, stderr
+    assert "the TPU VM is not changed by this update" in stderr
+    assert vm_calls(world, calls) == []
+    assert world.cloud.instance("tpu-serve-dev", "us-east5-a")["id"] == vm["id"]
+
+
+def test_a_queue_that_ends_without_a_chip_leaves_nothing_that_bills_but_the_kept_caches(world: World, monkeypatch):
+    """Compute Engine deletes the PENDING VM when its wait ends (its operation ends in an error); `up` exits 3 and
+    the stack holds its network and caches, no VM."""
+    queued_world(world, monkeypatch)
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--zones", "us-east5-a",
+                                           "--skip-preflight", "--deadline", "1h")
+    assert code == 3, stderr
+    assert [q["outcome"] for q in verdict["queue"]] == ["no-capacity"]
+    assert "does not have enough resources available" in verdict["queue"][0]["reason"]  # the operation's error
+    assert queued_insert(world)["params"]["requestValidForDuration"] == {"seconds": "3600"}
+    assert "none granted in us-east5-a's queue within 1h 00m" in stderr
+    assert world.kinds("instance") == []
+    # The queued run made the cache disk again; never attached, it held nothing and is deleted like a failed zone's.
+    assert [(o["name"], o["deleted"]) for o in verdict["orphans"]] == [("tpu-serve-dev-cache", True)] * 2
+    items = verdict["inventory"]["items"]
+    assert {(i["kind"], i["status"]) for i in items} == {
+        ("bucket", "in state"), ("firewall", "in state"), ("nat", "in state"), ("router", "in state"),
+        ("service-account", "in state")}
+    assert [i for i in items if i["bills"]] == [] and verdict["inventory"]["perMonthUsd"]["total"] == 0
+    assert world.kinds("instance", "disk") == []
+    def stack_bill() -> float:  # the user's own token secret is not the stack's
+        bill = world.cloud.bill()
+        return round(bill.total - bill.usd("secret", "hf-token"), 6)
+
+    spent = stack_bill()
+    assert spent < 0.02  # the cache disk's hour beside the queued VM; the PENDING VM billed nothing
+    world.cloud.clock.advance(30 * 24 * 3600)
+    assert stack_bill() == spent  # nothing bills: no VM, no disk, an empty bucket, an idle NAT
+
+
+def test_a_granted_vm_that_differs_in_a_field_that_replaces_it_is_never_adopted_and_is_deleted(world: World,
+                                                                                               monkeypatch):
+    """Pulumi refuses to replace a resource declared with `import_`: a queued VM whose max run differs from the
+    program's fails the adopting update, and the orphan sweep deletes it (--yes) instead of leaving it billing."""
+    from tpuserve.deploy import queue as queues
+
+    queued_world(world, monkeypatch)
+    world.cloud.schedule_capacity("us-east5-a", "ct6e-standard-1t", 1, after_s=10 * 60)
+    real = queues.with_wait
+    monkeypatch.setattr(queues, "with_wait", lambda body, seconds: {**real(body, seconds), "scheduling": {
+        **body["scheduling"], "maxRunDuration": {"seconds": "3600"}}})
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--zones", "us-east5-a",
+                                           "--skip-preflight", "--yes")
+    assert code == 1, stderr
+    assert "previously-imported resources that still specify an ID may not be replaced" in verdict["reason"]
+    assert ("us-east5-a", "tpu-serve-dev", True) in [(o["zone"], o["name"], o["deleted"]) for o in verdict["orphans"]]
+    assert world.kinds("instance") == []
+    assert "instanceName" not in world.pulumi.outputs()
+
+
+def test_a_plain_pulumi_up_without_capacity_declares_the_vm_and_creates_none(world: World, monkeypatch):
+    """A bare `pulumi up` declares the VM (never withheld: that is one run's environment) and fails on capacity."""
+    queued_world(world, monkeypatch)
+    run = world.run_pulumi("up", "--yes", "--skip-preview", "--stack", "dev")
+    assert run.returncode == 255
+    assert "does not have enough resources available" in run.stdout
+    assert all(not env for env in world.engine.environments)  # no TPUSERVE_* reached that program
+    assert world.kinds("instance") == []
+
+
+# --- renewal: the successor serves before flex-start deletes the VM -------------------------------------------------
+
+def renewal_world(world: World, monkeypatch, chips: int) -> None:
+    """A deployed stack (slot a, a 4 h run from now) whose zone has `chips` v6e chips, on the cloud's clock."""
+    queued_world(world, monkeypatch)
+    first_up(world)
+    world.cloud.capacity[("us-east5-a", "ct6e-standard-1t")] = chips
+
+
+def renew(world: World, *args: str) -> tuple[int, dict, str]:
+    from tpuserve.ops import renew as renew_module
+
+    return world.tpuserve(renew_module.renew, "--stack", "dev", "--json", "--zones", "us-east5-a", *args)
+
+
+def test_renew_creates_the_successor_in_the_other_slot_and_deletes_the_old_vm_once_it_serves(world: World,
+                                                                                              monkeypatch):
+    renewal_world(world, monkeypatch, chips=2)
+    old = world.cloud.instance("tpu-serve-dev", "us-east5-a")
+    code, verdict, stderr = renew(world)
+    assert code == 0 and verdict["action"] == "not-due", stderr  # 4 h away: more than the 45 min lead
+    world.cloud.clock.advance(3 * 3600 + 20 * 60)
+    calls = len(world.cloud.calls)
+    code, verdict, stderr = renew(world)
+    assert code == 0, stderr
+    assert verdict["action"] == "renewed" and verdict["vm"]["leftSeconds"] == 40 * 60
+    assert verdict["successor"] == {"name": "tpu-serve-dev-b", "zone": "us-east5-a"}
+    assert vm_calls(world, calls) == ["DELETE"]  # the old VM: never updated, deleted once
+    assert vm_calls(world, calls, "tpu-serve-dev-b") == ["insert"]
+    paths = [(c.method, c.path) for c in world.cloud.calls[calls:]]
+    gate = max(i for i, (m, p) in enumerate(paths) if p.endswith("/instances/tpu-serve-dev-b/getGuestAttributes"))
+    delete = paths.index(("DELETE", f"/compute/v1/projects/my-ml-sandbox/zones/us-east5-a/instances/tpu-serve-dev"))
+    assert gate < delete  # the old VM served until its successor's gate saw it serve
+    assert world.cloud.instance("tpu-serve-dev", "us-east5-a") is None
+    successor = world.cloud.instance("tpu-serve-dev-b", "us-east5-a")
+    assert successor["status"] == "RUNNING" and successor["id"] != old["id"]
+    outputs = world.pulumi.outputs()
+    assert (outputs["instanceName"], outputs["vmSlot"]) == ("tpu-serve-dev-b", "b")
+    assert world.pulumi.config()["tpu-serve:vmSlot"]["value"] == "b"
+    assert verdict["inventory"]["billingOrphans"] == 0
+    kept = {(i["kind"], i["name"]) for i in verdict["inventory"]["items"] if i["status"] == "kept"}
+    assert ("disk", "tpu-serve-dev-cache") in kept  # slot a's disk, warm for the next renewal
+    assert {name for kind, _, name in world.kinds("instance")} == {"tpu-serve-dev-b"}
+
+    code, verdict, stderr = renew(world)  # its own run has just begun
+    assert code == 0 and verdict["action"] == "not-due", stderr
+
+
+def test_renew_without_capacity_leaves_the_old_vm_serving_until_its_deletion_and_exits_3(world: World, monkeypatch):
+    renewal_world(world, monkeypatch, chips=1)
+    old = world.cloud.instance("tpu-serve-dev", "us-east5-a")
+    world.cloud.clock.advance(3 * 3600 + 50 * 60)
+    calls = len(world.cloud.calls)
+    code, verdict, stderr = renew(world)
+    assert code == 3, stderr
+    assert verdict["action"] == "kept"
+    assert {a["class"] for a in verdict["attempts"]} == {"capacity"} and len(verdict["attempts"]) > 1
+    assert "tpu-serve-dev served until flex-start deleted it at 2026-11-29 06:00 UTC" in stderr  # tried to the end
+    assert vm_calls(world, calls) == []  # never touched; flex-start deleted it at the end of its run
+    assert [c for c in world.cloud.calls[calls:] if c.method == "POST" and "tpu-serve-dev-b" in json.dumps(c.body)]
+    assert world.kinds("instance") == [] and old["status"] == "RUNNING"
+    assert world.pulumi.config()["tpu-serve:vmSlot"]["value"] == "a"  # the slot of the VM the state held
+    assert ("disk", "us-east5-a", "tpu-serve-dev-cache-b") not in world.kinds("disk")  # blank successor disks went
+    assert verdict["inventory"]["billingOrphans"] == 0
+
+
+def test_renew_before_the_deletion_leaves_the_old_vm_running_when_no_successor_comes(world: World, monkeypatch):
+    """Checked at the moment the renewal gives up early (a stop, not a deadline): the old VM is as it was."""
+    renewal_world(world, monkeypatch, chips=1)
+    world.cloud.quota["us-east5"] = 1  # a second VM would exceed the region's quota: a lasting failure
+    before = world.cloud.instance("tpu-serve-dev", "us-east5-a")
+    world.cloud.clock.advance(3 * 3600 + 30 * 60)
+    calls = len(world.cloud.calls)
+    code, verdict, stderr = renew(world)
+    assert code == 3, stderr
+    assert [a["class"] for a in verdict["attempts"]] == ["quota"]
+    assert "tpu-serve-dev keeps serving until flex-start deletes it at 2026-11-29 06:00 UTC (in 30 min)" in stderr
+    after = world.cloud.instance("tpu-serve-dev", "us-east5-a")
+    assert (after["status"], after["id"], after["metadata"]) == ("RUNNING", before["id"], before["metadata"])
+    assert vm_calls(world, calls) == []
+    assert world.pulumi.outputs()["instanceName"] == "tpu-serve-dev"
+
+
+def test_a_renewal_that_meets_the_stack_locked_waits_for_it(world: World, monkeypatch):
+    renewal_world(world, monkeypatch, chips=2)
+    world.cloud.clock.advance(3 * 3600 + 20 * 60)
+    world.engine.locked_for = 2  # a deploy holds the stack for the first two tries
+    code, verdict, stderr = renew(world)
+    assert code == 0, stderr
+    assert stderr.count("the stack is locked by another update") == 2
+    assert world.pulumi.outputs()["instanceName"] == "tpu-serve-dev-b"
+
+
+def test_renew_after_flex_start_deleted_the_vm_deploys_the_stack_again(world: World, monkeypatch):
+    renewal_world(world, monkeypatch, chips=1)
+    world.cloud.clock.advance(4 * 3600 + 60)
+    assert world.kinds("instance") == []
+    code, verdict, stderr = renew(world)
+    assert code == 0, stderr
+    assert "tpu-serve-dev is gone (flex-start deleted it): deploying the stack" in stderr
+    assert world.cloud.instance("tpu-serve-dev", "us-east5-a")["status"] == "RUNNING"
+    assert verdict["zone"] == "us-east5-a" and verdict["inventory"]["billingOrphans"] == 0  # up's own document

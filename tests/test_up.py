@@ -125,9 +125,9 @@ def test_a_failed_readiness_gate_stops_the_sweep_and_keeps_the_zone_of_its_vm(pu
     assert pulumi.config()["tpu-serve:zone"]["value"] == "europe-west4-a"  # where the VM that did not serve runs
 
 
-def test_no_capacity_anywhere_exits_3_and_restores_the_zone(pulumi: FakePulumi):
+def test_without_the_queue_no_capacity_anywhere_exits_3_and_restores_the_zone(pulumi: FakePulumi):
     pulumi.scenario({"*": failed(errors.STOCKOUT)})
-    code, verdict, stderr = run_up(GoogleFake(), "--zones", "us-east5-a,europe-west4-a")
+    code, verdict, stderr = run_up(GoogleFake(), "--zones", "us-east5-a,europe-west4-a", "--no-queue")
     assert code == 3
     assert [a["zone"] for a in verdict["attempts"]] == ["us-east5-a", "europe-west4-a"]
     assert verdict["reason"] == "no capacity in us-east5-a, europe-west4-a"
@@ -352,3 +352,22 @@ def test_a_stack_without_a_vm_is_not_previewed(pulumi: FakePulumi):
     code, verdict, stderr = run_up(GoogleFake(), "--skip-preflight", "--zones", "us-east5-a")
     assert code == 0, stderr
     assert not any(call[0] == "preview" for call in pulumi.calls())
+
+
+def test_the_queue_goes_to_the_first_zone_no_lasting_failure_rules_out():
+    """The candidates come ordered (the VM's zone, warm cache disks first): the queue takes the first one that a
+    wait could help, skipping a region without quota and a zone without the machine type."""
+    from tpuserve.deploy.sweep import Attempt, Failure, SweepResult
+
+    def failed(zone: str, failure: Failure) -> Attempt:
+        return Attempt(zone, 1, 3.0, failure)
+
+    stockout = Failure("capacity", "zone", "out of capacity")
+    no_quota = Failure("quota", "region", "Quota exceeded", lasting=True, region="us-east5")
+    no_type = Failure("unavailable", "zone", "no such machine type", lasting=True)
+    candidates = ["us-east5-a", "us-east5-b", "asia-northeast1-b", "europe-west4-a"]
+    result = SweepResult([failed("us-east5-a", no_quota), failed("asia-northeast1-b", no_type),
+                          failed("europe-west4-a", stockout)])
+    assert up_module.queue_zone(candidates, result) == "europe-west4-a"
+    assert up_module.queue_zone(candidates, SweepResult([failed("us-east5-a", stockout)])) == "us-east5-a"
+    assert up_module.queue_zone(candidates[:1], SweepResult([failed("us-east5-a", no_quota)])) is None

@@ -1,5 +1,7 @@
 """The pipelines: the deploy runs `tpuserve up` with a deadline (its command line parses with the real command; the
-deadline plus the clean-up fit the job's timeout), and the concurrency groups keep updates of one stack apart."""
+deadline, the boot after it and the clean-up fit the job's timeout), renewals run `tpuserve renew` every 15 minutes,
+and the concurrency groups keep updates of one stack apart without a renewal and a deploy cancelling or holding each
+other."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import yaml
 
 from tests.pulumi_harness import ROOT
 from tpuserve.ops.destroy import destroy
-from tpuserve.ops.up import CLEANUP_TIMEOUT_S, parse_deadline, up
+from tpuserve.ops.renew import DEFAULT_LEAD, renew
+from tpuserve.ops.up import BOOT_UPDATE_S, CLEANUP_TIMEOUT_S, parse_deadline, up
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 
@@ -29,7 +32,9 @@ def test_every_deploy_job_runs_up_with_a_deadline_that_fits_the_job():
         inputs = deploy["jobs"][name]["with"]
         assert inputs["command"] == "up"
         assert inputs["replace-vm"] == "${{ inputs.replace_vm || false }}"
-        assert parse_deadline(inputs["deadline"]) + CLEANUP_TIMEOUT_S + 10 * 60 <= job["timeout-minutes"] * 60, name
+        # A VM granted from the queue at the deadline still boots behind its gate, then the clean-up runs.
+        assert parse_deadline(inputs["deadline"]) + BOOT_UPDATE_S + CLEANUP_TIMEOUT_S <= job["timeout-minutes"] * 60, \
+            name
 
 
 def test_the_up_step_is_a_valid_tpuserve_up_command_with_the_policy_pack():
@@ -45,8 +50,9 @@ def test_the_up_step_is_a_valid_tpuserve_up_command_with_the_policy_pack():
     assert params["stack"] == "dev" and params["deadline_text"] == "${{ inputs.deadline }}"
     assert params["yes"] and params["retry_until_up"] and params["as_json"]
     assert params["pulumi_args"] == ("--policy-pack", "policy", "--policy-pack-config", "policy/config/dev.json")
+    assert params["queue"]  # a deploy with no VM waits in Compute Engine's queue once no zone has a TPU free
     install = next(step for step in steps if step.get("uses", "").startswith("pulumi/actions"))
-    # preview runs in the action; up and destroy through tpuserve, the action then only installs.
+    # preview runs in the action; up, destroy and renew through tpuserve, the action then only installs.
     assert install["with"]["command"] == "${{ inputs.command == 'preview' && inputs.command || '' }}"
 
 
@@ -57,6 +63,28 @@ def test_the_destroy_step_is_tpuserve_destroy_which_ends_with_the_inventory():
     assert argv[:2] == [".venv/bin/tpuserve", "destroy"]
     params = destroy.make_context("destroy", argv[2:]).params
     assert params["stack"] == "dev" and params["yes"] and params["as_json"]
+
+
+def test_renewal_runs_every_15_minutes_in_the_deploy_job_with_its_auth():
+    workflow = yaml.safe_load((WORKFLOWS / "renew.yml").read_text())
+    assert workflow[True]["schedule"] == [{"cron": "*/15 * * * *"}]  # yaml reads the `on:` key as True
+    job = workflow["jobs"]["dev"]
+    assert job["uses"] == "./.github/workflows/pulumi.yml"  # the deploy's own job: same auth and environment
+    assert job["with"] == {"stack": "dev", "command": "renew"}
+    pulumi_job = yaml.safe_load((WORKFLOWS / "pulumi.yml").read_text())["jobs"]["pulumi"]
+    # One renewal at its worst: tries until the old VM's deletion, the last successor's boot, the clean-up.
+    assert parse_deadline(DEFAULT_LEAD) + BOOT_UPDATE_S + CLEANUP_TIMEOUT_S <= pulumi_job["timeout-minutes"] * 60
+
+
+def test_the_renew_step_is_a_valid_renew_command_with_the_policy_pack():
+    steps = yaml.safe_load((WORKFLOWS / "pulumi.yml").read_text())["jobs"]["pulumi"]["steps"]
+    step = next(step for step in steps if step.get("if") == "inputs.command == 'renew'")
+    argv = shlex.split(step["run"].replace("$STACK", "dev"))
+    assert argv[:2] == [".venv/bin/tpuserve", "renew"]
+    params = renew.make_context("renew", argv[2:]).params
+    assert params["stack"] == "dev" and params["yes"] and params["as_json"]
+    assert params["lead_text"] == DEFAULT_LEAD == "45m"
+    assert params["pulumi_args"] == ("--policy-pack", "policy", "--policy-pack-config", "policy/config/dev.json")
 
 
 # --- concurrency: the groups each caller's jobs land in, and GitHub's rules replayed on them -------------------------
@@ -181,9 +209,9 @@ class CallerJob:
 
     @property
     def updates(self) -> frozenset[str]:
-        """The Pulumi stacks this job updates: up/destroy its stack; a preview none."""
+        """The Pulumi stacks this job updates: up/destroy/renew its stack; a preview none."""
         stack, command = self.inputs["stack"], self.inputs["command"]
-        return frozenset({"up": {stack}, "destroy": {stack}, "preview": set()}[command])
+        return frozenset({"up": {stack}, "destroy": {stack}, "renew": {stack}, "preview": set()}[command])
 
 
 def github_context(workflow: dict[str, Any]) -> dict[str, Any]:
@@ -229,7 +257,8 @@ def test_every_caller_is_found_with_its_evaluated_group() -> None:
         ("deploy", "dev", "up"): "pulumi-dev-update", ("deploy", "prod", "up"): "pulumi-prod-update",
         ("destroy", "dev", "destroy"): "pulumi-dev-update", ("destroy", "prod", "destroy"): "pulumi-prod-update",
         ("preview", "dev", "preview"): "pulumi-dev-preview-refs/pull/7/merge",
-        ("preview", "prod", "preview"): "pulumi-prod-preview-refs/pull/7/merge"}
+        ("preview", "prod", "preview"): "pulumi-prod-preview-refs/pull/7/merge",
+        ("renew", "dev", "renew"): "pulumi-dev-renew"}
     assert evaluate("a == 'A' && format('x-{0}-{1}', 'y', 2) || 'z'", {"a": "a"}) == "x-y-2.0"  # GitHub's == is
     assert evaluate("!(1 == 2) && ''", {}) == ""  # case-insensitive on strings; && and || return an operand
 
@@ -237,13 +266,23 @@ def test_every_caller_is_found_with_its_evaluated_group() -> None:
 def test_jobs_that_update_one_stack_share_a_group_and_no_update_is_ever_cancelled_while_running() -> None:
     jobs = caller_jobs()
     for first, second in itertools.combinations(jobs, 2):
-        if first.updates & second.updates:  # two updates of one stack would fight over its lock: they queue
+        # Two updates of one stack would fight over its lock: they queue in one group, except a renewal, which waits
+        # for the lock itself (test_a_renewal_that_meets_the_stack_locked_waits_for_it, tests/test_lifecycle.py).
+        if first.updates & second.updates and "renew" not in (first.inputs["command"], second.inputs["command"]):
             assert first.group == second.group, (first, second)
     for job in jobs:
-        # A cancelled `pulumi up`/`destroy` leaves a locked, half-applied stack: only previews cancel.
+        # A cancelled `pulumi up`/`destroy`/renewal leaves a locked, half-applied stack: only previews cancel.
         assert job.cancel_in_progress == (job.inputs["command"] == "preview"), job
         if not job.updates:  # read-only jobs never share a group with an update (they would cancel its pending one)
             assert all(other.group != job.group for other in jobs if other.updates), job
+
+
+def test_renewals_and_deploys_never_share_a_group() -> None:
+    jobs = caller_jobs()
+    renewals = [job for job in jobs if job.inputs["command"] == "renew"]
+    assert renewals
+    for renewal in renewals:
+        assert all(other.group != renewal.group for other in jobs if other.inputs["command"] != "renew"), renewal
 
 
 class Actions:
@@ -284,12 +323,15 @@ class Actions:
             on_finish(job_id, end)
 
 
-def test_github_rules_replayed_every_pushed_deploy_reaches_prod() -> None:
-    """Three pushes to main a minute apart deploy dev with `--retry-until-up` for 100 minutes each: the only deploy
-    cancelled is the second push's pending one (the newest main supersedes it), and each remaining push's prod runs
-    after its dev."""
+def test_github_rules_replayed_renewals_keep_their_lead_and_every_pushed_deploy_reaches_prod() -> None:
+    """Three pushes to main a minute apart deploy dev for 100 minutes each (its deadline, capacity search and queue)
+    while renewals come every 15 minutes (2 minutes when nothing is due, 25 when one renews, one 40 minutes long):
+    a renewal is cancelled only by a newer one, which renews the same VM, every tick is followed by a renewal start
+    within 25 minutes (inside the 45-minute lead), the only deploy cancelled is the second push's pending one (the
+    newest main supersedes it), and each remaining push's prod runs after its dev. (Where a renewal and a deploy
+    both run `pulumi up`, Pulumi's lock orders them: the later one waits, Deployer.update.)"""
     by_key = {(job.workflow, job.job): job for job in caller_jobs()}
-    deploy_dev, deploy_prod = by_key[("deploy", "dev")], by_key[("deploy", "prod")]
+    deploy_dev, deploy_prod, renewal = by_key[("deploy", "dev")], by_key[("deploy", "prod")], by_key[("renew", "dev")]
     assert deploy_prod.needs == ("dev",)
     actions = Actions()
     waiting_for: dict[str, str] = {}  # a job id -> the job id it needs
@@ -300,13 +342,25 @@ def test_github_rules_replayed_every_pushed_deploy_reaches_prod() -> None:
                 del waiting_for[dependent]
                 actions.queue(dependent, deploy_prod, 5, end)
 
-    for at, name in ((0.0, "push-0"), (1.0, "push-1"), (2.0, "push-2")):
+    events = [(0.0, "push-0"), (1.0, "push-1"), (2.0, "push-2")] + [(15.0 * n, f"renew-{n}") for n in range(1, 16)]
+    for at, name in sorted(events):
         actions.advance(at, on_finish)
-        actions.queue(f"{name}/dev", deploy_dev, 100, at)
-        waiting_for[f"{name}/prod"] = f"{name}/dev"
+        if name.startswith("push"):
+            actions.queue(f"{name}/dev", deploy_dev, 100, at)
+            waiting_for[f"{name}/prod"] = f"{name}/dev"
+        else:
+            number = int(name.split("-")[1])
+            actions.queue(name, renewal, 40 if number == 4 else 25 if number % 3 == 1 else 2, at)
     actions.advance(10_000, on_finish)
 
     log = actions.log
-    assert {job_id for job_id, entry in log.items() if "cancelled" in entry} == {"push-1/dev"}
+    started = sorted(entry["started"] for job_id, entry in log.items() if job_id.startswith("renew")
+                     and "started" in entry)
+    for at, name in events:
+        if name.startswith("renew"):
+            assert any(at <= start <= at + 25 for start in started), name
+    assert parse_deadline(DEFAULT_LEAD) / 60 > 15 + 25  # the lead covers a schedule interval plus that wait
+    cancelled = {job_id for job_id, entry in log.items() if "cancelled" in entry}
+    assert cancelled == {"push-1/dev", "renew-5"}  # renew-5 waited behind the 40-minute renew-4; renew-6 replaced it
     assert log["push-0/prod"]["started"] >= log["push-0/dev"]["finished"]
     assert log["push-2/prod"]["started"] >= log["push-2/dev"]["finished"] and "finished" in log["push-2/prod"]

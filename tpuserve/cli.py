@@ -54,11 +54,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("tpuserve.measure.probe:probe",
               "Probe a deployment's capabilities: tools, structured output, vision, refused modalities; compare KV-cache "
               "settings."),
+    "renew": ("tpuserve.ops.renew:renew",
+              "Replace the stack's VM before flex-start deletes it: successor first (other slot, gated), then the old "
+              "VM."),
     "status": ("tpuserve.observe.status:status",
                "The VM (state, time left until flex-start deletes it, cost so far, boot stage) and the server live "
                "from /metrics (running/waiting, KV cache, TTFT and ITL p50/p95, tokens/s)."),
     "up": ("tpuserve.ops.up:up",
-           "Deploy a stack: find a zone with TPU capacity (preflight, then `pulumi up` zone by zone), clean up."),
+           "Deploy a stack: find a zone with TPU capacity (preflight, `pulumi up` zone by zone, then Compute Engine's "
+           "queue), clean up."),
 }
 
 

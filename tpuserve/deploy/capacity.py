@@ -22,8 +22,8 @@ import re
 from collections.abc import Callable
 
 from tpuserve.deploy.sweep import REGION, STOP, ZONE, Failure, region_of
+from tpuserve.flex_start import CAPACITY, ZONE_NAME
 
-ZONE_NAME = r"[a-z]+-[a-z]+[0-9]+-[a-z0-9]+"
 REGION_NAME = r"[a-z]+-[a-z]+[0-9]+"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 REASON_MAX_CHARS = 300
@@ -34,15 +34,14 @@ PREFIXES = re.compile(r"^(?:sdk-v2/provider2\.go:\d+: )?(?:sdk\.helper_schema: )
 
 GATE_FAILED = re.compile(r"exit status \d+: running .{0,400}?-m tpuserve gate")
 GATE_VERDICT = re.compile(r'\{"ready": false, .*?"reason": ("(?:[^"\\]|\\.)*")\}')
-LOCKED = re.compile(r"the stack is currently locked by")
+# Another update holds the stack, in the CLI's words for a diy backend and for Pulumi Cloud: the two texts Pulumi's
+# own Automation API reads as a ConcurrentUpdateError (pulumi/pulumi sdk/python/lib/pulumi/automation/errors.py).
+LOCKED = re.compile(r"the stack is currently locked by|\[409\] Conflict: Another update is currently in progress")
 POLICY = re.compile(r"Policy Violations:|\[mandatory\]|Constraint '?constraints/[\w.]+'? violated")
 PROGRAM = re.compile(r"Program failed with an unhandled exception|\bConfigError\b|"
                      r"an unhandled error occurred: Program exited with non-zero exit code")
 CREDENTIALS = re.compile(r"Attempted to load application default credentials|could not find default credentials|"
                          r"invalid_grant|Reauthentication failed")
-CAPACITY = re.compile(rf"ZONE_RESOURCE_POOL_EXHAUSTED|does not have enough resources available to fulfill the "
-                      rf"request|\bresource_availability\b|is currently unavailable in the {ZONE_NAME} zone|"
-                      rf"There is no more capacity in the zone")
 SUGGESTED = re.compile(r"Consider trying your request in the (.+?) zone\(s\)|zonesAvailable: ([a-z0-9, -]+)")
 QUOTA = re.compile(rf"Quota '(?P<metric>\w+)' (?:exceeded\.?\s*Limit:?|exhausted\.\s*Limit) (?P<limit>[0-9.]+) "
                    rf"(?:in region (?P<region>{REGION_NAME})|in zone (?P<zone>{ZONE_NAME})|(?P<globally>globally))")

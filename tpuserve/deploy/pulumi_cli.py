@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tpuserve.flex_start import DRIVER_ENV
+
 NAMESPACE = "tpu-serve"  # Pulumi.yaml's `name`: stack config keys are `tpu-serve:<key>`
 INTERRUPT_GRACE_S = 90.0  # after Ctrl-C, Pulumi finishes the operations in flight and saves the state
 KILL_GRACE_S = 10.0
@@ -53,7 +55,8 @@ class PulumiCli:
             raise PulumiError("the pulumi CLI is not on PATH (https://www.pulumi.com/docs/install/; scripts/up.sh "
                               "installs the pinned version)")
         self.executable, self.stack, self.cwd, self.echo = executable, stack, cwd, echo
-        self.env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"}
+        # DRIVER_ENV: the program's capacity hint stays quiet under tpuserve, which says what it does instead.
+        self.env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true", DRIVER_ENV: "tpuserve"}
         self._outputs: dict[str, Any] | None = None
 
     def _forget(self) -> None:
@@ -102,6 +105,10 @@ class PulumiCli:
                 return {}
         return dict(self._outputs)
 
+    def output(self, name: str) -> Any:
+        """One output, secrets shown (`pulumi stack output NAME --json --show-secrets`)."""
+        return json.loads(self._run("stack", "output", name, "--json", "--show-secrets"))
+
     def export(self) -> dict[str, Any]:
         """`pulumi stack export`: the state, whose resources carry their provider ids."""
         return dict(json.loads(self._run("stack", "export") or "{}"))
@@ -113,13 +120,15 @@ class PulumiCli:
         """Read every resource back from GCP and drop pending creates (a VM they made is the orphan sweep's)."""
         return self.stream(["refresh", "--yes", "--skip-preview", "--clear-pending-creates"], timeout_s)
 
-    def up(self, extra: Sequence[str], timeout_s: float, config: Mapping[str, str] | None = None) -> Run:
+    def up(self, extra: Sequence[str], timeout_s: float, config: Mapping[str, str] | None = None,
+           env: Mapping[str, str] | None = None) -> Run:
         """`pulumi up`; `config` (key -> plaintext value) is saved in the stack's config first, as `pulumi config set`
         would, by the same command (`--config key=value`: "Config to use during the update and save to the stack
         config file", pulumi/pulumi pkg/cmd/pulumi/operations/up.go; it is saved before the update starts,
-        parseAndSaveConfigArray), so into the file the update reads even with `--config-file` among `extra`."""
+        parseAndSaveConfigArray), so into the file the update reads even with `--config-file` among `extra`. `env`
+        reaches this one run's program only (never saved)."""
         settings = [arg for key, value in (config or {}).items() for arg in ("--config", f"{key}={value}")]
-        return self.stream(["up", "--yes", "--skip-preview", "--refresh", *settings, *extra], timeout_s)
+        return self.stream(["up", "--yes", "--skip-preview", "--refresh", *settings, *extra], timeout_s, env)
 
     def preview(self, extra: Sequence[str], timeout_s: float, config: Mapping[str, str] | None = None) -> Run:
         """`pulumi preview --json --show-replacement-steps`: the engine's plan as one JSON digest on stdout (its
@@ -139,12 +148,13 @@ class PulumiCli:
             self.echo(line)
         return Run(result.returncode, result.stdout, time.monotonic() - started)
 
-    def stream(self, args: Sequence[str], timeout_s: float) -> Run:
+    def stream(self, args: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None) -> Run:
         """Run a command, echoing each line as it comes; at `timeout_s` interrupt it as Ctrl-C would (Pulumi then
         finishes what is in flight and saves the state), kill it only if it does not stop."""
         self._forget()  # an update, destroy or refresh may change the outputs
         started, lines, interrupted = time.monotonic(), [], False
-        with subprocess.Popen(self._argv(*args), cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL,
+        with subprocess.Popen(self._argv(*args), cwd=self.cwd, env={**self.env, **(env or {})},
+                              stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as process:
 
             def pump() -> None:

@@ -1,13 +1,15 @@
 """`tpuserve up`: deploy a stack in the first zone that has a TPU for it, and leave nothing behind in the others.
 
-A flex-start create without a wait time gets capacity now or fails (components/instance.py), so deploying means
-trying zones: preflight first (tpuserve/deploy/preflight.py drops zones without the machine type or quota), then the
+A flex-start create through Pulumi gets capacity now or fails (components/instance.py), so deploying first means
+trying zones: preflight (tpuserve/deploy/preflight.py drops zones without the machine type or quota), then the
 sweep (deploy/sweep.py): per zone, set the stack's `zone` and run the real `pulumi up` (deploy/pulumi_cli.py; state,
 secrets, policy packs stay Pulumi's, and the readiness gate runs inside it); classify a failure from its text
 (deploy/capacity.py); before the next zone, refresh the state and delete what the failed zone left behind (orphans,
-found by the stack's labels, after the user agrees or with --yes). The zone that worked stays in the stack config, so
-later `pulumi up`/`destroy` and the toolkit use it. The readiness gate failing is not a capacity problem: it stops
-the sweep and points to `tpuserve diagnose`.
+found by the stack's labels, after the user agrees or with --yes). When no zone has one free and the stack holds no
+VM, it waits in Compute Engine's queue in the best zone instead (Deployer.queue: everything but the VM, then the VM
+inserted with a wait time, then adopted by `pulumi up`; docs/getting-a-tpu.md). The zone that worked stays in the
+stack config, so later `pulumi up`/`destroy` and the toolkit use it. The readiness gate failing is not a capacity
+problem: it stops the sweep and points to `tpuserve diagnose`. A stack another update holds is waited for.
 
 Before the first zone, a stack that already has a VM is previewed (`pulumi preview --json`, deploy/preview.py): a
 change that would replace or delete the VM (or its cache disk) is named, with what it costs, and runs only with
@@ -16,7 +18,7 @@ until the new one is ready (create-before-delete, under the other of the stack's
 zone) unless the region's TPU quota has no room for both, when the old VM goes first, said plainly.
 
 Exit codes: 0 deployed and ready; 1 stopped by an error no other zone fixes (or preflight); 2 bad usage;
-3 no zone had capacity before the deadline (try later, add zones, or --retry-until-up); 4 the change would replace the
+3 no zone had capacity before the deadline, queue included (try later, add zones); 4 the change would replace the
 VM and nobody agreed (--replace-vm); 5 deployed, but something that bills is left that the stack does not hold (an
 orphan nobody agreed to delete: the inventory at the end names it and the command that removes it).
 """
@@ -50,12 +52,19 @@ from tpuserve.deploy.preflight import (Endpoints, Report, configured_zones, endp
                                        print_report, target_from_config)
 from tpuserve.facts import PRICE_PER_CHIP_HOUR
 from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
-from tpuserve.deploy.sweep import ZONE, Attempt, Failure, SweepResult, region_of, sweep
+from tpuserve.deploy.sweep import REGION, STOP, ZONE, Attempt, Failure, SweepResult, region_of, sweep
+from tpuserve.deploy import queue as queues
+from tpuserve.flex_start import ADOPT_VM_ENV, WITHHOLD_VM_ENV, instance_id
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_CAPACITY, EXIT_NEEDS_CONSENT, EXIT_ORPHANS = 0, 1, 2, 3, 4, 5
 PREVIEW_TIMEOUT_S = 600.0
 DEFAULT_DEADLINE = "2h"
 CLEANUP_TIMEOUT_S = 300.0  # the refresh between attempts, even past the deadline: nothing may stay half-created
+# An update that boots a VM found at the last moment (granted from the queue, or a renewal's successor) runs its
+# readiness gate (a cold boot, 8.5-10.5 min; the gate gives up after readinessTimeout, 25 min, plus the boot's
+# allowances): the deadline bounds the search for capacity, not that boot.
+BOOT_UPDATE_S = 40 * 60.0
+LOCK_POLL_S = 60.0  # another update holds the stack (a deploy, a renewal): try again this often until the deadline
 LOCAL = "local"  # the one "zone" of a local-target stack (a Docker host)
 GKE = "gke"
 
@@ -88,21 +97,73 @@ class Deployer:
     seen: set[str] = field(default_factory=set)  # orphans already reported (and deleted, or left) by this run
     settings: Mapping[str, str] = field(default_factory=dict)  # more stack config every attempt sets
     nat: Mapping[str, str] = field(default_factory=dict)  # cloudNatSkipRegions, when nat_settings decided it
+    queued: list[dict[str, Any]] = field(default_factory=list)  # each wait in the queue, as queues.Queued.as_dict
+    boot_floor_s: float = 0.0  # an attempt's update may outlast the deadline by this much (BOOT_UPDATE_S: renewals)
 
     def attempt(self, zone: str, seconds_left: float) -> Failure | None:
         """`pulumi up` with the stack's `zone` set to `zone` by the same command (it stays set whatever the outcome;
         after a failed sweep keep_zone_consistent puts the stack's `zone` back)."""
         self.say(f"── {self.stack}: pulumi up in {zone} ({seconds_left / 60:.0f} min left)")
-        config = {**self.nat, **self.settings, **({} if zone == LOCAL else {"zone": zone})}
-        run = self.pulumi.up(self.extra, seconds_left, config)
-        if run.ok:
-            return None
-        if run.interrupted:
-            failure = Failure("deadline", ZONE, f"interrupted at the deadline after {run.seconds:.0f} s")
-        else:
-            failure = classify(run.output, zone)
-        if zone != LOCAL:
+        failure = self.update(zone, max(seconds_left, self.boot_floor_s))
+        if failure is not None and zone != LOCAL and failure.kind != "locked":
             self.clean_up([zone])
+        return failure
+
+    def update(self, zone: str, seconds_left: float, env: Mapping[str, str] | None = None) -> Failure | None:
+        """One `pulumi up` in `zone`; while another update holds the stack, again every LOCK_POLL_S until the time
+        is up (a renewal and a deploy of one stack run in separate groups: .github/workflows/pulumi.yml)."""
+        config = {**self.nat, **self.settings, **({} if zone == LOCAL else {"zone": zone})}
+        began = time.monotonic()
+        while True:
+            left = seconds_left - (time.monotonic() - began)
+            run = self.pulumi.up(self.extra, left, config, env)
+            if run.ok:
+                return None
+            if run.interrupted:
+                return Failure("deadline", ZONE, f"interrupted at the deadline after {run.seconds:.0f} s")
+            failure = classify(run.output, zone)
+            if failure.kind != "locked" or left - run.seconds <= LOCK_POLL_S:
+                return failure
+            self.say(f"the stack is locked by another update ({failure.reason}); trying again in {LOCK_POLL_S:.0f} s")
+            time.sleep(LOCK_POLL_S)
+
+    def queue(self, zone: str, seconds_left: float) -> Failure | None:
+        """No zone had a TPU free: wait for one in `zone`. `pulumi up` with the VM withheld makes all it needs and
+        exports its insert body; that body goes in with a wait time (deploy/queue.py), then `pulumi up` adopts the
+        VM once it runs (the readiness gate, the monitoring). None once it serves; else why not."""
+        began = time.monotonic()
+
+        def left() -> float:
+            return seconds_left - (time.monotonic() - began)
+
+        self.say(f"── {self.stack}: pulumi up in {zone} without the VM, to queue it ({left() / 60:.0f} min left)")
+        failure = self.update(zone, left(), {WITHHOLD_VM_ENV: "1"})
+        if failure is not None:
+            return failure
+        try:
+            body = self.pulumi.output("vmInsertBody")
+        except (PulumiError, ValueError) as err:
+            return Failure("config", STOP, f"the program exported no VM insert body: {err}")
+        assert self.compute is not None
+        while True:
+            wait = queues.wait_for(left())
+            if not wait:
+                return Failure("capacity", ZONE, f"less than {queues.QUEUE_MIN_S} s left to wait in {zone}'s queue")
+            queued = queues.queue_vm(self.compute, self.project, zone, body, wait, self.say)
+            self.queued.append(queued.as_dict())
+            if queued.outcome == queues.RUNNING:
+                break
+            if queued.outcome == queues.FAILED:
+                failure = classify(queued.reason, zone)
+                return failure if failure.kind != "unknown" else Failure("queue", STOP, queued.reason)
+            if not queues.wait_for(left()):
+                return Failure("capacity", ZONE, f"no TPU granted in {zone} within {durations.human(queued.waited_s)} "
+                                                 f"of waiting ({queued.reason})")
+        self.say(f"── {self.stack}: pulumi up in {zone}, adopting {body['name']}")
+        failure = self.update(zone, max(left(), BOOT_UPDATE_S),
+                              {ADOPT_VM_ENV: instance_id(self.project, zone, str(body["name"]))})
+        if failure is not None and failure.kind != "locked":
+            self.clean_up([zone])  # a VM the update could not adopt is an orphan: found and deleted (or named) here
         return failure
 
     def clean_up(self, zones: Sequence[str]) -> None:
@@ -146,11 +207,11 @@ class Deployer:
         if self.compute is None:
             return
         try:
-            blank = [disk for disk in blank_cache_disks(self.compute, self.project, zones, stack_labels(self.stack))
-                     if disk.resource_id(self.project) not in self.seen]
+            # Each delete waits for its operation, so a blank disk listed again was made again (the update that
+            # queues a VM makes it under the same name): deleted again.
+            blank = blank_cache_disks(self.compute, self.project, zones, stack_labels(self.stack))
             disks = ZonalDisks(self.compute.session, self.compute.base_url)
             for disk in blank:
-                self.seen.add(disk.resource_id(self.project))
                 disks.delete(self.project, disk.zone, disk.name)
                 self.say(f"deleted cache disk {disk.name} in {disk.zone}: no VM ever attached it, so it held nothing")
                 self.orphans.append({**disk.as_dict(), "deleted": True, "why": "a cache disk never attached"})
@@ -181,13 +242,19 @@ def print_table(console: Any, result: SweepResult) -> None:
     console.print(table)
 
 
-def verdict(result: SweepResult, stack: str, candidates: Sequence[str]) -> tuple[int, str, str]:
+def verdict(result: SweepResult, stack: str, candidates: Sequence[str],
+            queued: Sequence[Mapping[str, Any]] = ()) -> tuple[int, str, str]:
     """(exit code, one-line outcome, what to do)."""
     if result.ok:
         return EXIT_OK, f"up in {result.zone} (the stack's `zone` is now {result.zone})", ""
     if result.stopped is not None:
         failure = result.stopped
         return EXIT_FAILED, f"stopped: {failure.kind}: {failure.reason}", failure.hint.replace("<stack>", stack)
+    if queued:
+        waited = sum(float(entry.get("waitedSeconds") or 0) for entry in queued)
+        return EXIT_NO_CAPACITY, (f"no capacity: none free in {', '.join(candidates)}, and none granted in "
+                                  f"{queued[-1]['zone']}'s queue within {durations.human(waited)}"), \
+            "run it again later (a longer --deadline waits longer, up to 2 h per request); the network and caches stay"
     if result.deadline_hit:
         return EXIT_NO_CAPACITY, f"deadline reached after {len(result.attempts)} attempt(s)", \
             "a longer --deadline, --retry-until-up, or more zones"
@@ -201,8 +268,11 @@ def verdict(result: SweepResult, stack: str, candidates: Sequence[str]) -> tuple
               "`zone`, then its `zones`].")
 @click.option("--deadline", "deadline_text", default=DEFAULT_DEADLINE, show_default=True,
               help="Give up after this long (90m, 2h, 1h30m); a `pulumi up` still running then is interrupted.")
-@click.option("--retry-until-up", is_flag=True, help="When every zone fails, wait (30 s, doubling, at most 10 min) "
-              "and sweep again until the deadline.")
+@click.option("--queue/--no-queue", default=True, show_default=True,
+              help="When no zone has a TPU free now and the stack holds no VM, wait for one in Compute Engine's "
+              "queue in the best zone (a flex-start request with a wait time, at most 2 h each) until the deadline.")
+@click.option("--retry-until-up", is_flag=True, help="When every zone fails and nothing is queued (a replacement, or "
+              "--no-queue), wait (30 s, doubling, at most 10 min) and sweep again until the deadline.")
 @click.option("--yes", is_flag=True, help="Delete orphaned VMs and disks the sweep finds without asking.")
 @click.option("--skip-preflight", is_flag=True, help="Do not run `tpuserve preflight` first.")
 @click.option("--replace-vm", is_flag=True, help="Go ahead when the change replaces the stack's TPU VM (a new "
@@ -212,9 +282,11 @@ def verdict(result: SweepResult, stack: str, candidates: Sequence[str]) -> tuple
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON line: outcome, zone, attempts, orphans.")
 @endpoint_option
 @click.argument("pulumi_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- PULUMI UP FLAGS]")
-def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, yes: bool, skip_preflight: bool,
-       replace_vm: bool, cwd: Path, as_json: bool, endpoints: tuple[str, ...], pulumi_args: tuple[str, ...]) -> None:
-    """Deploy a stack: find a zone with TPU capacity (preflight, then `pulumi up` zone by zone), clean up.
+def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_until_up: bool, yes: bool,
+       skip_preflight: bool, replace_vm: bool, cwd: Path, as_json: bool, endpoints: tuple[str, ...],
+       pulumi_args: tuple[str, ...]) -> None:
+    """Deploy a stack: find a zone with TPU capacity (preflight, `pulumi up` zone by zone, then Compute Engine's
+    queue), clean up.
 
     Flags after `--` go to every `pulumi up`, e.g. `-- --policy-pack policy`. Exit 0 deployed and ready, 1 stopped
     by an error another zone would not fix, 3 no capacity before the deadline."""
@@ -295,6 +367,13 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
     deployer = Deployer(pulumi, stack, str(config.get("project", "")), pulumi_args, compute, confirm, say,
                         nat=nat_config, settings=settings)
     original_zone = config.get("zone")
+    if compute is not None and not single_zone and vm_gone(compute, config, outputs):
+        say(f"the stack's VM {outputs['instanceName']} is gone (flex-start deletes it when its run ends): refreshing "
+            "the state")
+        if not pulumi.refresh(CLEANUP_TIMEOUT_S).ok:
+            say("warning: pulumi refresh failed; the VM stays in the state and is not queued for")
+        outputs = {key: value for key, value in outputs.items() if key != "instanceName"}
+    queueing = queue and compute is not None and not single_zone and not has_vm(pulumi, outputs)
     if compute is not None and not single_zone and has_vm(pulumi, outputs):
         try:
             look = look_before_leaping(pulumi, stack, config, outputs, compute, report, pulumi_args, say,
@@ -308,12 +387,25 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
             finish(EXIT_NEEDS_CONSENT, {"zone": None, "attempts": [], "reason": look.refused, "orphans": [],
                                         "replace": look.replace})
         deployer.settings = {**deployer.settings, **look.settings}
-    say(f"trying {', '.join(candidates)} for stack {stack} (deadline {deadline_text})")
+    say(f"trying {', '.join(candidates)} for stack {stack} (deadline {deadline_text})"
+        + (", then the queue of the best zone" if queueing else ""))
     numbers = itertools.count(1)
     result = sweep(candidates, deployer.attempt, deadline_s - (time.monotonic() - started),
-                   retry_until_up=retry_until_up and not (local or single_zone),
+                   retry_until_up=retry_until_up and not (local or single_zone or queueing),
                    on_attempt=lambda attempt: say(progress_line(next(numbers), attempt)),
                    on_wait=lambda seconds, next_round: say(f"every zone failed; sweep {next_round} in {seconds:.0f} s"))
+    zone_to_queue = queue_zone(candidates, result) if queueing and not result.ok and result.stopped is None \
+        and not result.deadline_hit else None
+    if zone_to_queue is not None:
+        began = time.monotonic()
+        failure = deployer.queue(zone_to_queue, deadline_s - (time.monotonic() - started))
+        result.attempts.append(done := Attempt(zone_to_queue, result.attempts[-1].round + 1 if result.attempts else 1,
+                                               time.monotonic() - began, failure))
+        say(progress_line(next(numbers), done))
+        if failure is None:
+            result.zone = zone_to_queue
+        elif failure.block == STOP:
+            result.stopped = failure
     if not local:
         tried = list(dict.fromkeys(attempt.zone for attempt in result.attempts))
         if tried:  # a create that timed out may have finished since its zone was swept; the state says what stays
@@ -322,7 +414,7 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
             keep_zone_consistent(pulumi, original_zone)
         keep_slot_consistent(pulumi, config, deployer.settings)
     print_table(console, result)
-    code, outcome, todo = verdict(result, stack, candidates)
+    code, outcome, todo = verdict(result, stack, candidates, deployer.queued)
     say(outcome)
     if todo:
         say(todo)
@@ -346,7 +438,7 @@ def up(stack: str, zones: str | None, deadline_text: str, retry_until_up: bool, 
             code = EXIT_ORPHANS
     finish(code, {"zone": result.zone, "attempts": [attempt.as_dict() for attempt in result.attempts],
                   "reason": None if result.ok else outcome, "hint": todo or None, "orphans": deployer.orphans,
-                  "inventory": None if stock is None else stock.as_dict(), "alerts": alerts})
+                  "queue": deployer.queued, "inventory": None if stock is None else stock.as_dict(), "alerts": alerts})
 
 
 def own_nats(pulumi: PulumiCli, say: Callable[[str], None]) -> frozenset[tuple[str, str, str]] | None:
@@ -456,6 +548,32 @@ def remove_orphans(stock: Any, pulumi: PulumiCli, stack: str, config: Mapping[st
         say(f"warning: could not delete {line}")
     say(f"deleted {len(orphans) - len(failed)} orphan(s): {', '.join(f'{i.kind} {i.name}' for i in orphans)}")
     return take_inventory(pulumi, stack, config, session, roots, say)
+
+
+def queue_zone(candidates: Sequence[str], result: SweepResult) -> str | None:
+    """Where to wait: the first candidate (the current zone, then those with a warm cache disk: warm_cache_first) that
+    no lasting failure rules out (no quota in its region, no such machine type there)."""
+    lasting = [attempt.failure for attempt in result.attempts if attempt.failure and attempt.failure.lasting]
+    zones = {attempt.zone for attempt in result.attempts if attempt.failure in lasting and attempt.failure.block == ZONE}
+    regions = {failure.region or "" for failure in lasting if failure.block == REGION}
+    regions |= {region_of(a.zone) for a in result.attempts if a.failure in lasting and a.failure.block == REGION}
+    return next((zone for zone in candidates if zone not in zones and region_of(zone) not in regions), None)
+
+
+def vm_gone(compute: ComputeClient, config: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
+    """The outputs name a VM that the Compute API no longer has (a flex-start VM is deleted when its run ends)."""
+    from tpuserve.deploy.gce import Instance
+
+    name, zone = outputs.get("instanceName"), outputs.get("zone") or config.get("zone")
+    if not name or not zone:
+        return False
+    try:
+        compute.instance(Instance(str(outputs.get("project") or config.get("project")), str(zone), str(name)))
+    except ComputeApiError as err:
+        return err.status == 404
+    except requests.RequestException:
+        return False
+    return False
 
 
 def has_vm(pulumi: PulumiCli, outputs: Mapping[str, Any]) -> bool:

@@ -1,0 +1,180 @@
+"""`tpuserve renew`: a stack's successor VM, serving, before flex-start deletes the VM that serves now.
+
+When the VM's deletion is less than `--lead` away (scheduling.terminationTime, else its last start plus
+maxRunDuration: observe/status.py deletion_at), `pulumi up` with the stack's other VM slot (names.py vm_name) creates
+the successor beside it, the readiness gate waits until it serves, the outputs move to it, and Pulumi deletes the old
+VM at the end of that update (create-first, as `tpuserve up --replace-vm`). The successor is an immediate create,
+tried zone after zone (the VM's zone first) until the old VM's deletion; why it does not wait in Compute Engine's
+queue as a first deploy does: docs/getting-a-tpu.md, "Renewals". A stack whose VM is already gone is deployed as
+`tpuserve up --deadline <lead>` does. The inventory closes the run.
+
+Exit codes: 0 renewed, or nothing due; 1 an error; 2 bad usage; 3 no successor before the deletion (the old VM serves
+until then); 5 renewed, but an orphan that bills is left.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import click
+import requests
+
+from tpuserve import durations
+from tpuserve.cli import echo_json
+from tpuserve.deploy.preflight import Endpoints, configured_zones, endpoint_option, target_from_config
+from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
+from tpuserve.deploy.sweep import sweep
+from tpuserve.ops import up as ups
+
+EXIT_OK, EXIT_FAILED, EXIT_NO_CAPACITY, EXIT_ORPHANS = 0, 1, 3, 5
+DEFAULT_LEAD = "45m"  # a successor's cold boot (8.5-10.5 min), the 15-minute schedule, and room for a few tries
+
+
+@click.command("renew", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--stack", required=True, help="The gcp stack whose VM to renew.")
+@click.option("--lead", "lead_text", default=DEFAULT_LEAD, show_default=True,
+              help="Renew when flex-start deletes the VM in less than this; later, nothing is done.")
+@click.option("--zones", help="Comma-separated zones for the successor [default: the VM's zone, then the stack's].")
+@click.option("--yes", is_flag=True, help="Delete orphans that bill without asking.")
+@click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
+              show_default=True, help="The Pulumi project directory.")
+@click.option("--json", "as_json", is_flag=True, help="End with one JSON line: what was done, the VMs, the inventory.")
+@endpoint_option
+@click.argument("pulumi_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- PULUMI UP FLAGS]")
+@click.pass_context
+def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes: bool, cwd: Path, as_json: bool,
+          endpoints: tuple[str, ...], pulumi_args: tuple[str, ...]) -> None:
+    """Replace the stack's VM before flex-start deletes it: successor first (other slot, gated), then the old VM.
+
+    Exit 0 renewed or nothing due, 1 an error, 3 no successor before the deletion (the old VM serves until then)."""
+    from rich.console import Console
+
+    from tpuserve.deploy.gce import ComputeApiError, ComputeClient, Instance, MissingCredentials, adc_session
+    from tpuserve.observe.status import deletion_at
+
+    try:
+        lead_s = durations.parse(lead_text)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--lead") from None
+    console = Console(stderr=True)
+
+    def say(line: str) -> None:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def finish(code: int, summary: dict[str, Any]) -> None:
+        if as_json:
+            echo_json({"ok": code == EXIT_OK, "stack": stack, "exit": code, **summary})
+        raise SystemExit(code)
+
+    roots = Endpoints.parse(endpoints)
+    try:
+        pulumi = PulumiCli(stack, cwd, echo=lambda line: click.echo(f"  │ {line}", err=True))
+        config, outputs = pulumi.config(), pulumi.outputs()
+    except PulumiError as err:
+        say(f"Error: {err}")
+        finish(EXIT_FAILED, {"action": None, "reason": str(err)})
+    target = config.get("target", "gcp")
+    if target != "gcp":
+        raise click.UsageError(f"--stack: {stack} is a {target} stack; `tpuserve renew` renews a gcp stack's VM"
+                               + (" (`tpuserve gke renew` renews a gke stack's nodes)" if target == ups.GKE else ""))
+    project = str(config.get("project") or "")
+    if not project:
+        raise click.UsageError(f"project: not set in stack {stack}; pulumi config set project <gcp-project-id> "
+                               f"--stack {stack}")
+    name, zone = str(outputs.get("instanceName") or ""), str(outputs.get("zone") or config.get("zone") or "")
+    if not name:
+        say(f"nothing to renew: stack {stack} holds no VM (`tpuserve up --stack {stack}` deploys one)")
+        finish(EXIT_OK, {"action": "none", "reason": "no VM"})
+    try:
+        session = adc_session()
+    except MissingCredentials as err:
+        say(f"Error: {err}")
+        finish(EXIT_FAILED, {"action": None, "reason": str(err)})
+    compute = ComputeClient(session, roots.compute)
+    try:
+        instance = compute.instance(Instance(project, zone, name))
+    except ComputeApiError as err:
+        if err.status != 404:
+            say(f"Error: could not read {name}: {err}")
+            finish(EXIT_FAILED, {"action": None, "reason": str(err)})
+        # Bounded by the lead: a scheduled renewal fits its job, and the next one (15 min on) tries again.
+        say(f"{name} is gone (flex-start deleted it): deploying the stack as `tpuserve up --stack {stack} "
+            f"--deadline {lead_text}` does")
+        ctx.invoke(ups.up, stack=stack, zones=zones, deadline_text=lead_text, yes=yes, cwd=cwd, as_json=as_json,
+                   endpoints=endpoints, pulumi_args=pulumi_args)
+        return
+    except requests.RequestException as err:
+        say(f"Error: could not read {name}: {err}")
+        finish(EXIT_FAILED, {"action": None, "reason": str(err)})
+    deletion = deletion_at(instance)
+    deletion = deletion.astimezone(timezone.utc) if deletion else None
+    vm = {"name": name, "zone": zone, "deletionAt": deletion.isoformat() if deletion else None}
+    if deletion is None:
+        say(f"{name} has no run limit: nothing to renew")
+        finish(EXIT_OK, {"action": "none", "vm": vm})
+    left = (deletion - datetime.fromtimestamp(time.time(), timezone.utc)).total_seconds()
+    vm["leftSeconds"] = round(left)
+    if left > lead_s:
+        say(f"{name} is deleted in {durations.human(left)} (at {clock(deletion)}): more than {lead_text} away, "
+            "nothing to do")
+        finish(EXIT_OK, {"action": "not-due", "vm": vm})
+
+    slot = "b" if str(outputs.get("vmSlot") or config.get("vmSlot") or "a") == "a" else "a"
+    candidates = configured_zones(config, outputs, zones)
+    say(f"{name} is deleted in {durations.human(left)}: renewing it in slot {slot}, trying {', '.join(candidates)} "
+        "(it serves until its successor does)")
+    own = ups.own_nats(pulumi, say)
+    nat_config = ups.nat_settings(session, roots, target_from_config(config, candidates, stack, own or frozenset()),
+                                  None, own is not None, say)
+
+    def confirm(found: list[Any]) -> bool:
+        return yes or (sys.stdin.isatty() and click.confirm(f"Delete these {len(found)} orphaned resource(s)?",
+                                                            default=True, err=True))
+
+    # Tried until the old VM's deletion; an attempt begun just before it may still boot its successor.
+    deployer = ups.Deployer(pulumi, stack, project, pulumi_args, compute, confirm, say, nat=nat_config,
+                            settings={"vmSlot": slot}, boot_floor_s=ups.BOOT_UPDATE_S)
+    numbers = itertools.count(1)
+    result = sweep(candidates, deployer.attempt, left, retry_until_up=True, clock=time.monotonic, sleep=time.sleep,
+                   on_attempt=lambda attempt: say(ups.progress_line(next(numbers), attempt)),
+                   on_wait=lambda seconds, next_round: say(f"no successor yet; trying again in {seconds:.0f} s"))
+    tried = list(dict.fromkeys(attempt.zone for attempt in result.attempts))
+    if tried:
+        deployer.clean_up(tried)
+    if not result.ok:
+        ups.keep_zone_consistent(pulumi, zone)
+    ups.keep_slot_consistent(pulumi, config, deployer.settings)
+    summary: dict[str, Any] = {"vm": vm, "attempts": [attempt.as_dict() for attempt in result.attempts],
+                               "orphans": deployer.orphans}
+    if result.ok:
+        successor = {"name": str(pulumi.outputs().get("instanceName") or ""), "zone": result.zone}
+        code, summary["action"], summary["successor"] = EXIT_OK, "renewed", successor
+        say(f"renewed: {successor['name']} serves in {result.zone}; {name} was deleted after it")
+    elif result.stopped is not None:
+        code, summary["action"] = EXIT_FAILED, "failed"
+        say(f"Error: stopped: {result.stopped.kind}: {result.stopped.reason}")
+        if result.stopped.hint:
+            say(result.stopped.hint.replace("<stack>", stack))
+    else:
+        code, summary["action"] = EXIT_NO_CAPACITY, "kept"
+        still = (deletion - datetime.fromtimestamp(time.time(), timezone.utc)).total_seconds()
+        say(f"no capacity for a successor in {', '.join(tried) or ', '.join(candidates)}: {name} "
+            + (f"keeps serving until flex-start deletes it at {clock(deletion)} (in {durations.human(still)})"
+               if still > 0 else f"served until flex-start deleted it at {clock(deletion)}"))
+    stock = ups.take_inventory(pulumi, stack, config, session, roots, say)
+    if stock is not None and stock.billing_orphans:
+        stock = ups.remove_orphans(stock, pulumi, stack, config, session, roots, confirm, say)
+    if stock is not None and stock.billing_orphans and code == EXIT_OK:
+        say(f"Error: {len(stock.billing_orphans)} orphan(s) that bill are left (above); run `tpuserve renew` again "
+            "with --yes to delete them")
+        code = EXIT_ORPHANS
+    finish(code, {**summary, "inventory": None if stock is None else stock.as_dict()})
+
+
+def clock(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
