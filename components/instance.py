@@ -35,6 +35,12 @@ INSTANCE = "gcp:compute/instance:Instance"
 # stack's other VM name, or delete-first when asked: see the options below). So does a change of the attached disks:
 # the provider would hot-detach a mounted cache disk (`cacheDiskSizeGb: 0`), which Google warns may corrupt it.
 REPLACE_ON_CHANGES = [*stop_requiring_paths(INSTANCE), "attachedDisks"]
+# Read records the dated build a family resolved to, which the provider's DiskImageDiffSuppress does not equate with
+# an "-amd64-" family (so every later update would replace the VM): the image is ignored after create, and the
+# configured one rides in metadata, whose change replaces the VM (docs/design/boot-image.md).
+BOOT_IMAGE_KEY = "tpu-serve-boot-image"
+IGNORE_CHANGES = ["bootDisk.initializeParams.image"]
+REPLACE_ON_CHANGES.append(f'metadata["{BOOT_IMAGE_KEY}"]')
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,11 @@ def network_link(project: str, network: str) -> str:
     return network if "/" in network else f"projects/{project}/global/networks/{network}"
 
 
+def vm_metadata(args: FlexStartTpuVmArgs) -> dict[str, pulumi.Input[str]]:
+    return {"enable-guest-attributes": "TRUE", "enable-oslogin": "TRUE", BOOT_IMAGE_KEY: args.boot_image,
+            **args.metadata}
+
+
 def insert_body(name: str, args: FlexStartTpuVmArgs) -> dict[str, Any]:
     """The instances.insert body the provider sends for this VM, from args whose inputs are resolved (terraform-
     provider-google-beta v7.45.0 resource_compute_instance.go expandComputeInstance: relative links for machine type,
@@ -89,7 +100,7 @@ def insert_body(name: str, args: FlexStartTpuVmArgs) -> dict[str, Any]:
         nic["subnetwork"] = args.subnetwork
     if args.external_ip:
         nic["accessConfigs"] = [{"type": "ONE_TO_ONE_NAT", "name": "External NAT"}]
-    metadata = {"enable-guest-attributes": "TRUE", "enable-oslogin": "TRUE", **args.metadata}
+    metadata = vm_metadata(args)
     return {
         "name": name, "machineType": f"projects/{project}/zones/{zone}/machineTypes/{args.machine_type}",
         "disks": disks, "networkInterfaces": [nic],
@@ -183,7 +194,7 @@ class FlexStartTpuVm(pulumi.ComponentResource):
                 on_host_maintenance="TERMINATE",
                 automatic_restart=False),
             reservation_affinity=compute.InstanceReservationAffinityArgs(type="NO_RESERVATION"),
-            metadata={"enable-guest-attributes": "TRUE", "enable-oslogin": "TRUE", **args.metadata},
+            metadata=vm_metadata(args),
             attached_disks=[compute.InstanceAttachedDiskArgs(
                 source=args.cache_disk, device_name=args.cache_device_name, mode="READ_WRITE")]
             if args.cache_disk is not None else None,
@@ -201,7 +212,7 @@ class FlexStartTpuVm(pulumi.ComponentResource):
             # updates in place, and refuses to replace an imported resource (pkg/resource/deploy/step_generator.go:
             # "previously-imported resources that still specify an ID may not be replaced").
             opts=pulumi.ResourceOptions(parent=self, custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT),
-                                        replace_on_changes=REPLACE_ON_CHANGES,
+                                        replace_on_changes=REPLACE_ON_CHANGES, ignore_changes=IGNORE_CHANGES,
                                         delete_before_replace=args.delete_first, import_=args.adopt_id or None,
                                         hooks=error_hooks(args.logical_name or name, args.stack)))
 

@@ -196,7 +196,7 @@ def compare(old: Run, new: Run) -> tuple[list[Touched], list[str], list[str]]:
         opts = new.options.get(key) or pulumi.ResourceOptions()
         change = plan_change(type_, old.resources[key], new.resources[key],
                              replace_on_changes=opts.replace_on_changes or (),
-                             delete_before_replace=opts.delete_before_replace)
+                             delete_before_replace=opts.delete_before_replace, ignore_changes=opts.ignore_changes or ())
         if change.op == "replace" and type_.startswith("pulumi:providers:"):
             replaced_providers.add(key)
         if new.providers.get(key) in replaced_providers:

@@ -584,6 +584,7 @@ class FakeCloud:
         # it "could take up to 10 minutes"); 0: at once
         self.metric_visibility_s = 0.0
         self.monitoring_unavailable = False  # metricDescriptors.get answers 503 (a read that cannot be made)
+        self.image_build = "v20261125"  # the current build of every image family (a new one ships weekly)
         self.capacity_schedule: list[tuple[float, str, str, int]] = []  # (at, zone, machine type, units)
         self.on_granted: Callable[[dict[str, Any]], None] | None = None
         self._lock = threading.RLock()
@@ -1657,6 +1658,17 @@ class FakeCloud:
             raise not_found(f"projects/{project}/zones/{zone}/disks/{name}")
         return found
 
+    def _image_link(self, source: str) -> str:
+        """The image a disk records as sourceImage: a family resolves to its current build ("the latest image that is
+        not deprecated", https://cloud.google.com/compute/docs/images/image-families-best-practices), named as the
+        family's builds are (ubuntu-os-accelerator-images: ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e-v20260803)."""
+        found = re.search(r"projects/([^/]+)/global/images/(family/)?([^/]+)$", source)
+        if found is None:
+            return source
+        project, family, name = found.groups()
+        image = f"{name}-{self.image_build}" if family else name
+        return f"https://www.googleapis.com/compute/v1/projects/{project}/global/images/{image}"
+
     def _new_disk(self, project: str, zone: str, body: dict[str, Any]) -> dict[str, Any]:
         """A Disk (https://cloud.google.com/compute/docs/reference/rest/v1/disks), CREATING until its operation
         is done; Hyperdisk Balanced gets the free baseline performance when none is asked for."""
@@ -1674,7 +1686,7 @@ class FakeCloud:
         if labels:
             disk["labels"] = labels
         if body.get("sourceImage"):
-            disk["sourceImage"] = body["sourceImage"]
+            disk["sourceImage"] = self._image_link(body["sourceImage"])
         if disk_type.startswith("hyperdisk"):
             disk["provisionedIops"] = str(body.get("provisionedIops") or 3000)
             disk["provisionedThroughput"] = str(body.get("provisionedThroughput") or 140)

@@ -76,6 +76,7 @@ class Registration:
     delete_before_replace: bool | None
     retain_on_delete: bool
     replace_on_changes: list[str]
+    ignore_changes: list[str]
     timeouts: dict[str, str]
     applied: dict[str, Any] = field(default_factory=dict)  # the inputs the provider gets: an autonamed name added
     import_id: str = ""  # the `import_` option's id
@@ -138,6 +139,7 @@ class EngineMonitor(pulumi_mocks.MockMonitor):
                     delete_before_replace=request.deleteBeforeReplace if request.deleteBeforeReplaceDefined else None,
                     retain_on_delete=bool(request.retainOnDelete),
                     replace_on_changes=list(request.replaceOnChanges),
+                    ignore_changes=list(request.ignoreChanges),
                     timeouts={"create": request.customTimeouts.create, "update": request.customTimeouts.update,
                               "delete": request.customTimeouts.delete},
                     import_id=request.importId)

@@ -128,7 +128,8 @@ class Provider:
     def diff(self, old: Mapping[str, Any], reg: Any) -> ResourceChange:
         return changes.plan_change(self.type, old.get("inputs") or {}, reg.inputs,
                                    replace_on_changes=reg.replace_on_changes,
-                                   delete_before_replace=reg.delete_before_replace)
+                                   delete_before_replace=reg.delete_before_replace, old_state=old.get("outputs"),
+                                   ignore_changes=reg.ignore_changes)
 
     def create(self, reg: Any) -> tuple[str, dict[str, Any]]:
         raise NotImplementedError
@@ -227,10 +228,10 @@ SCHEDULING_INPUTS = ("provisioningModel", "maxRunDuration", "instanceTermination
 
 def instance_inputs(instance: Mapping[str, Any], boot_disk: Mapping[str, Any]) -> dict[str, Any]:
     """The inputs an import of `instance` records, as the provider's Read and diff see them (resourceComputeInstance
-    Read; flattenBootDisk takes image, size, type and labels from the boot disk itself). Where the API answers a link
-    and a DiffSuppressFunc equates it with a name (network: CompareSelfLinkOrResourceName; the image family:
-    DiskImageDiffSuppress, which the fake's disks satisfy by keeping the family as their sourceImage), the name is
-    given. Labels drop the attribution label: the provider keeps it in effective_labels, not in `labels`."""
+    Read; flattenBootDisk takes image, size, type and labels from the boot disk itself: the image is the dated build
+    a family resolved to). Where the API answers a link and a DiffSuppressFunc equates it with a name (network:
+    CompareSelfLinkOrResourceName), the name is given. Labels drop the attribution label: the provider keeps it in
+    effective_labels, not in `labels`."""
     project = instance["selfLink"].split("/projects/", 1)[1].split("/", 1)[0]
     boot = next(disk for disk in instance["disks"] if disk.get("boot"))
     scheduling = {key: value for key, value in (instance.get("scheduling") or {}).items() if key in SCHEDULING_INPUTS}
@@ -272,6 +273,11 @@ class InstanceProvider(Provider):
     def _outputs(self, inputs: Mapping[str, Any], instance: Mapping[str, Any]) -> dict[str, Any]:
         nics = [{**nic_in, "networkIp": nic.get("networkIP", "")}
                 for nic_in, nic in zip(inputs.get("networkInterfaces") or [], instance.get("networkInterfaces") or [])]
+        boot = next((disk for disk in instance.get("disks") or [] if disk.get("boot")), None)
+        image = (self.cloud.get(self.cloud.local(boot["source"])) or {}).get("sourceImage") if boot else None
+        if image:  # Read records the boot disk's own sourceImage (flattenBootDisk), not the configured family
+            params = {**inputs["bootDisk"].get("initializeParams", {}), "image": image}
+            inputs = {**inputs, "bootDisk": {**inputs["bootDisk"], "initializeParams": params}}
         return {**inputs, "instanceId": str(instance.get("id", "")), "selfLink": instance.get("selfLink", ""),
                 "creationTimestamp": instance.get("creationTimestamp", ""), "networkInterfaces": nics,
                 "metadataFingerprint": (instance.get("metadata") or {}).get("fingerprint", ""),

@@ -286,3 +286,40 @@ def test_the_facts_generator_names_what_to_fetch_when_a_source_is_missing(tmp_pa
     assert done.stderr.startswith(f"google-beta: no source at {tmp_path}/terraform-provider-google-beta; pass "
                                   "--sources DIR (see --fetch) or --google-beta <clone of "
                                   "hashicorp/terraform-provider-google-beta holding 3dc173a3")
+
+
+# --- DiskImageDiffSuppress: the provider's own cases (resource_compute_disk_test.go TestDiskImageDiffSuppress) ----
+
+LINK = "https://www.googleapis.com/compute/v1/projects/"
+
+
+@pytest.mark.parametrize("read_back, configured, same", [
+    (LINK + "debian-cloud/global/images/debian-8-jessie-v20171213", LINK + "debian-cloud/global/images/family/debian-8",
+     True),
+    (LINK + "debian-cloud/global/images/debian-8-jessie-v20171213", "projects/debian-cloud/global/images/family/debian-8",
+     True),
+    (LINK + "debian-cloud/global/images/debian-8-jessie-v20171213", "global/images/family/debian-8", True),
+    (LINK + "debian-cloud/global/images/debian-8-jessie-v20171213", "family/debian-7", False),
+    (LINK + "debian-cloud/global/images/debian-8-jessie-v20171213", "projects/other-cloud/global/images/family/debian-8",
+     False),
+    (LINK + "debian-cloud/global/images/debian-8-jessie-v20171213", "global/images/debian-8-jessie-v20171213", True),
+    (LINK + "debian-cloud/global/images/debian-8-jessie-v20171213",
+     "projects/debian-cloud/global/images/debian-7-jessie-v20171213", False),
+    # the default boot image's family: -amd64 in the middle of the family name, so never equal to one of its builds
+    (LINK + "ubuntu-os-accelerator-images/global/images/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e-v20260803",
+     "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e", False),
+])
+def test_a_read_back_image_is_compared_as_the_provider_does(read_back: str, configured: str, same: bool) -> None:
+    assert changes.disk_image_diff_suppress(read_back, configured) is same
+
+
+def test_the_boot_image_read_back_replaces_the_vm_unless_ignored() -> None:
+    family = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
+    inputs = {"bootDisk": {"initializeParams": {"image": family}}, "metadata": {"a": "1"}}
+    state = {"bootDisk": {"initializeParams": {"image": LINK + "ubuntu-os-accelerator-images/global/images/"
+                                                              "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e-v20260803"}}}
+    changed = {**inputs, "metadata": {"a": "2"}}
+    assert plan_change(INSTANCE, inputs, changed, old_state=state).op == "replace"
+    ignored = plan_change(INSTANCE, inputs, changed, old_state=state,
+                          ignore_changes=["bootDisk.initializeParams.image"])
+    assert ignored.op == "update" and list(ignored.detailed_diff) == ["metadata.a"]

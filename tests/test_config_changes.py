@@ -113,7 +113,8 @@ def test_a_machine_type_change_never_changes_the_served_config_in_place():
     old, _ = instance_run(base)
     new, opts = instance_run({**base, "machineType": "ct6e-standard-4t"})
     assert old["metadata"][SERVED_CONFIG_KEY] != new["metadata"][SERVED_CONFIG_KEY]  # TP 1 -> 4
-    assert opts.replace_on_changes == [*stop_requiring_paths(INSTANCE), "attachedDisks"] == REPLACE_ON_CHANGES
+    assert opts.replace_on_changes == [*stop_requiring_paths(INSTANCE), "attachedDisks",
+                                       'metadata["tpu-serve-boot-image"]'] == REPLACE_ON_CHANGES
     assert opts.delete_before_replace is False
     change = plan_change(INSTANCE, old, new, replace_on_changes=opts.replace_on_changes,
                          delete_before_replace=opts.delete_before_replace)

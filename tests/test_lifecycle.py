@@ -184,6 +184,29 @@ def test_an_in_place_change_updates_the_served_config_and_keeps_the_vm(world: Wo
     assert "32768" in served
 
 
+def test_a_new_build_of_the_image_family_never_replaces_the_vm_and_a_new_boot_image_does(world: World):
+    """The disk records the dated build its family resolved to; the provider does not equate it with an '-amd64-'
+    family (docs/design/boot-image.md). A refresh after a new build ships changes nothing; a bootImage change replaces
+    the VM (create-first, in the other slot)."""
+    first_up(world)
+    vm = world.cloud.instance("tpu-serve-dev", "us-east5-a")
+    boot = world.cloud.disks[("my-ml-sandbox", "us-east5-a", vm["disks"][0]["source"].rsplit("/", 1)[1])]
+    assert boot["sourceImage"].endswith("/images/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e-v20261125")
+    world.cloud.image_build = "v20261202"
+    calls = len(world.cloud.calls)
+    code, _, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--skip-preflight")
+    assert code == 0, stderr
+    assert vm_calls(world, calls) == [] and world.cloud.instance("tpu-serve-dev", "us-east5-a")["id"] == vm["id"]
+    world.pulumi.set_config(project="my-ml-sandbox", zone="us-east5-a", hfTokenSecretId="hf-token",
+                            bootImage="projects/ubuntu-os-accelerator-images/global/images/ubuntu-accel-2204-amd64-tpu-"
+                                      "v5e-v5p-v6e-v20261125")
+    code, verdict, stderr = world.tpuserve(up_module.up, "--stack", "dev", "--json", "--skip-preflight",
+                                           "--replace-vm")
+    assert code == 0, stderr
+    assert "bootImage" in stderr and world.cloud.instance("tpu-serve-dev", "us-east5-a") is None
+    assert world.cloud.instance("tpu-serve-dev-b", verdict["zone"]) is not None  # its successor, created first
+
+
 def test_removing_the_cache_disk_replaces_the_vm_instead_of_detaching_a_mounted_disk(world: World):
     first_up(world)
     calls = len(world.cloud.calls)

@@ -61,7 +61,8 @@ def test_vm_has_no_external_ip_and_carries_boot_logic_served_config_and_supervis
     assert "accessConfigs" not in vm["networkInterfaces"][0]
     assert "metadataStartupScript" not in vm  # ForceNew in pulumi-gcp: a serving change would replace the VM
     assert sorted(vm["metadata"]) == ["enable-guest-attributes", "enable-oslogin", "startup-script",
-                                      "tpu-serve-config", "tpu-serve-supervisor"]
+                                      "tpu-serve-boot-image", "tpu-serve-config", "tpu-serve-supervisor"]
+    assert vm["metadata"]["tpu-serve-boot-image"] == vm["bootDisk"]["initializeParams"]["image"]
     assert vm["metadata"]["startup-script"] == render_startup_script(cache_disk=True)
     serving = ServingConfig(mm_limits=parse_mm_limits(stack_file_config(stack)["multimodalLimits"]))
     config = served(run)

@@ -553,9 +553,21 @@ def _active_cluster(inputs: Mapping) -> Any:
 # --- The engine ------------------------------------------------------------------------------------------------------
 
 def plan_change(type_token: str, old_inputs: Mapping, new_inputs: Mapping, *, replace_on_changes: Sequence[str] = (),
-                delete_before_replace: bool | None = None) -> ResourceChange:
-    """What `pulumi up` does to one resource whose inputs go from `old_inputs` to `new_inputs`."""
+                delete_before_replace: bool | None = None, old_state: Mapping | None = None,
+                ignore_changes: Sequence[str] = ()) -> ResourceChange:
+    """What `pulumi up` does to one resource whose inputs go from `old_inputs` to `new_inputs`. `old_state` (the
+    outputs the provider last read) is compared where the provider diffs an input against what it read back
+    (STATE_COMPARED); `ignore_changes` paths keep their old value and show no diff (the engine copies old inputs,
+    step_generator.go processIgnoreChanges; the bridge drops them from Terraform's plan, tfshim/sdk-v2
+    instance_diff.go processIgnoreChanges)."""
     old, new = unwrap(dict(old_inputs)), unwrap(dict(new_inputs))
+    for path, suppress in STATE_COMPARED.get(type_token, {}).items():
+        read_back, wanted = _get(unwrap(dict(old_state or {})), path), _get(new, path)
+        if read_back is not None and wanted is not None:
+            old = _put(old, path, wanted if suppress(str(read_back), str(wanted)) else read_back)
+    for text in ignore_changes:
+        path = parse_path(text)
+        new = _put(new, path, _get(old, path))
     if type_token == DYNAMIC:
         diff = _dynamic_diff(old, new)
     else:
@@ -598,6 +610,74 @@ def plan_change(type_token: str, old_inputs: Mapping, new_inputs: Mapping, *, re
         provider_replaces=provider_replaces,
         forced_by=tuple(diff.forced_by) if replaced else (),
     )
+
+
+def _get(value: Any, path: Path) -> Any:
+    for key in path:
+        if isinstance(value, Mapping) and key in value:
+            value = value[key]
+        elif isinstance(value, list) and isinstance(key, int) and key < len(value):
+            value = value[key]
+        else:
+            return None
+    return value
+
+
+def _put(value: Any, path: Path, leaf: Any) -> Any:
+    """A copy of `value` with `leaf` at `path` (maps only: the paths this is used for), or without it for None."""
+    if not path:
+        return leaf
+    copy = dict(value) if isinstance(value, Mapping) else {}
+    inner = _put(copy.get(path[0]), path[1:], leaf)
+    if inner is None:
+        copy.pop(path[0], None)
+    else:
+        copy[path[0]] = inner
+    return copy
+
+
+# --- DiskImageDiffSuppress (terraform-provider-google-beta v7.45.0 services/compute/resource_compute_disk.go L117-255
+# and image.go L38-48): the boot disk's image as Read records it (the dated image a family resolved to) against the
+# configured one. Ported: the link, project/global/family forms and diskImageFamilyEquals' arm64/amd64 rule; the
+# vendor special cases after it (Canonical, Fedora, SUSE, COS, Windows) are not, and count as different images.
+_PROJECT, _NAME = r"(?:(?:[-a-z0-9]*\.)*[-a-z0-9]*:)?[-a-z0-9]+", r"[-_a-zA-Z0-9]+"
+_IMAGE_LINK = re.compile(rf"^https://www\.googleapis\.com/compute/[a-z0-9]+/projects/({_PROJECT})/global/images/"
+                         rf"({_NAME})")
+_PROJECT_FAMILY = re.compile(rf"projects/({_PROJECT})/global/images/family/({_NAME})$")
+_PROJECT_IMAGE = re.compile(rf"projects/({_PROJECT})/global/images/({_NAME})$")
+_GLOBAL_FAMILY = re.compile(rf"^(?:global/images/)?family/({_NAME})$")
+
+
+def disk_image_family_equals(image: str, family: str) -> bool:
+    """diskImageFamilyEquals' first two rules: `debian-11-bullseye-v20220719` is of family `debian-11`; an -amd64
+    image is of a family only if the family ends in -amd64 (so `ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e-v20260803`
+    is NOT of family `ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e`, whose -amd64 is in the middle)."""
+    if "-arm64" not in image and family.removesuffix("-amd64") in image:
+        return family.endswith("-amd64") if "-amd64" in image else not family.endswith("-amd64")
+    if family.removesuffix("-arm64") in image:
+        return family.endswith("-arm64") if "-arm64" in image else not family.endswith("-arm64")
+    return False
+
+
+def disk_image_diff_suppress(read_back: str, configured: str) -> bool:
+    """Whether the provider sees no change between the image it read back and the configured one."""
+    if read_back == configured:
+        return True
+    linked = _IMAGE_LINK.match(read_back)
+    if linked is None:
+        return False
+    project, name = linked.groups()
+    if found := _PROJECT_FAMILY.search(configured):
+        return found[1] == project and disk_image_family_equals(name, found[2])
+    if found := _PROJECT_IMAGE.search(configured):
+        return found[1] == project and found[2] == name
+    if found := _GLOBAL_FAMILY.match(configured):
+        return disk_image_family_equals(name, found[1])
+    return configured in (name, f"global/images/{name}")
+
+
+STATE_COMPARED: dict[str, dict[Path, Any]] = {
+    "gcp:compute/instance:Instance": {("bootDisk", "initializeParams", "image"): disk_image_diff_suppress}}
 
 
 def _keeps_name(type_token: str, old: Mapping, new: Mapping) -> bool:

@@ -52,6 +52,8 @@ INPUT_KEYS: dict[str, tuple[str, ...]] = {
     "provisionedThroughput": ("cacheDiskThroughputMibps",),
     "type": (),
 }
+# Inputs finer than their top-level key (components/instance.py BOOT_IMAGE_KEY).
+PATH_KEYS: dict[str, tuple[str, ...]] = {'metadata["tpu-serve-boot-image"]': ("bootImage",)}
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,12 @@ class Step:
 
     def settings(self) -> list[str]:
         """The stack settings behind this step's reasons, in order, each once."""
-        return list(dict.fromkeys(key for reason in self.reasons() for key in INPUT_KEYS.get(reason, (reason,))))
+        finer = [path for path in self.detailed_diff if path in PATH_KEYS]
+        covered = {top_key(path) for path in finer} - {top_key(path) for path in self.detailed_diff
+                                                          if path not in PATH_KEYS}
+        reasons = [reason for reason in self.reasons() if reason not in covered]
+        return list(dict.fromkeys([*(key for path in finer for key in PATH_KEYS[path]),
+                                   *(key for reason in reasons for key in INPUT_KEYS.get(reason, (reason,)))]))
 
 
 def top_key(path: str) -> str:
