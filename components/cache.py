@@ -1,6 +1,6 @@
 """The caches that outlive the VM: a Hyperdisk Balanced disk in the VM's zone and the compile-cache bucket.
 
-Both adopt an existing disk or bucket of the same name (tpuserve/deploy/cache_provider.py) and, with `keepCaches`
+Both adopt an existing disk or bucket of the same name (components/cache_provider.py) and, with `keepCaches`
 (default), survive `pulumi destroy`: the next deployment, or a zone change back here, boots warm. The VM's service
 account may read and write objects in this bucket only. See docs/boot-and-caches.md, "Caches", for the lifecycle.
 """
@@ -14,7 +14,7 @@ import pulumi
 import pulumi.dynamic
 from pulumi_gcp import storage
 
-from tpuserve.deploy.cache_provider import CacheBucketProvider, CacheDiskProvider, disk_id
+from components.cache_provider import CacheBucketProvider, CacheDiskProvider, disk_id
 
 BUCKET_ROLE = "roles/storage.objectUser"  # get, list, create and delete objects; nothing on the bucket itself
 

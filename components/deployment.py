@@ -15,17 +15,11 @@ from components.readiness import ReadinessGate, ReadinessGateArgs, instance_gate
 from components.cache import ServingCache, ServingCacheArgs
 from components.startup_script import API_KEY_ENV, render_startup_script, served_config, served_hash, \
     supervisor_bundle
-from tpuserve.deploy import orphans
-from tpuserve.deploy.cache import bucket_name, disk_name
+from tpuserve.caches import bucket_name, disk_name
 from tpuserve import flex_start
 from tpuserve.facts import CACHE_DEVICE_NAME, CACHE_LABEL, SERVED_CONFIG_KEY, STARTUP_SCRIPT_KEY, SUPERVISOR_KEY
-from tpuserve.names import base_name, service_account_id, stack_slug, vm_name
+from tpuserve.names import base_name, service_account_id, stack_labels, stack_slug, vm_name
 from tpuserve.serving import vllm_serve_args
-
-
-def stack_labels(stack: str, extra: dict[str, str]) -> dict[str, str]:
-    """The labels `tpuserve up` finds the stack's orphans by, plus the stack's own."""
-    return {**orphans.stack_labels(stack), **extra}
 
 
 def adopted_vm(project: str, zone: str, name: str) -> str:

@@ -41,7 +41,7 @@ from typing import Any
 import pulumi
 from pulumi_gcp import compute, container, projects, serviceaccount
 
-from tpuserve.deploy.nat import router_description
+from tpuserve.names import router_description
 
 # Single-host TPU v6e slices: chips per node -> the topology GKE labels the node with
 # (cloud.google.com/gke-tpu-topology; https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus).

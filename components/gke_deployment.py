@@ -10,11 +10,11 @@ import pulumi
 from components import inference_gateway, k8s_renewal
 from components.cache import ServingCache, ServingCacheArgs
 from components.config import StackConfig
-from components.deployment import base_name, stack_labels
+from tpuserve.names import base_name, stack_labels
 from components.gke import GkeTpuCluster, GkeTpuClusterArgs
 from components.identity import ServingIdentity, ServingIdentityArgs
 from components.k8s_serving import SERVICE_ACCOUNT, GkeServing, GkeServingArgs, ServingManifestArgs, pod_serve_args
-from tpuserve.deploy.cache import bucket_name, disk_name
+from tpuserve.caches import bucket_name, disk_name
 from tpuserve.serving import config_hash
 from tpuserve.names import service_account_id
 

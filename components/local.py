@@ -8,7 +8,7 @@ import pulumi
 import pulumi_docker as docker
 
 from components.config import StackConfig
-from components.deployment import base_name, stack_labels
+from tpuserve.names import base_name, stack_labels
 from components.readiness import ReadinessGate, ReadinessGateArgs, url_target
 from tpuserve.serving import config_hash, vllm_serve_args
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pulumi
 from pulumi_gcp import compute
 
-from tpuserve.deploy.nat import router_description
+from tpuserve.names import router_description
 from tpuserve.serving import DEFAULT_PORT
 
 IAP_SOURCE_RANGE = "35.235.240.0/20"  # Google's Identity-Aware Proxy TCP forwarding range

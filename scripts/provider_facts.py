@@ -1078,7 +1078,7 @@ def command_facts(tree: Tree) -> dict[str, Any]:
 DYNAMIC_FACT = {
     "provider": "dynamic",
     "note": "A Pulumi dynamic resource decides its own replacement: plan_change calls the resource's provider `diff` "
-            "(tpuserve/deploy/cache_provider.py CacheDiskProvider.diff, CacheBucketProvider.diff) on the inputs, as "
+            "(components/cache_provider.py CacheDiskProvider.diff, CacheBucketProvider.diff) on the inputs, as "
             "the Python dynamic provider host does (pulumi/dynamic/__main__.py Diff). The host returns no detailed "
             "diff and no changed keys.",
 }

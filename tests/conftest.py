@@ -81,7 +81,7 @@ def fake_cloud() -> Iterator[Any]:
 @pytest.fixture
 def fake_cloud_env(fake_cloud: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The fake cloud, with application-default credentials in the environment that only it accepts: the real
-    `tpuserve.deploy.gce.adc_session()` works and nothing leaves 127.0.0.1 (FakeCloud.env). Subprocesses inherit
+    `tpuserve.gce.adc_session()` works and nothing leaves 127.0.0.1 (FakeCloud.env). Subprocesses inherit
     the same variables."""
     for name, value in fake_cloud.env(tmp_path / "fake-cloud-adc").items():
         monkeypatch.setenv(name, value)

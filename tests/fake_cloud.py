@@ -470,7 +470,7 @@ _TERM = re.compile(r"""\s*\(?\s*(?P<field>[A-Za-z_][\w.\-]*)\s*(?P<op>!=|=|:|\be
 def parse_filter(text: str) -> Callable[[Mapping[str, Any]], bool]:
     """A Compute list filter (https://cloud.google.com/compute/docs/reference/rest/v1/instances/list, `filter`):
     `field = value`, `!=`, `field:*` (has it), terms ANDed with ` AND ` or by writing them side by side in
-    parentheses, as tpuserve.deploy.gce.label_filter does. Anything else is refused, not guessed."""
+    parentheses, as tpuserve.gce.label_filter does. Anything else is refused, not guessed."""
     terms: list[tuple[str, str, str]] = []
     for part in re.split(r"\s+AND\s+|\)\s*(?=\()", text.strip()):
         if not part.strip():
@@ -655,7 +655,7 @@ class FakeCloud:
         return [item for name in Endpoints.__dataclass_fields__ for item in ("--endpoint", f"{name}={self.url}")]
 
     def env(self, directory: Path) -> dict[str, str]:
-        """Environment under which `tpuserve.deploy.gce.adc_session()` (google.auth.default) finds credentials and
+        """Environment under which `tpuserve.gce.adc_session()` (google.auth.default) finds credentials and
         never leaves 127.0.0.1: an authorized_user ADC file in `directory` (the shape `gcloud auth
         application-default login` writes) carrying an access token that expires in 2099, so google.auth never
         refreshes it (it would refresh at oauth2.googleapis.com: from_authorized_user_info always sets that
@@ -1622,7 +1622,7 @@ class FakeCloud:
                                     **_: Any) -> Response:
         """getGuestAttributes (https://cloud.google.com/compute/docs/reference/rest/v1/instances/
         getGuestAttributes): `queryPath=ns/` answers queryValue.items; `variableKey=ns/key` one value; 404 while
-        nothing matches (what tpuserve.deploy.gce reads as "none yet")."""
+        nothing matches (what tpuserve.gce reads as "none yet")."""
         self._instance(project, zone, name)
         held = self.guest_attributes.get((project, zone, name), {})
         link = self._link(project, "zones", zone, "instances", name, "guestAttributes")

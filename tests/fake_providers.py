@@ -6,9 +6,9 @@ the fake cloud (tests/fake_cloud.py) in the order the real provider makes them.
   for the operation (a wait that times out clears the id: the VM is not in the state, though Compute Engine may
   still make it), and updates a running one metadata first (setMetadata), labels, then the machine type, which on a
   RUNNING instance without allow_stopping_for_update is an error; a change the schema marks ForceNew is a
-  replacement (tpuserve/deploy/changes.py reads that from the provider's source: tpuserve/data/provider-facts.json).
+  replacement (tpuserve/changes.py reads that from the provider's source: tpuserve/data/provider-facts.json).
   google_compute_router_nat is a patch of its router's `nats` (resource_compute_router_nat.go).
-- The dynamic cache resources are this repository's own providers (tpuserve/deploy/cache_provider.py), run here as
+- The dynamic cache resources are this repository's own providers (components/cache_provider.py), run here as
   the CLI's Python host would run them, against the fake cloud.
 - pulumi-command's local.Command (the readiness gate) replaces on a change of `create` or `triggers`; here it reads
   the VM's guest attributes as `tpuserve gate --instance` does and fails the way pulumi-command reports a failed
@@ -30,8 +30,8 @@ from typing import Any
 
 import requests
 
-from tpuserve.deploy import changes
-from tpuserve.deploy.changes import ResourceChange
+from tpuserve import changes
+from tpuserve.changes import ResourceChange
 
 BRIDGED = "sdk-v2/provider2.go:572: sdk.helper_schema: "  # how pulumi prints a bridged provider's error
 OPERATION_POLLS = 60  # polls of an operation before the provider's wait times out (the fake finishes sooner)
@@ -120,7 +120,7 @@ def operation_message(operation: dict[str, Any]) -> str:
 
 
 class Provider:
-    """One resource type. `diff` plans the step (the provider's schema, through tpuserve.deploy.changes)."""
+    """One resource type. `diff` plans the step (the provider's schema, through tpuserve.changes)."""
 
     def __init__(self, cloud: Cloud, type_: str) -> None:
         self.cloud, self.type = cloud, type_
@@ -532,13 +532,13 @@ class AlertPolicyProvider(Provider):
 # --- the dynamic resources: this repository's own providers ------------------------------------------------------
 
 class DynamicProvider(Provider):
-    """tpuserve.deploy.cache_provider's CacheDiskProvider or CacheBucketProvider, or tpuserve.alert_metrics'
+    """components.cache_provider's CacheDiskProvider or CacheBucketProvider, or tpuserve.alert_metrics'
     MetricsWrittenProvider, pointed at the fake cloud."""
 
     def __init__(self, cloud: Cloud, type_: str, urn: str) -> None:
         super().__init__(cloud, type_)
         from tpuserve import alert_metrics
-        from tpuserve.deploy import cache_provider
+        from components import cache_provider
 
         self.impl = alert_metrics.MetricsWrittenProvider(cloud.url) if urn.endswith("-metrics") else \
             cache_provider.CacheDiskProvider(cloud.url) if urn.endswith("-disk") else \
@@ -581,7 +581,7 @@ class DynamicProvider(Provider):
 
     @staticmethod
     def _call(action: Callable[[], Any]) -> Any:
-        from tpuserve.deploy.gce import ComputeApiError
+        from tpuserve.gce import ComputeApiError
 
         try:
             return action()

@@ -17,11 +17,13 @@ import requests
 from click.testing import CliRunner
 
 from tests.httpfake import FakeServer, Request, Response
-from tpuserve.deploy import cache, gce
-from tpuserve.deploy.cache import CacheDisk, DiskSpec, ensure_disk, zones_by_warm_cache
-from tpuserve.deploy.cache_provider import CacheDiskProvider
-from tpuserve.deploy.gce import ZonalDisks
-from tpuserve.deploy.gcs import Buckets
+from tpuserve import caches, gce
+from tpuserve.caches import DiskSpec, ensure_disk
+from tpuserve.deploy import cache
+from tpuserve.deploy.cache import CacheDisk, zones_by_warm_cache
+from components.cache_provider import CacheDiskProvider
+from tpuserve.gce import ZonalDisks
+from tpuserve.gcs import Buckets
 
 PROJECT = "p-1"
 COMPUTE = f"/compute/v1/projects/{PROJECT}"
@@ -247,14 +249,14 @@ def test_rm_deletes_the_unused_disk_of_a_zone_and_the_bucket_when_asked(fakes):
 
 def test_the_bucket_is_private_and_in_the_vms_region(fakes):
     _, storage = fakes
-    spec = cache.BucketSpec(PROJECT, "p-1-tpu-serve-dev-cache", "us-east5", {"tpu-serve-cache": "dev"})
+    spec = caches.BucketSpec(PROJECT, "p-1-tpu-serve-dev-cache", "us-east5", {"tpu-serve-cache": "dev"})
     assert spec.body()["iamConfiguration"] == {"uniformBucketLevelAccess": {"enabled": True},
                                                "publicAccessPrevention": "enforced"}
     assert spec.body()["location"] == "US-EAST5"
 
 
 def test_names_fit_gcp_limits():
-    assert cache.disk_name("tpu-serve-dev") == "tpu-serve-dev-cache"
+    assert caches.disk_name("tpu-serve-dev") == "tpu-serve-dev-cache"
     long_project = "a-very-long-project-id-of-30ch"
-    name = cache.bucket_name(long_project, "tpu-serve-" + "x" * 30)
+    name = caches.bucket_name(long_project, "tpu-serve-" + "x" * 30)
     assert len(name) <= 63 and name.startswith(long_project)

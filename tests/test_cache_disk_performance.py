@@ -14,8 +14,8 @@ from components.config import build_stack_config
 from tests.httpfake import Request, Response
 from tests.pulumi_harness import stack_file_config
 from tests.test_cache import SPEC, FakeCompute, disks_client, operation
-from tpuserve.deploy.cache import ensure_disk
-from tpuserve.deploy.cache_provider import CacheDiskProvider
+from tpuserve.caches import ensure_disk
+from components.cache_provider import CacheDiskProvider
 from tpuserve.serving import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""tpuserve/deploy/changes.py (what a change of inputs does to a resource, from tpuserve/data/provider-facts.json)
+"""tpuserve/changes.py (what a change of inputs does to a resource, from tpuserve/data/provider-facts.json)
 and the facts file itself: its shape, and that it covers every resource type the stacks declare."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from tests.config_changes import declared_resource_types
 from tests.pulumi_harness import run_stack, stack_file_config
-from tpuserve.deploy import changes
-from tpuserve.deploy.changes import PropertyDiff, UnknownResourceType, format_path, parse_path, plan_change
+from tpuserve import changes
+from tpuserve.changes import PropertyDiff, UnknownResourceType, format_path, parse_path, plan_change
 
 # --- The facts file ---------------------------------------------------------------------------------------------------
 
@@ -41,7 +41,7 @@ def test_each_source_is_pinned_to_a_commit_and_each_fact_to_a_line():
                     "block", "list", "set", "map", "string", "int", "bool", "float"), (token, entry)
         for rule in info.get("customize_diff", []):
             assert rule["line"] > 0 and (not rule["force_new"] or rule["function"] in changes.CUSTOMIZE_DIFF), \
-                f"{token}: {rule['function']} forces a replacement and tpuserve/deploy/changes.py has no rule for it"
+                f"{token}: {rule['function']} forces a replacement and tpuserve/changes.py has no rule for it"
 
 
 def test_the_instance_facts_say_what_the_issue_says_at_the_beta_providers_lines():

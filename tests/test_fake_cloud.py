@@ -1,5 +1,5 @@
 """tests/fake_cloud.py: state across calls, operations that finish, the errors Google answers, flex-start expiry, the
-bill; and the project's own clients (tpuserve.deploy.gce, gcs, cache, orphans, preflight, `tpuserve cache`) run
+bill; and the project's own clients (tpuserve.gce, gcs, cache, orphans, preflight, `tpuserve cache`) run
 against it unmodified, over HTTP on 127.0.0.1."""
 
 from __future__ import annotations
@@ -14,16 +14,18 @@ from click.testing import CliRunner
 from tests import provider_errors
 from tests.fake_cloud import (HOURS_PER_MONTH, PRICES, TOKEN, FakeClock, FakeCloud, machine_price_per_hour,
                               parse_filter, provider_error_text)
-from tpuserve.deploy import cache, gce, orphans
-from tpuserve.deploy.cache import BucketSpec, DiskSpec, ensure_bucket, ensure_disk
-from tpuserve.deploy.gce import ComputeApiError, ComputeClient, Instance, ZonalDisks, label_filter
-from tpuserve.deploy.gcs import Buckets
+from tpuserve import gce
+from tpuserve.caches import BucketSpec, DiskSpec, ensure_bucket, ensure_disk
+from tpuserve.deploy import cache, orphans
+from tpuserve.gce import ComputeApiError, ComputeClient, Instance, ZonalDisks, label_filter
+from tpuserve.gcs import Buckets
+from tpuserve.names import stack_labels
 from tpuserve.facts import CACHE_LABEL, GUEST_ATTRIBUTE_NAMESPACE, HYPERDISK_BALANCED_USD_PER_GB_MONTH, \
     PRICE_PER_CHIP_HOUR
 
 PROJECT = provider_errors.PROJECT
 ZONE = "europe-west4-a"
-STACK_LABELS = orphans.stack_labels("dev")
+STACK_LABELS = stack_labels("dev")
 HOUR = 3600.0
 
 

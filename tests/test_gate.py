@@ -21,11 +21,11 @@ from click.testing import CliRunner
 from tpuserve.deploy.stack import free_local_port
 from tests.httpfake import FakeServer, Request, Response
 from tpuserve.observe import gate as gate_module
-from tpuserve.deploy import gce
+from tpuserve import gce
 from tpuserve.client import server_root
 from tpuserve.observe.gate import (BootStatus, ConsoleReporter, boot_timeline, gate, parse_smoke, read_boot, watch_instance,
                            watch_url)
-from tpuserve.deploy.gce import ComputeClient, Instance
+from tpuserve.gce import ComputeClient, Instance
 from tpuserve.images import image_data_uri
 
 MODEL = "google/gemma-4-E2B-it"

@@ -1,4 +1,4 @@
-"""tpuserve.deploy.gce against a fake Compute API (tests/httpfake.FakeServer on 127.0.0.1): recorded response shapes."""
+"""tpuserve.gce against a fake Compute API (tests/httpfake.FakeServer on 127.0.0.1): recorded response shapes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import requests
 
 from tests.httpfake import FakeServer, Request, Response
-from tpuserve.deploy import gce
-from tpuserve.deploy.gce import ComputeApiError, ComputeClient, Instance
+from tpuserve import gce
+from tpuserve.gce import ComputeApiError, ComputeClient, Instance
 
 VM = Instance("demo-project", "us-east5-b", "tpu-serve-vm")
 VM_PATH = "/compute/v1/projects/demo-project/zones/us-east5-b/instances/tpu-serve-vm"

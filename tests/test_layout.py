@@ -25,7 +25,7 @@ ALLOWED = {
 
 
 def floor_of(module: str) -> str:
-    """'tpuserve.deploy.gce' -> 'deploy'; 'tpuserve.serving' -> 'core'."""
+    """'tpuserve.gce' -> 'deploy'; 'tpuserve.serving' -> 'core'."""
     parts = module.split(".")
     return parts[1] if len(parts) > 2 and parts[1] in ALLOWED else "core"
 

@@ -18,7 +18,7 @@ from tests.fake_openai import FAKE_MODEL, FakeOpenAI
 from tests.httpfake import FakeServer, Request, Response
 from tests.leaks import leaked
 from tpuserve.cli import main
-from tpuserve.deploy.gce import Instance, MissingCredentials
+from tpuserve.gce import Instance, MissingCredentials
 from tpuserve.observe.logs import (REDACTED, diagnosis_messages, docker_logs_argv, instance_options, last_lines_within,
                                    redact, relevant_excerpt)
 
@@ -177,7 +177,7 @@ def fake_compute(stage: str, reason: str) -> FakeServer:
 @pytest.fixture
 def no_adc(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plain sessions instead of application-default credentials (the fakes need no auth)."""
-    monkeypatch.setattr("tpuserve.deploy.gce.adc_session", requests.Session)
+    monkeypatch.setattr("tpuserve.gce.adc_session", requests.Session)
 
 
 def test_diagnose_a_vm_reads_serial_console_and_gate_stage(no_adc: None) -> None:
@@ -471,7 +471,7 @@ def test_without_credentials_the_google_sources_say_how_to_log_in(monkeypatch: p
     def no_credentials() -> requests.Session:
         raise MissingCredentials("no application-default credentials: run `gcloud auth application-default login`")
 
-    monkeypatch.setattr("tpuserve.deploy.gce.adc_session", no_credentials)
+    monkeypatch.setattr("tpuserve.gce.adc_session", no_credentials)
     result = CliRunner().invoke(main, ["logs", *VM, "--source", source])
     assert (result.exit_code, result.output) == (1, "Error: no application-default credentials: run `gcloud auth "
                                                     "application-default login`\n")

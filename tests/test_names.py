@@ -7,7 +7,7 @@ import re
 import pytest
 
 from tpuserve.names import base_name
-from tpuserve.deploy.cache import bucket_name, disk_name
+from tpuserve.caches import bucket_name, disk_name
 from tpuserve.names import bounded, service_account_id, stack_slug
 
 SERVICE_ACCOUNT_ID = re.compile(r"^[a-z](?:[-a-z0-9]{4,28}[a-z0-9])$")  # IAM's accountId rule

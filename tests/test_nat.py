@@ -13,7 +13,9 @@ from click.testing import CliRunner
 
 from tests.fake_cloud import PROJECT, FakeCloud
 from tests.fake_pulumi import FakePulumi, install
-from tpuserve.deploy import gce, nat
+from tpuserve import gce
+from tpuserve.deploy import nat
+from tpuserve.names import router_description
 from tpuserve.ops import up as up_module
 
 NETWORK = f"projects/{PROJECT}/global/networks/default"
@@ -24,7 +26,7 @@ def make_router(cloud: FakeCloud, region: str, name: str, stack: str | None, nat
                 network: str = NETWORK) -> tuple[int, dict]:
     """What a stack's `pulumi up` leaves: a Router (described with its stack, as the components set it) holding a NAT
     (the provider's RouterNat resource patches `nats[]`)."""
-    body = {"name": name, "network": network, "description": nat.router_description(stack) if stack else ""}
+    body = {"name": name, "network": network, "description": router_description(stack) if stack else ""}
     status, _ = cloud.api("POST", f"/compute/v1/projects/{PROJECT}/regions/{region}/routers", body)
     assert status == 200
     section = {"name": nat_name, "sourceSubnetworkIpRangesToNat": ranges, "natIpAllocateOption": "AUTO_ONLY"}

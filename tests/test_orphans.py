@@ -6,21 +6,19 @@ from urllib.parse import parse_qs
 
 import requests
 
-from components.config import PROJECT_NAME
-from components.deployment import stack_labels as resource_labels
 from tests.google_fakes import PROJECT, labelled_instance, state_with_instance
 from tests.httpfake import FakeServer, Request, Response
-from tpuserve.deploy.gce import ComputeClient, label_filter
-from tpuserve.deploy.orphans import APP, find_orphans, managed_ids, stack_labels
+from tpuserve.gce import ComputeClient, label_filter
+from tpuserve.deploy.orphans import find_orphans, managed_ids
+from tpuserve.names import stack_labels
 
 ZONE = "us-east5-a"
 BASE = f"/compute/v1/projects/{PROJECT}/zones/{ZONE}"
 
 
 def test_the_sweep_looks_for_the_labels_every_resource_carries():
-    assert APP == PROJECT_NAME
     assert stack_labels("Team Dev") == {"app": "tpu-serve", "stack": "team-dev", "managed-by": "pulumi"}
-    assert resource_labels("Team Dev", {"env": "dev"}) == {**stack_labels("Team Dev"), "env": "dev"}
+    assert stack_labels("Team Dev", {"env": "dev"}) == {**stack_labels("Team Dev"), "env": "dev"}
     assert label_filter({"app": "tpu-serve", "stack": "dev"}) == '(labels.app = "tpu-serve") (labels.stack = "dev")'
 
 

@@ -26,7 +26,7 @@ from pulumi_policy import (
     ResourceValidationPolicy,
 )
 
-from components.deployment import stack_labels
+from tpuserve.names import stack_labels
 from policy import rules
 from tests.pulumi_harness import ROOT, PROJECT, Resource, run_stack, stack_file_config
 

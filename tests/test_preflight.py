@@ -16,7 +16,7 @@ from tests.fake_cloud import FakeCloud
 from tests.fake_pulumi import install
 from tests.fake_registry import FakeRegistry
 from tests.google_fakes import PROJECT, GoogleFake, dimensions_info
-from tpuserve.deploy import gce
+from tpuserve import gce
 from tpuserve.deploy.preflight import (FAIL, OK, PERMISSIONS, WARNING, Endpoints, Target, preflight,
                                        preflight_command, quota_limit, target_from_config)
 from tpuserve.facts import VLLM_TPU_IMAGE

@@ -11,7 +11,7 @@ import requests
 from tests.cloud_world import CloudTime
 from tests.fake_cloud import FakeCloud
 from tpuserve.deploy import queue as queues
-from tpuserve.deploy.gce import ComputeClient
+from tpuserve.gce import ComputeClient
 
 PROJECT, ZONE = "my-ml-sandbox", "europe-west4-a"
 BODY = {"name": "tpu-serve-dev", "machineType": f"projects/{PROJECT}/zones/{ZONE}/machineTypes/ct6e-standard-1t",

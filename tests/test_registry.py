@@ -16,7 +16,7 @@ from tests.fake_pulumi import FakePulumi, install
 from tests.fake_registry import INDEX, MANIFEST, TOKEN, FakeRegistry
 from tests.google_fakes import PROJECT, GoogleFake
 from tpuserve.cli import main
-from tpuserve.deploy import gce
+from tpuserve import gce
 from tpuserve.facts import VLLM_TPU_IMAGE, VLLM_TPU_IMAGE_EVIDENCE
 from tpuserve.ops import up as up_module
 from tpuserve.registry import (ABSENT, MANIFEST_TYPES, OK, UNKNOWN, Reference, RegistryError, locate, pin_for_deploy,

@@ -16,7 +16,7 @@ from tests.httpfake import FakeServer, Response
 from tests.test_bench_sweep import fake_env  # noqa: F401 - a fixture: the recording fake vllm and gcloud
 from tests.test_bench_sweep import recorded, vllm_routes
 from tests.test_gate import RECORDED_BOOT, VM, chat_body, openai_routes, replaying_compute, stage_snapshots
-from tpuserve.deploy import gce
+from tpuserve import gce
 from tpuserve.cli import main
 
 

@@ -20,8 +20,8 @@ from click.testing import CliRunner
 
 from tests import fake_pulumi, fake_tunnel
 from tests.httpfake import FakeServer, Request, Response
-from tpuserve.deploy import gce
-from tpuserve.deploy.gce import ComputeClient, Instance
+from tpuserve import gce
+from tpuserve.gce import ComputeClient, Instance
 from tpuserve.observe.status import (GONE, Sources, deletion_at, expiry_warning, live_view, reports, status,
                                      vm_view)
 from tpuserve import vllm_metrics

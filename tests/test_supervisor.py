@@ -21,7 +21,7 @@ from tests.vm_sandbox import (BUCKET, IMAGE_DIGEST, SECRET, SERVICE_ACCOUNT, XLA
 from tests.vm_sandbox import vms  # noqa: F401 - the sandbox VM fixture
 from components import startup_script
 from tpuserve import facts
-from tpuserve.deploy.gce import ComputeClient, Instance
+from tpuserve.gce import ComputeClient, Instance
 from tpuserve.guest_state import expand
 from tpuserve.observe.gate import INSTANCE_INTERVAL_S, boot_timeline, read_boot, watch_instance
 from tpuserve.observe.status import Report, render, vm_view

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from tests import provider_errors as errors
 from tests.fake_pulumi import FakePulumi, install, preview_step, replacement
 from tests.google_fakes import PROJECT, GoogleFake, labelled_instance, state_with_instance
-from tpuserve.deploy import gce
+from tpuserve import gce
 from tpuserve.ops import up as up_module
 
 ZONES = "us-east5-a,us-central1-ai1a,europe-west4-a,us-central1-b"

@@ -17,6 +17,21 @@ PROJECT_NAME = "tpu-serve"  # Pulumi.yaml's `name`, the first part of every reso
 HASH_CHARS = 6  # 16^6 = 16.7 M names per prefix: a collision between a project's few stacks is out of reach
 
 
+def stack_labels(stack: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The labels that identify a stack's resources (the program puts them on everything; `up` and `inventory` find
+    orphans by them), plus the stack's own."""
+    return {"app": PROJECT_NAME, "stack": stack_slug(stack), "managed-by": "pulumi", **(extra or {})}
+
+
+# A Cloud Router's description names the stack that owns its NAT (an in-place update of the Router: `description` is
+# not ForceNew in resource_compute_router.go); tpuserve/deploy/nat.py reads it back.
+ROUTER_DESCRIPTION = re.compile(r"^tpu-serve stack (?P<stack>\S+):")
+
+
+def router_description(stack: str) -> str:
+    return f"tpu-serve stack {stack}: Cloud NAT for the VMs of the region without an external IP"
+
+
 def bounded(name: str, limit: int, separator: str = "-") -> str:
     """`name` if it has at most `limit` characters, else its first characters, `separator` and a hash of it."""
     if len(name) <= limit:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from tpuserve.deploy import gce
+from tpuserve import gce
 
 
 def main() -> int:

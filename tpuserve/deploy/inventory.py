@@ -31,7 +31,7 @@ from typing import Any
 
 import requests
 
-from tpuserve.deploy.gce import ComputeClient, label_filter, ok, tpu_chips
+from tpuserve.gce import ComputeClient, label_filter, ok, tpu_chips
 from tpuserve.facts import (CACHE_LABEL, HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS,
                             PRICE_PER_CHIP_HOUR, hyperdisk_balanced_monthly_usd)
 from tpuserve.names import base_name, service_account_id, stack_slug
@@ -437,7 +437,7 @@ def inventory_command() -> Any:
 
         from rich.console import Console
 
-        from tpuserve.deploy.gce import MissingCredentials, adc_session
+        from tpuserve.gce import MissingCredentials, adc_session
         from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
 
         roots = Endpoints.parse(endpoints)
@@ -481,8 +481,8 @@ inventory = inventory_command()
 def delete_items(clients: Clients, project: str, items: Sequence[Item]) -> list[str]:
     """Delete orphans, VMs first (their disks are free only once they are gone), each call waited for; returns what
     could not be deleted, with why."""
-    from tpuserve.deploy.gce import ComputeApiError, ZonalDisks
-    from tpuserve.deploy.gcs import Buckets
+    from tpuserve.gce import ComputeApiError, ZonalDisks
+    from tpuserve.gcs import Buckets
 
     compute = clients.compute_url.rstrip("/")
     disks = ZonalDisks(clients.session, compute)

@@ -15,21 +15,13 @@ from typing import Any
 
 import requests
 
-from tpuserve.deploy.gce import COMPUTE_URL, DEFAULT_TIMEOUT_S, ok
+from tpuserve.gce import COMPUTE_URL, DEFAULT_TIMEOUT_S, ok
+from tpuserve.names import ROUTER_DESCRIPTION
 
 SKIP_KEY = "cloudNatSkipRegions"  # components/config.py StackConfig.cloud_nat_skip_regions
 ALL_RANGES = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES")
 LIST_OF_SUBNETWORKS = "LIST_OF_SUBNETWORKS"
 NAT_TYPE = "gcp:compute/routerNat:RouterNat"
-DESCRIPTION = re.compile(r"^tpu-serve stack (?P<stack>\S+):")
-
-
-def router_description(stack: str) -> str:
-    """The Router's description, which names the stack that owns the NAT on it (an in-place update of the Router:
-    `description` is not ForceNew in resource_compute_router.go)."""
-    return f"tpu-serve stack {stack}: Cloud NAT for the VMs of the region without an external IP"
-
-
 def region_of(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
 
@@ -75,7 +67,7 @@ def parse_routers(body: Mapping[str, Any]) -> list[Nat]:
     found = []
     for scope, scoped in (body.get("items") or {}).items():
         for router in scoped.get("routers", []):
-            match = DESCRIPTION.match(str(router.get("description") or ""))
+            match = ROUTER_DESCRIPTION.match(str(router.get("description") or ""))
             for nat in router.get("nats") or []:
                 found.append(Nat(
                     region=last(router.get("region")) or scope.removeprefix("regions/"), router=str(router["name"]),

@@ -12,17 +12,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tpuserve.deploy.gce import ComputeClient
+from tpuserve.gce import ComputeClient
 from tpuserve.facts import CACHE_LABEL
-from tpuserve.names import stack_slug
-
-APP = "tpu-serve"  # the Pulumi project's name, the `app` label of everything the stack creates
-
-
-def stack_labels(stack: str) -> dict[str, str]:
-    """The labels that identify a stack's resources (components/deployment.py puts them on everything)."""
-    return {"app": APP, "stack": stack_slug(stack), "managed-by": "pulumi"}
-
 
 @dataclass(frozen=True)
 class Orphan:

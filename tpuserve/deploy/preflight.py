@@ -36,9 +36,9 @@ import requests
 from tpuserve.cli import echo_json
 from tpuserve.client import error_message
 from tpuserve.deploy import nat
-from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient
-from tpuserve.deploy.gcs import STORAGE_URL
-from tpuserve.deploy.orphans import stack_labels
+from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient
+from tpuserve.gcs import STORAGE_URL
+from tpuserve.names import stack_labels
 from tpuserve.deploy.sweep import region_of
 from tpuserve.facts import V6E_ZONES, VLLM_TPU_IMAGE
 from tpuserve.registry import ABSENT, OK as IMAGE_OK, RegistryError, locate
@@ -536,7 +536,7 @@ def preflight_command(stack: str, zones: str | None, cwd: Path, as_json: bool, e
     Also whether the container image still resolves on its registry."""
     from rich.console import Console
 
-    from tpuserve.deploy.gce import MissingCredentials, adc_session
+    from tpuserve.gce import MissingCredentials, adc_session
     from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
 
     roots = Endpoints.parse(endpoints)

@@ -19,7 +19,7 @@ from typing import Any
 import requests
 
 from tpuserve import durations
-from tpuserve.deploy.gce import ComputeApiError, ComputeClient, Instance, ok
+from tpuserve.gce import ComputeApiError, ComputeClient, Instance, ok
 from tpuserve.flex_start import CAPACITY, QUEUE_MAX_S, QUEUE_MIN_S
 
 POLL_S = 30.0  # one progress line per poll; a GET every 30 s is far below Compute's read quota

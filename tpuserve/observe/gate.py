@@ -30,7 +30,7 @@ from tpuserve.cli import json_option, json_text
 from tpuserve.client import API_KEY_ENV, ChatClient, ChatReply, EndpointError, ModelNotServed, json_or_none, pick_model, server_root
 from tpuserve.facts import (BOOT_STAGES, FAILED_STAGE, GATE_POLL_S, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S,
                             RESTARTING_STAGE)
-from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
+from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.images import image_messages
 from tpuserve.deploy.stack import model_option, read_outputs, stack_options, url_option
 
@@ -612,7 +612,7 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
 def gate_instance(instance: Instance, compute_url: str, timeout_s: float, interval_s: float,
                   config_hash: str | None, reporter: Reporter) -> Verdict:
     """Instance mode with application-default credentials; missing credentials are a verdict, not a traceback."""
-    from tpuserve.deploy.gce import MissingCredentials, adc_session
+    from tpuserve.gce import MissingCredentials, adc_session
 
     try:
         session = adc_session()

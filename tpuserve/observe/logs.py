@@ -20,12 +20,12 @@ from typing import Any
 import click
 
 from tpuserve.cli import echo_json, json_option
-from tpuserve.deploy import gce
+from tpuserve import gce
 from tpuserve.deploy import stack as pulumi_stack
 from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE
 from tpuserve.deploy.cloud_logging import LOGGING_URL, LoggingApiError, LoggingClient
-from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
+from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.serving import CONTAINER_NAME
 from tpuserve.deploy.vmssh import docker_over_iap
 

@@ -28,7 +28,7 @@ import requests
 
 from tpuserve import vllm_metrics as metrics
 from tpuserve.client import server_root
-from tpuserve.deploy.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
+from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.cli import echo_json, request_failure
 from tpuserve.durations import human
 from tpuserve.deploy.stack import TunnelError, endpoint_for, read_outputs, stack_options, url_option
@@ -432,7 +432,7 @@ def stack_of(outputs: Mapping[str, Any] | None) -> str | None:
 
 @contextmanager
 def compute_client(compute_url: str) -> Iterator[ComputeClient]:
-    from tpuserve.deploy.gce import MissingCredentials, adc_session
+    from tpuserve.gce import MissingCredentials, adc_session
 
     try:
         session = adc_session()

@@ -48,7 +48,7 @@ def destroy(stack: str, yes: bool, cwd: Path, despite_nat_users: bool, as_json: 
     from rich.console import Console
 
     from tpuserve.deploy import inventory
-    from tpuserve.deploy.gce import MissingCredentials, adc_session
+    from tpuserve.gce import MissingCredentials, adc_session
 
     console = Console(stderr=True)
 
@@ -121,8 +121,8 @@ def nat_users(pulumi: PulumiCli, stack: str, project: str, session: Any, roots: 
     import requests
 
     from tpuserve.deploy import nat
-    from tpuserve.deploy.gce import ComputeApiError
-    from tpuserve.deploy.orphans import stack_labels
+    from tpuserve.gce import ComputeApiError
+    from tpuserve.names import stack_labels
 
     try:
         found = nat.reliance_on(pulumi.export(), session, project, [stack_labels(stack)["stack"]], roots.compute)

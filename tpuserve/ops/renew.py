@@ -54,7 +54,7 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
     Exit 0 renewed or nothing due, 1 an error, 3 no successor before the deletion (the old VM serves until then)."""
     from rich.console import Console
 
-    from tpuserve.deploy.gce import ComputeApiError, ComputeClient, Instance, MissingCredentials, adc_session
+    from tpuserve.gce import ComputeApiError, ComputeClient, Instance, MissingCredentials, adc_session
     from tpuserve.observe.status import deletion_at
 
     try:

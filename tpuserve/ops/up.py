@@ -45,9 +45,9 @@ from tpuserve.deploy import nat
 from tpuserve.deploy.cache import cache_disks, is_warm, zones_by_warm_cache
 from tpuserve.deploy.capacity import classify
 from tpuserve.deploy import preview as previews
-from tpuserve.deploy.gce import ComputeApiError, ComputeClient, ZonalDisks, tpu_chips
-from tpuserve.deploy.orphans import (Orphan, blank_cache_disks, delete_orphans, find_orphans, managed_ids,
-                                     stack_labels)
+from tpuserve.gce import ComputeApiError, ComputeClient, ZonalDisks, tpu_chips
+from tpuserve.deploy.orphans import Orphan, blank_cache_disks, delete_orphans, find_orphans, managed_ids
+from tpuserve.names import stack_labels
 from tpuserve.deploy.preflight import (Endpoints, Report, configured_zones, endpoint_option, nat_plan, preflight,
                                        print_report, target_from_config)
 from tpuserve.facts import PRICE_PER_CHIP_HOUR
@@ -292,7 +292,7 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
     by an error another zone would not fix, 3 no capacity before the deadline."""
     from rich.console import Console
 
-    from tpuserve.deploy.gce import MissingCredentials, adc_session
+    from tpuserve.gce import MissingCredentials, adc_session
 
     deadline_s, roots, started = parse_deadline(deadline_text), Endpoints.parse(endpoints), time.monotonic()
     console = Console(stderr=True)
@@ -562,7 +562,7 @@ def queue_zone(candidates: Sequence[str], result: SweepResult) -> str | None:
 
 def vm_gone(compute: ComputeClient, config: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
     """The outputs name a VM that the Compute API no longer has (a flex-start VM is deleted when its run ends)."""
-    from tpuserve.deploy.gce import Instance
+    from tpuserve.gce import Instance
 
     name, zone = outputs.get("instanceName"), outputs.get("zone") or config.get("zone")
     if not name or not zone:

@@ -18,11 +18,11 @@ from typing import Any
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, \
     UpdateResult
 
-from tpuserve.deploy import cache
+from tpuserve import caches as cache
 
 
 def _session():
-    from tpuserve.deploy.gce import adc_session
+    from tpuserve.gce import adc_session
 
     return adc_session()
 
@@ -42,7 +42,7 @@ class CacheDiskProvider(ResourceProvider):
         self.compute_url = compute_url
 
     def _disks(self):
-        from tpuserve.deploy.gce import ZonalDisks
+        from tpuserve.gce import ZonalDisks
 
         return ZonalDisks(_session(), self.compute_url)
 
@@ -83,7 +83,7 @@ class CacheBucketProvider(ResourceProvider):
         self.storage_url = storage_url
 
     def _buckets(self):
-        from tpuserve.deploy.gcs import Buckets
+        from tpuserve.gcs import Buckets
 
         return Buckets(_session(), self.storage_url)
 

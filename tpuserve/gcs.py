@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import requests
 
-from tpuserve.deploy.gce import DEFAULT_TIMEOUT_S, ok
+from tpuserve.gce import DEFAULT_TIMEOUT_S, ok
 
 STORAGE_URL = "https://storage.googleapis.com"
 
