@@ -45,6 +45,26 @@ def error(status: int, message: str) -> Response:
                                        "code": status}})
 
 
+# vLLM's API key check (vllm/entrypoints/serve/middleware/authenticate.py, AuthenticationMiddleware): a path under
+# these prefixes needs "Authorization: Bearer <key>", else 401 {"error": "Unauthorized"}; /health, /metrics, /version
+# and /tokenize stay open.
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+
+
+def require_key(server: FakeServer, key: str) -> FakeServer:
+    """`server` answering like a vLLM started with --api-key `key` (or VLLM_API_KEY); the refused requests are kept
+    in `server.requests` like the others."""
+    def guard(handler: Callable[[Request], Response]) -> Callable[[Request], Response]:
+        def checked(request: Request) -> Response:
+            sent = {name.lower(): value for name, value in request.headers.items()}.get("authorization")
+            return handler(request) if sent == f"Bearer {key}" else Response(401, {"error": "Unauthorized"})
+        return checked
+
+    server.routes = {route: guard(handler) if route[1].startswith(GUARDED_PREFIX) else handler
+                     for route, handler in server.routes.items()}
+    return server
+
+
 def instance_of(schema: dict[str, Any]) -> Any:
     """The smallest document a grammar for `schema` would allow (first enum value, true, required keys)."""
     if "enum" in schema:
