@@ -218,7 +218,8 @@ def test_the_endpoint_options_as_users_see_them() -> None:
 
     command = click.command()(endpoint_options(lambda **kwargs: None))
     assert [(p.opts, p.help, p.show_default) for p in command.params][4:] == [
-        (["--api-key-env"], "Environment variable holding the API key (keys never go on the command line).", True),
+        (["--api-key-env"], "Environment variable holding the server's API key (vLLM's --api-key); keys never go on "
+                            "the command line.", True),
         (["--timeout"], "Seconds per request.", True),
         (["--max-tokens"], "Token budget per answer (default: tools 200, structured 512, vision 32).", None),
         (["--json"], "Print the result as one JSON document on stdout, errors too (machine-readable).", None),

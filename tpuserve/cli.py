@@ -123,6 +123,9 @@ def error_document(err: BaseException) -> dict[str, Any]:
 DEBUG_ENV = "TPUSERVE_DEBUG"
 # The innermost reason of a urllib3/requests connection error: "[Errno 111] Connection refused".
 ERRNO_REASON = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
+# What OpenSSL says when the answer to its hello is not TLS at all: an https:// URL for a plain-http server.
+PLAIN_HTTP_REPLY = re.compile(r"WRONG_VERSION_NUMBER|record layer failure|packet length too long|unknown protocol",
+                              re.IGNORECASE)
 
 
 def one_line(text: str) -> str:
@@ -136,6 +139,10 @@ def request_failure(err: Exception) -> str:
 
     request = getattr(err, "request", None)
     url = getattr(request, "url", None) or "the server"
+    if isinstance(err, requests.exceptions.SSLError) and PLAIN_HTTP_REPLY.search(str(err)):
+        from urllib.parse import urlsplit
+
+        return f"cannot reach {url}: this server speaks http, not https: give http://{urlsplit(url).netloc}"
     if isinstance(err, requests.Timeout):
         return f"no answer from {url} in time ({type(err).__name__}); is the server overloaded or the URL right?"
     if isinstance(err, requests.ConnectionError):

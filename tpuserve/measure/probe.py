@@ -21,7 +21,6 @@ import requests
 
 from tpuserve.client import (
     ANY_OBJECT_SCHEMA,
-    API_KEY_ENV,
     ChatClient,
     ChatReply,
     EndpointError,
@@ -32,7 +31,8 @@ from tpuserve.client import (
 from tpuserve.cli import Failure, echo_json, json_option
 from tpuserve.images import image_messages, modality_part
 from tpuserve.serving import MODALITIES
-from tpuserve.deploy.stack import model_option, read_outputs, resolve_model, served_endpoint, stack_options, url_option
+from tpuserve.deploy.stack import (api_key_option, model_option, read_outputs, resolve_model, served_endpoint,
+                                   stack_options, url_option)
 
 PASS, FAIL, SKIPPED, NOT_ENFORCED = "pass", "fail", "skipped", "schema not enforced"
 EXCERPT_CHARS = 300
@@ -496,8 +496,8 @@ def make_client(url: str, model: str | None, api_key_env: str, timeout: float, o
                 ) -> ChatClient:
     """A client for `model` on `url`, the model checked against /v1/models (default: the first served)."""
     api_key = os.environ.get(api_key_env)
-    served = resolve_model(url, model, api_key, option)
-    return ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout)
+    served = resolve_model(url, model, api_key, option, key_env=api_key_env)
+    return ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
 
 
 def could_not_run(results: list[ScenarioResult]) -> str | None:
@@ -556,8 +556,7 @@ def endpoint_options(command: Callable[..., None]) -> Callable[..., None]:
         url_option(),
         model_option(),
         stack_options,
-        click.option("--api-key-env", default=API_KEY_ENV, show_default=True,
-                     help="Environment variable holding the API key (keys never go on the command line)."),
+        api_key_option(),
         click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(min=1),
                      help="Seconds per request."),
         click.option("--max-tokens", type=click.IntRange(min=1), help=f"Token budget per answer (default: tools "
@@ -577,8 +576,8 @@ def add_probe_command(name: str, probe_names: list[str], help_text: str) -> None
                 timeout: float, max_tokens: int | None, as_json: bool, strict: bool) -> None:
         outputs = read_outputs(stack, stack_outputs)
         api_key = os.environ.get(api_key_env)
-        with served_endpoint(url, model, outputs, api_key) as served:
-            client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout)
+        with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
+            client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
             results = [result for name in probe_names for result in PROBES[name](client, max_tokens)]
         finish(results, served, as_json, strict)
 
@@ -620,8 +619,9 @@ def refusals(url: str | None, model: str | None, stack: str | None, stack_output
     if unknown:
         raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(MODALITIES)}", param_hint="--modalities")
     api_key = os.environ.get(api_key_env)
-    with served_endpoint(url, model, outputs, api_key) as served:
-        results = run_refusals(ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout), chosen)
+    with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
+        results = run_refusals(ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout,
+                                          key_env=api_key_env), chosen)
     finish(results, served, as_json, strict)
 
 
@@ -650,7 +650,7 @@ def side_outputs(side: str, url: str | None, directory: Path | None, model: str 
 @click.option("--max-tokens", default=KV_MAX_TOKENS, show_default=True, type=click.IntRange(min=1))
 @click.option("--save", "save_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Also write the outputs fetched from URLs to DIR/a and DIR/b.")
-@click.option("--api-key-env", default=API_KEY_ENV, show_default=True, help="Environment variable holding the key.")
+@api_key_option()
 @click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(min=1), help="Seconds per request.")
 @json_option
 @click.option("--strict", is_flag=True, help="Exit 1 unless every output is byte-identical.")

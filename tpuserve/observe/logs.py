@@ -372,14 +372,15 @@ def ask_for_diagnosis(messages: list[dict[str, str]], url: str | None, model: st
     if url is None and outputs is None:
         raise click.UsageError("give --url of the diagnosing endpoint (or --stack to ask the deployment)")
     api_key = os.environ.get(api_key_env)
-    with pulumi_stack.served_endpoint(url, model, outputs, api_key) as served:
-        return chat_for_diagnosis(messages, served.url, served.model, api_key)
+    with pulumi_stack.served_endpoint(url, model, outputs, api_key, api_key_env) as served:
+        return chat_for_diagnosis(messages, served.url, served.model, api_key, api_key_env)
 
 
-def chat_for_diagnosis(messages: list[dict[str, str]], url: str, model: str, api_key: str | None) -> str:
+def chat_for_diagnosis(messages: list[dict[str, str]], url: str, model: str, api_key: str | None,
+                       key_env: str = API_KEY_ENV) -> str:
     try:
-        reply = ChatClient(url, model, api_key=api_key).chat(messages, temperature=0,
-                                                             max_tokens=DIAGNOSIS_MAX_TOKENS)
+        reply = ChatClient(url, model, api_key=api_key, key_env=key_env).chat(messages, temperature=0,
+                                                                              max_tokens=DIAGNOSIS_MAX_TOKENS)
     except EndpointError as err:
         raise click.ClickException(f"the diagnosing endpoint {url} ({model}) failed: {err}") from err
     return reply.answer()[1].strip() or "(the model returned an empty answer)"
