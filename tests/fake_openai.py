@@ -81,9 +81,17 @@ def last_user_text(body: dict[str, Any]) -> str:
     return content if isinstance(content, str) else " ".join(p.get("text", "") for p in content)
 
 
-def has_image(body: dict[str, Any]) -> bool:
-    return any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
+def has_part(body: dict[str, Any], *kinds: str) -> bool:
+    return any(isinstance(m.get("content"), list) and any(p.get("type") in kinds for p in m["content"])
                for m in body["messages"])
+
+
+def has_image(body: dict[str, Any]) -> bool:
+    return has_part(body, "image_url")
+
+
+# vLLM 0.32's refusal of a modality limited to 0 (vllm/multimodal/processing/context.py validate_num_items).
+LIMIT_0_MESSAGE = "At most 0 {}(s) may be provided in one prompt."
 
 
 class FakeOpenAI(FakeServer):
@@ -107,6 +115,9 @@ class FakeOpenAI(FakeServer):
         body = request.json()
         if body.get("model") != FAKE_MODEL:
             return error(404, f"The model `{body.get('model')}` does not exist.")
+        for kind, modality in (("input_audio", "audio"), ("video_url", "video")):  # limited to 0, as in prod
+            if has_part(body, kind):
+                return error(400, TEXT_ONLY_MESSAGE if self.vision == "text-only" else LIMIT_0_MESSAGE.format(modality))
         if has_image(body):
             return self.answer_image(body)
         if "response_format" in body:

@@ -323,3 +323,31 @@ def test_scenario_verdict_and_latency_never_wrap_in_a_narrow_table(monkeypatch: 
     lines = result.stdout.splitlines()
     for whole in ("json_schema thinking=off", "schema not enforced"):
         assert any(whole in line for line in lines), result.stdout
+
+
+@pytest.mark.parametrize("columns", ["60", "80", "120"])
+def test_no_word_of_a_reason_is_cut_at_any_width(monkeypatch: pytest.MonkeyPatch, columns: str) -> None:
+    """Issue 34 item 9: at 80 columns the structured table cut its own fix ('--structured-out…'). Every word of
+    every reason is printed whole, and scenario and verdict stay on one line."""
+    from tests.fake_openai import completion
+
+    monkeypatch.setenv("COLUMNS", columns)
+    fake = FakeOpenAI(structured="enforced")
+
+    def chat(request: Request) -> Response:
+        body = request.json()
+        if body.get("chat_template_kwargs", {}).get("enable_thinking"):  # padded until max_tokens
+            return Response(200, completion('{"answer": "yes",' + " " * 200, finish_reason="length"))
+        return Response(200, completion("Sure thing, yes"))  # the schema ignored
+
+    fake.routes[("POST", "/v1/chat/completions")] = chat
+    with fake:
+        result = CliRunner().invoke(main, ["probe", "structured", "--url", fake.url])
+    assert result.exit_code == 0, result.output
+    words = result.stdout.split()
+    assert "…" not in result.stdout
+    for needed in ("--structured-outputs-config", "'{\"disable_any_whitespace\":", "true}'"):
+        assert needed in words, result.stdout
+    lines = result.stdout.splitlines()
+    for whole in ("json_schema thinking=off", "schema not enforced"):
+        assert any(whole in line for line in lines), result.stdout

@@ -366,6 +366,13 @@ def disabled_modalities(vllm_args: list[str] | None) -> tuple[str, ...] | None:
     return tuple(modality for modality in MODALITIES if limits.get(modality, 999) == 0)
 
 
+def refused_modalities(given: str | None, outputs: dict[str, Any] | None) -> tuple[str, ...]:
+    """--modalities, else those the stack's argv limits to 0, else DEFAULT_REFUSED."""
+    if given:
+        return tuple(m.strip() for m in given.split(",") if m.strip())
+    return disabled_modalities((outputs or {}).get("vllmArgs")) or DEFAULT_REFUSED
+
+
 def still_serving(client: ChatClient) -> str | None:
     """None when a plain completion still answers, else what went wrong."""
     try:
@@ -509,6 +516,22 @@ def could_not_run(results: list[ScenarioResult]) -> str | None:
     return None
 
 
+RESULT_HEADERS = ("scenario", "verdict", "latency", "reason (--json has the evidence)")
+TABLE_FRAME = 13  # a 4-column rich table's borders and padding
+
+
+def result_widths(cells: list[list[str]], width: int) -> list[int] | None:
+    """Column widths that fit `width` with scenario, verdict and latency whole and no word of the reason cut (its
+    fix is often one long word, such as '{"disable_any_whitespace": true}'); None when no such table fits."""
+    from rich.cells import cell_len
+
+    natural = [max(cell_len(text) for text in [header, *(row[i] for row in cells)])
+               for i, header in enumerate(RESULT_HEADERS[:3])]
+    longest_word = max(cell_len(word) for row in cells for word in [*row[3].split(), "evidence)"])
+    reason = min(max(cell_len(row[3]) for row in cells), width - TABLE_FRAME - sum(natural))
+    return [*natural, max(reason, cell_len("evidence)"))] if reason >= longest_word else None
+
+
 def print_results(results: list[ScenarioResult], as_json: bool) -> None:
     summary, hint = enforcement_summary(results), structured_hint(results)
     if as_json:
@@ -516,18 +539,28 @@ def print_results(results: list[ScenarioResult], as_json: bool) -> None:
                    "structured_hint": hint})
         return
     from rich.console import Console
+    from rich.padding import Padding
     from rich.table import Table
     from rich.text import Text
 
     console = Console()
     for probe_name in dict.fromkeys(r.probe for r in results):
+        rows = [r for r in results if r.probe == probe_name]
+        cells = [[r.scenario, r.verdict, "-" if r.latency_s is None else f"{r.latency_s:.2f} s", r.reason]
+                 for r in rows]
+        widths = result_widths(cells, console.width)
+        if widths is None:  # a block per scenario: its line, then the reason wrapped below it
+            console.print(Text(f"{probe_name} (--json has the evidence)", style="italic"))
+            for r, row in zip(rows, cells):
+                console.print(Text.assemble(Text(row[0], style="bold"), "  ",
+                                            Text(r.verdict, style=VERDICT_STYLE[r.verdict]), f"  {row[2]}"))
+                console.print(Padding(Text(r.reason), (0, 0, 0, 2)))
+            continue
         table = Table(title=probe_name, title_justify="left")
-        for column in ("scenario", "verdict", "latency"):
-            table.add_column(column, no_wrap=True)
-        table.add_column("reason (--json has the evidence)")
-        for r in (r for r in results if r.probe == probe_name):
-            latency = "-" if r.latency_s is None else f"{r.latency_s:.2f} s"
-            table.add_row(r.scenario, Text(r.verdict, style=VERDICT_STYLE[r.verdict]), latency,
+        for header, width in zip(RESULT_HEADERS, widths):
+            table.add_column(header, width=width)
+        for r, row in zip(rows, cells):
+            table.add_row(row[0], Text(r.verdict, style=VERDICT_STYLE[r.verdict]), row[2],
                           Text(r.reason))  # Text: a reason quoting model output is not markup
         console.print(table)
     if summary:
@@ -578,7 +611,9 @@ def add_probe_command(name: str, probe_names: list[str], help_text: str) -> None
         api_key = os.environ.get(api_key_env)
         with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
             client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
-            results = [result for name in probe_names for result in PROBES[name](client, max_tokens)]
+            results = [result for name in probe_names for result in (
+                run_refusals(client, refused_modalities(None, outputs)) if name == "refusals"
+                else PROBES[name](client, max_tokens))]
         finish(results, served, as_json, strict)
 
 
@@ -601,7 +636,9 @@ add_probe_command("tools", ["tools"], "Tool calling: simple call, result synthes
 add_probe_command("structured", ["structured"], "Structured output: json_schema with thinking off and on, "
                   "json_object; reports whether the server enforced the schema.")
 add_probe_command("vision", ["vision"], "Vision: count and describe shipped images sent as data URIs.")
-add_probe_command("all", list(PROBES), "Every capability probe: tools, structured, vision.")
+add_probe_command("all", [*PROBES, "refusals"], "Every capability probe: tools, structured, vision, and the "
+                  "refusals of disabled modalities (those the stack's argv limits to 0, else "
+                  f"{','.join(DEFAULT_REFUSED)}).")
 
 
 @probe.command("refusals")
@@ -613,8 +650,7 @@ def refusals(url: str | None, model: str | None, stack: str | None, stack_output
     """Disabled modalities: one request of each must answer 4xx and leave the server serving (one that reaches
     the engine can take it down)."""
     outputs = read_outputs(stack, stack_outputs)
-    chosen = tuple(m.strip() for m in modalities.split(",") if m.strip()) if modalities else (
-        disabled_modalities((outputs or {}).get("vllmArgs")) or DEFAULT_REFUSED)
+    chosen = refused_modalities(modalities, outputs)
     unknown = [m for m in chosen if m not in MODALITIES]
     if unknown:
         raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(MODALITIES)}", param_hint="--modalities")
