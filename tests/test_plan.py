@@ -323,3 +323,18 @@ def test_the_table_says_it_in_words():
     assert "$68.00 / month while it exists: 100 GB $8.00 + throughput $0.00 + IOPS $60.00" in text  # 3,000 × $0.02
     bad = CliRunner().invoke(plan, ["--cache-disk-throughput", "100"])
     assert bad.exit_code == 2 and "--cache-disk-throughput" in bad.output
+
+
+@pytest.mark.parametrize("text, why", [("{bad", "not valid JSON (Expecting property name enclosed in double quotes"),
+                                       ("[1, 2]", "not a JSON object")])
+def test_a_config_file_that_is_no_config_is_a_usage_error(tmp_path, text: str, why: str):
+    """Issue 34 item 9: exit 2, as every other bad file; it was 1."""
+    from click.testing import CliRunner
+
+    from tpuserve.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["plan", "--config", str(path)])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1].startswith(f"Error: Invalid value for --config: {path}: {why}")

@@ -186,6 +186,18 @@ class LazyGroup(click.Group):
         ctx.meta[RAW_ARGS] = list(args)
         return super().parse_args(ctx, args)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                              list[str]]:
+        """click's, and for a command that does not exist the one it was probably meant to be (click suggests
+        from the commands it has loaded, which here are none)."""
+        import difflib
+
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in SUBCOMMANDS and not ctx.resilient_parsing:
+            close = difflib.get_close_matches(name, sorted(SUBCOMMANDS), n=1)
+            ctx.fail(f"No such command {name!r}.{f' Did you mean {close[0]!r}?' if close else ''}")
+        return super().resolve_command(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         """Run the subcommand; what it raises becomes one line and exit 2 (usage) or 1 (failure), and under --json
         also the error document on stdout (JSON_CONVENTION)."""
