@@ -27,6 +27,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
               "List or remove a stack's cache disks (one per zone) and compile-cache bucket."),
     "bench": ("tpuserve.measure.bench:bench",
               "Measure an endpoint with `vllm bench serve` and report throughput, latency and $ per million tokens."),
+    "check": ("tpuserve.deploy.check:check",
+              "Check a stack's Pulumi.<stack>.yaml against the program's own rules, offline: no Pulumi CLI, no cloud."),
     "cost": ("tpuserve.measure.cost:cost",
              "Breakeven throughput against an API price, the cost of a cold start, and what a session yields."),
     "destroy": ("tpuserve.ops.destroy:destroy",

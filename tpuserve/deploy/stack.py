@@ -38,10 +38,11 @@ class TunnelError(RuntimeError):
 
 def stack_outputs(stack: str, cwd: Path | None = None) -> dict[str, Any]:
     """`pulumi stack output --json --stack NAME`, run in the Pulumi project directory `cwd`."""
+    from tpuserve.deploy.pulumi_cli import missing_cli
+
     pulumi = shutil.which("pulumi")
     if pulumi is None:
-        raise ConfigError(OPTION, f"reading stack {stack!r} needs the pulumi CLI on PATH "
-                          "(https://www.pulumi.com/docs/install/)")
+        raise ConfigError(OPTION, f"reading stack {stack!r}: {missing_cli(stack)}")
     result = subprocess.run([pulumi, "stack", "output", "--json", "--stack", stack], cwd=cwd,
                             capture_output=True, text=True, check=False)
     if result.returncode != 0:
