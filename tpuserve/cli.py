@@ -195,7 +195,7 @@ class LazyGroup(click.Group):
         import difflib
 
         name = args[0] if args else ""
-        if name and not name.startswith("-") and name not in SUBCOMMANDS and not ctx.resilient_parsing:
+        if name and not name.startswith("-") and not ctx.resilient_parsing and self.get_command(ctx, name) is None:
             close = difflib.get_close_matches(name, sorted(SUBCOMMANDS), n=1)
             ctx.fail(f"No such command {name!r}.{f' Did you mean {close[0]!r}?' if close else ''}")
         return super().resolve_command(ctx, args)
