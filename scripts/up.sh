@@ -9,7 +9,23 @@ cd "$(dirname "$0")/.."
 stack=${1:-dev}
 shift || true
 
+# A stack is its Pulumi.<stack>.yaml: a name without one is refused (a typo would become a new, empty stack), naming
+# the stacks there are.
+if [[ ! -f Pulumi.$stack.yaml ]]; then
+  known=()
+  for file in Pulumi.*.yaml; do
+    [[ -f $file ]] && { name=${file#Pulumi.}; known+=("${name%.yaml}"); }
+  done
+  list=$(IFS=,; echo "${known[*]:-none}")
+  echo "Error: no Pulumi.$stack.yaml, so no stack $stack: the stacks here are ${list//,/, }; a new stack starts as" \
+    "a copy of one (cp Pulumi.dev.yaml Pulumi.$stack.yaml)" >&2
+  exit 2
+fi
+
 scripts/bootstrap.sh stack
+
+# The stack file against the program's own rules, offline: a bad key stops here, before a login check or a download.
+.venv/bin/tpuserve check --stack "$stack"
 
 # A gcp or gke stack (gcp is the default target) needs a Google login. It is checked first: the target is read from
 # the stack's file (Pulumi.<stack>.yaml holds its config; none yet means gcp) and the check needs no download, so a

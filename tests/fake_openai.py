@@ -45,6 +45,26 @@ def error(status: int, message: str) -> Response:
                                        "code": status}})
 
 
+# vLLM's API key check (vllm/entrypoints/serve/middleware/authenticate.py, AuthenticationMiddleware): a path under
+# these prefixes needs "Authorization: Bearer <key>", else 401 {"error": "Unauthorized"}; /health, /metrics, /version
+# and /tokenize stay open.
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+
+
+def require_key(server: FakeServer, key: str) -> FakeServer:
+    """`server` answering like a vLLM started with --api-key `key` (or VLLM_API_KEY); the refused requests are kept
+    in `server.requests` like the others."""
+    def guard(handler: Callable[[Request], Response]) -> Callable[[Request], Response]:
+        def checked(request: Request) -> Response:
+            sent = {name.lower(): value for name, value in request.headers.items()}.get("authorization")
+            return handler(request) if sent == f"Bearer {key}" else Response(401, {"error": "Unauthorized"})
+        return checked
+
+    server.routes = {route: guard(handler) if route[1].startswith(GUARDED_PREFIX) else handler
+                     for route, handler in server.routes.items()}
+    return server
+
+
 def instance_of(schema: dict[str, Any]) -> Any:
     """The smallest document a grammar for `schema` would allow (first enum value, true, required keys)."""
     if "enum" in schema:
@@ -61,9 +81,17 @@ def last_user_text(body: dict[str, Any]) -> str:
     return content if isinstance(content, str) else " ".join(p.get("text", "") for p in content)
 
 
-def has_image(body: dict[str, Any]) -> bool:
-    return any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
+def has_part(body: dict[str, Any], *kinds: str) -> bool:
+    return any(isinstance(m.get("content"), list) and any(p.get("type") in kinds for p in m["content"])
                for m in body["messages"])
+
+
+def has_image(body: dict[str, Any]) -> bool:
+    return has_part(body, "image_url")
+
+
+# vLLM 0.32's refusal of a modality limited to 0 (vllm/multimodal/processing/context.py validate_num_items).
+LIMIT_0_MESSAGE = "At most 0 {}(s) may be provided in one prompt."
 
 
 class FakeOpenAI(FakeServer):
@@ -87,6 +115,9 @@ class FakeOpenAI(FakeServer):
         body = request.json()
         if body.get("model") != FAKE_MODEL:
             return error(404, f"The model `{body.get('model')}` does not exist.")
+        for kind, modality in (("input_audio", "audio"), ("video_url", "video")):  # limited to 0, as in prod
+            if has_part(body, kind):
+                return error(400, TEXT_ONLY_MESSAGE if self.vision == "text-only" else LIMIT_0_MESSAGE.format(modality))
         if has_image(body):
             return self.answer_image(body)
         if "response_format" in body:

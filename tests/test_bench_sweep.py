@@ -18,6 +18,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from tests.fake_openai import require_key
 from tests.httpfake import FakeServer, Request, Response
 from tpuserve.cli import main
 from tpuserve.measure import bench as bench_module
@@ -30,6 +31,9 @@ import json, os, sys
 args = sys.argv[1:]
 with open(os.environ["FAKE_LOG"], "a") as log:
     log.write(json.dumps(sys.argv) + "\\n")
+if os.environ.get("FAKE_KEY_LOG"):  # the key it would send, as vLLM's _get_headers reads it
+    with open(os.environ["FAKE_KEY_LOG"], "a") as log:
+        log.write(json.dumps(os.environ.get("OPENAI_API_KEY")) + "\\n")
 if os.environ.get("FAKE_FAIL_AT") == args[args.index("--max-concurrency") + 1]:
     print("Traceback: the server went away")
     sys.exit(3)
@@ -61,7 +65,7 @@ elif inner[3:5] == ["cat", inner[4]]:
                       "output_throughput": 50.0,
                       "total_token_throughput": 90.0, "median_ttft_ms": 30.0, "p99_ttft_ms": 45.0,
                       "median_tpot_ms": 8.0}))
-elif inner[3:6] != ["vllm", "bench", "serve"]:
+elif inner[3:5] != ["sh", "-c"] or inner[7:10] != ["vllm", "bench", "serve"]:  # bench.CONTAINER_KEY, then bench
     sys.exit(f"unexpected remote command {inner}")
 """
 
@@ -190,7 +194,7 @@ def test_remote_sweep_runs_inside_the_container_over_iap_and_copies_results_back
     # docker runs under sudo: on the VM, OS Login users are not in the docker group
     assert inner[0][:5] == ["sudo", "docker", "exec", "vllm", "python3"]  # version probe
     bench_1, fetch_1, bench_4, fetch_4 = inner[1:]
-    assert bench_1[:7] == ["sudo", "docker", "exec", "vllm", "vllm", "bench", "serve"]
+    assert bench_1[:11] == ["sudo", "docker", "exec", "vllm", *bench_module.CONTAINER_KEY, "vllm", "bench", "serve"]
     assert bench_1[bench_1.index("--base-url") + 1] == "http://127.0.0.1:8000"  # the container's own server
     remote_dir = bench_1[bench_1.index("--result-dir") + 1]
     assert remote_dir.startswith("/tmp/tpuserve-bench/")
@@ -577,3 +581,101 @@ def test_ctrl_c_in_a_sweep_says_what_was_kept_and_that_sweep_json_is_unfinished(
     assert manifest["unfinished"]["reason"] == "interrupted (Ctrl-C) during concurrency 2"
     assert [run["concurrency"] for run in manifest["runs"]] == [1]
     assert not any(alive(int(pid)) for pid in talking_vllm.read_text().split())  # its vllm bench serve too
+
+
+# Issue 34 item 1: one variable for the server's key, handed to `vllm bench serve` the way it reads one.
+def keyed_sweep(server: FakeServer, out: Path, *args: str):
+    return CliRunner().invoke(main, ["bench", "sweep", "--url", server.url, "--model", "tiny", "--tokenizer", "/t",
+                                     "--input-len", "8", "--output-len", "4", "--num-prompts", "2", "--concurrency",
+                                     "1", "--out", str(out), *args])
+
+
+def test_a_keyed_server_gets_tpuserve_api_key_and_vllm_bench_serve_gets_it_as_openai_api_key(
+        fake_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FAKE_KEY_LOG", str(tmp_path / "keys.jsonl"))
+    monkeypatch.setenv("TPUSERVE_API_KEY", "sk-serve")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-users-own-openai-key")
+    with require_key(FakeServer(vllm_routes()), "sk-serve") as server:
+        result = keyed_sweep(server, tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line) for line in (tmp_path / "keys.jsonl").read_text().splitlines()] == ["sk-serve"]
+    guarded = [r for r in server.requests if r.path.startswith("/v1")]
+    assert [r.path for r in guarded] == ["/v1/models", "/v1/completions"]  # the model check and the timing request
+    assert all(r.headers["Authorization"] == "Bearer sk-serve" for r in guarded)
+    kept = (tmp_path / "run" / "sweep.json").read_text() + (tmp_path / "run" / "c1.log").read_text()
+    assert "sk-serve" not in kept  # the key goes through the environment, never into what the sweep records
+
+
+def test_without_a_key_a_keyed_server_is_one_line_naming_the_url_the_variable_and_the_option(
+        fake_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("TPUSERVE_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-serve")  # what used to work, undocumented: no longer read
+    with require_key(FakeServer(vllm_routes()), "sk-serve") as server:
+        result = keyed_sweep(server, tmp_path / "run")
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1] == (
+        f"Error: {server.url}/v1/models answered HTTP 401: Unauthorized; no API key was sent ($TPUSERVE_API_KEY is "
+        "not set): export TPUSERVE_API_KEY=<the key the server was started with> (vLLM's --api-key or "
+        "VLLM_API_KEY), or name another variable with --api-key-env")
+    assert not fake_env.exists()  # vllm never ran
+    assert not (tmp_path / "run").exists()  # nothing half-created
+
+
+def test_a_wrong_key_in_the_variable_named_by_api_key_env_is_said_to_be_refused(
+        fake_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SERVE_KEY", "sk-wrong")
+    with require_key(FakeServer(vllm_routes()), "sk-serve") as server:
+        result = keyed_sweep(server, tmp_path / "run", "--api-key-env", "SERVE_KEY")
+    assert result.exit_code == 1
+    assert ("answered HTTP 401: Unauthorized; the key in $SERVE_KEY was refused: set it to the key the server was "
+            "started with") in result.output.splitlines()[-1]
+    assert [r.headers.get("Authorization") for r in server.requests] == ["Bearer sk-wrong"]
+
+
+def test_a_server_without_a_key_is_not_sent_the_users_openai_key(fake_env: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FAKE_KEY_LOG", str(tmp_path / "keys.jsonl"))
+    monkeypatch.delenv("TPUSERVE_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-users-own-openai-key")
+    with FakeServer(vllm_routes()) as server:
+        result = keyed_sweep(server, tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line) for line in (tmp_path / "keys.jsonl").read_text().splitlines()] == [None]
+    assert not any("Authorization" in r.headers for r in server.requests)
+    assert result.stdout.startswith(f"1 level saved in {tmp_path / 'run'};")  # issue 34: not "1 levels"
+
+
+def test_remote_mode_hands_the_containers_own_key_to_vllm_bench_serve():
+    """The wrapper run through a real shell: the container's VLLM_API_KEY becomes OPENAI_API_KEY, the command's
+    own arguments pass unchanged."""
+    argv = [*bench_module.CONTAINER_KEY, "sh", "-c", 'printf "%s|%s" "$OPENAI_API_KEY" "$1"', "x", "a b"]
+    done = subprocess.run(argv, capture_output=True, text=True, env={"VLLM_API_KEY": "sk-vm", "PATH": "/usr/bin:/bin"})
+    assert done.stdout == "sk-vm|a b"
+    done = subprocess.run(argv, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert done.stdout == "|a b"  # no key in the container: none sent (vLLM sends no header for an empty one)
+
+
+# Issue 34 item 9: progress within a level, from the progress bar `vllm bench serve` writes to the level's log.
+TQDM_LOG = ("vllm bench serve ...\nStarting main benchmark run...\n"
+            "\r  0%|          | 0/1 [00:00<?, ?it/s]\r100%|██████████| 1/1 [00:00<00:00,  2.1it/s]\n"  # a warm-up bar
+            "\r  0%|          | 0/100 [00:00<?, ?it/s]\r 12%|█▏        | 12/100 [00:03<00:22,  3.9it/s]"
+            "\r 37%|███▋      | 37/100 [00:09<00:16,  3.9it/s]")
+
+
+def test_the_requests_done_in_a_level_are_read_from_its_progress_bar(tmp_path: Path):
+    log = tmp_path / "c8.log"
+    log.write_text(TQDM_LOG)
+    assert bench_module.requests_done(log, 100) == 37
+    assert bench_module.requests_done(log, 50) is None  # another bar (the warm-up's) is not this level's
+    log.write_text("x" * 10_000 + TQDM_LOG)  # only the log's end is read
+    assert bench_module.requests_done(log, 100) == 37
+    log.write_text("vllm bench serve ...\nloading the tokenizer\n")
+    assert bench_module.requests_done(log, 100) is None
+
+
+def test_progress_is_reported_while_a_level_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(bench_module, "PROGRESS_INTERVAL_S", 0.05)
+    ticks: list[float] = []
+    code = bench_module.run_logged([sys.executable, "-c", "import time; time.sleep(0.5)"], tmp_path / "c1.log", 60,
+                                   "", on_progress=lambda: ticks.append(time.monotonic()))
+    assert code == 0 and len(ticks) >= 3

@@ -485,3 +485,15 @@ def test_a_plot_without_a_title_has_no_heading(tmp_path: Path, monkeypatch: pyte
     (figure,) = figures
     assert figure.get_suptitle() == ""
     assert [line.get_xydata().tolist() for line in figure.axes[0].get_lines()] == [[[1.0, 64.0]]]
+
+
+def test_a_sweep_that_ended_before_any_level_finished_says_why(tmp_path: Path):
+    """Issue 34 item 7: the reason sweep.json recorded, not "no result JSON"."""
+    reason = ("concurrency 1: all 8 requests failed; vLLM: This model's maximum context length is 1024 tokens "
+              "(log: runs/cpu/c1.log)")
+    (tmp_path / "sweep.json").write_text(json.dumps({"tool": "tpuserve bench sweep", "runs": [], "finished_at": None,
+                                                     "unfinished": {"concurrency": 1, "reason": reason,
+                                                                    "at": "2026-12-02T10:00:00+00:00"}}))
+    result = CliRunner().invoke(main, ["bench", "report", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1] == f"Error: {tmp_path}: the sweep ended before any level finished: {reason}"

@@ -85,8 +85,8 @@ def test_performance_outside_hyperdisk_balanceds_range_is_one_line_naming_the_ke
 
 def test_the_monthly_cost_counts_what_is_provisioned_above_the_free_performance():
     default = build_stack_config(stack_file_config("dev"))
-    assert default.cache_disk_monthly_usd == 28.8  # 100 GB × $0.08 + 260 MiB/s × $0.08
-    free = build_stack_config({**stack_file_config("dev"), "cacheDiskThroughputMibps": "140"})
-    assert free.cache_disk_monthly_usd == 8.0
+    assert default.cache_disk_monthly_usd == 8.0  # 100 GB × $0.08: the default performance is the free one
+    faster = build_stack_config({**stack_file_config("dev"), "cacheDiskThroughputMibps": "400"})
+    assert faster.cache_disk_monthly_usd == 28.8  # and 260 MiB/s above the free 140 × $0.08
     none = build_stack_config({**stack_file_config("dev"), "cacheDiskSizeGb": "0"})
     assert none.cache_disk_monthly_usd == 0.0

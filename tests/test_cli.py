@@ -42,3 +42,21 @@ def test_listed_help_is_the_commands_own_short_help(name: str):
     command = main.get_command(click.Context(main), name)
     assert command is not None and command.name == name
     assert SUBCOMMANDS[name][1] == command.get_short_help_str(limit=1000)
+
+
+@pytest.mark.parametrize("typed, meant", [("gat", "gate"), ("stauts", "status"), ("benhc", "bench"),
+                                          ("diagnsoe", "diagnose")])
+def test_a_mistyped_command_gets_the_one_it_was_probably_meant_to_be(typed: str, meant: str):
+    """Issue 34 item 9: click suggests from the commands it has loaded, which the lazy group has not."""
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(main, [typed, "--url", "127.0.0.1:8000"])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == f"Error: No such command '{typed}'. Did you mean '{meant}'?"
+
+
+def test_a_command_like_none_is_refused_without_a_guess():
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(main, ["frobnicate"])
+    assert (result.exit_code, result.output.splitlines()[-1]) == (2, "Error: No such command 'frobnicate'.")

@@ -179,3 +179,67 @@ def test_debug_shows_the_traceback_of_a_bug(monkeypatch):
     monkeypatch.setattr(main, "get_command", lambda ctx, name: planted)
     result = invoke("planted")
     assert isinstance(result.exception, KeyError)
+
+
+# Issue 34 items 1 and 5: a server that is no vLLM, a key missing or refused, https for an http server: one line
+# naming the URL and what to check, for every command that asks a server its models.
+def server_leaves() -> list[tuple[list[str], str]]:
+    return [(path, option) for path, option in URL_LEAVES if path[0] not in ("gate", "status")]
+
+
+def extra_args(path: list[str], option: str, tmp_path) -> list[str]:
+    from tpuserve.measure.probe import KV_PROMPTS
+
+    for name in KV_PROMPTS:  # the other side of kv-compare: saved outputs
+        (tmp_path / f"{name}.txt").write_text("same")
+    return {"bench": ["--out", str(tmp_path / "run"), "--vllm-bin", "/bin/true"],
+            "litellm": ["--alias", "a"], "diagnose": ["--log-file", __file__],
+            "probe": {"--a": ["--b-dir", str(tmp_path)], "--b": ["--a-dir", str(tmp_path)]}.get(option, [])
+            }[path[0]]
+
+
+def web_page(request):
+    """What Python's own http.server answers a path it has no file for (http.server DEFAULT_ERROR_MESSAGE)."""
+    import http.server
+
+    from tests.httpfake import Response
+
+    page = http.server.DEFAULT_ERROR_MESSAGE % {"code": 404, "message": "File not found",
+                                                "explain": "Nothing matches the given URI"}
+    return Response(404, page.encode(), {"Content-Type": "text/html;charset=utf-8"})
+
+
+@pytest.mark.parametrize("path, option", server_leaves(), ids=[f"{' '.join(p)} {o}" for p, o in server_leaves()])
+def test_a_web_server_that_is_no_vllm_is_one_line_naming_the_url(path, option, tmp_path):
+    from tests.httpfake import FakeServer
+
+    with FakeServer(fallback=web_page) as web:
+        result = invoke(*path, option, web.url, *extra_args(path, option, tmp_path))
+    assert_one_line_error(result, 1, f"{web.url}/v1/models answered HTTP 404: an HTML page ('Error response'), not "
+                                     "JSON: is this a vLLM server?")
+    assert "<html" not in result.output.lower()
+    assert [r.path for r in web.requests] == ["/v1/models"]  # nothing more is asked of it
+
+
+@pytest.mark.parametrize("path, option", server_leaves(), ids=[f"{' '.join(p)} {o}" for p, o in server_leaves()])
+def test_a_keyed_server_asked_without_its_key_names_the_url_the_variable_and_the_option(path, option, tmp_path,
+                                                                                         monkeypatch):
+    from tests.fake_openai import FakeOpenAI, require_key
+
+    monkeypatch.delenv("TPUSERVE_API_KEY", raising=False)
+    with require_key(FakeOpenAI(), "sk-serve") as server:
+        result = invoke(*path, option, server.url, *extra_args(path, option, tmp_path))
+    assert_one_line_error(result, 1, f"{server.url}/v1/models answered HTTP 401: Unauthorized; no API key was sent "
+                                     "($TPUSERVE_API_KEY is not set): export TPUSERVE_API_KEY=",
+                          "or name another variable with --api-key-env")
+
+
+@pytest.mark.parametrize("path, option", server_leaves(), ids=[f"{' '.join(p)} {o}" for p, o in server_leaves()])
+def test_https_for_a_plain_http_server_says_it_speaks_http(path, option, tmp_path):
+    from tests.fake_openai import FakeOpenAI
+
+    with FakeOpenAI() as server:
+        secure = server.url.replace("http://", "https://")
+        result = invoke(*path, option, secure, *extra_args(path, option, tmp_path))
+    assert_one_line_error(result, 1, f"cannot reach {secure}/v1/models: this server speaks http, not https: give "
+                                     f"{server.url}")

@@ -226,8 +226,9 @@ def test_model_cards_keep_entries_with_an_id_and_refuse_what_is_no_list() -> Non
         assert raised.value.message == f"{fake.url}/v1/models: not a model list: {sent[:200]}"
     with FakeServer({("GET", "/v1/models"): lambda request: Response(401, {"error": {"message": "bad key"}})}) as fake, \
             pytest.raises(EndpointError) as raised:
-        ChatClient(fake.url, "m").model_cards()
-    assert (raised.value.status, raised.value.message, raised.value.latency_s) == (401, "bad key", 0.0)
+        ChatClient(fake.url, "m", api_key="k").model_cards()
+    assert (raised.value.status, raised.value.latency_s) == (401, 0.0)
+    assert raised.value.message.startswith("bad key; the key in $TPUSERVE_API_KEY was refused")
 
 
 def test_pick_model_names_what_is_served() -> None:
@@ -339,3 +340,30 @@ def test_a_model_lookup_gives_up_after_ten_seconds_by_default(monkeypatch: pytes
         assert served_card(fake.url, None) == {"id": "m"}
         assert served_model(fake.url) == "m"
     assert timeouts == [10, 10]
+
+
+# Issue 34 item 5: answers no vLLM gives are said as such, naming the URL, never printed raw.
+@pytest.mark.parametrize("status, body, headers, said", [
+    (200, "<!doctype html><html><head><title>Welcome to nginx!</title></head><body>...</body></html>",
+     {"Content-Type": "text/html"}, "answered HTTP 200: an HTML page ('Welcome to nginx!'), not a model list: is "
+                                    "this a vLLM server?"),
+    (404, {"detail": "Not Found"}, {}, "answered HTTP 404: Not Found: vLLM serves /v1/models, so is this a vLLM "
+                                       "server?"),  # FastAPI's 404 (another OpenAI-less app)
+    (502, "<html><body>Bad gateway</body></html>", {}, "answered HTTP 502: an HTML page, not JSON: is this a vLLM "
+                                                       "server?"),
+])
+def test_a_model_list_no_vllm_would_answer_names_the_url(status, body, headers, said) -> None:
+    with FakeServer({("GET", "/v1/models"): lambda request: Response(status, body, headers)}) as fake, \
+            pytest.raises(EndpointError) as raised:
+        ChatClient(fake.url, "m").model_cards()
+    assert str(raised.value) == f"{fake.url}/v1/models {said}"
+    assert raised.value.status == status
+
+
+def test_a_chat_answered_by_a_web_page_names_the_url_and_not_the_page() -> None:
+    page = "<!DOCTYPE HTML>\n<html lang=\"en\"><head><title>Error response</title></head><body>" + "x" * 600
+    with FakeServer(fallback=lambda request: Response(405, page, {"Content-Type": "text/html"})) as fake, \
+            pytest.raises(EndpointError) as raised:
+        ChatClient(fake.url, "m").chat(PROMPT)
+    assert str(raised.value) == (f"{fake.url}/v1/chat/completions answered HTTP 405: an HTML page ('Error response'), "
+                                 "not JSON: is this a vLLM server?")

@@ -144,17 +144,19 @@ def test_json_has_the_same_numbers_as_the_text(tmp_path: Path):
     assert document["session"]["operating_point"] == f"concurrency 8 of {tmp_path}"
     bare = json.loads(CliRunner().invoke(main, ["cost", "--json"]).output)
     assert bare["session"] is None
-    # 100 GB × $0.08 + (400 − 140 free) MiB/s × $0.08 (facts.py's Hyperdisk prices)
-    assert bare["cache_disk"] == {"size_gb": 100, "throughput_mibps": 400, "iops": 3000,
-                                  "usd_per_month": pytest.approx(28.8)}
+    # 100 GB × $0.08 at the free 140 MiB/s and 3,000 IOPS (facts.py's Hyperdisk prices)
+    assert bare["cache_disk"] == {"size_gb": 100, "throughput_mibps": 140, "iops": 3000,
+                                  "usd_per_month": pytest.approx(8.0)}
     assert json.loads(CliRunner().invoke(main, ["cost", "--json", "--cache-disk-gb", "0"]).output)["cache_disk"] is None
 
 
 def test_the_cache_disk_bills_by_the_month_and_is_printed():
     result = CliRunner().invoke(cost, [])
     assert result.exit_code == 0
-    assert ("Cache disk (100 GB Hyperdisk Balanced, 400 MiB/s, 3,000 IOPS): $28.80 / month while it exists, VM or not"
-            in result.output)  # 100 GB x $0.08 + 260 MiB/s x $0.08
+    assert ("Cache disk (100 GB Hyperdisk Balanced, 140 MiB/s, 3,000 IOPS): $8.00 / month while it exists, VM or not"
+            in result.output)  # 100 GB x $0.08 at the free throughput and IOPS
+    faster = CliRunner().invoke(cost, ["--cache-disk-throughput", "400"])
+    assert "(100 GB Hyperdisk Balanced, 400 MiB/s, 3,000 IOPS): $28.80 / month" in faster.output  # + 260 × $0.08
     bigger = CliRunner().invoke(cost, ["--cache-disk-gb", "250", "--disk-price-per-gb-month", "0.1",
                                        "--cache-disk-throughput", "140", "--cache-disk-iops", "4000"])
     assert "Cache disk (250 GB Hyperdisk Balanced, 140 MiB/s, 4,000 IOPS): $45.00 / month" in bigger.output
@@ -190,7 +192,7 @@ def test_breakeven_itself_is_below_and_an_even_session_is_a_saving_of_nothing(tm
     assert result.output.splitlines() == [
         "Breakeven vs $1/M: 1,000.0 output tok/s sustained at $3.6/h",
         "One cold start (0 min): $0.000",
-        "Cache disk (100 GB Hyperdisk Balanced, 400 MiB/s, 3,000 IOPS): $28.80 / month while it exists, VM or not "
+        "Cache disk (100 GB Hyperdisk Balanced, 140 MiB/s, 3,000 IOPS): $8.00 / month while it exists, VM or not "
         "(`tpuserve cache ls` lists them, `cache rm` removes them)",
         "Its throughput sets how fast a warm boot reads the weights: `tpuserve plan` shows what it buys",
         "Session of 1 h at 1,000.0 output tok/s (--output-tok-s 1000, below breakeven):",
@@ -209,8 +211,8 @@ def test_the_json_document_in_full(tmp_path: Path):
     session_part = document.pop("session")
     assert document == {"price_per_hour": 1.35, "api_price_per_m": 0.4, "breakeven_output_tok_s": exactly(937.5),
                         "cold_start_min": 10.0, "cold_start_usd": exactly(0.225),
-                        "cache_disk": {"size_gb": 100, "throughput_mibps": 400, "iops": 3000,
-                                       "usd_per_month": exactly(28.8)}, "notes": []}
+                        "cache_disk": {"size_gb": 100, "throughput_mibps": 140, "iops": 3000,
+                                       "usd_per_month": exactly(8.0)}, "notes": []}
     assert session_part == {"hours": 4.0, "serving_hours": exactly(23 / 6), "output_tok_s": 400.0,
                             "output_tokens": exactly(5_520_000), "usd": exactly(5.4),
                             "usd_per_m_output": exactly(5.4 / 5.52), "api_usd": exactly(2.208),

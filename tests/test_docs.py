@@ -135,3 +135,19 @@ def test_the_readme_stays_a_front_door():
     for needed in ("Quick start on a laptop", "What it costs", "Tearing it down", "Where to go next"):
         assert f"## {needed}" in headings
 
+
+
+def test_what_the_laptop_quick_start_writes_in_the_checkout_is_ignored(tmp_path: Path):
+    """Issue 34 item 9: `vllm.log` and `runs/` showed up in `git status` after the quick start."""
+    import shutil
+    import subprocess
+
+    laptop = README.read_text() + (ROOT / "docs" / "toolkit.md").read_text()
+    written = set(re.findall(r"> (\S+) 2>&1", laptop)) | {path.split("/")[0] + "/" for path in
+                                                         re.findall(r"--out (runs/\S+)", laptop)}
+    assert written == {"vllm.log", "runs/"}
+    shutil.copy(ROOT / ".gitignore", tmp_path / ".gitignore")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    checked = subprocess.run(["git", "check-ignore", *(name + ("x" if name.endswith("/") else "") for name in written)],
+                             cwd=tmp_path, capture_output=True, text=True)
+    assert sorted(checked.stdout.split()) == ["runs/x", "vllm.log"]

@@ -132,12 +132,14 @@ class RecordingReporter:
     def __init__(self) -> None:
         self.stages: list[str] = []
         self.waits: list[tuple[str, str]] = []
+        self.ends: list[float] = []  # when each wait was to give up
 
     def stage(self, name: str, at_s: float) -> None:
         self.stages.append(name)
 
-    def waiting(self, stage: str, detail: str) -> None:
+    def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
         self.waits.append((stage, detail))
+        self.ends.append(ends_at_s)
 
 
 # --- URL mode -------------------------------------------------------------------------------------------------
@@ -227,7 +229,8 @@ def test_a_permanent_error_on_a_smoke_check_ends_the_wait_at_once(status: int):
     with FakeServer(routes) as fake, requests.Session() as http:
         verdict = watch_url(http, fake.url, MODEL, smoke=["tools"], timeout_s=30, interval_s=0.05)
     assert not verdict.ready and verdict.elapsed_s < 5
-    assert verdict.reason.startswith(f"stage smoke-tools: chat completion answered HTTP {status}: \"auto\" tool choice")
+    said = "chat completion" if status == 400 else f"{fake.url}/v1/chat/completions"  # a 401/403 names the URL
+    assert verdict.reason.startswith(f"stage smoke-tools: {said} answered HTTP {status}: \"auto\" tool choice")
     assert verdict.reason.endswith("(waiting cannot change this answer)")
     assert sum(bool(r.json().get("tools")) for r in fake.requests if r.method == "POST") == 1
 
@@ -244,13 +247,14 @@ def test_off_a_terminal_the_gate_prints_each_change_and_a_heartbeat():
     reporter = gate_module.LineReporter(Console(), heartbeat_s=30, clock=lambda: now[0])
     for second in range(0, 100, 3):  # a poll every 3 s: the same answer, then a new one at 60 s
         now[0] = 1000.0 + second
-        reporter.waiting("health", "no answer (ConnectionError)" if second < 60 else "/health answered HTTP 503")
+        reporter.waiting("health", "no answer (ConnectionError)" if second < 60 else "/health answered HTTP 503",
+                         120 if second < 60 else 1500)
     now[0] = 1100.0
     reporter.stage("health", 100.0)
-    assert lines == ["0: … health: no answer (ConnectionError) (0 s)",
-                     "30: … still in health: no answer (ConnectionError) (30 s)",
-                     "60: … health: /health answered HTTP 503 (60 s)",
-                     "90: … still in health: /health answered HTTP 503 (90 s)",
+    assert lines == ["0: … health: no answer (ConnectionError) (0 s; gives up at 120 s)",
+                     "30: … still in health: no answer (ConnectionError) (30 s; gives up at 120 s)",
+                     "60: … health: /health answered HTTP 503 (60 s; gives up at 1500 s)",
+                     "90: … still in health: /health answered HTTP 503 (90 s; gives up at 1500 s)",
                      "100: ✓ health             at   100.0 s"]
     assert gate_module.HEARTBEAT_S <= 60
 
@@ -261,8 +265,8 @@ def test_a_server_that_never_comes_up_times_out_naming_the_health_stage():
     with requests.Session() as http:
         verdict = watch_url(http, f"http://127.0.0.1:{port}", MODEL, timeout_s=0.5, interval_s=0.05)
     assert not verdict.ready and verdict.stages == {}
-    assert verdict.reason == (f"timed out after 0.5 s in stage health: nothing listens on 127.0.0.1:{port} yet: is "
-                              "the port right?")
+    assert verdict.reason == (f"timed out after 0.5 s in stage health: nothing listens on 127.0.0.1:{port}, and no "
+                              "process here holds its port yet (vLLM binds it as it starts)")
     assert 0.5 <= verdict.elapsed_s < 1.0  # polls stop at the deadline, not an interval or a request later
     assert time.monotonic() - started < 2
 
@@ -551,7 +555,7 @@ def test_console_reporter_prints_each_stage_as_it_arrives():
     with console.status("x") as status:
         reporter = ConsoleReporter(console, status)
         reporter.stage("pulling-image", 41.0)
-        reporter.waiting("loading-model", "in loading-model")
+        reporter.waiting("loading-model", "in loading-model", 1500)
         live_line = str(status.status)
     printed = console.export_text()
     assert "pulling-image" in printed and "41.0 s" in printed
@@ -699,8 +703,8 @@ def test_the_live_status_line_counts_seconds_since_the_gate_started():
     with console.status("x") as status:
         reporter = ConsoleReporter(console, status)
         reporter.started -= 42.2  # as if the gate had started 42 s ago
-        reporter.waiting("loading-model", "in loading-model")
-        assert str(status.status) == "loading-model: in loading-model (42 s)"
+        reporter.waiting("loading-model", "in loading-model", 1500)
+        assert str(status.status) == "loading-model: in loading-model (42 s; gives up at 1500 s)"
 
 
 def test_instance_mode_prints_each_stage_and_waits_for_the_config_hash_it_was_given(monkeypatch: pytest.MonkeyPatch):
@@ -742,9 +746,9 @@ def test_line_output_prints_details_as_they_are():
 
     console = Console(record=True, width=200, force_terminal=True, color_system="standard")
     reporter = gate_module.LineReporter(console, clock=lambda: 1000.0)
-    reporter.waiting("health", "/health answered [bold]503[/bold] at 10.0.0.7")
+    reporter.waiting("health", "/health answered [bold]503[/bold] at 10.0.0.7", 60)
     printed = console.export_text(styles=True)
-    assert printed == "… health: /health answered [bold]503[/bold] at 10.0.0.7 (0 s)\n"
+    assert printed == "… health: /health answered [bold]503[/bold] at 10.0.0.7 (0 s; gives up at 60 s)\n"
 
 
 def timeline_rows(verdict: gate_module.Verdict, url_mode: bool) -> list[str]:
@@ -898,8 +902,10 @@ def test_a_failed_boot_whose_console_cannot_be_read_says_so():
 
 
 @pytest.mark.parametrize("models, reason", [
-    (Response(401, {"error": {"message": "unauthorized"}}),
-     "stage models: /v1/models answered HTTP 401 (waiting cannot change this answer)"),
+    (Response(401, {"error": "Unauthorized"}),  # vLLM's own 401 (vllm/entrypoints/serve/middleware/authenticate.py)
+     "stage models: {url}/v1/models answered HTTP 401: Unauthorized; no API key was sent ($TPUSERVE_API_KEY is not "
+     "set): export TPUSERVE_API_KEY=<the key the server was started with> (vLLM's --api-key or VLLM_API_KEY), or "
+     "name another variable with --api-key-env (waiting cannot change this answer)"),
     (Response(503, {"error": {"message": "loading"}}),
      "timed out after 0.3 s in stage models: /v1/models answered HTTP 503"),
     (Response(200, {"object": "list", "data": "gemma"}),
@@ -912,7 +918,7 @@ def test_the_models_stage(models: Response, reason: str):
     routes[("GET", "/health")] = lambda request: Response(200)
     with FakeServer(routes) as fake, requests.Session() as http:
         verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.02)
-    assert verdict.reason == reason and list(verdict.stages) == ["health"]
+    assert verdict.reason == reason.format(url=fake.url) and list(verdict.stages) == ["health"]
 
 
 def test_an_unhealthy_server_is_waited_out_naming_its_status():
@@ -989,11 +995,12 @@ def test_a_refused_connection_is_said_plainly_while_waiting():
         seen: list[str] = []
 
         class Reporter(gate_module.SilentReporter):
-            def waiting(self, stage: str, detail: str) -> None:
+            def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
                 seen.append(f"{stage}: {detail}")
 
         watch_url(http, f"127.0.0.1:{port}", MODEL, timeout_s=0.2, interval_s=0.05, reporter=Reporter())
-    assert set(seen) == {f"health: nothing listens on 127.0.0.1:{port} yet: is the port right?"}
+    assert set(seen) == {f"health: nothing listens on 127.0.0.1:{port}, and no process here holds its port yet (vLLM "
+                         "binds it as it starts)"}
 
 
 def test_connections_refused_for_the_connect_timeout_end_the_gate_with_that_verdict():
@@ -1003,17 +1010,32 @@ def test_connections_refused_for_the_connect_timeout_end_the_gate_with_that_verd
     assert code == 1 and time.monotonic() - started < 3
     verdict = json.loads(stdout[-1])
     assert verdict["ready"] is False
-    assert verdict["reason"] == (f"stage health: nothing listens on 127.0.0.1:{port}: connections refused for 0.3 s "
-                                 "(--connect-timeout); is the port right?")
+    assert verdict["reason"] == (f"stage health: nothing listens on 127.0.0.1:{port}, and no process here holds its "
+                                 "port: connections refused for 0.3 s (--connect-timeout); is the port right?")
     assert f"not ready: {verdict['reason']}" in " ".join(stderr.split())
 
 
-def test_a_host_that_does_not_resolve_counts_as_not_connecting_and_says_so():
+def test_a_host_that_does_not_resolve_ends_the_wait_at_once():
+    """Issue 34 item 4: a name no resolver knows will not come to exist while the gate waits."""
     with requests.Session() as http:
-        verdict = watch_url(http, "http://no-such-host.invalid:8000", MODEL, timeout_s=5, interval_s=0.05,
-                            connect_timeout_s=0.2)
-    assert verdict.reason.startswith("stage health: cannot connect to no-such-host.invalid:8000 (")
-    assert verdict.reason.endswith("for 0.2 s (--connect-timeout); is the host right?")
+        verdict = watch_url(http, "http://no-such-host.invalid:8000", MODEL, timeout_s=30, interval_s=0.05,
+                            connect_timeout_s=20)
+    assert verdict.reason.startswith("stage health: no-such-host.invalid does not resolve (")
+    assert verdict.reason.endswith("): is the host right? (waiting cannot change this answer)")
+    assert verdict.elapsed_s < 5
+
+
+def test_a_host_that_cannot_be_reached_counts_as_not_connecting_and_says_so(monkeypatch: pytest.MonkeyPatch):
+    def unreachable(self, *args, **kwargs):
+        raise requests.ConnectionError("HTTPConnectionPool(host='10.9.9.9', port=8000): Max retries exceeded "
+                                       "(Caused by NewConnectionError('...: Failed to establish a new connection: "
+                                       "[Errno 113] No route to host'))")
+
+    monkeypatch.setattr(requests.Session, "get", unreachable)
+    with requests.Session() as http:
+        verdict = watch_url(http, "http://10.9.9.9:8000", MODEL, timeout_s=5, interval_s=0.05, connect_timeout_s=0.2)
+    assert verdict.reason == ("stage health: cannot connect to 10.9.9.9:8000 (No route to host): no connection for "
+                              "0.2 s (--connect-timeout); is the host right?")
 
 
 @pytest.mark.real_time
@@ -1065,15 +1087,15 @@ def test_ctrl_c_ends_the_gate_with_its_verdict_line_and_exit_130():
         [sys.executable, "-m", "tpuserve", "gate", "--url", f"127.0.0.1:{port}", "--connect-timeout", "600",
          "--interval", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     first = gate_process.stderr.readline()  # off a terminal: one line per change; the first says it is waiting
-    assert f"health: nothing listens on 127.0.0.1:{port} yet" in first
+    assert f"health: nothing listens on 127.0.0.1:{port}, and no process here holds its port yet" in first
     gate_process.send_signal(signal.SIGINT)
     stdout, stderr = gate_process.communicate(timeout=30)
     assert gate_process.returncode == 130, stderr
     verdict = json.loads(stdout.splitlines()[-1])
     assert verdict["ready"] is False and verdict["stages"] == {}
     assert verdict["reason"].startswith("interrupted (Ctrl-C) after ")
-    assert verdict["reason"].endswith(f" s, in stage health: nothing listens on 127.0.0.1:{port} yet: is the port "
-                                      "right?")
+    assert verdict["reason"].endswith(f" s, in stage health: nothing listens on 127.0.0.1:{port}, and no process "
+                                      "here holds its port yet (vLLM binds it as it starts)")
     assert f"not ready: {verdict['reason']}" in " ".join(stderr.split())
     assert "Traceback" not in stderr and "Aborted" not in stderr
 
@@ -1082,7 +1104,93 @@ def test_an_interrupted_wait_keeps_the_stages_it_reached():
     tracker = gate_module.Tracker(gate_module.SILENT)
     tracker.stage("health", 1.5)
     assert tracker.interrupted().reason.endswith(", after stage health")
-    tracker.waiting("models", "/v1/models answered HTTP 503")
+    tracker.waiting("models", "/v1/models answered HTTP 503", 1500)
     verdict = tracker.interrupted()
     assert verdict.stages == {"health": 1.5} and verdict.interrupted and not verdict.ready
     assert verdict.reason.endswith(", in stage models: /v1/models answered HTTP 503")
+
+
+# --- issue 34, item 4: a server that is not vLLM, told from one still booting ----------------------------------
+
+def web_page(request: Request) -> Response:
+    """Python's own http.server for a path it has no file for (http.server DEFAULT_ERROR_MESSAGE)."""
+    import http.server
+
+    page = http.server.DEFAULT_ERROR_MESSAGE % {"code": 404, "message": "File not found",
+                                                "explain": "Nothing matches the given URI"}
+    return Response(404, page.encode(), {"Content-Type": "text/html;charset=utf-8"})
+
+
+@pytest.mark.parametrize("routes, said", [
+    ({}, "/health answered HTTP 404 with an HTML page ('Error response'): every vLLM answers /health"),
+    ({("GET", "/health"): lambda request: Response(404, {"detail": "Not Found"})},  # FastAPI's 404
+     "/health answered HTTP 404: every vLLM answers /health (200, or 503 while it loads) once it accepts "
+     "connections, so is this a vLLM server?"),
+    ({("GET", "/health"): lambda request: Response(200),  # a health route, but no OpenAI API
+      ("GET", "/v1/models"): lambda request: Response(404, {"detail": "Not Found"})},
+     "/v1/models answered HTTP 404: vLLM serves /v1/models, so is this a vLLM server?"),
+    ({("GET", "/health"): lambda request: Response(200), ("GET", "/v1/models"): lambda request: Response(
+        200, "<html><head><title>Index</title></head></html>", {"Content-Type": "text/html"})},
+     "/v1/models answered HTTP 200: an HTML page ('Index'), not JSON: is this a vLLM server?"),
+], ids=["web server", "another json app", "no models route", "a page for models"])
+def test_a_server_that_is_not_vllm_ends_the_wait_at_once(routes: dict, said: str):
+    with FakeServer(routes, fallback=web_page) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url, None, timeout_s=30, interval_s=0.05, connect_timeout_s=20)
+    assert not verdict.ready and verdict.elapsed_s < 5
+    assert said in verdict.reason and verdict.reason.endswith("(waiting cannot change this answer)")
+    assert f"{fake.url}/" in verdict.reason  # the address asked
+    assert "<html" not in verdict.reason.lower()
+
+
+def test_a_booting_vllm_holds_its_port_so_its_refusals_do_not_end_the_wait():
+    """vLLM binds its port as it starts and listens once its engine is up (vllm/entrypoints/launchers/launcher.py
+    setup_server): on this machine a bound port that refuses is a boot, waited for until --timeout, and said so."""
+    port = free_local_port()
+    bound = socket.socket()
+    bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM's create_server_socket does
+    bound.bind(("127.0.0.1", port))
+    reporter = RecordingReporter()
+    try:
+        with requests.Session() as http:
+            verdict = watch_url(http, f"127.0.0.1:{port}", MODEL, timeout_s=0.6, interval_s=0.05,
+                                connect_timeout_s=0.2, reporter=reporter)
+    finally:
+        bound.close()
+    assert verdict.reason == (f"timed out after 0.6 s in stage health: 127.0.0.1:{port} is bound but not listening "
+                              "yet: a vLLM loading (it listens once its engine is up)")
+    assert set(reporter.ends) == {0.6}  # the spinner says the --timeout ends it, not the --connect-timeout
+    assert "is the port right?" not in " ".join(detail for _, detail in reporter.waits)
+
+
+def test_the_wait_says_when_refusals_end_it():
+    port = free_local_port()
+    reporter = RecordingReporter()
+    with requests.Session() as http:
+        verdict = watch_url(http, f"127.0.0.1:{port}", MODEL, timeout_s=30, interval_s=0.05, connect_timeout_s=0.3,
+                            reporter=reporter)
+    assert verdict.reason.endswith("connections refused for 0.3 s (--connect-timeout); is the port right?")
+    assert reporter.ends and all(0.3 <= end < 0.4 for end in reporter.ends)  # the first refusal + 0.3 s
+
+
+def test_https_to_an_http_server_ends_the_wait_saying_it_speaks_http():
+    with FakeServer(openai_routes(Response(200, chat_body("Hi")))) as fake, requests.Session() as http:
+        verdict = watch_url(http, fake.url.replace("http://", "https://"), MODEL, timeout_s=30, interval_s=0.05)
+    address = fake.url.removeprefix("http://")
+    assert verdict.reason == (f"stage health: {address} speaks http, not https: give http://{address} (waiting "
+                              "cannot change this answer)")
+
+
+def test_the_gate_presents_the_key_of_api_key_env_and_names_it_when_refused(monkeypatch: pytest.MonkeyPatch):
+    from tests.fake_openai import require_key
+
+    monkeypatch.setenv("SERVE_KEY", "sk-wrong")
+    with require_key(FakeServer(openai_routes(Response(200, chat_body("Hi")))), "sk-serve") as fake:
+        code, stdout, _ = run_gate("--url", fake.url, "--api-key-env", "SERVE_KEY", "--timeout", "30")
+        assert code == 1
+        assert json.loads(stdout[-1])["reason"] == (
+            f"stage models: {fake.url}/v1/models answered HTTP 401: Unauthorized; the key in $SERVE_KEY was refused: "
+            "set it to the key the server was started with (vLLM's --api-key or VLLM_API_KEY), or name another "
+            "variable with --api-key-env (waiting cannot change this answer)")
+        monkeypatch.setenv("SERVE_KEY", "sk-serve")
+        code, stdout, _ = run_gate("--url", fake.url, "--api-key-env", "SERVE_KEY", "--timeout", "30")
+    assert code == 0 and json.loads(stdout[-1])["ready"] is True

@@ -105,3 +105,14 @@ def test_a_server_not_reachable_from_here_is_not_asked_and_says_so():
                                           "--model m is written unchecked"]
     offline = CliRunner().invoke(main, ["litellm", "--url", address, "--model", "m", "--alias", "a", "--offline"])
     assert offline.exit_code == 0 and offline.stderr == ""
+
+
+def test_offline_without_a_model_asks_the_server_nothing():
+    """Issue 34 item 9: --offline used to ask the server for its first model when --model was missing."""
+    from tests.fake_openai import FakeOpenAI
+
+    with FakeOpenAI() as server:
+        result = CliRunner().invoke(main, ["litellm", "--url", server.url, "--alias", "a", "--offline"])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == "Error: --offline asks the server nothing, so it needs --model (or --stack)"
+    assert server.requests == []

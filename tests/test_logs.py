@@ -662,3 +662,83 @@ def test_diagnose_without_shipped_lines_sends_the_serial_console_unchanged(no_ad
     assert result.exit_code == 0, result.output
     assert "(Cloud Logging)" not in result.stdout
     assert result.stdout.splitlines()[-1] == "docker: Error response from daemon: manifest unknown"
+
+
+# Issue 34 item 8: the excerpt fits the diagnosing model's context.
+LONG_LOG = "\n".join([f"(EngineCore pid={i}) ERROR worker {i} failed to allocate its KV cache block table" for i in
+                      range(400)] + ["docker: Error response from daemon: manifest unknown"])  # 25,000 characters
+
+
+class SmallContextVllm(FakeOpenAI):
+    """A vLLM serving a model of `max_model_len` tokens: /v1/models says so (ModelCard.max_model_len), POST /tokenize
+    counts a chat (TokenizeResponse {count, max_model_len, tokens}; here one token per 2 characters of content plus
+    10 for the template, a stand-in for the tokenizer), and a chat too long for the context gets vLLM's 400
+    (vllm/renderers/params.py _token_len_check)."""
+
+    def __init__(self, max_model_len: int = 1024, tokenize: bool = True):
+        super().__init__(reply_text=lambda prompt: "Cause: the image tag does not exist.")
+        self.max_model_len = max_model_len
+        self.routes[("POST", "/v1/chat/completions")] = self.chat_within_context
+        if tokenize:
+            self.routes[("POST", "/tokenize")] = self.tokenize
+
+    def models(self, request: Request) -> Response:
+        return Response(200, {"object": "list", "data": [{"id": FAKE_MODEL, "object": "model", "root": FAKE_MODEL,
+                                                          "max_model_len": self.max_model_len}]})
+
+    @staticmethod
+    def count(messages: list[dict]) -> int:
+        return sum(len(m["content"]) for m in messages) // 2 + 10
+
+    def tokenize(self, request: Request) -> Response:
+        count = self.count(request.json()["messages"])
+        return Response(200, {"count": count, "max_model_len": self.max_model_len, "tokens": [0] * count})
+
+    def chat_within_context(self, request: Request) -> Response:
+        count = self.count(request.json()["messages"])
+        if count > self.max_model_len:
+            return Response(400, {"error": {"message": f"This model's maximum context length is {self.max_model_len} "
+                                                       f"tokens. However, your prompt contains at least "
+                                                       f"{self.max_model_len + 1} input tokens, which exceeds this "
+                                                       "limit even without any output tokens. Please reduce the "
+                                                       "length of the input prompt.",
+                                            "type": "BadRequestError", "param": "input_tokens", "code": 400}})
+        return self.chat(request)
+
+
+def test_the_default_excerpt_is_cut_to_the_models_context(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text(LONG_LOG)
+    with SmallContextVllm(1024) as fake:
+        result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--url", fake.url])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "Cause: the image tag does not exist.\n"
+    [sent] = fake.chat_bodies()
+    assert fake.count(sent["messages"]) <= 1024 - 300 and sent["max_tokens"] == 300  # the answer's room is kept
+    assert "manifest unknown" in sent["messages"][1]["content"]  # the log's end is what is kept
+    assert "takes 1024 tokens (its max_model_len), 300 of them for the answer" in result.stderr
+
+
+def test_a_max_chars_the_user_chose_is_refused_with_one_that_fits(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text(LONG_LOG)
+    with SmallContextVllm(1024) as fake:
+        result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--url", fake.url, "--max-chars",
+                                           "5000"])
+    assert result.exit_code == 2
+    assert "Invalid value for --max-chars: fake/gemma-4-E2B-it takes 1024 tokens" in result.output
+    assert fake.chat_bodies() == []
+    fits = int(result.output.split("give at most ")[1].split()[0])
+    with SmallContextVllm(1024) as fake:
+        again = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--url", fake.url, "--max-chars",
+                                          str(fits)])
+    assert again.exit_code == 0, again.output
+
+
+def test_a_server_that_cannot_count_tokens_gets_the_excerpt_and_its_refusal_says_what_to_lower(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text(LONG_LOG)
+    with SmallContextVllm(1024, tokenize=False) as fake:
+        result = CliRunner().invoke(main, ["diagnose", "--log-file", str(log), "--url", fake.url])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[-1].endswith("Please reduce the length of the input prompt.; lower --max-chars")

@@ -360,7 +360,7 @@ def test_defaults_follow_the_stacks_serving_config_and_the_chip_fact():
 # --- the cache disk: the throughput's boot-time effect and monthly cost ---------------------------------------------
 
 def test_the_cache_disks_throughput_is_shown_with_the_warm_boot_estimate_and_its_cost():
-    result = CliRunner().invoke(plan, ["--json"])
+    result = CliRunner().invoke(plan, ["--json", "--cache-disk-throughput", "400"])
     assert result.exit_code == 0, result.output
     disk = json.loads(result.output)["cache_disk"]
     # 9.4995 GiB of weights × 1024 / 400 MiB/s = 24.3 s; at the free 140 MiB/s 69.5 s (the reference boot's model load
@@ -370,8 +370,9 @@ def test_the_cache_disks_throughput_is_shown_with_the_warm_boot_estimate_and_its
     # 100 GB × $0.08 + (400 − 140) MiB/s × $0.08 + no IOPS above the free 3,000.
     assert disk["usd_per_month"] == {"capacity": 8.0, "throughput": 20.8, "iops": 0.0, "total": 28.8}
     assert disk["prices_as_of"] == "2026-04-15"
-    free = json.loads(CliRunner().invoke(plan, ["--json", "--cache-disk-throughput", "140"]).output)["cache_disk"]
-    assert free["warm_boot_estimate_s"] == 209 > 180 and free["usd_per_month"]["total"] == 8.0
+    default = json.loads(CliRunner().invoke(plan, ["--json"]).output)["cache_disk"]  # the free throughput
+    assert default["throughput_mibps"] == 140
+    assert default["warm_boot_estimate_s"] == 209 > 180 and default["usd_per_month"]["total"] == 8.0
     assert json.loads(CliRunner().invoke(plan, ["--json", "--cache-disk-gb", "0"]).output)["cache_disk"] is None
 
 
@@ -384,3 +385,18 @@ def test_the_table_says_it_in_words():
     assert "$68.00 / month while it exists: 100 GB $8.00 + throughput $0.00 + IOPS $60.00" in text  # 3,000 × $0.02
     bad = CliRunner().invoke(plan, ["--cache-disk-throughput", "100"])
     assert bad.exit_code == 2 and "--cache-disk-throughput" in bad.output
+
+
+@pytest.mark.parametrize("text, why", [("{bad", "not valid JSON (Expecting property name enclosed in double quotes"),
+                                       ("[1, 2]", "not a JSON object")])
+def test_a_config_file_that_is_no_config_is_a_usage_error(tmp_path, text: str, why: str):
+    """Issue 34 item 9: exit 2, as every other bad file; it was 1."""
+    from click.testing import CliRunner
+
+    from tpuserve.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    result = CliRunner().invoke(main, ["plan", "--config", str(path)])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1].startswith(f"Error: Invalid value for --config: {path}: {why}")

@@ -218,7 +218,8 @@ def test_the_endpoint_options_as_users_see_them() -> None:
 
     command = click.command()(endpoint_options(lambda **kwargs: None))
     assert [(p.opts, p.help, p.show_default) for p in command.params][4:] == [
-        (["--api-key-env"], "Environment variable holding the API key (keys never go on the command line).", True),
+        (["--api-key-env"], "Environment variable holding the server's API key (vLLM's --api-key); keys never go on "
+                            "the command line.", True),
         (["--timeout"], "Seconds per request.", True),
         (["--max-tokens"], "Token budget per answer (default: tools 200, structured 512, vision 32).", None),
         (["--json"], "Print the result as one JSON document on stdout, errors too (machine-readable).", None),
@@ -319,6 +320,34 @@ def test_scenario_verdict_and_latency_never_wrap_in_a_narrow_table(monkeypatch: 
     monkeypatch.setenv("COLUMNS", "60")
     with FakeOpenAI(structured="ignored") as fake:
         result = CliRunner().invoke(main, ["probe", "structured", "--url", fake.url])
+    lines = result.stdout.splitlines()
+    for whole in ("json_schema thinking=off", "schema not enforced"):
+        assert any(whole in line for line in lines), result.stdout
+
+
+@pytest.mark.parametrize("columns", ["60", "80", "120"])
+def test_no_word_of_a_reason_is_cut_at_any_width(monkeypatch: pytest.MonkeyPatch, columns: str) -> None:
+    """Issue 34 item 9: at 80 columns the structured table cut its own fix ('--structured-out…'). Every word of
+    every reason is printed whole, and scenario and verdict stay on one line."""
+    from tests.fake_openai import completion
+
+    monkeypatch.setenv("COLUMNS", columns)
+    fake = FakeOpenAI(structured="enforced")
+
+    def chat(request: Request) -> Response:
+        body = request.json()
+        if body.get("chat_template_kwargs", {}).get("enable_thinking"):  # padded until max_tokens
+            return Response(200, completion('{"answer": "yes",' + " " * 200, finish_reason="length"))
+        return Response(200, completion("Sure thing, yes"))  # the schema ignored
+
+    fake.routes[("POST", "/v1/chat/completions")] = chat
+    with fake:
+        result = CliRunner().invoke(main, ["probe", "structured", "--url", fake.url])
+    assert result.exit_code == 0, result.output
+    words = result.stdout.split()
+    assert "…" not in result.stdout
+    for needed in ("--structured-outputs-config", "'{\"disable_any_whitespace\":", "true}'"):
+        assert needed in words, result.stdout
     lines = result.stdout.splitlines()
     for whole in ("json_schema thinking=off", "schema not enforced"):
         assert any(whole in line for line in lines), result.stdout

@@ -134,8 +134,8 @@ def test_the_cache_disk_and_bucket_are_kept_adopted_caches_in_the_vms_zone():
                      "member": "serviceAccount:tpu-serve-dev@proj-1.iam.gserviceaccount.com"}
     assert run.outputs["cacheDisk"] == "projects/proj-1/zones/europe-west4-a/disks/tpu-serve-dev-cache"
     assert run.outputs["cacheBucket"] == "proj-1-tpu-serve-dev-cache"
-    assert run.outputs["cacheMonthlyCostUsd"] == pytest.approx(28.8)  # 100 GB x $0.08 + 260 MiB/s x $0.08
-    assert (disk.inputs["provisionedThroughput"], disk.inputs["provisionedIops"]) == (400, 3000)
+    assert run.outputs["cacheMonthlyCostUsd"] == pytest.approx(8.0)  # 100 GB x $0.08, at the free performance
+    assert (disk.inputs["provisionedThroughput"], disk.inputs["provisionedIops"]) == (140, 3000)
 
 
 def test_no_cache_disk_and_no_bucket_when_turned_off():

@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from tpuserve.deploy import stack
+from tpuserve.deploy.pulumi_cli import missing_cli
 from tpuserve.serving import ConfigError
 
 GCP_OUTPUTS = {"target": "gcp", "instanceName": "tpu-serve-dev", "zone": "us-east5-b", "project": "my-ml-sandbox",
@@ -93,9 +94,22 @@ def test_stack_outputs_errors_name_the_option(shims: Path, stdout: str, rc: int,
 
 def test_missing_pulumi_cli_is_a_clear_error(shims: Path) -> None:
     (shims.parent / "bin" / "pulumi").unlink()
-    with pytest.raises(ConfigError, match="needs the pulumi CLI on PATH") as err:
+    with pytest.raises(ConfigError) as err:
         stack.stack_outputs("dev")
     assert err.value.key == "--stack"
+    assert str(err.value) == f"--stack: reading stack 'dev': {missing_cli('dev')}"
+
+
+def test_the_missing_cli_is_said_one_way_everywhere_with_the_way_to_get_it(shims: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34 item 6: the toolkit's wording lacked the install hint that `tpuserve up`'s had."""
+    from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
+
+    (shims.parent / "bin" / "pulumi").unlink()
+    with pytest.raises(PulumiError) as raised:
+        PulumiCli("dev")
+    assert str(raised.value) == missing_cli("dev")
+    assert "scripts/install-pulumi.sh" in missing_cli("dev") and "tpuserve check --stack dev" in missing_cli("dev")
 
 
 def test_local_stack_endpoint_needs_no_tunnel(shims: Path) -> None:

@@ -28,6 +28,8 @@ def clone(tmp_path: Path) -> Clone:
     (clone.root / "scripts" / "bootstrap.sh").write_text('#!/bin/sh\necho "bootstrap $*" >>"$PULUMI_LOG"\n')
     (clone.root / "scripts" / "bootstrap.sh").chmod(0o755)
     clone.put_on_path("gcloud", '#!/bin/sh\necho "gcloud must not run in tests: $*" >&2\nexit 1\n')
+    for stack in ("dev", "staging"):  # a stack is its file (scripts/up.sh refuses a name without one)
+        (clone.root / f"Pulumi.{stack}.yaml").write_text((ROOT / "Pulumi.dev.yaml").read_text())
     adc = tmp_path / "application_default_credentials.json"
     adc.write_text(json.dumps({"type": "authorized_user", "client_id": "stub.apps.googleusercontent.com",
                                "client_secret": "stub-secret", "refresh_token": "stub-refresh-token"}))
@@ -38,9 +40,17 @@ def clone(tmp_path: Path) -> Clone:
     return clone
 
 
-# scripts/up.sh ends by handing over to `tpuserve up` (tests/test_up.py drives that against a fake pulumi and fake
-# Google APIs); here a stand-in logs the hand-over and which pulumi it would drive.
-TPUSERVE_STUB = '#!/bin/sh\necho "tpuserve $* (pulumi: $(command -v pulumi))" >>"$PULUMI_LOG"\n'
+# scripts/up.sh checks the stack file with `tpuserve check` and ends by handing over to `tpuserve up`
+# (tests/test_check.py and tests/test_up.py drive those); here a stand-in logs each call and which pulumi it would
+# drive, and fails `check` with the line the real one prints when FAKE_CHECK_FAILS says so.
+TPUSERVE_STUB = """#!/bin/sh
+if [ "$1" = check ]; then
+  echo "tpuserve $*" >>"$PULUMI_LOG"
+  if [ -n "$FAKE_CHECK_FAILS" ]; then echo "Error: $FAKE_CHECK_FAILS" >&2; exit 2; fi
+  exit 0
+fi
+echo "tpuserve $* (pulumi: $(command -v pulumi))" >>"$PULUMI_LOG"
+"""
 
 
 def venv_with_stub_tpuserve(venv: Path) -> None:
@@ -78,12 +88,13 @@ def test_a_ready_machine_goes_from_setup_to_pulumi_up(clone: Clone):
     assert result.returncode == 0, result.stderr
     assert [*commands(clone)[:-1], handed_over(clone)] == [
         "bootstrap stack",
+        "tpuserve check --stack dev",
         "stack select --create dev",
         "config get project --stack dev",
         "tpuserve up --stack dev --yes",
     ]
     backend = f"file://{clone.root}/.pulumi-state"
-    assert all(line.endswith(f" | {backend}") for line in clone.pulumi_calls()[1:-1])
+    assert all(line.endswith(f" | {backend}") for line in clone.pulumi_calls()[2:-1])
     assert (clone.root / ".pulumi-state").is_dir()
     assert result.requests == []  # the CLI on PATH is recent enough
 
@@ -110,7 +121,7 @@ def test_a_failed_install_stops_before_any_pulumi_command(clone: Clone):
 
     assert result.returncode == 1
     assert result.stderr.splitlines()[-1].startswith("install-pulumi: could not download ")
-    assert commands(clone) == ["bootstrap stack"]
+    assert commands(clone) == ["bootstrap stack", "tpuserve check --stack dev"]
 
 
 def test_missing_credentials_stop_before_pulumi_up_and_say_how_to_log_in(clone: Clone):
@@ -125,7 +136,7 @@ def test_missing_credentials_stop_before_pulumi_up_and_say_how_to_log_in(clone: 
     assert lines[-1].startswith("Error: no Google application-default credentials (")
     assert lines[-1].endswith("; run `gcloud auth application-default login`")
     assert "Traceback" not in result.stderr
-    assert commands(clone) == ["bootstrap stack"]
+    assert commands(clone) == ["bootstrap stack", "tpuserve check --stack dev"]
 
 
 def test_the_login_check_comes_before_any_download(clone: Clone):
@@ -154,7 +165,7 @@ def test_without_network_to_the_releases_the_error_is_said_once_with_the_way_out
                     "again; or point TPUSERVE_PULUMI_DOWNLOAD_URL at a mirror of https://get.pulumi.com/releases/sdk")
     assert result.stderr.count("503") == 1
     assert len(result.requests) == 3  # the checksums file, tried three times; the archive never
-    assert commands(clone) == ["bootstrap stack"]
+    assert commands(clone) == ["bootstrap stack", "tpuserve check --stack dev"]
 
 
 def test_a_stack_without_a_project_says_the_exact_command(clone: Clone):
@@ -176,7 +187,7 @@ def test_the_project_hint_names_the_installed_cli_and_leaves_a_chosen_backend_al
     assert result.stderr.splitlines()[-1] == (
         "Error: stack dev names no GCP project: run "
         "`.tools/pulumi/bin/pulumi config set -s dev project YOUR_PROJECT_ID`")
-    assert clone.pulumi_calls()[1] == "stack select --create dev | gs://my-state"
+    assert clone.pulumi_calls()[2] == "stack select --create dev | gs://my-state"
 
 
 def test_a_local_stack_needs_neither_google_credentials_nor_a_project(clone: Clone):
@@ -188,5 +199,32 @@ def test_a_local_stack_needs_neither_google_credentials_nor_a_project(clone: Clo
     result = clone.run("up.sh", "local")
 
     assert result.returncode == 0, result.stderr
-    assert [*commands(clone)[:-1], handed_over(clone)] == ["bootstrap stack", "stack select --create local",
-                                                           "tpuserve up --stack local"]
+    assert [*commands(clone)[:-1], handed_over(clone)] == ["bootstrap stack", "tpuserve check --stack local",
+                                                           "stack select --create local", "tpuserve up --stack local"]
+
+
+# Issue 34 item 6: a misspelled stack is not created, and a bad stack file stops everything before it starts.
+def test_a_stack_without_its_file_is_refused_naming_the_stacks_there_are(clone: Clone):
+    clone.put_on_path("pulumi", fake_pulumi(PIN))
+
+    result = clone.run("up.sh", "dve")
+
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "Error: no Pulumi.dve.yaml, so no stack dve: the stacks here are dev, staging; a new stack starts as a copy "
+        "of one (cp Pulumi.dev.yaml Pulumi.dve.yaml)"]
+    assert commands(clone) == []  # nothing set up, no stack created
+    assert not (clone.root / ".pulumi-state").exists()
+
+
+def test_a_bad_stack_file_stops_before_the_login_check_and_any_download(clone: Clone):
+    no_credentials(clone)
+    release = Release.build(PIN)
+
+    result = clone.run("up.sh", "dev", release=release, env={"FAKE_CHECK_FAILS": "Pulumi.dev.yaml: zoen: unknown "
+                                                                                 "setting (did you mean zone?)"})
+
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["Error: Pulumi.dev.yaml: zoen: unknown setting (did you mean zone?)"]
+    assert commands(clone) == ["bootstrap stack", "tpuserve check --stack dev"]
+    assert result.requests == []

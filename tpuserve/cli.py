@@ -27,6 +27,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
               "List or remove a stack's cache disks (one per zone) and compile-cache bucket."),
     "bench": ("tpuserve.measure.bench:bench",
               "Measure an endpoint with `vllm bench serve` and report throughput, latency and $ per million tokens."),
+    "check": ("tpuserve.deploy.check:check",
+              "Check a stack's Pulumi.<stack>.yaml against the program's own rules, offline: no Pulumi CLI, no cloud."),
     "cost": ("tpuserve.measure.cost:cost",
              "Breakeven throughput against an API price, the cost of a cold start, and what a session yields."),
     "destroy": ("tpuserve.ops.destroy:destroy",
@@ -129,6 +131,9 @@ def error_document(err: BaseException) -> dict[str, Any]:
 DEBUG_ENV = "TPUSERVE_DEBUG"
 # The innermost reason of a urllib3/requests connection error: "[Errno 111] Connection refused".
 ERRNO_REASON = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
+# What OpenSSL says when the answer to its hello is not TLS at all: an https:// URL for a plain-http server.
+PLAIN_HTTP_REPLY = re.compile(r"WRONG_VERSION_NUMBER|record layer failure|packet length too long|unknown protocol",
+                              re.IGNORECASE)
 
 
 def one_line(text: str) -> str:
@@ -142,6 +147,10 @@ def request_failure(err: Exception) -> str:
 
     request = getattr(err, "request", None)
     url = getattr(request, "url", None) or "the server"
+    if isinstance(err, requests.exceptions.SSLError) and PLAIN_HTTP_REPLY.search(str(err)):
+        from urllib.parse import urlsplit
+
+        return f"cannot reach {url}: this server speaks http, not https: give http://{urlsplit(url).netloc}"
     if isinstance(err, requests.Timeout):
         return f"no answer from {url} in time ({type(err).__name__}); is the server overloaded or the URL right?"
     if isinstance(err, requests.ConnectionError):
@@ -184,6 +193,18 @@ class LazyGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta[RAW_ARGS] = list(args)
         return super().parse_args(ctx, args)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                              list[str]]:
+        """click's, and for a command that does not exist the one it was probably meant to be (click suggests
+        from the commands it has loaded, which here are none)."""
+        import difflib
+
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and not ctx.resilient_parsing and self.get_command(ctx, name) is None:
+            close = difflib.get_close_matches(name, sorted(SUBCOMMANDS), n=1)
+            ctx.fail(f"No such command {name!r}.{f' Did you mean {close[0]!r}?' if close else ''}")
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the subcommand; what it raises becomes one line and exit 2 (usage) or 1 (failure), and under --json

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,8 @@ import requests
 
 from tpuserve.urls import normalize_server_url
 
-API_KEY_ENV = "TPUSERVE_API_KEY"
+API_KEY_ENV = "TPUSERVE_API_KEY"  # the one variable every command reads the server's key from
+API_KEY_OPTION = "--api-key-env"  # the option that names another
 DEFAULT_TIMEOUT_S = 120.0
 # Fields where vLLM's reasoning parsers put the reasoning text (the name changed across vLLM versions).
 REASONING_FIELDS = ("reasoning_content", "reasoning")
@@ -41,13 +43,14 @@ def api_base(url: str) -> str:
 
 class EndpointError(RuntimeError):
     """The server answered with an HTTP error, or a 200 that is no chat completion (a model or server error, not a
-    schema problem)."""
+    schema problem). With `url` the line names the address asked (an answer vLLM never gives, a key refused)."""
 
-    def __init__(self, status: int, message: str, latency_s: float):
-        super().__init__(f"HTTP {status}: {message}")
+    def __init__(self, status: int, message: str, latency_s: float, url: str = ""):
+        super().__init__(f"{url} answered HTTP {status}: {message}" if url else f"HTTP {status}: {message}")
         self.status = status
         self.message = message
         self.latency_s = latency_s
+        self.url = url
 
 
 class StructuredOutputError(ValueError):
@@ -113,11 +116,47 @@ def error_message(response: requests.Response) -> str:
     try:
         body = response.json()
     except ValueError:
-        return response.text.strip()[:500]
+        return " ".join(response.text.split())[:500]
     error = body.get("error", body) if isinstance(body, dict) else body
     if isinstance(error, dict):
         return str(error.get("message") or error.get("detail") or error)
     return str(error)
+
+
+HTML_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+NOT_VLLM = "is this a vLLM server?"
+
+
+def html_page(response: requests.Response) -> str | None:
+    """"an HTML page ('<title>')" when the body is a web page (no vLLM route answers one), else None."""
+    text = response.text.lstrip()
+    if "html" not in response.headers.get("Content-Type", "").lower() and not text.startswith("<"):
+        return None
+    title = HTML_TITLE.search(text)
+    return f"an HTML page ('{' '.join(title.group(1).split())[:80]}')" if title else "an HTML page"
+
+
+def key_hint(key_env: str, key_sent: bool) -> str:
+    """What to do about a 401/403 from a server that wants a key (vLLM's --api-key, or VLLM_API_KEY)."""
+    if key_sent:
+        return (f"the key in ${key_env} was refused: set it to the key the server was started with (vLLM's "
+                f"--api-key or VLLM_API_KEY), or name another variable with {API_KEY_OPTION}")
+    return (f"no API key was sent (${key_env} is not set): export {key_env}=<the key the server was started "
+            f"with> (vLLM's --api-key or VLLM_API_KEY), or name another variable with {API_KEY_OPTION}")
+
+
+def response_error(response: requests.Response, latency_s: float, key_env: str = API_KEY_ENV) -> EndpointError:
+    """The EndpointError for a non-200 answer: the server's own message, or, for an answer no vLLM gives (a web
+    page) and for a refused key, a line that names the URL and what to check."""
+    url = response.url
+    page = html_page(response)
+    if page:
+        return EndpointError(response.status_code, f"{page}, not JSON: {NOT_VLLM}", latency_s, url)
+    if response.status_code in (401, 403):
+        sent = bool(response.request is not None and response.request.headers.get("Authorization"))
+        return EndpointError(response.status_code, f"{error_message(response)}; {key_hint(key_env, sent)}",
+                             latency_s, url)
+    return EndpointError(response.status_code, error_message(response), latency_s)
 
 
 def json_or_none(response: requests.Response) -> Any:
@@ -185,15 +224,17 @@ def response_format(schema: dict[str, Any] | None, name: str) -> dict[str, Any]:
 
 
 class ChatClient:
-    """Chat completions against one served model. `url` may end in /v1 or not; the key defaults to $TPUSERVE_API_KEY."""
+    """Chat completions against one served model. `url` may end in /v1 or not; the key defaults to $`key_env`
+    ($TPUSERVE_API_KEY), which a refused key's error names."""
 
     def __init__(self, url: str, model: str, api_key: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 session: requests.Session | None = None):
+                 session: requests.Session | None = None, key_env: str = API_KEY_ENV):
         self.base = api_base(url)
         self.model = model
         self.timeout_s = timeout_s
         self.session = session or requests.Session()
-        key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        self.key_env = key_env
+        key = api_key if api_key is not None else os.environ.get(key_env)
         if key:
             self.session.headers["Authorization"] = f"Bearer {key}"
 
@@ -204,7 +245,7 @@ class ChatClient:
         response = self.session.post(f"{self.base}/chat/completions", json=payload, timeout=self.timeout_s)
         latency_s = time.monotonic() - started
         if response.status_code != 200:
-            raise EndpointError(response.status_code, error_message(response), latency_s)
+            raise response_error(response, latency_s, self.key_env)
         body = json_or_none(response)
         if not has_message(body):
             raise EndpointError(200, f"a body without a message: {response.text[:200]}", latency_s)
@@ -235,10 +276,15 @@ class ChatClient:
         """The entries of GET /models: vLLM's ModelCard has `id`, `root` (what the server loaded: an HF id or a
         path) and `max_model_len` (vllm/entrypoints/serve/engine/protocol.py)."""
         response = self.session.get(f"{self.base}/models", timeout=self.timeout_s)
+        if response.status_code == 404 and not html_page(response):  # every vLLM serves it, from its first answer
+            raise EndpointError(404, f"{error_message(response)}: vLLM serves /v1/models, so {NOT_VLLM}", 0.0,
+                                response.url)
         if response.status_code != 200:
-            raise EndpointError(response.status_code, error_message(response), 0.0)
+            raise response_error(response, 0.0, self.key_env)
         body = json_or_none(response)
         entries = body.get("data") if isinstance(body, dict) else None
+        if html_page(response):
+            raise EndpointError(200, f"{html_page(response)}, not a model list: {NOT_VLLM}", 0.0, response.url)
         if not isinstance(entries, list):
             raise EndpointError(200, f"{self.base}/models: not a model list: {response.text[:200]}", 0.0)
         return [entry for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
@@ -268,9 +314,10 @@ def pick_model(listed: list[str], wanted: str | None, where: str) -> str:
     return wanted
 
 
-def served_card(url: str, wanted: str | None, api_key: str | None = None, timeout_s: float = 10) -> dict[str, Any]:
+def served_card(url: str, wanted: str | None, api_key: str | None = None, timeout_s: float = 10,
+                key_env: str = API_KEY_ENV) -> dict[str, Any]:
     """The /v1/models entry of `wanted` (or of the first model served when None); ModelNotServed otherwise."""
-    cards = ChatClient(url, "", api_key=api_key, timeout_s=timeout_s).model_cards()
+    cards = ChatClient(url, "", api_key=api_key, timeout_s=timeout_s, key_env=key_env).model_cards()
     chosen = pick_model([card["id"] for card in cards], wanted, f"{api_base(url)}/models")
     return next(card for card in cards if card["id"] == chosen)
 

@@ -99,11 +99,11 @@ HYPERDISK_BALANCED_MAX_MIBPS = 2400
 HYPERDISK_PRICES_AS_OF = "2026-04-15"
 HYPERDISK_BALANCED_USD_PER_IOPS_MONTH = round(0.000027397 * 730, 4)
 HYPERDISK_BALANCED_USD_PER_MIBPS_MONTH = round(0.000109589 * 730, 4)
-# The cache disk's default throughput: what a warm boot reads is mostly the weights (Gemma 4 E2B: 9.5 GiB; 70 s at the
-# free 140 MiB/s, about what the reference boot's model load spent outside XLA: 404 - 329 = 75 s). At 400 MiB/s they
-# take 24 s, which keeps the warm boot under 3 minutes (tpuserve plan shows the estimate); IOPS stay at the free 3,000
-# (weights and layers are read in large sequential requests).
-DEFAULT_CACHE_DISK_MIBPS = 400
+# The cache disk's default throughput and IOPS: the free ones. A warm boot reads mostly the weights (Gemma 4 E2B:
+# 9.5 GiB, 69 s at 140 MiB/s); 400 MiB/s reads them in 24 s, 45 s off each warm boot for $20.80 a month. The TPU
+# bills $0.017 for those 45 s, so the faster disk pays for itself only past ~1,200 warm boots a month, which no dev
+# stack makes: faster throughput is an option (`tpuserve plan --cache-disk-throughput` shows what it buys).
+DEFAULT_CACHE_DISK_MIBPS = HYPERDISK_BALANCED_FREE_MIBPS
 DEFAULT_CACHE_DISK_IOPS = HYPERDISK_BALANCED_FREE_IOPS
 
 

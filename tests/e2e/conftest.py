@@ -83,9 +83,10 @@ def tiny_model_dir(vllm_python: Path) -> Path:
 
 
 @contextlib.contextmanager
-def serve(vllm_bin: Path, model_dir: Path, log_dir: Path, **overrides: Any) -> Iterator[RunningServer]:
+def serve(vllm_bin: Path, model_dir: Path, log_dir: Path, env: dict[str, str] | None = None,
+          **overrides: Any) -> Iterator[RunningServer]:
     cfg = cpu_server.cpu_serving_config(model_dir, SERVED_MODEL_NAME, free_local_port(), **overrides)
-    server = cpu_server.start_server(vllm_bin, cfg, SERVED_MODEL_NAME, log_dir / "vllm-serve.log")
+    server = cpu_server.start_server(vllm_bin, cfg, SERVED_MODEL_NAME, log_dir / "vllm-serve.log", env)
     try:
         yield server
     finally:

@@ -42,6 +42,11 @@ def test_gate_started_with_the_server_reports_ready_within_2_s_of_health(vllm_bo
     print(f"\n/health 200 after {verdict['stages']['health']:.1f} s of boot; gate exited ready {lag:.2f} s after "
           f"/health first answered 200 (limit {READY_LAG_LIMIT_S} s, ratio {lag / READY_LAG_LIMIT_S:.2f})")
     assert lag < READY_LAG_LIMIT_S
+    # vLLM binds its port as it starts and listens once its engine is up: the gate saw the bound port refuse, which
+    # is what tells a vLLM loading from a wrong port (issue 34 item 4)
+    waited = watch.gate_stdout.with_name("gate.err").read_text()
+    assert f"{watch.server.url.removeprefix('http://')} is bound but not listening yet: a vLLM loading" in waited
+    assert "is the port right?" not in waited
 
 
 def test_gate_with_the_tools_smoke_passes_on_the_real_server(vllm_server: RunningServer):

@@ -80,7 +80,8 @@ def test_probe_all_cli_table_and_json(vllm_server) -> None:
                       "--max-tokens", str(STRUCTURED_BUDGET))
     assert report.returncode == 1  # --strict: random weights fail scenarios
     results = json.loads(report.stdout)["results"]
-    assert [r["probe"] for r in results] == ["tools"] * 5 + ["structured"] * 3 + ["vision"] * 3
+    assert [r["probe"] for r in results] == ["tools"] * 5 + ["structured"] * 3 + ["vision"] * 3 + ["refusals"] * 2
+    assert {r["verdict"] for r in results if r["probe"] == "refusals"} == {"pass"}  # issue 34: all runs them too
 
 
 def test_kv_compare_of_a_server_with_itself_is_byte_identical(vllm_server, vllm_server_plain,

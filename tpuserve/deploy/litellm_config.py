@@ -49,7 +49,7 @@ def litellm_config(url: str, served_model: str, aliases: Sequence[str], api_key_
             "general_settings": {"master_key": env_reference("--master-key-env", master_key_env)}}
 
 
-def check_served(url: str, model: str, api_key: str | None) -> None:
+def check_served(url: str, model: str, api_key: str | None, key_env: str = API_KEY_ENV) -> None:
     """Refuse a --model the server at `url` does not list (the config would route every request to a 404). A server
     this machine cannot reach is not asked, and that is said: the config may well be for a network elsewhere."""
     import requests
@@ -57,7 +57,7 @@ def check_served(url: str, model: str, api_key: str | None) -> None:
     from tpuserve.cli import ERRNO_REASON
 
     try:
-        served_card(url, model, api_key, timeout_s=CHECK_TIMEOUT_S)
+        served_card(url, model, api_key, timeout_s=CHECK_TIMEOUT_S, key_env=key_env)
     except ModelNotServed as err:
         raise click.BadParameter(str(err), param_hint="--model") from err
     except (requests.RequestException, EndpointError) as err:
@@ -88,8 +88,8 @@ def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
               help="Environment variable LiteLLM reads the endpoint's key from (any value if vLLM has no key).")
 @click.option("--master-key-env", default=MASTER_KEY_ENV, show_default=True,
               help="Environment variable holding the key clients must present to the proxy.")
-@click.option("--offline", is_flag=True, help="With --url and --model: write the config without asking the server "
-              "whether it serves the model (by default a model it does not list is refused).")
+@click.option("--offline", is_flag=True, help="Write the config without asking the server anything; needs --model "
+              "(or --stack). By default a --model the server does not list is refused.")
 @json_option
 def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None,
             aliases: tuple[str, ...], api_key_env: str, master_key_env: str,
@@ -100,14 +100,16 @@ def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs
     cannot be reached from here); with --url alone the model is the first it lists; --stack works offline.
     --json prints the same config as JSON (LiteLLM reads it too: YAML is a superset of JSON)."""
     outputs = read_outputs(stack, stack_outputs)
+    if offline and model is None and outputs is None:  # the model would be asked of the server
+        raise click.UsageError("--offline asks the server nothing, so it needs --model (or --stack)")
     if url is not None and model is not None and not offline:
-        check_served(url, model, os.environ.get(api_key_env))
+        check_served(url, model, os.environ.get(api_key_env), api_key_env)
     if url is None or model is None:
         if outputs is not None:
             stack_url, stack_model = endpoint_from_outputs(outputs)
             url, model = url or stack_url, model or stack_model
         elif url is not None:
-            model = resolve_model(url, None, os.environ.get(api_key_env)).model
+            model = resolve_model(url, None, os.environ.get(api_key_env), key_env=api_key_env).model
         else:
             raise click.UsageError("give --url (and --model), or --stack / --stack-outputs to read them from")
     config = litellm_config(url, model, aliases, api_key_env, master_key_env)

@@ -28,6 +28,13 @@ INTERRUPT_GRACE_S = 90.0  # after Ctrl-C, Pulumi finishes the operations in flig
 KILL_GRACE_S = 10.0
 
 
+def missing_cli(stack: str) -> str:
+    """The one line every stack command says when there is no `pulumi` to run."""
+    return ("the pulumi CLI is not on PATH: `export PATH=\"$(scripts/install-pulumi.sh):$PATH\"` installs the pinned "
+            "version into .tools/pulumi/bin (scripts/up.sh does the same; or https://www.pulumi.com/docs/install/); "
+            f"`tpuserve check --stack {stack}` checks the stack's file without it")
+
+
 class PulumiError(RuntimeError):
     """A pulumi command that is not an update failed (no CLI, no such stack, a bad passphrase...)."""
 
@@ -52,8 +59,7 @@ class PulumiCli:
     def __init__(self, stack: str, cwd: Path | None = None, echo: Callable[[str], None] = lambda line: None):
         executable = shutil.which("pulumi")
         if executable is None:
-            raise PulumiError("the pulumi CLI is not on PATH (https://www.pulumi.com/docs/install/; scripts/up.sh "
-                              "installs the pinned version)")
+            raise PulumiError(missing_cli(stack))
         self.executable, self.stack, self.cwd, self.echo = executable, stack, cwd, echo
         # DRIVER_ENV: the program's capacity hint stays quiet under tpuserve, which says what it does instead.
         self.env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true", DRIVER_ENV: "tpuserve"}

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from tpuserve.client import ModelNotServed, NoModelServed, served_card
+from tpuserve.client import API_KEY_ENV, ModelNotServed, NoModelServed, served_card
 from tpuserve.serving import ConfigError
 from tpuserve.urls import SERVER_URL, normalize_server_url
 
@@ -38,10 +38,11 @@ class TunnelError(RuntimeError):
 
 def stack_outputs(stack: str, cwd: Path | None = None) -> dict[str, Any]:
     """`pulumi stack output --json --stack NAME`, run in the Pulumi project directory `cwd`."""
+    from tpuserve.deploy.pulumi_cli import missing_cli
+
     pulumi = shutil.which("pulumi")
     if pulumi is None:
-        raise ConfigError(OPTION, f"reading stack {stack!r} needs the pulumi CLI on PATH "
-                          "(https://www.pulumi.com/docs/install/)")
+        raise ConfigError(OPTION, f"reading stack {stack!r}: {missing_cli(stack)}")
     result = subprocess.run([pulumi, "stack", "output", "--json", "--stack", stack], cwd=cwd,
                             capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -211,6 +212,14 @@ def url_option(help_text: str = "Server URL: host:port, or http(s)://host:port w
     return click.option(*(names or ("--url",)), type=SERVER_URL, help=help_text)
 
 
+KEY_HELP = "Environment variable holding the server's API key (vLLM's --api-key); keys never go on the command line."
+
+
+def api_key_option(help_text: str = KEY_HELP) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """`--api-key-env`: the variable the server's key is read from, $TPUSERVE_API_KEY unless it names another."""
+    return click.option("--api-key-env", default=API_KEY_ENV, show_default=True, help=help_text)
+
+
 MODEL_HELP = "Served model name; default: the stack's model, else the first one the server lists."
 
 
@@ -228,11 +237,13 @@ class Served:
     card: dict[str, Any] = field(default_factory=dict)
 
 
-def resolve_model(url: str, model: str | None, api_key: str | None = None, option: str = "--model") -> Served:
+def resolve_model(url: str, model: str | None, api_key: str | None = None, option: str = "--model",
+                  key_env: str = API_KEY_ENV) -> Served:
     """The one rule for the model of every command that talks to a server: `model` if the server lists it (an
-    unlisted one is a usage error naming what it serves), else the first one it lists."""
+    unlisted one is a usage error naming what it serves), else the first one it lists. `key_env`: where the key
+    came from, for the error a refused one gets."""
     try:
-        card = served_card(url, model, api_key)
+        card = served_card(url, model, api_key, key_env=key_env)
     except NoModelServed as err:
         raise click.ClickException(str(err)) from err
     except ModelNotServed as err:
@@ -248,7 +259,7 @@ def require_endpoint(url: str | None, outputs: Mapping[str, Any] | None) -> None
 
 @contextmanager
 def served_endpoint(url: str | None, model: str | None, outputs: Mapping[str, Any] | None,
-                    api_key: str | None = None) -> Iterator[Served]:
+                    api_key: str | None = None, key_env: str = API_KEY_ENV) -> Iterator[Served]:
     """The server to talk to while the block runs: --url as given, else the stack's endpoint (through an IAP
     tunnel for a gcp stack), with the model resolved by `resolve_model` (default: the stack's model, else the first
     served). No --url and no stack is a usage error."""
@@ -260,4 +271,4 @@ def served_endpoint(url: str | None, model: str | None, outputs: Mapping[str, An
             except (ConfigError, TunnelError) as err:
                 raise click.ClickException(str(err)) from err
             model = model or outputs.get("model")
-        yield resolve_model(url, model, api_key)
+        yield resolve_model(url, model, api_key, key_env=key_env)

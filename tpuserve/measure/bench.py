@@ -18,7 +18,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,9 @@ from typing import Any
 import click
 
 from tpuserve.cli import Failure, echo_json, json_option
-from tpuserve.client import server_root
-from tpuserve.deploy.stack import (Served, model_option, read_outputs, require_endpoint, served_endpoint, stack_options,
-                                   url_option)
+from tpuserve.client import API_KEY_ENV, response_error, server_root
+from tpuserve.deploy.stack import (Served, api_key_option, model_option, read_outputs, require_endpoint,
+                                   served_endpoint, stack_options, url_option)
 from tpuserve.deploy.vmssh import docker_over_iap
 from tpuserve.facts import PRICE_PER_CHIP_HOUR, SINGLE_STREAM_TOK_S
 from tpuserve.measure import benchreport
@@ -65,6 +65,14 @@ LIVENESS_TIMEOUT_S = 10.0
 UNANSWERED_LIMIT_S = 30.0
 STOP_GRACE_S = 5.0  # SIGTERM, then this long before SIGKILL
 TIMING_REQUEST_TIMEOUT_S = 300.0
+PROGRESS_INTERVAL_S = 1.0  # how often a level's log is read for its request count
+# `vllm bench serve` reads the server's key from OPENAI_API_KEY only (vllm/benchmarks/lib/endpoint_request_func.py
+# _get_headers): the sweep hands it $TPUSERVE_API_KEY there, in the environment, never in the argv sweep.json keeps.
+BENCH_KEY_ENV = "OPENAI_API_KEY"
+# --remote: the container holds the server's key as VLLM_API_KEY (tpuserve/serving.py tpu_container_run_args).
+CONTAINER_KEY = ["sh", "-c", f'{BENCH_KEY_ENV}="${{VLLM_API_KEY:-}}" exec "$@"', "sh"]
+# Its per-request progress bar (tqdm over the requests, written to the level's log): "37/100 [00:12<00:20, ...]".
+TQDM_COUNT = re.compile(r"(\d+)/(\d+) \[")
 
 
 def parse_levels(text: str) -> list[int]:
@@ -88,6 +96,8 @@ class Workload:
     input_len: int
     output_len: int
     num_prompts: int
+    api_key: str | None = dataclasses.field(default=None, repr=False)  # never recorded
+    key_env: str = API_KEY_ENV
 
 
 def bench_serve_args(vllm_bin: str, workload: Workload, concurrency: int, result_dir: str,
@@ -258,10 +268,15 @@ class Pace:
                 f"times {LEVEL_SLACK:g}, plus {LEVEL_FLOOR_S:g} s to start")
 
 
-def api_headers() -> dict[str, str]:
-    """The key `vllm bench serve` sends: $OPENAI_API_KEY (endpoint_request_func.py), so the timing request does too."""
-    key = os.environ.get("OPENAI_API_KEY")
+def api_headers(key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def bench_env(key: str | None) -> dict[str, str]:
+    """This environment with the server's key as `vllm bench serve` reads it, and without an OPENAI_API_KEY of the
+    user's own (an OpenAI key is no business of this server's)."""
+    env = {name: value for name, value in os.environ.items() if name != BENCH_KEY_ENV}
+    return {**env, BENCH_KEY_ENV: key} if key else env
 
 
 def time_one_request(workload: Workload) -> float:
@@ -275,12 +290,14 @@ def time_one_request(workload: Workload) -> float:
     url = f"{server_root(workload.url)}/v1/completions"
     start = time.monotonic()
     try:
-        response = requests.post(url, json=body, headers=api_headers(), timeout=TIMING_REQUEST_TIMEOUT_S)
+        response = requests.post(url, json=body, headers=api_headers(workload.api_key),
+                                 timeout=TIMING_REQUEST_TIMEOUT_S)
     except requests.RequestException as err:
         raise click.ClickException(f"timing one request before the first level: {request_failure(err)}") from err
     if response.status_code != 200:
-        raise click.ClickException(f"timing one request before the first level: POST {url} answered HTTP "
-                                   f"{response.status_code}: {' '.join(response.text.split())[:300]}")
+        err = response_error(response, 0.0, workload.key_env)
+        where = "" if err.url else f"POST {url} answered "
+        raise click.ClickException(f"timing one request before the first level: {where}{err}")
     return max(time.monotonic() - start, 1e-3)
 
 
@@ -337,28 +354,42 @@ def end_process(process: subprocess.Popen) -> None:
     process.wait()
 
 
+def requests_done(log_path: Path, total: int) -> int | None:
+    """How many of the level's `total` requests its progress bar counts so far (None before the bar starts)."""
+    with log_path.open("rb") as log:
+        log.seek(max(log_path.stat().st_size - 4096, 0))
+        tail = log.read().decode(errors="replace")
+    counts = [int(done) for done, of in TQDM_COUNT.findall(tail) if int(of) == total]
+    return counts[-1] if counts else None
+
+
 def run_logged(argv: list[str], log_path: Path, deadline_s: float, explain: str,
-               liveness: Liveness | None = None) -> int:
+               liveness: Liveness | None = None, env: dict[str, str] | None = None,
+               on_progress: Callable[[], None] = lambda: None) -> int:
     """Run with output to a log file beside the results, so progress stays readable and nothing is lost; stopped
     (LevelStopped) at `deadline_s`, or once `liveness` says the server stopped answering. Its own session, so
-    stopping it reaches its children, and whatever ends this run (Ctrl-C too) ends it."""
+    stopping it reaches its children, and whatever ends this run (Ctrl-C too) ends it. `on_progress` runs every
+    PROGRESS_INTERVAL_S while it does."""
     with log_path.open("w") as log:
         log.write(shlex.join(argv) + "\n")
         log.flush()
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        started = time.monotonic()
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        started = last_look = time.monotonic()
         try:
             while True:
                 left = deadline_s - (time.monotonic() - started)
                 try:
-                    return process.wait(timeout=max(min(LIVENESS_INTERVAL_S, left), 0.01))
+                    return process.wait(timeout=max(min(PROGRESS_INTERVAL_S, left), 0.01))
                 except subprocess.TimeoutExpired:
                     pass
+                on_progress()
                 if time.monotonic() - started >= deadline_s:
                     raise LevelStopped(f"not finished {deadline_s:.1f} s after it began ({explain})")
-                why = liveness.check() if liveness else None
-                if why:
-                    raise LevelStopped(f"the server stopped answering ({why})")
+                if liveness and time.monotonic() - last_look >= LIVENESS_INTERVAL_S:
+                    last_look = time.monotonic()
+                    why = liveness.check()
+                    if why:
+                        raise LevelStopped(f"the server stopped answering ({why})")
         finally:
             if process.poll() is None:
                 end_process(process)
@@ -407,11 +438,13 @@ def bench() -> None:
 @click.option("--zone", help="The VM's zone (--remote).")
 @click.option("--project", help="The VM's project (--remote).")
 @click.option("--container", default=CONTAINER_NAME, show_default=True, help="The server's container (--remote).")
+@api_key_option("Environment variable holding the server's API key (vLLM's --api-key): `vllm bench serve` gets it "
+                "as its OPENAI_API_KEY. --remote uses the container's own VLLM_API_KEY.")
 @stack_options
 @json_option
 def sweep(url: str | None, model: str | None, tokenizer: str | None, levels: list[int], input_len: int,
           output_len: int, num_prompts: int, out: Path, vllm_bin: str | None, vm: str | None, zone: str | None,
-          project: str | None, container: str, stack: str | None, stack_outputs: Path | None,
+          project: str | None, container: str, api_key_env: str, stack: str | None, stack_outputs: Path | None,
           as_json: bool) -> None:
     """Run `vllm bench serve` (random dataset) once per concurrency level and save every result in --out.
 
@@ -441,18 +474,20 @@ def sweep(url: str | None, model: str | None, tokenizer: str | None, levels: lis
         return
     require_endpoint(url, outputs)  # a missing --url is the first thing to say, with or without a vllm here
     vllm_path = find_vllm(vllm_bin)
-    with served_endpoint(url, model, outputs) as served:
+    api_key = os.environ.get(api_key_env)
+    with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
         check_lengths(served.card, input_len, output_len)
         tokenizer = tokenizer_for(served.model, served.card, tokenizer)
         run_sweep(served, tokenizer, levels, input_len, output_len, num_prompts, out, vllm_path, None, outputs,
-                  as_json)
+                  as_json, api_key, api_key_env)
 
 
 def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_len: int, output_len: int,
               num_prompts: int, out: Path, vllm_bin: str, target: RemoteTarget | None,
-              outputs: dict[str, Any] | None, as_json: bool = False) -> None:
+              outputs: dict[str, Any] | None, as_json: bool = False, api_key: str | None = None,
+              key_env: str = API_KEY_ENV) -> None:
     ensure_fresh_out(out)
-    workload = Workload(served.url, served.model, tokenizer, input_len, output_len, num_prompts)
+    workload = Workload(served.url, served.model, tokenizer, input_len, output_len, num_prompts, api_key, key_env)
     manifest = start_manifest(workload, levels, target, outputs)
     if target:  # the server is the container's own: no request can be timed from here
         pace = Pace(SINGLE_STREAM_TOK_S / output_len, f"the reference {SINGLE_STREAM_TOK_S:g} tok/s single stream")
@@ -477,7 +512,8 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
     partial = [f"concurrency {run['concurrency']}: {run['failed']} of {run['completed'] + run['failed']} failed"
                for run in manifest["runs"] if run.get("failed")]
     note = f" ({'; '.join(partial)})" if partial else ""
-    click.echo(f"{len(levels)} levels saved in {out}{note}; `tpuserve bench report {out}` prints the table.")
+    saved = f"{len(levels)} level{'' if len(levels) == 1 else 's'}"
+    click.echo(f"{saved} saved in {out}{note}; `tpuserve bench report {out}` prints the table.")
 
 
 def end_unfinished(out: Path, manifest: dict[str, Any], level: int, reason: str, planned: int) -> dict[str, Any]:
@@ -528,11 +564,13 @@ def run_levels(levels: list[int], workload: Workload, out: Path, manifest: dict[
     completed/failed counts are printed; a level where every request failed, or one stopped (its deadline from
     `pace`, or a server that stopped answering), ends the sweep (exit 1)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True)) as progress:
-        task = progress.add_task("sweep", total=len(levels))
+        task = progress.add_task("levels", total=len(levels))
         for level in levels:
             try:
                 run_one(level, workload, out, manifest, vllm_bin, target, remote_dir, pace, progress, task)
@@ -552,9 +590,20 @@ def run_one(level: int, workload: Workload, out: Path, manifest: dict[str, Any],
         if why:
             raise click.ClickException(f"concurrency {level}: not started, the server stopped answering ({why})")
     deadline_s = pace.deadline_s(workload.num_prompts)
-    progress.update(task, description=f"concurrency {level} (deadline {deadline_s:.0f} s)")
-    run = run_level(level, workload, out, vllm_bin, target, remote_dir, deadline_s,
-                    pace.explain(workload.num_prompts))
+    progress.update(task, description=f"levels (concurrency {level}: deadline {deadline_s:.0f} s)")
+    requests_task = progress.add_task(f"concurrency {level} requests", total=workload.num_prompts)
+    log_path = out / f"c{level}.log"
+
+    def show_requests() -> None:
+        done = requests_done(log_path, workload.num_prompts)
+        if done is not None:
+            progress.update(requests_task, completed=done)
+
+    try:
+        run = run_level(level, workload, out, vllm_bin, target, remote_dir, deadline_s,
+                        pace.explain(workload.num_prompts), show_requests)
+    finally:
+        progress.remove_task(requests_task)
     pace.measured(level, run.get("request_rate") or 0.0)
     manifest["runs"].append(run)
     write_manifest(out, manifest)
@@ -568,17 +617,19 @@ def run_one(level: int, workload: Workload, out: Path, manifest: dict[str, Any],
 
 
 def run_level(level: int, workload: Workload, out: Path, vllm_bin: str, target: RemoteTarget | None,
-              remote_dir: str, deadline_s: float, explain: str) -> dict[str, Any]:
+              remote_dir: str, deadline_s: float, explain: str,
+              on_progress: Callable[[], None] = lambda: None) -> dict[str, Any]:
     filename = result_filename(level)
     if target:
-        argv = target.ssh(bench_serve_args("vllm", workload, level, remote_dir, filename))
+        argv = target.ssh([*CONTAINER_KEY, *bench_serve_args("vllm", workload, level, remote_dir, filename)])
     else:
         argv = bench_serve_args(vllm_bin, workload, level, str(out), filename)
     log_path = out / f"c{level}.log"
     started_at, start = now(), time.monotonic()
     try:
         # Remote: the server's URL is the container's own, not reachable from here to watch; the deadline holds.
-        returncode = run_logged(argv, log_path, deadline_s, explain, None if target else Liveness(workload.url))
+        returncode = run_logged(argv, log_path, deadline_s, explain, None if target else Liveness(workload.url),
+                                bench_env(None if target else workload.api_key), on_progress)
     except LevelStopped as stopped:
         raise click.ClickException(f"concurrency {level}: {stopped}; `vllm bench serve` was stopped (log: "
                                    f"{log_path})") from stopped

@@ -127,8 +127,21 @@ def load_results(directory: Path) -> list[tuple[Path, dict[str, Any]]]:
         if isinstance(data, dict) and "output_throughput" in data:
             results.append((path, data))
     if not results:
+        why = unfinished_reason(directory)
+        if why:  # the sweep said why nothing was measured: that is the answer, not a missing file
+            raise ReportError(f"{directory}: the sweep ended before any level finished: {why}")
         raise ReportError(f"{directory}: no `vllm bench serve` result JSON (run `tpuserve bench sweep --out DIR`)")
     return results
+
+
+def unfinished_reason(directory: Path) -> str | None:
+    """Why sweep.json says the sweep ended early (its `unfinished` reason), or None."""
+    try:
+        manifest = json.loads((directory / SWEEP_MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    unfinished = manifest.get("unfinished") if isinstance(manifest, dict) else None
+    return str(unfinished.get("reason") or "reason not recorded") if isinstance(unfinished, dict) else None
 
 
 def row_from_result(path: Path, result: dict[str, Any], price_per_hour: float) -> BenchRow:

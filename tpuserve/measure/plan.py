@@ -333,12 +333,12 @@ def resolve_model(model: str | None, config_path: Path | None, weights_gib: floa
     if config_path is None and preset is None:
         raise ConfigError("--config", f"no built-in preset for {model!r} (have: {', '.join(presets())}); "
                           "pass its HF config.json")
-    try:
+    try:  # a file that is no config is a bad option (exit 2), as every other bad file is
         config = json.loads(config_path.read_text()) if config_path else preset["config"]
     except json.JSONDecodeError as error:
-        raise ConfigError("--config", f"{config_path}: not valid JSON ({error})") from error
+        raise click.BadParameter(f"{config_path}: not valid JSON ({error})", param_hint="--config") from error
     if not isinstance(config, Mapping):
-        raise ConfigError("--config", f"{config_path}: not a JSON object")
+        raise click.BadParameter(f"{config_path}: not a JSON object", param_hint="--config")
     name = model or (config_name(config, config_path) if config_path else DEFAULT_MODEL)
     source = str(config_path) if config_path else f"built-in preset ({preset['config_source']})"
     if weights_gib is None and config_path:

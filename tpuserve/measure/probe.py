@@ -21,7 +21,6 @@ import requests
 
 from tpuserve.client import (
     ANY_OBJECT_SCHEMA,
-    API_KEY_ENV,
     ChatClient,
     ChatReply,
     EndpointError,
@@ -32,7 +31,8 @@ from tpuserve.client import (
 from tpuserve.cli import Failure, echo_json, json_option
 from tpuserve.images import image_messages, modality_part
 from tpuserve.serving import MODALITIES
-from tpuserve.deploy.stack import model_option, read_outputs, resolve_model, served_endpoint, stack_options, url_option
+from tpuserve.deploy.stack import (api_key_option, model_option, read_outputs, resolve_model, served_endpoint,
+                                   stack_options, url_option)
 
 PASS, FAIL, SKIPPED, NOT_ENFORCED = "pass", "fail", "skipped", "schema not enforced"
 EXCERPT_CHARS = 300
@@ -366,6 +366,13 @@ def disabled_modalities(vllm_args: list[str] | None) -> tuple[str, ...] | None:
     return tuple(modality for modality in MODALITIES if limits.get(modality, 999) == 0)
 
 
+def refused_modalities(given: str | None, outputs: dict[str, Any] | None) -> tuple[str, ...]:
+    """--modalities, else those the stack's argv limits to 0, else DEFAULT_REFUSED."""
+    if given:
+        return tuple(m.strip() for m in given.split(",") if m.strip())
+    return disabled_modalities((outputs or {}).get("vllmArgs")) or DEFAULT_REFUSED
+
+
 def still_serving(client: ChatClient) -> str | None:
     """None when a plain completion still answers, else what went wrong."""
     try:
@@ -496,8 +503,8 @@ def make_client(url: str, model: str | None, api_key_env: str, timeout: float, o
                 ) -> ChatClient:
     """A client for `model` on `url`, the model checked against /v1/models (default: the first served)."""
     api_key = os.environ.get(api_key_env)
-    served = resolve_model(url, model, api_key, option)
-    return ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout)
+    served = resolve_model(url, model, api_key, option, key_env=api_key_env)
+    return ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
 
 
 def could_not_run(results: list[ScenarioResult]) -> str | None:
@@ -509,6 +516,22 @@ def could_not_run(results: list[ScenarioResult]) -> str | None:
     return None
 
 
+RESULT_HEADERS = ("scenario", "verdict", "latency", "reason (--json has the evidence)")
+TABLE_FRAME = 13  # a 4-column rich table's borders and padding
+
+
+def result_widths(cells: list[list[str]], width: int) -> list[int] | None:
+    """Column widths that fit `width` with scenario, verdict and latency whole and no word of the reason cut (its
+    fix is often one long word, such as '{"disable_any_whitespace": true}'); None when no such table fits."""
+    from rich.cells import cell_len
+
+    natural = [max(cell_len(text) for text in [header, *(row[i] for row in cells)])
+               for i, header in enumerate(RESULT_HEADERS[:3])]
+    longest_word = max(cell_len(word) for row in cells for word in [*row[3].split(), "evidence)"])
+    reason = min(max(cell_len(row[3]) for row in cells), width - TABLE_FRAME - sum(natural))
+    return [*natural, max(reason, cell_len("evidence)"))] if reason >= longest_word else None
+
+
 def print_results(results: list[ScenarioResult], as_json: bool) -> None:
     summary, hint = enforcement_summary(results), structured_hint(results)
     if as_json:
@@ -516,18 +539,28 @@ def print_results(results: list[ScenarioResult], as_json: bool) -> None:
                    "structured_hint": hint})
         return
     from rich.console import Console
+    from rich.padding import Padding
     from rich.table import Table
     from rich.text import Text
 
     console = Console()
     for probe_name in dict.fromkeys(r.probe for r in results):
+        rows = [r for r in results if r.probe == probe_name]
+        cells = [[r.scenario, r.verdict, "-" if r.latency_s is None else f"{r.latency_s:.2f} s", r.reason]
+                 for r in rows]
+        widths = result_widths(cells, console.width)
+        if widths is None:  # a block per scenario: its line, then the reason wrapped below it
+            console.print(Text(f"{probe_name} (--json has the evidence)", style="italic"))
+            for r, row in zip(rows, cells):
+                console.print(Text.assemble(Text(row[0], style="bold"), "  ",
+                                            Text(r.verdict, style=VERDICT_STYLE[r.verdict]), f"  {row[2]}"))
+                console.print(Padding(Text(r.reason), (0, 0, 0, 2)))
+            continue
         table = Table(title=probe_name, title_justify="left")
-        for column in ("scenario", "verdict", "latency"):
-            table.add_column(column, no_wrap=True)
-        table.add_column("reason (--json has the evidence)")
-        for r in (r for r in results if r.probe == probe_name):
-            latency = "-" if r.latency_s is None else f"{r.latency_s:.2f} s"
-            table.add_row(r.scenario, Text(r.verdict, style=VERDICT_STYLE[r.verdict]), latency,
+        for header, width in zip(RESULT_HEADERS, widths):
+            table.add_column(header, width=width)
+        for r, row in zip(rows, cells):
+            table.add_row(row[0], Text(r.verdict, style=VERDICT_STYLE[r.verdict]), row[2],
                           Text(r.reason))  # Text: a reason quoting model output is not markup
         console.print(table)
     if summary:
@@ -556,8 +589,7 @@ def endpoint_options(command: Callable[..., None]) -> Callable[..., None]:
         url_option(),
         model_option(),
         stack_options,
-        click.option("--api-key-env", default=API_KEY_ENV, show_default=True,
-                     help="Environment variable holding the API key (keys never go on the command line)."),
+        api_key_option(),
         click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(min=1),
                      help="Seconds per request."),
         click.option("--max-tokens", type=click.IntRange(min=1), help=f"Token budget per answer (default: tools "
@@ -577,9 +609,11 @@ def add_probe_command(name: str, probe_names: list[str], help_text: str) -> None
                 timeout: float, max_tokens: int | None, as_json: bool, strict: bool) -> None:
         outputs = read_outputs(stack, stack_outputs)
         api_key = os.environ.get(api_key_env)
-        with served_endpoint(url, model, outputs, api_key) as served:
-            client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout)
-            results = [result for name in probe_names for result in PROBES[name](client, max_tokens)]
+        with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
+            client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
+            results = [result for name in probe_names for result in (
+                run_refusals(client, refused_modalities(None, outputs)) if name == "refusals"
+                else PROBES[name](client, max_tokens))]
         finish(results, served, as_json, strict)
 
 
@@ -602,7 +636,9 @@ add_probe_command("tools", ["tools"], "Tool calling: simple call, result synthes
 add_probe_command("structured", ["structured"], "Structured output: json_schema with thinking off and on, "
                   "json_object; reports whether the server enforced the schema.")
 add_probe_command("vision", ["vision"], "Vision: count and describe shipped images sent as data URIs.")
-add_probe_command("all", list(PROBES), "Every capability probe: tools, structured, vision.")
+add_probe_command("all", [*PROBES, "refusals"], "Every capability probe: tools, structured, vision, and the "
+                  "refusals of disabled modalities (those the stack's argv limits to 0, else "
+                  f"{','.join(DEFAULT_REFUSED)}).")
 
 
 @probe.command("refusals")
@@ -614,14 +650,14 @@ def refusals(url: str | None, model: str | None, stack: str | None, stack_output
     """Disabled modalities: one request of each must answer 4xx and leave the server serving (one that reaches
     the engine can take it down)."""
     outputs = read_outputs(stack, stack_outputs)
-    chosen = tuple(m.strip() for m in modalities.split(",") if m.strip()) if modalities else (
-        disabled_modalities((outputs or {}).get("vllmArgs")) or DEFAULT_REFUSED)
+    chosen = refused_modalities(modalities, outputs)
     unknown = [m for m in chosen if m not in MODALITIES]
     if unknown:
         raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(MODALITIES)}", param_hint="--modalities")
     api_key = os.environ.get(api_key_env)
-    with served_endpoint(url, model, outputs, api_key) as served:
-        results = run_refusals(ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout), chosen)
+    with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
+        results = run_refusals(ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout,
+                                          key_env=api_key_env), chosen)
     finish(results, served, as_json, strict)
 
 
@@ -650,7 +686,7 @@ def side_outputs(side: str, url: str | None, directory: Path | None, model: str 
 @click.option("--max-tokens", default=KV_MAX_TOKENS, show_default=True, type=click.IntRange(min=1))
 @click.option("--save", "save_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Also write the outputs fetched from URLs to DIR/a and DIR/b.")
-@click.option("--api-key-env", default=API_KEY_ENV, show_default=True, help="Environment variable holding the key.")
+@api_key_option()
 @click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(min=1), help="Seconds per request.")
 @json_option
 @click.option("--strict", is_flag=True, help="Exit 1 unless every output is byte-identical.")

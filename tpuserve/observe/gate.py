@@ -15,7 +15,10 @@ Human output goes to stderr; stdout gets exactly one JSON line, the verdict, whi
 from __future__ import annotations
 
 import contextlib
+import errno
+import ipaddress
 import os
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,12 +30,13 @@ import click
 import requests
 
 from tpuserve.cli import json_option, json_text
-from tpuserve.client import API_KEY_ENV, ChatClient, ChatReply, EndpointError, ModelNotServed, json_or_none, pick_model, server_root
+from tpuserve.client import (API_KEY_ENV, NOT_VLLM, ChatClient, ChatReply, EndpointError, ModelNotServed, html_page,
+                             json_or_none, pick_model, response_error, server_root)
 from tpuserve.facts import (BOOT_STAGES, FAILED_STAGE, GATE_POLL_S, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S,
                             RESTARTING_STAGE)
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.images import image_messages
-from tpuserve.deploy.stack import model_option, read_outputs, stack_options, url_option
+from tpuserve.deploy.stack import api_key_option, model_option, read_outputs, stack_options, url_option
 
 SERVING, BOOTING = BOOT_STAGES[-1], "booting"
 URL_INTERVAL_S = 0.5  # a stage passed shows up within the 2 s lag target
@@ -47,12 +51,16 @@ COMPLETION_MAX_TOKENS = 8
 FATAL_API_STATUSES = (400, 401, 403)
 # Off a terminal (CI, `pulumi up`), progress is printed as lines: one per stage change and a heartbeat this often.
 HEARTBEAT_S = 30.0
-# URL mode: how long connections may fail (refused, an unknown host, no route) before the gate stops waiting for
-# a server that is supposed to run already. One that runs answers at once, and two minutes of refusals mean a
-# wrong address far more often than a server about to listen. vLLM binds its port at start but listens only
-# once its engine is up (vllm/entrypoints/launchers/launcher.py create_server_socket binds, uvicorn listens
-# later), so a watch of a boot from its start (the local stack's readiness gate) gives the whole --timeout.
+# URL mode: how long connections may fail (refused, no route) before the gate stops waiting for a server that is
+# supposed to run already. One that runs answers at once, and two minutes of refusals mean a wrong address far more
+# often than a server about to listen. vLLM binds its port as it starts but listens only once its engine is up
+# (vllm/entrypoints/launchers/launcher.py setup_server: create_server_socket binds, uvicorn listens later), so on
+# this machine a port that is bound and refuses is a vLLM booting: those refusals count toward --timeout only.
 CONNECT_TIMEOUT_S = 120.0
+# Any HTTP answer means vLLM's app is up, and from then on every vLLM (the API server, and the health apps of
+# `vllm preload` and the DP supervisor) answers /health: 200, or 503 while its engine is dead or still loading. A
+# 4xx there, or a web page anywhere, is a server that is not vLLM, and waiting will not make it one.
+NOT_VLLM_HEALTH = "every vLLM answers /health (200, or 503 while it loads) once it accepts connections"
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
 # Instance statuses from which the VM will not reach `serving` by itself.
 STOPPED_STATUSES = frozenset({"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"})
@@ -67,7 +75,8 @@ class Check:
     detail: str = ""
     fatal: bool = False
     value: str = ""
-    connected: bool = True  # False: no connection could be made (what --connect-timeout counts)
+    # False: no connection could be made, and nothing here says a vLLM is starting (what --connect-timeout counts)
+    connected: bool = True
 
 
 @dataclass(frozen=True)
@@ -94,15 +103,16 @@ class Reporter(Protocol):
     def stage(self, name: str, at_s: float) -> None:
         """A stage was reached `at_s` seconds into the timeline."""
 
-    def waiting(self, stage: str, detail: str) -> None:
-        """Still in `stage`; `detail` says what the last look found."""
+    def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
+        """Still in `stage`; `detail` says what the last look found; the wait gives up `ends_at_s` into it unless
+        the stage passes (the --timeout, or sooner the --connect-timeout while connections fail)."""
 
 
 class SilentReporter:
     def stage(self, name: str, at_s: float) -> None:
         pass
 
-    def waiting(self, stage: str, detail: str) -> None:
+    def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
         pass
 
 
@@ -140,11 +150,17 @@ def ask(http: requests.Session, root: str, model: str, timeout_s: float, message
     """One short chat completion; NotReady unless the server answers 200 with a message (fatal for a status in
     FATAL_API_STATUSES). Like /health and /v1/models, it presents the session's API key, if any (the command sets
     $TPUSERVE_API_KEY on the session)."""
-    client = ChatClient(root, model, api_key="", timeout_s=timeout_s, session=http)
+    client = ChatClient(root, model, api_key="", timeout_s=timeout_s, session=http, key_env=key_env_of(http))
     try:
         return client.chat(messages, max_tokens=COMPLETION_MAX_TOKENS, **params)
     except EndpointError as err:
-        raise NotReady(f"chat completion answered {err}", fatal=err.status in FATAL_API_STATUSES) from err
+        said = str(err) if err.url else f"chat completion answered {err}"
+        raise NotReady(said, fatal=err.status in FATAL_API_STATUSES or bool(err.url)) from err
+
+
+def key_env_of(http: requests.Session) -> str:
+    """The variable the session's key came from (the command sets it), for what a refused key's error says."""
+    return getattr(http, "key_env", API_KEY_ENV)
 
 
 def has_text(reply: ChatReply) -> bool:
@@ -154,15 +170,24 @@ def has_text(reply: ChatReply) -> bool:
 
 
 def check_health(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
-    status = http.get(f"{root}/health", timeout=timeout_s).status_code
-    return Check(status == 200, f"/health answered HTTP {status}")
+    response = http.get(f"{root}/health", timeout=timeout_s)
+    page = html_page(response)
+    if page or 400 <= response.status_code < 500:
+        what = f" with {page}" if page else ""
+        return Check(False, f"{root}/health answered HTTP {response.status_code}{what}: {NOT_VLLM_HEALTH}, so "
+                            f"{NOT_VLLM}", fatal=True)
+    return Check(response.status_code == 200, f"/health answered HTTP {response.status_code}")
 
 
 def check_models(http: requests.Session, root: str, model: str | None, timeout_s: float) -> Check:
     """The model is listed (None: any model, the first listed is then asked). A server that lists other models
     will not start listing this one: that ends the wait at once."""
     response = http.get(f"{root}/v1/models", timeout=timeout_s)
-    if response.status_code != 200:
+    if response.status_code != 200 or html_page(response):
+        err = response_error(response, 0.0, key_env_of(http))
+        if err.url or response.status_code == 404:  # a refused key, a web page, or no /v1/models: no vLLM's way
+            detail = str(err) if err.url else f"{response.url} answered HTTP 404: vLLM serves /v1/models, so {NOT_VLLM}"
+            return Check(False, detail, fatal=True)
         return Check(False, f"/v1/models answered HTTP {response.status_code}",
                      fatal=response.status_code in FATAL_API_STATUSES)
     body = json_or_none(response)
@@ -213,18 +238,50 @@ def url_stages(smoke: Sequence[str]) -> list[tuple[str, UrlCheck]]:
     return [*URL_CHECKS.items(), *((f"smoke-{name}", SMOKE_CHECKS[name]) for name in smoke)]
 
 
-def unanswered(err: requests.RequestException, root: str) -> Check:
-    """A request that got no answer, said plainly: nothing listening (refused), a host that cannot be reached (no
-    connection: both counted by --connect-timeout), or a server too slow to answer."""
-    from tpuserve.cli import ERRNO_REASON
+def port_held(root: str) -> bool | None:
+    """Whether a process on this machine holds the port of a loopback `root` (as vLLM does from its start, before
+    it listens); None for a host elsewhere, which cannot be told. The probe binds without SO_REUSEADDR, so any
+    holder makes it fail, and lets go at once."""
+    parts = urlsplit(root)
+    try:
+        address = ipaddress.ip_address("127.0.0.1" if parts.hostname == "localhost" else parts.hostname or "")
+    except ValueError:
+        return None
+    if not address.is_loopback or parts.port is None:
+        return None
+    with socket.socket(socket.AF_INET6 if address.version == 6 else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((str(address), parts.port))
+        except OSError as err:
+            return True if err.errno == errno.EADDRINUSE else None
+    return False
 
+
+def unanswered(err: requests.RequestException, root: str) -> Check:
+    """A request that got no answer, said plainly: nothing listening (refused: on this machine, whether a vLLM
+    holds the port while it boots), a host that cannot be reached (no connection: counted by --connect-timeout),
+    https to a server that speaks http, or a server too slow to answer."""
+    from tpuserve.cli import ERRNO_REASON, PLAIN_HTTP_REPLY
+
+    address = urlsplit(root).netloc
+    if isinstance(err, requests.exceptions.SSLError) and PLAIN_HTTP_REPLY.search(str(err)):
+        return Check(False, f"{address} speaks http, not https: give http://{address}", fatal=True)
     if isinstance(err, requests.ConnectionError):  # ConnectTimeout too: a SYN nobody answered
-        address = urlsplit(root).netloc
         found = ERRNO_REASON.search(str(err))
         reason = found.group(1).strip() if found else type(err).__name__
-        if "refused" in reason.lower():
-            return Check(False, f"nothing listens on {address} yet: is the port right?", connected=False)
-        return Check(False, f"cannot connect to {address} ({reason})", connected=False)
+        if "name or service not known" in reason.lower() or "nodename nor servname" in reason.lower():
+            return Check(False, f"{urlsplit(root).hostname} does not resolve ({reason}): is the host right?",
+                         fatal=True)
+        if "refused" not in reason.lower():
+            return Check(False, f"cannot connect to {address} ({reason})", connected=False)
+        held = port_held(root)
+        if held:
+            return Check(False, f"{address} is bound but not listening yet: a vLLM loading (it listens once its "
+                                "engine is up)")
+        if held is False:
+            return Check(False, f"nothing listens on {address}, and no process here holds its port yet (vLLM binds "
+                                "it as it starts)", connected=False)
+        return Check(False, f"nothing listens on {address} yet", connected=False)
     return Check(False, f"no answer ({type(err).__name__})")
 
 
@@ -255,7 +312,7 @@ class Refusals:
 
 def never_connected(result: Check, stage: str, for_s: float) -> str:
     """The verdict once connections failed for --connect-timeout: what failed and what to check."""
-    detail = result.detail.replace(" yet: is the port right?", "")
+    detail = result.detail.split(" yet", 1)[0]
     what = "connections refused" if detail.startswith("nothing listens") else "no connection"
     hint = "is the port right?" if what == "connections refused" else "is the host right?"
     return f"stage {stage}: {detail}: {what} for {for_s:g} s (--connect-timeout); {hint}"
@@ -269,7 +326,7 @@ def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequen
     the timeout), ends the wait at once. `model` None: the first model listed."""
     deadline, root, stages, refusals = Deadline(timeout_s), server_root(url), {}, Refusals()
     for name, check in url_stages(smoke):
-        detail = "not tried"
+        detail, ends_at = "not tried", timeout_s
         while True:
             if deadline.remaining() <= 0:
                 return Verdict(False, deadline.elapsed(), stages,
@@ -282,6 +339,8 @@ def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequen
             failing_for = refusals.note(result.connected, tried_at)
             if connect_timeout_s is not None and failing_for is not None and failing_for >= connect_timeout_s:
                 return Verdict(False, deadline.elapsed(), stages, never_connected(result, name, connect_timeout_s))
+            ends_at = timeout_s if connect_timeout_s is None or refusals.since is None else \
+                min(timeout_s, refusals.since + connect_timeout_s)
             if result.ok:
                 model = result.value or model
                 stages[name] = deadline.elapsed()
@@ -289,7 +348,7 @@ def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequen
                 break
             if deadline.remaining() > 0 or detail == "not tried":  # a request cut by the deadline tells nothing
                 detail = result.detail
-            reporter.waiting(name, detail)
+            reporter.waiting(name, detail, ends_at)
             deadline.pause(interval_s)
     return Verdict(True, deadline.elapsed(), stages)
 
@@ -415,7 +474,7 @@ def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float 
             tail = serial_tail(compute, instance) if status.stage == FAILED_STAGE else ""
             return Verdict(status.ready, deadline.elapsed(), timeline, status.detail or None, tail,
                            boot_sources(attributes))
-        reporter.waiting(status.stage, status.detail)
+        reporter.waiting(status.stage, status.detail, timeout_s)
         deadline.pause(interval_s)
     return Verdict(False, deadline.elapsed(), timeline,
                    f"timed out after {timeout_s:g} s in stage {status.stage}: {status.detail}",
@@ -423,6 +482,10 @@ def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float 
 
 
 # --- command --------------------------------------------------------------------------------------------------
+
+def gives_up(ends_at_s: float) -> str:
+    return f"gives up at {ends_at_s:.0f} s"
+
 
 class ConsoleReporter:
     """Prints each stage as it arrives and keeps one live status line (rich) for the stage being waited in."""
@@ -435,8 +498,8 @@ class ConsoleReporter:
     def stage(self, name: str, at_s: float) -> None:
         self.console.print(f"[green]✓[/] {name:<18} at {at_s:7.1f} s")
 
-    def waiting(self, stage: str, detail: str) -> None:
-        self.status.update(f"{stage}: {detail} ({time.monotonic() - self.started:.0f} s)")
+    def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
+        self.status.update(f"{stage}: {detail} ({time.monotonic() - self.started:.0f} s; {gives_up(ends_at_s)})")
 
 
 class LineReporter:
@@ -452,19 +515,19 @@ class LineReporter:
         self.last_state: tuple[str, str] | None = None
 
     def say(self, text: str) -> None:
-        self.console.print(text, markup=False, highlight=False)
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)  # one line each, however long
         self.last_line = self.clock()
 
     def stage(self, name: str, at_s: float) -> None:
         self.say(f"✓ {name:<18} at {at_s:7.1f} s")
 
-    def waiting(self, stage: str, detail: str) -> None:
+    def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
         now = self.clock()
         if (stage, detail) != self.last_state:
             self.last_state = (stage, detail)
-            self.say(f"… {stage}: {detail} ({now - self.started:.0f} s)")
+            self.say(f"… {stage}: {detail} ({now - self.started:.0f} s; {gives_up(ends_at_s)})")
         elif now - self.last_line >= self.heartbeat_s:
-            self.say(f"… still in {stage}: {detail} ({now - self.started:.0f} s)")
+            self.say(f"… still in {stage}: {detail} ({now - self.started:.0f} s; {gives_up(ends_at_s)})")
 
 
 class Tracker:
@@ -482,9 +545,9 @@ class Tracker:
         self.where = f"after stage {name}"
         self.reporter.stage(name, at_s)
 
-    def waiting(self, stage: str, detail: str) -> None:
+    def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
         self.where = f"in stage {stage}: {detail}"
-        self.reporter.waiting(stage, detail)
+        self.reporter.waiting(stage, detail, ends_at_s)
 
     def interrupted(self) -> Verdict:
         elapsed = time.monotonic() - self.started
@@ -552,12 +615,13 @@ def check_mode(url: str | None, model: str | None, instance: str | None, zone: s
 @click.option("--interval", "interval_s", type=click.FloatRange(min=0, min_open=True),
               help=f"Seconds between polls [default: {URL_INTERVAL_S:g} with --url, {INSTANCE_INTERVAL_S:g} with "
               "--instance (each poll is a Compute API call)].")
+@api_key_option()
 @stack_options
 @json_option
 def gate(url: str | None, model: str | None, smoke: str, instance: str | None, zone: str | None,
          project: str | None, config_hash: str | None, compute_url: str, timeout_s: float,
-         connect_timeout_s: float | None, interval_s: float | None, stack: str | None, stack_outputs: Path | None,
-         as_json: bool) -> None:
+         connect_timeout_s: float | None, interval_s: float | None, api_key_env: str, stack: str | None,
+         stack_outputs: Path | None, as_json: bool) -> None:
     """Wait until a deployment really serves; exit 0 only then. The last stdout line is the JSON verdict
     (always, Ctrl-C too, which exits 130: --json is accepted for symmetry with the other commands; progress goes
     to stderr).
@@ -588,9 +652,10 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
             if url:
                 with requests.Session() as http:
                     # A server with an API key (vLLM's --api-key / VLLM_API_KEY) answers /v1 only with it: the gate
-                    # presents $TPUSERVE_API_KEY on every request, as the other commands do (tpuserve/client.py).
-                    if os.environ.get(API_KEY_ENV):
-                        http.headers["Authorization"] = f"Bearer {os.environ[API_KEY_ENV]}"
+                    # presents $TPUSERVE_API_KEY (or --api-key-env's) on every request, as the other commands do.
+                    http.key_env = api_key_env  # type: ignore[attr-defined]  # what a refused key's error names
+                    if os.environ.get(api_key_env):
+                        http.headers["Authorization"] = f"Bearer {os.environ[api_key_env]}"
                     verdict = watch_url(http, url, model, smoke_checks, timeout_s, interval_s or URL_INTERVAL_S,
                                         tracker, connect_timeout_s or CONNECT_TIMEOUT_S)
             else:

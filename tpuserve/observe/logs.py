@@ -22,7 +22,7 @@ import click
 from tpuserve.cli import echo_json, json_option
 from tpuserve import gce
 from tpuserve.deploy import stack as pulumi_stack
-from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError
+from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError, json_or_none, server_root
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE
 from tpuserve.deploy.cloud_logging import LOGGING_URL, LoggingApiError, LoggingClient
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
@@ -34,6 +34,8 @@ EXCERPT_TAIL_LINES = 60
 EXCERPT_CONTEXT_LINES = 2
 EXCERPT_MAX_CHARS = 12_000
 DIAGNOSIS_MAX_TOKENS = 300
+MIN_EXCERPT_CHARS = 200  # less log than this diagnoses nothing
+FIT_TRIES = 4  # excerpts sized to the server's context before one is sent as it is
 REDACTED = "[REDACTED]"
 
 # Anything that looks like a credential. Order matters: specific formats first, then `name=value` pairs, then
@@ -322,6 +324,57 @@ def boot_report(vm: Instance, compute_url: str) -> tuple[str, str | None, str | 
     return compute.serial_output(vm), attributes.get("stage"), attributes.get("reason")
 
 
+Messages = list[dict[str, str]]
+
+
+def prompt_tokens(url: str, model: str, messages: Messages, api_key: str | None) -> int | None:
+    """How many tokens the server counts for `messages` (vLLM's POST /tokenize, vllm/entrypoints/serve/tokenize:
+    {"count", "max_model_len", "tokens"}), or None where it cannot say (a server without /tokenize)."""
+    import requests
+
+    try:
+        response = requests.post(f"{server_root(url)}/tokenize", json={"model": model, "messages": messages},
+                                 headers={"Authorization": f"Bearer {api_key}"} if api_key else {}, timeout=30)
+    except requests.RequestException:
+        return None
+    body = json_or_none(response) if response.status_code == 200 else None
+    count = body.get("count") if isinstance(body, dict) else None
+    return count if isinstance(count, int) else None
+
+
+def fit_to_context(build: Callable[[int], Messages], max_chars: int, chosen: bool, card: Mapping[str, Any],
+                   url: str, model: str, api_key: str | None) -> Messages:
+    """The request with the largest excerpt up to `max_chars` that leaves the answer room in the model's context
+    (`max_model_len` of its /v1/models card, less DIAGNOSIS_MAX_TOKENS), sizes counted by the server. A --max-chars
+    the user `chosen` is not cut: too large, it is refused naming a size that fits."""
+    limit = card.get("max_model_len")
+    if not isinstance(limit, int):
+        return build(max_chars)
+    budget, chars = limit - DIAGNOSIS_MAX_TOKENS, max_chars
+    first = None
+    for _ in range(FIT_TRIES):
+        messages = build(chars)
+        count = prompt_tokens(url, model, messages, api_key)
+        first = count if first is None else first
+        if count is None or count <= budget:
+            break
+        # Drop the excess at the request's mean characters per token (the prompt's fixed part stays), then 5 % more.
+        content = sum(len(message["content"]) for message in messages)
+        chars = int((chars - (count - budget) * content / count) * 0.95)
+        if chars < MIN_EXCERPT_CHARS:
+            raise click.ClickException(f"{model} takes {limit} tokens (its max_model_len), {DIAGNOSIS_MAX_TOKENS} "
+                                       "of them for the answer: no useful log excerpt fits; diagnose with a model of "
+                                       "a larger context (--url, --model)")
+    if chars == max_chars:
+        return messages
+    said = (f"{model} takes {limit} tokens (its max_model_len), {DIAGNOSIS_MAX_TOKENS} of them for the answer, and "
+            f"the request with {max_chars} characters of log is {first}")
+    if chosen:
+        raise click.BadParameter(f"{said}: give at most {chars}", param_hint="--max-chars")
+    click.echo(f"note: {said}: sending {chars} characters of log (--max-chars sets the size)", err=True)
+    return messages
+
+
 @click.command()
 @instance_options
 @click.option("--log-file", "log_files", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -333,8 +386,9 @@ def boot_report(vm: Instance, compute_url: str) -> tuple[str, str | None, str | 
 @pulumi_stack.model_option("Model to ask (default: the stack's model, else the first the endpoint lists).")
 @click.option("--api-key-env", default=API_KEY_ENV, show_default=True,
               help="Environment variable holding the diagnosing endpoint's key.")
-@click.option("--max-chars", default=EXCERPT_MAX_CHARS, show_default=True, type=click.IntRange(min=200),
-              help="Size of the log excerpt sent (fit it to the model's context).")
+@click.option("--max-chars", default=EXCERPT_MAX_CHARS, show_default=True,
+              type=click.IntRange(min=MIN_EXCERPT_CHARS), help="Size of the log excerpt sent; by default cut to "
+              "what the model's context takes (its max_model_len, counted by the server's /tokenize).")
 @click.option("--dry-run", is_flag=True, help="Print the redacted request instead of sending it.")
 @json_option
 def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None, zone: str | None,
@@ -356,30 +410,39 @@ def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None
                 raise click.ClickException(f"{vm.name}: {err}") from err
             stage, reason = stage or vm_stage, reason or vm_reason
             log += shipped_container_log(vm, compute_url, logging_url)
-    messages = diagnosis_messages(relevant_excerpt(redact(log), max_chars=max_chars), stage, reason)
+    redacted = redact(log)
+
+    def build(chars: int) -> Messages:
+        return diagnosis_messages(relevant_excerpt(redacted, max_chars=chars), stage, reason)
+
     if dry_run:
+        messages = build(max_chars)
         echo_json({"messages": messages}) if as_json else click.echo(messages[1]["content"])
         return
-    diagnosis = ask_for_diagnosis(messages, url, model, api_key_env, stack, stack_outputs)
+    chosen = click.get_current_context().get_parameter_source("max_chars") != click.core.ParameterSource.DEFAULT
+    diagnosis = ask_for_diagnosis(build, max_chars, chosen, url, model, api_key_env, stack, stack_outputs)
     echo_json({"stage": stage, "reason": reason, "diagnosis": diagnosis}) if as_json else click.echo(diagnosis)
 
 
-def ask_for_diagnosis(messages: list[dict[str, str]], url: str | None, model: str | None, api_key_env: str,
-                      stack: str | None, stack_outputs: Path | None) -> str:
-    """The model's answer. Without --url the deployment itself answers, reached through the stack's endpoint
-    (an IAP tunnel for a gcp stack, open only while asking)."""
+def ask_for_diagnosis(build: Callable[[int], Messages], max_chars: int, chosen: bool, url: str | None,
+                      model: str | None, api_key_env: str, stack: str | None, stack_outputs: Path | None) -> str:
+    """The model's answer, to an excerpt that fits its context. Without --url the deployment itself answers,
+    reached through the stack's endpoint (an IAP tunnel for a gcp stack, open only while asking)."""
     outputs = None if url else pulumi_stack.read_outputs(stack, stack_outputs)
     if url is None and outputs is None:
         raise click.UsageError("give --url of the diagnosing endpoint (or --stack to ask the deployment)")
     api_key = os.environ.get(api_key_env)
-    with pulumi_stack.served_endpoint(url, model, outputs, api_key) as served:
-        return chat_for_diagnosis(messages, served.url, served.model, api_key)
+    with pulumi_stack.served_endpoint(url, model, outputs, api_key, api_key_env) as served:
+        messages = fit_to_context(build, max_chars, chosen, served.card, served.url, served.model, api_key)
+        return chat_for_diagnosis(messages, served.url, served.model, api_key, api_key_env)
 
 
-def chat_for_diagnosis(messages: list[dict[str, str]], url: str, model: str, api_key: str | None) -> str:
+def chat_for_diagnosis(messages: list[dict[str, str]], url: str, model: str, api_key: str | None,
+                       key_env: str = API_KEY_ENV) -> str:
     try:
-        reply = ChatClient(url, model, api_key=api_key).chat(messages, temperature=0,
-                                                             max_tokens=DIAGNOSIS_MAX_TOKENS)
+        reply = ChatClient(url, model, api_key=api_key, key_env=key_env).chat(messages, temperature=0,
+                                                                              max_tokens=DIAGNOSIS_MAX_TOKENS)
     except EndpointError as err:
-        raise click.ClickException(f"the diagnosing endpoint {url} ({model}) failed: {err}") from err
+        hint = "; lower --max-chars" if err.status == 400 and "context length" in err.message else ""
+        raise click.ClickException(f"the diagnosing endpoint {url} ({model}) failed: {err}{hint}") from err
     return reply.answer()[1].strip() or "(the model returned an empty answer)"
