@@ -23,7 +23,7 @@ DOLLARS = re.compile(r"\$\s?\d[\d,]*(?:\.\d+)?")
 def computed() -> dict[str, float]:
     """The figures, each from where it is owned."""
     from components.config import build_stack_config
-    from components.gke import SYSTEM_MACHINE_TYPE
+    from components.gke import GATEWAY_SYSTEM_MACHINE_TYPE, SYSTEM_MACHINE_TYPE
     from tests.pulumi_harness import stack_file_config
     from tpuserve.deploy.inventory import prices
     from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, DEFAULT_CACHE_DISK_IOPS, DEFAULT_CACHE_DISK_MIBPS,
@@ -52,8 +52,9 @@ def computed() -> dict[str, float]:
         "saved_s": saved_s,
         "tpu_for_saved_s": saved_s / 3600 * PRICE_PER_CHIP_HOUR,
         "gke_node": table["machineTypesPerHour"][SYSTEM_MACHINE_TYPE],
+        "gke_gateway_node": table["machineTypesPerHour"][GATEWAY_SYSTEM_MACHINE_TYPE],
         "gke_fee": table["gkeCluster"]["feePerHour"],
-        "gke_cluster": table["machineTypesPerHour"][SYSTEM_MACHINE_TYPE] + table["gkeCluster"]["feePerHour"],
+        "gke_free_tier": table["gkeCluster"]["freeTierPerMonth"],
         "api_price": api_price,
         "cold_start": cost.cold_start_usd(PRICE_PER_CHIP_HOUR, 10),
         "session": sample.usd,
@@ -71,7 +72,8 @@ def phrases() -> dict[str, list[str]]:
             f"**${c['chip_hour']:.2f} per chip-hour**",
             f"at most {c['dev_run_h']:g} h × ${c['chip_hour']:.2f} = **${c['dev_run']:.2f}** per default dev run",
             f"${c['gb_month']:.2f} per GB-month = **${c['cache_disk']:.2f} a month**",
-            f"| a gke cluster | ≈ ${c['gke_cluster']:.2f}/h |",
+            f"| a gke cluster | ≈ ${c['gke_node']:.2f}/h: its system node (GKE's free tier covers one zonal cluster's "
+            f"${c['gke_fee']:.2f}/h fee) |",
             f"the disk bills ≈ ${c['cache_disk']:.0f} a month",
         ],
         "docs/deploy.md": [
@@ -90,7 +92,16 @@ def phrases() -> dict[str, list[str]]:
         "docs/getting-a-tpu.md": [f"4 h x 4 chip(s) x ${c['chip_hour']:.2f} = ${c['four_chip_run']:.2f}"],
         "docs/more-than-one-chip.md": [
             f"**${c['chip_hour']:.2f} per chip-hour**",
-            f"the system node ≈ ${c['gke_node']:.2f}/h and the cluster fee, ${c['gke_fee']:.2f}/h",
+            f"the system node ≈ ${c['gke_node']:.2f}/h (≈ ${c['gke_gateway_node']:.2f}/h with the inference gateway, "
+            f"whose picker asks for 8 CPUs); the cluster is zonal, so its fee (${c['gke_fee']:.2f}/h) is covered",
+        ],
+        "docs/gke.md": [
+            f"| the cluster's management fee | ${c['gke_fee']:.2f} per cluster-hour; GKE's free tier gives each billing "
+            f"account ${c['gke_free_tier']:.2f} a month",
+            "| while the cluster exists; $0 for the first zonal cluster of the billing account |",
+            f"`e2-standard-4` (≈ ${c['gke_node']:.2f}/h); `e2-standard-16` with the inference gateway (four times the "
+            f"vCPUs and memory, ≈ ${c['gke_gateway_node']:.2f}/h)",
+            f"| the TPU nodes | ${c['chip_hour']:.2f} per chip-hour each",
         ],
         "docs/design/benchmarks.md": [f"**${c['chip_hour']:.2f} per chip-hour**"],
         "docs/toolkit.md": [

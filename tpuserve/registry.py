@@ -30,8 +30,10 @@ import hashlib
 import re
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import requests
+if TYPE_CHECKING:  # the config's digest check (serving.py) imports this module, and needs no HTTP client
+    import requests
 
 DOCKER_HUB = "registry-1.docker.io"
 MANIFEST_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json",
@@ -148,6 +150,8 @@ def ask(session: requests.Session, method: str, url: str, repository: str,
 def resolve(image: str, registry_url: str = "", session: requests.Session | None = None) -> str:
     """`image` pinned to the digest its tag names now (an image already pinned is returned as it is).
     `registry_url` replaces https://<registry host> (tests point it at a fake on 127.0.0.1)."""
+    import requests
+
     reference = Reference.parse(image)
     if reference.digest:
         return image
@@ -191,6 +195,8 @@ class Located:
 def locate(image: str, registry_url: str = "", session: requests.Session | None = None) -> Located:
     """Ask the image's registry for its manifest (HEAD, the tag or the digest). Never raises for what the registry
     says; RegistryError only for a malformed reference."""
+    import requests
+
     reference = Reference.parse(image)
     url = manifest_url(reference, registry_url)
     headers = {"Accept": ", ".join(MANIFEST_TYPES)}
