@@ -680,7 +680,7 @@ def render_pulumi_yaml() -> str:
 # What a change of each key does to a running deployment: the last column of the configuration reference
 # (docs/configuration.md). Derived, never written by hand: tests/config_changes.py runs each target's stack under mocks
 # with its defaults and with the key changed, classifies every resource's change by the providers' own rules
-# (tpuserve/changes.py over tpuserve/data/provider-facts.json) and writes the words to
+# (tests/changes.py over tpuserve/data/provider-facts.json) and writes the words to
 # tpuserve/data/config-changes.json; tests/test_config_changes.py fails when that file is stale.
 CHANGE_EFFECTS_FILE = "config-changes.json"
 

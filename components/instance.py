@@ -12,7 +12,7 @@ import pulumi
 from pulumi_gcp import compute
 
 from tpuserve import flex_start
-from tpuserve.changes import stop_requiring_paths
+from tpuserve.facts import stop_requiring_paths
 
 # A flex-start create without a wait time is immediate-or-fail: pulumi-gcp 10.2 cannot set the request's wait time
 # (the Compute API's `Instance.params.requestValidForDuration`; `InstanceParamsArgs` has only resource_manager_tags),

@@ -1,6 +1,6 @@
 """What changing each config key does to a deployment, derived: the stack of the key's target runs under mocks with
 its defaults and again with one changed, valid value; every resource's inputs are diffed by name with
-tpuserve.changes.plan_change (the providers' rules, tpuserve/data/provider-facts.json), and the outcome is
+tests.changes.plan_change (the providers' rules, tpuserve/data/provider-facts.json), and the outcome is
 said in a few words. The words are the "a change" column of docs/configuration.md (components.config.CHANGE_EFFECTS
 reads them from tpuserve/data/config-changes.json); tests/test_config_changes.py fails when that file is stale.
 
@@ -24,7 +24,7 @@ import pulumi
 
 from tests.pulumi_harness import ROOT, RecordingMocks, StackRun, run_stack, stack_file_config
 from tests.test_gke_stack import EXISTING as EXISTING_CLUSTER  # an existing cluster as getCluster returns it
-from tpuserve.changes import DYNAMIC, META_KEY, ResourceChange, plan_change
+from tests.changes import DYNAMIC, META_KEY, ResourceChange, plan_change
 from tpuserve.facts import SERVED_CONFIG_KEY
 
 OUT = ROOT / "tpuserve" / "data" / "config-changes.json"

@@ -9,7 +9,7 @@ step_executor.go):
   one exists. Under mocks the SDK calls `MockMonitor.RegisterResource` the same way, and this engine does the step
   there, one registration at a time;
 - a step is planned from the old state's inputs and the new inputs: `same`, `update`, `replace` (the provider's
-  diff: tpuserve/changes.py from the provider's source, or a dynamic provider's own `diff`, or
+  diff: tests/changes.py from the provider's source, or a dynamic provider's own `diff`, or
   pulumi-command's triggers), create-before-delete unless the provider or the program says delete first
   (step_generator.go: the program's deleteBeforeReplace overrides the provider's);
 - the first failed step stops the update: no new step starts, the state keeps what was done (a replaced resource
@@ -46,7 +46,7 @@ from pulumi.runtime import mocks as pulumi_mocks
 
 from tests import fake_providers as providers
 from tests import provider_errors
-from tpuserve.changes import ResourceChange
+from tests.changes import ResourceChange
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "tpu-serve"

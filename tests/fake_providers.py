@@ -6,7 +6,7 @@ the fake cloud (tests/fake_cloud.py) in the order the real provider makes them.
   for the operation (a wait that times out clears the id: the VM is not in the state, though Compute Engine may
   still make it), and updates a running one metadata first (setMetadata), labels, then the machine type, which on a
   RUNNING instance without allow_stopping_for_update is an error; a change the schema marks ForceNew is a
-  replacement (tpuserve/changes.py reads that from the provider's source: tpuserve/data/provider-facts.json).
+  replacement (tests/changes.py reads that from the provider's source: tpuserve/data/provider-facts.json).
   google_compute_router_nat is a patch of its router's `nats` (resource_compute_router_nat.go).
 - The dynamic cache resources are this repository's own providers (components/cache_provider.py), run here as
   the CLI's Python host would run them, against the fake cloud.
@@ -30,8 +30,8 @@ from typing import Any
 
 import requests
 
-from tpuserve import changes
-from tpuserve.changes import ResourceChange
+from tests import changes
+from tests.changes import ResourceChange
 
 BRIDGED = "sdk-v2/provider2.go:572: sdk.helper_schema: "  # how pulumi prints a bridged provider's error
 OPERATION_POLLS = 60  # polls of an operation before the provider's wait times out (the fake finishes sooner)
@@ -120,7 +120,7 @@ def operation_message(operation: dict[str, Any]) -> str:
 
 
 class Provider:
-    """One resource type. `diff` plans the step (the provider's schema, through tpuserve.changes)."""
+    """One resource type. `diff` plans the step (the provider's schema, through tests.changes)."""
 
     def __init__(self, cloud: Cloud, type_: str) -> None:
         self.cloud, self.type = cloud, type_

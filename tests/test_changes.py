@@ -1,4 +1,4 @@
-"""tpuserve/changes.py (what a change of inputs does to a resource, from tpuserve/data/provider-facts.json)
+"""tests/changes.py (what a change of inputs does to a resource, from tpuserve/data/provider-facts.json)
 and the facts file itself: its shape, and that it covers every resource type the stacks declare."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 
 from tests.config_changes import declared_resource_types
 from tests.pulumi_harness import run_stack, stack_file_config
-from tpuserve import changes
-from tpuserve.changes import PropertyDiff, UnknownResourceType, format_path, parse_path, plan_change
+from tests import changes
+from tpuserve.facts import stop_requiring_paths
+from tests.changes import PropertyDiff, UnknownResourceType, format_path, parse_path, plan_change
 
 # --- The facts file ---------------------------------------------------------------------------------------------------
 
@@ -41,7 +42,7 @@ def test_each_source_is_pinned_to_a_commit_and_each_fact_to_a_line():
                     "block", "list", "set", "map", "string", "int", "bool", "float"), (token, entry)
         for rule in info.get("customize_diff", []):
             assert rule["line"] > 0 and (not rule["force_new"] or rule["function"] in changes.CUSTOMIZE_DIFF), \
-                f"{token}: {rule['function']} forces a replacement and tpuserve/changes.py has no rule for it"
+                f"{token}: {rule['function']} forces a replacement and tests/changes.py has no rule for it"
 
 
 def test_the_instance_facts_say_what_the_issue_says_at_the_beta_providers_lines():
@@ -251,7 +252,7 @@ def test_kubernetes_objects_follow_the_providers_force_new_paths():
 
 
 def test_stop_requiring_paths_are_the_update_functions_unconditional_stop_list():
-    paths = changes.stop_requiring_paths(INSTANCE)
+    paths = stop_requiring_paths(INSTANCE)
     assert "machineType" in paths and "scheduling.gracefulShutdown" not in paths  # only with allowStoppingForUpdate
     assert all(parse_path(p) for p in paths)
 

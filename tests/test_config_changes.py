@@ -14,7 +14,8 @@ from components.config import CHANGE_EFFECTS, all_settings
 from components.instance import REPLACE_ON_CHANGES
 from tests import config_changes
 from tests.pulumi_harness import run_stack, stack_file_config
-from tpuserve.changes import plan_change, stop_requiring_paths
+from tests.changes import plan_change
+from tpuserve.facts import stop_requiring_paths
 from tpuserve.facts import SERVED_CONFIG_KEY
 
 INSTANCE = "gcp:compute/instance:Instance"

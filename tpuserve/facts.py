@@ -161,3 +161,19 @@ CONTAINER_LOG_NAME = "vllm"
 # remote sweep's first level takes its deadline from it (tpuserve/measure/bench.py), having no request of its own
 # to time from this machine.
 SINGLE_STREAM_TOK_S = 213.0
+
+
+def provider_facts() -> dict:
+    """tpuserve/data/provider-facts.json: each resource type's replacement rules, read from the providers' source by
+    scripts/provider_facts.py (docs/design/provider-facts.md)."""
+    import json
+    from importlib import resources
+
+    return json.loads(resources.files("tpuserve").joinpath("data/provider-facts.json").read_text())
+
+
+def stop_requiring_paths(type_token: str) -> tuple[str, ...]:
+    """The input paths whose change the provider applies only to a stopped instance (replaceOnChanges patterns:
+    `[*]` becomes `*`), from the update function's stop list. Conditional entries (only_if) are left out."""
+    update = provider_facts()["resources"][type_token].get("update") or {}
+    return tuple(e["path"] for e in update.get("needs_stop", []) if e["path"] is not None and not e.get("only_if"))

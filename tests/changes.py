@@ -1,4 +1,5 @@
-"""What a change of a resource's inputs does, as the Pulumi engine and the resource's provider would decide it.
+"""What a change of a resource's inputs does, as the Pulumi engine and its provider would decide it: the fake engine's
+steps and the configuration reference's "a change" column (tests/config_changes.py) are planned with it.
 
 Pure: no engine, no provider plugin, no network. The rules of each provider are data, read from its source by
 scripts/provider_facts.py into tpuserve/data/provider-facts.json; this module applies them the way the code that
@@ -32,8 +33,9 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 from typing import Any
+
+from tpuserve.facts import provider_facts
 
 ADD, ADD_REPLACE, DELETE, DELETE_REPLACE, UPDATE, UPDATE_REPLACE = (
     "add", "add-replace", "delete", "delete-replace", "update", "update-replace")
@@ -80,7 +82,7 @@ class UnknownResourceType(KeyError):
 
 @cache
 def facts() -> dict[str, Any]:
-    return json.loads(resources.files("tpuserve").joinpath("data/provider-facts.json").read_text())
+    return provider_facts()
 
 
 def resource_facts(type_token: str) -> dict[str, Any]:
@@ -713,11 +715,3 @@ def _needs_stop(type_token: str, new: Mapping, detailed: Mapping[str, PropertyDi
                 out.append(text)
                 break
     return tuple(out)
-
-
-def stop_requiring_paths(type_token: str) -> tuple[str, ...]:
-    """The input paths whose change the provider applies only to a stopped instance (replaceOnChanges patterns:
-    `[*]` becomes `*`), from the update function's stop list. Conditional entries (only_if) are left out."""
-    update = resource_facts(type_token).get("update") or {}
-    return tuple(e["path"] for e in update.get("needs_stop", [])
-                 if e["path"] is not None and not e.get("only_if"))
