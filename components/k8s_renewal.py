@@ -1,7 +1,7 @@
 """The gke target's node renewal in the cluster: a CronJob that runs tpuserve/gke_renewer.py every 15 minutes as its
 own service account, with only the access a renewal uses (docs/design/gke-renewal.md).
 
-The renewer is standard library plus tpuserve/durations.py: the files ride in a ConfigMap mounted as a `tpuserve`
+The renewer is standard library plus tpuserve/durations.py and exits.py: the files ride in a ConfigMap mounted as a `tpuserve`
 package and run on a digest-pinned python image, so a run installs nothing and needs no image of ours. Declared only
 while the Deployment has an HPA (gkeMinReplicas > 0): a parked stack has nothing to renew.
 """
@@ -22,7 +22,7 @@ SCHEDULE = "*/15 * * * *"
 PYTHON_IMAGE = "python:3.12-slim@sha256:78387bc3881b8273120a12ebe6c1ab22b018ccc2c9adf565ae1ac9b536e184ea"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "tpuserve"
 # The renewer and what it imports from tpuserve (tests/test_gke_renew.py checks the closure).
-PACKAGE_FILES = ("__init__.py", "durations.py", "gke_renewer.py")
+PACKAGE_FILES = ("__init__.py", "durations.py", "exits.py", "gke_renewer.py")
 WORKDIR = "/opt/tpu-serve-renewer"
 NOBODY = 65534
 # A margin past the longest run (a successor's wait, then the old pod's stop) before a stuck Job is stopped; with

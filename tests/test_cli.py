@@ -25,7 +25,7 @@ def test_help_lists_every_command_and_imports_no_command_module_nor_heavy_librar
     modules = imported_modules("--help")
     assert "click" in modules  # the report was parsed
     assert sorted(name for name in modules if name.split(".")[0] in HEAVY) == []
-    assert sorted(name for name in modules if name.startswith("tpuserve.")) == ["tpuserve.cli"]
+    assert sorted(name for name in modules if name.startswith("tpuserve.")) == ["tpuserve.cli", "tpuserve.exits"]
 
 
 def test_help_shows_each_commands_short_help_cut_to_the_width():

@@ -151,3 +151,23 @@ def test_what_the_laptop_quick_start_writes_in_the_checkout_is_ignored(tmp_path:
     checked = subprocess.run(["git", "check-ignore", *(name + ("x" if name.endswith("/") else "") for name in written)],
                              cwd=tmp_path, capture_output=True, text=True)
     assert sorted(checked.stdout.split()) == ["runs/x", "vllm.log"]
+
+
+def test_the_exit_code_table_is_tpuserve_exits() -> None:
+    """docs/toolkit.md#exit-codes says what tpuserve/exits.py says, code by code, and no code means two things."""
+    import ast
+
+    from tpuserve import exits
+
+    source = (ROOT / "tpuserve" / "exits.py").read_text()
+    meanings = {}
+    for line in source.splitlines():
+        name, _, rest = line.partition(" = ")
+        if rest and name.isupper():
+            value, _, comment = rest.partition("  # ")
+            meanings[int(ast.literal_eval(value))] = comment
+    assert sorted(meanings) == sorted({getattr(exits, n) for n in dir(exits) if n.isupper()})
+    page = (ROOT / "docs" / "toolkit.md").read_text()
+    rows = dict(line.strip("| ").split(" | ", 1) for line in page.split("## Exit codes", 1)[1].split("\n## ")[0]
+                .splitlines() if line.startswith("| ") and line[2].isdigit())
+    assert {int(code): text.rstrip(" |") for code, text in rows.items()} == meanings

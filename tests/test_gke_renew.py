@@ -307,11 +307,6 @@ def test_a_bad_duration_names_its_own_option(args: list[str], message: str) -> N
     assert result.exit_code == 2 and result.output.splitlines()[-1] == f"Error: {message}"
 
 
-def test_the_renewers_exit_codes_are_the_toolkits() -> None:
-    assert (gke_renewer.EXIT_OK, gke_renewer.EXIT_FAILED, gke_renewer.EXIT_NO_CAPACITY) == \
-        (up.EXIT_OK, up.EXIT_FAILED, up.EXIT_NO_CAPACITY)
-
-
 def test_the_old_pod_is_given_its_whole_grace_period_to_finish_its_requests() -> None:
     """A pod that goes waits for its last requests (the preStop), up to its grace period: the renewal waits as long
     as the pod's own terminationGracePeriodSeconds says before calling it still terminating."""
@@ -445,8 +440,8 @@ def test_the_configmap_carries_everything_the_renewer_imports_and_nothing_else_i
                     todo += [] if name in seen else [name]
                 else:
                     assert name.split(".")[0] in sys.stdlib_module_names or name == "__future__", name
-    assert seen == {"tpuserve.gke_renewer", "tpuserve.durations"} and set(files) == {
-        "__init__.py", "durations.py", "gke_renewer.py"}
+    assert seen == {"tpuserve.gke_renewer", "tpuserve.durations", "tpuserve.exits"} and set(files) == {
+        "__init__.py", "durations.py", "exits.py", "gke_renewer.py"}
 
 
 def test_the_cronjobs_command_runs_from_the_configmap_on_a_bare_python(tmp_path: Path) -> None:

@@ -572,7 +572,7 @@ def test_the_renewal_cronjob_renews_this_stacks_pool_every_15_minutes(gke_run: S
     assert spec["serviceAccountName"] == "vllm-renewer"
     files = k8s_object(gke_run, "ConfigMap", "vllm-renewer")["data"]
     assert files == {name: (ROOT / "tpuserve" / name).read_text() for name in
-                     ("__init__.py", "durations.py", "gke_renewer.py")}
+                     ("__init__.py", "durations.py", "exits.py", "gke_renewer.py")}
     mount = container["volumeMounts"][0]
     assert mount["mountPath"] == f"{container['workingDir']}/tpuserve"
     # its pods are not replicas: nothing that selects the vLLM pods selects them

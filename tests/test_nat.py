@@ -228,3 +228,40 @@ def test_preflight_names_the_vms_that_rely_on_the_stacks_nat_and_skips_blocked_r
     assert checks["Cloud NAT users"]["status"] == "warning" and "also serves 1 VM(s) of prod (tpu-serve-prod)" \
         in checks["Cloud NAT users"]["detail"]
     assert report["zones"] == ["europe-west4-a"] and "team-router/team-nat" in report["skipped"]["us-east1-d"]
+
+
+def test_destroying_the_stack_whose_nat_another_stack_uses_is_refused_until_asked_for(
+        project: tuple[FakeCloud, FakePulumi]) -> None:
+    """`tpuserve destroy --stack dev` names prod's VM that reaches the internet through dev's NAT and destroys
+    nothing (exit 6, with --yes too, which is about orphans); --despite-nat-users destroys dev, its NAT with it."""
+    from tpuserve.cli import main as cli_main
+    from tpuserve.ops import destroy as destroy_module
+
+    cloud, pulumi = project
+    assert run_up(cloud)[0] == 0
+    status, _ = cloud.api("POST", f"/compute/v1/projects/{PROJECT}/zones/europe-west4-a/instances", {
+        "name": "tpu-serve-prod", "machineType": "zones/europe-west4-a/machineTypes/ct6e-standard-1t",
+        "networkInterfaces": [{"network": "global/networks/default"}], "labels": {"stack": "prod"},
+        "disks": [{"boot": True, "initializeParams": {"diskSizeGb": "100"}}]})
+    assert status == 200
+    before = len(pulumi.calls())
+
+    refused = CliRunner().invoke(cli_main, ["destroy", "--stack", "dev", "--yes", "--json",
+                                             *cloud.endpoint_options()])  # the CLI writes the error document
+    assert refused.exit_code == 6, refused.stderr
+    assert "tpu-serve-dev-router/tpu-serve-dev-nat in europe-west4 (stack dev) also serves" in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "Error: nothing destroyed: VMs of other stacks use dev's Cloud NAT (above); destroy those stacks first, or "
+        "run again with --despite-nat-users")
+    verdict = json.loads(refused.stdout.strip().splitlines()[-1])
+    assert verdict == {"ok": False, "exit": 6, "error": refused.stderr.strip().splitlines()[-1].removeprefix("Error: "),
+                       "stack": "dev", "natUsers": [line.removeprefix("warning: ") for line in
+                                                    refused.stderr.splitlines() if "also serves" in line]}
+    assert not any(call[0] == "destroy" for call in pulumi.calls()[before:])
+    assert ("europe-west4", "tpu-serve-dev-nat") in nats(cloud)
+
+    forced = CliRunner().invoke(destroy_module.destroy, ["--stack", "dev", "--yes", "--despite-nat-users",
+                                                          *cloud.endpoint_options()])
+    assert forced.exit_code in (0, 5), forced.stderr
+    assert [call[0] for call in pulumi.calls()[before:] if call[0] == "destroy"] == ["destroy"]
+    assert ("europe-west4", "tpu-serve-dev-nat") not in nats(cloud)

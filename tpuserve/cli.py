@@ -1,7 +1,7 @@
 """The `tpuserve` command line. Subcommands load on first use, so `tpuserve --help` stays fast.
 
 Every subcommand runs inside `LazyGroup.invoke`, the one place that turns what goes wrong into one line and an exit
-code: 2 for a usage error (a bad option or setting), 1 for a failure (an unreachable server, a server error, a
+code (tpuserve/exits.py): 2 for a usage error (a bad option or setting), 1 for a failure (an unreachable server, a
 missing file or program). No user mistake ends in a Python traceback; TPUSERVE_DEBUG=1 shows one for a bug.
 Under `--json` that line is also a JSON document on stdout: see JSON_CONVENTION.
 """
@@ -15,9 +15,11 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import click
+
+from tpuserve import exits
 
 # name -> ("module:attribute" of a click command, its short help). The help is repeated here so listing the
 # commands imports none of them (tests/test_cli.py keeps it equal to each command's own); each module imports
@@ -94,6 +96,13 @@ def finite(value: Any) -> Any:
 def json_text(document: Any) -> str:
     """The one way a document is written (JSON_CONVENTION): one line, strict."""
     return json.dumps(finite(document), allow_nan=False)
+
+
+def finish(code: int, stack: str, summary: dict[str, Any], as_json: bool) -> NoReturn:
+    """How a command that reports an outcome ends: under --json its one document, then its exit code."""
+    if as_json:
+        echo_json({"ok": code == exits.OK, "stack": stack, "exit": code, **summary})
+    raise click.exceptions.Exit(code)
 
 
 def echo_json(document: Any) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
+import tpuserve.exits as exits
 from tpuserve.durations import human, parse
 
 TERMINATION_ANNOTATION = "node.gke.io/machine-termination-datetime"
@@ -39,7 +40,6 @@ POLL_S = 15.0
 DEFAULT_GRACE_S = 30  # Kubernetes' terminationGracePeriodSeconds when a pod sets none
 GONE_MARGIN_S = 60.0  # past the old pod's grace period, before reporting it as still terminating
 # tpuserve.ops.up's codes (tests/test_gke_renew.py keeps them equal).
-EXIT_OK, EXIT_FAILED, EXIT_NO_CAPACITY = 0, 1, 3
 
 
 class ClusterError(RuntimeError):
@@ -275,7 +275,7 @@ class Renewer:
     def renew(self, lead: timedelta, timeout_s: float, only: str | None = None) -> tuple[int, dict[str, Any]]:
         results = self.resume(timeout_s)
         if any(not r["ok"] for r in results):
-            return EXIT_NO_CAPACITY, {"renewed": [], "kept": results}
+            return exits.NO_CAPACITY, {"renewed": [], "kept": results}
         renewed, kept = [r for r in results if r["ok"]], []
         now = self.now()
         for idle in self.look():  # an empty node about to go must not take a successor
@@ -301,7 +301,7 @@ class Renewer:
                                               "expiry": node.expiry.isoformat() if node.expiry else None})
             if not ok:
                 break  # the next node would wait for the same capacity
-        return (EXIT_NO_CAPACITY if kept else EXIT_OK), {"renewed": renewed, "kept": kept}
+        return (exits.NO_CAPACITY if kept else exits.OK), {"renewed": renewed, "kept": kept}
 
 
 # --- the Kubernetes API, as a pod's service account (https://kubernetes.io/docs/tasks/run-application/
@@ -422,8 +422,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         code, summary = renewer.renew(timedelta(seconds=args.lead), args.timeout, args.node)
     except (ClusterError, ssl.SSLError, OSError) as err:
         print(f"Error: {err}", flush=True)
-        code, summary = EXIT_FAILED, {"reason": str(err)}
-    print(json.dumps({"ok": code == EXIT_OK, "exit": code, **summary,
+        code, summary = exits.FAILED, {"reason": str(err)}
+    print(json.dumps({"ok": code == exits.OK, "exit": code, **summary,
                       "events": renewer.events if renewer else []}, separators=(",", ":")), flush=True)
     return code
 

@@ -422,6 +422,7 @@ def stock_of(pulumi: Any, clients: Clients, project: str, keep_caches: bool,
 def inventory_command() -> Any:
     import click
 
+    from tpuserve import exits
     from tpuserve.deploy.preflight import Endpoints, endpoint_option
 
     @click.command("inventory")
@@ -432,7 +433,7 @@ def inventory_command() -> Any:
     @endpoint_option
     def inventory(stack: str, cwd: str, as_json: bool, endpoints: tuple[str, ...]) -> None:
         """Everything a stack owns in the project, across zones and regions: in its state, kept on purpose, or
-        orphaned, with prices. Exit 1 when an orphan that bills is left."""
+        orphaned, with prices. Exit 5 when an orphan that bills is left."""
         from pathlib import Path
 
         from rich.console import Console
@@ -462,7 +463,7 @@ def inventory_command() -> Any:
             echo_json(found.as_dict())
         else:
             print_table(Console(), found)
-        raise SystemExit(1 if found.billing_orphans else 0)
+        raise click.exceptions.Exit(exits.ORPHANS if found.billing_orphans else exits.OK)
 
     return inventory
 

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+from tpuserve import exits
 import requests
 
 from tpuserve.cli import echo_json
@@ -563,4 +565,4 @@ def preflight_command(stack: str, zones: str | None, cwd: Path, as_json: bool, e
     print_report(Console(stderr=True), report)
     if as_json:
         echo_json(report.as_dict())
-    raise SystemExit(1 if report.failed else 0)
+    raise click.exceptions.Exit(exits.FAILED if report.failed else exits.OK)

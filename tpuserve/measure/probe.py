@@ -28,6 +28,7 @@ from tpuserve.client import (
     SchemaNotEnforced,
     validated_json,
 )
+from tpuserve import exits
 from tpuserve.cli import Failure, echo_json, json_option
 from tpuserve.images import image_messages, modality_part
 from tpuserve.serving import MODALITIES
@@ -628,7 +629,7 @@ def finish(results: list[ScenarioResult], served: Any, as_json: bool, strict: bo
     if reason:
         raise click.ClickException(why)
     if strict and failed(results):
-        raise SystemExit(1)
+        raise click.exceptions.Exit(exits.FAILED)
 
 
 add_probe_command("tools", ["tools"], "Tool calling: simple call, result synthesis, restraint, parallel calls, "
@@ -707,7 +708,7 @@ def kv_compare(url_a: str | None, a_dir: Path | None, url_b: str | None, b_dir: 
     else:
         print_comparisons(comparisons, identical)
     if strict and identical < len(comparisons):
-        raise SystemExit(1)
+        raise click.exceptions.Exit(exits.FAILED)
 
 
 def print_comparisons(comparisons: list[OutputComparison], identical: int) -> None:

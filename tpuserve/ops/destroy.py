@@ -23,10 +23,10 @@ from typing import Any
 
 import click
 
+from tpuserve import cli, exits
 from tpuserve.deploy.preflight import Endpoints, endpoint_option
 from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
 
-EXIT_OK, EXIT_FAILED, EXIT_NAT_USERS, EXIT_ORPHANS = 0, 1, 2, 5
 DESTROY_TIMEOUT_S = 30 * 60.0
 
 
@@ -73,13 +73,11 @@ def destroy(stack: str, yes: bool, cwd: Path, despite_nat_users: bool, as_json: 
         for line in users:
             say(f"warning: {line}")
         if users and not (sys.stdin.isatty() and click.confirm(f"Destroy {stack} anyway?", default=False, err=True)):
-            from tpuserve.cli import Failure
-
-            raise Failure(f"nothing destroyed: VMs of other stacks use {stack}'s Cloud NAT (above); destroy those "
+            raise cli.Failure(f"nothing destroyed: VMs of other stacks use {stack}'s Cloud NAT (above); destroy those "
                           "stacks first, or run again with --despite-nat-users",
-                          {"stack": stack, "natUsers": users}, EXIT_NAT_USERS)
+                          {"stack": stack, "natUsers": users}, exits.NAT_USERS)
     run = pulumi.stream(["destroy", "--yes", "--skip-preview", *pulumi_args], DESTROY_TIMEOUT_S)
-    code = EXIT_OK if run.ok else EXIT_FAILED
+    code = exits.OK if run.ok else exits.FAILED
     say(f"pulumi destroy -s {stack}: {'done' if run.ok else f'failed (exit {run.returncode})'}")
     stock = None
     if session is not None:
@@ -102,16 +100,11 @@ def destroy(stack: str, yes: bool, cwd: Path, despite_nat_users: bool, as_json: 
         if kept:
             say(f"kept on purpose (keepCaches): ${sum(i.per_month for i in kept):.2f}/month; to delete them too: "
                 f"tpuserve cache rm --stack {stack} --project {config['project']} --bucket")
-        if stock is not None and stock.billing_orphans and code == EXIT_OK:
+        if stock is not None and stock.billing_orphans and code == exits.OK:
             say(f"Error: {len(stock.billing_orphans)} orphan(s) that bill are left (above, each with the "
                 "command that removes it); run again with --yes to delete them")
-            code = EXIT_ORPHANS
-    if as_json:
-        from tpuserve.cli import echo_json
-
-        echo_json({"ok": code == EXIT_OK, "stack": stack, "exit": code,
-                   "inventory": None if stock is None else stock.as_dict()})
-    raise SystemExit(code)
+            code = exits.ORPHANS
+    cli.finish(code, stack, {"inventory": None if stock is None else stock.as_dict()}, as_json)
 
 
 def nat_users(pulumi: PulumiCli, stack: str, project: str, session: Any, roots: Endpoints,

@@ -15,11 +15,11 @@ from typing import Any
 
 import click
 
-from tpuserve.cli import DURATION, echo_json
+from tpuserve import cli, exits
+from tpuserve.cli import DURATION
 from tpuserve.durations import human
 from tpuserve.gke_renewer import (DEFAULT_LEAD, DEFAULT_TIMEOUT, POOL_LABEL, RENEWAL_ANNOTATION, Cluster,
                                   ClusterError, Renewer)
-from tpuserve.ops.up import EXIT_FAILED, EXIT_OK
 
 
 class KubectlCluster:
@@ -93,10 +93,8 @@ def run_command(stack: str, cwd: Path, as_json: bool, action: Callable[[Renewer]
             code, summary = action(renewer)
         except ClusterError as err:
             console.print(f"Error: {err}", markup=False, highlight=False)
-            code, summary = EXIT_FAILED, {"reason": str(err)}
-    if as_json:
-        echo_json({"ok": code == EXIT_OK, "stack": stack, "exit": code, **summary, "events": renewer.events})
-    raise SystemExit(code)
+            code, summary = exits.FAILED, {"reason": str(err)}
+    cli.finish(code, stack, {**summary, "events": renewer.events}, as_json)
 
 
 STACK_OPTION = click.option("--stack", required=True, help="The gke stack.")
@@ -149,7 +147,7 @@ def gke_status(stack: str, cwd: Path, as_json: bool) -> None:
             renewer.say(f"renewal in progress: {json.loads(renewal)['node']}")
         if not views:
             renewer.say(f"no node in pool {renewer.pool} (the pool scaled to zero)")
-        return EXIT_OK, {"nodes": [v.as_dict(now) for v in views],
+        return exits.OK, {"nodes": [v.as_dict(now) for v in views],
                          "renewal": json.loads(renewal) if renewal else None}
 
     run_command(stack, cwd, as_json, show)

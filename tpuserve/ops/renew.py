@@ -24,14 +24,12 @@ from typing import Any
 import click
 import requests
 
-from tpuserve import durations
-from tpuserve.cli import echo_json
+from tpuserve import cli, durations, exits
 from tpuserve.deploy.preflight import Endpoints, configured_zones, endpoint_option, target_from_config
 from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
 from tpuserve.deploy.sweep import sweep
 from tpuserve.ops import up as ups
 
-EXIT_OK, EXIT_FAILED, EXIT_NO_CAPACITY, EXIT_ORPHANS = 0, 1, 3, 5
 DEFAULT_LEAD = "45m"  # a successor's cold boot (8.5-10.5 min), the 15-minute schedule, and room for a few tries
 
 
@@ -67,9 +65,7 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def finish(code: int, summary: dict[str, Any]) -> None:
-        if as_json:
-            echo_json({"ok": code == EXIT_OK, "stack": stack, "exit": code, **summary})
-        raise SystemExit(code)
+        cli.finish(code, stack, summary, as_json)
 
     roots = Endpoints.parse(endpoints)
     try:
@@ -77,7 +73,7 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
         config, outputs = pulumi.config(), pulumi.outputs()
     except PulumiError as err:
         say(f"Error: {err}")
-        finish(EXIT_FAILED, {"action": None, "reason": str(err)})
+        finish(exits.FAILED, {"action": None, "reason": str(err)})
     target = config.get("target", "gcp")
     if target != "gcp":
         raise click.UsageError(f"--stack: {stack} is a {target} stack; `tpuserve renew` renews a gcp stack's VM"
@@ -89,19 +85,19 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
     name, zone = str(outputs.get("instanceName") or ""), str(outputs.get("zone") or config.get("zone") or "")
     if not name:
         say(f"nothing to renew: stack {stack} holds no VM (`tpuserve up --stack {stack}` deploys one)")
-        finish(EXIT_OK, {"action": "none", "reason": "no VM"})
+        finish(exits.OK, {"action": "none", "reason": "no VM"})
     try:
         session = adc_session()
     except MissingCredentials as err:
         say(f"Error: {err}")
-        finish(EXIT_FAILED, {"action": None, "reason": str(err)})
+        finish(exits.FAILED, {"action": None, "reason": str(err)})
     compute = ComputeClient(session, roots.compute)
     try:
         instance = compute.instance(Instance(project, zone, name))
     except ComputeApiError as err:
         if err.status != 404:
             say(f"Error: could not read {name}: {err}")
-            finish(EXIT_FAILED, {"action": None, "reason": str(err)})
+            finish(exits.FAILED, {"action": None, "reason": str(err)})
         # Bounded by the lead: a scheduled renewal fits its job, and the next one (15 min on) tries again.
         say(f"{name} is gone (flex-start deleted it): deploying the stack as `tpuserve up --stack {stack} "
             f"--deadline {lead_text}` does")
@@ -110,19 +106,19 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
         return
     except requests.RequestException as err:
         say(f"Error: could not read {name}: {err}")
-        finish(EXIT_FAILED, {"action": None, "reason": str(err)})
+        finish(exits.FAILED, {"action": None, "reason": str(err)})
     deletion = deletion_at(instance)
     deletion = deletion.astimezone(timezone.utc) if deletion else None
     vm = {"name": name, "zone": zone, "deletionAt": deletion.isoformat() if deletion else None}
     if deletion is None:
         say(f"{name} has no run limit: nothing to renew")
-        finish(EXIT_OK, {"action": "none", "vm": vm})
+        finish(exits.OK, {"action": "none", "vm": vm})
     left = (deletion - datetime.fromtimestamp(time.time(), timezone.utc)).total_seconds()
     vm["leftSeconds"] = round(left)
     if left > lead_s:
         say(f"{name} is deleted in {durations.human(left)} (at {clock(deletion)}): more than {lead_text} away, "
             "nothing to do")
-        finish(EXIT_OK, {"action": "not-due", "vm": vm})
+        finish(exits.OK, {"action": "not-due", "vm": vm})
 
     slot = "b" if str(outputs.get("vmSlot") or config.get("vmSlot") or "a") == "a" else "a"
     candidates = configured_zones(config, outputs, zones)
@@ -153,15 +149,15 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
                                "orphans": deployer.orphans}
     if result.ok:
         successor = {"name": str(pulumi.outputs().get("instanceName") or ""), "zone": result.zone}
-        code, summary["action"], summary["successor"] = EXIT_OK, "renewed", successor
+        code, summary["action"], summary["successor"] = exits.OK, "renewed", successor
         say(f"renewed: {successor['name']} serves in {result.zone}; {name} was deleted after it")
     elif result.stopped is not None:
-        code, summary["action"] = EXIT_FAILED, "failed"
+        code, summary["action"] = exits.FAILED, "failed"
         say(f"Error: stopped: {result.stopped.kind}: {result.stopped.reason}")
         if result.stopped.hint:
             say(result.stopped.hint.replace("<stack>", stack))
     else:
-        code, summary["action"] = EXIT_NO_CAPACITY, "kept"
+        code, summary["action"] = exits.NO_CAPACITY, "kept"
         still = (deletion - datetime.fromtimestamp(time.time(), timezone.utc)).total_seconds()
         say(f"no capacity for a successor in {', '.join(tried) or ', '.join(candidates)}: {name} "
             + (f"keeps serving until flex-start deletes it at {clock(deletion)} (in {durations.human(still)})"
@@ -169,10 +165,10 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
     stock = ups.take_inventory(pulumi, stack, config, session, roots, say)
     if stock is not None and stock.billing_orphans:
         stock = ups.remove_orphans(stock, pulumi, stack, config, session, roots, confirm, say)
-    if stock is not None and stock.billing_orphans and code == EXIT_OK:
+    if stock is not None and stock.billing_orphans and code == exits.OK:
         say(f"Error: {len(stock.billing_orphans)} orphan(s) that bill are left (above); run `tpuserve renew` again "
             "with --yes to delete them")
-        code = EXIT_ORPHANS
+        code = exits.ORPHANS
     finish(code, {**summary, "inventory": None if stock is None else stock.as_dict()})
 
 

@@ -39,8 +39,7 @@ from typing import Any
 import click
 import requests
 
-from tpuserve import durations
-from tpuserve.cli import echo_json
+from tpuserve import cli, durations, exits
 from tpuserve.deploy import nat
 from tpuserve.deploy.cache import cache_disks, is_warm, zones_by_warm_cache
 from tpuserve.deploy.capacity import classify
@@ -56,7 +55,6 @@ from tpuserve.deploy.sweep import REGION, STOP, ZONE, Attempt, Failure, SweepRes
 from tpuserve.deploy import queue as queues
 from tpuserve.flex_start import ADOPT_VM_ENV, WITHHOLD_VM_ENV, instance_id
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_CAPACITY, EXIT_NEEDS_CONSENT, EXIT_ORPHANS = 0, 1, 2, 3, 4, 5
 PREVIEW_TIMEOUT_S = 600.0
 DEFAULT_DEADLINE = "2h"
 CLEANUP_TIMEOUT_S = 300.0  # the refresh between attempts, even past the deadline: nothing may stay half-created
@@ -246,19 +244,19 @@ def verdict(result: SweepResult, stack: str, candidates: Sequence[str],
             queued: Sequence[Mapping[str, Any]] = ()) -> tuple[int, str, str]:
     """(exit code, one-line outcome, what to do)."""
     if result.ok:
-        return EXIT_OK, f"up in {result.zone} (the stack's `zone` is now {result.zone})", ""
+        return exits.OK, f"up in {result.zone} (the stack's `zone` is now {result.zone})", ""
     if result.stopped is not None:
         failure = result.stopped
-        return EXIT_FAILED, f"stopped: {failure.kind}: {failure.reason}", failure.hint.replace("<stack>", stack)
+        return exits.FAILED, f"stopped: {failure.kind}: {failure.reason}", failure.hint.replace("<stack>", stack)
     if queued:
         waited = sum(float(entry.get("waitedSeconds") or 0) for entry in queued)
-        return EXIT_NO_CAPACITY, (f"no capacity: none free in {', '.join(candidates)}, and none granted in "
+        return exits.NO_CAPACITY, (f"no capacity: none free in {', '.join(candidates)}, and none granted in "
                                   f"{queued[-1]['zone']}'s queue within {durations.human(waited)}"), \
             "run it again later (a longer --deadline waits longer, up to 2 h per request); the network and caches stay"
     if result.deadline_hit:
-        return EXIT_NO_CAPACITY, f"deadline reached after {len(result.attempts)} attempt(s)", \
+        return exits.NO_CAPACITY, f"deadline reached after {len(result.attempts)} attempt(s)", \
             "a longer --deadline, --retry-until-up, or more zones"
-    return EXIT_NO_CAPACITY, f"no capacity in {', '.join(candidates)}", \
+    return exits.NO_CAPACITY, f"no capacity in {', '.join(candidates)}", \
         "try again later, add zones (--zones or the stack's `zones`), or --retry-until-up"
 
 
@@ -296,16 +294,14 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
 
     deadline_s, roots, started = parse_deadline(deadline_text), Endpoints.parse(endpoints), time.monotonic()
     console = Console(stderr=True)
-    exits = ExitStack()  # the API session lives until the command ends
+    closing = ExitStack()  # the API session lives until the command ends
 
     def say(line: str) -> None:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def finish(code: int, summary: dict[str, Any]) -> None:
-        exits.close()
-        if as_json:
-            echo_json({"ok": code == EXIT_OK, "stack": stack, "exit": code, **summary})
-        raise SystemExit(code)
+        closing.close()
+        cli.finish(code, stack, summary, as_json)
 
     try:
         pulumi = PulumiCli(stack, cwd, echo=lambda line: click.echo(f"  │ {line}", err=True))
@@ -313,7 +309,7 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
         outputs = pulumi.outputs()
     except PulumiError as err:
         say(f"Error: {err}")
-        finish(EXIT_FAILED, {"zone": None, "attempts": [], "reason": str(err), "orphans": []})
+        finish(exits.FAILED, {"zone": None, "attempts": [], "reason": str(err), "orphans": []})
     local = config.get("target") == LOCAL
     # A gke stack's TPU node pool queues for flex-start capacity itself (GKE's flex-start provisioning), and moving
     # its zone would move the cluster: one `pulumi up` in the stack's zone, no sweep.
@@ -333,13 +329,13 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
 
     compute, nat_config, report = None, {}, None
     settings = pin_image(config, roots.registry, say, lambda reason: finish(
-        EXIT_FAILED, {"zone": None, "attempts": [], "reason": reason, "orphans": []}))
+        exits.FAILED, {"zone": None, "attempts": [], "reason": reason, "orphans": []}))
     if not local:
         try:
-            session = exits.enter_context(adc_session())
+            session = closing.enter_context(adc_session())
         except MissingCredentials as err:
             say(f"Error: {err}")
-            finish(EXIT_FAILED, {"zone": None, "attempts": [], "reason": str(err), "orphans": []})
+            finish(exits.FAILED, {"zone": None, "attempts": [], "reason": str(err), "orphans": []})
         compute = ComputeClient(session, roots.compute)
         own = own_nats(pulumi, say)
         target = target_from_config(config, candidates, stack, own or frozenset())
@@ -347,7 +343,7 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
             report = preflight(session, target, roots)
             print_report(console, report)
             if report.failed:
-                finish(EXIT_FAILED, {"zone": None, "attempts": [], "reason": "preflight failed", "orphans": [],
+                finish(exits.FAILED, {"zone": None, "attempts": [], "reason": "preflight failed", "orphans": [],
                                      "preflight": report.as_dict()})
             candidates = report.usable_zones
         nat_config = nat_settings(session, roots, target, report, own is not None, say)
@@ -380,11 +376,11 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
                                        {**nat_config, **settings})
         except PreviewFailed as err:
             say(f"Error: {err}")
-            finish(EXIT_FAILED, {"zone": None, "attempts": [], "reason": str(err), "orphans": []})
+            finish(exits.FAILED, {"zone": None, "attempts": [], "reason": str(err), "orphans": []})
         if look.refused is not None and not replace_vm and not (interactive and click.confirm(
                 "Replace the VM?", default=False, err=True)):
             say(look.refused)
-            finish(EXIT_NEEDS_CONSENT, {"zone": None, "attempts": [], "reason": look.refused, "orphans": [],
+            finish(exits.NEEDS_CONSENT, {"zone": None, "attempts": [], "reason": look.refused, "orphans": [],
                                         "replace": look.replace})
         deployer.settings = {**deployer.settings, **look.settings}
     say(f"trying {', '.join(candidates)} for stack {stack} (deadline {deadline_text})"
@@ -432,10 +428,10 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
         stock = take_inventory(pulumi, stack, config, session, roots, say)
         if stock is not None and stock.billing_orphans:
             stock = remove_orphans(stock, pulumi, stack, config, session, roots, confirm, say)
-        if stock is not None and stock.billing_orphans and code == EXIT_OK:
+        if stock is not None and stock.billing_orphans and code == exits.OK:
             say(f"Error: {len(stock.billing_orphans)} orphan(s) that bill are left (above, each with the command that "
                 "removes it); run `tpuserve up` again with --yes to delete them")
-            code = EXIT_ORPHANS
+            code = exits.ORPHANS
     finish(code, {"zone": result.zone, "attempts": [attempt.as_dict() for attempt in result.attempts],
                   "reason": None if result.ok else outcome, "hint": todo or None, "orphans": deployer.orphans,
                   "queue": deployer.queued, "inventory": None if stock is None else stock.as_dict(), "alerts": alerts})
