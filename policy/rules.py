@@ -25,7 +25,6 @@ from pulumi_policy import (
 )
 
 IAP_SOURCE_RANGE = "35.235.240.0/20"  # Google's Identity-Aware Proxy TCP forwarding range
-MAX_FLEX_START_RUN_SECONDS = 7 * 24 * 3600
 MIN_BOOT_DISK_GB = 200
 DEFAULT_COMPUTE_SA = re.compile(r"-compute@developer\.gserviceaccount\.com$")
 BROAD_PROJECT_ROLES = ("roles/owner", "roles/editor")
@@ -41,8 +40,9 @@ GKE_CLUSTER = "gcp:container/cluster:Cluster"
 GKE_NODE_POOL = "gcp:container/nodePool:NodePool"
 # Where GKE offers flex-start TPU v6e: the stack's own data file (its source and date inside), read from the
 # repository (the pack's environment has pulumi-policy, not the toolkit).
-GKE_FLEX_START_FILE = Path(__file__).resolve().parent.parent / "tpuserve" / "data" / "gke-flex-start-tpu.json"
-GKE_FLEX_START_V6E_ZONES = tuple(json.loads(GKE_FLEX_START_FILE.read_text())["zones"]["v6e"])
+DATA = Path(__file__).resolve().parent.parent / "tpuserve" / "data"
+GKE_FLEX_START_V6E_ZONES = tuple(json.loads((DATA / "gke-flex-start-tpu.json").read_text())["zones"]["v6e"])
+MAX_FLEX_START_RUN_SECONDS = json.loads((DATA / "flex-start.json").read_text())["maxRunSeconds"]
 V6E_MACHINE = re.compile(r"^ct6e-")
 STREAMING_IMAGE_TYPE = "COS_CONTAINERD"  # image streaming's node image (GKE's image-streaming page)
 REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")  # us-east5; a zone has a suffix (us-east5-b)
@@ -257,7 +257,7 @@ def check_gke_flex_start_zones(args: ResourceValidationArgs, report: ReportViola
     outside = [zone for zone in zones if zone not in allowed]
     if outside:
         report(f"nodeLocations {', '.join(outside)}: GKE offers flex-start TPU v6e only in {', '.join(allowed)} "
-               f"({GKE_FLEX_START_FILE.name})", None)
+               "(gke-flex-start-tpu.json)", None)
     autoscaling = args.props.get("autoscaling") or {}
     if autoscaling.get("minNodeCount") is not None or autoscaling.get("maxNodeCount") is not None or \
             autoscaling.get("totalMaxNodeCount") is None:

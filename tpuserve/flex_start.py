@@ -7,8 +7,10 @@ learns which run it is from the environment of that one `pulumi up`, never from 
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from importlib import resources
 
 # `params.requestValidForDuration` of instances.insert: "between 90 seconds (90) and two hours (7200)" for a workload
 # with strict zonal requirements, 0 = "only allocates resources if they are immediately available" (Google, AI
@@ -23,6 +25,10 @@ WITHHOLD_VM_ENV = "TPUSERVE_WITHHOLD_VM"
 ADOPT_VM_ENV = "TPUSERVE_ADOPT_VM"
 # Set by tpuserve for every `pulumi` it runs: the program's capacity hint stays quiet (tpuserve says what it does).
 DRIVER_ENV = "TPUSERVE_DRIVER"
+
+# A flex-start VM's max run: tpuserve/data/flex-start.json, with its source (the policy pack reads it too).
+RUN_LIMITS = json.loads(resources.files("tpuserve").joinpath("data/flex-start.json").read_text())
+MIN_RUN_S, MAX_RUN_S = RUN_LIMITS["minRunSeconds"], RUN_LIMITS["maxRunSeconds"]
 
 ZONE_NAME = r"[a-z]+-[a-z]+[0-9]+-[a-z0-9]+"
 # Out of capacity in a zone, in the provider's and Google's words (tests/test_capacity.py: one real text per branch).

@@ -21,7 +21,8 @@ import json
 import re
 from collections.abc import Callable
 
-from tpuserve.deploy.sweep import REGION, STOP, ZONE, Failure, region_of
+from tpuserve.deploy.sweep import REGION, STOP, ZONE, Failure
+from tpuserve.zones import region_of
 from tpuserve.flex_start import CAPACITY, ZONE_NAME
 
 REGION_NAME = r"[a-z]+-[a-z]+[0-9]+"

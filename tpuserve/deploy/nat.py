@@ -17,15 +17,12 @@ import requests
 
 from tpuserve.gce import COMPUTE_URL, DEFAULT_TIMEOUT_S, ok
 from tpuserve.names import ROUTER_DESCRIPTION
+from tpuserve.zones import region_of
 
 SKIP_KEY = "cloudNatSkipRegions"  # components/config.py StackConfig.cloud_nat_skip_regions
 ALL_RANGES = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES")
 LIST_OF_SUBNETWORKS = "LIST_OF_SUBNETWORKS"
 NAT_TYPE = "gcp:compute/routerNat:RouterNat"
-def region_of(zone: str) -> str:
-    return zone.rsplit("-", 1)[0]
-
-
 def last(link: Any) -> str:
     return str(link or "").rstrip("/").rsplit("/", 1)[-1]
 

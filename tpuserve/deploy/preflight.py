@@ -41,7 +41,7 @@ from tpuserve.deploy import nat
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient
 from tpuserve.gcs import STORAGE_URL
 from tpuserve.names import stack_labels
-from tpuserve.deploy.sweep import region_of
+from tpuserve.zones import region_of
 from tpuserve.facts import V6E_ZONES, VLLM_TPU_IMAGE
 from tpuserve.registry import ABSENT, OK as IMAGE_OK, RegistryError, locate
 

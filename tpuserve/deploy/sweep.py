@@ -15,14 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tpuserve.zones import region_of
+
 ZONE, REGION, STOP = "zone", "region", "stop"
 FIRST_GAP_S = 30.0
 MAX_GAP_S = 600.0
-
-
-def region_of(zone: str) -> str:
-    """'europe-west4-a' -> 'europe-west4' (a zone's name is its region's plus one part)."""
-    return zone.rsplit("-", 1)[0]
 
 
 @dataclass(frozen=True)

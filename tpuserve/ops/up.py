@@ -51,7 +51,8 @@ from tpuserve.deploy.preflight import (Endpoints, Report, configured_zones, endp
                                        print_report, target_from_config)
 from tpuserve.facts import PRICE_PER_CHIP_HOUR
 from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
-from tpuserve.deploy.sweep import REGION, STOP, ZONE, Attempt, Failure, SweepResult, region_of, sweep
+from tpuserve.deploy.sweep import REGION, STOP, ZONE, Attempt, Failure, SweepResult, sweep
+from tpuserve.zones import region_of
 from tpuserve.deploy import queue as queues
 from tpuserve.flex_start import ADOPT_VM_ENV, WITHHOLD_VM_ENV, instance_id
 
