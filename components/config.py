@@ -351,7 +351,8 @@ class StackConfig:
             return
         where = (f"a gke pod is one engine on its node's {self.machine_chips} chip(s): leave it 0, or use machineType "
                  "ct6e-standard-1t for one chip per replica" if self.target == "gke"
-                 else f"the local container is one engine on the {self.machine_chips} GPU(s) localGpus names: leave it 0")
+                 else f"the local container is one engine on the {self.machine_chips} GPU(s) localGpus names: leave "
+                 "it 0")
         raise ConfigError("tensorParallelSize", f"{self.serving.tensor_parallel_size} would split the chips into "
                           f"{self.serving.engines} engines; {where}")
 

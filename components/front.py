@@ -22,13 +22,15 @@ STREAM_TIMEOUT = "1h"
 CHECK = "check inter 2s fall 2 rise 1"
 
 
-def render_haproxy_config(port: int, engines: Sequence[tuple[str, int]], run_as: str | None = "haproxy") -> str:
-    """HAProxy on `port` (every address) in front of `engines` ((name, port) on 127.0.0.1). `run_as`: the user the
-    Debian package creates; None keeps the caller's (tests run it unprivileged)."""
+def render_haproxy_config(port: int, engines: Sequence[tuple[str, int]], run_as: str | None = "haproxy",
+                          host: str = "") -> str:
+    """HAProxy on `host`:`port` (every address by default) in front of `engines` ((name, port) on 127.0.0.1).
+    `run_as`: the user the Debian package creates; None keeps the caller's (tests run it as themselves)."""
     servers = "\n".join(f"  server {name} 127.0.0.1:{engine_port} {CHECK}" for name, engine_port in engines)
-    tracked = "\n".join(f"  server {name} 127.0.0.1:{engine_port} track engines/{name}" for name, engine_port in engines)
+    tracked = "\n".join(f"  server {name} 127.0.0.1:{engine_port} track engines/{name}"
+                         for name, engine_port in engines)
     user = f"  user {run_as}\n  group {run_as}\n" if run_as else ""
-    return f"""# Written by the tpu-serve supervisor from the served config (components/front.py); changes here are lost.
+    return f"""# Written by the tpu-serve supervisor from the served config (components/front.py); changes are lost.
 global
   maxconn 8192
 {user}
@@ -43,9 +45,12 @@ defaults
   timeout check 5s
   retries 3
   option redispatch 1
+  # A token stream is interactive: without it HAProxy waits to send full packets, "typical delays are around 200 ms"
+  # (its configuration manual), which the first token paid on the CPU analogue (benchmarks/engine_front.py).
+  option http-no-delay
 
 frontend vllm
-  bind :{port}
+  bind {host}:{port}
   use_backend metrics if {{ path /metrics }}
   default_backend engines
 

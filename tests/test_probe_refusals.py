@@ -94,10 +94,10 @@ def test_verdict_reasons_say_what_was_wrong():
                                                       "health: /health answered HTTP 503")
     with Server({"audio": 500}, dies_on="audio") as fake:
         result = readycheck.refusals(fake.url, FAKE_MODEL, {"audio": modality_part("audio")}, timeout_s=5)
-    assert (result.serving, result.detail) == (False, f"a audio request, which this deployment cannot serve, answered "
-                                                      f"HTTP 500 ({LIMIT_0.format('audio')}) instead of a 4xx, and then "
-                                                      "the server no longer served (health: /health answered HTTP "
-                                                      "503): one such request can take the engine down")
+    assert (result.serving, result.detail) == (False, (
+        f"a audio request, which this deployment cannot serve, answered HTTP 500 ({LIMIT_0.format('audio')}) instead of "
+        "a 4xx, and then the server no longer served (health: /health answered HTTP 503): one such request can take "
+        "the engine down"))
 
 
 def test_each_part_is_real_media_of_its_modality():

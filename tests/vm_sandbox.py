@@ -756,8 +756,8 @@ class Machine:
             container_name = args[args.index("--name") + 1]
             container = container_file(self.state, container_name)
             if container.exists():  # docker refuses a second container of one name
-                return 125, "", (f'docker: Error response from daemon: Conflict. The container name "/{container_name}" '
-                                 "is already in use.\n")
+                return 125, "", ("docker: Error response from daemon: Conflict. The container name "
+                                 f'"/{container_name}" is already in use.\n')
             # The KV block count: --num-gpu-blocks-override when given (tpu-inference allocates what vLLM's KV cache
             # config says), else what HBM leaves after the weights, which may move by a block from boot to boot.
             natural = next_of(self.load("hbm_blocks.json", [NATURAL_BLOCKS]))

@@ -284,6 +284,13 @@ def tensor_parallel_choices(chips: int, heads: int | None) -> list[int]:
     return [tp for tp in range(1, chips + 1) if chips % tp == 0 and (heads is None or heads % tp == 0)]
 
 
+def fewest_chips(weights_gib: float, heads: int | None, chips: int, usable_gib: float) -> int:
+    """The smallest tensor parallel size whose share of the weights fits in `usable_gib` per chip; every chip when
+    none does."""
+    fits = [tp for tp in tensor_parallel_choices(chips, heads) if weights_gib / tp < usable_gib]
+    return fits[0] if fits else chips
+
+
 def auto_tensor_parallel_size(model: str, chips: int, gpu_memory_utilization: float) -> int:
     """tensorParallelSize 0 on TPU VMs: the fewest chips whose share of the preset's weights fits in HBM ×
     gpuMemoryUtilization (`tpuserve plan` shows the KV room left); every chip for a model without a preset."""
@@ -291,9 +298,7 @@ def auto_tensor_parallel_size(model: str, chips: int, gpu_memory_utilization: fl
     if preset is None:
         return chips
     weights_gib = preset["weights_parameters"] * preset["weights_bytes_per_parameter"] / 2**30
-    fits = [tp for tp in tensor_parallel_choices(chips, attention_heads(model))
-            if weights_gib / tp < V6E_HBM_GIB * gpu_memory_utilization]
-    return fits[0] if fits else chips
+    return fewest_chips(weights_gib, attention_heads(model), chips, V6E_HBM_GIB * gpu_memory_utilization)
 
 
 def check_tensor_parallel_size(cfg: ServingConfig) -> None:

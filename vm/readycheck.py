@@ -126,7 +126,8 @@ def _refusal(root: str, model: str, modality: str, part: dict[str, Any], timeout
     if 400 <= status < 500:
         return True, f"{modality} refused with HTTP {status} ({_error_text(body)[:120]})"
     said = f" ({_error_text(body)[:200]})" if status >= 500 else ""
-    return False, f"a {modality} request, which this deployment cannot serve, answered HTTP {status}{said} instead of a 4xx"
+    return False, (f"a {modality} request, which this deployment cannot serve, answered HTTP {status}{said} instead "
+                   "of a 4xx")
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,8 @@ def refusals(base_url: str, model: str, parts: dict[str, dict[str, Any]],
         try:
             refused, detail = _refusal(root, model, modality, part, timeout_s, api_key)
         except OSError as err:
-            refused, detail = False, f"a {modality} request got no answer ({type(getattr(err, 'reason', err)).__name__})"
+            refused = False
+            detail = f"a {modality} request got no answer ({type(getattr(err, 'reason', err)).__name__})"
         if not refused:
             ready, after = check(root, model, timeout_s, api_key)
             if not ready:

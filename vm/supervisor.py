@@ -21,9 +21,9 @@ Progress goes to the boot's state, which vm/guest_state.py writes as the one gue
 that `tpuserve gate` follows, within Google's guest-attribute budget: `stage`, `at-<stage>`, `config-hash`, `since`
 (when the current config's run began), `reason`, and what was warm: `image`, `weights`, `compile-cache`. A
 served-config change walks the stages again from `pulling-image` under the new hash, in one change of the state
-(stage and hash travel together, so a `serving` left from the old config is never read with the new hash). An engine that exits after `serving` is restarted with backoff,
-the others serving on (`restarting`, its name and last log lines as `reason`), and given up (`failed`) after too many
-restarts in a row.
+(stage and hash travel together, so a `serving` left from the old config is never read with the new hash). An engine
+that exits after `serving` is restarted with backoff, the others serving on (`restarting`, its name and last log lines
+as `reason`), and given up (`failed`) after too many restarts in a row.
 
 The Hugging Face token is read from Secret Manager as the VM's service account (vm/hf_token.py) and handed to
 `docker run` through that one process's environment: never in an argv, a log line or an attribute.
@@ -779,7 +779,8 @@ class Supervisor:
         """Remove every container a config of this VM left, start the front (or stop it for a lone engine), then
         the first engine, and once it serves (its compile cache written) the others together, each on its chips."""
         # the config's own names too: a container of such a name that is not ours would refuse the run
-        self.remove(config, list(dict.fromkeys([*managed_containers(), *(e.name for e in config.engines)])), besides=())
+        names = dict.fromkeys([*managed_containers(), *(engine.name for engine in config.engines)])
+        self.remove(config, list(names), besides=())
         self.start_front(config)
         first, *others = config.engines
         for group in ([first], others) if others else ([first],):
@@ -1204,7 +1205,11 @@ class Supervisor:
         engines, serving on their own chips, do not count)."""
         deadline = time.monotonic() + self.settings.release_wait_s
         besides = self.others_serving(config, engines)
-        while vfio_holders(self.settings.path("/proc"), besides) and time.monotonic() < deadline:
+        while holders := vfio_holders(self.settings.path("/proc"), besides):
+            if time.monotonic() >= deadline:
+                log(f"warning: after {self.settings.release_wait_s:g} s the TPU is still held ({', '.join(holders)}); "
+                    "starting anyway")
+                return
             self.pause(config, self.settings.poll_s)
 
     def give_up(self, config: ServedConfig) -> None:

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,13 +81,14 @@ def terminate_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def start_server(vllm_bin: Path, cfg: ServingConfig, served_name: str, log_path: Path) -> RunningServer:
+def start_server(vllm_bin: Path, cfg: ServingConfig, served_name: str, log_path: Path,
+                 env: Mapping[str, str] | None = None) -> RunningServer:
     """`vllm serve` with the stack's argv plus a short served name for the model directory (a test convenience the
-    stack refuses in extraArgs: there `model` is the name every check asks for)."""
+    stack refuses in extraArgs: there `model` is the name every check asks for); `env` beside SERVER_ENV."""
     argv = [str(vllm_bin), "serve", *vllm_serve_args(cfg), "--served-model-name", served_name]
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, **SERVER_ENV}, start_new_session=True,
+                                   env={**os.environ, **SERVER_ENV, **(env or {})}, start_new_session=True,
                                    preexec_fn=terminate_with_parent)
     return RunningServer(f"http://{cfg.host}:{cfg.port}", served_name, Path(cfg.model), argv, log_path, process)
 
