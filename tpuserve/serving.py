@@ -333,8 +333,13 @@ def engine_ports(cfg: ServingConfig) -> list[int]:
 
 
 def engine_name(cfg: ServingConfig, index: int) -> str:
-    """The engine's container: `vllm` alone (as before engines), vllm-0, vllm-1, ... side by side."""
-    return CONTAINER_NAME if cfg.engines == 1 else f"{CONTAINER_NAME}-{index}"
+    return engine_container(cfg.engines, index)
+
+
+def engine_container(engines: int, index: int = 0) -> str:
+    """Engine `index`'s container on a VM of `engines` (the stack's `engines` output): `vllm` alone (as before
+    engines), vllm-0, vllm-1, ... side by side."""
+    return CONTAINER_NAME if engines == 1 else f"{CONTAINER_NAME}-{index}"
 
 
 def engine_addresses(cfg: ServingConfig) -> list[tuple[str, int]]:
