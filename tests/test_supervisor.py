@@ -1022,6 +1022,20 @@ def test_a_restarted_supervisor_keeps_four_serving_engines_and_their_front(vm):
     assert read_boot(vm.attributes(), digest).ready
 
 
+def test_a_new_front_config_of_the_same_served_config_is_reloaded_in_place(vm):
+    """A tpu-serve release may change HAProxy's settings without the served hash (image and argv): the front is
+    reloaded with them, and no engine restarts."""
+    digest = serving_vm(vm, FOUR_ENGINES)
+    runs = len(vm.calls_of("docker", "run"))
+    served = json.loads(vm.google.attributes["tpu-serve-config"])
+    served["front"] += "# a later release's settings\n"
+    vm.google.set_attributes(**{"tpu-serve-config": json.dumps(served)})
+    vm.wait_for(lambda: (vm.state / "front_active").read_text() == served["front"], "the front reloaded")
+    assert [c["argv"] for c in vm.calls_of("systemctl") if "haproxy" in c["argv"]][-1] == ["reload", "haproxy"]
+    assert (vm.root / "etc/haproxy/haproxy.cfg").read_text() == served["front"]
+    assert len(vm.calls_of("docker", "run")) == runs and read_boot(vm.attributes(), digest).ready
+
+
 def test_a_front_that_cannot_be_installed_fails_the_boot_naming_it(vm):
     (vm.state / "haproxy_install_failures").write_text("99")
     digest = vm.serve(FOUR_ENGINES)

@@ -594,7 +594,9 @@ class Machine:
     def systemctl(self, name: str, args: list[str]) -> Answer:
         unit = args[-1]
         if unit == "haproxy":  # the front answers (as FakeGoogle's vLLM routes) once started with a config
-            if args[0] == "restart":
+            if args[0] == "reload" and not self.flag("front_active"):
+                return 1, "", "haproxy.service is not active, cannot reload.\n"
+            if args[0] in ("restart", "reload"):
                 if not (self.root / "usr/sbin/haproxy").exists():
                     return 5, "", "Failed to restart haproxy.service: Unit haproxy.service not found.\n"
                 self.set_flag("front_active", (self.root / "etc/haproxy/haproxy.cfg").read_text())

@@ -636,6 +636,8 @@ class Supervisor:
         elif action == WAIT:
             if self.state.phase == "serving" and time.monotonic() - self.state.serving_since > self.settings.stable_s:
                 self.state.restarts = 0
+            if self.state.phase == "serving":
+                self.sync_front(ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY)))
         else:
             config = ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY))
             try:
@@ -1150,6 +1152,7 @@ class Supervisor:
                                                  api_key=self.api_key)[0]:
             self.start_front(config)  # HAProxy is a unit of its own: only a front that does not answer is touched
             self.wait_for_front(config)
+        self.sync_front(config)
         self.count_serving(config)
         self.state.phase, self.state.serving_since = "serving", time.monotonic()
         # at-serving: the rerun's timeline ends where this run began serving
@@ -1238,6 +1241,20 @@ class Supervisor:
             raise Failed(f"the front did not start (systemctl restart {FRONT_UNIT}: "
                          f"{' '.join((done.stdout + done.stderr).split())[-600:]})")
         log(f"front: HAProxy restarted with {FRONT_CONFIG}")
+
+    def sync_front(self, config: ServedConfig) -> None:
+        """A front config that changed without the served hash (a new tpu-serve release's HAProxy settings): written
+        and reloaded in place (the Debian unit's reload checks it first and keeps open connections), engines left
+        alone."""
+        path = self.settings.path(FRONT_CONFIG)
+        if not config.front or read_text(path) == config.front:
+            return
+        partial = path.with_name(f".{path.name}.new")
+        partial.write_text(config.front)
+        os.replace(partial, path)
+        done = systemctl("reload", FRONT_UNIT)
+        log("front: HAProxy reloaded with a new config" if done.returncode == 0 else
+            f"warning: systemctl reload {FRONT_UNIT} failed: {' '.join((done.stdout + done.stderr).split())[-300:]}")
 
     def install_front(self, config: ServedConfig) -> None:
         if self.settings.path(HAPROXY).exists():
