@@ -2,7 +2,7 @@
 """`docker` for the CPU analogue of the VM: runs the container's `vllm serve ...` with the CPU vLLM venv.
 
 Put on PATH as `docker` (benchmarks/supervisor_reconfig.py does). Understands what vm/supervisor.py calls: pull,
-image inspect, inspect, run, start, rm -f, logs. `run` maps the container's mounts back to host paths in its
+image inspect, inspect, ps, run, start, rm -f, logs. `run` maps the container's mounts back to host paths in its
 environment (HF_HOME=/cache/huggingface -> the host directory mounted there), and gives vLLM's CPU compile cache
 (VLLM_CACHE_ROOT) the directory mounted at /cache/xla: the CPU stand-in for the XLA cache the TPU image keeps there.
 State: $DOCKER_SHIM_STATE/container.json; the server's output: $DOCKER_SHIM_STATE/vllm.log.
@@ -96,6 +96,10 @@ def main() -> int:
         running = alive(info["pid"])
         print(json.dumps([{"Config": {"Labels": info["labels"]}, "State": {"Running": running,
                                                                           "ExitCode": 0 if running else 1}}]))
+        return 0
+    if args[0] == "ps":  # --all --filter label=... --format '{{.Names}}': the one container it plays
+        if info is not None:
+            print("vllm")
         return 0
     if args[0] == "run":
         run(args)

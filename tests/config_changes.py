@@ -38,6 +38,7 @@ VARIANTS = {
     "prod": ("prod", "prod", {}),
     "gke": ("gke", "gke", {}),
     "gke-gateway": ("gke", "gke", {"gkeRouter": "inference-gateway"}),
+    "dev-4t": ("dev", "dev", {"machineType": "ct6e-standard-4t"}),  # four engines of the default model
     "local": ("local", "local", {}),
     "dev-token": ("dev", "dev", {"hfTokenSecretId": "", "hfToken": "hf_not_a_real_token"}),
 }
@@ -115,6 +116,7 @@ CHANGES: dict[str, tuple[Case, ...]] = {
     "kvCacheDtype": (Case("bfloat16"),),
     "extraArgs": (Case(json.dumps(["--enable-prefix-caching"])),),
     "allowKnownBrokenModel": (Case("true", why="it only lets validation pass a model known not to load"),),
+    "tensorParallelSize": (Case("2", base="dev-4t"),),
 }
 
 

@@ -210,6 +210,20 @@ def test_remote_sweep_runs_inside_the_container_over_iap_and_copies_results_back
     assert [row.concurrency for row in report_rows(out, 1.35)] == [1, 4]
 
 
+def test_remote_sweep_on_a_vm_of_several_engines_runs_in_the_first_engines_container(fake_env: Path, tmp_path: Path):
+    """Its 127.0.0.1:8000 is the front (--net=host): the sweep measures the whole VM from inside the first engine."""
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"target": "gcp", "instanceName": "tpu-serve-dev", "zone": "us-east5-b",
+                                   "project": "proj", "model": "google/gemma-4-E2B-it", "engines": 4}))
+    result = CliRunner().invoke(bench, ["sweep", "--remote", "tpu-serve-dev", "--stack-outputs", str(outputs),
+                                        "--concurrency", "1", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    inner = [shlex.split(argv[10]) for argv in recorded(fake_env)]
+    assert {argv[3] for argv in inner} == {"vllm-0"}
+    bench_1 = inner[1]
+    assert bench_1[bench_1.index("--base-url") + 1] == "http://127.0.0.1:8000"
+
+
 def test_missing_vllm_names_the_option(fake_env: Path, tmp_path: Path):
     result = CliRunner().invoke(bench, ["sweep", "--url", "http://127.0.0.1:9", "--model", "m", "--out",
                                         str(tmp_path / "x"), "--vllm-bin", "no-such-vllm"])

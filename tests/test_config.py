@@ -177,16 +177,57 @@ def test_flex_start_run_limits_are_inclusive(duration):
 
 @pytest.mark.parametrize("machine_type, chips", [("ct6e-standard-1t", 1), ("ct6e-standard-4t", 4),
                                                  ("ct6e-standard-8t", 8)])
-def test_the_served_tensor_parallel_size_is_the_machines_chip_count(machine_type, chips):
+def test_a_vm_runs_one_engine_per_chip_of_the_default_model(machine_type, chips):
+    """auto: the fewest chips that hold E2B's 9.5 GiB of weights is one (tpuserve/data/model-presets.json)."""
     serving = build_stack_config({**VALID, "machineType": machine_type}).serving
-    assert (serving.backend, serving.tensor_parallel_size) == ("tpu", chips)
+    assert (serving.backend, serving.chips, serving.tensor_parallel_size, serving.engines) == ("tpu", chips, 1, chips)
 
 
-@pytest.mark.parametrize("gpus, size", [("all", 1), ("", 1), ("2", 2), ("device=0,1,3", 3)])
+@pytest.mark.parametrize("setting, engines", [("2", 2), ("4", 1)])
+def test_tensor_parallel_size_set_splits_the_chips_into_engines(setting, engines):
+    serving = build_stack_config({**VALID, "machineType": "ct6e-standard-4t", "tensorParallelSize": setting}).serving
+    assert (serving.tensor_parallel_size, serving.engines) == (int(setting), engines)
+
+
+def test_a_model_without_a_preset_gets_every_chip_and_gke_one_engine_per_node():
+    """No preset: its weights are unknown, so one engine on every chip (as before engines). gke: a pod per node."""
+    other = build_stack_config({**VALID, "machineType": "ct6e-standard-8t", "model": "org/unknown-27b"}).serving
+    assert (other.tensor_parallel_size, other.engines) == (8, 1)
+    gke = build_stack_config({**VALID, "target": "gke", "zone": "us-east5-a", "machineType": "ct6e-standard-4t"})
+    assert (gke.serving.tensor_parallel_size, gke.serving.engines) == (4, 1)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"machineType": "ct6e-standard-4t", "tensorParallelSize": "3"},
+     "tensorParallelSize: 3 does not split the machine's 4 chip(s) into whole engines; use one of 1, 2, 4"),
+    ({"machineType": "ct6e-standard-4t", "tensorParallelSize": "8"},
+     "tensorParallelSize: 8 does not split the machine's 4 chip(s) into whole engines; use one of 1, 2, 4"),
+    ({"machineType": "ct6e-standard-1t", "tensorParallelSize": "-1"},
+     "tensorParallelSize: must be 0 (auto) or a positive integer, got -1"),
+    ({"target": "gke", "zone": "us-east5-a", "machineType": "ct6e-standard-4t", "tensorParallelSize": "1"},
+     "tensorParallelSize: 1 would split the chips into 4 engines; a gke pod is one engine on its node's 4 chip(s): "
+     "leave it 0, or use machineType ct6e-standard-1t for one chip per replica"),
+], ids=["not-a-divisor", "more-than-the-chips", "negative", "gke"])
+def test_a_tensor_parallel_size_the_machine_cannot_run_is_refused_naming_the_key(raw, message):
+    with pytest.raises(ConfigError) as err:
+        build_stack_config({**VALID, **raw})
+    assert str(err.value) == message
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_with_vllms_reason():
+    """E2B has 8 attention heads: 3 local GPUs would be refused by vLLM at boot (verify_with_parallel_config)."""
+    with pytest.raises(ConfigError) as err:
+        build_stack_config({"target": "local", "containerImage": "vllm/vllm-openai:v0.32.0",
+                            "localGpus": "device=0,1,3"})
+    assert str(err.value) == ("tensorParallelSize: 3 does not divide google/gemma-4-E2B-it's 8 attention heads, which "
+                              "vLLM refuses at boot (vllm/config/model.py verify_with_parallel_config); use one of 1")
+
+
+@pytest.mark.parametrize("gpus, size", [("all", 1), ("", 1), ("2", 2), ("device=0,1,3,4", 4)])
 def test_the_local_target_shards_over_the_gpus_it_names(gpus, size):
     serving = build_stack_config({"target": "local", "containerImage": "vllm/vllm-openai:v0.32.0",
                                   "localGpus": gpus}).serving
-    assert (serving.backend, serving.tensor_parallel_size) == ("gpu", size)
+    assert (serving.backend, serving.tensor_parallel_size, serving.engines) == ("gpu", size, 1)
 
 
 def test_costs_and_limits_derive_from_the_settings():

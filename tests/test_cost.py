@@ -103,6 +103,27 @@ def test_cli_bills_every_chip_of_the_machine():
     assert "at $2/h" in machine.output  # a whole-machine price wins
 
 
+def test_engines_scale_one_engines_operating_point_to_the_machine():
+    """ct6e-standard-4t with four engines of E2B: four chips bill, four engines each serve the one-chip point."""
+    result = CliRunner().invoke(cost, ["--chips", "4", "--engines", "4", "--output-tok-s", "2140", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["price_per_hour"] == pytest.approx(5.4)
+    assert document["engines"] == {"count": 4, "engine_output_tok_s": 2140.0}
+    assert document["session"]["output_tok_s"] == 8560.0
+    assert document["session"]["operating_point"] == "4 engines × --output-tok-s 2140"
+    text = CliRunner().invoke(cost, ["--chips", "4", "--engines", "4", "--output-tok-s", "2140"]).output
+    assert "4 engines × 2,140.0 output tok/s = 8,560.0 for the machine" in " ".join(text.split())
+    # a machine-wide point (a sweep through the front) is priced as it is
+    whole = json.loads(CliRunner().invoke(cost, ["--chips", "4", "--output-tok-s", "8560", "--json"]).output)
+    assert whole["session"]["usd_per_m_output"] == document["session"]["usd_per_m_output"]
+
+
+def test_more_engines_than_chips_is_refused_naming_the_option():
+    result = CliRunner().invoke(cost, ["--chips", "1", "--engines", "4", "--output-tok-s", "100"])
+    assert result.exit_code == 2 and "--engines" in result.output and "4 engines need at least 4 chips" in result.output
+
+
 PRICE_CHANGED = """
 import json
 import tpuserve.facts

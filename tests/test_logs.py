@@ -237,6 +237,20 @@ def test_logs_take_the_vm_from_saved_stack_outputs(gcloud_shim: Path, tmp_path: 
                                                          "p2"]
 
 
+@pytest.mark.parametrize("engines, extra, container", [(4, [], "vllm-0"), (4, ["--engine", "2"], "vllm-2"),
+                                                       (1, [], "vllm")])
+def test_logs_of_a_vm_of_several_engines_read_the_one_asked_for(gcloud_shim: Path, tmp_path: Path, engines: int,
+                                                              extra: list[str], container: str) -> None:
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"instanceName": "vm", "zone": "z", "project": "p", "engines": engines}))
+    result = CliRunner().invoke(main, ["logs", "--stack-outputs", str(outputs), "--source", "docker", *extra])
+    assert result.exit_code == 0, result.output
+    assert shlex.split(gcloud_shim.read_text().splitlines()[-1])[-1] == container
+    too_far = CliRunner().invoke(main, ["logs", "--stack-outputs", str(outputs), "--source", "docker", "--engine",
+                                        str(engines)])
+    assert too_far.exit_code == 2 and f"the VM runs {engines} engine(s): 0 to {engines - 1}" in too_far.output
+
+
 def test_logs_without_a_vm_names_the_missing_options() -> None:
     result = CliRunner().invoke(main, ["logs", "--instance", "vm"])
     assert result.exit_code == 2 and "missing --zone, --project" in result.output

@@ -86,6 +86,17 @@ def test_the_scrape_points_at_the_servers_metrics_on_localhost():
     assert config["metrics"]["service"]["pipelines"]["vllm"]["receivers"] == ["vllm"]
 
 
+def test_each_engine_of_a_vm_is_scraped_on_its_own_port_with_its_name():
+    """The front answers /metrics from one engine only (components/front.py): a VM of several engines has each
+    scraped, labelled `engine`; a lone engine keeps the unlabelled target above."""
+    config = yaml.safe_load(render_ops_agent_config(8000, [("vllm-0", 8100), ("vllm-1", 8101)]))
+    [scrape] = config["metrics"]["receivers"]["vllm"]["config"]["scrape_configs"]
+    assert scrape["static_configs"] == [{"targets": ["localhost:8100"], "labels": {"engine": "vllm-0"}},
+                                        {"targets": ["localhost:8101"], "labels": {"engine": "vllm-1"}}]
+    assert all(set(static) <= {"targets", "labels"} for static in scrape["static_configs"])  # Prometheus' keys
+    assert "engine" not in RESERVED_TARGETS
+
+
 def test_the_series_filter_keeps_vllm_and_drops_the_created_timestamps():
     [scrape] = yaml.safe_load(render_ops_agent_config(8000))["metrics"]["receivers"]["vllm"]["config"][
         "scrape_configs"]

@@ -8,9 +8,9 @@ import pytest
 
 from tpuserve.facts import VLLM_TPU_IMAGE
 from tpuserve.serving import (
-    FIRST_CLASS_OPTIONS, KV_CACHE_DTYPES, MODALITIES, TPU_KV_CACHE_DTYPES, ConfigError, ServingConfig, backend_env,
-    check_extra_args, config_hash, option_name, parse_mm_limits, setting, tpu_container_run_args, tpu_support,
-    untested_modalities, vllm_serve_args,
+    FIRST_CLASS_OPTIONS, KV_CACHE_DTYPES, MODALITIES, TPU_KV_CACHE_DTYPES, ConfigError, ServingConfig,
+    auto_tensor_parallel_size, backend_env, check_extra_args, config_hash, engine_addresses, engine_tpu_env,
+    option_name, parse_mm_limits, setting, tpu_container_run_args, tpu_support, untested_modalities, vllm_serve_args,
 )
 
 
@@ -43,9 +43,42 @@ def test_chunked_mm_input_is_left_alone_without_multimodal_input_on_tpu(cfg):
 
 
 @pytest.mark.parametrize("chips", [1, 4, 8])
-def test_tensor_parallel_size_is_the_chip_count(chips):
-    args = vllm_serve_args(ServingConfig(tensor_parallel_size=chips))
+def test_tensor_parallel_size_unresolved_is_every_chip(chips):
+    args = vllm_serve_args(ServingConfig(chips=chips))
     assert args[args.index("--tensor-parallel-size") + 1] == str(chips)
+
+
+def test_engines_of_a_vm_differ_in_name_port_and_chips_only():
+    """Two engines of two chips each on a ct6e-standard-4t: tpu-inference's per-rank libtpu variables
+    (tpu_inference/worker/tpu_worker.py _setup_dp_chip_isolation) with chips_per_rank 2."""
+    cfg = ServingConfig(chips=4, tensor_parallel_size=2)
+    assert (cfg.engines, engine_addresses(cfg)) == (2, [("vllm-0", 8100), ("vllm-1", 8101)])
+    assert engine_tpu_env(cfg, 1) == {"TPU_VISIBLE_CHIPS": "2,3", "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,2,1",
+                                      "TPU_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_PORT": "5001",
+                                      "TPU_PROCESS_ADDRESSES": "localhost:5001", "CLOUD_TPU_TASK_ID": "0"}
+    first, second = (tpu_container_run_args(cfg, "h", engine=i) for i in (0, 1))
+    differ = [(a, b) for a, b in zip(first, second, strict=True) if a != b]
+    assert differ == [("vllm-0", "vllm-1"), ("TPU_VISIBLE_CHIPS=0,1", "TPU_VISIBLE_CHIPS=2,3"),
+                      ("TPU_PROCESS_PORT=5000", "TPU_PROCESS_PORT=5001"),
+                      ("TPU_PROCESS_ADDRESSES=localhost:5000", "TPU_PROCESS_ADDRESSES=localhost:5001"),
+                      ("8100", "8101")]
+    assert first[first.index("--host") + 1] == "127.0.0.1"  # behind the front only
+    lone = ServingConfig(chips=4, tensor_parallel_size=4)
+    assert engine_tpu_env(lone, 0) == {} and engine_addresses(lone) == [("vllm", 8000)]
+    assert "TPU_VISIBLE_CHIPS" not in " ".join(tpu_container_run_args(lone, "h"))
+
+
+def test_the_engine_count_is_part_of_the_hash_and_a_lone_engines_hash_is_unchanged():
+    assert config_hash(ServingConfig(chips=4, tensor_parallel_size=4)) == config_hash(
+        ServingConfig(chips=1, tensor_parallel_size=4))  # one engine either way: the argv alone, as before engines
+    assert config_hash(ServingConfig(chips=4, tensor_parallel_size=1)) != config_hash(
+        ServingConfig(chips=8, tensor_parallel_size=1))
+
+
+def test_auto_tensor_parallel_size_is_the_fewest_chips_that_hold_the_weights():
+    assert auto_tensor_parallel_size("google/gemma-4-E2B-it", 8, 0.9) == 1  # 9.5 GiB < 31.24 × 0.9
+    assert auto_tensor_parallel_size("google/gemma-4-E2B-it", 4, 0.25) == 2  # 9.5 / 2 < 7.8 < 9.5
+    assert auto_tensor_parallel_size("org/no-preset", 4, 0.9) == 4
 
 
 def test_optional_flags_appear_only_when_set_and_extra_args_come_last():
@@ -110,7 +143,9 @@ def test_option_name_normalises_spellings(arg, name):
     ({"extra_args": ("--tensor-parallel-size", "4")}, "extraArgs"),
     ({"extra_args": ("-tp", "4")}, "extraArgs"),
     ({"extra_args": ("--limit_mm_per_prompt={}",)}, "extraArgs"),
-    ({"tensor_parallel_size": 0}, "machineType"),
+    ({"tensor_parallel_size": -1}, "tensorParallelSize"),
+    ({"tensor_parallel_size": 3, "chips": 4}, "tensorParallelSize"),
+    ({"extra_args": ("--data-parallel-size", "4")}, "extraArgs"),
     ({"model": "google/gemma-4-E2B-it-qat-w4a16-ct"}, "model"),
     ({"model": "google/gemma-4-e2b-it-qat-q4_0-unquantized"}, "model"),
     ({"model": "google/gemma-4-E4B-it-qat-w4a16-ct"}, "model"),
@@ -183,7 +218,7 @@ def test_values_at_the_limits_are_accepted(changes):
     ({"gpu_memory_utilization": 0.0}, "gpuMemoryUtilization: must be in (0, 1], got 0.0"),
     ({"gpu_memory_utilization": 1.01}, "gpuMemoryUtilization: must be in (0, 1], got 1.01"),
     ({"max_num_batched_tokens": 0}, "maxNumBatchedTokens: must be a positive integer, got 0"),
-    ({"tensor_parallel_size": 0}, "machineType: tensor parallel size must be at least 1, got 0"),
+    ({"tensor_parallel_size": -1}, "tensorParallelSize: must be 0 (auto) or a positive integer, got -1"),
     ({"kv_cache_dtype": "fp4"}, "kvCacheDtype: 'fp4' is not one of auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2, "
                                 "fp8_inc, fp8_ds_mla, nvfp4_ds_mla, turboquant_k8v4, turboquant_4bit_nc, "
                                 "turboquant_k3v4_nc, turboquant_3bit_nc, ultraquant_4bit, int4_per_token_head, "

@@ -11,6 +11,7 @@ import yaml
 from pulumi.runtime import rpc
 
 from tests.pulumi_harness import GATE_STDOUT, ROOT, VM_IP, run_stack, stack_file_config
+from components.front import front_config
 from components.startup_script import render_startup_script
 from tpuserve.serving import ServingConfig, config_hash, parse_mm_limits, tpu_container_run_args, vllm_serve_args
 
@@ -68,8 +69,11 @@ def test_vm_has_no_external_ip_and_carries_boot_logic_served_config_and_supervis
     config = served(run)
     digest = config_hash(serving)
     assert config["config_hash"] == digest == run.outputs["configHash"]
-    assert config["docker_run_args"] == tpu_container_run_args(serving, digest)
-    assert config["docker_run_args"][-len(vllm_serve_args(serving)):] == vllm_serve_args(serving)
+    [engine] = config["engines"]
+    assert engine == {"name": "vllm", "url": "http://127.0.0.1:8000",
+                      "docker_run_args": tpu_container_run_args(serving, digest)}
+    assert engine["docker_run_args"][-len(vllm_serve_args(serving)):] == vllm_serve_args(serving)
+    assert "front" not in config  # one engine takes the port itself
     assert config["hf_token_secret"].startswith("projects/my-ml-") and config["hf_token_secret"].endswith(
         "/secrets/hf-token")
     assert config["machine_type"] == "ct6e-standard-1t"
@@ -266,13 +270,36 @@ def test_disk_and_run_limit_follow_config():
     assert run.outputs["worstCaseCostUsd"] == pytest.approx(48 * 1.35)
 
 
-def test_a_four_chip_vm_serves_on_four_chips():
+def test_a_four_chip_vm_serves_four_engines_of_the_default_model_behind_one_port():
+    """E2B fits one chip (tensorParallelSize auto = 1): four engines, one per chip, HAProxy on 8000 in front."""
     run = run_stack({**VALID, "machineType": "ct6e-standard-4t"})
-    args = run.outputs["vllmArgs"]
-    assert args[args.index("--tensor-parallel-size") + 1] == "4"
-    assert "--tensor-parallel-size" in served(run)["docker_run_args"]
-    assert served(run)["docker_run_args"][served(run)["docker_run_args"].index("--tensor-parallel-size") + 1] == "4"
+    serving = ServingConfig(chips=4, tensor_parallel_size=1)
+    assert (run.outputs["engines"], run.outputs["tensorParallelSize"]) == (4, 1)
+    assert run.outputs["vllmArgs"] == vllm_serve_args(serving)  # engine 0's
+    assert run.outputs["endpoint"] == f"http://{VM_IP}:8000/v1"
+    config = served(run)
+    assert [(e["name"], e["url"]) for e in config["engines"]] == [(f"vllm-{i}", f"http://127.0.0.1:{8100 + i}")
+                                                                  for i in range(4)]
+    for index, engine in enumerate(config["engines"]):
+        argv = engine["docker_run_args"]
+        assert argv == tpu_container_run_args(serving, config["config_hash"], engine=index)
+        assert argv[argv.index("--tensor-parallel-size") + 1] == "1" and f"TPU_VISIBLE_CHIPS={index}" in argv
+    assert config["server_url"] == "http://127.0.0.1:8000"
+    assert front_config(serving) == config["front"] and "bind :8000" in config["front"]
+    agent = yaml.safe_load(json.loads(run.one(INSTANCE).inputs["metadata"]["tpu-serve-supervisor"])["files"][
+        "ops-agent.yaml"])
+    [scrape] = agent["metrics"]["receivers"]["vllm"]["config"]["scrape_configs"]
+    assert scrape["static_configs"] == [{"targets": [f"localhost:{8100 + i}"], "labels": {"engine": f"vllm-{i}"}}
+                                        for i in range(4)]
     assert run.outputs["worstCaseCostUsd"] == pytest.approx(4 * 4 * 1.35)
+
+
+def test_a_four_chip_vm_with_tensor_parallel_size_four_runs_one_engine_on_the_port():
+    run = run_stack({**VALID, "machineType": "ct6e-standard-4t", "tensorParallelSize": "4"})
+    assert (run.outputs["engines"], run.outputs["tensorParallelSize"]) == (1, 4)
+    [engine] = served(run)["engines"]
+    assert engine["name"] == "vllm" and "front" not in served(run)
+    assert engine["docker_run_args"][engine["docker_run_args"].index("--tensor-parallel-size") + 1] == "4"
 
 
 def test_a_gcp_stack_loads_no_other_targets_components(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -56,8 +56,9 @@ def make(monkeypatch: pytest.MonkeyPatch) -> tuple[supervisor.Supervisor, list[d
 
 def test_the_served_config_names_the_key_by_secret_and_variable(config) -> None:
     assert config.secret_env == (("VLLM_API_KEY", SECRET),) and config.api_key_env == "VLLM_API_KEY"
-    assert KEY not in json.dumps(config.docker_run_args)
-    assert config.docker_run_args[config.docker_run_args.index("HF_TOKEN") + 1:][:2] == ("-e", "VLLM_API_KEY")
+    assert KEY not in json.dumps(config.engines[0].docker_run_args)
+    argv = config.engines[0].docker_run_args
+    assert argv[argv.index("HF_TOKEN") + 1:][:2] == ("-e", "VLLM_API_KEY")
 
 
 def test_the_key_goes_to_docker_run_through_its_environment_only(config, monkeypatch) -> None:
@@ -71,7 +72,7 @@ def test_the_key_goes_to_docker_run_through_its_environment_only(config, monkeyp
     monkeypatch.setattr(supervisor, "docker", docker)
     sup.xla_key = "k"
     secrets = sup.fetch_secret_env(config)
-    sup.start_container(config, "hf_canary", secrets)
+    sup.run_engine(config, config.engines[0], "hf_canary", secrets)
 
     assert read == [{"secret": SECRET}] and sup.api_key == KEY
     run = runs[-1]
@@ -100,10 +101,12 @@ def refusing_disabled_parts(fake):
 def test_the_readiness_checks_present_the_key_after_boot_and_after_adoption(config, monkeypatch) -> None:
     sup, _ = make(monkeypatch)
     with refusing_disabled_parts(keyed(KEY)) as fake:
-        keyed_config = supervisor.ServedConfig(**{**config.__dict__, "server_url": fake.url, "model": FAKE_MODEL})
+        engine = supervisor.Engine("vllm", fake.url, config.engines[0].docker_run_args)
+        keyed_config = supervisor.ServedConfig(**{**config.__dict__, "server_url": fake.url, "model": FAKE_MODEL,
+                                                  "engines": (engine,)})
         assert readycheck.check(fake.url, FAKE_MODEL)[0] is False  # the server refuses a check without the key
         sup.fetch_secret_env(keyed_config)
-        sup.wait_until_serving(keyed_config)  # raises supervisor.Failed unless the checks pass
+        sup.wait_until_serving(keyed_config, engine)  # raises supervisor.Failed unless the checks pass
         sup.api_key = ""  # a restarted supervisor knows no key until it adopts the container
         seen: list[str] = []
         monkeypatch.setattr(supervisor.readycheck, "check", lambda url, model, timeout_s=10.0, api_key="": (

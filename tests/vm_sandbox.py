@@ -5,7 +5,9 @@
   write recorded with its time and dropped, as Compute Engine may, when it goes over Google's documented budget of 10
   a minute and 3 a second, on a clock the sandbox runs 60 times fast unless a test asks for real time;
   the access token and service-account email), Secret Manager, Cloud Storage (objects list / media download /
-  media upload with `ifGenerationMatch=0`) and the local vLLM server. The vLLM routes follow the docker shim's
+  media upload with `ifGenerationMatch=0`) and the local vLLM server, or for a config of several engines the front
+  (HAProxy: it answers once `systemctl restart haproxy` started it, as the first engine that runs) with each engine
+  on a FakeEngine of its own. The vLLM routes follow the docker shim's
   container: nothing answers while it is stopped or gone (the connection is dropped, as nothing listens on the port),
   `/v1/models` lists the name the running container was started with (from `docker run`'s recorded argv: the
   `--served-model-name`, else the model after `vllm serve`), and a chat request for another model gets vLLM's 404.
@@ -61,7 +63,7 @@ from tests.leaks import leaked
 from tpuserve.facts import (GUEST_ATTRIBUTE_BURST_PER_SECOND, GUEST_ATTRIBUTE_QUERIES_PER_MINUTE, GUEST_REASSERT_S,
                             GUEST_WRITE_INTERVAL_S, VLLM_TPU_IMAGE)
 from tpuserve.guest_state import expand
-from tpuserve.serving import ServingConfig
+from tpuserve.serving import ServingConfig, engine_addresses
 
 SECRET = "projects/p-1/secrets/hf-token"
 CANARY = "hf_CANARY_d0n0tl3ak_7f3a9c"
@@ -156,6 +158,7 @@ class Knobs:
     key_errors: int = 0  # how many reads of one attribute (instance/attributes/KEY) answer 503 first
     page_size: int = 1000  # objects per page of a Cloud Storage listing (the API's default and maximum)
     health_ok: bool = True  # False: the running server's /health answers 503 (an engine that died)
+    unhealthy: set[str] = field(default_factory=set)  # engines of several whose /health answers 503
     listed_models: list[str] | None = None  # what /v1/models lists; None: the running container's served name
     answer: str = "content"  # the chat answer: "content", "reasoning-only", "empty"
     answer_status: int = 200  # another status: the chat route answers vLLM's error body with it
@@ -163,12 +166,129 @@ class Knobs:
     repo_script_statuses: list[int] = field(default_factory=lambda: [200])  # dl.google.com's Ops Agent repo script
     # modality -> the status a request of it gets instead of vLLM's 400 for a 0 limit (500: the engine dies)
     refusal_answers: dict[str, int] = field(default_factory=dict)
+    refusal_kills: bool = True  # whether such a 5xx kills the engine (its container exits) or leaves it serving
     guest_scale: float = SANDBOX_GUEST_SCALE  # 1: the real budget, in real time
     drop_guest_write: Callable[[GuestWrite], bool] | None = None  # writes Compute Engine "arbitrarily removes"
 
 
-class FakeGoogle:
-    """Metadata server, Secret Manager, Cloud Storage and vLLM on one FakeServer."""
+class VllmRoutes:
+    """vLLM's /health, /v1/models, /metrics and chat, following one container of the docker shim (container_path):
+    nothing listens while it is stopped; `state` and `knobs` come from the class it is mixed into."""
+
+    state: Path
+    knobs: Knobs
+
+    def container_path(self) -> Path:
+        raise NotImplementedError
+
+    def vllm_routes(self) -> dict[tuple[str, str], Callable[[Request], Response]]:
+        return {("GET", "/health"): self.health, ("GET", "/v1/models"): self.models, ("GET", "/metrics"): self.metrics,
+                ("POST", "/v1/chat/completions"): self.chat}
+
+    def served_names(self) -> list[str]:
+        """The names the running container serves under (vLLM lists --served-model-name, else the model path)."""
+        argv = self.container().get("argv", [])
+        if "--served-model-name" in argv:
+            return [argv[argv.index("--served-model-name") + 1]]
+        return [argv[argv.index("serve") + 1]] if "serve" in argv else []
+
+    def vllm_listening(self) -> None:
+        if not self.container_running():
+            raise ConnectionAbortedError("fake: the vllm container is not running; nothing listens on its port")
+
+    def health(self, request: Request) -> Response:
+        self.vllm_listening()
+        healthy = self.knobs.health_ok and json.loads(self.container_path().read_text()).get("name") not in \
+            self.knobs.unhealthy
+        return Response(200 if healthy else 503)
+
+    def metrics(self, request: Request) -> Response:
+        """vLLM's cache config info gauge (labels as vLLM 0.32 exports them: tests/data/vllm-0.32.0-metrics.prom)."""
+        self.vllm_listening()
+        blocks = self.container().get("blocks", NATURAL_BLOCKS)
+        return Response(200, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+                             "# TYPE vllm:cache_config_info gauge\n"
+                             f'vllm:cache_config_info{{block_size="128",cache_dtype="auto",engine="0",'
+                             f'gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="{blocks}",'
+                             f'num_gpu_blocks_override="None"}} 1.0\n')
+
+    def models(self, request: Request) -> Response:
+        self.vllm_listening()
+        names = self.served_names() if self.knobs.listed_models is None else self.knobs.listed_models
+        return Response(200, {"object": "list", "data": [
+            {"id": name, "object": "model", "created": 1780000000, "owned_by": "vllm", "root": name,
+             "parent": None, "max_model_len": 16384} for name in names]})
+
+    def chat(self, request: Request) -> Response:
+        self.vllm_listening()
+        body = request.json()
+        if body.get("model") not in self.served_names():  # vllm/entrypoints/openai/models/serving.py, check_model
+            return vllm_error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError", "model")
+        content = body["messages"][0]["content"]
+        if isinstance(content, list):
+            modality = next(PART_MODALITY[part["type"]] for part in content if part["type"] in PART_MODALITY)
+            limit = self.mm_limits().get(modality, 999)  # vLLM's default for a modality the argv does not name
+            if modality in self.knobs.refusal_answers:  # a server that does not refuse what it cannot serve
+                return self.engine_answer(self.knobs.refusal_answers[modality], modality)
+            if limit == 0:  # vllm/multimodal/processing/context.py validate_num_items
+                return vllm_error(400, f"At most 0 {modality}(s) may be provided in one prompt.", "BadRequestError",
+                                  modality)
+            # the multimodal warm-up
+            status = self.knobs.image_statuses.pop(0) if self.knobs.image_statuses else 200
+            return Response(200, completion("red")) if status == 200 else Response(status, {"error": "warming up"})
+        if self.knobs.answer_status != 200:
+            return vllm_error(self.knobs.answer_status, "EngineCore encountered an issue. See stack trace (above) "
+                              "for the root cause.", "InternalServerError")
+        message = {"content": {"content": "ready"}, "reasoning-only": {"content": None, "reasoning": "Greet the user"},
+                   "empty": {"content": ""}}[self.knobs.answer]
+        return Response(200, vllm_completion(body["model"], **message))
+
+    def mm_limits(self) -> dict[str, int]:
+        argv = self.container().get("argv", [])
+        return json.loads(argv[argv.index("--limit-mm-per-prompt") + 1]) if "--limit-mm-per-prompt" in argv else {}
+
+    def engine_answer(self, status: int, modality: str) -> Response:
+        """What a server that let the request through answers: 200, or a 500 from an engine the request killed
+        (the container exits: tpu-inference's JAX Gemma 4 fails an audio or video input inside EngineCore) or, with
+        Knobs.refusal_kills off, one that failed the request and serves on (vLLM's error body either way)."""
+        if status == 200:
+            return Response(200, vllm_completion("m", "a sound"))
+        if self.knobs.refusal_kills:
+            info = self.container()
+            self.container_path().write_text(json.dumps({**info, "running": False, "exit_code": 1}))
+        return vllm_error(status, f"EngineCore encountered an issue ({modality}: NotImplementedError)",
+                          "InternalServerError")
+
+    def container(self) -> dict[str, Any]:
+        path = self.container_path()
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def container_running(self) -> bool:
+        return bool(self.container().get("running"))
+
+
+
+class FakeEngine(VllmRoutes):
+    """One engine of several on a port of its own: it follows its container (container-<name>.json)."""
+
+    def __init__(self, state: Path, knobs: Knobs, name: str):
+        self.state, self.knobs, self.name = state, knobs, name
+        self.server = FakeServer(self.vllm_routes())
+
+    def container_path(self) -> Path:
+        return container_file(self.state, self.name)
+
+
+CONTAINER = "vllm"
+
+
+def container_file(state: Path, name: str) -> Path:
+    """The docker shim's record of container `name` (the lone engine's keeps its old name, container.json)."""
+    return state / ("container.json" if name == CONTAINER else f"container-{name}.json")
+
+
+class FakeGoogle(VllmRoutes):
+    """Metadata server, Secret Manager, Cloud Storage and vLLM (or the front of several engines) on one FakeServer."""
 
     def __init__(self, state: Path, knobs: Knobs):
         self.state = state
@@ -181,10 +301,7 @@ class FakeGoogle:
             ("GET", f"{METADATA}instance/service-accounts/default/token"): self.token,
             ("GET", f"{METADATA}instance/service-accounts/default/email"): self.email,
             ("GET", f"/v1/{SECRET}/versions/latest:access"): self.secret,
-            ("GET", "/health"): self.health,
-            ("GET", "/v1/models"): self.models,
-            ("GET", "/metrics"): self.metrics,
-            ("POST", "/v1/chat/completions"): self.chat,
+            **self.vllm_routes(),
             ("GET", f"/storage/v1/b/{BUCKET}/o"): self.list_objects,
             ("POST", f"/upload/storage/v1/b/{BUCKET}/o"): self.upload,
             ("GET", REPO_SCRIPT_PATH): self.repo_script,
@@ -276,88 +393,18 @@ class FakeGoogle:
         code, message = SECRET_ERRORS.get(status, ("UNAVAILABLE", "The service is currently unavailable."))
         return Response(status, {"error": {"code": status, "message": message, "status": code}})
 
-    # vLLM: nothing listens while the container is stopped; /health, /v1/models and chat while it runs
-    def served_names(self) -> list[str]:
-        """The names the running container serves under (vLLM lists --served-model-name, else the model path)."""
-        argv = self.container().get("argv", [])
-        if "--served-model-name" in argv:
-            return [argv[argv.index("--served-model-name") + 1]]
-        return [argv[argv.index("serve") + 1]] if "serve" in argv else []
-
-    def vllm_listening(self) -> None:
-        if not self.container_running():
-            raise ConnectionAbortedError("fake: the vllm container is not running; nothing listens on its port")
-
-    def health(self, request: Request) -> Response:
-        self.vllm_listening()
-        return Response(200 if self.knobs.health_ok else 503)
-
-    def metrics(self, request: Request) -> Response:
-        """vLLM's cache config info gauge (labels as vLLM 0.32 exports them: tests/data/vllm-0.32.0-metrics.prom)."""
-        self.vllm_listening()
-        blocks = self.container().get("blocks", NATURAL_BLOCKS)
-        return Response(200, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
-                             "# TYPE vllm:cache_config_info gauge\n"
-                             f'vllm:cache_config_info{{block_size="128",cache_dtype="auto",engine="0",'
-                             f'gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="{blocks}",'
-                             f'num_gpu_blocks_override="None"}} 1.0\n')
-
-    def models(self, request: Request) -> Response:
-        self.vllm_listening()
-        names = self.served_names() if self.knobs.listed_models is None else self.knobs.listed_models
-        return Response(200, {"object": "list", "data": [
-            {"id": name, "object": "model", "created": 1780000000, "owned_by": "vllm", "root": name,
-             "parent": None, "max_model_len": 16384} for name in names]})
-
-    def chat(self, request: Request) -> Response:
-        self.vllm_listening()
-        body = request.json()
-        if body.get("model") not in self.served_names():  # vllm/entrypoints/openai/models/serving.py, check_model
-            return vllm_error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError", "model")
-        content = body["messages"][0]["content"]
-        if isinstance(content, list):
-            modality = next(PART_MODALITY[part["type"]] for part in content if part["type"] in PART_MODALITY)
-            limit = self.mm_limits().get(modality, 999)  # vLLM's default for a modality the argv does not name
-            if modality in self.knobs.refusal_answers:  # a server that does not refuse what it cannot serve
-                return self.engine_answer(self.knobs.refusal_answers[modality], modality)
-            if limit == 0:  # vllm/multimodal/processing/context.py validate_num_items
-                return vllm_error(400, f"At most 0 {modality}(s) may be provided in one prompt.", "BadRequestError",
-                                  modality)
-            # the multimodal warm-up
-            status = self.knobs.image_statuses.pop(0) if self.knobs.image_statuses else 200
-            return Response(200, completion("red")) if status == 200 else Response(status, {"error": "warming up"})
-        if self.knobs.answer_status != 200:
-            return vllm_error(self.knobs.answer_status, "EngineCore encountered an issue. See stack trace (above) "
-                              "for the root cause.", "InternalServerError")
-        message = {"content": {"content": "ready"}, "reasoning-only": {"content": None, "reasoning": "Greet the user"},
-                   "empty": {"content": ""}}[self.knobs.answer]
-        return Response(200, vllm_completion(body["model"], **message))
-
-    def mm_limits(self) -> dict[str, int]:
-        argv = self.container().get("argv", [])
-        return json.loads(argv[argv.index("--limit-mm-per-prompt") + 1]) if "--limit-mm-per-prompt" in argv else {}
-
-    def engine_answer(self, status: int, modality: str) -> Response:
-        """What a server that let the request through answers: 200, or a 500 from an engine the request killed
-        (the container exits: tpu-inference's JAX Gemma 4 fails an audio or video input inside EngineCore)."""
-        if status == 200:
-            return Response(200, vllm_completion("m", "a sound"))
-        info = self.container()
-        (self.state / "container.json").write_text(json.dumps({**info, "running": False, "exit_code": 1}))
-        return vllm_error(status, f"EngineCore encountered an issue ({modality}: NotImplementedError)",
-                          "InternalServerError")
+    # vLLM (VllmRoutes): the lone engine's container, or as the front the first engine that runs
+    def container_path(self) -> Path:
+        lone = container_file(self.state, CONTAINER)
+        if lone.exists() or not (self.state / "front_active").exists():
+            return lone
+        engines = sorted(self.state.glob("container-vllm-*.json"))
+        running = [path for path in engines if json.loads(path.read_text()).get("running")]
+        return (running or engines or [lone])[0]
 
     def repo_script(self, request: Request) -> Response:
         status = next_of(self.knobs.repo_script_statuses)
         return Response(200, FAKE_REPO_SCRIPT) if status == 200 else Response(status, "unavailable")
-
-    def container(self) -> dict[str, Any]:
-        path = self.state / "container.json"
-        return json.loads(path.read_text()) if path.exists() else {}
-
-    def container_running(self) -> bool:
-        return bool(self.container().get("running"))
-
     # Cloud Storage
     def list_objects(self, request: Request) -> Response:
         if request.headers.get("Authorization") != f"Bearer {ACCESS_TOKEN}":
@@ -532,6 +579,11 @@ class Machine:
                 self.save("dpkg_lock_held_s", 0)
             if not (self.shims / "docker").is_symlink():  # docker.io puts docker on PATH
                 (self.shims / "docker").symlink_to(self.shims / "shim")
+            if "haproxy" in args:  # Debian's package: /usr/sbin/haproxy and its unit
+                if self.counter("haproxy_install_failures"):
+                    return 100, "", "E: Unable to locate package haproxy\n"
+                (self.root / "usr/sbin").mkdir(parents=True, exist_ok=True)
+                (self.root / "usr/sbin/haproxy").write_text("")
         return 0, "", ""
 
     def dpkg_query(self, name: str, args: list[str]) -> Answer:  # dpkg-query -W -f='${Status}' PACKAGE
@@ -541,7 +593,16 @@ class Machine:
 
     def systemctl(self, name: str, args: list[str]) -> Answer:
         unit = args[-1]
-        if unit == "google-cloud-ops-agent":
+        if unit == "haproxy":  # the front answers (as FakeGoogle's vLLM routes) once started with a config
+            if args[0] == "reload" and not self.flag("front_active"):
+                return 1, "", "haproxy.service is not active, cannot reload.\n"
+            if args[0] in ("restart", "reload"):
+                if not (self.root / "usr/sbin/haproxy").exists():
+                    return 5, "", "Failed to restart haproxy.service: Unit haproxy.service not found.\n"
+                self.set_flag("front_active", (self.root / "etc/haproxy/haproxy.cfg").read_text())
+            elif args[0] == "stop":
+                (self.state / "front_active").unlink(missing_ok=True)
+        elif unit == "google-cloud-ops-agent":
             if args[0] == "is-active":
                 return (0 if self.flag("ops_agent_active") else 3), "", ""
             if args[0] == "restart":
@@ -611,6 +672,19 @@ class Machine:
             return 0, f"Avail\n {free}G\n", ""
         return 0, "", ""
 
+    def engine_holds(self, info: dict[str, Any]) -> None:
+        """An engine of several holds its chip while its container runs: a process (pid 5000 + N) with
+        /dev/vfio/N open, in the container's cgroup (cgroup v2: /system.slice/docker-<id>.scope)."""
+        if not info["name"].startswith(f"{CONTAINER}-"):
+            return
+        index = int(info["name"].rsplit("-", 1)[1])
+        process = self.root / "proc" / str(5000 + index)
+        shutil.rmtree(process, ignore_errors=True)
+        if info.get("running"):
+            (process / "fd").mkdir(parents=True)
+            (process / "fd" / "3").symlink_to(f"/dev/vfio/{index}")
+            (process / "cgroup").write_text(f"0::/system.slice/docker-{info['id']}.scope\n")
+
     def hold_vfio(self, seconds: float) -> None:
         """A process holding /dev/vfio/0 (its /proc/PID/fd link, under the sandbox root, which the supervisor scans)
         for `seconds`; the release time goes to state/vfio_released_at."""
@@ -635,8 +709,8 @@ class Machine:
         return float(queue[0])
 
     def docker(self, name: str, args: list[str]) -> Answer:
-        container = self.state / "container.json"
         images = self.load("images.json", {})
+        target = args[-1] if args else ""
         if args[0] == "pull":
             if self.counter("pull_failures"):
                 return 1, "", ("Error response from daemon: Get https://registry-1.docker.io/v2/: net/http: TLS "
@@ -646,7 +720,7 @@ class Machine:
                                                                                                    IMAGE_DIGEST)
             self.save("images.json", images)
         elif args[:2] == ["image", "prune"]:  # --all: every image no container (running or stopped) uses
-            used = json.loads(container.read_text())["argv"] if container.exists() else []
+            used = [arg for path in self.containers() for arg in json.loads(path.read_text())["argv"]]
             unused = [ref for ref in images if ref not in used]
             for ref in unused:
                 del images[ref]
@@ -661,21 +735,31 @@ class Machine:
             if args[-1] not in images:
                 return 1, "", f"Error: No such image: {args[-1]}\n"
             return 0, json.dumps([args[-1].split("@")[0].rsplit(":", 1)[0] + "@" + images[args[-1]]]) + "\n", ""
+        elif args[0] == "ps":  # --all --filter label=KEY --format '{{.Names}}'
+            key = next(a.split("=", 1)[1] for a in args if a.startswith("label="))
+            return 0, "".join(f"{info['name']}\n" for info in map(lambda p: json.loads(p.read_text()),
+                                                                   self.containers()) if key in info["labels"]), ""
         elif args[0] == "inspect":
+            container = container_file(self.state, target)
             if not container.exists():
-                return 1, "", f"Error: No such object: {args[-1]}\n"
+                return 1, "", f"Error: No such object: {target}\n"
             info = json.loads(container.read_text())
             if info.get("removing"):  # `docker rm -f` returned; the daemon still tears it down for a few looks
                 if info["removing"] == 1:
                     container.unlink()
                 else:
-                    self.save("container.json", {**info, "removing": info["removing"] - 1})
-            document = {"Name": "/vllm", "Config": {"Labels": info["labels"]},
+                    container.write_text(json.dumps({**info, "removing": info["removing"] - 1}))
+            document = {"Id": info.get("id", ""), "Name": f"/{target}", "Config": {"Labels": info["labels"]},
                         "State": {"Running": info["running"], "ExitCode": info.get("exit_code", 0)}}
             return 0, json.dumps([document]) + "\n", ""
         elif args[0] == "run":
             labels = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--label")
             mounts = dict(args[i + 1].rsplit(":", 1)[::-1] for i, a in enumerate(args) if a == "-v")
+            container_name = args[args.index("--name") + 1]
+            container = container_file(self.state, container_name)
+            if container.exists():  # docker refuses a second container of one name
+                return 125, "", ("docker: Error response from daemon: Conflict. The container name "
+                                 f'"/{container_name}" is already in use.\n')
             # The KV block count: --num-gpu-blocks-override when given (tpu-inference allocates what vLLM's KV cache
             # config says), else what HBM leaves after the weights, which may move by a block from boot to boot.
             natural = next_of(self.load("hbm_blocks.json", [NATURAL_BLOCKS]))
@@ -688,37 +772,57 @@ class Machine:
                     for program in compiled_programs(blocks):
                         if not (xla / program).exists():
                             (xla / program).write_text("compiled")
+            runs = self.load("runs", 0) + 1
+            self.save("runs", runs)
+            base = {"name": container_name, "id": hashlib.sha256(f"{container_name}-{runs}".encode()).hexdigest(),
+                    "labels": labels, "argv": args}
             if self.counter("vfio_busy_runs"):  # the previous container still held the TPU: this one exits at once
-                self.save("container.json", {"labels": labels, "running": False, "exit_code": 1, "argv": args,
-                                             "logs": VFIO_BUSY_LOG})
+                info = {**base, "running": False, "exit_code": 1, "logs": VFIO_BUSY_LOG}
             elif blocks > self.load("hbm_capacity_blocks", 10**9):  # a pinned count that no longer fits in HBM
-                self.save("container.json", {"labels": labels, "running": False, "exit_code": 1, "argv": args,
-                                             "logs": f"jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Error "
-                                                     f"allocating device buffer: the KV cache of {blocks} blocks\n"})
+                info = {**base, "running": False, "exit_code": 1,
+                        "logs": f"jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Error allocating device buffer: "
+                                f"the KV cache of {blocks} blocks\n"}
             else:
-                self.save("container.json", {"labels": labels, "running": not self.flag("crash"), "argv": args,
-                                             "blocks": blocks})
+                crash = self.flag("crash") or container_name in self.load("crash_names", [])
+                info = {**base, "running": not crash, "blocks": blocks}
+            container.write_text(json.dumps(info))
+            self.engine_holds(info)
             return 0, "c0ffee\n", ""
         elif args[0] == "start":
+            container = container_file(self.state, target)
             info = json.loads(container.read_text())
             info.update(running=not self.flag("crash"), exit_code=0)
-            self.save("container.json", info)
-            return 0, "vllm\n", ""
+            container.write_text(json.dumps(info))
+            self.engine_holds(info)
+            return 0, f"{target}\n", ""
+        elif args[0] == "stop":
+            container = container_file(self.state, target)
+            if container.exists():
+                info = {**json.loads(container.read_text()), "running": False}
+                container.write_text(json.dumps(info))
+                self.engine_holds(info)
         elif args[0] == "rm":
+            container = container_file(self.state, target)
+            if container.exists():
+                self.engine_holds({**json.loads(container.read_text()), "running": False})
             lingers = self.load("rm_lingers", 0)
             if container.exists() and lingers:
-                self.save("container.json", {**json.loads(container.read_text()), "running": False,
-                                             "removing": lingers})
+                container.write_text(json.dumps({**json.loads(container.read_text()), "running": False,
+                                                 "removing": lingers}))
             else:
                 container.unlink(missing_ok=True)
             held_s = self.load("vfio_held_s", 0)
             if held_s:  # the removed container's engine still holds the TPU's VFIO group for a while
                 self.hold_vfio(held_s)
         elif args[0] == "logs":
+            container = container_file(self.state, target)
             logs = json.loads(container.read_text()).get("logs") if container.exists() else None
             return 0, logs or ("INFO Time spent downloading weights for google/gemma-4-E2B-it: 41.250000 seconds\n"
                                "RuntimeError: model weights failed to load\nengine core exited\n"), ""
         return 0, "", ""
+
+    def containers(self) -> list[Path]:
+        return sorted([*self.state.glob("container.json"), *self.state.glob("container-*.json")])
 
 
 @dataclass
@@ -735,6 +839,7 @@ class Vm:
     script_output: str = ""
     script_returncode: int | None = None
     extra_supervisor_args: tuple[str, ...] = ()
+    engines: dict[str, FakeEngine] = field(default_factory=dict)  # engines of several, each on its own port
 
     def __post_init__(self) -> None:
         self.root, self.state, self.shims = self.home / "vmroot", self.home / "state", self.home / "shims"
@@ -748,7 +853,16 @@ class Vm:
 
     def __exit__(self, *exc: object) -> None:
         self.machine.__exit__(*exc)  # the supervisor first: it talks to the fakes
+        for engine in self.engines.values():
+            engine.server.__exit__(*exc)
         self.google.server.__exit__(*exc)
+
+    def engine(self, name: str) -> FakeEngine:
+        """The fake of engine `name` (vllm-0, ...), started on first use."""
+        if name not in self.engines:
+            self.engines[name] = FakeEngine(self.state, self.knobs, name)
+            self.engines[name].server.__enter__()
+        return self.engines[name]
 
     @property
     def url(self) -> str:
@@ -786,9 +900,12 @@ class Vm:
                                      guest_write_interval_s=GUEST_WRITE_INTERVAL_S * self.knobs.guest_scale)
 
     def serve(self, serving: ServingConfig, bucket: str = BUCKET, cache_disk: str = "", **changes: str) -> str:
-        """Put `serving` in the metadata (as the stack renders it); returns its config hash."""
-        text = served_config(serving, SECRET, machine_type=MACHINE_TYPE, compile_cache_bucket=bucket,
-                             ready_timeout_s=5, server_url=self.url, cache_disk=cache_disk)
+        """Put `serving` in the metadata (as the stack renders it); returns its config hash. The fakes stand where
+        the server is: the front (or the lone engine) on the sandbox's URL, each engine of several on its own."""
+        urls = None if serving.engines == 1 else [self.engine(name).server.url for name, _ in engine_addresses(serving)]
+        text = served_config(serving, SECRET, machine_type=MACHINE_TYPE if serving.engines == 1 else
+                             f"ct6e-standard-{serving.chips}t", compile_cache_bucket=bucket, ready_timeout_s=5,
+                             server_url=self.url, cache_disk=cache_disk, engine_urls=urls)
         self.google.set_attributes(**{"tpu-serve-config": text}, **changes)
         return json.loads(text)["config_hash"]
 
@@ -821,8 +938,8 @@ class Vm:
         """The VM stops and starts again: the supervisor dies, the container is left exited (no restart policy),
         /run (a tmpfs) and the mount are gone; the disk and Docker's images stay. Then the startup script runs."""
         self.stop()
-        if (self.state / "container.json").exists():
-            self.kill_container(exit_code=0)
+        for path in self.machine.containers():
+            self.kill_container(json.loads(path.read_text())["name"], exit_code=0)
         shutil.rmtree(self.root / "run", ignore_errors=True)
         (self.root / "run").mkdir()
         (self.state / "mounted").unlink(missing_ok=True)
@@ -866,13 +983,14 @@ class Vm:
         path = self.state / "supervisor.log"
         return self.script_output + (path.read_text(errors="replace") if path.exists() else "")
 
-    def container(self) -> dict[str, Any]:
-        return json.loads((self.state / "container.json").read_text())
+    def container(self, name: str = CONTAINER) -> dict[str, Any]:
+        return json.loads(container_file(self.state, name).read_text())
 
-    def kill_container(self, exit_code: int = 137) -> None:
-        info = self.container()
+    def kill_container(self, name: str = CONTAINER, exit_code: int = 137) -> None:
+        info = self.container(name)
         info.update(running=False, exit_code=exit_code)
-        (self.state / "container.json").write_text(json.dumps(info))
+        container_file(self.state, name).write_text(json.dumps(info))
+        self.machine.engine_holds(info)  # its process is gone, and its hold on the chip with it
 
     def wait_for(self, predicate: Callable[[], bool], what: str, timeout_s: float = 20) -> None:
         deadline = time.monotonic() + timeout_s

@@ -50,8 +50,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                 "Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`)."),
     "logs": ("tpuserve.observe.logs:logs", "Print the VM's serial console and the vLLM container's logs."),
     "plan": ("tpuserve.measure.plan:plan",
-             "KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM; what the cache "
-             "disk's throughput buys a warm boot, and what it costs."),
+             "KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM, per engine and "
+             "for the machine's engines; what the cache disk's throughput buys a warm boot, and what it costs."),
     "preflight": ("tpuserve.deploy.preflight:preflight_command",
                   "Check what would stop a deploy: APIs, machine type per zone, TPU quota, token secret, permissions, "
                   "Cloud NAT."),

@@ -2,7 +2,7 @@
 
 The VM keeps its whole state in one attribute, `tpu-serve/state` (facts.GUEST_STATE_KEY), a JSON object whose
 fields are the names readers always used: stage, config-hash, since, reason, at-<stage>, cache, image, weights,
-compile-cache, restarts, supervisor, ops-agent, plus `seq` and `written` (vm/guest_state.py writes it within
+compile-cache, restarts, supervisor, ops-agent, warning, engines, plus `seq` and `written` (vm/guest_state.py writes it within
 Google's guest-attribute budget). `expand` turns the attributes the Compute API returns into that flat mapping, so
 the gate, `status` and `diagnose` read one shape. Keys written on their own (an older supervisor did) are kept; the
 state's fields win over them.

@@ -16,7 +16,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from tpuserve.facts import (CACHE_ROOT, CONTAINER_HF_HOME, CONTAINER_XLA_CACHE, VLLM_TPU_IMAGE,
+from tpuserve.facts import (CACHE_ROOT, CONTAINER_HF_HOME, CONTAINER_XLA_CACHE, V6E_HBM_GIB, VLLM_TPU_IMAGE,
                             XLA_CACHE_KEY_PLACEHOLDER)
 from tpuserve.registry import Reference, RegistryError
 
@@ -122,12 +122,26 @@ class ServingConfig:
     allow_known_broken_model: bool = setting(
         "allowKnownBrokenModel", "Deploy a model/backend pair known not to load (e.g. Gemma 4 E2B QAT on TPU).",
         False)
+    tensor_parallel_size: int = setting(
+        "tensorParallelSize", "Chips per vLLM engine (--tensor-parallel-size); the VM runs chips / tensorParallelSize "
+        "engines behind one port. 0 = auto: the fewest chips that hold the model's weights (its built-in preset: 1 "
+        "for google/gemma-4-E2B-it), every chip for a model without a preset. Target gke: one engine per node (its "
+        "chips); target local: localGpus.", 0)
     port: int = DEFAULT_PORT
     host: str = "0.0.0.0"
     # Not settings of their own: the stack derives both from its target and machine type (StackConfig), so the
     # argv a VM runs always matches the VM's chips.
     backend: str = TPU_BACKEND
-    tensor_parallel_size: int = 1
+    chips: int = 1
+
+    @property
+    def tp(self) -> int:
+        """Chips per engine: tensorParallelSize, 0 (not resolved by a StackConfig) meaning every chip."""
+        return self.tensor_parallel_size or self.chips
+
+    @property
+    def engines(self) -> int:
+        return max(self.chips // self.tp, 1)
 
     def validate(self, backend: str | None = None) -> ServingConfig:
         """Raise ConfigError naming the offending key; return self so calls chain."""
@@ -141,9 +155,7 @@ class ServingConfig:
             raise ConfigError("gpuMemoryUtilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_num_batched_tokens <= 0:
             raise ConfigError("maxNumBatchedTokens", f"must be a positive integer, got {self.max_num_batched_tokens}")
-        if self.tensor_parallel_size < 1:
-            raise ConfigError("machineType", f"tensor parallel size must be at least 1, got "
-                              f"{self.tensor_parallel_size}")
+        check_tensor_parallel_size(self)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError("kvCacheDtype", f"{self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
         if backend == TPU_BACKEND and self.kv_cache_dtype not in TPU_KV_CACHE_DTYPES:
@@ -261,6 +273,107 @@ def untested_modalities(cfg: ServingConfig) -> list[str]:
             if count > 0 and support.get(modality, {}).get("tested_upstream") is False]
 
 
+@cache
+def _presets() -> dict[str, Any]:
+    return json.loads(resources.files("tpuserve").joinpath("data/model-presets.json").read_text())
+
+
+def model_preset(model: str) -> Mapping[str, Any] | None:
+    """The built-in preset of a model (tpuserve/data/model-presets.json: its HF config and weights size), or None."""
+    return _presets().get(model)
+
+
+def attention_heads(model: str) -> int | None:
+    preset = model_preset(model)
+    if preset is None:
+        return None
+    config = preset["config"]
+    return int(config.get("text_config", config)["num_attention_heads"])
+
+
+def tensor_parallel_choices(chips: int, heads: int | None) -> list[int]:
+    """Sizes that split `chips` into whole engines and the model's attention heads evenly (vLLM refuses the rest at
+    boot: vllm/config/model.py verify_with_parallel_config, "Total number of attention heads (N) must be divisible
+    by tensor parallel size (T)")."""
+    return [tp for tp in range(1, chips + 1) if chips % tp == 0 and (heads is None or heads % tp == 0)]
+
+
+def fewest_chips(weights_gib: float, heads: int | None, chips: int, usable_gib: float) -> int:
+    """The smallest tensor parallel size whose share of the weights fits in `usable_gib` per chip; every chip when
+    none does."""
+    fits = [tp for tp in tensor_parallel_choices(chips, heads) if weights_gib / tp < usable_gib]
+    return fits[0] if fits else chips
+
+
+def auto_tensor_parallel_size(model: str, chips: int, gpu_memory_utilization: float) -> int:
+    """tensorParallelSize 0 on TPU VMs: the fewest chips whose share of the preset's weights fits in HBM ×
+    gpuMemoryUtilization (`tpuserve plan` shows the KV room left); every chip for a model without a preset."""
+    preset = model_preset(model)
+    if preset is None:
+        return chips
+    weights_gib = preset["weights_parameters"] * preset["weights_bytes_per_parameter"] / 2**30
+    return fewest_chips(weights_gib, attention_heads(model), chips, V6E_HBM_GIB * gpu_memory_utilization)
+
+
+def check_tensor_parallel_size(cfg: ServingConfig) -> None:
+    if cfg.tensor_parallel_size < 0:
+        raise ConfigError("tensorParallelSize", f"must be 0 (auto) or a positive integer, got "
+                          f"{cfg.tensor_parallel_size}")
+    heads = attention_heads(cfg.model)
+    choices = ", ".join(map(str, tensor_parallel_choices(cfg.chips, heads)))
+    if cfg.chips % cfg.tp:
+        raise ConfigError("tensorParallelSize", f"{cfg.tp} does not split the machine's {cfg.chips} chip(s) into "
+                          f"whole engines; use one of {choices}")
+    if heads is not None and heads % cfg.tp:
+        raise ConfigError("tensorParallelSize", f"{cfg.tp} does not divide {cfg.model}'s {heads} attention heads, "
+                          "which vLLM refuses at boot (vllm/config/model.py verify_with_parallel_config); use one of "
+                          f"{choices}")
+
+
+# More than one engine on a VM (docs/design/engines.md): engine i listens on port + ENGINE_PORT_OFFSET + i, 8100 up,
+# as tpu-inference's own independent-servers recipe does (examples/external_lb/run_dp_external_lb.sh BASE_PORT=8100),
+# and the front (HAProxy, components/front.py) takes the stack's port.
+ENGINE_PORT_OFFSET = 100
+# libtpu's port of engine i: tpu-inference's per-rank BASE_JAX_PORT + rank (tpu_inference/distributed/
+# jax_parallel_state.py), unique per process "so the runtimes can coexist on a host".
+TPU_PROCESS_BASE_PORT = 5000
+
+
+def engine_ports(cfg: ServingConfig) -> list[int]:
+    """Where each engine listens: the stack's port for a lone engine, else 8100, 8101, ... behind the front."""
+    if cfg.engines == 1:
+        return [cfg.port]
+    return [cfg.port + ENGINE_PORT_OFFSET + index for index in range(cfg.engines)]
+
+
+def engine_name(cfg: ServingConfig, index: int) -> str:
+    return engine_container(cfg.engines, index)
+
+
+def engine_container(engines: int, index: int = 0) -> str:
+    """Engine `index`'s container on a VM of `engines` (the stack's `engines` output): `vllm` alone (as before
+    engines), vllm-0, vllm-1, ... side by side."""
+    return CONTAINER_NAME if engines == 1 else f"{CONTAINER_NAME}-{index}"
+
+
+def engine_addresses(cfg: ServingConfig) -> list[tuple[str, int]]:
+    """(container name, port) of each engine, in order."""
+    return [(engine_name(cfg, index), port) for index, port in enumerate(engine_ports(cfg))]
+
+
+def engine_tpu_env(cfg: ServingConfig, index: int) -> dict[str, str]:
+    """The libtpu variables that pin engine `index` to its own chips, the values tpu-inference's worker sets for each
+    data-parallel rank (tpu_inference/worker/tpu_worker.py `_setup_dp_chip_isolation`; v6e has one core per chip,
+    tpu_info.py); none when one engine has every chip."""
+    if cfg.engines == 1 or cfg.backend != TPU_BACKEND:
+        return {}
+    first = index * cfg.tp
+    port = TPU_PROCESS_BASE_PORT + index
+    return {"TPU_VISIBLE_CHIPS": ",".join(str(chip) for chip in range(first, first + cfg.tp)),
+            "TPU_CHIPS_PER_PROCESS_BOUNDS": f"1,{cfg.tp},1", "TPU_PROCESS_BOUNDS": "1,1,1",
+            "TPU_PROCESS_PORT": str(port), "TPU_PROCESS_ADDRESSES": f"localhost:{port}", "CLOUD_TPU_TASK_ID": "0"}
+
+
 def backend_env(cfg: ServingConfig) -> dict[str, str]:
     """Environment the serving container needs beyond the caches: MODEL_IMPL_TYPE when modelImpl chose one."""
     return {MODEL_IMPL_ENV: cfg.model_impl} if cfg.backend == TPU_BACKEND and cfg.model_impl != AUTO_IMPL else {}
@@ -287,7 +400,8 @@ FIRST_CLASS_OPTIONS = {
     "--max-num-batched-tokens": "maxNumBatchedTokens", "--enable-auto-tool-choice": "enableAutoToolChoice",
     "--tool-call-parser": "toolCallParser", "--reasoning-parser": "reasoningParser",
     "--limit-mm-per-prompt": "multimodalLimits", "--language-model-only": "multimodalLimits",
-    "--kv-cache-dtype": "kvCacheDtype", "--tensor-parallel-size": "machineType (gcp) or localGpus (local)",
+    "--kv-cache-dtype": "kvCacheDtype", "--tensor-parallel-size": "tensorParallelSize (gcp, gke) or localGpus (local)",
+    "--data-parallel-size": "tensorParallelSize (a VM runs chips / tensorParallelSize engines behind one port)",
 }
 
 
@@ -326,14 +440,16 @@ def check_extra_args(extra_args: tuple[str, ...]) -> None:
             raise ConfigError("extraArgs", f"{name} would rename the served model: {RENAMING_OPTIONS[name]}")
 
 
-def vllm_serve_args(cfg: ServingConfig) -> list[str]:
-    """The arguments that follow `vllm serve` (model first), in a stable order."""
-    args = [cfg.model, "--host", cfg.host, "--port", str(cfg.port),
+def vllm_serve_args(cfg: ServingConfig, engine: int = 0) -> list[str]:
+    """The arguments that follow `vllm serve` (model first), in a stable order; engines differ in --port only."""
+    # Engines behind the front listen on loopback only: clients reach them through it (components/front.py).
+    host = cfg.host if cfg.engines == 1 else "127.0.0.1"
+    args = [cfg.model, "--host", host, "--port", str(engine_ports(cfg)[engine]),
             "--max-model-len", str(cfg.max_model_len),
             "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
             "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
-            # Every chip of the machine: ct6e-standard-4t serves on 4 (StackConfig derives it).
-            "--tensor-parallel-size", str(cfg.tensor_parallel_size)]
+            # The engine's chips (StackConfig resolves tensorParallelSize against the machine's).
+            "--tensor-parallel-size", str(cfg.tp)]
     if cfg.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", cfg.kv_cache_dtype]
     if cfg.enable_auto_tool_choice:
@@ -359,8 +475,9 @@ TPU_CACHE_ENV = {"HF_HOME": CONTAINER_HF_HOME, "VLLM_XLA_CACHE_PATH": CONTAINER_
                  "JAX_COMPILATION_CACHE_DIR": CONTAINER_XLA_CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
-def tpu_container_run_args(cfg: ServingConfig, config_hash: str, secret_env: Sequence[str] = ()) -> list[str]:
-    """`docker run` arguments on the TPU VM. HF_TOKEN and the names in `secret_env` (VLLM_API_KEY, which vLLM reads
+def tpu_container_run_args(cfg: ServingConfig, config_hash: str, secret_env: Sequence[str] = (),
+                           engine: int = 0) -> list[str]:
+    """`docker run` arguments of one engine on the TPU VM (its container name, chips and port: engine_*). HF_TOKEN and the names in `secret_env` (VLLM_API_KEY, which vLLM reads
     as its API key: vllm/entrypoints/serve/middleware/register.py) are passed by name only, so their values are never
     in an argv: the supervisor fetches them and gives them to that one `docker run` through its environment.
 
@@ -377,18 +494,21 @@ def tpu_container_run_args(cfg: ServingConfig, config_hash: str, secret_env: Seq
     /dev/shm is mounted (moby daemon/container_operations_unix.go, `HasMountFor("/dev/shm")`)."""
     xla_host_dir = f"{CACHE_ROOT}/xla/{XLA_CACHE_KEY_PLACEHOLDER}"
     hf_env, *xla_env = (["-e", f"{key}={value}"] for key, value in TPU_CACHE_ENV.items())
-    return ["run", "--detach", "--name", CONTAINER_NAME, "--privileged", "--net=host",
+    chips = [arg for name, value in engine_tpu_env(cfg, engine).items() for arg in ("-e", f"{name}={value}")]
+    return ["run", "--detach", "--name", engine_name(cfg, engine), "--privileged", "--net=host",
             "-v", "/dev/shm:/dev/shm",
             "-v", f"{CACHE_ROOT}/huggingface:{CONTAINER_HF_HOME}", *hf_env,
             "-v", f"{xla_host_dir}:{CONTAINER_XLA_CACHE}", *(arg for pair in xla_env for arg in pair),
             "-e", "HF_TOKEN", *(arg for name in secret_env for arg in ("-e", name)),
-            *(arg for name, value in backend_env(cfg).items() for arg in ("-e", f"{name}={value}")),
+            *(arg for name, value in backend_env(cfg).items() for arg in ("-e", f"{name}={value}")), *chips,
             "--label", f"tpu-serve.config-hash={config_hash}",
-            cfg.image, "vllm", "serve", *vllm_serve_args(cfg)]
+            cfg.image, "vllm", "serve", *vllm_serve_args(cfg, engine)]
 
 
 def config_hash(cfg: ServingConfig) -> str:
     """Short digest of what is served; the VM reports it and the readiness gate re-runs when it changes."""
     env = backend_env(cfg)  # only when set, so the hash of a config without it did not change when it came
-    payload = json.dumps([cfg.image, vllm_serve_args(cfg), *([env] if env else [])], separators=(",", ":"))
+    engines = {"engines": cfg.engines} if cfg.engines > 1 else {}  # likewise: a lone engine's hash stays as it was
+    payload = json.dumps([cfg.image, vllm_serve_args(cfg), *([env] if env else []), *([engines] if engines else [])],
+                         separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

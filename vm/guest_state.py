@@ -5,9 +5,9 @@ guest attributes") limits them to 10 queries per minute per VM and bursts of 3 p
 rate Compute Engine "might arbitrarily remove guest attributes that are in the process of being written". So the
 VM keeps everything the gate, `tpuserve status` and `diagnose` read in ONE key, `tpu-serve/state`: a JSON object
 whose fields are the names the readers always used (stage, config-hash, since, reason, at-<stage>, cache, image,
-weights, compile-cache, restarts, supervisor, ops-agent; tpuserve/guest_state.py expands it), plus `seq` (bumped on
-every change) and `written` (when this copy was sent). One write carries the whole state, so a reader never sees a
-stage with another config's hash.
+weights, compile-cache, restarts, supervisor, ops-agent, warning, engines; tpuserve/guest_state.py expands it), plus
+`seq` (bumped on every change) and `written` (when this copy was sent). One write carries the whole state, so a reader
+never sees a stage with another config's hash.
 
 Writes are spaced at least `interval_s` apart (12 s: 5 a minute, half the budget, leaving the rest for the gate's
 reads, which poll every 15 s), so changes that come faster are coalesced: the stage timestamps inside are exact, only

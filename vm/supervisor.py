@@ -11,17 +11,19 @@ the shape of Google's guest agent and google-cloud-go's compute/metadata `Subscr
 - decide: a pure function from what the metadata asks for (the served config in `tpu-serve-config`, the
   supervisor's own code in `tpu-serve-supervisor`) and what runs (the `vllm` container's config-hash label and
   state, what was last reported) to one action.
-- act: pull the image, restore the compile cache, fetch the token, (re)start the container with the config's argv
-  and the same cache mounts, wait until it really serves (vm/readycheck.py's rules plus the multimodal warm-up, then
-  one request of each modality the config does not serve, which must answer 4xx with the server still serving),
-  report; after `serving`, run the post-serving hooks (push the compile cache).
+- act: pull the image, restore the compile cache, fetch the token, (re)start the engines' containers (one, or one
+  per group of chips behind the front: HAProxy, docs/design/engines.md) with the config's argv and the same cache
+  mounts, wait until each really serves (vm/readycheck.py's rules plus the multimodal warm-up, then one request of
+  each modality the config does not serve: an answer other than 4xx is a warning, an engine that stops serving
+  after it fails the boot), report; after `serving`, run the post-serving hooks (push the compile cache).
 
 Progress goes to the boot's state, which vm/guest_state.py writes as the one guest attribute `tpu-serve/state`
 that `tpuserve gate` follows, within Google's guest-attribute budget: `stage`, `at-<stage>`, `config-hash`, `since`
 (when the current config's run began), `reason`, and what was warm: `image`, `weights`, `compile-cache`. A
 served-config change walks the stages again from `pulling-image` under the new hash, in one change of the state
-(stage and hash travel together, so a `serving` left from the old config is never read with the new hash). A container that exits after `serving` is restarted with backoff
-(`restarting`, its last log lines as `reason`), and given up (`failed`) after too many restarts in a row.
+(stage and hash travel together, so a `serving` left from the old config is never read with the new hash). An engine
+that exits after `serving` is restarted with backoff, the others serving on (`restarting`, its name and last log lines
+as `reason`), and given up (`failed`) after too many restarts in a row.
 
 The Hugging Face token is read from Secret Manager as the VM's service account (vm/hf_token.py) and handed to
 `docker run` through that one process's environment: never in an argv, a log line or an attribute.
@@ -64,8 +66,14 @@ SERVED_CONFIG_KEY = "tpu-serve-config"
 SUPERVISOR_KEY = "tpu-serve-supervisor"
 CACHE_ROOT = "/var/lib/tpu-serve/cache"
 XLA_CACHE_KEY_PLACEHOLDER = "{xla_cache_key}"
-CONTAINER = "vllm"
+CONTAINER = "vllm"  # a lone engine's container; side by side they are vllm-0, vllm-1, ... (the served config says)
 HASH_LABEL = "tpu-serve.config-hash"
+# The front of more than one engine: Debian's HAProxy, its config written where the package's unit reads it.
+HAPROXY = "/usr/sbin/haproxy"
+FRONT_CONFIG = "/etc/haproxy/haproxy.cfg"
+FRONT_UNIT = "haproxy"
+APT_LOCK_TIMEOUT_S = 600  # as the startup script: unattended-upgrades may hold dpkg's lock for minutes
+FRONT_READY_S = 60.0  # the front's checks see a new engine within 2 s (components/front.py)
 MAX_RESTARTS = 5
 SECRET_ROLE = "roles/secretmanager.secretAccessor"
 IAM_WAIT_S = 600
@@ -214,16 +222,26 @@ def watcher(metadata: Metadata, latest: Latest, settings: Settings) -> None:
 # --- decide --------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class Engine:
+    """One vLLM server of the config: its container, where it answers, its `docker run` argv."""
+
+    name: str
+    url: str
+    docker_run_args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ServedConfig:
     """What `tpu-serve-config` asks for (rendered by the stack, components/startup_script.py)."""
 
     config_hash: str
     model: str
     image: str
-    docker_run_args: tuple[str, ...]
+    engines: tuple[Engine, ...]
     machine_type: str
     hf_token_secret: str
-    server_url: str = "http://127.0.0.1:8000"
+    server_url: str = "http://127.0.0.1:8000"  # where clients are served: the front, or the lone engine
+    front: str = ""  # the front's HAProxy config when there is more than one engine
     warmup_image: str = ""
     compile_cache_bucket: str = ""
     ready_timeout_s: float = 3600.0
@@ -232,7 +250,7 @@ class ServedConfig:
     secret_env: tuple[tuple[str, str], ...] = ()
     api_key_env: str = ""
     # modality -> one chat content part carrying it, for each modality the config does not serve: sent once the
-    # server is up, each must answer 4xx (readycheck.refusals)
+    # server is up, each should answer 4xx (readycheck.refusals)
     refusal_parts: dict[str, Any] = field(default_factory=dict)
     image_pull_free_gb: int = 40  # free space a pull needs on Docker's data root (facts.IMAGE_PULL_FREE_GB)
     cache_disk: str = ""  # "<zone>/<name>" of the VM's cache disk, marked warm in the bucket once it served
@@ -243,8 +261,12 @@ class ServedConfig:
             raise ValueError(f"the {SERVED_CONFIG_KEY} metadata key is missing")
         try:
             raw = json.loads(text)
+            engines = tuple(Engine(str(e["name"]), str(e["url"]), tuple(str(a) for a in e["docker_run_args"]))
+                            for e in raw["engines"])
+            if not engines:
+                raise ValueError("no engine")
             return cls(config_hash=str(raw["config_hash"]), model=str(raw["model"]), image=str(raw["image"]),
-                       docker_run_args=tuple(str(a) for a in raw["docker_run_args"]),
+                       engines=engines, front=str(raw.get("front") or ""),
                        machine_type=str(raw["machine_type"]), hf_token_secret=str(raw["hf_token_secret"]),
                        server_url=str(raw.get("server_url") or cls.server_url),
                        warmup_image=str(raw.get("warmup_image") or ""),
@@ -264,12 +286,17 @@ class ServedConfig:
         _, at, digest = self.image.partition("@")
         return digest if at and digest.startswith("sha256:") else ""
 
+    def what(self, engine: Engine) -> str:
+        """How reasons name an engine: "container" alone, "engine vllm-2" beside others."""
+        return "container" if len(self.engines) == 1 else f"engine {engine.name}"
+
 
 @dataclass(frozen=True)
 class Container:
     config_hash: str
     running: bool
     exit_code: int = 0
+    id: str = ""  # docker's container id, which its processes' cgroup names
 
 
 @dataclass
@@ -290,9 +317,11 @@ WAIT, APPLY, ADOPT, RESTART, GIVE_UP, INVALID, UPDATE_SELF = (
     "wait", "apply", "adopt", "restart", "give-up", "invalid", "update-self")
 
 
-def decide(attributes: dict[str, str], container: Container | None, state: State, own_version: str,
+def decide(attributes: dict[str, str], containers: dict[str, Container | None], state: State, own_version: str,
            max_restarts: int = MAX_RESTARTS) -> str:
-    """One action for what the metadata asks and what runs. Pure: tests call it with every combination."""
+    """One action for what the metadata asks and what runs (`containers`: name -> what docker says of it, None
+    when there is none). Pure: tests call it with every combination. RESTART restarts only the engines that exited;
+    the others go on serving."""
     bundle_version = bundle_version_of(attributes.get(SUPERVISOR_KEY))
     if bundle_version and bundle_version != own_version:
         return UPDATE_SELF
@@ -301,10 +330,11 @@ def decide(attributes: dict[str, str], container: Container | None, state: State
     except ValueError as err:
         return WAIT if state.invalid == str(err) else INVALID
     same_config = state.applied_hash == wanted.config_hash
-    if container is None or container.config_hash != wanted.config_hash:
+    found = [containers.get(engine.name) for engine in wanted.engines]
+    if any(container is None or container.config_hash != wanted.config_hash for container in found):
         # A config that failed stays failed until it changes: no retry loop on a bad image or a refused secret.
         return WAIT if same_config and state.phase == "failed" else APPLY
-    if container.running:
+    if all(container.running for container in found if container):
         return WAIT if same_config and state.phase in ("serving", "failed") else ADOPT
     if same_config and state.phase in ("serving", "restarting"):
         return RESTART if state.restarts < max_restarts else GIVE_UP
@@ -357,9 +387,25 @@ def docker(*args: str, env: dict[str, str] | None = None, timeout_s: float = 600
                                            f"docker {' '.join(args[:2])}: timed out after {timeout:g} s")
 
 
-def inspect_container() -> Container | None:
-    """The vllm container, or None when there is none; DockerUnavailable when docker does not say."""
-    done = docker("inspect", CONTAINER, timeout_s=30)
+def systemctl(*args: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=120 * TIMEOUT_SCALE,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(["systemctl", *args], DOCKER_TIMED_OUT, "", "timed out")
+
+
+def apt(*args: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["apt-get", *args], capture_output=True, text=True, timeout=1800 * TIMEOUT_SCALE,
+                              check=False, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(["apt-get", *args], DOCKER_TIMED_OUT, "", "timed out")
+
+
+def inspect_container(name: str = CONTAINER) -> Container | None:
+    """The named container, or None when there is none; DockerUnavailable when docker does not say."""
+    done = docker("inspect", name, timeout_s=30)
     if done.returncode == DOCKER_TIMED_OUT:
         raise DockerUnavailable(done.stderr)
     if done.returncode != 0:
@@ -368,13 +414,23 @@ def inspect_container() -> Container | None:
         info = json.loads(done.stdout)[0]
         labels = info.get("Config", {}).get("Labels") or {}
         state = info.get("State", {})
-        return Container(str(labels.get(HASH_LABEL, "")), bool(state.get("Running")), int(state.get("ExitCode") or 0))
+        return Container(str(labels.get(HASH_LABEL, "")), bool(state.get("Running")), int(state.get("ExitCode") or 0),
+                         str(info.get("Id") or ""))
     except (ValueError, IndexError, KeyError, TypeError):
         return None
 
 
-def container_logs(lines: int = 15) -> str:
-    done = docker("logs", "--tail", str(lines), CONTAINER, timeout_s=30)
+def managed_containers() -> list[str]:
+    """Every container this supervisor started (they carry the config-hash label), running or not; DockerUnavailable
+    when docker does not say."""
+    done = docker("ps", "--all", "--filter", f"label={HASH_LABEL}", "--format", "{{.Names}}", timeout_s=30)
+    if done.returncode != 0:
+        raise DockerUnavailable(done.stderr or f"docker ps exited {done.returncode}")
+    return done.stdout.split()
+
+
+def container_logs(name: str = CONTAINER, lines: int = 15) -> str:
+    done = docker("logs", "--tail", str(lines), name, timeout_s=30)
     return " ".join((done.stdout + done.stderr).split())[-1200:]
 
 
@@ -423,20 +479,24 @@ def cache_key(digest: str, machine_type: str) -> str:
 DOWNLOAD_LINE = re.compile(r"Time spent downloading weights for \S+: ([0-9.]+) seconds")
 
 
-def download_time(weights: str) -> str:
-    done = docker("logs", CONTAINER, timeout_s=60)
+def download_time(weights: str, name: str = CONTAINER) -> str:
+    done = docker("logs", name, timeout_s=60)
     found = DOWNLOAD_LINE.findall(done.stdout + done.stderr)
     return f"{weights} in {float(found[-1]):.0f} s" if found else weights
 
 
-def vfio_holders(proc: Path) -> list[str]:
+def vfio_holders(proc: Path, besides: tuple[str, ...] = ()) -> list[str]:
     """'pid: /dev/vfio/N' for every process holding a VFIO device open (the TPU, for a container that is still
-    going away), from /proc/<pid>/fd; the supervisor runs as root, so it can read every process's fds."""
+    going away), from /proc/<pid>/fd; the supervisor runs as root, so it can read every process's fds. Processes of
+    the containers `besides` names by id (engines serving on their own chips: their cgroup path holds the id) do
+    not count."""
     held = []
     for fd_dir in proc.glob("[0-9]*/fd"):
         try:
             targets = [os.readlink(fd) for fd in fd_dir.iterdir()]
         except OSError:  # the process ended, or a kernel thread without fds
+            continue
+        if besides and any(container_id in read_text(fd_dir.parent / "cgroup") for container_id in besides):
             continue
         held += [f"{fd_dir.parent.name}: {target}" for target in targets if target.startswith("/dev/vfio/")
                  and target != "/dev/vfio/vfio"]  # the container file is shared; the group files are exclusive
@@ -454,6 +514,21 @@ HBM_EXHAUSTED = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|\bOOM\b")
 def sets_block_count(argv: tuple[str, ...] | list[str]) -> bool:
     """Whether the served argv already sets the KV block count (extraArgs): then it is the user's, not learned."""
     return any(arg.replace("_", "-").split("=", 1)[0] == BLOCK_OVERRIDE for arg in argv)
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:  # noqa: S310 - our server
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def served_block_count(server_url: str) -> int | None:
@@ -547,7 +622,7 @@ class Supervisor:
     def step(self, attributes: dict[str, str]) -> str:
         if self.state.disk_lost:  # failed for good this boot: nothing to serve from
             return WAIT
-        action = decide(attributes, inspect_container(), self.state, self.own_version)
+        action = decide(attributes, self.inspect_engines(attributes), self.state, self.own_version)
         if action != WAIT:
             log(f"action: {action}")
         if action == UPDATE_SELF:
@@ -561,6 +636,8 @@ class Supervisor:
         elif action == WAIT:
             if self.state.phase == "serving" and time.monotonic() - self.state.serving_since > self.settings.stable_s:
                 self.state.restarts = 0
+            if self.state.phase == "serving":
+                self.sync_front(ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY)))
         else:
             config = ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY))
             try:
@@ -570,6 +647,15 @@ class Supervisor:
             except Failed as err:
                 self.fail(str(err))
         return action
+
+    @staticmethod
+    def inspect_engines(attributes: dict[str, str]) -> dict[str, Container | None]:
+        """What docker says of each engine the metadata asks for (none when the config does not parse)."""
+        try:
+            names = [engine.name for engine in ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY)).engines]
+        except ValueError:
+            names = []
+        return {name: inspect_container(name) for name in names}
 
     def superseded(self, config: ServedConfig) -> bool:
         attributes = self.latest.attributes or {}
@@ -599,7 +685,7 @@ class Supervisor:
         # One change: the new hash never shows beside the old config's stage.
         self.change({**({"since": now} if new_timeline else {}), "stage": "pulling-image", "at-pulling-image": now,
                      "config-hash": config.config_hash, "reason": "", "image": "", "weights": "", "compile-cache": "",
-                     "restarts": "0"}, new_timeline=new_timeline)
+                     "restarts": "0", "warning": None, "engines": None}, new_timeline=new_timeline)
         log("stage pulling-image")
         self.state.boot_hash = ""  # only the first run after boot continues the boot's timeline
 
@@ -628,8 +714,15 @@ class Supervisor:
         or detach anything. The reason to report."""
         self.state.disk_lost = problem
         log(f"{problem}: stopping the server")
-        docker("stop", "--time", "30", CONTAINER, timeout_s=60)
-        docker("rm", "-f", CONTAINER, timeout_s=60)
+        try:
+            names = managed_containers()
+        except DockerUnavailable:
+            names = [engine.name for engine in self.current.engines] if self.current else [CONTAINER]
+        for name in names:
+            docker("stop", "--time", "30", name, timeout_s=60)
+            docker("rm", "-f", name, timeout_s=60)
+        if self.current and self.current.front:
+            systemctl("stop", FRONT_UNIT)
         return (f"{problem}: serving stopped rather than serve from a disk that went away (Docker's data root and the "
                 "caches are on it); nothing was unmounted or detached. Reattach the disk and reboot the VM, or "
                 "replace the VM")
@@ -656,7 +749,7 @@ class Supervisor:
         self.compile_before = compile_cache.entries(xla_dir)
         self.compile_restored = restored
         self.kv_learned = None
-        self.kv_blocks = None if sets_block_count(config.docker_run_args) else compile_cache.read_pin(
+        self.kv_blocks = None if sets_block_count(config.engines[0].docker_run_args) else compile_cache.read_pin(
             xla_dir, config.config_hash)
         if self.kv_blocks:
             log(f"KV blocks pinned at {self.kv_blocks} (the count this config's first boot allocated)")
@@ -668,7 +761,7 @@ class Supervisor:
         secrets = self.fetch_secret_env(config)
         self.stage("starting-server")
         try:
-            self.start_and_wait(config, lambda: self.start_container(config, token, secrets))
+            self.start_engines(config, token, secrets)
         except Failed as err:
             if not (self.kv_blocks and HBM_EXHAUSTED.search(str(err))):
                 raise
@@ -677,11 +770,25 @@ class Supervisor:
                                   "the pin")
             compile_cache.drop_pin(xla_dir, config.config_hash)
             self.kv_blocks = None
-            self.start_and_wait(config, lambda: self.start_container(config, token, secrets))
+            self.start_engines(config, token, secrets)
         token, secrets = "", {}
         self.report("image", image)
-        self.report("weights", weights if weights == "cached" else download_time(weights))
+        self.report("weights", weights if weights == "cached" else download_time(weights, config.engines[0].name))
+        self.check_refusals(config)
         self.serving(config)
+
+    def start_engines(self, config: ServedConfig, token: str, secrets: dict[str, str]) -> None:
+        """Remove every container a config of this VM left, start the front (or stop it for a lone engine), then
+        the first engine, and once it serves (its compile cache written) the others together, each on its chips."""
+        # the config's own names too: a container of such a name that is not ours would refuse the run
+        names = dict.fromkeys([*managed_containers(), *(engine.name for engine in config.engines)])
+        self.remove(config, list(names), besides=())
+        self.start_front(config)
+        first, *others = config.engines
+        for group in ([first], others) if others else ([first],):
+            self.start_and_wait(config, group, lambda engine: self.run_engine(config, engine, token, secrets))
+        if config.front:
+            self.wait_for_front(config)
 
     def pull(self, config: ServedConfig) -> str:
         """Pull the image unless a digest-pinned copy is already local; 'cached' or 'pulled in N s'."""
@@ -775,60 +882,91 @@ class Supervisor:
         self.api_key = values.get(config.api_key_env, "") if config.api_key_env else ""
         return values
 
-    def docker_run_args(self, config: ServedConfig) -> list[str]:
-        args = [arg.replace(XLA_CACHE_KEY_PLACEHOLDER, self.xla_key) for arg in config.docker_run_args]
+    def docker_run_args(self, config: ServedConfig, engine: Engine) -> list[str]:
+        args = [arg.replace(XLA_CACHE_KEY_PLACEHOLDER, self.xla_key) for arg in engine.docker_run_args]
         # Appended to `vllm serve`'s arguments (they end the argv): the served config and its hash stay the user's.
         return args + (["--num-gpu-blocks-override", str(self.kv_blocks)] if self.kv_blocks else [])
 
-    def wait_released(self, config: ServedConfig) -> None:
-        """After `docker rm -f`: wait (bounded) until the container is gone and no process holds a TPU device, so the
-        next container can open it (tpu-inference #926). At the bound, go on: a busy device is retried."""
+    def remove(self, config: ServedConfig, names: list[str], besides: tuple[str, ...]) -> None:
+        """`docker rm -f` each of `names`, then wait (bounded) until they are gone and no process holds a TPU device
+        except those of the containers `besides` names (engines serving on other chips), so the next container can
+        open it (tpu-inference #926). At the bound, go on: a busy device is retried."""
+        for name in names:
+            docker("rm", "-f", name, timeout_s=120)
         deadline = time.monotonic() + self.settings.release_wait_s
         while True:
             try:
-                gone = inspect_container() is None
+                left = [name for name in names if inspect_container(name) is not None]
             except DockerUnavailable:
-                gone = False
-            holders = [] if not gone else vfio_holders(self.settings.path("/proc"))
-            if gone and not holders:
+                left = names
+            holders = [] if left else vfio_holders(self.settings.path("/proc"), besides)
+            if not left and not holders:
                 return
             if time.monotonic() >= deadline:
                 log(f"warning: after {self.settings.release_wait_s:g} s " + (
-                    f"the TPU is still held ({', '.join(holders)})" if gone else f"container {CONTAINER} is still "
-                    "there") + "; starting anyway")
+                    f"the TPU is still held ({', '.join(holders)})" if not left else
+                    f"container {', '.join(left)} is still there") + "; starting anyway")
                 return
             self.pause(config, self.settings.poll_s)
 
-    def start_container(self, config: ServedConfig, token: str, secrets: dict[str, str] | None = None) -> None:
-        docker("rm", "-f", CONTAINER, timeout_s=120)
-        self.wait_released(config)
+    def others_serving(self, config: ServedConfig, engines: list[Engine]) -> tuple[str, ...]:
+        """The ids of the config's other engines that run: their processes hold their own chips."""
+        others = []
+        for engine in config.engines:
+            if engine not in engines:
+                try:
+                    found = inspect_container(engine.name)
+                except DockerUnavailable:
+                    found = None
+                if found and found.running and found.id:
+                    others.append(found.id)
+        return tuple(others)
+
+    def run_engine(self, config: ServedConfig, engine: Engine, token: str, secrets: dict[str, str]) -> None:
+        if inspect_container(engine.name) is not None:  # a start retried after a busy TPU left it exited
+            self.remove(config, [engine.name], self.others_serving(config, [engine]))
         # The token and the secrets go to this one `docker run` through its environment; the argv names them only.
-        env = {**os.environ, "HF_TOKEN": token, **(secrets or {})}
-        done = docker(*self.docker_run_args(config), env=env, timeout_s=600)
+        env = {**os.environ, "HF_TOKEN": token, **secrets}
+        done = docker(*self.docker_run_args(config, engine), env=env, timeout_s=600)
         if done.returncode != 0:
             raise Failed(f"docker run of {config.image} failed: {' '.join(done.stderr.split())[-600:]}")
 
-    def start_and_wait(self, config: ServedConfig, start: Callable[[], None]) -> None:
-        """Start the server (`start`) and wait until it serves; a start that failed because the TPU was still held
-        by the previous container (tpu-inference #926) is retried once the device is free, up to VFIO_BUSY_ATTEMPTS
+    def start_and_wait(self, config: ServedConfig, engines: list[Engine], start: Callable[[Engine], None]) -> None:
+        """Start `engines` and wait until each serves; a start that failed because the TPU was still held by the
+        previous container (tpu-inference #926) is retried once the device is free, up to VFIO_BUSY_ATTEMPTS
         times, instead of failing the config."""
-        for attempt in range(1, VFIO_BUSY_ATTEMPTS + 1):
-            start()
-            self.stage("loading-model")
-            try:
-                self.wait_until_serving(config)
-                return
-            except Failed as err:
-                if not VFIO_BUSY.search(str(err)) or attempt == VFIO_BUSY_ATTEMPTS:
-                    raise
-                self.report("reason", f"the TPU was still held by the previous container (tpu-inference #926); "
-                            f"starting again once it is free (attempt {attempt + 1}/{VFIO_BUSY_ATTEMPTS})")
-                self.wait_for_tpu(config)
+        for engine in engines:
+            start(engine)
+        self.stage("loading-model")
+        for engine in engines:
+            for attempt in range(1, VFIO_BUSY_ATTEMPTS + 1):
+                try:
+                    self.wait_until_serving(config, engine)
+                    break
+                except Failed as err:
+                    if not VFIO_BUSY.search(str(err)) or attempt == VFIO_BUSY_ATTEMPTS:
+                        raise
+                    held = "the previous container" if len(config.engines) == 1 else "a previous container"
+                    self.report("reason", f"the TPU was still held by {held} (tpu-inference #926); starting "
+                                f"{'' if len(config.engines) == 1 else engine.name + ' '}again once it is free "
+                                f"(attempt {attempt + 1}/{VFIO_BUSY_ATTEMPTS})")
+                    self.wait_for_tpu(config, [engine])
+                    start(engine)
+            self.count_serving(config)
 
-    def wait_until_serving(self, config: ServedConfig) -> None:
+    def count_serving(self, config: ServedConfig, note: str = "") -> None:
+        """Beside other engines, the state says how many serve (`engines`: "3 of 4 serving; ...")."""
+        if len(config.engines) == 1:
+            return
+        up = sum(healthy(engine.url) for engine in config.engines)
+        said = f"{up} of {len(config.engines)} serving" + (f"; {note}" if note else "")
+        log(f"engines: {said}")
+        self.report("engines", said)
+
+    def wait_until_serving(self, config: ServedConfig, engine: Engine) -> None:
         """/health, then the model listed and a real completion (readycheck's rules), then the warm-up."""
         deadline = time.monotonic() + config.ready_timeout_s
-        root = config.server_url
+        root = engine.url
         while True:
             try:
                 with urllib.request.urlopen(f"{root}/health", timeout=5) as response:  # noqa: S310
@@ -837,44 +975,70 @@ class Supervisor:
             except OSError:
                 pass
             try:
-                container = inspect_container()
+                container = inspect_container(engine.name)
             except DockerUnavailable as err:  # the daemon is slow to answer: the container is not known to be gone
                 log(f"warning: {err}")
                 container = Container(config.config_hash, True)
             if container is None or not container.running:
-                raise Failed(f"container {CONTAINER} exited: {container_logs()}")
+                raise Failed(f"container {engine.name} exited: {container_logs(engine.name)}")
             if time.monotonic() >= deadline:
-                raise Failed(f"vLLM did not report healthy within {config.ready_timeout_s:g}s")
+                raise Failed(f"vLLM{'' if len(config.engines) == 1 else ' ' + engine.name} did not report healthy "
+                             f"within {config.ready_timeout_s:g}s")
             self.pause(config, self.settings.poll_s)
-        log("/health is 200")
+        log(f"{engine.name}: /health is 200")
         ready, detail = readycheck.check(root, config.model, timeout_s=300, api_key=self.api_key)
         if not ready:
-            raise Failed(f"the server is up but not serving: {detail}")
-        log("first completion answered")
+            raise Failed(f"the server is up but not serving: {detail}" if len(config.engines) == 1 else
+                         f"engine {engine.name} is up but not serving: {detail}")
+        log(f"{engine.name}: first completion answered")
         if config.warmup_image:
-            self.warm_up(config)
-        if config.refusal_parts:
-            refused, detail = readycheck.refusals(root, config.model, config.refusal_parts, timeout_s=60,
-                                                  api_key=self.api_key)
-            if not refused:
-                raise Failed(f"disabled-modality check: {detail}")
-            log(f"disabled modalities: {detail}")
+            self.warm_up(config, engine)
 
-    def warm_up(self, config: ServedConfig) -> None:
+    def wait_for_front(self, config: ServedConfig) -> None:
+        """The front answers as the engines do: its checks have seen them (2 s apart, components/front.py)."""
+        deadline = time.monotonic() + FRONT_READY_S
+        while True:
+            ready, detail = readycheck.check(config.server_url, config.model, timeout_s=30, api_key=self.api_key)
+            if ready:
+                log(f"the front serves at {config.server_url}")
+                return
+            if time.monotonic() >= deadline:
+                raise Failed(f"every engine serves, but the front (HAProxy on {config.server_url}) does not: {detail}")
+            self.pause(config, self.settings.poll_s)
+
+    def check_refusals(self, config: ServedConfig) -> None:
+        """One request of each modality the config does not serve, to the first engine (every engine runs the same
+        argv). A 4xx is what vLLM answers; anything else that leaves the engine serving is a warning in the state
+        (`warning`), and an engine that stops serving after it fails the boot (vm/readycheck.py refusals)."""
+        if not config.refusal_parts:
+            return
+        engine = config.engines[0]
+        result = readycheck.refusals(engine.url, config.model, config.refusal_parts, timeout_s=60,
+                                     api_key=self.api_key)
+        if not result.serving:
+            raise Failed(f"disabled-modality check: {result.detail}")
+        log(f"disabled modalities: {result.detail}")
+        if result.warnings:
+            warning = " | ".join(result.warnings)
+            log(f"warning: {warning}")
+            self.report("warning", warning)
+
+    def warm_up(self, config: ServedConfig, engine: Engine) -> None:
         body = json.dumps({"model": config.model, "max_tokens": 8, "messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": config.warmup_image}},
             {"type": "text", "text": "What color is this?"}]}]}).encode()
         for attempt in (1, 2):  # the first multimodal request after boot can answer 422; one retry should pass
-            request = urllib.request.Request(f"{config.server_url}/v1/chat/completions", data=body,
+            request = urllib.request.Request(f"{engine.url}/v1/chat/completions", data=body,
                                              headers={"Content-Type": "application/json",
                                                       **readycheck.auth_header(self.api_key)})
             try:
                 with urllib.request.urlopen(request, timeout=300):  # noqa: S310
-                    log("multimodal warm-up answered")
+                    log(f"{engine.name}: multimodal warm-up answered")
                     return
             except OSError as err:
-                log(f"multimodal warm-up attempt {attempt} failed ({err})")
-        raise Failed("the multimodal warm-up request failed twice")
+                log(f"{engine.name}: multimodal warm-up attempt {attempt} failed ({err})")
+        raise Failed("the multimodal warm-up request failed twice" if len(config.engines) == 1 else
+                     f"the multimodal warm-up request to {engine.name} failed twice")
 
     def serving(self, config: ServedConfig) -> None:
         xla_dir = self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}")
@@ -892,9 +1056,9 @@ class Supervisor:
     def learn_block_count(self, config: ServedConfig, xla_dir: Path) -> None:
         """First boot of a config (nothing pinned): store the KV block count vLLM allocated (its /metrics
         cache_config_info), so the next boots pin it and compile the same programs."""
-        if self.kv_blocks or sets_block_count(config.docker_run_args) or not self.xla_key:
+        if self.kv_blocks or sets_block_count(config.engines[0].docker_run_args) or not self.xla_key:
             return
-        blocks = served_block_count(config.server_url)
+        blocks = served_block_count(config.engines[0].url)  # every engine has the same chips: the same count
         if blocks is None:
             log("warning: /metrics did not say the KV block count; the next boot is not pinned either")
             return
@@ -969,62 +1133,146 @@ class Supervisor:
         self.report("ops-agent", "running" if ok else "failed")
 
     def adopt(self, config: ServedConfig) -> None:
-        """A container of this config already runs (the supervisor was restarted or updated): keep it."""
-        log(f"container {CONTAINER} already runs config {config.config_hash}; keeping it")
+        """The config's containers already run (the supervisor was restarted or updated): keep them."""
+        log(f"container {', '.join(engine.name for engine in config.engines)} already runs config "
+            f"{config.config_hash}; keeping it")
         self.state = replace(self.state, applied_hash=config.config_hash, phase="", invalid="")
         self.current = config
         self.xla_key = self.xla_key or cache_key(config.pinned_digest or image_digest(config.image),
                                                  config.machine_type)
         if config.secret_env:
             self.fetch_secret_env(config)  # the running server's key, for the readiness checks
-        ready, _ = readycheck.check(config.server_url, config.model, timeout_s=30, api_key=self.api_key)
-        if not ready:
+        loading = [engine for engine in config.engines
+                   if not readycheck.check(engine.url, config.model, timeout_s=30, api_key=self.api_key)[0]]
+        if loading:
             self.stage("loading-model")
-            self.wait_until_serving(config)
+            for engine in loading:
+                self.wait_until_serving(config, engine)
+        if config.front and not readycheck.check(config.server_url, config.model, timeout_s=30,
+                                                 api_key=self.api_key)[0]:
+            self.start_front(config)  # HAProxy is a unit of its own: only a front that does not answer is touched
+            self.wait_for_front(config)
+        self.sync_front(config)
+        self.count_serving(config)
         self.state.phase, self.state.serving_since = "serving", time.monotonic()
         # at-serving: the rerun's timeline ends where this run began serving
         self.change({"config-hash": config.config_hash, "at-serving": str(int(time.time())), "stage": "serving"})
         log("stage serving (adopted)")
         self.install_ops_agent(config)  # a new bundle may carry a new agent configuration (the installer skips a current one)
 
+    def exited(self, config: ServedConfig) -> list[tuple[Engine, str]]:
+        """The config's engines whose container does not run, each with its exit code."""
+        found = []
+        for engine in config.engines:
+            try:
+                container = inspect_container(engine.name)
+            except DockerUnavailable:
+                continue  # not known to be down
+            if container is None or not container.running:
+                found.append((engine, str((container or Container("", False)).exit_code)))
+        return found
+
     def restart(self, config: ServedConfig) -> None:
-        """The container exited after serving: start it again (same argv, mounts and token) after a backoff."""
+        """Engines exited after serving: start them again (same argv, mounts and token) after a backoff; the others
+        go on serving through the front."""
         self.state.restarts += 1
         attempt = self.state.restarts
         delay = min(self.settings.restart_delay_s * 2 ** (attempt - 1), self.settings.max_backoff_s)
-        try:
-            exit_code = str((inspect_container() or Container("", False)).exit_code)
-        except DockerUnavailable:
-            exit_code = "unknown"
-        reason = (f"container exited (code {exit_code}) after serving; restart {attempt}/{MAX_RESTARTS} in "
-                  f"{delay:g} s. Last log lines: {container_logs()}")
+        down = self.exited(config) or [(config.engines[0], "unknown")]
+        engines = [engine for engine, _ in down]
+        reason = "; ".join(f"{config.what(engine)} exited (code {code}) after serving" for engine, code in down) + (
+            f"; restart {attempt}/{MAX_RESTARTS} in {delay:g} s. Last log lines: "
+            + " | ".join(container_logs(engine.name) for engine in engines))
         self.state.phase = "restarting"
         self.stage("restarting", restarts=str(attempt), reason=reason)
+        self.count_serving(config, f"{', '.join(engine.name for engine in engines)} restarting")
         self.pause(config, delay)
-        self.wait_for_tpu(config)
+        self.wait_for_tpu(config, engines)
 
-        def start() -> None:
-            done = docker("start", CONTAINER, timeout_s=120)
+        def start(engine: Engine) -> None:
+            done = docker("start", engine.name, timeout_s=120)
             if done.returncode != 0:
-                raise Failed(f"docker start {CONTAINER} failed: {' '.join(done.stderr.split())[-600:]}")
+                raise Failed(f"docker start {engine.name} failed: {' '.join(done.stderr.split())[-600:]}")
 
         try:
-            self.start_and_wait(config, start)
+            self.start_and_wait(config, engines, start)
         except Failed as err:
             log(f"restart {attempt} did not come up: {err}")
             return  # still `restarting`: decide restarts again, or gives up
-        self.report("reason", f"restarted after the container exited (restart {attempt})")
+        self.report("reason", f"restarted after the {' and '.join(config.what(engine) for engine in engines)} "
+                              f"exited (restart {attempt})")
         self.serving(config)
 
-    def wait_for_tpu(self, config: ServedConfig) -> None:
-        """Before restarting an exited container: the engine processes it left may still hold the TPU."""
+    def wait_for_tpu(self, config: ServedConfig, engines: list[Engine]) -> None:
+        """Before starting `engines` again: the engine processes they left may still hold the TPU (the config's other
+        engines, serving on their own chips, do not count)."""
         deadline = time.monotonic() + self.settings.release_wait_s
-        while vfio_holders(self.settings.path("/proc")) and time.monotonic() < deadline:
+        besides = self.others_serving(config, engines)
+        while holders := vfio_holders(self.settings.path("/proc"), besides):
+            if time.monotonic() >= deadline:
+                log(f"warning: after {self.settings.release_wait_s:g} s the TPU is still held ({', '.join(holders)}); "
+                    "starting anyway")
+                return
             self.pause(config, self.settings.poll_s)
 
     def give_up(self, config: ServedConfig) -> None:
-        raise Failed(f"the container exited {self.state.restarts} times in a row after serving; giving up until "
-                     f"the served config changes. Last log lines: {container_logs()}")
+        down = [engine for engine, _ in self.exited(config)] or [config.engines[0]]
+        others = "" if len(config.engines) == 1 else "; the other engines serve on through the front"
+        raise Failed(f"the {' and '.join(config.what(engine) for engine in down)} exited {self.state.restarts} times "
+                     f"in a row after serving; giving up until the served config changes{others}. Last log lines: "
+                     + " | ".join(container_logs(engine.name) for engine in down))
+
+    # the front of more than one engine
+    def start_front(self, config: ServedConfig) -> None:
+        """HAProxy on the stack's port with the config's front (installed from Debian's archive when missing), or,
+        for a lone engine that takes the port itself, stopped when it is installed."""
+        if not config.front:
+            if self.settings.path(HAPROXY).exists():
+                systemctl("stop", FRONT_UNIT)
+            return
+        self.install_front(config)
+        path = self.settings.path(FRONT_CONFIG)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.new")
+        partial.write_text(config.front)
+        os.replace(partial, path)
+        done = systemctl("restart", FRONT_UNIT)
+        if done.returncode != 0:
+            raise Failed(f"the front did not start (systemctl restart {FRONT_UNIT}: "
+                         f"{' '.join((done.stdout + done.stderr).split())[-600:]})")
+        log(f"front: HAProxy restarted with {FRONT_CONFIG}")
+
+    def sync_front(self, config: ServedConfig) -> None:
+        """A front config that changed without the served hash (a new tpu-serve release's HAProxy settings): written
+        and reloaded in place (the Debian unit's reload checks it first and keeps open connections), engines left
+        alone."""
+        path = self.settings.path(FRONT_CONFIG)
+        if not config.front or read_text(path) == config.front:
+            return
+        partial = path.with_name(f".{path.name}.new")
+        partial.write_text(config.front)
+        os.replace(partial, path)
+        done = systemctl("reload", FRONT_UNIT)
+        log("front: HAProxy reloaded with a new config" if done.returncode == 0 else
+            f"warning: systemctl reload {FRONT_UNIT} failed: {' '.join((done.stdout + done.stderr).split())[-300:]}")
+
+    def install_front(self, config: ServedConfig) -> None:
+        if self.settings.path(HAPROXY).exists():
+            return
+        lock = f"DPkg::Lock::Timeout={APT_LOCK_TIMEOUT_S}"
+        delay = self.settings.retry_delay_s
+        for attempt in range(1, PULL_ATTEMPTS + 1):
+            apt("update", "-q", "-o", lock)
+            done = apt("install", "-y", "-q", "-o", lock, "haproxy")
+            if done.returncode == 0:
+                log("front: installed haproxy")
+                return
+            if attempt == PULL_ATTEMPTS:
+                raise Failed(f"could not install haproxy, the front of {len(config.engines)} engines, after "
+                             f"{PULL_ATTEMPTS} attempts: {' '.join(done.stderr.split())[-400:]}")
+            log(f"attempt {attempt}/{PULL_ATTEMPTS} of apt-get install haproxy failed; retrying in {delay:g}s")
+            self.pause(config, delay)
+            delay *= 2
 
     def update_self(self, bundle_text: str) -> None:
         """Install the supervisor code the metadata now holds and re-execute it; the container keeps running and

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,9 +82,9 @@ def terminate_with_parent() -> None:
 
 
 def start_server(vllm_bin: Path, cfg: ServingConfig, served_name: str, log_path: Path,
-                 env: dict[str, str] | None = None) -> RunningServer:
+                 env: Mapping[str, str] | None = None) -> RunningServer:
     """`vllm serve` with the stack's argv plus a short served name for the model directory (a test convenience the
-    stack refuses in extraArgs: there `model` is the name every check asks for); `env` adds to its environment (the
+    stack refuses in extraArgs: there `model` is the name every check asks for); `env` adds to SERVER_ENV (the
     stack's VM gives vLLM its key as VLLM_API_KEY)."""
     argv = [str(vllm_bin), "serve", *vllm_serve_args(cfg), "--served-model-name", served_name]
     with log_path.open("wb") as log:

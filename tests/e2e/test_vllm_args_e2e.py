@@ -1,4 +1,5 @@
-"""Real vLLM: the argv `vllm_serve_args` builds for the dev and prod stacks, and for a 4-chip machine, is accepted
+"""Real vLLM: the argv `vllm_serve_args` builds for the dev and prod stacks, and for a 4-chip machine (engine 0 of four,
+and one engine over the four chips), is accepted
 by `vllm serve`'s own parser and means what we intended, and the parser names and KV cache dtypes we allow exist in
 vLLM 0.32. One subprocess of the vLLM venv does every parser check (vllm_argcheck.py). The real CPU servers of the
 session run the dev (text-only) and prod (multimodal) flags: the last tests here check they did."""
@@ -21,20 +22,23 @@ pytestmark = pytest.mark.e2e
 
 ARGCHECK = Path(__file__).with_name("vllm_argcheck.py")
 STACKS = ("dev", "prod")
-FOUR_CHIPS = "dev-ct6e-standard-4t"
+FOUR_CHIPS = "dev-ct6e-standard-4t"  # four engines of one chip (tensorParallelSize auto)
+FOUR_CHIP_ENGINE = "dev-ct6e-standard-4t-tp4"  # one engine over the four chips
+MACHINES = {FOUR_CHIPS: {}, FOUR_CHIP_ENGINE: {"tensorParallelSize": "4"}}
 # A control the parser must reject, so a check that accepted everything would fail this module.
 BROKEN_ARGV = ["google/gemma-4-E2B-it", "--max-model-len", "lots"]
 
 
 def stack_serving(stack: str) -> ServingConfig:
-    if stack == FOUR_CHIPS:
-        return build_stack_config({**stack_file_config("dev"), "machineType": "ct6e-standard-4t"}).serving
+    if stack in MACHINES:
+        return build_stack_config({**stack_file_config("dev"), "machineType": "ct6e-standard-4t",
+                                   **MACHINES[stack]}).serving
     return build_stack_config(stack_file_config(stack)).validate().serving
 
 
 @pytest.fixture(scope="module")
 def vllm_verdict(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    argvs = {stack: vllm_serve_args(stack_serving(stack)) for stack in (*STACKS, FOUR_CHIPS)} | {"broken": BROKEN_ARGV}
+    argvs = {stack: vllm_serve_args(stack_serving(stack)) for stack in (*STACKS, *MACHINES)} | {"broken": BROKEN_ARGV}
     # What the VM's supervisor runs once a config's first boot stored its KV block count (vm/supervisor.py).
     argvs["pinned"] = vllm_serve_args(stack_serving("dev")) + ["--num-gpu-blocks-override", "8713"]
     out = tmp_path_factory.mktemp("argcheck") / "verdict.json"
@@ -43,21 +47,22 @@ def vllm_verdict(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("stack", (*STACKS, FOUR_CHIPS))
+@pytest.mark.parametrize("stack", (*STACKS, *MACHINES))
 def test_vllm_serve_parser_accepts_the_stack_argv_and_reads_it_as_meant(vllm_verdict: dict[str, Any], stack: str):
     cfg = stack_serving(stack)
     checked = vllm_verdict["configs"][stack]
     assert checked["error"] is None, checked["error"]
     parsed = checked["parsed"]
     assert parsed["model_tag"] == cfg.model
-    assert (parsed["host"], parsed["port"]) == (cfg.host, cfg.port)
+    # engine 0 of several listens on loopback behind the front (components/front.py), 8100 up
+    assert (parsed["host"], parsed["port"]) == (("127.0.0.1", 8100) if stack == FOUR_CHIPS else (cfg.host, cfg.port))
     assert parsed["max_model_len"] == cfg.max_model_len
     assert parsed["gpu_memory_utilization"] == cfg.gpu_memory_utilization
     assert parsed["max_num_batched_tokens"] == cfg.max_num_batched_tokens
     assert parsed["enable_auto_tool_choice"] is cfg.enable_auto_tool_choice
     assert (parsed["tool_call_parser"], parsed["reasoning_parser"]) == (cfg.tool_call_parser, cfg.reasoning_parser)
     assert parsed["kv_cache_dtype"] == cfg.kv_cache_dtype
-    assert parsed["tensor_parallel_size"] == (4 if stack == FOUR_CHIPS else 1)
+    assert parsed["tensor_parallel_size"] == (4 if stack == FOUR_CHIP_ENGINE else 1)
     assert not parsed["language_model_only"]  # text-only is every limit 0, which tpu-inference recognises
     if cfg.mm_limits is None:
         assert parsed["limit_mm_per_prompt"] == {"image": 0, "audio": 0, "video": 0}

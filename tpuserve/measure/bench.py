@@ -32,7 +32,7 @@ from tpuserve.deploy.stack import (Served, api_key_option, model_option, read_ou
 from tpuserve.deploy.vmssh import docker_over_iap
 from tpuserve.facts import PRICE_PER_CHIP_HOUR, SINGLE_STREAM_TOK_S
 from tpuserve.measure import benchreport
-from tpuserve.serving import CONTAINER_NAME, DEFAULT_PORT
+from tpuserve.serving import CONTAINER_NAME, DEFAULT_PORT, engine_container
 
 DEFAULT_LEVELS = "1,8,32,64,100"
 # Where results land inside the container in --remote mode before they are copied back.
@@ -437,15 +437,16 @@ def bench() -> None:
 @click.option("--remote", "vm", help="Run inside this VM's container through IAP ssh instead of locally.")
 @click.option("--zone", help="The VM's zone (--remote).")
 @click.option("--project", help="The VM's project (--remote).")
-@click.option("--container", default=CONTAINER_NAME, show_default=True, help="The server's container (--remote).")
+@click.option("--container", help=f"The container to run in (--remote); default {CONTAINER_NAME}, or the first "
+              "engine's on a VM of several (the stack's `engines`): its 127.0.0.1:8000 is the front either way.")
 @api_key_option("Environment variable holding the server's API key (vLLM's --api-key): `vllm bench serve` gets it "
                 "as its OPENAI_API_KEY. --remote uses the container's own VLLM_API_KEY.")
 @stack_options
 @json_option
 def sweep(url: str | None, model: str | None, tokenizer: str | None, levels: list[int], input_len: int,
           output_len: int, num_prompts: int, out: Path, vllm_bin: str | None, vm: str | None, zone: str | None,
-          project: str | None, container: str, api_key_env: str, stack: str | None, stack_outputs: Path | None,
-          as_json: bool) -> None:
+          project: str | None, container: str | None, api_key_env: str, stack: str | None,
+          stack_outputs: Path | None, as_json: bool) -> None:
     """Run `vllm bench serve` (random dataset) once per concurrency level and save every result in --out.
 
     \b
@@ -469,6 +470,7 @@ def sweep(url: str | None, model: str | None, tokenizer: str | None, levels: lis
         if not model:
             raise click.BadParameter("required with --remote (or give --stack)", param_hint="--model")
         served = Served(server_root(url or f"http://127.0.0.1:{DEFAULT_PORT}"), model)
+        container = container or engine_container(int((outputs or {}).get("engines") or 1))
         run_sweep(served, tokenizer, levels, input_len, output_len, num_prompts, out, "vllm",
                   RemoteTarget(vm, zone, project, container), outputs, as_json)
         return

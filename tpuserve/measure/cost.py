@@ -91,6 +91,10 @@ def operating_point(rows: list[benchreport.BenchRow], concurrency: int | None) -
 @click.command()
 @click.option("--chips", type=click.IntRange(min=1), default=1, show_default=True,
               help="TPU chips of the machine (ct6e-standard-4t: 4); every one bills.")
+@click.option("--engines", type=click.IntRange(min=1), default=1, show_default=True,
+              help="vLLM engines the machine runs (the stack's chips / tensorParallelSize: 4 on ct6e-standard-4t for "
+              "google/gemma-4-E2B-it): the operating point is one engine's, and the machine serves this many times "
+              "it. 1: the operating point is the whole machine's.")
 @click.option("--price-per-chip-hour", type=click.FloatRange(min=0, min_open=True), default=PRICE_PER_CHIP_HOUR,
               show_default=True, help="$ per chip-hour (default: the reference flex-start v6e price; check your "
               "region's).")
@@ -119,7 +123,7 @@ def operating_point(rows: list[benchreport.BenchRow], concurrency: int | None) -
               default=DEFAULT_CACHE_DISK_IOPS, show_default=True,
               help="The stack's cacheDiskIops; above 3,000 it bills by the month.")
 @json_option
-def cost(chips: int, price_per_chip_hour: float, price_per_hour: float | None, api_price_per_m: float,
+def cost(chips: int, engines: int, price_per_chip_hour: float, price_per_hour: float | None, api_price_per_m: float,
          cold_start_min: float, session_h: float, report_dir: Path | None, concurrency: int | None,
          output_tok_s: float | None, cache_disk_gb: int, disk_price_per_gb_month: float, cache_disk_mibps: int,
          cache_disk_iops: int, as_json: bool) -> None:
@@ -130,16 +134,24 @@ def cost(chips: int, price_per_chip_hour: float, price_per_hour: float | None, a
         raise click.BadParameter("give --report or --output-tok-s, not both", param_hint="--output-tok-s")
     if concurrency is not None and not report_dir:
         raise click.BadParameter("needs --report", param_hint="--concurrency")
+    if engines > chips:
+        raise click.BadParameter(f"{engines} engines need at least {engines} chips (--chips {chips})",
+                                 param_hint="--engines")
     label = f"--output-tok-s {output_tok_s:g}" if output_tok_s else None
     notes: list[str] = []
     if report_dir:
         point = operating_point(benchreport.report_rows(report_dir, price_per_hour), concurrency)
         output_tok_s, label = point.output_tok_s, f"concurrency {point.concurrency} of {report_dir}"
         notes = benchreport.report_notes([point])  # what `bench report` flags about this level, in its words
+    engine_tok_s = output_tok_s
+    if output_tok_s and engines > 1:
+        output_tok_s, label = output_tok_s * engines, f"{engines} engines × {label}"
     breakeven = breakeven_output_tok_s(price_per_hour, api_price_per_m)
     if as_json:
         document = cost_document(price_per_hour, api_price_per_m, cold_start_min, session_h, breakeven,
                                  output_tok_s, label)
+        if engines > 1:
+            document["engines"] = {"count": engines, "engine_output_tok_s": engine_tok_s}
         document["cache_disk"] = {"size_gb": cache_disk_gb, "throughput_mibps": cache_disk_mibps,
                                   "iops": cache_disk_iops, "usd_per_month": cache_disk_monthly_usd(
                                       cache_disk_gb, disk_price_per_gb_month, cache_disk_iops, cache_disk_mibps)
@@ -155,6 +167,10 @@ def cost(chips: int, price_per_chip_hour: float, price_per_hour: float | None, a
             f"IOPS): ${monthly:.2f} / month while it exists, VM or not (`tpuserve cache ls` lists them, "
             "`cache rm` removes them)")
         say("Its throughput sets how fast a warm boot reads the weights: `tpuserve plan` shows what it buys")
+    if output_tok_s and engines > 1:
+        say(f"{engines} engines × {engine_tok_s:,.1f} output tok/s = {output_tok_s:,.1f} for the machine: each engine "
+            "on its own chips serves what one did, if the load keeps every engine busy (the front's cost is "
+            "measured in docs/more-than-one-chip.md)")
     if output_tok_s:
         echo_session(session(price_per_hour, api_price_per_m, session_h, cold_start_min, output_tok_s), label,
                      breakeven)

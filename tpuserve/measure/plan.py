@@ -50,7 +50,7 @@ from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, DEFAULT_CACHE_DISK_IOPS, DEFA
                             HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_BALANCED_MAX_IOPS,
                             HYPERDISK_BALANCED_MAX_MIBPS, HYPERDISK_PRICES_AS_OF, V6E_HBM_GIB,
                             hyperdisk_balanced_monthly_usd)
-from tpuserve.serving import DEFAULT_MODEL, ConfigError, ServingConfig
+from tpuserve.serving import DEFAULT_MODEL, ConfigError, ServingConfig, fewest_chips, tensor_parallel_choices
 
 GIB = 2**30
 TPU, GPU = "tpu", "gpu"
@@ -372,6 +372,51 @@ def measurement_for(model: Model, plan: Plan) -> Mapping[str, Any] | None:
                                                        m["max_model_len"], m["kv_dtype"], V6E_HBM_GIB)), None)
 
 
+# --- a machine's chips as engines: the stack's tensorParallelSize (tpuserve/serving.py) -------------------------------
+
+@dataclass(frozen=True)
+class Engines:
+    chips: int  # the machine's
+    tensor_parallel_size: int  # each engine's
+    auto: bool  # chosen by the stack's rule, not given
+
+    @property
+    def count(self) -> int:
+        return self.chips // self.tensor_parallel_size
+
+
+def engines_for(model: Model, chips: int, tensor_parallel_size: int, backend: str, usable_gib: float) -> Engines:
+    """How the stack splits `chips`: tensor_parallel_size when given, else (0) the fewest chips that hold the weights
+    (the stack's auto). With --backend gpu, one engine over every GPU, as the local target runs."""
+    if backend != TPU:
+        return Engines(chips, chips, False)
+    heads = text_config(model.config).get("num_attention_heads")
+    if tensor_parallel_size:
+        if chips % tensor_parallel_size:
+            choices = ", ".join(map(str, tensor_parallel_choices(chips, heads)))
+            raise ConfigError("--tensor-parallel-size", f"{tensor_parallel_size} does not split {chips} chip(s) into "
+                              f"whole engines; use one of {choices}")
+        return Engines(chips, tensor_parallel_size, False)
+    return Engines(chips, fewest_chips(model.weights_gib, heads, chips, usable_gib), True)
+
+
+def engine_lines(plan: Plan, engines: Engines) -> list[tuple[str, str]]:
+    if engines.count == 1:
+        return []
+    tp = engines.tensor_parallel_size
+    how = ", auto: the fewest chips that hold the weights" if engines.auto else ""
+    return [("Engines", f"{engines.count} × {tp} chip{'s' if tp > 1 else ''} on {engines.chips} chips "
+                        f"(tensorParallelSize {tp}{how}): the counts above are one engine's; the machine holds "
+                        f"{engines.count * plan.resident_tokens:,} resident KV tokens and "
+                        f"{engines.count * plan.contexts:,} full-length contexts")]
+
+
+def engines_json(plan: Plan, engines: Engines) -> dict[str, Any]:
+    return {"machine_chips": engines.chips, "tensor_parallel_size": engines.tensor_parallel_size,
+            "engines": engines.count, "machine_resident_tokens": engines.count * plan.resident_tokens,
+            "machine_contexts": engines.count * plan.contexts}
+
+
 # --- the cache disk: what its throughput buys a warm boot, and what it costs ---------------------------------------
 
 WARM_BOOT_TARGET_S = 180
@@ -542,8 +587,11 @@ def advice(plan: Plan, max_model_len: int) -> str | None:
               help="tpu: what tpu-inference allocates (every KV layer keeps every token; fp8 packed in 32-bit "
               "words); gpu: upstream vLLM's arithmetic (sliding windows honoured).")
 @click.option("--chips", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Chips (GPUs with --backend gpu) the model is sharded over: 4 for ct6e-standard-4t. Weights are "
-              "split over them; the counts are per chip.")
+              help="Chips of the machine: 4 for ct6e-standard-4t (GPUs with --backend gpu, one engine over all). On "
+              "TPU they serve chips / --tensor-parallel-size engines; the counts are per engine and per chip.")
+@click.option("--tensor-parallel-size", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Chips per engine, as the stack's tensorParallelSize: weights are split over them; 0 = the fewest "
+              "that hold the weights (the stack's auto).")
 @click.option("--hbm-gib", type=click.FloatRange(min=0, min_open=True), default=V6E_HBM_GIB, show_default=True,
               help="Usable HBM per chip (default: v6e).")
 @click.option("--utilization", type=click.FloatRange(min=0, max=1, min_open=True),
@@ -575,23 +623,25 @@ def advice(plan: Plan, max_model_len: int) -> str | None:
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="--json is the same as --format json.")
 @json_option
-def plan(model: str | None, config_path: Path | None, backend: str, chips: int, hbm_gib: float, utilization: float,
-         weights_gib: float | None, kv_dtype: str, max_model_len: int, max_num_seqs: int | None,
-         block_size: int | None, max_num_batched_tokens: int, cache_disk_gb: int, cache_disk_mibps: int,
-         cache_disk_iops: int, output_format: str, as_json: bool) -> None:
-    """KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM; what the cache disk's
-    throughput buys a warm boot, and what it costs."""
+def plan(model: str | None, config_path: Path | None, backend: str, chips: int, tensor_parallel_size: int,
+         hbm_gib: float, utilization: float, weights_gib: float | None, kv_dtype: str, max_model_len: int,
+         max_num_seqs: int | None, block_size: int | None, max_num_batched_tokens: int, cache_disk_gb: int,
+         cache_disk_mibps: int, cache_disk_iops: int, output_format: str, as_json: bool) -> None:
+    """KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM, per engine and for the
+    machine's engines; what the cache disk's throughput buys a warm boot, and what it costs."""
     try:
         resolved = resolve_model(model, config_path, weights_gib)
+        engines = engines_for(resolved, chips, tensor_parallel_size, backend, hbm_gib * utilization)
         seqs = max_num_seqs or default_max_num_seqs(max_num_batched_tokens)
         block = block_size or block_size_for(backend, max_model_len, seqs)
         result = make_plan(resolved.config, Budget(hbm_gib, utilization, resolved.loaded_gib, kv_dtype,
-                                                   max_model_len, block, max_num_batched_tokens, backend, chips, seqs))
+                                                   max_model_len, block, max_num_batched_tokens, backend,
+                                                   engines.tensor_parallel_size, seqs))
     except ConfigError as error:
         raise click.ClickException(str(error)) from error
     disk = DiskPlan(cache_disk_gb, cache_disk_mibps, cache_disk_iops, resolved.weights_gib) if cache_disk_gb else None
     if as_json or output_format == "json":
-        document = plan_as_json(result, resolved)
+        document = {**plan_as_json(result, resolved), **engines_json(result, engines)}
         document["cache_disk"] = None if disk is None else {
             **asdict(disk), "weights_read_s": round(disk.weights_s(), 1),
             "weights_read_s_at_free_throughput": round(disk.weights_s(HYPERDISK_BALANCED_FREE_MIBPS), 1),
@@ -599,19 +649,20 @@ def plan(model: str | None, config_path: Path | None, backend: str, chips: int, 
             "usd_per_month": disk.monthly_usd(), "prices_as_of": HYPERDISK_PRICES_AS_OF}
         echo_json(document)
     else:
-        echo_table(result, resolved, disk)
+        echo_table(result, resolved, disk, engine_lines(result, engines))
     warning = advice(result, max_model_len)
     if warning:
         click.echo(warning, err=True)
 
 
-def echo_table(result: Plan, model: Model, disk: DiskPlan | None = None) -> None:
+def echo_table(result: Plan, model: Model, disk: DiskPlan | None = None,
+               engines: list[tuple[str, str]] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=model.name, caption=model.source, show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    for label, value in plan_lines(result, model) + (disk_lines(disk) if disk else []):
+    for label, value in plan_lines(result, model) + (engines or []) + (disk_lines(disk) if disk else []):
         table.add_row(label, value)
     Console().print(table)

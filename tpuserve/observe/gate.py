@@ -7,7 +7,7 @@ A VM shows RUNNING long before vLLM answers, and `/health` says 200 before the m
   request with tools, a request with an image).
 - Instance mode: the VM's startup script, which runs those same checks locally, reports `serving` in its guest
   attributes (namespace `facts.GUEST_ATTRIBUTE_NAMESPACE`: `stage`, `at-<stage>` = unix seconds the stage began,
-  `reason` when failed, `config-hash`). A `failed` stage ends the wait at once with the reason and the serial console's last lines; so
+  `reason` when failed, `config-hash`, `warning` when it serves with one). A `failed` stage ends the wait at once with the reason and the serial console's last lines; so
   does a VM that is gone or stopped (flex-start ends a VM at its max run duration).
 Human output goes to stderr; stdout gets exactly one JSON line, the verdict, which the stack's readiness gate parses.
 """
@@ -92,11 +92,14 @@ class Verdict:
     # Instance mode: where each part came from (cache, image, weights, compile cache), as the VM reported it.
     sources: dict[str, str] = field(default_factory=dict)
     interrupted: bool = False  # ended by Ctrl-C (exit INTERRUPTED_EXIT)
+    # Instance mode: what the VM found wrong without failing the boot (its state's `warning`).
+    warnings: list[str] = field(default_factory=list)
 
     def json_line(self) -> str:
         return json_text({"ready": self.ready, "elapsed_s": round(self.elapsed_s, 3),
                            "stages": {name: round(at, 3) for name, at in self.stages.items()},
-                           "reason": self.reason, **({"sources": self.sources} if self.sources else {})})
+                           "reason": self.reason, **({"sources": self.sources} if self.sources else {}),
+                           **({"warnings": self.warnings} if self.warnings else {})})
 
 
 class Reporter(Protocol):
@@ -363,6 +366,7 @@ class BootStatus:
     done: bool
     ready: bool = False
     detail: str = ""
+    warnings: tuple[str, ...] = ()
 
 
 # What the VM says each part of its boot came from (vm/supervisor.py, templates/startup.sh.j2), in display order.
@@ -414,8 +418,9 @@ def read_boot(attributes: Mapping[str, str], expected_config_hash: str | None = 
         where = f" during {before[-1]}" if before else ""
         reason = attributes.get("reason") or "no reason given"
         return BootStatus(stage, done=True, detail=f"boot failed{where}: {reason}")
-    if stage == SERVING:
-        return BootStatus(stage, done=True, ready=True)
+    if stage == SERVING:  # a warning (e.g. a disabled modality answered other than 4xx) does not stop serving
+        return BootStatus(stage, done=True, ready=True,
+                          warnings=(attributes["warning"],) if attributes.get("warning") else ())
     if stage == RESTARTING_STAGE:  # the server crashed after serving; the VM restarts it and says why
         return BootStatus(stage, done=False, detail=f"restarting: {attributes.get('reason') or 'no reason given'}")
     # While it waits (e.g. for a fresh secret grant to propagate) the VM says why in `reason`.
@@ -473,7 +478,7 @@ def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float 
         if status.done:
             tail = serial_tail(compute, instance) if status.stage == FAILED_STAGE else ""
             return Verdict(status.ready, deadline.elapsed(), timeline, status.detail or None, tail,
-                           boot_sources(attributes))
+                           boot_sources(attributes), warnings=list(status.warnings))
         reporter.waiting(status.stage, status.detail, timeout_s)
         deadline.pause(interval_s)
     return Verdict(False, deadline.elapsed(), timeline,
@@ -669,6 +674,8 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
     if verdict.serial_tail:
         console.print(f"serial console, last {SERIAL_TAIL_LINES} lines:", style="bold")
         console.print(verdict.serial_tail, markup=False, highlight=False)
+    for warning in verdict.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     console.print("[green]ready[/]" if verdict.ready else f"[red]not ready:[/] {verdict.reason}")
     click.echo(verdict.json_line())
     raise SystemExit(0 if verdict.ready else INTERRUPTED_EXIT if verdict.interrupted else 1)

@@ -26,7 +26,7 @@ from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError, json_or_none
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE
 from tpuserve.deploy.cloud_logging import LOGGING_URL, LoggingApiError, LoggingClient
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
-from tpuserve.serving import CONTAINER_NAME
+from tpuserve.serving import CONTAINER_NAME, engine_container
 from tpuserve.deploy.vmssh import docker_over_iap
 
 DEFAULT_TAIL = 200
@@ -113,10 +113,19 @@ def diagnosis_messages(log_excerpt: str, stage: str | None, reason: str | None) 
     return [{"role": "system", "content": DIAGNOSIS_SYSTEM_PROMPT}, {"role": "user", "content": redact(report)}]
 
 
-def docker_logs_argv(vm: Instance, tail: int, follow: bool) -> list[str]:
-    """`docker logs` of the vLLM container on the VM."""
+def docker_logs_argv(vm: Instance, tail: int, follow: bool, container: str = CONTAINER_NAME) -> list[str]:
+    """`docker logs` of a vLLM container on the VM."""
     return docker_over_iap(vm.name, vm.zone, vm.project,
-                           ["logs", "--tail", str(tail), *(["--follow"] if follow else []), CONTAINER_NAME])
+                           ["logs", "--tail", str(tail), *(["--follow"] if follow else []), container])
+
+
+def vm_container(outputs: Mapping[str, Any] | None, engine: int | None) -> str:
+    """The container `--engine` names on a VM of the stack's `engines` (default: the first), `vllm` for a lone one;
+    without stack outputs, `--engine N` is vllm-N."""
+    engines = int((outputs or {}).get("engines") or (2 if engine is not None else 1))
+    if engine is not None and engine >= engines:
+        raise click.BadParameter(f"the VM runs {engines} engine(s): 0 to {engines - 1}", param_hint="--engine")
+    return engine_container(engines, engine or 0)
 
 
 def tail_lines(text: str, count: int) -> str:
@@ -142,7 +151,11 @@ def resolve_instance(instance: str | None, zone: str | None, project: str | None
                      stack_outputs: Path | None) -> Instance | LocalContainer:
     """The VM from --instance/--zone/--project, filled in from the stack outputs where not given; a local-target
     stack's container when the outputs say `target: local` and no VM was named."""
-    outputs = pulumi_stack.read_outputs(stack, stack_outputs)
+    return instance_from(pulumi_stack.read_outputs(stack, stack_outputs), instance, zone, project)
+
+
+def instance_from(outputs: Mapping[str, Any] | None, instance: str | None, zone: str | None,
+                  project: str | None) -> Instance | LocalContainer:
     if outputs is not None:
         if outputs.get("target") == "local" and not instance:
             return local_container(outputs)
@@ -213,15 +226,18 @@ def instance_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--tail", default=DEFAULT_TAIL, show_default=True, type=click.IntRange(min=1),
               help="Lines from the end of each log.")
 @click.option("--follow", is_flag=True, help="Keep streaming `docker logs` (implies --source docker).")
+@click.option("--engine", type=click.IntRange(min=0), help="On a VM of several engines, whose container logs "
+              "(--source docker): 0, 1, ...; default the first.")
 @json_option
 def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zone: str | None,
          project: str | None, compute_url: str, logging_url: str, source: str, tail: int, follow: bool,
-         as_json: bool) -> None:
+         engine: int | None, as_json: bool) -> None:
     """Print the VM's serial console and the vLLM container's logs.
 
     A local-target stack's logs are its container's `docker logs`. --json prints {"target", "serial", "docker",
     "cloud"}, each log as text or null."""
-    vm = resolve_instance(instance, zone, project, stack, stack_outputs)
+    outputs = pulumi_stack.read_outputs(stack, stack_outputs)
+    vm = instance_from(outputs, instance, zone, project)
     if follow and as_json:
         raise click.UsageError("--follow streams; --json prints one document: give one of them")
     if follow and source == "cloud":
@@ -249,9 +265,10 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
         if subprocess.run(argv, check=False).returncode != 0:
             raise click.ClickException(f"`{' '.join(argv)}` failed")
         return
+    container = vm_container(outputs, engine)
     if as_json:
         serial = serial_console(vm, compute_url) if source in ("serial", "both") else None
-        docker = captured(docker_logs_argv(vm, tail, False)) if source in ("docker", "both") else None
+        docker = captured(docker_logs_argv(vm, tail, False, container)) if source in ("docker", "both") else None
         echo_json({"target": vm.name, "serial": None if serial is None else tail_lines(serial, tail),
                    "docker": docker, "cloud": None})
         return
@@ -263,9 +280,9 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
         click.echo(f"== serial console of {vm.name} (last {tail} lines) ==", err=True)
         click.echo(tail_lines(serial, tail))
     if source in ("docker", "both"):
-        click.echo(f"== docker logs {CONTAINER_NAME} on {vm.name} ==", err=True)
+        click.echo(f"== docker logs {container} on {vm.name} ==", err=True)
         try:
-            code = subprocess.run(docker_logs_argv(vm, tail, follow), check=False).returncode
+            code = subprocess.run(docker_logs_argv(vm, tail, follow, container), check=False).returncode
         except FileNotFoundError as err:
             raise click.ClickException("gcloud not found: install the Google Cloud CLI for `docker logs`") from err
         if code != 0:

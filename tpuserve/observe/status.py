@@ -95,6 +95,8 @@ class VmView:
     reason: str | None = None
     ops_agent: str | None = None
     compile_cache: str | None = None  # the VM's verdict: "warm (N hits; ...)" or "cold (why; ...)"
+    warning: str | None = None  # what the VM found wrong without failing the boot
+    engines: str | None = None  # beside other engines: "3 of 4 serving; vllm-2 restarting"
 
 
 GONE = "GONE"
@@ -121,7 +123,8 @@ def vm_view(target: Instance, instance: Mapping[str, Any] | None, attributes: Ma
         price_per_chip_hour=price_per_chip_hour,
         boot_stage=attributes.get("stage"), config_hash=attributes.get("config-hash"),
         expected_config_hash=expected_config_hash, reason=attributes.get("reason"),
-        ops_agent=attributes.get("ops-agent"), compile_cache=attributes.get("compile-cache") or None)
+        ops_agent=attributes.get("ops-agent"), compile_cache=attributes.get("compile-cache") or None,
+        warning=attributes.get("warning") or None, engines=attributes.get("engines") or None)
 
 
 def read_vm(compute: ComputeClient, target: Instance, price_per_chip_hour: float,
@@ -297,8 +300,12 @@ def render(report: Report) -> Any:
                 hashes += f" (the stack wants {v.expected_config_hash})"
             table.add_row("boot", f"{v.boot_stage or 'no stage reported yet'} · {hashes}"
                           + (f" · metrics agent {v.ops_agent}" if v.ops_agent else ""))
+        if v.engines and v.status != GONE:
+            table.add_row("engines", v.engines)
         if v.reason:
             table.add_row("reason", v.reason)
+        if v.warning and v.status != GONE:
+            table.add_row("warning", Text(v.warning, style="yellow"))
         if v.compile_cache and v.status != GONE:
             table.add_row("compile cache", v.compile_cache)
     if report.vm and (report.server or report.server_error):
