@@ -59,6 +59,8 @@ def computed() -> dict[str, float]:
         "cold_start": cost.cold_start_usd(PRICE_PER_CHIP_HOUR, 10),
         "session": sample.usd,
         "session_per_m": sample.usd_per_m_output,
+        # `tpuserve cost --chips 4 --engines 4 --output-tok-s 2140`: four chips billed, four engines serving
+        "four_engines_per_m": cost.session(4 * PRICE_PER_CHIP_HOUR, api_price, 4, 10, 4 * 2140).usd_per_m_output,
         "status_sample": 72 / 60 * PRICE_PER_CHIP_HOUR,  # `status`'s sample: up 1h 12m on one chip
     }
 
@@ -92,6 +94,7 @@ def phrases() -> dict[str, list[str]]:
         "docs/getting-a-tpu.md": [f"4 h x 4 chip(s) x ${c['chip_hour']:.2f} = ${c['four_chip_run']:.2f}"],
         "docs/more-than-one-chip.md": [
             f"**${c['chip_hour']:.2f} per chip-hour**",
+            f"4 --engines 4 --output-tok-s 2140` prices it at ${c['four_engines_per_m']:.3f} per M output tokens",
             f"the system node ≈ ${c['gke_node']:.2f}/h (≈ ${c['gke_gateway_node']:.2f}/h with the inference gateway, "
             f"whose picker asks for 8 CPUs); the cluster is zonal, so its fee (${c['gke_fee']:.2f}/h) is covered",
         ],
