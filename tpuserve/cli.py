@@ -1,10 +1,5 @@
-"""The `tpuserve` command line. Subcommands load on first use, so `tpuserve --help` stays fast.
-
-Every subcommand runs inside `LazyGroup.invoke`, the one place that turns what goes wrong into one line and an exit
-code (tpuserve/exits.py): 2 for a usage error (a bad option or setting), 1 for a failure (an unreachable server, a
-missing file or program). No user mistake ends in a Python traceback; TPUSERVE_DEBUG=1 shows one for a bug.
-Under `--json` that line is also a JSON document on stdout: see JSON_CONVENTION.
-"""
+"""The `tpuserve` command line: subcommands load on first use, and every error ends as one line and an exit code
+(`LazyGroup.invoke`; why: docs/design/core.md#the-command-line)."""
 
 from __future__ import annotations
 
@@ -21,9 +16,8 @@ import click
 
 from tpuserve import exits
 
-# name -> ("module:attribute" of a click command, its short help). The help is repeated here so listing the
-# commands imports none of them (tests/test_cli.py keeps it equal to each command's own); each module imports
-# heavy libraries inside its commands only.
+# name -> ("module:attribute", short help): listing the commands imports none of them (tests/test_cli.py keeps each
+# help equal to the command's own).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cache": ("tpuserve.deploy.cache:cache",
               "List or remove a stack's cache disks (one per zone) and compile-cache bucket."),
@@ -119,8 +113,7 @@ def wants_json(args: list[str]) -> bool:
 
 
 class Failure(click.ClickException):
-    """A failure whose error document (JSON_CONVENTION) carries more than its message: `json_fields`, e.g. what a
-    sweep kept or the results a probe got before it found it could not run."""
+    """A failure whose error document carries `json_fields` too, e.g. what a sweep kept before it failed."""
 
     def __init__(self, message: str, json_fields: dict[str, Any] | None = None, exit_code: int = 1):
         super().__init__(message)
@@ -150,8 +143,7 @@ def one_line(text: str) -> str:
 
 
 def request_failure(err: Exception) -> str:
-    """'cannot reach http://h:1/v1/models: Connection refused; ...' from a requests exception, without its repr
-    chain."""
+    """'cannot reach http://h:1/v1/models: Connection refused; ...' from a requests exception, without its reprs."""
     import requests
 
     request = getattr(err, "request", None)
@@ -170,8 +162,7 @@ def request_failure(err: Exception) -> str:
 
 
 def translate(err: Exception) -> click.ClickException | None:
-    """The one-line ClickException for an error a user can meet (None: an unexpected error, a bug). Matched by
-    type name where importing the type would import a heavy library into every command."""
+    """The one-line ClickException for an error a user can meet; None for a bug. By type name: no heavy imports."""
     from tpuserve.serving import ConfigError
     from tpuserve.urls import InvalidUrl
 
@@ -205,8 +196,7 @@ class LazyGroup(click.Group):
 
     def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
                                                                               list[str]]:
-        """click's, and for a command that does not exist the one it was probably meant to be (click suggests
-        from the commands it has loaded, which here are none)."""
+        """click's, suggesting a close name for a command that does not exist (click's own knows only loaded ones)."""
         import difflib
 
         name = args[0] if args else ""
@@ -216,8 +206,7 @@ class LazyGroup(click.Group):
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        """Run the subcommand; what it raises becomes one line and exit 2 (usage) or 1 (failure), and under --json
-        also the error document on stdout (JSON_CONVENTION)."""
+        """Run the subcommand; what it raises becomes one line, an exit code and, under --json, the error document."""
         try:
             try:
                 return super().invoke(ctx)
@@ -270,7 +259,6 @@ DURATION = Duration()
 
 
 def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    """`--json`: the command's result as one JSON document on stdout, the same flag on every command
-    (JSON_CONVENTION)."""
+    """`--json`, the same flag on every command (JSON_CONVENTION)."""
     return click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document on stdout, "
                         "errors too (machine-readable).")(command)

@@ -1,13 +1,5 @@
-"""A small client for an OpenAI-compatible chat endpoint (vLLM), and structured output you can trust.
-
-vLLM answers 200 even when it did not apply a `response_format` schema: with a reasoning parser the grammar starts
-only after the model ends its reasoning, and a model that never does returns free text. `ChatClient.structured`
-therefore validates every answer with `jsonschema` and raises `SchemaNotEnforced` instead of returning junk.
-
-    from tpuserve.client import ChatClient
-    client = ChatClient("http://10.0.0.5:8000", "google/gemma-4-E2B-it")
-    verdict = client.structured([{"role": "user", "content": "Is water wet?"}], schema)
-"""
+"""A small client for an OpenAI-compatible chat endpoint (vLLM) whose structured output is validated, never
+trusted (docs/design/core.md#structured-output)."""
 
 from __future__ import annotations
 
@@ -30,20 +22,16 @@ REASONING_FIELDS = ("reasoning_content", "reasoning")
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
-def server_root(url: str) -> str:
-    """'http://h:8000', 'http://h:8000/', 'http://h:8000/v1' and 'h:8000' all give 'http://h:8000'; anything else
-    raises tpuserve.urls.InvalidUrl (one rule for every command and for ChatClient)."""
-    return normalize_server_url(url)
+server_root = normalize_server_url  # 'h:8000' and 'http://h:8000/v1' -> 'http://h:8000': one rule (tpuserve/urls.py)
 
 
 def api_base(url: str) -> str:
-    """The OpenAI base URL of a server: 'http://h:8000', 'http://h:8000/' and 'http://h:8000/v1' all give '.../v1'."""
+    """The OpenAI base URL of a server: its root and /v1."""
     return f"{server_root(url)}/v1"
 
 
 class EndpointError(RuntimeError):
-    """The server answered with an HTTP error, or a 200 that is no chat completion (a model or server error, not a
-    schema problem). With `url` the line names the address asked (an answer vLLM never gives, a key refused)."""
+    """An HTTP error, or a 200 that is no chat completion; with `url` the line names the address asked."""
 
     def __init__(self, status: int, message: str, latency_s: float, url: str = ""):
         super().__init__(f"{url} answered HTTP {status}: {message}" if url else f"HTTP {status}: {message}")
@@ -95,8 +83,12 @@ class ChatReply:
         return self.message.get("tool_calls") or []
 
     @property
+    def reasoning_field(self) -> str | None:
+        return next((f for f in REASONING_FIELDS if (self.message.get(f) or "").strip()), None)
+
+    @property
     def reasoning(self) -> str:
-        return next((self.message[f] for f in REASONING_FIELDS if (self.message.get(f) or "").strip()), "")
+        return self.message[self.reasoning_field] if self.reasoning_field else ""
 
     @property
     def full_text(self) -> str:
@@ -107,8 +99,7 @@ class ChatReply:
         """(field, text): the content, or the reasoning text when a reasoning parser left the content empty."""
         if self.content.strip():
             return "content", self.content
-        field = next((f for f in REASONING_FIELDS if (self.message.get(f) or "").strip()), None)
-        return (field, self.message[field]) if field else ("content", "")
+        return (self.reasoning_field, self.reasoning) if self.reasoning_field else ("content", "")
 
 
 def error_message(response: requests.Response) -> str:
@@ -146,8 +137,8 @@ def key_hint(key_env: str, key_sent: bool) -> str:
 
 
 def response_error(response: requests.Response, latency_s: float, key_env: str = API_KEY_ENV) -> EndpointError:
-    """The EndpointError for a non-200 answer: the server's own message, or, for an answer no vLLM gives (a web
-    page) and for a refused key, a line that names the URL and what to check."""
+    """The EndpointError for a non-200 answer: the server's own message, or for a web page or a refused key a line
+    naming the URL and what to check."""
     url = response.url
     page = html_page(response)
     if page:
@@ -253,11 +244,8 @@ class ChatClient:
 
     def structured(self, messages: list[dict[str, Any]], schema: dict[str, Any] | None, *, name: str = "answer",
                    thinking: bool | None = None, **params: Any) -> Any:
-        """Ask for JSON (`json_schema` mode, or `json_object` mode when schema is None) and return it validated.
-
-        `thinking` sets chat_template_kwargs.enable_thinking when not None. Raises EndpointError, SchemaNotEnforced
-        or OutputTruncated, never returns unvalidated output.
-        """
+        """JSON (`json_object` mode when schema is None), validated: EndpointError, SchemaNotEnforced or
+        OutputTruncated otherwise. `thinking` sets chat_template_kwargs.enable_thinking."""
         return validated_json(self.structured_reply(messages, schema, name=name, thinking=thinking, **params),
                               ANY_OBJECT_SCHEMA if schema is None else schema)
 
@@ -273,18 +261,19 @@ class ChatClient:
         return self.chat(messages, response_format=response_format(schema, name), **params)
 
     def model_cards(self) -> list[dict[str, Any]]:
-        """The entries of GET /models: vLLM's ModelCard has `id`, `root` (what the server loaded: an HF id or a
-        path) and `max_model_len` (vllm/entrypoints/serve/engine/protocol.py)."""
+        """GET /models: vLLM's ModelCard has `id`, `root` (an HF id or a path) and `max_model_len`
+        (vllm/entrypoints/serve/engine/protocol.py)."""
         response = self.session.get(f"{self.base}/models", timeout=self.timeout_s)
-        if response.status_code == 404 and not html_page(response):  # every vLLM serves it, from its first answer
+        page = html_page(response)
+        if response.status_code == 404 and not page:  # every vLLM serves it, from its first answer
             raise EndpointError(404, f"{error_message(response)}: vLLM serves /v1/models, so {NOT_VLLM}", 0.0,
                                 response.url)
         if response.status_code != 200:
             raise response_error(response, 0.0, self.key_env)
+        if page:
+            raise EndpointError(200, f"{page}, not a model list: {NOT_VLLM}", 0.0, response.url)
         body = json_or_none(response)
         entries = body.get("data") if isinstance(body, dict) else None
-        if html_page(response):
-            raise EndpointError(200, f"{html_page(response)}, not a model list: {NOT_VLLM}", 0.0, response.url)
         if not isinstance(entries, list):
             raise EndpointError(200, f"{self.base}/models: not a model list: {response.text[:200]}", 0.0)
         return [entry for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
@@ -303,8 +292,7 @@ class NoModelServed(ModelNotServed):
 
 
 def pick_model(listed: list[str], wanted: str | None, where: str) -> str:
-    """The one rule for `--model`: the wanted model if the server lists it, else the first it lists when none was
-    wanted. Raises ModelNotServed naming what `where` serves."""
+    """The one rule for `--model`: the wanted model if listed, the first listed if none; else ModelNotServed."""
     if not listed:
         raise NoModelServed(f"{where} lists no model")
     if wanted is None:

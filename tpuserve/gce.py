@@ -1,13 +1,5 @@
-"""A small Compute Engine API client: what the readiness gate reads about one VM, and what `tpuserve up` and
-`tpuserve preflight` ask about zones.
-
-For the gate: the guest attributes the VM's startup script writes (its boot stage), the instance resource (whether
-it still exists and runs; for `tpuserve status` also its timestamps and flex-start run limit), and the serial console
-(the last lines explain a failed boot). For the sweep: whether a zone offers a machine type, and the instances and
-disks carrying the stack's labels in a zone (the orphan sweep), which it can delete. The base URL is a parameter so
-tests point it at a fake on 127.0.0.1; the session is too, so tests pass a plain `requests.Session` where real runs
-use application-default credentials.
-"""
+"""A small Compute Engine API client: one VM for the gate and `status`, zones for `up` and `preflight`, disks for
+the caches. The base URL and session are parameters, so tests use a fake on 127.0.0.1 and a plain session."""
 
 from __future__ import annotations
 
@@ -63,19 +55,44 @@ def adc_session() -> requests.Session:
     return AuthorizedSession(credentials)
 
 
-class ComputeClient:
-    def __init__(self, session: requests.Session, base_url: str = COMPUTE_URL,
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
+class JsonApi:
+    """A Google JSON API at `base_url` through `session` (application-default credentials, or plain for a fake)."""
+
+    def __init__(self, session: requests.Session, base_url: str = COMPUTE_URL, timeout_s: float = DEFAULT_TIMEOUT_S):
         self.session = session
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
 
+    def zonal(self, project: str, zone: str, path: str) -> str:
+        return f"{self.base_url}/compute/v1/projects/{project}/zones/{zone}/{path}"
+
+    def get_or_none(self, url: str) -> dict[str, Any] | None:
+        """The resource, or None when there is none (404)."""
+        response = self.session.get(url, timeout=self.timeout_s)
+        return None if response.status_code == 404 else ok(response).json()
+
+    def items(self, url: str, params: Mapping[str, str], scoped: str = "") -> list[dict[str, Any]]:
+        """Every item of a list across its pages; `scoped` reads an aggregated list, whose `items` map each zone
+        to {scoped: [...]} (or to a `warning` for a zone without any)."""
+        params, found = dict(params), []
+        while True:
+            body = ok(self.session.get(url, params=params, timeout=self.timeout_s)).json()
+            if scoped:
+                found += [item for zone in body.get("items", {}).values() for item in zone.get(scoped, [])]
+            else:
+                found += body.get("items", [])
+            if not body.get("nextPageToken"):
+                return found
+            params["pageToken"] = body["nextPageToken"]
+
+
+class ComputeClient(JsonApi):
     def _get(self, instance: Instance, method: str = "", params: dict[str, str] | None = None) -> requests.Response:
         path = f"{instance.path}/{method}" if method else instance.path
         return self.session.get(f"{self.base_url}{path}", params=params, timeout=self.timeout_s)
 
     def instance(self, instance: Instance) -> dict[str, Any]:
-        """The instance resource (compute#instance: status, creationTimestamp, lastStartTimestamp, machineType,
+        """The instance resource (status, creationTimestamp, lastStartTimestamp, machineType,
         scheduling.maxRunDuration, ...); a deleted VM raises with status 404."""
         return ok(self._get(instance)).json()
 
@@ -97,54 +114,27 @@ class ComputeClient:
         """Everything the serial port still buffers (the API keeps the last ~1 MB)."""
         return str(ok(self._get(instance, "serialPort", {"port": str(port)})).json().get("contents", ""))
 
-
-    # --- zones: what `tpuserve preflight` and `tpuserve up` ask -------------------------------------------------
-
-    def _zone_url(self, project: str, zone: str, collection: str) -> str:
-        return f"{self.base_url}/compute/v1/projects/{project}/zones/{zone}/{collection}"
-
     def machine_type(self, project: str, zone: str, name: str) -> dict[str, Any] | None:
-        """The machine type as the zone offers it, or None when the zone does not (404, or 400 for a zone that
-        does not exist)."""
-        response = self.session.get(self._zone_url(project, zone, f"machineTypes/{name}"), timeout=self.timeout_s)
+        """The machine type as the zone offers it, or None when it does not (404, or 400 for no such zone)."""
+        response = self.session.get(self.zonal(project, zone, f"machineTypes/{name}"), timeout=self.timeout_s)
         if response.status_code in (400, 404):
             return None
         return dict(ok(response).json())
 
-    def _list(self, url: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-        """Every item of a zonal list whose labels include `labels`, across pages."""
-        params = {"filter": label_filter(labels), "maxResults": "500"}
-        items: list[dict[str, Any]] = []
-        while True:
-            body = ok(self.session.get(url, params=params, timeout=self.timeout_s)).json()
-            items += body.get("items", [])
-            if not body.get("nextPageToken"):
-                return items
-            params["pageToken"] = body["nextPageToken"]
-
     def labelled_instances(self, project: str, zone: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-        return self._list(self._zone_url(project, zone, "instances"), labels)
+        return self.items(self.zonal(project, zone, "instances"), labelled(labels))
 
     def labelled_disks(self, project: str, zone: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-        return self._list(self._zone_url(project, zone, "disks"), labels)
+        return self.items(self.zonal(project, zone, "disks"), labelled(labels))
 
     def aggregated_instances(self, project: str, list_filter: str = "") -> list[dict[str, Any]]:
-        """Every instance of the project in every zone (`instances.aggregatedList`, whose `items` map `zones/Z` to
-        {"instances": [...]} or a `warning` for a zone without any), matching `list_filter` if given."""
+        """Every instance of the project in every zone, matching `list_filter` if given."""
         params = {"maxResults": "500", **({"filter": list_filter} if list_filter else {})}
-        items: list[dict[str, Any]] = []
-        while True:
-            body = ok(self.session.get(f"{self.base_url}/compute/v1/projects/{project}/aggregated/instances",
-                                       params=params, timeout=self.timeout_s)).json()
-            for scoped in body.get("items", {}).values():
-                items += scoped.get("instances", [])
-            if not body.get("nextPageToken"):
-                return items
-            params["pageToken"] = body["nextPageToken"]
+        return self.items(f"{self.base_url}/compute/v1/projects/{project}/aggregated/instances", params, "instances")
 
     def delete(self, project: str, zone: str, collection: str, name: str) -> str:
         """Start deleting an instance or disk; returns the zonal operation's name (a 404 means already gone)."""
-        response = self.session.delete(self._zone_url(project, zone, f"{collection}/{name}"), timeout=self.timeout_s)
+        response = self.session.delete(self.zonal(project, zone, f"{collection}/{name}"), timeout=self.timeout_s)
         if response.status_code == 404:
             return ""
         return str(ok(response).json().get("name", ""))
@@ -160,9 +150,12 @@ def tpu_chips(machine_type_url: str) -> int:
 
 
 def label_filter(labels: Mapping[str, str]) -> str:
-    """A Compute API list filter matching every label: `(labels.app = "tpu-serve") (labels.stack = "dev")`; the
-    API ANDs parenthesised expressions."""
+    """A list filter matching every label: `(labels.app = "tpu-serve") (labels.stack = "dev")` (the API ANDs them)."""
     return " ".join(f'(labels.{key} = "{value}")' for key, value in sorted(labels.items()))
+
+
+def labelled(labels: Mapping[str, str]) -> dict[str, str]:
+    return {"filter": label_filter(labels), "maxResults": "500"}
 
 
 def ok(response: requests.Response) -> requests.Response:
@@ -172,90 +165,69 @@ def ok(response: requests.Response) -> requests.Response:
     return response
 
 
-# --- disks (the cache disk: tpuserve.deploy.cache) ----------------------------------------------------------------
+def ok_or_gone(response: requests.Response) -> None:
+    """A deletion's answer: done, or already gone (404)."""
+    if response.status_code != 404:
+        ok(response)
 
-OPERATION_POLL_S = 2.0
 
-
-class ZonalDisks:
-    """Compute API calls on zonal disks: get, insert, resize, delete (each waiting for its operation), and the
-    aggregated list across zones. Shapes: https://cloud.google.com/compute/docs/reference/rest/v1/disks."""
+class ZonalDisks(JsonApi):
+    """Zonal disks: get, insert, resize, delete (each waiting for its operation), and the aggregated list.
+    Shapes: https://cloud.google.com/compute/docs/reference/rest/v1/disks."""
 
     def __init__(self, session: requests.Session, base_url: str = COMPUTE_URL, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 poll_s: float = OPERATION_POLL_S):
-        self.session = session
-        self.base_url = base_url.rstrip("/")
-        self.timeout_s = timeout_s
+                 poll_s: float = 2.0):
+        super().__init__(session, base_url, timeout_s)
         self.poll_s = poll_s
 
-    def _url(self, project: str, zone: str, suffix: str = "") -> str:
-        return f"{self.base_url}/compute/v1/projects/{project}/zones/{zone}/disks{suffix}"
-
     def get(self, project: str, zone: str, name: str) -> dict | None:
-        """The disk resource, or None when there is no such disk."""
-        response = self.session.get(self._url(project, zone, f"/{name}"), timeout=self.timeout_s)
-        if response.status_code == 404:
-            return None
-        return ok(response).json()
+        return self.get_or_none(self.zonal(project, zone, f"disks/{name}"))
 
     def insert(self, project: str, zone: str, body: dict) -> dict:
-        operation = ok(self.session.post(self._url(project, zone), json=body, timeout=self.timeout_s)).json()
-        self.wait(project, zone, operation)
+        self.call("post", project, zone, "disks", json=body)
         return self.get(project, zone, body["name"]) or {}
 
     def resize(self, project: str, zone: str, name: str, size_gb: int) -> None:
-        operation = ok(self.session.post(self._url(project, zone, f"/{name}/resize"), json={"sizeGb": str(size_gb)},
-                                         timeout=self.timeout_s)).json()
-        self.wait(project, zone, operation)
+        self.call("post", project, zone, f"disks/{name}/resize", json={"sizeGb": str(size_gb)})
 
     def update_performance(self, project: str, zone: str, name: str, fields: Mapping[str, str]) -> None:
         """Change a Hyperdisk's provisionedIops/provisionedThroughput in place: PATCH the disk with `paths` naming
-        them, as terraform-provider-google does (services/compute/resource_compute_disk.go, "Performance (PATCH)").
-        Google allows one such change per disk every 4 hours."""
+        them, as terraform-provider-google does (resource_compute_disk.go, "Performance (PATCH)"). Google allows
+        one such change per disk every 4 hours."""
         query = "&".join(f"paths={key}" for key in fields)
-        operation = ok(self.session.patch(self._url(project, zone, f"/{name}?{query}"), json={"name": name, **fields},
-                                          timeout=self.timeout_s)).json()
-        self.wait(project, zone, operation)
+        self.call("patch", project, zone, f"disks/{name}?{query}", json={"name": name, **fields})
 
     def delete(self, project: str, zone: str, name: str) -> None:
-        response = self.session.delete(self._url(project, zone, f"/{name}"), timeout=self.timeout_s)
-        if response.status_code == 404:
-            return
+        response = self.session.delete(self.zonal(project, zone, f"disks/{name}"), timeout=self.timeout_s)
+        if response.status_code != 404:
+            self.wait(project, zone, ok(response).json())
+
+    def call(self, method: str, project: str, zone: str, path: str, **kwargs: Any) -> None:
+        """A mutating call, then its zonal operation until DONE."""
+        response = self.session.request(method, self.zonal(project, zone, path), timeout=self.timeout_s, **kwargs)
         self.wait(project, zone, ok(response).json())
 
     def aggregated(self, project: str, label_filter: str) -> list[dict]:
         """Every disk in every zone matching `label_filter` (e.g. `labels.tpu-serve-cache=dev`)."""
-        disks, page = [], ""
-        while True:
-            params = {"filter": label_filter, **({"pageToken": page} if page else {})}
-            body = ok(self.session.get(f"{self.base_url}/compute/v1/projects/{project}/aggregated/disks",
-                                       params=params, timeout=self.timeout_s)).json()
-            for scoped in body.get("items", {}).values():
-                disks += scoped.get("disks", [])  # a zone without matches carries a `warning` instead
-            page = body.get("nextPageToken", "")
-            if not page:
-                return disks
+        return self.items(f"{self.base_url}/compute/v1/projects/{project}/aggregated/disks", {"filter": label_filter},
+                          "disks")
 
     def wait_operation(self, response: requests.Response) -> None:
-        """Wait for the operation a mutating call answered (any scope: its selfLink says where); a 404 (already
+        """Wait for the operation a mutating call answered, in any scope (its selfLink says where); a 404 (already
         gone) is done."""
         if response.status_code == 404:
             return
         operation = ok(response).json()
         link = str(operation.get("selfLink", ""))
-        path = link.split("/compute/", 1)[-1] if "/compute/" in link else ""
-        while operation.get("status") != "DONE" and path:
-            time.sleep(self.poll_s)
-            operation = ok(self.session.get(f"{self.base_url}/compute/{path}", timeout=self.timeout_s)).json()
-        errors = operation.get("error", {}).get("errors", [])
-        if errors:
-            raise ComputeApiError(int(operation.get("httpErrorStatusCode") or 400),
-                                  "; ".join(str(e.get("message", e)) for e in errors))
+        path = link.split("/compute/", 1)[1] if "/compute/" in link else ""
+        self.until_done(operation, f"{self.base_url}/compute/{path}" if path else "")
 
     def wait(self, project: str, zone: str, operation: dict) -> None:
-        """Poll a zonal operation until DONE; its `error` becomes a ComputeApiError."""
-        url = f"{self.base_url}/compute/v1/projects/{project}/zones/{zone}/operations/{operation['name']}"
-        while operation.get("status") != "DONE":
+        self.until_done(operation, self.zonal(project, zone, f"operations/{operation['name']}"))
+
+    def until_done(self, operation: dict, url: str) -> None:
+        """Poll the operation at `url` until DONE (no url: as it is); its `error` becomes a ComputeApiError."""
+        while operation.get("status") != "DONE" and url:
             time.sleep(self.poll_s)
             operation = ok(self.session.get(url, timeout=self.timeout_s)).json()
         errors = operation.get("error", {}).get("errors", [])

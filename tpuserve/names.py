@@ -1,12 +1,4 @@
-"""Names with a length limit, kept unique: a name that does not fit is cut and ends in a short hash of the whole.
-
-GCP names have limits (a service account id 6-30 characters, a bucket 63, a disk or VM 63, a label value 63).
-Cutting alone makes two names one: `tpu-serve-gemma4-serving-prod-r1` and `-r2` cut at 30 are the same account id, so
-the second stack's create fails with 409, and two long stack names cut at 63 would adopt one bucket. A cut name
-therefore keeps its last characters for a hash of the full name: the same input always gives the same name (so a
-stack's resources keep theirs from one `pulumi up` to the next), and two inputs that differ give different names.
-Names that fit are unchanged.
-"""
+"""Names with a length limit, kept unique: a cut name ends in a short hash of the whole (docs/design/core.md#names)."""
 
 from __future__ import annotations
 
@@ -18,13 +10,11 @@ HASH_CHARS = 6  # 16^6 = 16.7 M names per prefix: a collision between a project'
 
 
 def stack_labels(stack: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The labels that identify a stack's resources (the program puts them on everything; `up` and `inventory` find
-    orphans by them), plus the stack's own."""
+    """The labels on everything a stack makes (`up` and `inventory` find orphans by them), plus `extra`."""
     return {"app": PROJECT_NAME, "stack": stack_slug(stack), "managed-by": "pulumi", **(extra or {})}
 
 
-# A Cloud Router's description names the stack that owns its NAT (an in-place update of the Router: `description` is
-# not ForceNew in resource_compute_router.go); tpuserve/deploy/nat.py reads it back.
+# The stack that owns a Cloud Router's NAT, read back by tpuserve/deploy/nat.py (docs/design/cloud-nat.md).
 ROUTER_DESCRIPTION = re.compile(r"^tpu-serve stack (?P<stack>\S+):")
 
 
@@ -52,13 +42,11 @@ def service_account_id(base: str) -> str:
 
 
 def base_name(stack: str) -> str:
-    """`tpu-serve-<stack>` in the character set every GCP resource name accepts: what the stack's resources are
-    named after (the program, components/deployment.py, and the toolkit that finds them, tpuserve inventory)."""
+    """`tpu-serve-<stack>` in the characters every GCP resource name accepts: the stem of the stack's resource names."""
     slug = re.sub(r"[^a-z0-9-]+", "-", stack.lower()).strip("-") or "stack"
     return bounded(f"{PROJECT_NAME}-{slug}", 40)
 
 
 def vm_name(base: str, slot: str) -> str:
-    """The VM's name in slot a (`tpu-serve-<stack>`, what every stack had before slots) or b (`...-b`): two names, so
-    a successor can be created beside the VM it replaces in the same zone, where a name exists once."""
+    """Slot a is `base`, slot b `base-b`: a successor is created beside the VM it replaces, in the same zone."""
     return base if slot == "a" else f"{base}-b"

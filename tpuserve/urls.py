@@ -1,9 +1,4 @@
-"""One way to take a server's address, for every command and for `ChatClient`.
-
-Accepted: `host:port` (taken as http), or a full `http://` / `https://` URL, with or without a trailing `/v1`.
-Anything else (another scheme, a path, a query, credentials, a bare host without a port) is refused at once with
-one line, instead of surfacing later as a traceback, a timeout or a config with an unusable `api_base`.
-"""
+"""One way to take a server's address, for every command and `ChatClient` (docs/design/core.md#server-addresses)."""
 
 from __future__ import annotations
 
