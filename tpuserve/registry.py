@@ -1,36 +1,18 @@
-"""Container images against their registry (Docker Registry HTTP API v2 / OCI distribution-spec): a tag pinned to
-the digest it names now, and whether a pinned image still resolves.
-
-`tpuserve up` pins a tag the user named (`containerImage: vllm/vllm-tpu:nightly`) to its digest before deploying,
-so every boot of that deploy runs the same image although the tag moves daily; the default image is already a digest
-(facts.VLLM_TPU_IMAGE). Preflight and `tpuserve images check` ask whether the image still resolves, so a pull that
-cannot succeed fails in seconds here rather than minutes into a paid boot. The protocol, from the specs
-(opencontainers/distribution-spec spec.md "Pulling manifests", "Checking if content exists in the registry" and
-"Error Codes", which grew out of distribution/distribution docs/spec/api.md; token auth: docs/spec/auth/token.md):
-
-- `HEAD /v2/<name>/manifests/<tag or digest>` with an `Accept` of the manifest types (OCI index and manifest, Docker
-  manifest list and v2 manifest: a multi-arch image answers with its index): 200 with the digest in
-  `Docker-Content-Digest`, or 404 when the manifest is not in the registry. A HEAD answer has no body, so a 404 is
-  read again with GET for its error code.
-- A `401` carries `WWW-Authenticate: Bearer realm="...",service="...",scope="repository:<name>:pull"` (Docker Hub:
-  realm https://auth.docker.io/token, service registry.docker.io); an anonymous `GET realm?service=...&scope=...`
-  gives `{"token": ...}` (some registries say `access_token`), sent again as `Authorization: Bearer`.
-- Errors are `{"errors": [{"code": "MANIFEST_UNKNOWN" | "NAME_UNKNOWN" | "UNAUTHORIZED" | ..., "message": ...}]}`.
-
-Docker Hub names: an image without a registry host is on registry-1.docker.io, one without a namespace is
-`library/<name>` (docker/distribution reference normalisation).
+"""Container images on their registry (OCI distribution API): a tag pinned to the digest it names now, and whether
+a pinned image still resolves (docs/design/core.md#container-images).
 
     python -m tpuserve.registry vllm/vllm-tpu:nightly     # prints the pinned reference (a deliberate update)
-    tpuserve images check [--stack dev | --image IMAGE]   # does the pinned image (or the stack's) still resolve?
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the config's digest check (serving.py) imports this module, and needs no HTTP client
     import requests
@@ -40,11 +22,8 @@ MANIFEST_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.do
                   "application/vnd.oci.image.manifest.v1+json",
                   "application/vnd.docker.distribution.manifest.v2+json")
 TIMEOUT_S = 30.0
-# OCI image-spec descriptor.md "Digests": the registered algorithms' encoded part "MUST match /[a-f0-9]{64}/" (sha256)
-# or /[a-f0-9]{128}/ (sha512); "[A-F] MUST NOT be used". A pinned reference with another digest is refused at config
-# time: docker would refuse it minutes into a boot.
+# OCI image-spec descriptor.md "Digests": lowercase hex of these lengths; refused at config time, not into a boot.
 DIGEST_HEX = {"sha256": 64, "sha512": 128}
-DIGEST = re.compile(r"^(?:sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})$")
 # distribution-spec "Error Codes": what a registry says when the image is not there (a pull cannot succeed).
 ABSENT_CODES = ("MANIFEST_UNKNOWN", "NAME_UNKNOWN")
 OK, ABSENT, UNKNOWN = "ok", "absent", "unknown"
@@ -123,68 +102,71 @@ def bearer_token(session: requests.Session, challenge: str, repository: str) -> 
     return str(token)
 
 
-def error_words(response: requests.Response) -> str:
+def registry_errors(response: requests.Response) -> list[dict[str, Any]]:
+    """The `errors` of a distribution-spec error body; [] for any other body."""
     try:
         errors = response.json().get("errors") or []
-        return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors) or response.reason
-    except ValueError:
-        return response.reason or f"HTTP {response.status_code}"
+    except (ValueError, AttributeError):
+        return []
+    return [error for error in errors if isinstance(error, dict)]
 
 
-def manifest_url(reference: Reference, registry_url: str) -> str:
+def error_words(response: requests.Response) -> str:
+    words = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in registry_errors(response))
+    return words or response.reason or f"HTTP {response.status_code}"
+
+
+def manifest(reference: Reference, registry_url: str, session: requests.Session | None,
+             get_after: Callable[[requests.Response], bool]) -> requests.Response:
+    """HEAD the manifest (a 401's token challenge answered once), then GET it when `get_after` says the HEAD's
+    answer is not enough (a HEAD has no body). `registry_url` replaces https://<registry host> (a fake in tests)."""
+    import requests
+
     base = (registry_url or f"https://{reference.registry}").rstrip("/")
-    return f"{base}/v2/{reference.repository}/manifests/{reference.digest or reference.tag}"
-
-
-def ask(session: requests.Session, method: str, url: str, repository: str,
-        headers: dict[str, str]) -> requests.Response:
-    """One manifest request; a 401's token challenge is answered once (`headers` keeps the token for the next)."""
-    response = session.request(method, url, headers=headers, timeout=TIMEOUT_S)
-    if response.status_code == 401 and "Authorization" not in headers:
-        token = bearer_token(session, response.headers.get("WWW-Authenticate", ""), repository)
-        headers["Authorization"] = f"Bearer {token}"
-        response = session.request(method, url, headers=headers, timeout=TIMEOUT_S)
-    return response
+    url = f"{base}/v2/{reference.repository}/manifests/{reference.digest or reference.tag}"
+    headers = {"Accept": ", ".join(MANIFEST_TYPES)}
+    with contextlib.ExitStack() as owned:
+        session = session or owned.enter_context(requests.Session())
+        response = session.request("HEAD", url, headers=headers, timeout=TIMEOUT_S)
+        if response.status_code == 401:
+            token = bearer_token(session, response.headers.get("WWW-Authenticate", ""), reference.repository)
+            headers["Authorization"] = f"Bearer {token}"
+            response = session.request("HEAD", url, headers=headers, timeout=TIMEOUT_S)
+        if get_after(response):
+            response = session.get(url, headers=headers, timeout=TIMEOUT_S)
+        return response
 
 
 def resolve(image: str, registry_url: str = "", session: requests.Session | None = None) -> str:
-    """`image` pinned to the digest its tag names now (an image already pinned is returned as it is).
-    `registry_url` replaces https://<registry host> (tests point it at a fake on 127.0.0.1)."""
+    """`image` pinned to the digest its tag names now (an image already pinned is returned as it is)."""
     import requests
 
     reference = Reference.parse(image)
     if reference.digest:
         return image
-    url = manifest_url(reference, registry_url)
-    headers = {"Accept": ", ".join(MANIFEST_TYPES)}
-    owned = session is None
-    session = session or requests.Session()
-    try:
-        response = ask(session, "HEAD", url, reference.repository, headers)
-        digest = response.headers.get("Docker-Content-Digest", "")
-        if response.status_code == 200 and not digest:  # HEAD without the header: the digest of the body
-            response = session.get(url, headers=headers, timeout=TIMEOUT_S)
-            digest = "sha256:" + hashlib.sha256(response.content).hexdigest() if response.status_code == 200 else ""
+    try:  # a HEAD without the digest header: the digest of the body
+        response = manifest(reference, registry_url, session,
+                            lambda head: head.status_code == 200 and not head.headers.get("Docker-Content-Digest"))
     except requests.RequestException as err:
         raise RegistryError(f"could not reach {reference.registry} to pin {image} ({type(err).__name__}); retry, "
                             "or pin containerImage to a digest yourself (image@sha256:...)") from err
-    finally:
-        if owned:
-            session.close()
+    digest = response.headers.get("Docker-Content-Digest", "")
+    if response.status_code == 200 and not digest:
+        digest = "sha256:" + hashlib.sha256(response.content).hexdigest()
     if response.status_code == 404:
         raise RegistryError(f"{image}: no such tag or repository on {reference.registry}; check containerImage")
     if response.status_code != 200:
         raise RegistryError(f"{image}: {reference.registry} answered HTTP {response.status_code} "
                             f"({error_words(response)})")
-    if not DIGEST.match(digest):
+    if digest_problem(digest):
         raise RegistryError(f"{image}: {reference.registry} gave no sha256 digest ({digest!r})")
     return reference.pinned(digest, image)
 
 
 @dataclass(frozen=True)
 class Located:
-    """Whether a registry holds an image: OK (a pull can start), ABSENT (the registry says it has no such manifest
-    or repository: a pull cannot succeed) or UNKNOWN (unreachable, private, or an answer outside the spec)."""
+    """OK (a pull can start), ABSENT (the registry has no such manifest or repository: a pull cannot succeed) or
+    UNKNOWN (unreachable, private, or an answer outside the spec)."""
 
     image: str
     status: str
@@ -193,45 +175,27 @@ class Located:
 
 
 def locate(image: str, registry_url: str = "", session: requests.Session | None = None) -> Located:
-    """Ask the image's registry for its manifest (HEAD, the tag or the digest). Never raises for what the registry
-    says; RegistryError only for a malformed reference."""
+    """Whether the image's registry holds its manifest; RegistryError only for a malformed reference."""
     import requests
 
     reference = Reference.parse(image)
-    url = manifest_url(reference, registry_url)
-    headers = {"Accept": ", ".join(MANIFEST_TYPES)}
     where = reference.registry
-    owned = session is None
-    session = session or requests.Session()
-    try:
-        response = ask(session, "HEAD", url, reference.repository, headers)
-        if response.status_code == 404:  # a HEAD has no body: the error code comes with a GET
-            response = session.get(url, headers=headers, timeout=TIMEOUT_S)
+    try:  # a 404's error code comes with a GET
+        response = manifest(reference, registry_url, session, lambda head: head.status_code == 404)
     except RegistryError as err:  # a private image's token realm refused us: no way to tell
         return Located(image, UNKNOWN, f"could not check on {where}: {err}")
     except requests.RequestException as err:
         return Located(image, UNKNOWN, f"could not reach {where} ({type(err).__name__}); a pull may still work")
-    finally:
-        if owned:
-            session.close()
     if response.status_code == 200:
         digest = reference.digest or response.headers.get("Docker-Content-Digest", "")
         named = f" (the tag names {digest} now)" if digest and not reference.digest else ""
         return Located(image, OK, f"resolves on {where}{named}", digest)
-    codes = registry_codes(response)
-    if response.status_code == 404 and codes & set(ABSENT_CODES):
+    if response.status_code == 404 and {str(e.get("code")) for e in registry_errors(response)} & set(ABSENT_CODES):
         what = "digest" if reference.digest else "tag"
         return Located(image, ABSENT, f"{where} has no such {what} or repository ({error_words(response)}): a pull "
                                       "cannot succeed")
     return Located(image, UNKNOWN, f"{where} answered HTTP {response.status_code} ({error_words(response)}); could "
                                    "not tell whether a pull would succeed")
-
-
-def registry_codes(response: requests.Response) -> set[str]:
-    try:
-        return {str(error.get("code")) for error in response.json().get("errors") or [] if isinstance(error, dict)}
-    except (ValueError, AttributeError):
-        return set()
 
 
 def pin_for_deploy(configured: str, registry_url: str = "") -> str | None:
