@@ -1,9 +1,5 @@
-"""Whether Cloud Monitoring accepts the metrics an alert policy names yet, and the Pulumi dynamic resource that asks
-before the stack declares its policies: a policy on a metric not yet known is refused (docs/design/alerts.md).
-
-The provider lives in this installed module so that Pulumi's dynamic-provider process can import it (dill pickles
-classes of importable modules by reference). It never fails an update: what it cannot ask stays pending.
-"""
+"""Whether Cloud Monitoring takes the metrics an alert policy names yet, as a Pulumi dynamic resource the policies
+wait for (docs/design/alerts.md). An importable module, so Pulumi's provider process can load it; it never fails."""
 
 from __future__ import annotations
 
@@ -50,10 +46,8 @@ def rfc3339(t: float) -> str:
 
 
 def look(session: Any, project: str, types: list[str], url: str = MONITORING_URL) -> Presence:
-    """Per type: metricDescriptors.get (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/
-    projects.metricDescriptors/get; 404: never written), then timeSeries.list of one header with a point older than
-    SETTLE_S (https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.timeSeries/list; no `timeSeries`, or a
-    404: none). Anything else, or no answer, is asked again next time."""
+    """Per type: metricDescriptors.get (404: never written), then timeSeries.list of one header with a point older
+    than SETTLE_S (none, or a 404: too recent). Anything else, or no answer, is asked again next time."""
     import requests
 
     ready, unwritten, recent = [], [], []
@@ -86,14 +80,6 @@ def asked_in_vain(response: Any) -> str:
     return f"could not ask Cloud Monitoring (HTTP {response.status_code}): {response.text[:200]}"
 
 
-def _session() -> Any:
-    import google.auth
-    from google.auth.transport.requests import AuthorizedSession
-
-    credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
-    return AuthorizedSession(credentials)
-
-
 class MetricsWrittenProvider(ResourceProvider):
     """Props: project, metricTypes; outputs add `ready` (the types a policy may name now) and `reason`. Asked again
     at every update until every type is ready; then unchanged (Cloud Monitoring does not forget a metric)."""
@@ -106,7 +92,9 @@ class MetricsWrittenProvider(ResourceProvider):
         presence = Presence(())
         if wanted:
             try:
-                presence = look(_session(), str(props["project"]), wanted, self.monitoring_url)
+                from tpuserve.gce import adc_session
+
+                presence = look(adc_session(), str(props["project"]), wanted, self.monitoring_url)
             except Exception as err:  # noqa: BLE001 - no credentials or a broken token: pending, never a failure
                 presence = Presence((), f"could not ask Cloud Monitoring: {err}")
         ready = sorted({*known, *presence.ready} & set(props["metricTypes"]))

@@ -1,6 +1,5 @@
-"""The caches that outlive a VM, as the program declares them and the CLI finds them: their names, and the calls that
-create or adopt a cache disk (grown, its performance set) and the compile-cache bucket. Lifecycle:
-docs/boot-and-caches.md "Caches"."""
+"""The caches that outlive a VM, as the program declares them and the CLI finds them: their names, and creating or
+adopting a cache disk and the compile-cache bucket (docs/boot-and-caches.md#caches)."""
 
 from __future__ import annotations
 

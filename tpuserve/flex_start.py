@@ -1,9 +1,5 @@
-"""Waiting for a flex-start VM in Compute Engine's queue: the facts the program and the toolkit share.
-
-`tpuserve up` inserts the VM itself with a wait time (pulumi-gcp cannot) and the program adopts it; the program
-learns which run it is from the environment of that one `pulumi up`, never from saved stack config (a later bare
-`pulumi up` then always declares the VM). Why and what it costs: docs/getting-a-tpu.md.
-"""
+"""Waiting for a flex-start VM in Compute Engine's queue: the facts the program and the toolkit share. `tpuserve up`
+inserts the VM itself (pulumi-gcp cannot wait) and one `pulumi up` adopts it (docs/getting-a-tpu.md)."""
 
 from __future__ import annotations
 
@@ -12,15 +8,15 @@ import os
 import re
 from importlib import resources
 
-# `params.requestValidForDuration` of instances.insert: "between 90 seconds (90) and two hours (7200)" for a workload
-# with strict zonal requirements, 0 = "only allocates resources if they are immediately available" (Google, AI
-# Hypercomputer "Create a VM", flex-start tab); from 90 s on the VM waits as PENDING ("Compute Engine instance
-# lifecycle", https://cloud.google.com/compute/docs/instances/instance-lifecycle).
+from tpuserve.zones import ZONE_NAME
+
+# instances.insert `params.requestValidForDuration`: "between 90 seconds (90) and two hours (7200)" (AI Hypercomputer
+# "Create a VM", flex-start tab); the VM waits as PENDING meanwhile (docs/design/core.md#flex-start).
 QUEUE_MIN_S = 90
 QUEUE_MAX_S = 7200
 
-# Set by `tpuserve up` for one `pulumi up` each: "1" declares everything but the VM (and what needs it: the gate,
-# the monitoring) and exports the VM's insert body; an instance id declares the VM adopting that instance (import_).
+# Set by `tpuserve up` for one `pulumi up` each, never saved in stack config: "1" declares everything but the VM and
+# what needs it (exporting its insert body); an instance id declares the VM adopting that instance (import_).
 WITHHOLD_VM_ENV = "TPUSERVE_WITHHOLD_VM"
 ADOPT_VM_ENV = "TPUSERVE_ADOPT_VM"
 # Set by tpuserve for every `pulumi` it runs: the program's capacity hint stays quiet (tpuserve says what it does).
@@ -30,7 +26,6 @@ DRIVER_ENV = "TPUSERVE_DRIVER"
 RUN_LIMITS = json.loads(resources.files("tpuserve").joinpath("data/flex-start.json").read_text())
 MIN_RUN_S, MAX_RUN_S = RUN_LIMITS["minRunSeconds"], RUN_LIMITS["maxRunSeconds"]
 
-ZONE_NAME = r"[a-z]+-[a-z]+[0-9]+-[a-z0-9]+"
 # Out of capacity in a zone, in the provider's and Google's words (tests/test_capacity.py: one real text per branch).
 CAPACITY = re.compile(rf"ZONE_RESOURCE_POOL_EXHAUSTED|does not have enough resources available to fulfill the "
                       rf"request|\bresource_availability\b|is currently unavailable in the {ZONE_NAME} zone|"
@@ -46,8 +41,7 @@ def adopted_id() -> str:
 
 
 def instance_id(project: str, zone: str, name: str) -> str:
-    """The provider's id of an instance, which `import_` takes (google_compute_instance's import format
-    projects/{{project}}/zones/{{zone}}/instances/{{name}})."""
+    """The id `import_` takes: google_compute_instance's import format."""
     return f"projects/{project}/zones/{zone}/instances/{name}"
 
 

@@ -1,10 +1,7 @@
 """Renew each replica's flex-start GKE node before GKE deletes it, successor pod first (docs/design/gke-renewal.md).
 
-One renewer, two ways in: the stack's CronJob runs this module in the cluster (`python3 -m tpuserve.gke_renewer`,
-standard library and tpuserve/durations.py only, shipped in a ConfigMap; the pod's service account token reaches the
-API server), and `tpuserve gke renew` runs the same Renewer by hand through kubectl (tpuserve/ops/gke_renew.py).
-
-Exit codes: 0 done (or nothing due); 1 an error; 3 a node kept, no successor found in time.
+The CronJob runs it in the cluster (standard library, durations.py and exits.py only: it ships in a ConfigMap);
+`tpuserve gke renew` runs the same Renewer through kubectl. Exit codes: 0 done, 1 an error, 3 a node kept.
 """
 
 from __future__ import annotations
@@ -33,13 +30,10 @@ RENEWAL_ANNOTATION = "tpu-serve/renewal"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 FIRST_TO_GO = "-1000"
 DEFAULT_LEAD = "45m"  # a flex-start node's wait plus a warm start, with room
-# A successor may wait for flex-start capacity: as long as `pulumi up` waits for one (components/k8s_serving.py
-# CAPACITY_WAIT_S), plus a warm start.
-DEFAULT_TIMEOUT = "70m"
+DEFAULT_TIMEOUT = "70m"  # components/k8s_serving.py CAPACITY_WAIT_S for flex-start capacity, plus a warm start
 POLL_S = 15.0
 DEFAULT_GRACE_S = 30  # Kubernetes' terminationGracePeriodSeconds when a pod sets none
 GONE_MARGIN_S = 60.0  # past the old pod's grace period, before reporting it as still terminating
-# tpuserve.ops.up's codes (tests/test_gke_renew.py keeps them equal).
 
 
 class ClusterError(RuntimeError):
@@ -114,8 +108,7 @@ class NodeView:
 
 @dataclass
 class Renewer:
-    """One stack's renewals; every outside effect goes through `cluster` and the clock, so tests drive it with a
-    fake cluster on a fake clock."""
+    """One stack's renewals; every outside effect goes through `cluster` and the clock (a fake of each in tests)."""
 
     cluster: Cluster
     namespace: str
@@ -172,8 +165,7 @@ class Renewer:
         self.cluster.patch("node", node, {"spec": {"unschedulable": True if on else None}})
 
     def room(self, node: NodeView) -> str:
-        """'' when the pool can take a successor's node, else why not. A cordoned node without replicas counts as
-        leaving: the autoscaler removes it, and the successor's node takes its place (the successor waits)."""
+        """'' when the pool can take a successor's node, else why not (docs/design/core.md#the-gke-renewers-edges)."""
         staying = [v for v in self.look() if v.pods or not v.cordoned]
         if len(staying) < self.pool_max or [v for v in staying if not v.pods]:
             return ""
@@ -203,10 +195,8 @@ class Renewer:
         return None
 
     def finish(self, state: Mapping[str, Any], replaced: bool) -> None:
-        """The HPA back to its own bounds and the Deployment back to the replicas it had. With `replaced` the old
-        node's pods are marked to go first; without, the ReplicaSet removes the unready successor first anyway (it
-        ranks a pod that is not ready below one that is). Left alone if something else changed the replicas
-        meanwhile (the HPA itself, by load): the marked pods still go first."""
+        """The HPA back to its bounds, the Deployment to its replicas unless the HPA changed them meanwhile; with
+        `replaced` the old node's pods go first (without, the unready successor does anyway)."""
         if replaced:
             for pod in live(self.cluster.pods(self.namespace, self.selector())):
                 if node_of(pod) == state["node"]:
@@ -256,8 +246,7 @@ class Renewer:
         return True, pod_name(pod)
 
     def resume(self, timeout_s: float) -> list[dict[str, Any]]:
-        """A renewal a previous run left midway (the HPA's annotation): carry it on, or undo it if its node is
-        gone."""
+        """Carry on a renewal a previous run left midway (the HPA's annotation), or undo it if its node is gone."""
         hpa = self.hpa()
         raw = ((hpa or {}).get("metadata", {}).get("annotations") or {}).get(RENEWAL_ANNOTATION)
         if not raw:
@@ -304,9 +293,7 @@ class Renewer:
         return (exits.NO_CAPACITY if kept else exits.OK), {"renewed": renewed, "kept": kept}
 
 
-# --- the Kubernetes API, as a pod's service account (https://kubernetes.io/docs/tasks/run-application/
-# access-api-from-pod/: the API server at KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT, the token and the CA in
-# SERVICE_ACCOUNT_DIR) ---------------------------------------------------------------------------------------------
+# --- the Kubernetes API as a pod's service account: kubernetes.io/docs/tasks/run-application/access-api-from-pod/ ---
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 MERGE_PATCH = "application/merge-patch+json"  # RFC 7386, what `kubectl patch --type merge` sends
@@ -323,8 +310,7 @@ def in_cluster_server(env: Mapping[str, str]) -> str:
 
 
 class ApiCluster:
-    """The Cluster through the API server's REST API with a bearer token, read again for every call (the kubelet
-    rotates a projected token in place)."""
+    """The Cluster through the API server's REST API; the token is read at every call (the kubelet rotates it)."""
 
     def __init__(self, server: str, token_file: str = f"{SERVICE_ACCOUNT_DIR}/token",
                  ca_file: str = f"{SERVICE_ACCOUNT_DIR}/ca.crt", timeout_s: float = 30.0):

@@ -1,13 +1,5 @@
-"""The probe media shipped with tpuserve, as chat messages; standard library only, so the VM's startup-script
-renderer and the gate can use them without importing the probes.
-
-Besides the probe images, one content part per modality (`modality_part`): what the disabled-modality check sends
-to prove that a deployment refuses a modality it does not serve (a 4xx) and still serves afterwards. Each is real,
-decodable media, so vLLM gets as far as its limit check instead of failing to decode it: an image (a shipped PNG), a
-quarter second of silent 16 kHz WAV in `input_audio` (OpenAI's audio part: {"data": base64, "format": "wav"}), and a
-two-frame video as vLLM's `video/jpeg` data URI, base64 frames joined by commas (vLLM 0.32
-vllm/multimodal/media/video.py `load_base64`; each frame is opened by PIL, which reads the PNG frames).
-"""
+"""The probe media shipped with tpuserve, as chat messages and one content part per modality (why they are real
+media: docs/design/core.md#probe-media). Standard library only: the VM's renderer and the gate use them."""
 
 from __future__ import annotations
 

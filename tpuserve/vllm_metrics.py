@@ -1,15 +1,5 @@
-"""vLLM's Prometheus metrics: the series this project charts, alerts on and shows, and the math to read them.
-
-Every name below is in a real scrape of vLLM 0.32's `/metrics` (tests/data/vllm-0.32.0-metrics.prom, recorded from
-the CPU server of the e2e tier; tests/e2e/test_metrics_e2e.py fails when vLLM's export drifts from it). Counters
-carry `_total`, histograms are read through `_bucket` (cumulative counts per upper bound `le`). vLLM 0.32 no longer
-exports `vllm:gpu_cache_usage_perc` or `vllm:time_per_output_token_seconds`: KV usage is `vllm:kv_cache_usage_perc`
-and the time between tokens is `vllm:inter_token_latency_seconds`.
-
-The exposition format is parsed by prometheus_client's parser; `histogram_quantile` follows Prometheus' own
-(linear interpolation inside the bucket holding the rank, the lower bound of the first bucket taken as 0, a rank in
-the +Inf bucket answered with the last finite bound), so `tpuserve status` and the Cloud Monitoring dashboard agree.
-"""
+"""vLLM's Prometheus metrics: the series this project charts, alerts on and shows, and the math to read them
+(docs/design/core.md#vllms-metrics)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 
-ZONE_FORMAT = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$")
-REGION_FORMAT = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+REGION_NAME = r"[a-z]+-[a-z]+[0-9]+"  # us-east5
+ZONE_NAME = rf"{REGION_NAME}-[a-z0-9]+"  # us-east5-b
+ZONE_FORMAT = re.compile(rf"^{ZONE_NAME}$")
+REGION_FORMAT = re.compile(rf"^{REGION_NAME}$")
 
 
 def region_of(zone: str) -> str:
