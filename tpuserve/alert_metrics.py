@@ -23,8 +23,7 @@ now = time.time  # the fake cloud's clock in tests
 
 
 def prometheus_type(series: str) -> str:
-    """The Cloud Monitoring type the Ops Agent writes a PromQL series under (GoogleCloudPlatform/
-    opentelemetry-operations-go exporter/collector/googlemanagedprometheus/naming.go GetMetricName)."""
+    """A PromQL series' Cloud Monitoring type (opentelemetry-operations-go googlemanagedprometheus/naming.go)."""
     for suffix in ("_bucket", "_sum", "_count"):
         if series.endswith(suffix):
             return f"{PROMETHEUS}/{series.removesuffix(suffix)}/histogram"
@@ -81,8 +80,7 @@ def asked_in_vain(response: Any) -> str:
 
 
 class MetricsWrittenProvider(ResourceProvider):
-    """Props: project, metricTypes; outputs add `ready` (the types a policy may name now) and `reason`. Asked again
-    at every update until every type is ready; then unchanged (Cloud Monitoring does not forget a metric)."""
+    """Props: project, metricTypes; outputs add `ready` (the types a policy may name now) and `reason`."""
 
     def __init__(self, monitoring_url: str = MONITORING_URL):
         self.monitoring_url = monitoring_url

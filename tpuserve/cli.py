@@ -64,15 +64,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-JSON_CONVENTION = """`--json`, the same on every command:
-- stdout holds exactly one JSON document, on one line, and nothing else: progress and messages for people go to
-  stderr. Strict JSON: a number that is not finite (an infinite $ / M, a NaN) is null.
-- `status --watch --json` is a stream of such documents, one line per refresh: JSON Lines (https://jsonlines.org).
-- an error is a document too: {"ok": false, "error": "<the one line>", "exit": <code>} (and what the command
-  adds, e.g. a sweep's kept levels), with that non-zero exit code; the `Error: ...` line still goes to stderr.
-- `gate` prints its verdict ({"ready": ...}) and `up` its outcome ({"ok": ..., "exit": ...}) as that
-  one document whether they succeed or not; `gate` prints it without --json too.
-"""
 RAW_ARGS = "tpuserve.args"  # ctx.meta key: the command line after `tpuserve`, for wants_json
 
 
@@ -88,7 +79,7 @@ def finite(value: Any) -> Any:
 
 
 def json_text(document: Any) -> str:
-    """The one way a document is written (JSON_CONVENTION): one line, strict."""
+    """The one way a document is written (docs/toolkit.md#json): one line, strict."""
     return json.dumps(finite(document), allow_nan=False)
 
 
@@ -259,6 +250,6 @@ DURATION = Duration()
 
 
 def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    """`--json`, the same flag on every command (JSON_CONVENTION)."""
+    """`--json`, the same flag on every command (docs/toolkit.md#json)."""
     return click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document on stdout, "
                         "errors too (machine-readable).")(command)

@@ -128,17 +128,15 @@ def html_page(response: requests.Response) -> str | None:
 
 
 def key_hint(key_env: str, key_sent: bool) -> str:
-    """What to do about a 401/403 from a server that wants a key (vLLM's --api-key, or VLLM_API_KEY)."""
-    if key_sent:
-        return (f"the key in ${key_env} was refused: set it to the key the server was started with (vLLM's "
-                f"--api-key or VLLM_API_KEY), or name another variable with {API_KEY_OPTION}")
-    return (f"no API key was sent (${key_env} is not set): export {key_env}=<the key the server was started "
-            f"with> (vLLM's --api-key or VLLM_API_KEY), or name another variable with {API_KEY_OPTION}")
+    """What to do about a 401/403 from a server that wants a key."""
+    started = "the key the server was started with"
+    why = f"the key in ${key_env} was refused" if key_sent else f"no API key was sent (${key_env} is not set)"
+    fix = f"set it to {started}" if key_sent else f"export {key_env}=<{started}>"
+    return f"{why}: {fix} (vLLM's --api-key or VLLM_API_KEY), or name another variable with {API_KEY_OPTION}"
 
 
 def response_error(response: requests.Response, latency_s: float, key_env: str = API_KEY_ENV) -> EndpointError:
-    """The EndpointError for a non-200 answer: the server's own message, or for a web page or a refused key a line
-    naming the URL and what to check."""
+    """The EndpointError for a non-200 answer; for a web page or a refused key it names the URL and what to check."""
     url = response.url
     page = html_page(response)
     if page:
@@ -215,8 +213,7 @@ def response_format(schema: dict[str, Any] | None, name: str) -> dict[str, Any]:
 
 
 class ChatClient:
-    """Chat completions against one served model. `url` may end in /v1 or not; the key defaults to $`key_env`
-    ($TPUSERVE_API_KEY), which a refused key's error names."""
+    """Chat completions against one served model; the key defaults to $`key_env`, which a refused key's error names."""
 
     def __init__(self, url: str, model: str, api_key: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  session: requests.Session | None = None, key_env: str = API_KEY_ENV):
@@ -244,8 +241,7 @@ class ChatClient:
 
     def structured(self, messages: list[dict[str, Any]], schema: dict[str, Any] | None, *, name: str = "answer",
                    thinking: bool | None = None, **params: Any) -> Any:
-        """JSON (`json_object` mode when schema is None), validated: EndpointError, SchemaNotEnforced or
-        OutputTruncated otherwise. `thinking` sets chat_template_kwargs.enable_thinking."""
+        """The answer's JSON, validated (`json_object` mode when schema is None); `thinking`: enable_thinking."""
         return validated_json(self.structured_reply(messages, schema, name=name, thinking=thinking, **params),
                               ANY_OBJECT_SCHEMA if schema is None else schema)
 
@@ -261,8 +257,7 @@ class ChatClient:
         return self.chat(messages, response_format=response_format(schema, name), **params)
 
     def model_cards(self) -> list[dict[str, Any]]:
-        """GET /models: vLLM's ModelCard has `id`, `root` (an HF id or a path) and `max_model_len`
-        (vllm/entrypoints/serve/engine/protocol.py)."""
+        """GET /models: vLLM's ModelCard has `id`, `root` (an HF id or a path) and `max_model_len`."""
         response = self.session.get(f"{self.base}/models", timeout=self.timeout_s)
         page = html_page(response)
         if response.status_code == 404 and not page:  # every vLLM serves it, from its first answer
@@ -279,7 +274,6 @@ class ChatClient:
         return [entry for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
 
     def models(self) -> list[str]:
-        """Ids the server serves (GET /models)."""
         return [card["id"] for card in self.model_cards()]
 
 

@@ -72,8 +72,7 @@ class JsonApi:
         return None if response.status_code == 404 else ok(response).json()
 
     def items(self, url: str, params: Mapping[str, str], scoped: str = "") -> list[dict[str, Any]]:
-        """Every item of a list across its pages; `scoped` reads an aggregated list, whose `items` map each zone
-        to {scoped: [...]} (or to a `warning` for a zone without any)."""
+        """Every item across pages; `scoped` reads an aggregated list (`items` map each zone to {scoped: [...]})."""
         params, found = dict(params), []
         while True:
             body = ok(self.session.get(url, params=params, timeout=self.timeout_s)).json()
@@ -92,8 +91,7 @@ class ComputeClient(JsonApi):
         return self.session.get(f"{self.base_url}{path}", params=params, timeout=self.timeout_s)
 
     def instance(self, instance: Instance) -> dict[str, Any]:
-        """The instance resource (status, creationTimestamp, lastStartTimestamp, machineType,
-        scheduling.maxRunDuration, ...); a deleted VM raises with status 404."""
+        """The instance resource (status, timestamps, scheduling, ...); a deleted VM raises with status 404."""
         return ok(self._get(instance)).json()
 
     def instance_status(self, instance: Instance) -> str:
@@ -101,8 +99,7 @@ class ComputeClient(JsonApi):
         return str(self.instance(instance).get("status", ""))
 
     def guest_attributes(self, instance: Instance, namespace: str) -> dict[str, str]:
-        """key -> value of the instance's guest attributes in `namespace`; empty while there are none (the API
-        answers 404 until the VM writes the first one, and again once the VM is gone)."""
+        """The guest attributes in `namespace`; none (a 404) until the VM writes the first, and once it is gone."""
         response = self._get(instance, "getGuestAttributes", {"queryPath": f"{namespace}/"})
         if response.status_code == 404:
             return {}
@@ -172,8 +169,7 @@ def ok_or_gone(response: requests.Response) -> None:
 
 
 class ZonalDisks(JsonApi):
-    """Zonal disks: get, insert, resize, delete (each waiting for its operation), and the aggregated list.
-    Shapes: https://cloud.google.com/compute/docs/reference/rest/v1/disks."""
+    """Zonal disks, each change waiting for its operation (cloud.google.com/compute/docs/reference/rest/v1/disks)."""
 
     def __init__(self, session: requests.Session, base_url: str = COMPUTE_URL, timeout_s: float = DEFAULT_TIMEOUT_S,
                  poll_s: float = 2.0):
@@ -191,9 +187,7 @@ class ZonalDisks(JsonApi):
         self.call("post", project, zone, f"disks/{name}/resize", json={"sizeGb": str(size_gb)})
 
     def update_performance(self, project: str, zone: str, name: str, fields: Mapping[str, str]) -> None:
-        """Change a Hyperdisk's provisionedIops/provisionedThroughput in place: PATCH the disk with `paths` naming
-        them, as terraform-provider-google does (resource_compute_disk.go, "Performance (PATCH)"). Google allows
-        one such change per disk every 4 hours."""
+        """Provisioned IOPS/throughput in place, as terraform-provider-google's "Performance (PATCH)" (4 h apart)."""
         query = "&".join(f"paths={key}" for key in fields)
         self.call("patch", project, zone, f"disks/{name}?{query}", json={"name": name, **fields})
 
@@ -213,8 +207,7 @@ class ZonalDisks(JsonApi):
                           "disks")
 
     def wait_operation(self, response: requests.Response) -> None:
-        """Wait for the operation a mutating call answered, in any scope (its selfLink says where); a 404 (already
-        gone) is done."""
+        """Wait for the operation a call answered, in any scope (its selfLink); a 404 (already gone) is done."""
         if response.status_code == 404:
             return
         operation = ok(response).json()

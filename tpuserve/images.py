@@ -31,7 +31,6 @@ def image_messages(image: str, question: str) -> list[dict[str, Any]]:
 
 
 def silent_wav(seconds: float = AUDIO_SECONDS, rate_hz: int = AUDIO_RATE_HZ) -> bytes:
-    """A mono 16-bit PCM WAV of silence."""
     out = io.BytesIO()
     with wave.open(out, "wb") as wav:
         wav.setnchannels(1)

@@ -118,8 +118,8 @@ def error_words(response: requests.Response) -> str:
 
 def manifest(reference: Reference, registry_url: str, session: requests.Session | None,
              get_after: Callable[[requests.Response], bool]) -> requests.Response:
-    """HEAD the manifest (a 401's token challenge answered once), then GET it when `get_after` says the HEAD's
-    answer is not enough (a HEAD has no body). `registry_url` replaces https://<registry host> (a fake in tests)."""
+    """HEAD the manifest (answering a token challenge), then GET it if `get_after` says so (a HEAD has no body).
+    `registry_url` replaces https://<registry host> (a fake in tests)."""
     import requests
 
     base = (registry_url or f"https://{reference.registry}").rstrip("/")
@@ -165,8 +165,7 @@ def resolve(image: str, registry_url: str = "", session: requests.Session | None
 
 @dataclass(frozen=True)
 class Located:
-    """OK (a pull can start), ABSENT (the registry has no such manifest or repository: a pull cannot succeed) or
-    UNKNOWN (unreachable, private, or an answer outside the spec)."""
+    """OK (a pull can start), ABSENT (a pull cannot succeed) or UNKNOWN (unreachable, private, off the spec)."""
 
     image: str
     status: str
@@ -199,8 +198,7 @@ def locate(image: str, registry_url: str = "", session: requests.Session | None 
 
 
 def pin_for_deploy(configured: str, registry_url: str = "") -> str | None:
-    """What `tpuserve up` sets containerImage to for this deploy: the tag the stack names, pinned to its digest now;
-    None when there is nothing to pin (the default, already a digest, or an image given with its digest)."""
+    """The stack's tag pinned to its digest now, for this deploy; None when it names no tag (or the default)."""
     if not configured or "@" in configured:
         return None
     return resolve(configured, registry_url)

@@ -40,8 +40,7 @@ class Scrape:
         return {name for name, _ in self.samples}
 
     def total(self, name: str, **match: str) -> float | None:
-        """The sum over every series of `name` whose labels include `match` (vLLM labels each series by engine and
-        model); None when there is no such series."""
+        """The sum over every series of `name` (one per engine) whose labels include `match`; None without any."""
         values = [value for (sample, labels), value in self.samples.items()
                   if sample == name and match.items() <= dict(labels).items()]
         return sum(values) if values else None
