@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateResult
 
 MONITORING_URL = "https://monitoring.googleapis.com"
 PROMETHEUS = "prometheus.googleapis.com"
@@ -80,7 +80,8 @@ def asked_in_vain(response: Any) -> str:
 
 
 class MetricsWrittenProvider(ResourceProvider):
-    """Props: project, metricTypes; outputs add `ready` (the types a policy may name now) and `reason`."""
+    """Props: project, metricTypes; outputs add `ready` (the types a policy may name now) and `reason`. Nothing in
+    the cloud to read back or delete: the base class's read and delete do."""
 
     def __init__(self, monitoring_url: str = MONITORING_URL):
         self.monitoring_url = monitoring_url
@@ -113,9 +114,3 @@ class MetricsWrittenProvider(ResourceProvider):
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         return UpdateResult(self._outs(news, list(olds.get("ready") or ())))
-
-    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
-        return ReadResult(id_, props)  # a record of what was seen, nothing in the cloud to read back
-
-    def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        return None

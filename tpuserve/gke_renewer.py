@@ -131,8 +131,12 @@ class Renewer:
     def selector(self) -> dict[str, str]:
         return dict(self.cluster.deployment(self.namespace, self.deployment)["spec"]["selector"]["matchLabels"])
 
+    def pods(self, on: str | None = None) -> list[Mapping[str, Any]]:
+        """The deployment's pods (on node `on`)."""
+        return [p for p in self.cluster.pods(self.namespace, self.selector()) if on is None or node_of(p) == on]
+
     def look(self) -> list[NodeView]:
-        pods = live(self.cluster.pods(self.namespace, self.selector()))
+        pods = live(self.pods())
         views = []
         for node in self.cluster.nodes(self.pool):
             name = node["metadata"]["name"]
@@ -181,7 +185,7 @@ class Renewer:
         low, high = int(spec.get("minReplicas") or 1), int(spec["maxReplicas"])
         target = self.replicas() + 1
         state = {"node": node.name, "minReplicas": low, "maxReplicas": high, "target": target,
-                 "before": sorted(pod_name(p) for p in live(self.cluster.pods(self.namespace, self.selector()))),
+                 "before": sorted(pod_name(p) for p in live(self.pods())),
                  "started": self.now().isoformat()}
         self.cordon(node.name, True)
         self.set_floor(state, target, max(high, target))
@@ -189,7 +193,7 @@ class Renewer:
         return state
 
     def successor(self, state: Mapping[str, Any]) -> Mapping[str, Any] | None:
-        for pod in self.cluster.pods(self.namespace, self.selector()):
+        for pod in self.pods():
             if pod_name(pod) not in state["before"] and is_ready(pod) and node_of(pod) != state["node"]:
                 return pod
         return None
@@ -198,21 +202,19 @@ class Renewer:
         """The HPA back to its bounds, the Deployment to its replicas unless the HPA changed them meanwhile; with
         `replaced` the old node's pods go first (without, the unready successor does anyway)."""
         if replaced:
-            for pod in live(self.cluster.pods(self.namespace, self.selector())):
-                if node_of(pod) == state["node"]:
-                    self.cluster.patch("pod", pod_name(pod), {"metadata": {"annotations": {
-                        DELETION_COST: FIRST_TO_GO}}}, self.namespace)
+            for pod in live(self.pods(state["node"])):
+                self.cluster.patch("pod", pod_name(pod), {"metadata": {"annotations": {DELETION_COST: FIRST_TO_GO}}},
+                                   self.namespace)
         self.set_floor(None, int(state["minReplicas"]), int(state["maxReplicas"]))
         if self.replicas() == int(state["target"]):
             self.cluster.scale(self.namespace, self.deployment, int(state["target"]) - 1)
 
     def wait_gone(self, state: Mapping[str, Any]) -> bool:
         """Until the old node's pods are gone: each finishes its requests within its own grace period."""
-        leaving = [p for p in self.cluster.pods(self.namespace, self.selector()) if node_of(p) == state["node"]]
-        grace = max((grace_of(p) for p in leaving), default=0)
+        grace = max((grace_of(p) for p in self.pods(state["node"])), default=0)
         deadline = self.now() + timedelta(seconds=grace + GONE_MARGIN_S)
         while self.now() < deadline:
-            if not [p for p in self.cluster.pods(self.namespace, self.selector()) if node_of(p) == state["node"]]:
+            if not self.pods(state["node"]):
                 return True
             self.sleep(self.poll_s)
         return False
@@ -224,12 +226,8 @@ class Renewer:
             if why:
                 return False, why
             state = self.start(node)
-        started = parse_time(state.get("started")) or self.now()
-        deadline = started + timedelta(seconds=timeout_s)
-        while True:
-            pod = self.successor(state)
-            if pod is not None:
-                break
+        deadline = (parse_time(state.get("started")) or self.now()) + timedelta(seconds=timeout_s)
+        while (pod := self.successor(state)) is None:
             if self.now() >= deadline:
                 self.finish(state, replaced=False)
                 if node.name in {v.name for v in self.look()}:
