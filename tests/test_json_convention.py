@@ -1,4 +1,4 @@
-"""The one `--json` convention (docs/toolkit.md#json), checked on every command the CLI has: exactly one
+"""The one `--json` convention (docs/toolkit.md#--json), checked on every command the CLI has: exactly one
 JSON document on one line of stdout, errors included ({"ok": false, "error", "exit"} with that exit code), the human
 `Error:` line on stderr. Commands are found by walking the CLI, so a new command is covered without a new test."""
 

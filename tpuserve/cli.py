@@ -79,7 +79,7 @@ def finite(value: Any) -> Any:
 
 
 def json_text(document: Any) -> str:
-    """The one way a document is written (docs/toolkit.md#json): one line, strict."""
+    """The one way a document is written (docs/toolkit.md#--json): one line, strict."""
     return json.dumps(finite(document), allow_nan=False)
 
 
@@ -250,6 +250,6 @@ DURATION = Duration()
 
 
 def json_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    """`--json`, the same flag on every command (docs/toolkit.md#json)."""
+    """`--json`, the same flag on every command (docs/toolkit.md#--json)."""
     return click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON document on stdout, "
                         "errors too (machine-readable).")(command)
