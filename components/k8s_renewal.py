@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from components.k8s_serving import TERMINATION_GRACE_S, ServingManifestArgs, metadata
+from components.k8s_serving import TERMINATION_GRACE_S, ServingManifestArgs, metadata, role_and_binding
 from tpuserve import durations
 from tpuserve.gke_renewer import DEFAULT_LEAD, DEFAULT_TIMEOUT, POOL_LABEL
 
@@ -28,7 +28,6 @@ NOBODY = 65534
 # A margin past the longest run (a successor's wait, then the old pod's stop) before a stuck Job is stopped; with
 # concurrencyPolicy Forbid a stuck Job would hold back every later run. A renewal cut short is resumed by the next.
 RUN_MARGIN_S = 10 * 60
-RBAC = "rbac.authorization.k8s.io"
 
 
 def renewer_name(args: ServingManifestArgs) -> str:
@@ -71,11 +70,7 @@ def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
     if args.min_replicas == 0:
         return []
     name = renewer_name(args)
-    meta = metadata(args, name)
-    meta["labels"]["app.kubernetes.io/name"] = name  # not the vLLM pods' selector: its pods are not replicas
-    cluster_meta = metadata(args, cluster_role_name(args), namespaced=False)
-    cluster_meta["labels"]["app.kubernetes.io/name"] = name
-    subject = [{"kind": "ServiceAccount", "name": name, "namespace": args.namespace}]
+    meta = metadata(args, name, app=name)
     container = {
         "name": "renewer", "image": PYTHON_IMAGE, "command": ["python3", "-m", "tpuserve.gke_renewer"],
         "args": renewer_args(args), "workingDir": WORKDIR,
@@ -95,12 +90,9 @@ def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
                "volumes": [{"name": "renewer", "configMap": {"name": name}}]}}}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-        {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRole", "metadata": cluster_meta, "rules": node_rules()},
-        {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRoleBinding", "metadata": cluster_meta, "subjects": subject,
-         "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": cluster_role_name(args)}},
-        {"apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": meta, "rules": namespace_rules(args)},
-        {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding", "metadata": meta, "subjects": subject,
-         "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": name}},
+        *role_and_binding(metadata(args, cluster_role_name(args), namespaced=False, app=name), node_rules(), name,
+                          args.namespace, kind="ClusterRole"),
+        *role_and_binding(meta, namespace_rules(args), name, args.namespace),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": package_files()},
         {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": meta, "spec": {
             "schedule": SCHEDULE, "timeZone": "Etc/UTC",
