@@ -1,8 +1,6 @@
-"""The caches that outlive the VM: a Hyperdisk Balanced disk in the VM's zone and the compile-cache bucket.
-
-Both adopt an existing disk or bucket of the same name (components/cache_provider.py) and, with `keepCaches`
-(default), survive `pulumi destroy`: the next deployment, or a zone change back here, boots warm. The VM's service
-account may read and write objects in this bucket only. See docs/boot-and-caches.md, "Caches", for the lifecycle.
+"""The caches that outlive the VM: a Hyperdisk Balanced disk in the VM's zone and the compile-cache bucket, adopted
+when they exist and kept by `pulumi destroy` with `keepCaches` (docs/boot-and-caches.md#caches). The VM's service
+account may read and write objects in this bucket only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The gke target's node renewal in the cluster: a CronJob that runs tpuserve/gke_renewer.py every 15 minutes as its
-own service account, with only the access a renewal uses (docs/design/gke-renewal.md).
-
-The renewer is standard library plus tpuserve/durations.py and exits.py: the files ride in a ConfigMap mounted as a `tpuserve`
-package and run on a digest-pinned python image, so a run installs nothing and needs no image of ours. Declared only
-while the Deployment has an HPA (gkeMinReplicas > 0): a parked stack has nothing to renew.
+own service account, with only the access a renewal uses. Its files ride in a ConfigMap mounted as a `tpuserve`
+package on a digest-pinned python image; none while parked. Why: docs/design/gke-renewal.md.
 """
 
 from __future__ import annotations
@@ -16,8 +13,7 @@ from tpuserve import durations
 from tpuserve.gke_renewer import DEFAULT_LEAD, DEFAULT_TIMEOUT, POOL_LABEL
 
 SCHEDULE = "*/15 * * * *"
-# python:3.12-slim by its multi-arch index digest, as public Dockerfiles pinned it in 2026 (one notes "verified
-# against the canonical index"); not resolved from here (no registry access): `python -m tpuserve.registry
+# python:3.12-slim's multi-arch index digest as public Dockerfiles pinned it in 2026; `python -m tpuserve.registry
 # python:3.12-slim` prints today's.
 PYTHON_IMAGE = "python:3.12-slim@sha256:78387bc3881b8273120a12ebe6c1ab22b018ccc2c9adf565ae1ac9b536e184ea"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "tpuserve"
@@ -25,8 +21,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent / "tpuserve"
 PACKAGE_FILES = ("__init__.py", "durations.py", "exits.py", "gke_renewer.py")
 WORKDIR = "/opt/tpu-serve-renewer"
 NOBODY = 65534
-# A margin past the longest run (a successor's wait, then the old pod's stop) before a stuck Job is stopped; with
-# concurrencyPolicy Forbid a stuck Job would hold back every later run. A renewal cut short is resumed by the next.
+# Past the longest run (a successor's wait, the old pod's stop) a Job is stuck, and would hold back every later run.
 RUN_MARGIN_S = 10 * 60
 
 
@@ -34,8 +29,7 @@ def renewer_name(args: ServingManifestArgs) -> str:
     return f"{args.name}-renewer"
 
 
-def cluster_role_name(args: ServingManifestArgs) -> str:
-    """Cluster-wide, so named after the namespace too (one per stack on a shared cluster)."""
+def cluster_role_name(args: ServingManifestArgs) -> str:  # cluster-wide: one per stack's namespace
     return f"{args.namespace}-{renewer_name(args)}"
 
 
@@ -45,8 +39,7 @@ def node_rules() -> list[dict[str, Any]]:
 
 
 def namespace_rules(args: ServingManifestArgs) -> list[dict[str, Any]]:
-    """The Deployment (read; replicas through its scale subresource) and the HPA by name; the pods it lists and
-    marks (generated names: no resourceNames)."""
+    """The Deployment, its scale and the HPA by name; the pods (generated names) by kind."""
     only = [args.name]
     return [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get"], "resourceNames": only},
             {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["patch"], "resourceNames": only},
