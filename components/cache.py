@@ -17,17 +17,12 @@ from components.cache_provider import CacheBucketProvider, CacheDiskProvider, di
 BUCKET_ROLE = "roles/storage.objectUser"  # get, list, create and delete objects; nothing on the bucket itself
 
 
-class CacheDiskResource(pulumi.dynamic.Resource):
-    name: pulumi.Output[str]
-    size_gb: pulumi.Output[int]
+class CacheResource(pulumi.dynamic.Resource):
+    """A disk or bucket its provider adopts when one of that name exists (`adopted` says whether it did)."""
 
-    def __init__(self, name: str, props: dict, opts: pulumi.ResourceOptions):
-        super().__init__(CacheDiskProvider(), name, {**props, "adopted": None}, opts)
-
-
-class CacheBucketResource(pulumi.dynamic.Resource):
-    def __init__(self, name: str, props: dict, opts: pulumi.ResourceOptions):
-        super().__init__(CacheBucketProvider(), name, {**props, "adopted": None}, opts)
+    def __init__(self, provider: pulumi.dynamic.ResourceProvider, name: str, props: dict,
+                 opts: pulumi.ResourceOptions):
+        super().__init__(provider, name, {**props, "adopted": None}, opts)
 
 
 @dataclass(frozen=True)
@@ -58,7 +53,7 @@ class ServingCache(pulumi.ComponentResource):
         kept = pulumi.ResourceOptions(parent=self, retain_on_delete=args.keep)
         self.disk_source = None
         if args.disk_gb > 0:
-            disk = CacheDiskResource(f"{name}-disk", {
+            disk = CacheResource(CacheDiskProvider(), f"{name}-disk", {
                 "project": args.project, "zone": args.zone, "name": args.disk_name, "sizeGb": args.disk_gb,
                 "type": "hyperdisk-balanced", "labels": dict(args.labels),
                 "provisionedIops": args.disk_iops, "provisionedThroughput": args.disk_throughput_mibps}, kept)
@@ -66,7 +61,7 @@ class ServingCache(pulumi.ComponentResource):
             self.disk_source = disk.id.apply(lambda _: path)  # resolves once the disk exists
         self.bucket_name = pulumi.Output.from_input("")
         if args.bucket:
-            bucket = CacheBucketResource(f"{name}-bucket", {
+            bucket = CacheResource(CacheBucketProvider(), f"{name}-bucket", {
                 "project": args.project, "name": args.bucket_name, "location": args.region,
                 "labels": dict(args.labels)}, kept)
             self.bucket_name = bucket.id.apply(lambda _: args.bucket_name)

@@ -29,9 +29,8 @@ def docker_labels(labels: dict[str, str]) -> list[docker.ContainerLabelArgs]:
 
 
 class LocalVllm(pulumi.ComponentResource):
-    """Pulls the image, runs `vllm serve <vllm_serve_args>` (the image's entrypoint) with the model cache mounted and
-    the port published on 127.0.0.1 only, then waits in `tpuserve gate --url` until the model answers. Attributes
-    mirror TpuServeDeployment where the two targets overlap, so `outputs` is what `__main__.py` exports."""
+    """Pulls the image, runs `vllm serve` with the model cache mounted and the port on 127.0.0.1 only, then waits in
+    `tpuserve gate --url` until the model answers; `outputs` is what `__main__.py` exports."""
 
     def __init__(self, name: str, cfg: StackConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:docker:LocalVllm", name, None, opts)
@@ -60,14 +59,7 @@ class LocalVllm(pulumi.ComponentResource):
             target=url_target(server_url, cfg.serving.model), timeout_s=cfg.readiness_timeout_seconds,
             triggers=[container.id, serving_hash]), opts=pulumi.ResourceOptions(parent=self))
 
-        self.endpoint = f"{server_url}/v1"
-        self.boot_timeline = gate.timeline
-        self.outputs: dict[str, Any] = {
-            "target": cfg.target,
-            "endpoint": self.endpoint,
-            "model": cfg.serving.model,
-            "vllmArgs": vllm_serve_args(cfg.serving),
-            "configHash": serving_hash,
-            "bootTimeline": self.boot_timeline,
-        }
+        self.outputs: dict[str, Any] = {"target": cfg.target, "endpoint": f"{server_url}/v1",
+                                        "model": cfg.serving.model, "vllmArgs": vllm_serve_args(cfg.serving),
+                                        "configHash": serving_hash, "bootTimeline": gate.timeline}
         self.register_outputs(self.outputs)
