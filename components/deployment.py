@@ -19,7 +19,7 @@ from components.startup_script import API_KEY_ENV, render_startup_script, served
 from tpuserve.caches import bucket_name, disk_name
 from tpuserve import flex_start
 from tpuserve.facts import CACHE_DEVICE_NAME, CACHE_LABEL, SERVED_CONFIG_KEY, STARTUP_SCRIPT_KEY, SUPERVISOR_KEY
-from tpuserve.names import base_name, service_account_id, stack_labels, stack_slug, vm_name
+from tpuserve.names import base_name, stack_labels, stack_slug, vm_name
 from tpuserve.serving import vllm_serve_args
 
 
@@ -49,8 +49,7 @@ class TpuServeDeployment(pulumi.ComponentResource):
         serving_hash = served_hash(cfg.serving, {API_KEY_ENV: api_key_secret} if api_key_secret else None)
 
         identity = ServingIdentity(base, ServingIdentityArgs(
-            project=cfg.project, account_id=service_account_id(base), existing_secret=cfg.hf_token_secret_id,
-            hf_token=cfg.hf_token, new_secret_id=f"{base}-hf-token", labels=labels,
+            project=cfg.project, existing_secret=cfg.hf_token_secret_id, hf_token=cfg.hf_token, labels=labels,
             readable_secrets=(api_key_secret,) if api_key_secret else ()), opts=child)
         network = ServingNetwork(base, ServingNetworkArgs(
             project=cfg.project, region=cfg.effective_region, network=cfg.network, target_tag=base,

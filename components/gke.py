@@ -132,6 +132,8 @@ class GkeTpuCluster(pulumi.ComponentResource):
                                           member=node_member, opts=child) for role in NODE_ROLES]
         node_identity = dict(service_account=node_account.email, oauth_scopes=[CLOUD_PLATFORM_SCOPE])
         gke_metadata = dict(mode="GKE_METADATA")  # pods see their Workload Identity, never the node's account
+        pool_nodes = dict(**node_identity, resource_labels=dict(args.labels), workload_metadata_config=(
+            container.NodePoolNodeConfigWorkloadMetadataConfigArgs(**gke_metadata)))
 
         if args.existing_cluster:
             location = args.existing_location or args.region
@@ -176,9 +178,7 @@ class GkeTpuCluster(pulumi.ComponentResource):
                 node_locations=[args.zone], node_count=1,
                 node_config=container.NodePoolNodeConfigArgs(
                     machine_type=GATEWAY_SYSTEM_MACHINE_TYPE if args.gateway else SYSTEM_MACHINE_TYPE,
-                    disk_size_gb=SYSTEM_DISK_GB, **node_identity,
-                    workload_metadata_config=container.NodePoolNodeConfigWorkloadMetadataConfigArgs(**gke_metadata),
-                    resource_labels=dict(args.labels)),
+                    disk_size_gb=SYSTEM_DISK_GB, **pool_nodes),
                 management=container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
                 network_config=container.NodePoolNetworkConfigArgs(enable_private_nodes=True), opts=child)
             endpoint = cluster.endpoint
@@ -186,7 +186,6 @@ class GkeTpuCluster(pulumi.ComponentResource):
             self.cluster_name, self.location = cluster.name, cluster.location
             cluster_ready = [cluster]
 
-        topology = V6E_TOPOLOGY[args.chips]
         pool_name = node_pool_name(name)
         self.node_pool = container.NodePool(
             f"{name}-tpu", name=pool_name, project=args.project, cluster=self.cluster_name,
@@ -201,10 +200,8 @@ class GkeTpuCluster(pulumi.ComponentResource):
                 machine_type=args.machine_type, flex_start=True, max_run_duration=f"{args.max_run_seconds}s",
                 reservation_affinity=container.NodePoolNodeConfigReservationAffinityArgs(
                     consume_reservation_type="NO_RESERVATION"),
-                disk_size_gb=args.boot_disk_gb, disk_type=args.boot_disk_type, **node_identity,
-                image_type=STREAMING_IMAGE_TYPE, gcfs_config=container.NodePoolNodeConfigGcfsConfigArgs(enabled=True),
-                workload_metadata_config=container.NodePoolNodeConfigWorkloadMetadataConfigArgs(**gke_metadata),
-                resource_labels=dict(args.labels)),
+                disk_size_gb=args.boot_disk_gb, disk_type=args.boot_disk_type, **pool_nodes,
+                image_type=STREAMING_IMAGE_TYPE, gcfs_config=container.NodePoolNodeConfigGcfsConfigArgs(enabled=True)),
             opts=pulumi.ResourceOptions(parent=self, depends_on=cluster_ready + node_grants,
                                         custom_timeouts=pulumi.CustomTimeouts(create=NODE_POOL_TIMEOUT)))
 
@@ -227,7 +224,7 @@ class GkeTpuCluster(pulumi.ComponentResource):
 
         # What the serving pods select: a flex-start v6e node of the right shape in this stack's own pool.
         self.node_labels = {"cloud.google.com/gke-tpu-accelerator": V6E_ACCELERATOR,
-                            "cloud.google.com/gke-tpu-topology": topology,
+                            "cloud.google.com/gke-tpu-topology": V6E_TOPOLOGY[args.chips],
                             "cloud.google.com/gke-flex-start": "true",
                             POOL_LABEL: pool_name}
         self.kubeconfig = pulumi.Output.all(self.cluster_name, endpoint, ca_certificate).apply(

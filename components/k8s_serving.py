@@ -329,7 +329,7 @@ class GkeServing(pulumi.ComponentResource):
         declared: list[pulumi.CustomResource] = []
 
         def declare(obj: dict[str, Any], resource_name: str, depends_on: list[pulumi.Resource],
-                    timeouts: pulumi.CustomTimeouts | None = None) -> pulumi.CustomResource:
+                    timeouts: pulumi.CustomTimeouts | None = None) -> None:
             kind, meta = obj["kind"], obj["metadata"]
             fields = {FIELD_ARGS.get(key, key): value for key, value in obj.items()
                       if key not in ("apiVersion", "kind", "metadata")}
@@ -340,24 +340,19 @@ class GkeServing(pulumi.ComponentResource):
             opts_ = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=before + depends_on,
                                            custom_timeouts=timeouts)
             if kind in TYPED:
-                resource = TYPED[kind](resource_name, metadata=meta, opts=opts_, **fields)
+                declared.append(TYPED[kind](resource_name, metadata=meta, opts=opts_, **fields))
             else:
-                resource = k8s.apiextensions.CustomResource(resource_name, api_version=obj["apiVersion"], kind=kind,
-                                                            metadata=meta, opts=opts_, **fields)
-            declared.append(resource)
-            return resource
+                declared.append(k8s.apiextensions.CustomResource(
+                    resource_name, api_version=obj["apiVersion"], kind=kind, metadata=meta, opts=opts_, **fields))
 
         for obj in manifests(args.manifest):
-            is_vllm = obj["kind"] == "Deployment"
-            resource = declare(obj, f"{name}-{obj['kind'].lower()}", list(args.depends_on) if is_vllm else [],
-                               pulumi.CustomTimeouts(create=timeout, update=timeout) if is_vllm else None)
-            if is_vllm:
-                self.deployment = resource
+            vllm = obj["kind"] == "Deployment"
+            declare(obj, f"{name}-{obj['kind'].lower()}", list(args.depends_on) if vllm else [],
+                    pulumi.CustomTimeouts(create=timeout, update=timeout) if vllm else None)
         for obj in args.gateway_objects:
             declare(obj, f"{name}-{obj['metadata']['name']}-{obj['kind'].lower()}",
                     list(args.gateway_depends_on) if obj["kind"] == "Gateway" else [])
         for obj in args.renewal_objects:  # one of each kind; named apart from the namespace its ClusterRole names
             declare(obj, f"{name}-renewer-{obj['kind'].lower()}", [])
 
-        self.service_name = args.manifest.name
         self.register_outputs({"deployment": args.manifest.name, "namespace": args.manifest.namespace})
