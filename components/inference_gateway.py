@@ -20,8 +20,6 @@ ROUTER_VERSION = "v0.10.0"
 EPP_IMAGE = f"ghcr.io/llm-d/llm-d-router-endpoint-picker:{ROUTER_VERSION}"
 POOL_GROUP = "inference.networking.k8s.io"
 GATEWAY_GROUP = "gateway.networking.k8s.io"
-GATEWAY_CLASS = "gke-l7-rilb"
-LISTENER_PORT = 80
 EXT_PROC_PORT, HEALTH_PORT, METRICS_PORT = 9002, 9003, 9090
 PLUGINS_FILE = "default-plugins.yaml"
 # The chart's own sizing (routerlib values.yaml `epp.resources`); gke.GATEWAY_SYSTEM_MACHINE_TYPE fits it.
@@ -124,8 +122,8 @@ def gke_policies(args: ServingManifestArgs) -> list[dict[str, Any]]:
 
 def gateway(args: ServingManifestArgs) -> dict[str, Any]:
     return {"apiVersion": f"{GATEWAY_GROUP}/v1", "kind": "Gateway", "metadata": metadata(args),
-            "spec": {"gatewayClassName": GATEWAY_CLASS,
-                     "listeners": [{"name": "http", "protocol": "HTTP", "port": LISTENER_PORT}]}}
+            "spec": {"gatewayClassName": "gke-l7-rilb",  # GKE's regional internal Application Load Balancer
+                     "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}]}}
 
 
 def http_route(args: ServingManifestArgs) -> dict[str, Any]:

@@ -23,6 +23,8 @@ WORKDIR = "/opt/tpu-serve-renewer"
 NOBODY = 65534
 # Past the longest run (a successor's wait, the old pod's stop) a Job is stuck, and would hold back every later run.
 RUN_MARGIN_S = 10 * 60
+# Nodes are cluster-scoped: only a ClusterRole reaches them. `list` takes no resourceNames.
+NODE_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]}]
 
 
 def renewer_name(args: ServingManifestArgs) -> str:
@@ -31,11 +33,6 @@ def renewer_name(args: ServingManifestArgs) -> str:
 
 def cluster_role_name(args: ServingManifestArgs) -> str:  # cluster-wide: one per stack's namespace
     return f"{args.namespace}-{renewer_name(args)}"
-
-
-def node_rules() -> list[dict[str, Any]]:
-    # Nodes are cluster-scoped: only a ClusterRole reaches them. `list` takes no resourceNames.
-    return [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]}]
 
 
 def namespace_rules(args: ServingManifestArgs) -> list[dict[str, Any]]:
@@ -52,10 +49,6 @@ def renewer_args(args: ServingManifestArgs) -> list[str]:
     return ["--namespace", args.namespace, "--deployment", args.name, "--pool", args.node_labels[POOL_LABEL],
             "--pool-max-nodes", str(args.pool_max_nodes), "--max-run-seconds", str(args.max_run_s),
             "--lead", DEFAULT_LEAD, "--timeout", DEFAULT_TIMEOUT]
-
-
-def package_files() -> dict[str, str]:
-    return {name: (PACKAGE_DIR / name).read_text() for name in PACKAGE_FILES}
 
 
 def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
@@ -83,10 +76,11 @@ def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
                "volumes": [{"name": "renewer", "configMap": {"name": name}}]}}}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-        *role_and_binding(metadata(args, cluster_role_name(args), namespaced=False, app=name), node_rules(), name,
+        *role_and_binding(metadata(args, cluster_role_name(args), namespaced=False, app=name), NODE_RULES, name,
                           args.namespace, kind="ClusterRole"),
         *role_and_binding(meta, namespace_rules(args), name, args.namespace),
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": package_files()},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+         "data": {file: (PACKAGE_DIR / file).read_text() for file in PACKAGE_FILES}},
         {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": meta, "spec": {
             "schedule": SCHEDULE, "timeZone": "Etc/UTC",
             # One renewal at a time: a run still waiting for a successor's capacity makes the next one skip.

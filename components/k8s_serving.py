@@ -28,15 +28,11 @@ SCRIPTS_DIR = "/opt/tpu-serve"
 TOKEN_DIR = "/var/run/tpu-serve/hf"
 TOKEN_FILE = f"{TOKEN_DIR}/token"
 SERVICE_ACCOUNT = "vllm"
-TPU_RESOURCE = "google.com/tpu"
-TPU_TAINT_KEY = "google.com/tpu"  # GKE taints TPU nodes google.com/tpu=present:NoSchedule
+TPU_RESOURCE = "google.com/tpu"  # also the key of the taint GKE puts on TPU nodes (present:NoSchedule)
 WAITING_METRIC = "prometheus.googleapis.com|vllm:num_requests_waiting|gauge"
 WAITING_PER_REPLICA = 5  # add a replica when more than this many requests wait per replica on average
-SCRAPE_INTERVAL = "30s"
 STARTUP_PERIOD_S = 10
-READINESS_PERIOD_S = 30
 READYCHECK_REQUEST_TIMEOUT_S = 15  # per request; three requests per check
-LIVENESS_PERIOD_S = 15
 CAPACITY_WAIT_S = 60 * 60  # how long Pulumi waits for a flex-start node, on top of the cold start
 # The longest request the route lets run; every stop budget below is made from it (docs/gke.md, a pod's stop).
 REQUEST_TIMEOUT_S = 600
@@ -45,7 +41,6 @@ SHUTDOWN_TIMEOUT_S = 30  # vLLM's drain on SIGTERM, for a request that slipped i
 SHUTDOWN_MARGIN_S = 15  # vLLM's teardown after the drain
 # The kubelet counts the preStop against the grace period.
 TERMINATION_GRACE_S = ENDPOINT_REMOVAL_S + REQUEST_TIMEOUT_S + SHUTDOWN_TIMEOUT_S + SHUTDOWN_MARGIN_S
-DRAIN_POLL_S = 2
 # A replica costs a cold start (~10 min) and a node-hour: scale up at once, scale down slowly.
 SCALE_DOWN_WINDOW_S = 15 * 60
 # Cloud Storage FUSE as Google's vLLM-on-TPU recipe sets it: the sidecar injected with no limits (a limited one is
@@ -182,13 +177,13 @@ def vllm_container(args: ServingManifestArgs) -> dict[str, Any]:
         # lists the compile cache on the bucket twice at most, hence the long timeout.
         "startupProbe": {"exec": {"command": boot}, "periodSeconds": STARTUP_PERIOD_S, "timeoutSeconds": 30,
                          "failureThreshold": math.ceil(args.startup_budget_s / STARTUP_PERIOD_S)},
-        "readinessProbe": {"exec": {"command": readycheck}, "periodSeconds": READINESS_PERIOD_S,
+        "readinessProbe": {"exec": {"command": readycheck}, "periodSeconds": 30,
                            "timeoutSeconds": 3 * READYCHECK_REQUEST_TIMEOUT_S + 5, "failureThreshold": 2},
-        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": LIVENESS_PERIOD_S,
+        "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 15,
                           "timeoutSeconds": 5, "failureThreshold": 4},
         "lifecycle": {"preStop": {"exec": {"command": [
             "python3", f"{SCRIPTS_DIR}/drain.py", "--url", url, "--settle", str(ENDPOINT_REMOVAL_S),
-            "--timeout", str(REQUEST_TIMEOUT_S), "--poll", str(DRAIN_POLL_S)]}}},
+            "--timeout", str(REQUEST_TIMEOUT_S), "--poll", "2"]}}},
     }
 
 
@@ -235,7 +230,7 @@ def deployment(args: ServingManifestArgs) -> dict[str, Any]:
             "spec": {
                 "serviceAccountName": SERVICE_ACCOUNT,
                 "nodeSelector": dict(args.node_labels),
-                "tolerations": [{"key": TPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                "tolerations": [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
                 "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
                 "initContainers": [token_init_container(args)],
                 "containers": [vllm_container(args)],
@@ -268,7 +263,7 @@ def disruption_budget(args: ServingManifestArgs) -> dict[str, Any]:
 def pod_monitoring(args: ServingManifestArgs) -> dict[str, Any]:
     return {"apiVersion": "monitoring.googleapis.com/v1", "kind": "PodMonitoring", "metadata": metadata(args),
             "spec": {"selector": {"matchLabels": selector(args)},
-                     "endpoints": [{"port": "http", "path": "/metrics", "interval": SCRAPE_INTERVAL}]}}
+                     "endpoints": [{"port": "http", "path": "/metrics", "interval": "30s"}]}}
 
 
 def autoscaler(args: ServingManifestArgs) -> dict[str, Any]:
