@@ -34,7 +34,8 @@ WAITING_PER_REPLICA = 5  # add a replica when more than this many requests wait 
 STARTUP_PERIOD_S = 10
 READYCHECK_REQUEST_TIMEOUT_S = 15  # per request; three requests per check
 CAPACITY_WAIT_S = 60 * 60  # how long Pulumi waits for a flex-start node, on top of the cold start
-# The longest request the route lets run; every stop budget below is made from it (docs/gke.md, a pod's stop).
+# The route's longest request; every stop budget below is made from it
+# (docs/gke.md#a-pod-finishes-its-streams-before-it-goes).
 REQUEST_TIMEOUT_S = 600
 ENDPOINT_REMOVAL_S = 15  # preStop: the deleted pod's endpoint leaves every router (KServe's 15 s)
 SHUTDOWN_TIMEOUT_S = 30  # vLLM's drain on SIGTERM, for a request that slipped in after the preStop
