@@ -33,39 +33,19 @@ def scrape_targets(port: int, engines: Sequence[tuple[str, int]] = ()) -> list[d
 
 
 def ops_agent_config(port: int, engines: Sequence[tuple[str, int]] = ()) -> dict:
+    scrape = {"job_name": JOB_NAME, "scrape_interval": SCRAPE_INTERVAL, "metrics_path": "/metrics",
+              "static_configs": scrape_targets(port, engines),
+              "relabel_configs": [{"source_labels": ["__meta_gce_instance_name"], "target_label": INSTANCE_LABEL}],
+              "metric_relabel_configs": [
+                  {"source_labels": ["__name__"], "regex": "vllm:.+", "action": "keep"},
+                  {"source_labels": ["__name__"], "regex": ".+_created", "action": "drop"}]}
+    logs = {"type": "files", "include_paths": list(DOCKER_JSON_LOGS), "wildcard_refresh_interval": "30s"}
+    parse = {"type": "parse_json", "time_key": "time", "time_format": DOCKER_TIME_FORMAT}
     return {
-        "metrics": {
-            "receivers": {
-                RECEIVER: {
-                    "type": "prometheus",
-                    "config": {
-                        "scrape_configs": [{
-                            "job_name": JOB_NAME,
-                            "scrape_interval": SCRAPE_INTERVAL,
-                            "metrics_path": "/metrics",
-                            "static_configs": scrape_targets(port, engines),
-                            "relabel_configs": [{"source_labels": ["__meta_gce_instance_name"],
-                                                 "target_label": INSTANCE_LABEL}],
-                            "metric_relabel_configs": [
-                                {"source_labels": ["__name__"], "regex": "vllm:.+", "action": "keep"},
-                                {"source_labels": ["__name__"], "regex": ".+_created", "action": "drop"},
-                            ],
-                        }],
-                    },
-                },
-            },
-            "service": {"pipelines": {RECEIVER: {"receivers": [RECEIVER]}}},
-        },
-        "logging": {
-            "receivers": {
-                RECEIVER: {"type": "files", "include_paths": list(DOCKER_JSON_LOGS),
-                           "wildcard_refresh_interval": "30s"},
-            },
-            "processors": {
-                "docker_json": {"type": "parse_json", "time_key": "time", "time_format": DOCKER_TIME_FORMAT},
-            },
-            "service": {"pipelines": {RECEIVER: {"receivers": [RECEIVER], "processors": ["docker_json"]}}},
-        },
+        "metrics": {"receivers": {RECEIVER: {"type": "prometheus", "config": {"scrape_configs": [scrape]}}},
+                    "service": {"pipelines": {RECEIVER: {"receivers": [RECEIVER]}}}},
+        "logging": {"receivers": {RECEIVER: logs}, "processors": {"docker_json": parse},
+                    "service": {"pipelines": {RECEIVER: {"receivers": [RECEIVER], "processors": ["docker_json"]}}}},
     }
 
 
