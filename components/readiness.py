@@ -19,11 +19,9 @@ GATE_PYTHON = '"${TPUSERVE_PYTHON:-.venv/bin/python}"'
 
 @dataclass(frozen=True)
 class ReadinessGateArgs:
-    # The `tpuserve gate` options naming what to wait for: instance_target(...) or url_target(...).
-    target: pulumi.Input[Sequence[str]]
+    target: pulumi.Input[Sequence[str]]  # what to wait for: instance_target(...) or url_target(...)
     timeout_s: int
-    # The gate re-runs when any of these changes (the VM or container id, the serving-config hash).
-    triggers: Sequence[pulumi.Input[str]]
+    triggers: Sequence[pulumi.Input[str]]  # re-run when one changes: the VM or container id, the serving hash
 
 
 def instance_target(instance: str, zone: str, project: str, config_hash: str) -> list[str]:
