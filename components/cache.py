@@ -1,8 +1,6 @@
-"""The caches that outlive the VM: a Hyperdisk Balanced disk in the VM's zone and the compile-cache bucket.
-
-Both adopt an existing disk or bucket of the same name (components/cache_provider.py) and, with `keepCaches`
-(default), survive `pulumi destroy`: the next deployment, or a zone change back here, boots warm. The VM's service
-account may read and write objects in this bucket only. See docs/boot-and-caches.md, "Caches", for the lifecycle.
+"""The caches that outlive the VM: a Hyperdisk Balanced disk in the VM's zone and the compile-cache bucket, adopted
+when they exist and kept by `pulumi destroy` with `keepCaches` (docs/boot-and-caches.md#caches). The VM's service
+account may read and write objects in this bucket only.
 """
 
 from __future__ import annotations
@@ -19,17 +17,12 @@ from components.cache_provider import CacheBucketProvider, CacheDiskProvider, di
 BUCKET_ROLE = "roles/storage.objectUser"  # get, list, create and delete objects; nothing on the bucket itself
 
 
-class CacheDiskResource(pulumi.dynamic.Resource):
-    name: pulumi.Output[str]
-    size_gb: pulumi.Output[int]
+class CacheResource(pulumi.dynamic.Resource):
+    """A disk or bucket its provider adopts when one of that name exists (`adopted` says whether it did)."""
 
-    def __init__(self, name: str, props: dict, opts: pulumi.ResourceOptions):
-        super().__init__(CacheDiskProvider(), name, {**props, "adopted": None}, opts)
-
-
-class CacheBucketResource(pulumi.dynamic.Resource):
-    def __init__(self, name: str, props: dict, opts: pulumi.ResourceOptions):
-        super().__init__(CacheBucketProvider(), name, {**props, "adopted": None}, opts)
+    def __init__(self, provider: pulumi.dynamic.ResourceProvider, name: str, props: dict,
+                 opts: pulumi.ResourceOptions):
+        super().__init__(provider, name, {**props, "adopted": None}, opts)
 
 
 @dataclass(frozen=True)
@@ -60,7 +53,7 @@ class ServingCache(pulumi.ComponentResource):
         kept = pulumi.ResourceOptions(parent=self, retain_on_delete=args.keep)
         self.disk_source = None
         if args.disk_gb > 0:
-            disk = CacheDiskResource(f"{name}-disk", {
+            disk = CacheResource(CacheDiskProvider(), f"{name}-disk", {
                 "project": args.project, "zone": args.zone, "name": args.disk_name, "sizeGb": args.disk_gb,
                 "type": "hyperdisk-balanced", "labels": dict(args.labels),
                 "provisionedIops": args.disk_iops, "provisionedThroughput": args.disk_throughput_mibps}, kept)
@@ -68,7 +61,7 @@ class ServingCache(pulumi.ComponentResource):
             self.disk_source = disk.id.apply(lambda _: path)  # resolves once the disk exists
         self.bucket_name = pulumi.Output.from_input("")
         if args.bucket:
-            bucket = CacheBucketResource(f"{name}-bucket", {
+            bucket = CacheResource(CacheBucketProvider(), f"{name}-bucket", {
                 "project": args.project, "name": args.bucket_name, "location": args.region,
                 "labels": dict(args.labels)}, kept)
             self.bucket_name = bucket.id.apply(lambda _: args.bucket_name)

@@ -1,14 +1,6 @@
-"""Pulumi dynamic providers for the caches: create adopts what exists, delete runs only when asked.
-
-Why not pulumi-gcp's Disk and Bucket: a cache must survive `pulumi destroy`, and a resource kept that way
-(`retainOnDelete`) makes the next `pulumi up` fail with "already exists" on the same name, unless someone imports it
-by hand. These providers create the disk or bucket only when there is none of that name and adopt it otherwise, so
-keeping them costs nothing in operations. `pulumi destroy` deletes them only when the stack sets `keepCaches: false`
-(components/cache.py passes `retain_on_delete` otherwise). The calls are tpuserve.deploy.cache's, tested against a
-fake Compute API and Cloud Storage; credentials are application-default, like `tpuserve gate`'s.
-
-The provider classes live in this installed module so that Pulumi's dynamic-provider process can import them
-(dill pickles classes of importable modules by reference).
+"""Pulumi dynamic providers for the caches: create adopts a disk or bucket of the same name, delete runs only with
+`keepCaches: false`, so a cache kept by `pulumi destroy` never fails the next `up` with "already exists"
+(docs/boot-and-caches.md#caches). Its own module, so the provider process can import the classes dill pickles.
 """
 
 from __future__ import annotations
@@ -21,7 +13,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 from tpuserve import caches as cache
 
 
-def _session():
+def _session():  # application-default credentials, as `tpuserve gate` uses
     from tpuserve.gce import adc_session
 
     return adc_session()
@@ -88,10 +80,8 @@ class CacheBucketProvider(ResourceProvider):
         return Buckets(_session(), self.storage_url)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        """A new name (or project) is another bucket. A new location is not: a bucket cannot move, and its name is
-        global, so a replacement would create (adopt) the same bucket and then delete it as the old one, under the
-        VM that uses it. The bucket stays where it is (its `bucketLocation` output says where); the change is only
-        recorded."""
+        """A new name (or project) is another bucket. A new location is only recorded: a bucket cannot move, and a
+        replacement would adopt the same global name, then delete it as the old one under the VM."""
         replaces = [key for key in ("project", "name") if olds.get(key) != news.get(key)]
         moved = olds.get("location") != news.get("location")
         return DiffResult(changes=bool(replaces) or moved, replaces=replaces, delete_before_replace=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 import pulumi
 
@@ -18,7 +19,7 @@ from components.startup_script import API_KEY_ENV, render_startup_script, served
 from tpuserve.caches import bucket_name, disk_name
 from tpuserve import flex_start
 from tpuserve.facts import CACHE_DEVICE_NAME, CACHE_LABEL, SERVED_CONFIG_KEY, STARTUP_SCRIPT_KEY, SUPERVISOR_KEY
-from tpuserve.names import base_name, service_account_id, stack_labels, stack_slug, vm_name
+from tpuserve.names import base_name, stack_labels, stack_slug, vm_name
 from tpuserve.serving import vllm_serve_args
 
 
@@ -36,7 +37,7 @@ def expiry(creation_timestamp: str, seconds: int) -> str:
 
 
 class TpuServeDeployment(pulumi.ComponentResource):
-    """Everything one stack creates. Attributes are the stack outputs `__main__.py` exports."""
+    """Everything one stack creates; `outputs` is what `__main__.py` exports."""
 
     def __init__(self, name: str, cfg: StackConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:index:Deployment", name, None, opts)
@@ -48,15 +49,13 @@ class TpuServeDeployment(pulumi.ComponentResource):
         serving_hash = served_hash(cfg.serving, {API_KEY_ENV: api_key_secret} if api_key_secret else None)
 
         identity = ServingIdentity(base, ServingIdentityArgs(
-            project=cfg.project, account_id=service_account_id(base), existing_secret=cfg.hf_token_secret_id,
-            hf_token=cfg.hf_token, new_secret_id=f"{base}-hf-token", labels=labels,
+            project=cfg.project, existing_secret=cfg.hf_token_secret_id, hf_token=cfg.hf_token, labels=labels,
             readable_secrets=(api_key_secret,) if api_key_secret else ()), opts=child)
         network = ServingNetwork(base, ServingNetworkArgs(
             project=cfg.project, region=cfg.effective_region, network=cfg.network, target_tag=base,
             create_nat=cfg.makes_nat_in(cfg.effective_region) and not cfg.external_ip), opts=child)
         name = vm_name(base, cfg.vm_slot)
-        # The cache disk follows the VM's slot: a successor in the same zone cannot attach the disk its predecessor
-        # still holds read-write, so it takes the other slot's (kept from the replacement before, warm).
+        # The cache disk follows the VM's slot: a successor takes the other slot's disk, its predecessor's in use.
         cache_labels = {**labels, CACHE_LABEL: stack_slug(stack)}
         cache_disk_name = disk_name(base) if cfg.vm_slot == "a" else f"{disk_name(base)}-b"
         cache = ServingCache(f"{base}-cache", ServingCacheArgs(
@@ -65,40 +64,33 @@ class TpuServeDeployment(pulumi.ComponentResource):
             bucket=cfg.compile_cache_bucket, disk_iops=cfg.cache_disk_iops,
             disk_throughput_mibps=cfg.cache_disk_throughput_mibps, keep=cfg.keep_caches,
             reader_email=identity.email, labels=cache_labels), opts=child)
-        # Three metadata keys: the boot logic (no serving setting in it), what is served, and the supervisor's code.
-        # A change of the served config updates the running VM (setMetadata), and its supervisor applies it.
-        metadata = {
-            STARTUP_SCRIPT_KEY: render_startup_script(cache_disk=cfg.cache_disk_gb > 0),
-            SERVED_CONFIG_KEY: pulumi.Output.all(identity.secret_name, cache.bucket_name).apply(
-                lambda values: served_config(cfg.serving, values[0], machine_type=cfg.machine_type,
-                                             compile_cache_bucket=values[1],
-                                             ready_timeout_s=cfg.readiness_timeout_seconds,
-                                             api_key_secret=api_key_secret,
-                                             cache_disk=f"{cfg.zone}/{cache_disk_name}" if cfg.cache_disk_gb > 0
-                                             else "")),
-            SUPERVISOR_KEY: supervisor_bundle(serving=cfg.serving),
-        }
+        cache_disk = f"{cfg.zone}/{cache_disk_name}" if cfg.cache_disk_gb > 0 else ""
+        served = pulumi.Output.all(identity.secret_name, cache.bucket_name).apply(lambda values: served_config(
+            cfg.serving, values[0], machine_type=cfg.machine_type, compile_cache_bucket=values[1],
+            ready_timeout_s=cfg.readiness_timeout_seconds, api_key_secret=api_key_secret, cache_disk=cache_disk))
+        # The boot logic, what is served and the supervisor's code: a served-config change is applied in place.
+        metadata = {STARTUP_SCRIPT_KEY: render_startup_script(cache_disk=cfg.cache_disk_gb > 0),
+                    SERVED_CONFIG_KEY: served, SUPERVISOR_KEY: supervisor_bundle(serving=cfg.serving)}
         vm_args = FlexStartTpuVmArgs(
             project=cfg.project, zone=cfg.zone, machine_type=cfg.machine_type, boot_image=cfg.boot_image,
             boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type, max_run_seconds=cfg.max_run_seconds,
             network=cfg.network, subnetwork=cfg.subnetwork, external_ip=cfg.external_ip,
-            service_account_email=identity.email, metadata=metadata,
-            network_tags=(base,), labels=labels,
+            service_account_email=identity.email, metadata=metadata, network_tags=(base,), labels=labels,
             cache_disk=cache.disk_source, cache_device_name=CACHE_DEVICE_NAME,
             delete_first=cfg.replace_order == "delete-first", logical_name=base, stack=stack,
             adopt_id=adopted_vm(cfg.project, cfg.zone, name))
+        self.outputs: dict[str, Any] = {"target": cfg.target, "zone": cfg.zone, "project": cfg.project,
+                                        "vmSlot": cfg.vm_slot, "cacheDisk": cache.disk_source or "",
+                                        "cacheBucket": cache.bucket_name}
         if flex_start.withheld():
-            # `tpuserve up` queues the VM itself (docs/getting-a-tpu.md): this run makes all it needs and says how
-            # to insert it, secret only so that `pulumi up` does not print its 140 kB of metadata.
-            self.outputs = {"target": cfg.target, "zone": cfg.zone, "project": cfg.project, "vmSlot": cfg.vm_slot,
-                            "cacheDisk": cache.disk_source or "", "cacheBucket": cache.bucket_name,
-                            "vmInsertBody": pulumi.Output.secret(insert_body_output(name, vm_args))}
+            # `tpuserve up` queues the VM itself (docs/getting-a-tpu.md) from this body: a secret, so that `pulumi up`
+            # does not print its 140 kB of metadata.
+            self.outputs["vmInsertBody"] = pulumi.Output.secret(insert_body_output(name, vm_args))
             self.register_outputs(self.outputs)
             return
-        vm = FlexStartTpuVm(name, vm_args,
-            # The VM needs its token grant, its egress and its caches before the startup script runs. The logical
-            # name stays `base` whatever the slot, so a slot change is a replacement of this resource, not a new one.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[identity, network, cache]))
+        # The VM needs its token grant, its egress and its caches before the startup script runs.
+        vm = FlexStartTpuVm(name, vm_args, opts=pulumi.ResourceOptions(parent=self,
+                                                                       depends_on=[identity, network, cache]))
         gate = ReadinessGate(f"{base}-ready", ReadinessGateArgs(
             target=vm.name.apply(lambda vm_name: instance_target(vm_name, cfg.zone, cfg.project, serving_hash)),
             # The VM's deadline (ready_timeout_s above) starts later than the gate's: the gate outlasts it.
@@ -111,26 +103,17 @@ class TpuServeDeployment(pulumi.ComponentResource):
             ttft_p99_seconds=cfg.alert_ttft_p99_seconds, queue_depth=cfg.alert_queue_depth),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[gate]))
 
-        self.instance_name = vm.name
-        self.internal_ip = vm.internal_ip
-        self.endpoint = pulumi.Output.concat("http://", vm.internal_ip, f":{cfg.serving.port}/v1")
-        self.iap_tunnel_command = vm.name.apply(
-            lambda vm_name: f"gcloud compute start-iap-tunnel {vm_name} {cfg.serving.port} "
-                            f"--local-host-port=localhost:{cfg.serving.port} --zone={cfg.zone} --project={cfg.project}")
-        self.ssh_command = vm.name.apply(
-            lambda vm_name: f"gcloud compute ssh {vm_name} --zone={cfg.zone} --project={cfg.project} "
-                            "--tunnel-through-iap")
-        self.expected_expiry = vm.creation_timestamp.apply(lambda ts: expiry(ts, cfg.max_run_seconds))
-        self.boot_timeline = gate.timeline
-        self.outputs = {
-            "target": cfg.target,
-            "instanceName": self.instance_name,
-            "zone": cfg.zone,
-            "project": cfg.project,
-            "internalIp": self.internal_ip,
-            "endpoint": self.endpoint,
-            "iapTunnelCommand": self.iap_tunnel_command,
-            "sshCommand": self.ssh_command,
+        port = cfg.serving.port
+        self.outputs.update({
+            "instanceName": vm.name,
+            "internalIp": vm.internal_ip,
+            "endpoint": pulumi.Output.concat("http://", vm.internal_ip, f":{port}/v1"),
+            "iapTunnelCommand": vm.name.apply(
+                lambda vm_name: f"gcloud compute start-iap-tunnel {vm_name} {port} --local-host-port=localhost:{port} "
+                                f"--zone={cfg.zone} --project={cfg.project}"),
+            "sshCommand": vm.name.apply(
+                lambda vm_name: f"gcloud compute ssh {vm_name} --zone={cfg.zone} --project={cfg.project} "
+                                "--tunnel-through-iap"),
             "model": cfg.serving.model,
             "vllmArgs": vllm_serve_args(cfg.serving),  # engine 0's; the others differ in --port only
             "engines": cfg.serving.engines,
@@ -138,14 +121,11 @@ class TpuServeDeployment(pulumi.ComponentResource):
             "configHash": serving_hash,
             "maxRunSeconds": cfg.max_run_seconds,
             "worstCaseCostUsd": cfg.worst_case_cost_usd,
-            "cacheDisk": cache.disk_source or "",
-            "cacheBucket": cache.bucket_name,
             "cacheMonthlyCostUsd": cfg.cache_disk_monthly_usd,
-            "expectedExpiry": self.expected_expiry,
-            "bootTimeline": self.boot_timeline,
+            "expectedExpiry": vm.creation_timestamp.apply(lambda ts: expiry(ts, cfg.max_run_seconds)),
+            "bootTimeline": gate.timeline,
             "dashboardUrl": watch.dashboard_url,
             "alerts": watch.alerts,  # which alert policies exist, which wait for their metrics
             "vmUrn": vm.instance_urn,
-            "vmSlot": cfg.vm_slot,
-        }
+        })
         self.register_outputs(self.outputs)

@@ -1,10 +1,6 @@
 """The front of a VM that runs more than one vLLM engine: Debian's HAProxy on the stack's port, least requests in
-flight first, each engine's /health checked (docs/design/engines.md says why HAProxy and not vLLM's own
-data-parallel server).
-
-Rendered here into the served config, written by the supervisor to /etc/haproxy/haproxy.cfg (the Debian package's
-unit reads it, `Restart=always`), compared with tests/goldens/haproxy.cfg and checked with `haproxy -c`. The e2e
-test and benchmarks/engine_front.py run this same config in front of CPU vLLM servers.
+flight first, each engine's /health checked. The supervisor writes it from the served config; compared with
+tests/goldens/haproxy.cfg and checked with `haproxy -c`. Why HAProxy: docs/design/engines.md.
 """
 
 from __future__ import annotations
@@ -13,19 +9,16 @@ from collections.abc import Sequence
 
 from tpuserve.serving import ServingConfig, engine_addresses
 
-CONFIG_PATH = "/etc/haproxy/haproxy.cfg"
 # A streamed completion may run for many minutes; a request must arrive whole within a minute.
 STREAM_TIMEOUT = "1h"
-# A dead engine is out after two failed checks 2 s apart; a restarted one is back at its first /health 200. Until
-# then a connection it refuses is retried on another engine (retries + redispatch: only connection failures are
-# retried, so no request runs twice).
+# Out after two failed checks 2 s apart, back at the first /health 200; meanwhile a refused connection is retried
+# on another engine (only connection failures are, so no request runs twice).
 CHECK = "check inter 2s fall 2 rise 1"
 
 
 def render_haproxy_config(port: int, engines: Sequence[tuple[str, int]], run_as: str | None = "haproxy",
                           host: str = "") -> str:
-    """HAProxy on `host`:`port` (every address by default) in front of `engines` ((name, port) on 127.0.0.1).
-    `run_as`: the user the Debian package creates; None keeps the caller's (tests run it as themselves)."""
+    """HAProxy on `host`:`port` in front of `engines` ((name, port) on 127.0.0.1), as `run_as` (None: the caller)."""
     servers = "\n".join(f"  server {name} 127.0.0.1:{engine_port} {CHECK}" for name, engine_port in engines)
     tracked = "\n".join(f"  server {name} 127.0.0.1:{engine_port} track engines/{name}"
                          for name, engine_port in engines)

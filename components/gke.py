@@ -1,34 +1,6 @@
-"""The gke target's cluster side: a zonal GKE Standard cluster (new, or an existing one named in config), a
-flex-start TPU v6e node pool that scales from zero, the nodes' own least-privilege service account, and the Workload
-Identity binding that lets the serving pods act as their Google service account.
-
-A new cluster is zonal, in the stack's zone: GKE's free tier covers one zonal cluster's fee, never a regional one's
-(https://cloud.google.com/kubernetes-engine/pricing#cluster_management_fee_and_free_tier). Its pools may still use
-the region's other zones (terraform-provider-google container_node_pool.html.markdown, `node_locations`).
-
-Flex-start node pool, following Google's "Run a small batch workload with TPUs and flex-start provisioning mode"
-(https://cloud.google.com/kubernetes-engine/docs/how-to/dws-flex-start-training-tpu: `--flex-start
---reservation-affinity=none --enable-autoscaling --num-nodes 0 --min-nodes=0`) and the Cluster Toolkit's flex-start
-consumption option (GoogleCloudPlatform/cluster-toolkit blueprints: `enable_flex_start: true`, `auto_repair: false`,
-`reservation_affinity: NO_RESERVATION`). Field names are pulumi-gcp 10.2's (`container.NodePoolNodeConfigArgs.
-flex_start`, `max_run_duration` as "<seconds>s", `reservation_affinity.consume_reservation_type`,
-`NodePoolManagementArgs.auto_repair`, `NodePoolNetworkConfigArgs.enable_private_nodes`). Flex-start TPUs on GKE need
-GKE 1.33.0-gke.1712000 or later (https://cloud.google.com/kubernetes-engine/docs/concepts/dws).
-
-The TPU pool spans every zone of the region where GKE offers flex-start v6e (`node_locations`; the zones are data,
-tpuserve/data/gke-flex-start-tpu.json), with total (not per-zone) autoscaling limits and `location_policy: ANY`, so
-the autoscaler takes a node wherever there is capacity; changing the zones updates the pool in place
-(terraform-provider-google `resource_container_node_pool.go`: `node_locations` is not ForceNew). Its maximum is
-`pool_max_nodes`: the HPA's maximum plus, with gkeSurgeNode, one node for the pod a rollout or renewal starts
-before the one it replaces stops.
-
-The TPU pool streams the 20-26 GB image instead of pulling it first (image streaming: `gcfs_config` on COS with
-containerd; why not secondary boot disks: docs/gke.md).
-
-Warm pods need the Cloud Storage FUSE CSI driver (the compile cache and the weights live in a bucket), and the
-inference-gateway router needs GKE's Gateway API (CHANNEL_STANDARD) and a proxy-only subnet for the regional internal
-load balancer (https://cloud.google.com/kubernetes-engine/docs/how-to/deploy-gke-inference-gateway). A new cluster
-gets both; an existing one is checked and refused with the command that enables what it lacks.
+"""The gke target's cluster side: a zonal GKE Standard cluster (or an existing one, checked), a flex-start TPU v6e node
+pool that scales from zero over the region's flex-start zones, the nodes' own service account and the pods' Workload
+Identity binding. What each setting does and costs: docs/gke.md; the sources: docs/design/pulumi-program.md.
 """
 
 from __future__ import annotations
@@ -41,35 +13,27 @@ from typing import Any
 import pulumi
 from pulumi_gcp import compute, container, projects, serviceaccount
 
-from tpuserve.names import router_description
+from components.network import cloud_nat
+from tpuserve.gce import CLOUD_PLATFORM_SCOPE
+from tpuserve.gke_renewer import POOL_LABEL
 
-# Single-host TPU v6e slices: chips per node -> the topology GKE labels the node with
-# (cloud.google.com/gke-tpu-topology; https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus).
+# Single-host TPU v6e slices: chips per node -> the node's cloud.google.com/gke-tpu-topology label.
 V6E_TOPOLOGY = {1: "1x1", 4: "2x2", 8: "2x4"}
 V6E_ACCELERATOR = "tpu-v6e-slice"  # cloud.google.com/gke-tpu-accelerator
 GKE_MIN_VERSION = "1.33"  # flex-start TPU node pools need 1.33.0-gke.1712000+; REGULAR picks the patch
 RELEASE_CHANNEL = "REGULAR"
-CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
-# GKE's least-privilege role for a node service account (logs, metrics, resource metadata): nodes never run as the
-# default compute service account, which holds Editor in most projects. Image streaming asks a custom node account
-# for Service Usage Consumer in the project that hosts the image (the image-streaming page's requirements): this
-# one, for an image mirrored into its Artifact Registry.
+# GKE's least-privilege node role (never the default compute account), and what image streaming asks of a custom one.
 NODE_ROLES = ("roles/container.defaultNodeServiceAccount", "roles/serviceusage.serviceUsageConsumer")
 WORKLOAD_IDENTITY_USER = "roles/iam.workloadIdentityUser"
-# The cluster's non-TPU workloads (kube-dns, Managed Prometheus collectors, the custom metrics adapter, the renewal
-# CronJob) need a node that is not tainted for TPUs; one small VM in the stack's zone.
-SYSTEM_MACHINE_TYPE = "e2-standard-4"
-# With the inference gateway it also runs the endpoint picker, whose chart asks for 8 CPUs
-# (components/inference_gateway.py EPP_RESOURCES): more than an 8-vCPU node can give one pod, since GKE keeps part of
-# every node for itself ("Node allocatable resources", https://cloud.google.com/kubernetes-engine/docs/concepts/
-# plan-node-sizes), so the next E2 size.
-GATEWAY_SYSTEM_MACHINE_TYPE = "e2-standard-16"
-# Image streaming: Container-Optimized OS with containerd, the image type it needs (and GKE's default for TPU pools).
-STREAMING_IMAGE_TYPE = "COS_CONTAINERD"
+SYSTEM_MACHINE_TYPE = "e2-standard-4"  # one untainted node for kube-dns, the collectors, the adapter, the renewer
+GATEWAY_SYSTEM_MACHINE_TYPE = "e2-standard-16"  # the endpoint picker asks for 8 CPUs, more than an 8-vCPU node gives
+STREAMING_IMAGE_TYPE = "COS_CONTAINERD"  # what image streaming needs (and GKE's default for TPU pools)
 SYSTEM_DISK_GB = 50
-# Creating an empty flex-start pool is quick; capacity is waited for when a pod needs a node, not here.
+# An empty flex-start pool is quick to create; capacity is waited for when a pod needs a node.
 NODE_POOL_TIMEOUT = "30m"
 CLUSTER_TIMEOUT = "45m"
+GATEWAY_API_CHANNEL = "CHANNEL_STANDARD"
+PROXY_SUBNET_PURPOSE = "REGIONAL_MANAGED_PROXY"  # the proxy-only subnet of regional Envoy-based load balancers
 
 
 def workload_pool(project: str) -> str:
@@ -77,8 +41,7 @@ def workload_pool(project: str) -> str:
 
 
 def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
-    """A kubeconfig for pulumi-kubernetes: the cluster's public endpoint and CA, credentials from
-    gke-gcloud-auth-plugin (the user's gcloud login or CI's workload identity; nothing secret is stored)."""
+    """For pulumi-kubernetes: credentials come from gke-gcloud-auth-plugin, so nothing secret is stored."""
     return json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": name,
         "clusters": [{"name": name, "cluster": {"server": f"https://{endpoint}",
@@ -97,18 +60,13 @@ def node_pool_name(base: str) -> str:
     return f"{base[:36].rstrip('-')}-tpu"
 
 
-GATEWAY_API_CHANNEL = "CHANNEL_STANDARD"
-PROXY_SUBNET_PURPOSE = "REGIONAL_MANAGED_PROXY"  # the proxy-only subnet of regional Envoy-based load balancers
-
-
 def _first(items: Any) -> Any:
     return items[0] if items else None
 
 
 def check_existing_cluster(cluster: Any, project: str, location: str, gateway: bool) -> str:
-    """An existing cluster must have Workload Identity (the pods read the token secret and the cache bucket as
-    their own account), the Cloud Storage FUSE CSI driver (the caches' volumes) and, for the inference-gateway
-    router, the Gateway API. Returns its name."""
+    """The existing cluster's name, once it has Workload Identity, the Cloud Storage FUSE CSI driver and, for the
+    inference gateway, the Gateway API; else the command that enables what it lacks."""
     name = cluster.name
     update = f"gcloud container clusters update {name} --location {location}"
     identity = _first(cluster.workload_identity_configs)
@@ -145,9 +103,7 @@ class GkeTpuClusterArgs:
     network: str
     subnetwork: str
     create_nat: bool
-    # The Kubernetes service account (namespace, name) the serving pods run as, and the Google service account
-    # (email) it acts as through Workload Identity.
-    workload_ksa: tuple[str, str]
+    workload_ksa: tuple[str, str]  # (namespace, name) of the pods' account, acting as workload_gsa_email
     workload_gsa_email: pulumi.Input[str]
     existing_cluster: str = ""  # empty: create a zonal cluster in `zone`
     existing_location: str = ""
@@ -157,8 +113,7 @@ class GkeTpuClusterArgs:
 
 
 class GkeTpuCluster(pulumi.ComponentResource):
-    """Cluster (created or looked up), the flex-start TPU v6e node pool and its identity. `kubeconfig` reaches the
-    cluster; `node_pool` is the pool the serving pods land on."""
+    """`kubeconfig` reaches the cluster (created or looked up); `node_pool` is the pool the serving pods land on."""
 
     cluster_name: pulumi.Output[str]
     location: pulumi.Output[str]
@@ -177,6 +132,8 @@ class GkeTpuCluster(pulumi.ComponentResource):
                                           member=node_member, opts=child) for role in NODE_ROLES]
         node_identity = dict(service_account=node_account.email, oauth_scopes=[CLOUD_PLATFORM_SCOPE])
         gke_metadata = dict(mode="GKE_METADATA")  # pods see their Workload Identity, never the node's account
+        pool_nodes = dict(**node_identity, resource_labels=dict(args.labels), workload_metadata_config=(
+            container.NodePoolNodeConfigWorkloadMetadataConfigArgs(**gke_metadata)))
 
         if args.existing_cluster:
             location = args.existing_location or args.region
@@ -190,16 +147,10 @@ class GkeTpuCluster(pulumi.ComponentResource):
             cluster_ready: list[pulumi.Resource] = []
         else:
             if args.create_nat:  # private nodes reach Docker Hub and Hugging Face through Cloud NAT
-                router = compute.Router(f"{name}-router", project=args.project, region=args.region,
-                                        network=args.network, description=router_description(pulumi.get_stack()),
-                                        opts=child)
-                compute.RouterNat(
-                    f"{name}-nat", project=args.project, region=args.region, router=router.name,
-                    nat_ip_allocate_option="AUTO_ONLY",
-                    source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
-                    log_config=compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"), opts=child)
+                cloud_nat(name, args.project, args.region, args.network, child)
             cluster = container.Cluster(
-                name, name=name, project=args.project, location=args.zone, network=args.network, subnetwork=args.subnetwork or None,
+                name, name=name, project=args.project, location=args.zone, network=args.network,
+                subnetwork=args.subnetwork or None,
                 # The default pool is removed at once; while it exists it runs as the nodes' own account too.
                 remove_default_node_pool=True, initial_node_count=1,
                 node_config=container.ClusterNodeConfigArgs(
@@ -227,9 +178,7 @@ class GkeTpuCluster(pulumi.ComponentResource):
                 node_locations=[args.zone], node_count=1,
                 node_config=container.NodePoolNodeConfigArgs(
                     machine_type=GATEWAY_SYSTEM_MACHINE_TYPE if args.gateway else SYSTEM_MACHINE_TYPE,
-                    disk_size_gb=SYSTEM_DISK_GB, **node_identity,
-                    workload_metadata_config=container.NodePoolNodeConfigWorkloadMetadataConfigArgs(**gke_metadata),
-                    resource_labels=dict(args.labels)),
+                    disk_size_gb=SYSTEM_DISK_GB, **pool_nodes),
                 management=container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
                 network_config=container.NodePoolNetworkConfigArgs(enable_private_nodes=True), opts=child)
             endpoint = cluster.endpoint
@@ -237,32 +186,26 @@ class GkeTpuCluster(pulumi.ComponentResource):
             self.cluster_name, self.location = cluster.name, cluster.location
             cluster_ready = [cluster]
 
-        topology = V6E_TOPOLOGY[args.chips]
         pool_name = node_pool_name(name)
         self.node_pool = container.NodePool(
             f"{name}-tpu", name=pool_name, project=args.project, cluster=self.cluster_name,
             location=self.location, node_locations=list(args.zones), initial_node_count=0,
-            # Total limits over all zones (per-zone min/max would multiply by the zones); ANY: the autoscaler
-            # takes a node in whichever zone has capacity (flex-start supports no other policy).
+            # Total limits over all zones; ANY: a node wherever there is capacity (flex-start's only policy).
             autoscaling=container.NodePoolAutoscalingArgs(total_min_node_count=0, total_max_node_count=args.max_nodes,
                                                           location_policy="ANY"),
-            # Flex-start nodes are deleted at their max run duration and do not work with auto-repair; release
-            # channels keep auto-upgrade on.
+            # Flex-start does not work with auto-repair; release channels keep auto-upgrade on.
             management=container.NodePoolManagementArgs(auto_repair=False, auto_upgrade=True),
             network_config=container.NodePoolNetworkConfigArgs(enable_private_nodes=True),
             node_config=container.NodePoolNodeConfigArgs(
                 machine_type=args.machine_type, flex_start=True, max_run_duration=f"{args.max_run_seconds}s",
                 reservation_affinity=container.NodePoolNodeConfigReservationAffinityArgs(
                     consume_reservation_type="NO_RESERVATION"),
-                disk_size_gb=args.boot_disk_gb, disk_type=args.boot_disk_type, **node_identity,
-                image_type=STREAMING_IMAGE_TYPE, gcfs_config=container.NodePoolNodeConfigGcfsConfigArgs(enabled=True),
-                workload_metadata_config=container.NodePoolNodeConfigWorkloadMetadataConfigArgs(**gke_metadata),
-                resource_labels=dict(args.labels)),
+                disk_size_gb=args.boot_disk_gb, disk_type=args.boot_disk_type, **pool_nodes,
+                image_type=STREAMING_IMAGE_TYPE, gcfs_config=container.NodePoolNodeConfigGcfsConfigArgs(enabled=True)),
             opts=pulumi.ResourceOptions(parent=self, depends_on=cluster_ready + node_grants,
                                         custom_timeouts=pulumi.CustomTimeouts(create=NODE_POOL_TIMEOUT)))
 
-        # The regional internal Application Load Balancer behind the inference gateway runs its proxies in the
-        # region's proxy-only subnet; one per network and region (so an existing one is used as it is).
+        # The gateway's load balancer runs its proxies here; one per network and region (an existing one is used).
         self.proxy_subnet: list[pulumi.Resource] = []
         if args.gateway and args.proxy_subnet_range:
             self.proxy_subnet.append(compute.Subnetwork(
@@ -279,12 +222,11 @@ class GkeTpuCluster(pulumi.ComponentResource):
             # The identity pool exists once the cluster does.
             opts=pulumi.ResourceOptions(parent=self, depends_on=cluster_ready))
 
-        # What the serving pods select: a flex-start v6e node of the right shape, and of this stack's own pool (so
-        # two stacks sharing a cluster never take each other's nodes).
+        # What the serving pods select: a flex-start v6e node of the right shape in this stack's own pool.
         self.node_labels = {"cloud.google.com/gke-tpu-accelerator": V6E_ACCELERATOR,
-                            "cloud.google.com/gke-tpu-topology": topology,
+                            "cloud.google.com/gke-tpu-topology": V6E_TOPOLOGY[args.chips],
                             "cloud.google.com/gke-flex-start": "true",
-                            "cloud.google.com/gke-nodepool": pool_name}
+                            POOL_LABEL: pool_name}
         self.kubeconfig = pulumi.Output.all(self.cluster_name, endpoint, ca_certificate).apply(
             lambda values: kubeconfig(*values))
         self.register_outputs({"clusterName": self.cluster_name, "location": self.location,

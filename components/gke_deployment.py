@@ -10,13 +10,12 @@ import pulumi
 from components import inference_gateway, k8s_renewal
 from components.cache import ServingCache, ServingCacheArgs
 from components.config import StackConfig
-from tpuserve.names import base_name, stack_labels
 from components.gke import GkeTpuCluster, GkeTpuClusterArgs
 from components.identity import ServingIdentity, ServingIdentityArgs
 from components.k8s_serving import SERVICE_ACCOUNT, GkeServing, GkeServingArgs, ServingManifestArgs, pod_serve_args
 from tpuserve.caches import bucket_name, disk_name
+from tpuserve.names import base_name, stack_labels
 from tpuserve.serving import config_hash
-from tpuserve.names import service_account_id
 
 DEPLOYMENT_NAME = "vllm"
 
@@ -33,12 +32,11 @@ class GkeTpuServe(pulumi.ComponentResource):
         serving_hash = config_hash(cfg.serving)
 
         identity = ServingIdentity(base, ServingIdentityArgs(
-            project=cfg.project, account_id=service_account_id(base), existing_secret=cfg.hf_token_secret_id,
-            hf_token=cfg.hf_token, new_secret_id=f"{base}-hf-token", labels=labels, project_roles=(),
+            project=cfg.project, existing_secret=cfg.hf_token_secret_id, hf_token=cfg.hf_token, labels=labels,
+            project_roles=(),  # the nodes ship the pods' logs and metrics
             display_name="tpu-serve vLLM pods (GKE)",
             description="Workload Identity of tpu-serve's vLLM pods; reads only the HF token secret."), opts=child)
-        # The weights and the XLA compile cache of every pod (compileCacheBucket false: none, every pod cold); kept
-        # across `pulumi destroy` with keepCaches, like the gcp target's.
+        # The weights and the XLA compile cache of every pod (compileCacheBucket false: every pod cold).
         cache = ServingCache(base, ServingCacheArgs(
             project=cfg.project, zone=cfg.zone, region=cfg.effective_region, disk_name=disk_name(base),
             bucket_name=bucket_name(cfg.project, base), disk_gb=0, bucket=cfg.compile_cache_bucket,
@@ -47,19 +45,17 @@ class GkeTpuServe(pulumi.ComponentResource):
         cluster = GkeTpuCluster(base, GkeTpuClusterArgs(
             project=cfg.project, zone=cfg.zone, region=cfg.effective_region, zones=cfg.gke_pool_zones,
             machine_type=cfg.machine_type, chips=cfg.chips, max_nodes=cfg.gke_pool_max_nodes,
-            max_run_seconds=cfg.max_run_seconds,
-            boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type, network=cfg.network,
-            subnetwork=cfg.subnetwork, create_nat=cfg.makes_nat_in(cfg.effective_region),
-            workload_ksa=(cfg.gke_namespace, SERVICE_ACCOUNT),
-            workload_gsa_email=identity.email, existing_cluster=cfg.gke_cluster,
+            max_run_seconds=cfg.max_run_seconds, boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type,
+            network=cfg.network, subnetwork=cfg.subnetwork, create_nat=cfg.makes_nat_in(cfg.effective_region),
+            workload_ksa=(cfg.gke_namespace, SERVICE_ACCOUNT), workload_gsa_email=identity.email,
+            existing_cluster=cfg.gke_cluster,
             existing_location=cfg.gke_cluster_location, gateway=gateway,
             proxy_subnet_range=cfg.gke_proxy_subnet_range, labels=labels), opts=child)
         manifest = ServingManifestArgs(
             name=DEPLOYMENT_NAME, namespace=cfg.gke_namespace, serving=cfg.serving,
             secret_name=identity.secret_name, gsa_email=identity.email, chips=cfg.chips,
             node_labels=cluster.node_labels, min_replicas=cfg.gke_min_replicas, max_replicas=cfg.gke_max_nodes,
-            startup_budget_s=cfg.readiness_timeout_seconds, config_hash=serving_hash,
-            machine_type=cfg.machine_type,
+            startup_budget_s=cfg.readiness_timeout_seconds, config_hash=serving_hash, machine_type=cfg.machine_type,
             cache_bucket=cache.bucket_name if cfg.compile_cache_bucket else "", surge=cfg.gke_surge_node,
             router=cfg.gke_router, pool_max_nodes=cfg.gke_pool_max_nodes, max_run_s=cfg.max_run_seconds,
             labels=labels)
@@ -97,9 +93,7 @@ class GkeTpuServe(pulumi.ComponentResource):
             "vllmArgs": pod_serve_args(cfg.serving),
             "configHash": serving_hash,
             "maxRunSeconds": cfg.max_run_seconds,
-            # Every replica's node busy: the most the TPUs cost per hour in steady state (the system node comes on
-            # top, and the cluster fee beyond GKE's free tier of one zonal cluster; a rollout or renewal adds the
-            # surge node for its duration).
+            # Every replica's node busy, in steady state: the system node, the cluster fee and a surge node come on top.
             "maxTpuCostPerHourUsd": round(cfg.gke_max_nodes * cfg.chips * cfg.price_per_chip_hour, 2),
         }
         if renewal:  # `kubectl get jobs` / `kubectl logs job/<name>` in the namespace: what each run did

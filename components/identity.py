@@ -1,4 +1,4 @@
-"""Who the VM is: a dedicated service account that may read exactly one secret, the Hugging Face token."""
+"""Who the VM (or the gke target's pods) is: a service account that may read the Hugging Face token secret only."""
 
 from __future__ import annotations
 
@@ -9,18 +9,17 @@ import pulumi
 from pulumi_gcp import projects, secretmanager, serviceaccount
 
 from tpuserve.facts import SECRET_ACCESSOR_ROLE as SECRET_ACCESSOR
-# Ops Agent / docker logging need these; both are write-only roles.
-PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")
+from tpuserve.names import service_account_id
+
+PROJECT_ROLES = ("roles/logging.logWriter", "roles/monitoring.metricWriter")  # the Ops Agent's, write-only
 
 
 @dataclass(frozen=True)
 class ServingIdentityArgs:
     project: str
-    account_id: str
-    # Either an existing secret (short id or projects/P/secrets/S), or a token from which a secret is created.
+    # Either an existing secret (short id or projects/P/secrets/S), or a token for a new secret `<name>-hf-token`.
     existing_secret: str = ""
     hf_token: pulumi.Input[str] | None = None
-    new_secret_id: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
     # Project-level write roles; a GKE pod needs none (its node ships its logs and metrics).
     project_roles: tuple[str, ...] = PROJECT_ROLES
@@ -31,8 +30,8 @@ class ServingIdentityArgs:
 
 
 class ServingIdentity(pulumi.ComponentResource):
-    """A service account with no keys, `secretAccessor` on the token secret only (a secret-level binding), and
-    log/metric writer on the project. The default compute service account is never used."""
+    """A service account `service_account_id(name)` with no keys, `secretAccessor` on the token secret only (a
+    secret-level binding), and `project_roles`. The default compute service account is never used."""
 
     email: pulumi.Output[str]
     secret_name: pulumi.Output[str]
@@ -42,14 +41,13 @@ class ServingIdentity(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
 
         account = serviceaccount.Account(
-            f"{name}-sa", project=args.project, account_id=args.account_id,
-            display_name=args.display_name, description=args.description,
-            opts=child)
+            f"{name}-sa", project=args.project, account_id=service_account_id(name), display_name=args.display_name,
+            description=args.description, opts=child)
         member = account.email.apply(lambda email: f"serviceAccount:{email}")
 
         if args.hf_token is not None:
             secret = secretmanager.Secret(
-                f"{name}-hf-token", project=args.project, secret_id=args.new_secret_id,
+                f"{name}-hf-token", project=args.project, secret_id=f"{name}-hf-token",
                 replication=secretmanager.SecretReplicationArgs(auto=secretmanager.SecretReplicationAutoArgs()),
                 labels=dict(args.labels), opts=child)
             secretmanager.SecretVersion(

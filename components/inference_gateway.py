@@ -1,31 +1,9 @@
 """The gke target's `inference-gateway` router: GKE Inference Gateway in front of the vLLM pods.
 
-A ClusterIP Service spreads requests round robin; here each request goes to the replica the endpoint picker (EPP)
-scores best from the replicas' own metrics: queue, KV-cache use and which replica already holds the prompt's prefix.
-The objects are what GKE's guide, "Deploy GKE Inference Gateway powered by llm-d"
-(https://cloud.google.com/kubernetes-engine/docs/how-to/deploy-gke-inference-gateway), installs: llm-d's router
-chart `llm-d-router-gateway` with `provider.name=gke` (the picker moved there from gateway-api-inference-extension,
-whose v1.6.0 README says so), rendered by hand from the release pinned below and declared as plain objects, so
-`pulumi preview` shows them and tests validate them against the published CRDs (tests/data/crds). The chart's
-templates, in config/charts/routerlib and llm-d-router-gateway/templates:
-
-- InferencePool `vllm` (inference.networking.k8s.io/v1, _inferencepool.yaml): the Deployment's pods, port 8000, its
-  picker; FailOpen (with the picker down the gateway still routes).
-- The picker `vllm-epp`: ServiceAccount and Roles (rbac.yaml, _rbac.yaml), the EndpointPickerConfig of the chart's
-  default profile (_config.yaml: queue, KV-cache-utilization and prefix-cache scorers, weights 2, 2, 3, fed by the
-  metrics data source), a one-replica Deployment (_deployment.yaml; Recreate: the prefix scorer's state lives in one
-  process) sized as the chart sizes it, and its ext-proc Service on 9002 (_service.yaml). For vLLM it reads
-  vllm:num_requests_waiting, vllm:num_requests_running, vllm:kv_cache_usage_perc and vllm:cache_config_info
-  (pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go), all in vLLM 0.32's scrape.
-- GKE's HealthCheckPolicy (HTTP /health on the pool's port, every 2 s) and GCPBackendPolicy on the pool (gke.yaml),
-  the request timeout and connection draining both the route's longest request (k8s_serving.REQUEST_TIMEOUT_S).
-- Gateway `vllm` of class `gke-l7-rilb`, GKE's regional internal Application Load Balancer (clients in the VPC; it
-  needs the region's proxy-only subnet, components/gke.py), an HTTP listener on port 80, and the HTTPRoute that
-  sends every path to the pool (httproute.yaml). Internal for the reason the gcp target's VM has no external IP:
-  nothing here authenticates a caller.
-
-Left out, as the chart leaves them out by default: the picker's own PodMonitoring and InferenceObjectives. The CRDs
-(InferencePool, Gateway, HTTPRoute) are GKE's: 1.34.0-gke.1626000 and later install them (docs/gke.md).
+Each request goes to the replica llm-d's endpoint picker scores best (queue, KV-cache use, prefix hits). The objects
+are what llm-d's chart `llm-d-router-gateway` renders with `provider.name=gke`, written out here so that `pulumi
+preview` shows them and tests validate them against the published CRDs. Which template each comes from, and what
+is left out: docs/design/pulumi-program.md#the-inference-gateway.
 """
 
 from __future__ import annotations
@@ -34,25 +12,21 @@ from typing import Any
 
 import yaml
 
-from components.k8s_serving import REQUEST_TIMEOUT_S, TERMINATION_GRACE_S, ServingManifestArgs, metadata, selector
+from components.k8s_serving import (REQUEST_TIMEOUT_S, TERMINATION_GRACE_S, ServingManifestArgs, metadata,
+                                   role_and_binding, selector)
 
-# llm-d/llm-d-router v0.10.0 (commit 71f4f0999f95b96c49a9d0c4afbd18dfdb943c26, 2026-08-17), its latest release: the
-# chart oci://ghcr.io/llm-d/charts/llm-d-router-gateway at that version and the picker image of the same tag
-# (.github/ISSUE_TEMPLATE/new-release.md; hack/push-chart.sh sets the released chart's image to the release tag).
+# llm-d/llm-d-router's release (commit 71f4f0999f95b96c49a9d0c4afbd18dfdb943c26): its chart and picker image.
 ROUTER_VERSION = "v0.10.0"
 EPP_IMAGE = f"ghcr.io/llm-d/llm-d-router-endpoint-picker:{ROUTER_VERSION}"
 POOL_GROUP = "inference.networking.k8s.io"
 GATEWAY_GROUP = "gateway.networking.k8s.io"
-GATEWAY_CLASS = "gke-l7-rilb"
-LISTENER_PORT = 80
 EXT_PROC_PORT, HEALTH_PORT, METRICS_PORT = 9002, 9003, 9090
 PLUGINS_FILE = "default-plugins.yaml"
-# The chart's own sizing (routerlib values.yaml `epp.resources`: "CPU limits unset for burst capacity, memory capped
-# at 16Gi"); the system node is sized to fit it (components/gke.py GATEWAY_SYSTEM_MACHINE_TYPE).
+# The chart's own sizing (routerlib values.yaml `epp.resources`); gke.GATEWAY_SYSTEM_MACHINE_TYPE fits it.
 EPP_RESOURCES = {"requests": {"cpu": "8", "memory": "8Gi"}, "limits": {"memory": "16Gi"}}
 MODE_LABEL = {"llm-d.ai/igw-mode": "llm-d-router-gateway"}  # _helpers.tpl modeLabels
 
-# The chart's default EndpointPickerConfig (_config.yaml, vLLM over HTTP, no latency predictor, no parsers).
+# The chart's default EndpointPickerConfig (_config.yaml: vLLM over HTTP, no latency predictor, no parsers).
 PLUGINS_CONFIG = {
     "apiVersion": "llm-d.ai/v1alpha1",
     "kind": "EndpointPickerConfig",
@@ -83,24 +57,9 @@ def inference_pool(args: ServingManifestArgs) -> dict[str, Any]:
                                            "failureMode": "FailOpen"}}}
 
 
-def role(args: ServingManifestArgs, name: str, account: str, rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    rbac = "rbac.authorization.k8s.io"
-    meta = epp_metadata(args, name)
-    return [{"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta, "rules": rules},
-            {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": meta,
-             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": args.namespace}],
-             "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name}}]
-
-
-def epp_metadata(args: ServingManifestArgs, name: str) -> dict[str, Any]:
-    meta = metadata(args, name)
-    meta["labels"]["app.kubernetes.io/name"] = epp_name(args)  # not the vLLM pods' selector: nothing of theirs
-    return meta
-
-
 def epp_objects(args: ServingManifestArgs) -> list[dict[str, Any]]:
     name = epp_name(args)
-    meta = epp_metadata(args, name)
+    meta = metadata(args, name, app=name)
     read = ["get", "watch", "list"]
     config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
               "data": {PLUGINS_FILE: yaml.safe_dump(PLUGINS_CONFIG, sort_keys=False)}}
@@ -135,12 +94,13 @@ def epp_objects(args: ServingManifestArgs) -> list[dict[str, Any]]:
                    "appProtocol": "kubernetes.io/h2c"},
                   {"name": "http-metrics", "protocol": "TCP", "port": METRICS_PORT}]}}
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}
-    pods = role(args, f"{name}-sa", name, [{"apiGroups": [""], "resources": ["pods"], "verbs": read}])
-    pool = role(args, f"{name}-non-sa", name, [
+    pods = role_and_binding(metadata(args, f"{name}-sa", app=name), [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": read}], name, args.namespace)
+    pool = role_and_binding(metadata(args, f"{name}-non-sa", app=name), [
         {"apiGroups": ["inference.networking.x-k8s.io"], "resources": ["inferenceobjectives",
                                                                         "inferencemodelrewrites"], "verbs": read},
         {"apiGroups": ["llm-d.ai"], "resources": ["inferenceobjectives", "inferencemodelrewrites"], "verbs": read},
-        {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"], "verbs": read}])
+        {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"], "verbs": read}], name, args.namespace)
     return [account, *pods, *pool, config, deployment, service]
 
 
@@ -162,8 +122,8 @@ def gke_policies(args: ServingManifestArgs) -> list[dict[str, Any]]:
 
 def gateway(args: ServingManifestArgs) -> dict[str, Any]:
     return {"apiVersion": f"{GATEWAY_GROUP}/v1", "kind": "Gateway", "metadata": metadata(args),
-            "spec": {"gatewayClassName": GATEWAY_CLASS,
-                     "listeners": [{"name": "http", "protocol": "HTTP", "port": LISTENER_PORT}]}}
+            "spec": {"gatewayClassName": "gke-l7-rilb",  # GKE's regional internal Application Load Balancer
+                     "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}]}}
 
 
 def http_route(args: ServingManifestArgs) -> dict[str, Any]:
@@ -175,8 +135,7 @@ def http_route(args: ServingManifestArgs) -> dict[str, Any]:
 
 
 def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
-    """The router's objects in apply order: the pool and its picker, GKE's policies on the pool, the Gateway and
-    the route. Kept while parked, so the load balancer and its address outlive a pause."""
+    """The router's objects in apply order; kept while parked, so the load balancer and its address outlive a pause."""
     if args.router != "inference-gateway":
         return []
     return [inference_pool(args), *epp_objects(args), *gke_policies(args), gateway(args), http_route(args)]

@@ -1,4 +1,7 @@
-"""The flex-start TPU v6e VM that runs vLLM, and the instances.insert body that creates it."""
+"""The flex-start TPU v6e VM that runs vLLM, and the instances.insert body that creates it.
+
+Why the create does not wait, what replaces the VM and how an adopted one fits: docs/design/pulumi-program.md#the-vm.
+"""
 
 from __future__ import annotations
 
@@ -13,34 +16,19 @@ from pulumi_gcp import compute
 
 from tpuserve import flex_start
 from tpuserve.facts import stop_requiring_paths
+from tpuserve.gce import CLOUD_PLATFORM_SCOPE
 
-# A flex-start create without a wait time is immediate-or-fail: pulumi-gcp 10.2 cannot set the request's wait time
-# (the Compute API's `Instance.params.requestValidForDuration`; `InstanceParamsArgs` has only resource_manager_tags),
-# and without it Compute Engine "only allocates resources if they are immediately available" (flex-start docs). The
-# insert operation therefore ends within minutes with the VM or an error such as ZONE_RESOURCE_POOL_EXHAUSTED. So
-# `tpuserve up` tries zones now, then inserts `insert_body` itself with a wait time and has this resource adopt the VM
-# (docs/getting-a-tpu.md). 10 min covers a slow but successful create (Terraform's default for this resource is
-# 20 min) and frees the sweep from a stuck one; a VM that appears after the timeout is not in the state, and `tpuserve
-# up`'s orphan sweep finds it by the stack's labels.
+# No wait time in pulumi-gcp: the create gets the VM now or fails; `tpuserve up` queues it otherwise.
 CREATE_TIMEOUT = "10m"
-# pulumi-gcp labels what it creates (its patch 0006 renames the Terraform provider's attribution key; the provider adds
-# it at create, CREATION_ONLY: tpgresource/labels.go): the queued insert carries it too, as if Pulumi had made the VM.
+# The provider's create-only attribution label: the queued insert carries it too.
 ATTRIBUTION_LABEL = ("goog-pulumi-provisioned", "true")
-SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 INSTANCE = "gcp:compute/instance:Instance"
-# What must never reach a running VM as an update: the provider's update sends setMetadata (the new served config)
-# first and only then finds that machine type, service account, network or max run need a stopped instance, which it
-# refuses on a RUNNING one without allow_stopping_for_update (resourceComputeInstanceUpdate; paths and lines in
-# tpuserve/data/provider-facts.json). A change to any of them replaces the VM instead (create-first under the
-# stack's other VM name, or delete-first when asked: see the options below). So does a change of the attached disks:
-# the provider would hot-detach a mounted cache disk (`cacheDiskSizeGb: 0`), which Google warns may corrupt it.
-REPLACE_ON_CHANGES = [*stop_requiring_paths(INSTANCE), "attachedDisks"]
-# Read records the dated build a family resolved to, which the provider's DiskImageDiffSuppress does not equate with
-# an "-amd64-" family (so every later update would replace the VM): the image is ignored after create, and the
-# configured one rides in metadata, whose change replaces the VM (docs/design/boot-image.md).
+# The family's resolved build never diffs equal to it: ignored, and the configured image rides in metadata
+# (docs/design/boot-image.md).
 BOOT_IMAGE_KEY = "tpu-serve-boot-image"
 IGNORE_CHANGES = ["bootDisk.initializeParams.image"]
-REPLACE_ON_CHANGES.append(f'metadata["{BOOT_IMAGE_KEY}"]')
+# What the provider could change only on a stopped VM, the attached disks and the boot image replace the VM.
+REPLACE_ON_CHANGES = [*stop_requiring_paths(INSTANCE), "attachedDisks", f'metadata["{BOOT_IMAGE_KEY}"]']
 
 
 @dataclass(frozen=True)
@@ -56,21 +44,17 @@ class FlexStartTpuVmArgs:
     subnetwork: str
     external_ip: bool
     service_account_email: pulumi.Input[str]
-    # Instance metadata beside enable-guest-attributes and enable-oslogin: `startup-script`, the served config and
-    # the supervisor (components/startup_script.py). All of it updates in place (setMetadata).
+    # The startup script, the served config and the supervisor (components/startup_script.py): set in place.
     metadata: Mapping[str, pulumi.Input[str]]
     network_tags: tuple[str, ...]  # the IAP rule's target
     labels: Mapping[str, str] = field(default_factory=dict)
-    # A data disk to attach (projects/P/zones/Z/disks/NAME) under `cache_device_name`; never deleted with the VM.
+    # A data disk (projects/P/zones/Z/disks/NAME) attached as `cache_device_name`, never deleted with the VM.
     cache_disk: pulumi.Input[str] | None = None
     cache_device_name: str = ""
-    # A replacement deletes the old VM before creating its successor (True) or creates the successor first (False).
-    delete_first: bool = False
-    # The resource's logical name (its URN); the VM's own name is the component's name. Kept apart so the VM can
-    # change name (tpu-serve-<stack> <-> tpu-serve-<stack>-b) as a replacement of the same resource.
+    delete_first: bool = False  # a replacement deletes the old VM before creating its successor
+    # The resource's name, apart from the VM's so that a slot change (-b) replaces this same resource.
     logical_name: str = ""
-    # An instance `tpuserve up` created from insert_body: the resource adopts it (import_) instead of creating one.
-    adopt_id: str = ""
+    adopt_id: str = ""  # an instance `tpuserve up` inserted from insert_body: imported, not created
     stack: str = ""  # named in the capacity hint
 
 
@@ -84,10 +68,8 @@ def vm_metadata(args: FlexStartTpuVmArgs) -> dict[str, pulumi.Input[str]]:
 
 
 def insert_body(name: str, args: FlexStartTpuVmArgs) -> dict[str, Any]:
-    """The instances.insert body the provider sends for this VM, from args whose inputs are resolved (terraform-
-    provider-google-beta v7.45.0 resource_compute_instance.go expandComputeInstance: relative links for machine type,
-    disk type, network and disks; compute_instance_helpers.go expandScheduling). One builder for both paths: the
-    Instance below takes the same args, and tests/test_instance.py holds the two to each other."""
+    """The body the provider would send for the Instance below (args resolved); tests/test_instance.py holds the two
+    to each other."""
     project, zone = args.project, args.zone
     disks: list[dict[str, Any]] = [{"boot": True, "autoDelete": True, "initializeParams": {
         "sourceImage": args.boot_image, "diskSizeGb": str(args.boot_disk_gb),
@@ -104,7 +86,7 @@ def insert_body(name: str, args: FlexStartTpuVmArgs) -> dict[str, Any]:
     return {
         "name": name, "machineType": f"projects/{project}/zones/{zone}/machineTypes/{args.machine_type}",
         "disks": disks, "networkInterfaces": [nic],
-        "serviceAccounts": [{"email": args.service_account_email, "scopes": list(SCOPES)}],
+        "serviceAccounts": [{"email": args.service_account_email, "scopes": [CLOUD_PLATFORM_SCOPE]}],
         "scheduling": {"provisioningModel": "FLEX_START", "maxRunDuration": {"seconds": str(args.max_run_seconds)},
                        "instanceTerminationAction": "DELETE", "onHostMaintenance": "TERMINATE",
                        "automaticRestart": False, "preemptible": False},
@@ -125,9 +107,8 @@ def insert_body_output(name: str, args: FlexStartTpuVmArgs) -> pulumi.Output[dic
 
 
 def capacity_hint(stack: str, log: Callable[[str], None] | None = None) -> Callable[[pulumi.ErrorHookArgs], bool]:
-    """An error hook for the Instance: a create that failed for want of capacity says what waits for one. Never a
-    retry (True would have the engine retry the create at once, into the same empty zone: pulumi/pulumi
-    pkg/resource/deploy/step.go, withRetries)."""
+    """An error hook: a create that failed for want of capacity says what waits for one. It never asks for a retry,
+    which would hit the same empty zone at once."""
 
     def hook(args: pulumi.ErrorHookArgs) -> bool:
         if args.failed_operation == "create" and not os.environ.get(flex_start.DRIVER_ENV) and \
@@ -139,8 +120,8 @@ def capacity_hint(stack: str, log: Callable[[str], None] | None = None) -> Calla
 
 
 def error_hooks(name: str, stack: str) -> pulumi.ResourceHookBinding | None:
-    """The capacity hint, where the CLI runs error hooks (pulumi >= 3.217; the SDK would fail the program on an older
-    one: pulumi/runtime/resource.py register_error_hook) and the SDK has them: the floor is pulumi 3.200."""
+    """The capacity hint where both the CLI (3.217+) and the SDK run error hooks; an older CLI would fail the
+    program."""
     from pulumi.runtime.proto import resource_pb2
     from pulumi.runtime.settings import monitor_supports_feature
 
@@ -152,16 +133,8 @@ def error_hooks(name: str, stack: str) -> pulumi.ResourceHookBinding | None:
 
 
 class FlexStartTpuVm(pulumi.ComponentResource):
-    """A FLEX_START Compute Engine VM: deleted when its max run duration ends, never restarted, no reservation.
-
-    Everything the VM runs comes through `metadata` (never `metadata_startup_script`, which pulumi-gcp and the
-    Terraform provider mark ForceNew): a serving change is a setMetadata on the running VM, which its supervisor
-    applies. Zone, boot image and disk type, max run replace it (ForceNew); machine type, service account and network,
-    which the provider could only change on a stopped VM after pushing the new metadata, replace it too
-    (REPLACE_ON_CHANGES). The cache disk is
-    attached with auto-delete off. The create does not wait for capacity: it gets the VM in this zone now or fails
-    (see CREATE_TIMEOUT); `tpuserve up` tries other zones, then queues the VM itself and this resource adopts it
-    (`adopt_id`)."""
+    """A FLEX_START VM: deleted when its max run ends, never restarted, no reservation. What it runs comes through
+    `metadata` (never `metadata_startup_script`, which replaces the VM), so a serving change is set in place."""
 
     name: pulumi.Output[str]
     instance_id: pulumi.Output[str]
@@ -172,10 +145,7 @@ class FlexStartTpuVm(pulumi.ComponentResource):
     def __init__(self, name: str, args: FlexStartTpuVmArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:gcp:FlexStartTpuVm", args.logical_name or name, None, opts)
         instance = compute.Instance(
-            args.logical_name or name,
-            name=name,
-            project=args.project,
-            zone=args.zone,
+            args.logical_name or name, name=name, project=args.project, zone=args.zone,
             machine_type=args.machine_type,
             boot_disk=compute.InstanceBootDiskArgs(
                 auto_delete=True,
@@ -186,31 +156,19 @@ class FlexStartTpuVm(pulumi.ComponentResource):
                 network=args.network, subnetwork=args.subnetwork or None,
                 # An empty access config asks for an ephemeral external IP; none means no external IP.
                 access_configs=[compute.InstanceNetworkInterfaceAccessConfigArgs()] if args.external_ip else None)],
-            service_account=compute.InstanceServiceAccountArgs(email=args.service_account_email, scopes=SCOPES),
+            service_account=compute.InstanceServiceAccountArgs(email=args.service_account_email,
+                                                               scopes=[CLOUD_PLATFORM_SCOPE]),
             scheduling=compute.InstanceSchedulingArgs(
-                provisioning_model="FLEX_START",
+                provisioning_model="FLEX_START", instance_termination_action="DELETE",
                 max_run_duration=compute.InstanceSchedulingMaxRunDurationArgs(seconds=args.max_run_seconds),
-                instance_termination_action="DELETE",
-                on_host_maintenance="TERMINATE",
-                automatic_restart=False),
+                on_host_maintenance="TERMINATE", automatic_restart=False),
             reservation_affinity=compute.InstanceReservationAffinityArgs(type="NO_RESERVATION"),
             metadata=vm_metadata(args),
             attached_disks=[compute.InstanceAttachedDiskArgs(
                 source=args.cache_disk, device_name=args.cache_device_name, mode="READ_WRITE")]
             if args.cache_disk is not None else None,
-            tags=list(args.network_tags),
-            labels=dict(args.labels),
-            deletion_protection=False,
-            # The name is explicit, so the bridge would replace delete-first whenever the provider plans the
-            # replacement (pulumi-terraform-bridge pkg/tfbridge/schema.go nameRequiresDeleteBeforeReplace), and
-            # create-first when only replaceOnChanges asks for it. Saying it here decides both: False (the default)
-            # keeps the old VM serving until its successor exists (pkg/resource/deploy/step_generator.go: the
-            # user's deleteBeforeReplace overrides the provider's); the successor then needs a name of its own in the
-            # zone (vmSlot, tpuserve/names.py vm_name), which `tpuserve up` gives it. A bare `pulumi up` of such a
-            # change fails on the name the old VM still holds and changes nothing.
-            # An adopted VM must match these inputs in every field that replaces it: the engine imports, then
-            # updates in place, and refuses to replace an imported resource (pkg/resource/deploy/step_generator.go:
-            # "previously-imported resources that still specify an ID may not be replaced").
+            tags=list(args.network_tags), labels=dict(args.labels), deletion_protection=False,
+            # delete_before_replace is always explicit: create-first by default, the successor in the other vmSlot.
             opts=pulumi.ResourceOptions(parent=self, custom_timeouts=pulumi.CustomTimeouts(create=CREATE_TIMEOUT),
                                         replace_on_changes=REPLACE_ON_CHANGES, ignore_changes=IGNORE_CHANGES,
                                         delete_before_replace=args.delete_first, import_=args.adopt_id or None,

@@ -1,9 +1,6 @@
 """The gke target's node renewal in the cluster: a CronJob that runs tpuserve/gke_renewer.py every 15 minutes as its
-own service account, with only the access a renewal uses (docs/design/gke-renewal.md).
-
-The renewer is standard library plus tpuserve/durations.py and exits.py: the files ride in a ConfigMap mounted as a `tpuserve`
-package and run on a digest-pinned python image, so a run installs nothing and needs no image of ours. Declared only
-while the Deployment has an HPA (gkeMinReplicas > 0): a parked stack has nothing to renew.
+own service account, with only the access a renewal uses. Its files ride in a ConfigMap mounted as a `tpuserve`
+package on a digest-pinned python image; none while parked. Why: docs/design/gke-renewal.md.
 """
 
 from __future__ import annotations
@@ -11,13 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from components.k8s_serving import TERMINATION_GRACE_S, ServingManifestArgs, metadata
+from components.k8s_serving import TERMINATION_GRACE_S, ServingManifestArgs, metadata, role_and_binding
 from tpuserve import durations
 from tpuserve.gke_renewer import DEFAULT_LEAD, DEFAULT_TIMEOUT, POOL_LABEL
 
 SCHEDULE = "*/15 * * * *"
-# python:3.12-slim by its multi-arch index digest, as public Dockerfiles pinned it in 2026 (one notes "verified
-# against the canonical index"); not resolved from here (no registry access): `python -m tpuserve.registry
+# python:3.12-slim's multi-arch index digest as public Dockerfiles pinned it in 2026; `python -m tpuserve.registry
 # python:3.12-slim` prints today's.
 PYTHON_IMAGE = "python:3.12-slim@sha256:78387bc3881b8273120a12ebe6c1ab22b018ccc2c9adf565ae1ac9b536e184ea"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "tpuserve"
@@ -25,29 +21,22 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent / "tpuserve"
 PACKAGE_FILES = ("__init__.py", "durations.py", "exits.py", "gke_renewer.py")
 WORKDIR = "/opt/tpu-serve-renewer"
 NOBODY = 65534
-# A margin past the longest run (a successor's wait, then the old pod's stop) before a stuck Job is stopped; with
-# concurrencyPolicy Forbid a stuck Job would hold back every later run. A renewal cut short is resumed by the next.
+# Past the longest run (a successor's wait, the old pod's stop) a Job is stuck, and would hold back every later run.
 RUN_MARGIN_S = 10 * 60
-RBAC = "rbac.authorization.k8s.io"
+# Nodes are cluster-scoped: only a ClusterRole reaches them. `list` takes no resourceNames.
+NODE_RULES = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]}]
 
 
 def renewer_name(args: ServingManifestArgs) -> str:
     return f"{args.name}-renewer"
 
 
-def cluster_role_name(args: ServingManifestArgs) -> str:
-    """Cluster-wide, so named after the namespace too (one per stack on a shared cluster)."""
+def cluster_role_name(args: ServingManifestArgs) -> str:  # cluster-wide: one per stack's namespace
     return f"{args.namespace}-{renewer_name(args)}"
 
 
-def node_rules() -> list[dict[str, Any]]:
-    # Nodes are cluster-scoped: only a ClusterRole reaches them. `list` takes no resourceNames.
-    return [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]}]
-
-
 def namespace_rules(args: ServingManifestArgs) -> list[dict[str, Any]]:
-    """The Deployment (read; replicas through its scale subresource) and the HPA by name; the pods it lists and
-    marks (generated names: no resourceNames)."""
+    """The Deployment, its scale and the HPA by name; the pods (generated names) by kind."""
     only = [args.name]
     return [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get"], "resourceNames": only},
             {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["patch"], "resourceNames": only},
@@ -62,20 +51,12 @@ def renewer_args(args: ServingManifestArgs) -> list[str]:
             "--lead", DEFAULT_LEAD, "--timeout", DEFAULT_TIMEOUT]
 
 
-def package_files() -> dict[str, str]:
-    return {name: (PACKAGE_DIR / name).read_text() for name in PACKAGE_FILES}
-
-
 def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
     """The renewer's objects in apply order; none while parked."""
     if args.min_replicas == 0:
         return []
     name = renewer_name(args)
-    meta = metadata(args, name)
-    meta["labels"]["app.kubernetes.io/name"] = name  # not the vLLM pods' selector: its pods are not replicas
-    cluster_meta = metadata(args, cluster_role_name(args), namespaced=False)
-    cluster_meta["labels"]["app.kubernetes.io/name"] = name
-    subject = [{"kind": "ServiceAccount", "name": name, "namespace": args.namespace}]
+    meta = metadata(args, name, app=name)
     container = {
         "name": "renewer", "image": PYTHON_IMAGE, "command": ["python3", "-m", "tpuserve.gke_renewer"],
         "args": renewer_args(args), "workingDir": WORKDIR,
@@ -95,13 +76,11 @@ def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
                "volumes": [{"name": "renewer", "configMap": {"name": name}}]}}}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-        {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRole", "metadata": cluster_meta, "rules": node_rules()},
-        {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRoleBinding", "metadata": cluster_meta, "subjects": subject,
-         "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": cluster_role_name(args)}},
-        {"apiVersion": f"{RBAC}/v1", "kind": "Role", "metadata": meta, "rules": namespace_rules(args)},
-        {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding", "metadata": meta, "subjects": subject,
-         "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": name}},
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": package_files()},
+        *role_and_binding(metadata(args, cluster_role_name(args), namespaced=False, app=name), NODE_RULES, name,
+                          args.namespace, kind="ClusterRole"),
+        *role_and_binding(meta, namespace_rules(args), name, args.namespace),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+         "data": {file: (PACKAGE_DIR / file).read_text() for file in PACKAGE_FILES}},
         {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": meta, "spec": {
             "schedule": SCHEDULE, "timeZone": "Etc/UTC",
             # One renewal at a time: a run still waiting for a successor's capacity makes the next one skip.

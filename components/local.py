@@ -24,14 +24,9 @@ def container_envs(hf_token: pulumi.Input[str] | None) -> pulumi.Input[list[str]
     return pulumi.Output.secret(hf_token).apply(lambda token: [f"HF_TOKEN={token}"])
 
 
-def docker_labels(labels: dict[str, str]) -> list[docker.ContainerLabelArgs]:
-    return [docker.ContainerLabelArgs(label=key, value=value) for key, value in sorted(labels.items())]
-
-
 class LocalVllm(pulumi.ComponentResource):
-    """Pulls the image, runs `vllm serve <vllm_serve_args>` (the image's entrypoint) with the model cache mounted and
-    the port published on 127.0.0.1 only, then waits in `tpuserve gate --url` until the model answers. Attributes
-    mirror TpuServeDeployment where the two targets overlap, so `outputs` is what `__main__.py` exports."""
+    """Pulls the image, runs `vllm serve` with the model cache mounted and the port on 127.0.0.1 only, then waits in
+    `tpuserve gate --url` until the model answers; `outputs` is what `__main__.py` exports."""
 
     def __init__(self, name: str, cfg: StackConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:docker:LocalVllm", name, None, opts)
@@ -39,35 +34,24 @@ class LocalVllm(pulumi.ComponentResource):
         serving_hash = config_hash(cfg.serving)
         labels = {**stack_labels(stack, dict(cfg.labels)), "tpu-serve.config-hash": serving_hash}
 
-        image = docker.RemoteImage(base, name=cfg.serving.image, keep_locally=True,
-                                   opts=pulumi.ResourceOptions(parent=self))
+        child = pulumi.ResourceOptions(parent=self)
+        image = docker.RemoteImage(base, name=cfg.serving.image, keep_locally=True, opts=child)
         container = docker.Container(
-            base,
-            name=base,
-            image=image.image_id,
-            command=vllm_serve_args(cfg.serving),
-            gpus=cfg.local_gpus or None,
-            shm_size=SHM_SIZE_MB,
+            base, name=base, image=image.image_id, command=vllm_serve_args(cfg.serving),
+            gpus=cfg.local_gpus or None, shm_size=SHM_SIZE_MB,
             volumes=[docker.ContainerVolumeArgs(host_path=cfg.local_model_cache_path,
                                                 container_path=CONTAINER_HF_CACHE)],
             ports=[docker.ContainerPortArgs(internal=cfg.serving.port, external=cfg.local_port, ip=LOOPBACK)],
             envs=container_envs(cfg.hf_token),
-            labels=docker_labels(labels),
-            opts=pulumi.ResourceOptions(parent=self))
+            labels=[docker.ContainerLabelArgs(label=key, value=value) for key, value in sorted(labels.items())],
+            opts=child)
 
         server_url = f"http://{LOOPBACK}:{cfg.local_port}"
         gate = ReadinessGate(f"{base}-ready", ReadinessGateArgs(
             target=url_target(server_url, cfg.serving.model), timeout_s=cfg.readiness_timeout_seconds,
-            triggers=[container.id, serving_hash]), opts=pulumi.ResourceOptions(parent=self))
+            triggers=[container.id, serving_hash]), opts=child)
 
-        self.endpoint = f"{server_url}/v1"
-        self.boot_timeline = gate.timeline
-        self.outputs: dict[str, Any] = {
-            "target": cfg.target,
-            "endpoint": self.endpoint,
-            "model": cfg.serving.model,
-            "vllmArgs": vllm_serve_args(cfg.serving),
-            "configHash": serving_hash,
-            "bootTimeline": self.boot_timeline,
-        }
+        self.outputs: dict[str, Any] = {"target": cfg.target, "endpoint": f"{server_url}/v1",
+                                        "model": cfg.serving.model, "vllmArgs": vllm_serve_args(cfg.serving),
+                                        "configHash": serving_hash, "bootTimeline": gate.timeline}
         self.register_outputs(self.outputs)

@@ -1,13 +1,6 @@
-"""What a gcp stack shows and alerts on in Cloud Monitoring: one dashboard and three alert policies over the vLLM
-metrics the VM's Ops Agent ships (components/ops_agent.py).
-
-The metrics arrive as `prometheus.googleapis.com/<name>/<kind>` and are queried with PromQL by their Prometheus names,
-`vllm:` included (https://cloud.google.com/stackdriver/docs/managed-prometheus/promql-differences: names of letters,
-digits, `_` and `:` use the traditional syntax); every query selects the stack's VM by the `instance_name` label the
-agent's relabel rule sets. Series names come from tpuserve.vllm_metrics, checked against a real vLLM 0.32 scrape
-(tests/test_monitoring.py). Dashboard JSON: https://cloud.google.com/monitoring/api/ref_v3/rest/v1/projects.dashboards
-(mosaicLayout of 48 columns, xyChart data sets with `timeSeriesQuery.prometheusQuery`). An alert policy is declared
-only once Cloud Monitoring accepts every metric its query names (tpuserve/alert_metrics.py, docs/design/alerts.md).
+"""What a gcp stack shows and alerts on in Cloud Monitoring: one dashboard and three PromQL alert policies over the
+vLLM metrics the VM's Ops Agent ships (components/ops_agent.py), each selecting the stack's VM by INSTANCE_LABEL.
+Sources: docs/design/pulumi-program.md#monitoring-and-the-ops-agent; why a policy waits: docs/design/alerts.md.
 """
 
 from __future__ import annotations
@@ -132,8 +125,7 @@ def alerts(args: ServingMonitoringArgs) -> list[Alert]:
 
 
 class MetricsWritten(pulumi.dynamic.Resource):
-    """Which of `metricTypes` an alert policy may name now (`ready`), asked after the gate
-    (tpuserve/alert_metrics.py)."""
+    """Which of `metricTypes` an alert policy may name now (`ready`), asked after the gate."""
 
     ready: pulumi.Output[list]
     reason: pulumi.Output[str]
@@ -158,12 +150,10 @@ class ServingMonitoring(pulumi.ComponentResource):
                                           args.labels),
             opts=child)
         wanted = alerts(args)
-        # Cloud Monitoring refuses a policy on a metric never written (superserve-ai/sandbox#370,
-        # hashicorp/terraform-provider-google#11102), and the Ops Agent ships the vLLM metrics only after serving.
+        # Cloud Monitoring refuses a policy on a metric never written, and the vLLM metrics come only after serving.
         written = MetricsWritten(f"{name}-metrics", {
             "project": args.project, "metricTypes": sorted({t for alert in wanted for t in alert.metrics})}, child)
-        # Declared inside the apply: a policy exists only once its metrics do (a preview of the update that asks
-        # again does not show them yet).
+        # Declared inside the apply: a policy exists only once its metrics do (a preview does not show it yet).
         self.alerts = pulumi.Output.all(written.ready, written.reason).apply(
             lambda seen: self._declare(name, args, wanted, set(seen[0] or ()), seen[1] or ""))
         # The resource id is projects/<number>/dashboards/<id>; the console opens it by the last part.

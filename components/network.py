@@ -38,27 +38,20 @@ class ServingNetwork(pulumi.ComponentResource):
             allows=[compute.FirewallAllowArgs(protocol="tcp", ports=list(INGRESS_PORTS))], opts=child)
 
         self.nat: compute.RouterNat | None = None
-        if args.create_nat:
-            self.nat = cloud_nat(name, args.project, args.region, args.network, self)
+        if args.create_nat:  # a region change replaces Router and NAT, old ones first (docs/design/cloud-nat.md)
+            self.nat = cloud_nat(name, args.project, args.region, args.network, pulumi.ResourceOptions(
+                parent=self, replace_on_changes=["region"], delete_before_replace=True))
 
         self.register_outputs({"firewall": self.firewall.name})
 
 
-def cloud_nat(name: str, project: str, region: str, network: str, parent: pulumi.Resource) -> compute.RouterNat:
-    """A Cloud Router and its NAT in `region`, for VMs without an external IP: `<name>-router`, `<name>-nat`.
-
-    Router and NAT live in the VM's region, which follows the zone `tpuserve up` picks. A region change replaces
-    both, old ones first: the NAT never outlives its region, even when the create in the new region then fails (the
-    sweep moves on, and nothing is left behind in the region it left). A network takes one NAT covering all its
-    subnetworks per region ("Can not create new Nats since a Nat with option ALL_SUBNETWORKS_ALL_IP_RANGES exists"),
-    which is why a stack makes none where another's serves (`cloudNatSkipRegions`, tpuserve/deploy/nat.py). The
-    Router's description names the stack, so the others can say whose NAT serves them."""
-    regional = pulumi.ResourceOptions(parent=parent, replace_on_changes=["region"], delete_before_replace=True)
+def cloud_nat(name: str, project: str, region: str, network: str, opts: pulumi.ResourceOptions) -> compute.RouterNat:
+    """`<name>-router` and `<name>-nat` in `region`, for machines without an external IP. The Router's description
+    names the stack, so other stacks can say whose NAT serves them (docs/design/cloud-nat.md)."""
     router = compute.Router(f"{name}-router", project=project, region=region, network=network,
-                            description=router_description(pulumi.get_stack()), opts=regional)
+                            description=router_description(pulumi.get_stack()), opts=opts)
     return compute.RouterNat(
-        f"{name}-nat", project=project, region=region, router=router.name,
-        nat_ip_allocate_option="AUTO_ONLY",
+        f"{name}-nat", project=project, region=region, router=router.name, nat_ip_allocate_option="AUTO_ONLY",
         source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
-        log_config=compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"), opts=regional)
+        log_config=compute.RouterNatLogConfigArgs(enable=True, filter="ERRORS_ONLY"), opts=opts)
 

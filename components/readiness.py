@@ -13,18 +13,15 @@ from pulumi_command import local
 
 from tpuserve.facts import PRE_READINESS_ALLOWANCES_S
 
-# The interpreter Pulumi itself uses for this project (Pulumi.yaml: virtualenv .venv), relative to the project
-# directory so the command, and therefore the preview, is the same on every machine; TPUSERVE_PYTHON overrides it.
+# The project's interpreter (Pulumi.yaml's virtualenv), relative so the preview is the same on every machine.
 GATE_PYTHON = '"${TPUSERVE_PYTHON:-.venv/bin/python}"'
 
 
 @dataclass(frozen=True)
 class ReadinessGateArgs:
-    # The `tpuserve gate` options naming what to wait for: instance_target(...) or url_target(...).
-    target: pulumi.Input[Sequence[str]]
+    target: pulumi.Input[Sequence[str]]  # what to wait for: instance_target(...) or url_target(...)
     timeout_s: int
-    # The gate re-runs when any of these changes (the VM or container id, the serving-config hash).
-    triggers: Sequence[pulumi.Input[str]]
+    triggers: Sequence[pulumi.Input[str]]  # re-run when one changes: the VM or container id, the serving hash
 
 
 def instance_target(instance: str, zone: str, project: str, config_hash: str) -> list[str]:
@@ -33,9 +30,7 @@ def instance_target(instance: str, zone: str, project: str, config_hash: str) ->
 
 
 def instance_gate_timeout_s(vm_ready_timeout_s: int) -> int:
-    """How long the gate follows a VM: the VM's own readiness deadline (its clock starts when vLLM starts loading)
-    plus every allowance for what the startup script does before that (tpuserve.facts), so the VM reaches its own
-    verdict ("vLLM did not report healthy within ...") while the gate still waits to print it."""
+    """The VM's own deadline (which starts when vLLM loads) plus what comes before it: the gate prints its verdict."""
     return vm_ready_timeout_s + sum(PRE_READINESS_ALLOWANCES_S)
 
 
@@ -58,10 +53,8 @@ def last_json_line(stdout: str) -> dict[str, Any]:
 
 
 class ReadinessGate(pulumi.ComponentResource):
-    """Runs `tpuserve gate` as a local command: in instance mode it polls the VM's guest attributes through the
-    Compute API until the VM reports `serving` (or fails at once with the reason); in URL mode it polls the server
-    itself. Re-runs when a trigger (the VM or container, the serving config) changes. A local command rather than
-    a dynamic provider: its progress streams into `pulumi up`, and the gate is the same CLI users run by hand."""
+    """`tpuserve gate` as a local command, re-run when a trigger changes (why a command: docs/design/why-the-cli.md).
+    `timeline` is its JSON verdict."""
 
     timeline: pulumi.Output[dict[str, Any]]
 
