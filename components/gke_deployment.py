@@ -9,7 +9,7 @@ import pulumi
 
 from components import inference_gateway, k8s_renewal
 from components.cache import ServingCache, ServingCacheArgs
-from components.config import StackConfig
+from components.config import GkeConfig
 from tpuserve.names import base_name, stack_labels
 from components.gke import GkeTpuCluster, GkeTpuClusterArgs
 from components.identity import ServingIdentity, ServingIdentityArgs
@@ -25,7 +25,7 @@ class GkeTpuServe(pulumi.ComponentResource):
     """Everything a gke stack declares. `outputs` is what `__main__.py` exports; `tpuserve --stack` reads
     `cluster`, `clusterLocation`, `namespace`, `service` and `port` to port-forward to the Service."""
 
-    def __init__(self, name: str, cfg: StackConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, cfg: GkeConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:index:GkeDeployment", name, None, opts)
         base = base_name(stack)
         labels = stack_labels(stack, dict(cfg.labels))
