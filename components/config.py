@@ -63,15 +63,6 @@ ELSEWHERE_HINTS = {"hfTokenSecretId": "target local cannot read Secret Manager: 
                                       "--secret hfToken ...), or nothing for a public model"}
 
 
-def streamed_registry(image: str) -> str:
-    """'' when GKE's image streaming can serve `image`, else its registry host."""
-    try:
-        registry = Reference.parse(image).registry
-    except RegistryError:
-        return ""  # the image check says what is wrong with it
-    return "" if registry in DOCKER_HUB_HOSTS or ARTIFACT_REGISTRY_HOST.match(registry) else registry
-
-
 @dataclass(frozen=True)
 class StackConfig:
     """Every target: where to serve, the labels, the token and how long `pulumi up` waits for the model."""
@@ -286,10 +277,8 @@ class GcpConfig(TpuConfig):
     @property
     def cache_disk_monthly_usd(self) -> float:
         """What the cache disk costs per month while it exists, VM or not (reference Hyperdisk Balanced prices)."""
-        if not self.cache_disk_gb:
-            return 0.0
         return round(hyperdisk_balanced_monthly_usd(self.cache_disk_gb, self.cache_disk_iops,
-                                                    self.cache_disk_throughput_mibps), 2)
+                                                    self.cache_disk_throughput_mibps), 2) if self.cache_disk_gb else 0.0
 
     @property
     def worst_case_cost_usd(self) -> float:
@@ -439,8 +428,11 @@ class GkeConfig(TpuConfig):
         if not self.gke_surge_node and self.gke_min_replicas == 1:
             found.append("gkeSurgeNode: false with gkeMinReplicas 1: every rollout and every node renewal stops the "
                          "only replica before its successor serves (a pod start, 5-10 min, of no service)")
-        registry = streamed_registry(self.serving.image)
-        if registry:
+        try:
+            registry = Reference.parse(self.serving.image).registry
+        except RegistryError:
+            registry = DOCKER_HUB  # the image check says what is wrong with it
+        if registry not in DOCKER_HUB_HOSTS and not ARTIFACT_REGISTRY_HOST.match(registry):
             found.append(f"containerImage: {registry} is not Artifact Registry or Docker Hub, the registries GKE's "
                          "image streaming reads: each new TPU node pulls the whole image (20-26 GB) before vLLM "
                          "starts; mirror it into Artifact Registry in the node region")
@@ -544,16 +536,12 @@ def parse(f: dataclasses.Field, raw: Any) -> Any:
         if raw.lower() not in ("true", "false"):
             raise ConfigError(key, f"expected true or false, got {raw!r}")
         return raw.lower() == "true"
-    if isinstance(default, int):
+    if isinstance(default, (int, float)):
         try:
-            return int(raw)
+            value = type(default)(raw)
         except ValueError:
-            raise ConfigError(key, f"expected an integer, got {raw!r}") from None
-    if isinstance(default, float):
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(key, f"expected a number, got {raw!r}") from None
+            raise ConfigError(key, f"expected {'an integer' if isinstance(default, int) else 'a number'}, got "
+                              f"{raw!r}") from None
         if not math.isfinite(value):  # float() reads 'nan' and 'inf', which no setting means
             raise ConfigError(key, f"expected a finite number, got {raw!r}")
         return value
@@ -577,11 +565,6 @@ def build_stack_config(raw: Mapping[str, Any]) -> StackConfig:
     A key of another target is refused unless it holds its default, which Pulumi passes for every key Pulumi.yaml
     declares."""
     known = all_settings()
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
-        raise ConfigError(unknown[0], f"unknown setting{f' (did you mean {close[0]}?)' if close else ''}; "
-                          "Pulumi.yaml lists every setting with its description")
     target = "gcp" if raw.get("target") is None else parse(known["target"], raw["target"])
     if target not in TARGETS:
         raise ConfigError("target", f"{target!r} is not one of {', '.join(TARGETS)}")
@@ -590,12 +573,15 @@ def build_stack_config(raw: Mapping[str, Any]) -> StackConfig:
     values: dict[str, Any] = {}
     serving_values: dict[str, Any] = {}
     for key, text in raw.items():
-        f = known[key]
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            raise ConfigError(key, f"unknown setting{f' (did you mean {close[0]}?)' if close else ''}; "
+                              "Pulumi.yaml lists every setting with its description")
         if text is None:
             continue
         if key in own or key in serving:
-            (values if key in own else serving_values)[f.name] = parse(f, text)
-        elif not holds_default(f, text):
+            (values if key in own else serving_values)[known[key].name] = parse(known[key], text)
+        elif not holds_default(known[key], text):
             owners = targets_of(key)
             hint = f"; {ELSEWHERE_HINTS[key]}" if key in ELSEWHERE_HINTS else ""
             raise ConfigError(key, f"applies to target{'s' if len(owners) > 1 else ''} {' and '.join(owners)}, not "

@@ -39,15 +39,9 @@ AUTO_IMPL = "auto"
 KV_CACHE_DTYPES = tuple(tpu_support()["kv_cache_dtypes"]["vllm_choices"])
 TPU_KV_CACHE_DTYPES = tuple(tpu_support()["kv_cache_dtypes"]["tpu"])
 
-# Model ids known not to load on the TPU backend (vllm-project/tpu-inference#3225, and #3299 for E4B).
-KNOWN_BROKEN_ON_TPU = (
-    (re.compile(r"gemma-4-e[24]b.*-qat-q4_0-unquantized", re.IGNORECASE),
-     ("Gemma 4 E2B/E4B QAT q4_0-unquantized checkpoints do not load on TPU: they omit k_norm (and k/v_proj) of the "
-      "KV-shared layers, which tpu-inference's Gemma 4 still requires (vllm-project/tpu-inference#3225)")),
-    (re.compile(r"gemma-4-e[24]b.*-qat-w4a16-ct", re.IGNORECASE),
-     ("Gemma 4 E2B/E4B QAT w4a16-ct checkpoints do not load on TPU: tpu-inference's int4 compressed-tensors path "
-      "fails on per_layer_model_projection (vllm-project/tpu-inference#3225)")),
-)
+# Model ids known not to load on the TPU backend, with the reason users get.
+KNOWN_BROKEN_ON_TPU = tuple((re.compile(entry["model_ids"], re.IGNORECASE), entry["reason"])
+                            for entry in tpu_support()["known_broken"]["models"])
 
 
 class ConfigError(ValueError):
@@ -195,39 +189,30 @@ def check_mm_limits(value: Any) -> Mapping[str, int]:
     return dict(value)
 
 
-def model_architecture(model: str) -> str | None:
-    """The data file's architecture of a model id ("gemma4"), or None: then no modality is refused."""
-    for name, entry in tpu_support()["architectures"].items():
-        if entry["model_ids"] in model.lower():
-            return name
-    return None
-
-
-def resolved_impl(cfg: ServingConfig) -> str:
-    """The implementation tpu-inference will run: modelImpl, or what `auto` resolves to for the model."""
-    if cfg.model_impl != AUTO_IMPL:
-        return cfg.model_impl
-    architecture = model_architecture(cfg.model)
-    return tpu_support()["architectures"][architecture]["auto_impl"] if architecture else AUTO_IMPL
-
-
 def mm_limits_of(cfg: ServingConfig) -> dict[str, int]:
     """--limit-mm-per-prompt's value: every modality, in MODALITIES order, 0 where multimodalLimits is silent."""
     given = {} if cfg.mm_limits is None else dict(cfg.mm_limits)
     return {modality: int(given.get(modality, 0)) for modality in MODALITIES}
 
 
+def tpu_impl(cfg: ServingConfig) -> tuple[dict[str, Any], str] | None:
+    """(the data file's entry of the model's architecture, the implementation tpu-inference runs for it), or None
+    when the file does not know the model: then nothing is refused, there is no evidence either way."""
+    for entry in tpu_support()["architectures"].values():
+        if entry["model_ids"] in cfg.model.lower():
+            return entry, entry["auto_impl"] if cfg.model_impl == AUTO_IMPL else cfg.model_impl
+    return None
+
+
 def check_tpu_modalities(cfg: ServingConfig) -> None:
     """Refuse a modality the TPU implementation cannot serve: one such request would kill the engine."""
-    architecture = model_architecture(cfg.model)
-    if architecture is None:
+    if (found := tpu_impl(cfg)) is None:
         return
-    impl = resolved_impl(cfg)
-    support = tpu_support()["architectures"][architecture].get(impl, {})
+    entry, impl = found
     for modality, count in mm_limits_of(cfg).items():
-        verdict = support.get(modality, {})
+        verdict = entry.get(impl, {}).get(modality, {})
         if count > 0 and not verdict.get("supported", False):
-            alternative = [name for name, modes in tpu_support()["architectures"][architecture].items()
+            alternative = [name for name, modes in entry.items()
                            if isinstance(modes, dict) and modes.get(modality, {}).get("supported")]
             fix = (f"set {modality} to 0" + (f", or modelImpl: {alternative[0]} to serve it through that "
                                               "implementation" if alternative else ""))
@@ -237,13 +222,12 @@ def check_tpu_modalities(cfg: ServingConfig) -> None:
 
 
 def untested_modalities(cfg: ServingConfig) -> list[str]:
-    """Modalities enabled on TPU that the chosen implementation serves in its code but tpu-inference never tests."""
-    architecture = model_architecture(cfg.model)
-    if cfg.backend != TPU_BACKEND or architecture is None:
+    """Modalities enabled on TPU that the implementation serves in its code but tpu-inference never tests."""
+    if cfg.backend != TPU_BACKEND or (found := tpu_impl(cfg)) is None:
         return []
-    support = tpu_support()["architectures"][architecture].get(resolved_impl(cfg), {})
+    entry, impl = found
     return [modality for modality, count in mm_limits_of(cfg).items()
-            if count > 0 and support.get(modality, {}).get("tested_upstream") is False]
+            if count > 0 and entry.get(impl, {}).get(modality, {}).get("tested_upstream") is False]
 
 
 @cache
@@ -300,21 +284,16 @@ ENGINE_PORT_OFFSET = 100
 TPU_PROCESS_BASE_PORT = 5000
 
 
-def engine_ports(cfg: ServingConfig) -> list[int]:
-    """Where each engine listens: the stack's port for a lone engine, else 8100, 8101, ... behind the front."""
-    if cfg.engines == 1:
-        return [cfg.port]
-    return [cfg.port + ENGINE_PORT_OFFSET + index for index in range(cfg.engines)]
-
-
 def engine_container(engines: int, index: int = 0) -> str:
     """Engine `index`'s container among `engines`: `vllm` alone, else vllm-0, vllm-1, ..."""
     return CONTAINER_NAME if engines == 1 else f"{CONTAINER_NAME}-{index}"
 
 
 def engine_addresses(cfg: ServingConfig) -> list[tuple[str, int]]:
-    """(container name, port) of each engine, in order."""
-    return [(engine_container(cfg.engines, index), port) for index, port in enumerate(engine_ports(cfg))]
+    """(container, port) of each engine: `vllm` on the stack's port alone, else vllm-i on 8100 + i behind the front."""
+    if cfg.engines == 1:
+        return [(CONTAINER_NAME, cfg.port)]
+    return [(engine_container(cfg.engines, i), cfg.port + ENGINE_PORT_OFFSET + i) for i in range(cfg.engines)]
 
 
 def engine_tpu_env(cfg: ServingConfig, index: int) -> dict[str, str]:
@@ -339,12 +318,11 @@ SHORT_OPTIONS = {"-tp": "--tensor-parallel-size"}
 
 def option_name(arg: str) -> str | None:
     """Canonical vLLM option name of an argument ('--max_model_len=5' -> '--max-model-len'); None for a value."""
-    if arg.split("=", 1)[0] in SHORT_OPTIONS:
-        return SHORT_OPTIONS[arg.split("=", 1)[0]]
-    if not arg.startswith("--"):
-        return None
-    name = arg.split("=", 1)[0].replace("_", "-")
-    return "--" + name[len("--no-"):] if name.startswith("--no-") else name
+    name = arg.split("=", 1)[0]
+    if not name.startswith("--"):
+        return SHORT_OPTIONS.get(name)
+    name = name.replace("_", "-")
+    return "--" + name.removeprefix("--no-") if name.startswith("--no-") else name
 
 
 # Options that have their own setting; `extraArgs` may not set them a second time.
@@ -395,7 +373,7 @@ def vllm_serve_args(cfg: ServingConfig, engine: int = 0) -> list[str]:
     """The arguments that follow `vllm serve` (model first), in a stable order; engines differ in --port only."""
     # Engines behind the front listen on loopback only: clients reach them through it (components/front.py).
     host = cfg.host if cfg.engines == 1 else "127.0.0.1"
-    args = [cfg.model, "--host", host, "--port", str(engine_ports(cfg)[engine]),
+    args = [cfg.model, "--host", host, "--port", str(engine_addresses(cfg)[engine][1]),
             "--max-model-len", str(cfg.max_model_len),
             "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
             "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
@@ -425,17 +403,19 @@ def tpu_container_run_args(cfg: ServingConfig, config_hash: str, secret_env: Seq
                            engine: int = 0) -> list[str]:
     """`docker run` arguments of one engine on the TPU VM. HF_TOKEN and `secret_env` (VLLM_API_KEY) go by name only:
     their values never enter an argv. The caches' layout: docs/design/supervisor.md#the-container."""
-    xla_host_dir = f"{CACHE_ROOT}/xla/{XLA_CACHE_KEY_PLACEHOLDER}"
-    hf_env, *xla_env = (["-e", f"{key}={value}"] for key, value in TPU_CACHE_ENV.items())
-    chips = [arg for name, value in engine_tpu_env(cfg, engine).items() for arg in ("-e", f"{name}={value}")]
+    caches = env_args(TPU_CACHE_ENV)  # HF_HOME, then the XLA cache's three
     return ["run", "--detach", "--name", engine_container(cfg.engines, engine), "--privileged", "--net=host",
             "-v", "/dev/shm:/dev/shm",
-            "-v", f"{CACHE_ROOT}/huggingface:{CONTAINER_HF_HOME}", *hf_env,
-            "-v", f"{xla_host_dir}:{CONTAINER_XLA_CACHE}", *(arg for pair in xla_env for arg in pair),
+            "-v", f"{CACHE_ROOT}/huggingface:{CONTAINER_HF_HOME}", *caches[:2],
+            "-v", f"{CACHE_ROOT}/xla/{XLA_CACHE_KEY_PLACEHOLDER}:{CONTAINER_XLA_CACHE}", *caches[2:],
             "-e", "HF_TOKEN", *(arg for name in secret_env for arg in ("-e", name)),
-            *(arg for name, value in backend_env(cfg).items() for arg in ("-e", f"{name}={value}")), *chips,
+            *env_args({**backend_env(cfg), **engine_tpu_env(cfg, engine)}),
             "--label", f"tpu-serve.config-hash={config_hash}",
             cfg.image, "vllm", "serve", *vllm_serve_args(cfg, engine)]
+
+
+def env_args(env: Mapping[str, str]) -> list[str]:
+    return [arg for name, value in env.items() for arg in ("-e", f"{name}={value}")]
 
 
 def config_hash(cfg: ServingConfig) -> str:
