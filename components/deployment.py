@@ -7,7 +7,7 @@ from typing import Any
 
 import pulumi
 
-from components.config import StackConfig
+from components.config import GcpConfig
 from components.identity import ServingIdentity, ServingIdentityArgs, full_secret_name
 from components.instance import FlexStartTpuVm, FlexStartTpuVmArgs, insert_body_output
 from components.monitoring import ServingMonitoring, ServingMonitoringArgs
@@ -39,7 +39,7 @@ def expiry(creation_timestamp: str, seconds: int) -> str:
 class TpuServeDeployment(pulumi.ComponentResource):
     """Everything one stack creates; `outputs` is what `__main__.py` exports."""
 
-    def __init__(self, name: str, cfg: StackConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, cfg: GcpConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:index:Deployment", name, None, opts)
         base = base_name(stack)
         labels = stack_labels(stack, dict(cfg.labels))

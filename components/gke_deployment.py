@@ -9,7 +9,7 @@ import pulumi
 
 from components import inference_gateway, k8s_renewal
 from components.cache import ServingCache, ServingCacheArgs
-from components.config import StackConfig
+from components.config import GkeConfig
 from components.gke import GkeTpuCluster, GkeTpuClusterArgs
 from components.identity import ServingIdentity, ServingIdentityArgs
 from components.k8s_serving import SERVICE_ACCOUNT, GkeServing, GkeServingArgs, ServingManifestArgs, pod_serve_args
@@ -24,7 +24,7 @@ class GkeTpuServe(pulumi.ComponentResource):
     """Everything a gke stack declares. `outputs` is what `__main__.py` exports; `tpuserve --stack` reads
     `cluster`, `clusterLocation`, `namespace`, `service` and `port` to port-forward to the Service."""
 
-    def __init__(self, name: str, cfg: StackConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, cfg: GkeConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:index:GkeDeployment", name, None, opts)
         base = base_name(stack)
         labels = stack_labels(stack, dict(cfg.labels))

@@ -7,7 +7,7 @@ from typing import Any
 import pulumi
 import pulumi_docker as docker
 
-from components.config import StackConfig
+from components.config import LocalConfig
 from tpuserve.names import base_name, stack_labels
 from components.readiness import ReadinessGate, ReadinessGateArgs, url_target
 from tpuserve.serving import config_hash, vllm_serve_args
@@ -28,7 +28,7 @@ class LocalVllm(pulumi.ComponentResource):
     """Pulls the image, runs `vllm serve` with the model cache mounted and the port on 127.0.0.1 only, then waits in
     `tpuserve gate --url` until the model answers; `outputs` is what `__main__.py` exports."""
 
-    def __init__(self, name: str, cfg: StackConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, cfg: LocalConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:docker:LocalVllm", name, None, opts)
         base = base_name(stack)
         serving_hash = config_hash(cfg.serving)

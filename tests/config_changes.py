@@ -1,11 +1,11 @@
 """What changing each config key does to a deployment, derived: the stack of the key's target runs under mocks with
 its defaults and again with one changed, valid value; every resource's inputs are diffed by name with
 tests.changes.plan_change (the providers' rules, tpuserve/data/provider-facts.json), and the outcome is
-said in a few words. The words are the "a change" column of docs/configuration.md (components.config.CHANGE_EFFECTS
-reads them from tpuserve/data/config-changes.json); tests/test_config_changes.py fails when that file is stale.
+said in a few words. The words are the "a change" column of docs/configuration.md (scripts/config_docs.py reads them
+from tpuserve/data/config-changes.json); tests/test_config_changes.py fails when that file is stale.
 
     .venv/bin/python -m tests.config_changes      # rewrite tpuserve/data/config-changes.json, then
-    .venv/bin/python -m components.config --docs  # the page
+    .venv/bin/python scripts/config_docs.py       # the page
 
 The only hand-written part is CHANGES: a changed value per key (with any key the change needs beside it to stay
 valid) or, for a key that cannot change a stack on its own, the reason.

@@ -92,7 +92,7 @@ NAT_TYPES = ("gcp:compute/router:Router", "gcp:compute/routerNat:RouterNat")
 
 def nat_regions():
     # The regions this stack's program makes Cloud NAT in, decided from its config as the program does
-    # (components/network.py and components/deployment.py, StackConfig.makes_nat_in; pinned by tests/test_stack.py).
+    # (components/network.py and components/deployment.py, TpuConfig.makes_nat_in; pinned by tests/test_stack.py).
     zone = value("zone")
     if value("createCloudNat", "true").lower() == "false" or value("externalIp", "false").lower() == "true":
         return []

@@ -77,6 +77,15 @@ def test_a_rule_about_keys_together_is_the_programs(project: Path):
         "(pulumi config set --secret hfToken ...)")
 
 
+def test_a_key_of_another_target_names_the_target_it_belongs_to(project: Path):
+    local = (ROOT / "Pulumi.local.yaml").read_text()
+    (project / "Pulumi.local.yaml").write_text(local + "  tpu-serve:zone: us-east5-b\n  tpu-serve:gkeMaxNodes: 4\n")
+    result = check("--stack", "local")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[:2] == ["Pulumi.local.yaml: zone: applies to targets gcp and gke, not local",
+                                              "Pulumi.local.yaml: gkeMaxNodes: applies to target gke, not local"]
+
+
 def test_a_secret_counts_as_set_and_its_value_is_never_shown(project: Path):
     (project / "Pulumi.dev.yaml").write_text(DEV.replace("  tpu-serve:hfTokenSecretId: hf-token\n", "  tpu-serve:hfToken:\n    secure: v1:AAAA-cipher-text\n"))
     result = check("--stack", "dev", "--json")

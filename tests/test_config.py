@@ -4,16 +4,18 @@ import json
 
 import pytest
 
-from components.config import (ConfigError, StackConfig, build_stack_config, parse_duration, pulumi_yaml_config,
-                               render_pulumi_yaml)
+from components.config import ConfigError, build_stack_config, parse_duration
+from scripts.config_docs import pulumi_yaml_config, render_pulumi_yaml
 from tests.pulumi_harness import ROOT, RecordingMocks, run_stack, stack_file_config
 
 VALID = {"project": "proj-1", "hfTokenSecretId": "hf-token"}
+GKE = {"target": "gke", "project": "proj-1", "zone": "us-east5-b", "hfTokenSecretId": "hf-token"}
+LOCAL = {"target": "local", "containerImage": "vllm/vllm-openai:v0.32.0"}
 
 
 def test_pulumi_yaml_is_generated_from_the_settings():
     assert (ROOT / "Pulumi.yaml").read_text() == render_pulumi_yaml(), \
-        "Pulumi.yaml is stale: run `python -m components.config > Pulumi.yaml`"
+        "Pulumi.yaml is stale: run `python scripts/config_docs.py`"
 
 
 def test_pulumi_yaml_declares_only_types_pulumi_knows_with_matching_defaults():
@@ -25,12 +27,14 @@ def test_pulumi_yaml_declares_only_types_pulumi_knows_with_matching_defaults():
             assert type(entry["default"]) is python_types[entry["type"]], key
 
 
-def test_declared_defaults_build_the_same_config_as_no_config():
-    """What the Pulumi CLI injects from Pulumi.yaml must mean exactly what the Python defaults mean."""
+@pytest.mark.parametrize("given", [VALID, GKE, LOCAL], ids=["gcp", "gke", "local"])
+def test_declared_defaults_build_the_same_config_as_no_config(given):
+    """What the Pulumi CLI injects from Pulumi.yaml, every target's keys on every stack, must mean exactly what the
+    Python defaults mean."""
     declared = {k: (json.dumps(e["default"]) if e["type"] == "array"  # the CLI hands arrays to the program as JSON
                     else str(e["default"]).lower() if e["type"] == "boolean" else str(e["default"]))
                 for k, e in pulumi_yaml_config().items() if "default" in e}
-    assert build_stack_config({**declared, **VALID}) == build_stack_config(VALID)
+    assert build_stack_config({**declared, **given}) == build_stack_config(given)
 
 
 def test_stack_files_are_valid_configs():
@@ -270,8 +274,6 @@ def test_the_zone_warning_reaches_pulumis_log_and_the_stack_deploys(caplog):
 
 # --- every target's limits, from both sides, with the line the user reads -------------------------------------------
 
-GKE = {"target": "gke", "project": "proj-1", "zone": "us-east5-b", "hfTokenSecretId": "hf-token"}
-LOCAL = {"target": "local", "containerImage": "vllm/vllm-openai:v0.32.0"}
 
 
 EDGES = [
@@ -440,7 +442,11 @@ BAD_WITH_MESSAGE = [
      "gkeNamespace: 'Serving' is not a Kubernetes namespace name (lowercase letters, digits and -, at most 63 "
      'characters)'),
     (GKE, {'alertQueueDepth': '0'},
-     'alertQueueDepth: must be at least 1, got 0'),
+     'alertQueueDepth: applies to target gcp, not gke'),  # gke stacks have no alert policies
+    (GKE, {'zones': '["us-east5-a"]'},
+     'zones: applies to target gcp, not gke'),
+    (GKE, {'vllmApiKeySecretId': 'vllm-key'},
+     'vllmApiKeySecretId: applies to target gcp, not gke'),
     (GKE, {'maxRunDuration': '8d'},
      "maxRunDuration: '8d' is outside flex-start's limits: from 10m to 7d"),
     (LOCAL, {'localPort': '0'},
@@ -452,8 +458,16 @@ BAD_WITH_MESSAGE = [
     (LOCAL, {'localModelCache': 'rel'},
      "localModelCache: 'rel' must be an absolute path or start with ~"),
     (LOCAL, {'hfTokenSecretId': 'x'},
-     'hfTokenSecretId: target local cannot read Secret Manager; set hfToken (pulumi config set --secret hfToken '
-     '...) or nothing for a public model'),
+     'hfTokenSecretId: applies to targets gcp and gke, not local; target local cannot read Secret Manager: set '
+     'hfToken (pulumi config set --secret hfToken ...), or nothing for a public model'),
+    (LOCAL, {'zone': 'us-west2-a'},
+     'zone: applies to targets gcp and gke, not local'),
+    (LOCAL, {'bootDiskSizeGb': 'lots'},
+     'bootDiskSizeGb: applies to targets gcp and gke, not local'),
+    (VALID, {'localPort': '8001'},
+     'localPort: applies to target local, not gcp'),
+    (VALID, {'gkeMaxNodes': '4'},
+     'gkeMaxNodes: applies to target gke, not gcp'),
     (LOCAL, {'containerImage': 'vllm/vllm-tpu:nightly'},
      "containerImage: 'vllm/vllm-tpu:nightly' needs a TPU host; target local runs the vLLM OpenAI image, e.g. "
      'vllm/vllm-openai:v0.32.0'),
@@ -463,6 +477,8 @@ BAD_WITH_MESSAGE = [
     (LOCAL, {'readinessTimeout': 'soon'},
      "readinessTimeout: 'soon' is not a duration like 4h, 90m or 1d12h"),
     (LOCAL, {'pricePerChipHour': '-1'},
+     'pricePerChipHour: applies to targets gcp and gke, not local'),
+    (GKE, {'pricePerChipHour': '-1'},
      'pricePerChipHour: must not be negative, got -1.0'),
 ]
 
@@ -476,9 +492,11 @@ def test_each_bad_value_is_one_line_naming_the_key(base, override, message):
     assert err.value.key == message.split(":", 1)[0]
 
 
-def test_zones_unknown_to_the_offline_list_are_no_concern_off_tpu():
-    cfg = build_stack_config({**LOCAL, "zone": "us-west2-a", "zones": '["us-west2-a"]'})
-    assert cfg.warnings() == []
+def test_a_key_of_another_target_holding_its_default_is_no_concern():
+    """Pulumi hands the program every key Pulumi.yaml declares with a default, whatever the target."""
+    cfg = build_stack_config({**LOCAL, "zone": "europe-west4-a", "hfTokenSecretId": "", "gkeMaxNodes": "2"})
+    assert (cfg.target, cfg.warnings()) == ("local", [])
+    assert not hasattr(cfg, "zone")  # a local stack has no zone to read by mistake
 
 
 def test_settings_are_parsed_by_the_type_of_their_default():

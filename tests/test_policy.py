@@ -286,7 +286,8 @@ def test_pack_serves_the_rules_over_the_analyzer_protocol(captured: dict[str, Ca
 def test_policy_limits_are_the_stacks_own():
     """The pack runs in its own venv and cannot import the program: its copies of the limits must stay equal."""
     from components import config, network
+    from tpuserve import flex_start
 
     assert rules.IAP_SOURCE_RANGE == network.IAP_SOURCE_RANGE
     assert rules.MIN_BOOT_DISK_GB == config.MIN_BOOT_DISK_GB
-    assert rules.MAX_FLEX_START_RUN_SECONDS == config.MAX_RUN_SECONDS
+    assert rules.MAX_FLEX_START_RUN_SECONDS == flex_start.MAX_RUN_S

@@ -1,8 +1,5 @@
-"""What vLLM serves and how: the one place that turns serving options into `vllm serve` arguments.
-
-The stack's startup script, the local Docker target and the tests all call `vllm_serve_args`, so the flags a
-user reviews in `pulumi preview` are the flags the server runs with.
-"""
+"""What vLLM serves and how: the one place that turns serving options into `vllm serve` arguments, for every
+target, so the flags `pulumi preview` shows are the flags the server runs with. Why: docs/design/config.md."""
 
 from __future__ import annotations
 
@@ -24,52 +21,27 @@ DEFAULT_MODEL = "google/gemma-4-E2B-it"
 DEFAULT_PORT = 8000
 CONTAINER_NAME = "vllm"
 TEXT_ONLY = "text-only"
-# Where the argv runs: "tpu" is vLLM with the tpu-inference backend (the gcp target); anything else ("gpu" for the
-# local target's vLLM OpenAI image, "cpu" in the e2e tier) is upstream vLLM on its own platform.
-TPU_BACKEND = "tpu"
-SUPPORT_FILE = "data/tpu-inference-support.json"
+TPU_BACKEND = "tpu"  # vLLM on tpu-inference; "gpu" (target local) and "cpu" (e2e) are upstream vLLM's own
 
 
 @cache
 def tpu_support() -> dict[str, Any]:
-    """What the TPU backend serves, read from tpu-inference's and vLLM's source at a recorded commit
-    (tpuserve/data/tpu-inference-support.json): modalities per model implementation, KV cache dtypes."""
-    return json.loads(resources.files("tpuserve").joinpath(SUPPORT_FILE).read_text())
+    """What the TPU backend serves, read from tpu-inference's and vLLM's source at a recorded commit."""
+    return json.loads(resources.files("tpuserve").joinpath("data/tpu-inference-support.json").read_text())
 
 
-# Every modality vLLM 0.32's Gemma 4 registers (image, audio, video; the data file's `modalities`). vLLM counts a
-# modality missing from --limit-mm-per-prompt as 999 items allowed (vllm/config/multimodal.py get_limit_per_prompt),
-# so every argv names all three, a modality not set in multimodalLimits as 0; vLLM ignores a limit for a modality a
-# model does not take (vllm/multimodal/processing/context.py allowed_mm_limits), so this is safe for any model.
+# Every modality Gemma 4 registers: every argv names each, or vLLM would allow 999 of one left out.
 MODALITIES = tuple(tpu_support()["modalities"]["known"])
-# What text-only serves: every modality limited to 0. tpu-inference turns multimodality off, and skips the vision
-# encoder's precompile, only when `limit_mm_per_prompt` is non-empty and every value is 0
-# (tpu_inference/runner/tpu_runner.py, "disable_mm_from_limits"); `--language-model-only` leaves that dict empty, so
-# it is not used. The reference deployment served '{"image":0,"audio":0}'; video is added so the API refuses a
-# video too instead of handing it to a runner with multimodality off.
-TEXT_ONLY_LIMITS = {modality: 0 for modality in MODALITIES}
-# tpu-inference's model implementations (MODEL_IMPL_TYPE, tpu_inference/envs.py): auto resolves from the
-# architecture (Gemma 4: flax_nnx, its JAX model); vllm runs vLLM's PyTorch model through torchax.
-MODEL_IMPLS = tuple(tpu_support()["model_impl"]["choices"])
+MODEL_IMPLS = tuple(tpu_support()["model_impl"]["choices"])  # tpu-inference's MODEL_IMPL_TYPE
 MODEL_IMPL_ENV = tpu_support()["model_impl"]["env"]
 AUTO_IMPL = "auto"
-
-# `--kv-cache-dtype` choices of vLLM 0.32 (vllm/config/cache.py CacheDType; tests/e2e checks them against vLLM's
-# own), and the ones the TPU backend can map (its runner ends in jnp.dtype(name): the rest crash at boot).
+# vLLM's --kv-cache-dtype choices, and those tpu-inference's runner can map (the rest crash at boot).
 KV_CACHE_DTYPES = tuple(tpu_support()["kv_cache_dtypes"]["vllm_choices"])
 TPU_KV_CACHE_DTYPES = tuple(tpu_support()["kv_cache_dtypes"]["tpu"])
 
-# Model ids known not to load on the TPU backend, with the reason users get. Source: vllm-project/tpu-inference#3225
-# (E2B QAT on v6e-1, both model paths) and the open fix, tpu-inference#3299, whose table shows the E4B QAT exports
-# omit the KV-shared layers' K/V tensors the same way (layers 24-41 of 42).
-KNOWN_BROKEN_ON_TPU = (
-    (re.compile(r"gemma-4-e[24]b.*-qat-q4_0-unquantized", re.IGNORECASE),
-     ("Gemma 4 E2B/E4B QAT q4_0-unquantized checkpoints do not load on TPU: they omit k_norm (and k/v_proj) of the "
-      "KV-shared layers, which tpu-inference's Gemma 4 still requires (vllm-project/tpu-inference#3225)")),
-    (re.compile(r"gemma-4-e[24]b.*-qat-w4a16-ct", re.IGNORECASE),
-     ("Gemma 4 E2B/E4B QAT w4a16-ct checkpoints do not load on TPU: tpu-inference's int4 compressed-tensors path "
-      "fails on per_layer_model_projection (vllm-project/tpu-inference#3225)")),
-)
+# Model ids known not to load on the TPU backend, with the reason users get.
+KNOWN_BROKEN_ON_TPU = tuple((re.compile(entry["model_ids"], re.IGNORECASE), entry["reason"])
+                            for entry in tpu_support()["known_broken"]["models"])
 
 
 class ConfigError(ValueError):
@@ -81,7 +53,7 @@ class ConfigError(ValueError):
 
 
 def setting(key: str, doc: str, default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
-    """A dataclass field that also records its stack config key and description (Pulumi.yaml is made from them)."""
+    """A dataclass field that also records its stack config key and description (scripts/config_docs.py)."""
     if isinstance(default, (list, dict, tuple)) and "default_factory" not in kwargs:
         kwargs["default_factory"] = (lambda value=default: type(value)(value))
         default = dataclasses.MISSING
@@ -90,7 +62,7 @@ def setting(key: str, doc: str, default: Any = dataclasses.MISSING, **kwargs: An
 
 @dataclass(frozen=True)
 class ServingConfig:
-    """Serving options of one deployment; field metadata names the stack config key of each."""
+    """Serving: what vLLM serves and how, the same `vllm serve` argv on every target (`tpuserve/serving.py`)."""
 
     model: str = setting("model", "Hugging Face model id served by vLLM.", DEFAULT_MODEL)
     image: str = setting("containerImage", "vLLM TPU container image; default: the pinned digest in "
@@ -129,14 +101,12 @@ class ServingConfig:
         "chips); target local: localGpus.", 0)
     port: int = DEFAULT_PORT
     host: str = "0.0.0.0"
-    # Not settings of their own: the stack derives both from its target and machine type (StackConfig), so the
-    # argv a VM runs always matches the VM's chips.
-    backend: str = TPU_BACKEND
+    backend: str = TPU_BACKEND  # these two follow the stack's target and machine (components/config.py)
     chips: int = 1
 
     @property
     def tp(self) -> int:
-        """Chips per engine: tensorParallelSize, 0 (not resolved by a StackConfig) meaning every chip."""
+        """Chips per engine: tensorParallelSize, 0 (unresolved) meaning every chip."""
         return self.tensor_parallel_size or self.chips
 
     @property
@@ -175,7 +145,7 @@ class ServingConfig:
         if backend == TPU_BACKEND:
             check_tpu_modalities(self)
         check_extra_args(self.extra_args)
-        if backend == "tpu" and not self.allow_known_broken_model:
+        if backend == TPU_BACKEND and not self.allow_known_broken_model:
             for pattern, reason in KNOWN_BROKEN_ON_TPU:
                 if pattern.search(self.model):
                     raise ConfigError("model", f"{self.model!r}: {reason}. Set allowKnownBrokenModel to deploy "
@@ -184,8 +154,7 @@ class ServingConfig:
 
 
 def check_image(image: str) -> None:
-    """An image reference docker can pull by: a malformed digest (too few hex digits, uppercase hex) is refused here,
-    not by `docker pull` minutes into a paid boot (the grammar: tpuserve/registry.py, from the OCI image spec)."""
+    """A reference docker can pull by (the OCI grammar, tpuserve/registry.py): refused here, not minutes into a boot."""
     if not image.strip() or any(ch.isspace() for ch in image):
         raise ConfigError("containerImage", f"{image!r} is not an image reference like vllm/vllm-tpu:nightly or "
                           f"{VLLM_TPU_IMAGE}")
@@ -220,41 +189,30 @@ def check_mm_limits(value: Any) -> Mapping[str, int]:
     return dict(value)
 
 
-def model_architecture(model: str) -> str | None:
-    """The data file's architecture entry a model id belongs to (e.g. "gemma4" for google/gemma-4-E2B-it), or None
-    when the file knows nothing of it (then no modality is refused: there is no evidence either way)."""
-    for name, entry in tpu_support()["architectures"].items():
-        if entry["model_ids"] in model.lower():
-            return name
-    return None
-
-
-def resolved_impl(cfg: ServingConfig) -> str:
-    """The implementation tpu-inference will run: modelImpl, or what `auto` resolves to for the model."""
-    if cfg.model_impl != AUTO_IMPL:
-        return cfg.model_impl
-    architecture = model_architecture(cfg.model)
-    return tpu_support()["architectures"][architecture]["auto_impl"] if architecture else AUTO_IMPL
-
-
 def mm_limits_of(cfg: ServingConfig) -> dict[str, int]:
     """--limit-mm-per-prompt's value: every modality, in MODALITIES order, 0 where multimodalLimits is silent."""
     given = {} if cfg.mm_limits is None else dict(cfg.mm_limits)
     return {modality: int(given.get(modality, 0)) for modality in MODALITIES}
 
 
+def tpu_impl(cfg: ServingConfig) -> tuple[dict[str, Any], str] | None:
+    """(the data file's entry of the model's architecture, the implementation tpu-inference runs for it), or None
+    when the file does not know the model: then nothing is refused, there is no evidence either way."""
+    for entry in tpu_support()["architectures"].values():
+        if entry["model_ids"] in cfg.model.lower():
+            return entry, entry["auto_impl"] if cfg.model_impl == AUTO_IMPL else cfg.model_impl
+    return None
+
+
 def check_tpu_modalities(cfg: ServingConfig) -> None:
-    """Refuse a modality limit above 0 that the TPU implementation cannot serve: vLLM's API would accept the
-    request and the engine would fail it inside EngineCore (the engine dies; one request takes the server down)."""
-    architecture = model_architecture(cfg.model)
-    if architecture is None:
+    """Refuse a modality the TPU implementation cannot serve: one such request would kill the engine."""
+    if (found := tpu_impl(cfg)) is None:
         return
-    impl = resolved_impl(cfg)
-    support = tpu_support()["architectures"][architecture].get(impl, {})
+    entry, impl = found
     for modality, count in mm_limits_of(cfg).items():
-        verdict = support.get(modality, {})
+        verdict = entry.get(impl, {}).get(modality, {})
         if count > 0 and not verdict.get("supported", False):
-            alternative = [name for name, modes in tpu_support()["architectures"][architecture].items()
+            alternative = [name for name, modes in entry.items()
                            if isinstance(modes, dict) and modes.get(modality, {}).get("supported")]
             fix = (f"set {modality} to 0" + (f", or modelImpl: {alternative[0]} to serve it through that "
                                               "implementation" if alternative else ""))
@@ -264,27 +222,22 @@ def check_tpu_modalities(cfg: ServingConfig) -> None:
 
 
 def untested_modalities(cfg: ServingConfig) -> list[str]:
-    """Modalities enabled on TPU that the chosen implementation serves in its code but tpu-inference never tests."""
-    architecture = model_architecture(cfg.model)
-    if cfg.backend != TPU_BACKEND or architecture is None:
+    """Modalities enabled on TPU that the implementation serves in its code but tpu-inference never tests."""
+    if cfg.backend != TPU_BACKEND or (found := tpu_impl(cfg)) is None:
         return []
-    support = tpu_support()["architectures"][architecture].get(resolved_impl(cfg), {})
+    entry, impl = found
     return [modality for modality, count in mm_limits_of(cfg).items()
-            if count > 0 and support.get(modality, {}).get("tested_upstream") is False]
+            if count > 0 and entry.get(impl, {}).get(modality, {}).get("tested_upstream") is False]
 
 
 @cache
-def _presets() -> dict[str, Any]:
+def model_presets() -> dict[str, Any]:
+    """The built-in models: each one's HF config and weights size."""
     return json.loads(resources.files("tpuserve").joinpath("data/model-presets.json").read_text())
 
 
-def model_preset(model: str) -> Mapping[str, Any] | None:
-    """The built-in preset of a model (tpuserve/data/model-presets.json: its HF config and weights size), or None."""
-    return _presets().get(model)
-
-
 def attention_heads(model: str) -> int | None:
-    preset = model_preset(model)
+    preset = model_presets().get(model)
     if preset is None:
         return None
     config = preset["config"]
@@ -292,23 +245,19 @@ def attention_heads(model: str) -> int | None:
 
 
 def tensor_parallel_choices(chips: int, heads: int | None) -> list[int]:
-    """Sizes that split `chips` into whole engines and the model's attention heads evenly (vLLM refuses the rest at
-    boot: vllm/config/model.py verify_with_parallel_config, "Total number of attention heads (N) must be divisible
-    by tensor parallel size (T)")."""
+    """Sizes that split `chips` into whole engines and the attention heads evenly (vLLM refuses the rest at boot)."""
     return [tp for tp in range(1, chips + 1) if chips % tp == 0 and (heads is None or heads % tp == 0)]
 
 
 def fewest_chips(weights_gib: float, heads: int | None, chips: int, usable_gib: float) -> int:
-    """The smallest tensor parallel size whose share of the weights fits in `usable_gib` per chip; every chip when
-    none does."""
+    """The smallest tensor parallel size whose share of the weights fits in `usable_gib` per chip, else every chip."""
     fits = [tp for tp in tensor_parallel_choices(chips, heads) if weights_gib / tp < usable_gib]
     return fits[0] if fits else chips
 
 
 def auto_tensor_parallel_size(model: str, chips: int, gpu_memory_utilization: float) -> int:
-    """tensorParallelSize 0 on TPU VMs: the fewest chips whose share of the preset's weights fits in HBM ×
-    gpuMemoryUtilization (`tpuserve plan` shows the KV room left); every chip for a model without a preset."""
-    preset = model_preset(model)
+    """tensorParallelSize 0 on a TPU VM: the fewest chips that hold the preset's weights, every chip without one."""
+    preset = model_presets().get(model)
     if preset is None:
         return chips
     weights_gib = preset["weights_parameters"] * preset["weights_bytes_per_parameter"] / 2**30
@@ -330,41 +279,25 @@ def check_tensor_parallel_size(cfg: ServingConfig) -> None:
                           f"{choices}")
 
 
-# More than one engine on a VM (docs/design/engines.md): engine i listens on port + ENGINE_PORT_OFFSET + i, 8100 up,
-# as tpu-inference's own independent-servers recipe does (examples/external_lb/run_dp_external_lb.sh BASE_PORT=8100),
-# and the front (HAProxy, components/front.py) takes the stack's port.
+# More than one engine on a VM: engine i on port + 100 + i, libtpu's on 5000 + i. Why: docs/design/engines.md.
 ENGINE_PORT_OFFSET = 100
-# libtpu's port of engine i: tpu-inference's per-rank BASE_JAX_PORT + rank (tpu_inference/distributed/
-# jax_parallel_state.py), unique per process "so the runtimes can coexist on a host".
 TPU_PROCESS_BASE_PORT = 5000
 
 
-def engine_ports(cfg: ServingConfig) -> list[int]:
-    """Where each engine listens: the stack's port for a lone engine, else 8100, 8101, ... behind the front."""
-    if cfg.engines == 1:
-        return [cfg.port]
-    return [cfg.port + ENGINE_PORT_OFFSET + index for index in range(cfg.engines)]
-
-
-def engine_name(cfg: ServingConfig, index: int) -> str:
-    return engine_container(cfg.engines, index)
-
-
 def engine_container(engines: int, index: int = 0) -> str:
-    """Engine `index`'s container on a VM of `engines` (the stack's `engines` output): `vllm` alone (as before
-    engines), vllm-0, vllm-1, ... side by side."""
+    """Engine `index`'s container among `engines`: `vllm` alone, else vllm-0, vllm-1, ..."""
     return CONTAINER_NAME if engines == 1 else f"{CONTAINER_NAME}-{index}"
 
 
 def engine_addresses(cfg: ServingConfig) -> list[tuple[str, int]]:
-    """(container name, port) of each engine, in order."""
-    return [(engine_name(cfg, index), port) for index, port in enumerate(engine_ports(cfg))]
+    """(container, port) of each engine: `vllm` on the stack's port alone, else vllm-i on 8100 + i behind the front."""
+    if cfg.engines == 1:
+        return [(CONTAINER_NAME, cfg.port)]
+    return [(engine_container(cfg.engines, i), cfg.port + ENGINE_PORT_OFFSET + i) for i in range(cfg.engines)]
 
 
 def engine_tpu_env(cfg: ServingConfig, index: int) -> dict[str, str]:
-    """The libtpu variables that pin engine `index` to its own chips, the values tpu-inference's worker sets for each
-    data-parallel rank (tpu_inference/worker/tpu_worker.py `_setup_dp_chip_isolation`; v6e has one core per chip,
-    tpu_info.py); none when one engine has every chip."""
+    """The libtpu variables that pin engine `index` to its chips, as tpu-inference's worker sets them per rank."""
     if cfg.engines == 1 or cfg.backend != TPU_BACKEND:
         return {}
     first = index * cfg.tp
@@ -385,12 +318,11 @@ SHORT_OPTIONS = {"-tp": "--tensor-parallel-size"}
 
 def option_name(arg: str) -> str | None:
     """Canonical vLLM option name of an argument ('--max_model_len=5' -> '--max-model-len'); None for a value."""
-    if arg.split("=", 1)[0] in SHORT_OPTIONS:
-        return SHORT_OPTIONS[arg.split("=", 1)[0]]
-    if not arg.startswith("--"):
-        return None
-    name = arg.split("=", 1)[0].replace("_", "-")
-    return "--" + name[len("--no-"):] if name.startswith("--no-") else name
+    name = arg.split("=", 1)[0]
+    if not name.startswith("--"):
+        return SHORT_OPTIONS.get(name)
+    name = name.replace("_", "-")
+    return "--" + name.removeprefix("--no-") if name.startswith("--no-") else name
 
 
 # Options that have their own setting; `extraArgs` may not set them a second time.
@@ -405,9 +337,7 @@ FIRST_CLASS_OPTIONS = {
 }
 
 
-# An option whose value is a secret (vLLM 0.32 has --api-key and --hf-token; the pattern also catches later
-# ones): in extraArgs it would sit in plain text in the startup script, the instance metadata and the vllmArgs
-# output. The token's way in is the secret path: hfTokenSecretId / `pulumi config set --secret hfToken`.
+# An option whose value is a secret (--api-key, --hf-token and later ones) would sit in plain text in extraArgs.
 SECRET_OPTION = re.compile(r"^--(?:[a-z0-9-]+-)?(?:token|api-key|key|secret|password|passwd|credentials?)$")
 SECRET_PATH = {
     "--hf-token": "the Hugging Face token reaches the container through its environment only: set hfTokenSecretId "
@@ -415,8 +345,7 @@ SECRET_PATH = {
 }
 NO_SECRET_PATH = ("the stack has no secret path for it yet (the endpoint is internal: reach it through IAP, or "
                   "front it with `tpuserve litellm`'s proxy and its master key)")
-# Options that would make the server answer to another name than `model`: the boot's /v1/models check, the gate
-# and every `--stack` command ask for `model`, so they could never pass.
+# Options that would make the server answer to another name than the one every check asks for.
 RENAMING_OPTIONS = {
     "--served-model-name": "the boot check, the gate and the toolkit ask for `model` by name; give clients "
                            "other names with `tpuserve litellm --alias`",
@@ -444,11 +373,10 @@ def vllm_serve_args(cfg: ServingConfig, engine: int = 0) -> list[str]:
     """The arguments that follow `vllm serve` (model first), in a stable order; engines differ in --port only."""
     # Engines behind the front listen on loopback only: clients reach them through it (components/front.py).
     host = cfg.host if cfg.engines == 1 else "127.0.0.1"
-    args = [cfg.model, "--host", host, "--port", str(engine_ports(cfg)[engine]),
+    args = [cfg.model, "--host", host, "--port", str(engine_addresses(cfg)[engine][1]),
             "--max-model-len", str(cfg.max_model_len),
             "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
             "--max-num-batched-tokens", str(cfg.max_num_batched_tokens),
-            # The engine's chips (StackConfig resolves tensorParallelSize against the machine's).
             "--tensor-parallel-size", str(cfg.tp)]
     if cfg.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", cfg.kv_cache_dtype]
@@ -461,48 +389,33 @@ def vllm_serve_args(cfg: ServingConfig, engine: int = 0) -> list[str]:
     limits = mm_limits_of(cfg)
     args += ["--limit-mm-per-prompt", json.dumps(limits, separators=(",", ":"))]
     if cfg.backend == TPU_BACKEND and any(count > 0 for count in limits.values()):
-        # tpu-inference's platform check warns that multimodal models without it hit execution failures
-        # (tpu_inference/platforms/tpu_platform.py); the reference deployment passes it. Upstream vLLM needs no
-        # flag: its CUDA/ROCm platforms turn it on themselves for the models that need it (vllm/platforms/cuda.py,
-        # `is_mm_prefix_lm`) and leave vLLM's default, chunked multimodal input, to the others.
+        # tpu-inference warns of failures without it; upstream vLLM sets it itself where needed (docs/configuration.md)
         args.append("--disable-chunked-mm-input")
     return args + list(cfg.extra_args)
 
 
-# The caches' environment of every vLLM TPU container: the VM's `docker run` (below) and the gke pods'
-# (components/k8s_serving.py), so both load weights from and compile into the same layout. HF_HOME first.
+# The caches' environment of every vLLM TPU container, the VM's and the gke pods', HF_HOME first.
 TPU_CACHE_ENV = {"HF_HOME": CONTAINER_HF_HOME, "VLLM_XLA_CACHE_PATH": CONTAINER_XLA_CACHE,
                  "JAX_COMPILATION_CACHE_DIR": CONTAINER_XLA_CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
 def tpu_container_run_args(cfg: ServingConfig, config_hash: str, secret_env: Sequence[str] = (),
                            engine: int = 0) -> list[str]:
-    """`docker run` arguments of one engine on the TPU VM (its container name, chips and port: engine_*). HF_TOKEN and the names in `secret_env` (VLLM_API_KEY, which vLLM reads
-    as its API key: vllm/entrypoints/serve/middleware/register.py) are passed by name only, so their values are never
-    in an argv: the supervisor fetches them and gives them to that one `docker run` through its environment.
-
-    Caches live under facts.CACHE_ROOT (the cache disk when it is usable): the Hugging Face cache (HF_HOME) and the
-    XLA compilation cache, whose host directory is keyed on the VM by image digest and machine type (the supervisor
-    puts the key where XLA_CACHE_KEY_PLACEHOLDER is). The cache directory is given to tpu-inference twice:
-    VLLM_XLA_CACHE_PATH, because its CompilationManager overwrites JAX's cache dir with it (default ~/.cache/vllm,
-    inside the container: lost at every restart), and JAX_COMPILATION_CACHE_DIR for compiles outside that manager;
-    tpu-inference's own CI sets both to one directory (tpu_inference/runner/compilation_manager.py,
-    .buildkite/scripts/run_in_docker.sh). JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 keeps quick compiles too
-    (JAX's default skips those under 1 s). VLLM_XLA_CHECK_RECOMPILATION is never set: it makes the runner raise on
-    any compile after warm-up (tpu_runner.py, ForbidCompile), a CI check, not a serving mode.
-    /dev/shm stays bind-mounted (the reference deployment's flag); no --shm-size, which Docker ignores when
-    /dev/shm is mounted (moby daemon/container_operations_unix.go, `HasMountFor("/dev/shm")`)."""
-    xla_host_dir = f"{CACHE_ROOT}/xla/{XLA_CACHE_KEY_PLACEHOLDER}"
-    hf_env, *xla_env = (["-e", f"{key}={value}"] for key, value in TPU_CACHE_ENV.items())
-    chips = [arg for name, value in engine_tpu_env(cfg, engine).items() for arg in ("-e", f"{name}={value}")]
-    return ["run", "--detach", "--name", engine_name(cfg, engine), "--privileged", "--net=host",
+    """`docker run` arguments of one engine on the TPU VM. HF_TOKEN and `secret_env` (VLLM_API_KEY) go by name only:
+    their values never enter an argv. The caches' layout: docs/design/supervisor.md#the-container."""
+    caches = env_args(TPU_CACHE_ENV)  # HF_HOME, then the XLA cache's three
+    return ["run", "--detach", "--name", engine_container(cfg.engines, engine), "--privileged", "--net=host",
             "-v", "/dev/shm:/dev/shm",
-            "-v", f"{CACHE_ROOT}/huggingface:{CONTAINER_HF_HOME}", *hf_env,
-            "-v", f"{xla_host_dir}:{CONTAINER_XLA_CACHE}", *(arg for pair in xla_env for arg in pair),
+            "-v", f"{CACHE_ROOT}/huggingface:{CONTAINER_HF_HOME}", *caches[:2],
+            "-v", f"{CACHE_ROOT}/xla/{XLA_CACHE_KEY_PLACEHOLDER}:{CONTAINER_XLA_CACHE}", *caches[2:],
             "-e", "HF_TOKEN", *(arg for name in secret_env for arg in ("-e", name)),
-            *(arg for name, value in backend_env(cfg).items() for arg in ("-e", f"{name}={value}")), *chips,
+            *env_args({**backend_env(cfg), **engine_tpu_env(cfg, engine)}),
             "--label", f"tpu-serve.config-hash={config_hash}",
             cfg.image, "vllm", "serve", *vllm_serve_args(cfg, engine)]
+
+
+def env_args(env: Mapping[str, str]) -> list[str]:
+    return [arg for name, value in env.items() for arg in ("-e", f"{name}={value}")]
 
 
 def config_hash(cfg: ServingConfig) -> str:

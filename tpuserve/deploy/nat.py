@@ -19,7 +19,7 @@ from tpuserve.gce import COMPUTE_URL, DEFAULT_TIMEOUT_S, ok
 from tpuserve.names import ROUTER_DESCRIPTION
 from tpuserve.zones import region_of
 
-SKIP_KEY = "cloudNatSkipRegions"  # components/config.py StackConfig.cloud_nat_skip_regions
+SKIP_KEY = "cloudNatSkipRegions"  # components/config.py TpuConfig.cloud_nat_skip_regions
 ALL_RANGES = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES")
 LIST_OF_SUBNETWORKS = "LIST_OF_SUBNETWORKS"
 NAT_TYPE = "gcp:compute/routerNat:RouterNat"
