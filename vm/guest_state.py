@@ -1,28 +1,9 @@
-"""The boot's state as one guest attribute, written within Google's budget.
+"""The boot's state as one guest attribute (format: tpuserve/facts.py GUEST_STATE_*), written within Google's budget.
 
-Google's guest-attributes page (https://cloud.google.com/compute/docs/metadata/manage-guest-attributes, "When to use
-guest attributes") limits them to 10 queries per minute per VM and bursts of 3 per second, and says that above that
-rate Compute Engine "might arbitrarily remove guest attributes that are in the process of being written". So the
-VM keeps everything the gate, `tpuserve status` and `diagnose` read in ONE key, `tpu-serve/state`: a JSON object
-whose fields are the names the readers always used (stage, config-hash, since, reason, at-<stage>, cache, image,
-weights, compile-cache, restarts, supervisor, ops-agent, warning, engines; tpuserve/guest_state.py expands it), plus
-`seq` (bumped on every change) and `written` (when this copy was sent). One write carries the whole state, so a reader
-never sees a stage with another config's hash.
-
-Writes are spaced at least `interval_s` apart (12 s: 5 a minute, half the budget, leaving the rest for the gate's
-reads, which poll every 15 s), so changes that come faster are coalesced: the stage timestamps inside are exact, only
-the copy is late. The current state is written again every `reassert_s` (60 s) even when nothing changed, so a
-write Compute Engine dropped (a lost `serving`) is repaired within a minute instead of leaving the gate waiting out
-its timeout.
-
-Two writers share the budget: the startup script (through this file's command line, after it installed the
-supervisor bundle) and the supervisor (the `GuestState` thread). They share a state file on /run (a tmpfs: one boot)
-under an flock, and a stamp file with the time and `seq` of the last write, so the supervisor starting up sends what
-the script left unsent, no sooner than the budget allows.
+Two writers share the budget through a state file and a stamp under an flock on /run: the startup script (this
+file's command line) and the supervisor (`GuestState`). Why: docs/design/supervisor.md#the-boot-state.
 
     python3 guest_state.py --metadata-url URL --run-dir DIR [--interval-s 12] set [--new-timeline] [--flush] K=V ...
-
-Standard library only; imports nothing from tpuserve.
 """
 
 from __future__ import annotations
@@ -40,12 +21,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-NAMESPACE = "tpu-serve"
-STATE_KEY = "state"
-INTERVAL_S = 12.0
-REASSERT_S = 60.0
+FACTS = json.loads(Path(__file__).with_name("facts.json").read_text())  # scripts/vm_facts.py writes it
+NAMESPACE, STATE_KEY = FACTS["GUEST_ATTRIBUTE_NAMESPACE"], FACTS["GUEST_STATE_KEY"]
+FIELDS, TIMELINE_PREFIX = frozenset(FACTS["GUEST_STATE_FIELDS"]), FACTS["GUEST_STATE_TIMELINE_PREFIX"]
+INTERVAL_S, REASSERT_S = FACTS["GUEST_WRITE_INTERVAL_S"], FACTS["GUEST_REASSERT_S"]
 STATE_FILE, STAMP_FILE, LOCK_FILE = "state.json", "state.written", "state.lock"
-TIMELINE_PREFIX = "at-"
 
 
 def log(message: str) -> None:
@@ -101,6 +81,9 @@ class Store:
     def update(self, changes: Mapping[str, str], new_timeline: bool = False) -> dict:
         """Apply `changes` (a value of None removes the field); `new_timeline` first drops every at-<stage>, which
         belongs to an earlier run. Returns the new state (its seq bumped when anything changed)."""
+        unknown = sorted(key for key in changes if key not in FIELDS and not key.startswith(TIMELINE_PREFIX))
+        if unknown:
+            raise ValueError(f"not a boot-state field (tpuserve/facts.py GUEST_STATE_FIELDS): {', '.join(unknown)}")
         with self.locked():
             state = self.state()
             before = dict(state)
@@ -152,9 +135,6 @@ class GuestState:
         with self.changed:
             self.changed.notify_all()
 
-    def get(self, key: str) -> str:
-        return str(self.store.state().get(key, ""))
-
     def start(self) -> GuestState:
         self.thread = threading.Thread(target=self.run, daemon=True, name="guest-state")
         self.thread.start()
@@ -199,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     setting.add_argument("assignments", nargs="*")
     args = parser.parse_args(argv)
     store = Store(args.run_dir)
-    store.update(parse_assignments(args.assignments), args.new_timeline)
+    try:
+        store.update(parse_assignments(args.assignments), args.new_timeline)
+    except ValueError as err:
+        raise SystemExit(f"guest_state.py: {err}") from None
     while True:
         outcome = store.publish(args.metadata_url, args.interval_s)
         if not (args.flush and outcome.startswith("wait:")):

@@ -1,13 +1,7 @@
-"""Copy the Hugging Face token from Secret Manager into a file, as the workload's own Google identity.
-
-Runs as the gke target's init container (`python3 hf_token.py --secret projects/P/secrets/S --out FILE`): the
-GKE metadata server hands the pod's Workload Identity an access token, the secret's latest version is read from
-the Secret Manager REST API (the same request, retries and refusals as on the VM, whose supervisor imports this
-module and adds a wait for a fresh grant), and the token is
-written with mode 0400 to FILE, an in-memory emptyDir the vLLM container reads through HF_TOKEN_PATH. The token is
-never printed, never put in an argv or an environment variable, and never part of a Kubernetes object.
-
-Standard library only; imports nothing from tpuserve. Exit 0 when the file is written, 1 otherwise (with the reason).
+"""Copy the Hugging Face token from Secret Manager into a file (mode 0400), as the workload's own Google identity: the
+gke init container's `python3 hf_token.py --secret projects/P/secrets/S --out FILE`; the VM's supervisor imports
+`read_secret`. The token is never printed, put in an argv or an environment variable, or in a Kubernetes object.
+Exit 0 when the file is written, 1 otherwise (with the reason).
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
-"""Is this vLLM server ready? One look, the readiness gate's URL-mode rules, Python's standard library only.
+"""Is this vLLM server ready? /health 200, the model listed, a chat completion with text (content or a reasoning
+field): the rules of `tpuserve gate --url`, side by side in tests/test_readycheck.py. A gke readiness probe and the
+VM's supervisor run it; an API key, when the server has one, goes as a bearer token on /v1. `refusals` is the VM's
+disabled-modality check. Exit 0 when ready, 1 when not, one line saying what was found.
 
-Ready means, in order: `/health` answers 200; `/v1/models` lists the model; a chat completion of a few tokens
-answers 200 with text, in `content` or, when a reasoning parser took the first tokens, in `reasoning_content` /
-`reasoning`. These are the rules of `tpuserve gate --url` (tpuserve/observe/gate.py) and of the VM startup script;
-tests/test_readycheck.py runs this module and the gate side by side on the same servers and requires the same
-verdicts. It imports nothing from tpuserve: it runs inside the serving container (a Kubernetes exec readiness probe
-on the gke target) and on bare VM images.
-
-    python3 readycheck.py --url http://127.0.0.1:8000 --model google/gemma-4-E2B-it [--timeout 10] \
-        [--api-key-env VLLM_API_KEY]
-
-A server started with an API key (vLLM's --api-key or VLLM_API_KEY) answers /v1 only with it
-(vllm/entrypoints/serve/middleware/authenticate.py guards /v1, /v2, /inference, /cohere; /health is open): the key
-is then sent as a bearer token on the /v1 requests.
-
-Exit 0 when ready, 1 when not; one line on stdout says what was found (the kubelet records it on probe failure).
-
-`refusals` is the disabled-modality check the VM's supervisor runs once at boot: a request of each modality the
-deployment does not serve should answer 4xx; what fails the boot is a server that no longer serves after one.
+    python3 readycheck.py --url http://127.0.0.1:8000 --model google/gemma-4-E2B-it [--timeout 10] [--api-key-env VAR]
 """
 
 from __future__ import annotations
