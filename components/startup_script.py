@@ -17,7 +17,7 @@ import jinja2
 from components import ops_agent
 from components.front import front_config
 from tpuserve import facts
-from tpuserve.facts import CACHE_DEVICE_NAME, GUEST_WRITE_INTERVAL_S, IMAGE_PULL_FREE_GB, OPS_AGENT_CONFIG_FILE
+from tpuserve.facts import CACHE_DEVICE_NAME, GUEST_WRITE_INTERVAL_S, OPS_AGENT_CONFIG_FILE
 from tpuserve.images import image_data_uri, modality_part
 from tpuserve.serving import ServingConfig, config_hash, engine_addresses, mm_limits_of, tpu_container_run_args
 from vm.hf_token import METADATA_URL
@@ -53,8 +53,7 @@ def render_startup_script(*, cache_disk: bool = True, metadata_url: str = METADA
                           retry_delay_s: int = 10, device_wait_s: int = DEVICE_WAIT_S,
                           min_free_gb: int = MIN_FREE_GB,
                           guest_write_interval_s: float = GUEST_WRITE_INTERVAL_S) -> str:
-    """The boot script. Its arguments are the stack's machine settings (is there a cache disk) and test seams (URLs,
-    a sandbox root, delays): no serving setting reaches it."""
+    """The boot script: its arguments are machine settings and test seams, never a serving setting."""
     return template_environment().get_template("startup.sh.j2").render(
         facts=facts, metadata_url=metadata_url, root=root, cache_device=cache_device,
         expect_cache_disk="true" if cache_disk else "false", min_free_gb=min_free_gb, device_wait_s=device_wait_s,
@@ -66,9 +65,7 @@ API_KEY_ENV = "VLLM_API_KEY"  # vLLM's API key from the environment (vllm/envs.p
 
 
 def served_hash(serving: ServingConfig, secret_env: Mapping[str, str] | None = None) -> str:
-    """What the VM reports as `config-hash` and the gate waits for: tpuserve.serving.config_hash, and with secrets
-    in the container's environment (`secret_env`: variable -> secret name) those too, so adding or changing vLLM's
-    API key restarts the server (the supervisor restarts on a new hash) instead of leaving it without one."""
+    """The `config-hash` the VM reports: config_hash, with the env's secrets too (a new API key restarts vLLM)."""
     digest = config_hash(serving)
     if not secret_env:
         return digest
@@ -108,15 +105,13 @@ def served_config(serving: ServingConfig, secret_name: str, *, machine_type: str
         # The disabled-modality check: one request of each modality at 0, each must answer 4xx (vm/readycheck.py).
         "refusal_parts": {modality: modality_part(modality) for modality, count in mm_limits_of(serving).items()
                           if count == 0},
-        "image_pull_free_gb": IMAGE_PULL_FREE_GB,
         # The cache disk ("<zone>/<name>"), which the supervisor marks warm in the bucket once it served from it.
         **({"cache_disk": cache_disk} if cache_disk else {}),
     }, sort_keys=True, separators=(",", ":"))
 
 
 def supervisor_bundle(vm_dir: Path = VM_DIR, serving: ServingConfig | None = None) -> str:
-    """The `tpu-serve-supervisor` metadata value: {"version": content hash, "files": {name: source}}, with the Ops
-    Agent's configuration for `serving`'s engines (components/ops_agent.py) among the files."""
+    """The `tpu-serve-supervisor` value: {"version": content hash, "files": vm/'s files and the agent's config}."""
     serving = serving or ServingConfig()
     files = {name: (vm_dir / name).read_text() for name in SUPERVISOR_FILES}
     files[OPS_AGENT_CONFIG_FILE] = ops_agent.render_ops_agent_config(

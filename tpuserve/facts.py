@@ -109,25 +109,20 @@ CACHE_LABEL = "tpu-serve-cache"
 
 # How long `pulumi up` (and `tpuserve gate`) waits for the model to answer: a cold start takes 8.5-10.5 min.
 READY_TIMEOUT_S = 25 * 60
-# A cold boot of a new TPU VM to `serving`, in minutes: the image pull ≈ 5 min and the XLA compile 329 s of 404 s
-# (the reference deployment's timeline).
+# A cold boot of a new TPU VM to `serving`, in minutes (reference deployment: pull ≈ 5 min, XLA compile 329 s of 404).
 COLD_START_MINUTES = (8.5, 10.5)
 # Flex-start price of one TPU v6e chip-hour in USD (reference deployment).
 PRICE_PER_CHIP_HOUR = 1.35
 # HBM vLLM can address on one v6e chip (32 GB nominal).
 V6E_HBM_GIB = 31.24
-# How long the VM keeps asking Secret Manager after a 401/403 before it fails the boot: the stack grants access in
-# the same `pulumi up`, and IAM changes take typically 2 minutes, sometimes 7 or more
-# (https://cloud.google.com/iam/docs/access-change-propagation).
+# How long the VM asks Secret Manager again after a 401/403: the grant is made in the same `pulumi up`, and IAM takes
+# typically 2 minutes, sometimes 7 or more (https://cloud.google.com/iam/docs/access-change-propagation).
 IAM_PROPAGATION_WAIT_S = 10 * 60
 # The one role the VM's service account holds on the token secret; the startup script names it when it is missing.
 SECRET_ACCESSOR_ROLE = "roles/secretmanager.secretAccessor"
 
-# Zones whose Compute Engine offers TPU v6e machine types (ct6e-standard-*), ordered by evidence: europe-west4-a
-# first (the reference deployment got flex-start capacity there twice after its us-east5-a/b requests expired
-# unfulfilled, and us-east5 showed no CT6E quota), then the other v6e zones of
-# https://cloud.google.com/tpu/docs/regions-zones, the AI zones last. The stack's default `zones` (what `tpuserve up`
-# tries, in order); an offline hint only: `tpuserve preflight` asks Compute Engine (machineTypes.get) for each one.
+# The stack's default `zones`: those offering ct6e-standard-* (https://cloud.google.com/tpu/docs/regions-zones), in
+# the order of evidence (docs/design/facts.md); an offline hint only, `tpuserve preflight` asks Compute Engine.
 V6E_ZONES = ("europe-west4-a", "us-east1-d", "us-central1-b", "asia-northeast1-b", "us-east5-a", "us-east5-b",
              "us-central1-ai1a", "us-south1-ai1b")
 
@@ -140,13 +135,11 @@ VM_REPORT_MARGIN_S = 120  # the VM writes `failed` and its reason; the gate poll
 PRE_READINESS_ALLOWANCES_S = (GUEST_BOOT_ALLOWANCE_S, DOCKER_INSTALL_ALLOWANCE_S, IMAGE_PULL_ALLOWANCE_S,
                               IAM_PROPAGATION_WAIT_S, VM_REPORT_MARGIN_S)
 
-# The Cloud Logging log name of the vLLM container's output on a gcp VM: the Ops Agent's logging receiver id
-# (components/ops_agent.py), which `tpuserve logs --source cloud` and `diagnose` read back.
+# The Cloud Logging log name of the vLLM container's output on a gcp VM (the Ops Agent's receiver id).
 CONTAINER_LOG_NAME = "vllm"
 
-# One stream of google/gemma-4-E2B-it on one v6e chip (the reference flags): output tokens per second, measured. A
-# remote sweep's first level takes its deadline from it (tpuserve/measure/bench.py), having no request of its own
-# to time from this machine.
+# One stream of google/gemma-4-E2B-it on one v6e chip (the reference flags), output tokens per second, measured: a
+# remote sweep's first deadline (tpuserve/measure/bench.py).
 SINGLE_STREAM_TOK_S = 213.0
 
 

@@ -1,5 +1,5 @@
-"""The cache disk under the VM's caches: its ext4 filesystem grown online when the disk grew, and a disk that went away
-noticed (the supervisor then stops serving; it never unmounts or detaches). Why: docs/design/supervisor.md#the-cache-disk.
+"""The cache disk under the VM's caches: its ext4 filesystem grown online when the disk grew, and a disk that went
+away noticed (the supervisor then stops serving; nothing is unmounted). Why: docs/design/supervisor.md#the-cache-disk.
 
     python3 cache_disk.py grow DEVICE      # prints what it did; exit 0 unless resize2fs failed
 """

@@ -83,9 +83,7 @@ def drop_pin(directory: Path, config_hash: str) -> None:
 
 
 def verdict(before: int, after: int, pinned: int | None, learned: int | None, restore_error: str = "") -> str:
-    """'warm (N hits)' or 'cold (why)', then the counts: how `tpuserve gate` and `status` report the compile cache.
-    JAX logs its persistent-cache hits only at DEBUG, so the hits are the entries the boot found and did not need
-    to add to: a warm boot adds about none (at most WARM_NEW_SHARE of them)."""
+    """'warm (N hits)' or 'cold (why)', then the counts; hits: the entries found and not added to (the design)."""
     new = max(after - before, 0)
     pin = f"KV blocks pinned at {pinned:,}" if pinned else (
         f"KV blocks pinned at {learned:,} from now on" if learned else "KV blocks not pinned")

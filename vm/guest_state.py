@@ -79,8 +79,7 @@ class Store:
         return self._read(STAMP_FILE)
 
     def update(self, changes: Mapping[str, str], new_timeline: bool = False) -> dict:
-        """Apply `changes` (a value of None removes the field); `new_timeline` first drops every at-<stage>, which
-        belongs to an earlier run. Returns the new state (its seq bumped when anything changed)."""
+        """Apply `changes` (None removes one; `new_timeline` drops at-<stage> fields first); seq bumped on change."""
         unknown = sorted(key for key in changes if key not in FIELDS and not key.startswith(TIMELINE_PREFIX))
         if unknown:
             raise ValueError(f"not a boot-state field (tpuserve/facts.py GUEST_STATE_FIELDS): {', '.join(unknown)}")
@@ -101,8 +100,7 @@ class Store:
 
     def publish(self, metadata_url: str, interval_s: float, clock: Callable[[], float] = time.time,
                 force: bool = False) -> str:
-        """Write the state now if the budget allows and it has changed since the last write (`force`: even
-        unchanged, the re-assertion). Returns "written", "unchanged", "failed", or "wait:<seconds>"."""
+        """Write the state if changed (`force`: anyway) and the budget allows: written, unchanged, failed, wait:<s>."""
         with self.locked():
             state, stamp = self.state(), self.stamp()
             now = clock()
@@ -119,8 +117,7 @@ class Store:
 
 
 class GuestState:
-    """The supervisor's writer: `set` changes the state at once (in the state file); a thread sends it within the
-    budget, and again every `reassert_s`."""
+    """The supervisor's writer: `update` changes the state file at once; a thread sends it within the budget."""
 
     def __init__(self, metadata_url: str, run_dir: Path, interval_s: float = INTERVAL_S,
                  reassert_s: float = REASSERT_S):
@@ -130,7 +127,7 @@ class GuestState:
         self.thread: threading.Thread | None = None
 
     def update(self, changes: Mapping[str, str | None], new_timeline: bool = False) -> None:
-        """Change fields at once (one state change, one write); the thread sends it when the budget allows."""
+        """Change fields at once (one state change); the thread sends it when the budget allows."""
         self.store.update(changes, new_timeline)
         with self.changed:
             self.changed.notify_all()

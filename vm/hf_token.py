@@ -74,11 +74,7 @@ def read_secret(secret: str, metadata_url: str = METADATA_URL, secret_manager_ur
                 attempts: int = ATTEMPTS, retry_delay_s: float = RETRY_DELAY_S, *, iam_wait_s: float = 0.0,
                 iam_poll_s: float = 15.0, on_wait: Callable[[str], None] | None = None,
                 grant_hint: str = GKE_GRANT_HINT, token_hint: str = GKE_TOKEN_HINT) -> str:
-    """The latest version's payload. Two calls, and a failure names the one that failed: the access token from the
-    metadata server, then the secret from Secret Manager. No answer, 429 and 5xx are retried `attempts` times with
-    exponential backoff. A 401/403 from Secret Manager is refused at once, unless `iam_wait_s` > 0 (a VM whose
-    grant was made in the same `pulumi up`: IAM takes minutes to propagate), when it is asked again every
-    `iam_poll_s` for that long from the first refusal, telling `on_wait` why it waits. 400/404 refuse at once."""
+    """The latest version's payload; a failure names the call that failed. Why: docs/design/supervisor.md."""
     delay, status, attempt, call, denied_at = retry_delay_s, 0, 1, "token", None
     while True:
         call = "token"

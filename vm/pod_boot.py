@@ -1,5 +1,5 @@
 """The gke pods' startup probe: exit 0 once /health answers 200, and leave the boot's timeline (what was warm, how
-long loading took) as lines on the container's output and in --state (an emptyDir). Why: docs/design/supervisor.md#on-gke.
+long loading took) as lines on the container's output and in --state. Why: docs/design/supervisor.md#on-gke.
 
     python3 pod_boot.py --url http://127.0.0.1:8000 --model google/gemma-4-E2B-it --state /var/run/tpu-serve/boot/t.json
 """
@@ -25,8 +25,7 @@ LOADING, HEALTHY = "loading-model", "healthy"
 
 
 def weights_cached(hf_home: str, model: str) -> bool | None:
-    """Whether huggingface_hub's cache under `hf_home` holds the model's config and weights (None: no
-    huggingface_hub to ask)."""
+    """Whether huggingface_hub's cache under `hf_home` holds the model's config and weights (None: no hub)."""
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:

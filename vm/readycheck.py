@@ -27,7 +27,7 @@ def auth_header(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def _request(url: str, timeout_s: float, body: dict[str, Any] | None = None, api_key: str = "") -> tuple[int, Any]:
+def request(url: str, timeout_s: float, body: dict[str, Any] | None = None, api_key: str = "") -> tuple[int, Any]:
     """(HTTP status, parsed JSON body or None). A refused or timed-out connection raises OSError."""
     data = None if body is None else json.dumps(body).encode()
     headers = {**({"Content-Type": "application/json"} if data else {}), **auth_header(api_key)}
@@ -58,12 +58,12 @@ def _has_text(message: dict[str, Any]) -> bool:
 
 
 def _health(root: str, model: str, timeout_s: float, api_key: str = "") -> tuple[bool, str]:
-    status, _ = _request(f"{root}/health", timeout_s)
+    status, _ = request(f"{root}/health", timeout_s)
     return status == 200, f"/health answered HTTP {status}"
 
 
 def _models(root: str, model: str, timeout_s: float, api_key: str = "") -> tuple[bool, str]:
-    status, body = _request(f"{root}/v1/models", timeout_s, api_key=api_key)
+    status, body = request(f"{root}/v1/models", timeout_s, api_key=api_key)
     if status != 200:
         return False, f"/v1/models answered HTTP {status}"
     entries = body.get("data") if isinstance(body, dict) else None
@@ -72,7 +72,7 @@ def _models(root: str, model: str, timeout_s: float, api_key: str = "") -> tuple
 
 
 def _completion(root: str, model: str, timeout_s: float, api_key: str = "") -> tuple[bool, str]:
-    status, body = _request(f"{root}/v1/chat/completions", timeout_s, {
+    status, body = request(f"{root}/v1/chat/completions", timeout_s, {
         "model": model, "max_tokens": COMPLETION_MAX_TOKENS,
         "messages": [{"role": "user", "content": PROMPT}]}, api_key=api_key)
     if status != 200:
@@ -90,8 +90,7 @@ STAGES = (("health", _health), ("models", _models), ("completion", _completion))
 
 
 def check(base_url: str, model: str, timeout_s: float = 10.0, api_key: str = "") -> tuple[bool, str]:
-    """(ready, detail). `base_url` may end in /v1; `api_key` is the server's, if it has one. Stops at the first
-    stage that fails; `detail` names it."""
+    """(ready, detail): stops at the first stage that fails, which `detail` names. `base_url` may end in /v1."""
     root = base_url.rstrip("/").removesuffix("/v1")
     for name, stage in STAGES:
         try:
@@ -106,7 +105,7 @@ def check(base_url: str, model: str, timeout_s: float = 10.0, api_key: str = "")
 def _refusal(root: str, model: str, modality: str, part: dict[str, Any], timeout_s: float,
              api_key: str = "") -> tuple[bool, str]:
     """(refused with a 4xx, what was answered)."""
-    status, body = _request(f"{root}/v1/chat/completions", timeout_s, {
+    status, body = request(f"{root}/v1/chat/completions", timeout_s, {
         "model": model, "max_tokens": COMPLETION_MAX_TOKENS,
         "messages": [{"role": "user", "content": [part, {"type": "text", "text": "What is this?"}]}]}, api_key=api_key)
     if 400 <= status < 500:
@@ -118,8 +117,7 @@ def _refusal(root: str, model: str, modality: str, part: dict[str, Any], timeout
 
 @dataclass(frozen=True)
 class Refusals:
-    """`serving`: the server still serves after every request (else the boot fails, `detail` says why); `warnings`:
-    the requests that were not refused with a 4xx but left it serving."""
+    """`serving`: it still serves after every request (else `detail` says why); `warnings`: not refused, still up."""
 
     serving: bool
     detail: str
@@ -128,11 +126,7 @@ class Refusals:
 
 def refusals(base_url: str, model: str, parts: dict[str, dict[str, Any]],
              timeout_s: float = 10.0, api_key: str = "") -> Refusals:
-    """One request of each disabled modality (`parts`: modality -> a chat content part carrying it). vLLM answers a
-    modality limited to 0 with a 400 (vllm/multimodal/processing/context.py validate_num_items). A 2xx (the limit
-    not applied) or a 5xx (the request reached the engine) is a warning while the server still serves (the three
-    readiness stages after that request): only real Gemma 4 images were seen refused on TPU, audio and video were
-    not. A server that no longer serves after one fails: one client could take it down."""
+    """One request per disabled modality (`parts`: modality -> a chat content part); why: docs/design/supervisor.md."""
     root = base_url.rstrip("/").removesuffix("/v1")
     said, warnings = [], []
     for modality, part in parts.items():

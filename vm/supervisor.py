@@ -20,7 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ import readycheck  # noqa: E402
 FACTS = guest_state.FACTS  # vm/facts.json, from tpuserve/facts.py
 SERVED_CONFIG_KEY, SUPERVISOR_KEY = FACTS["SERVED_CONFIG_KEY"], FACTS["SUPERVISOR_KEY"]
 CACHE_ROOT, RUN_DIR, INSTALL_DIR = FACTS["CACHE_ROOT"], FACTS["VM_RUN_DIR"], FACTS["VM_INSTALL_DIR"]
-MAX_RESTARTS = FACTS["SUPERVISOR_MAX_RESTARTS"]
+MAX_RESTARTS, PULL_FREE_GB = FACTS["SUPERVISOR_MAX_RESTARTS"], FACTS["IMAGE_PULL_FREE_GB"]
 HASH_LABEL = FACTS["CONTAINER_HASH_LABEL"]
 # The front of more than one engine: Debian's HAProxy, its config written where the package's unit reads it.
 HAPROXY = "/usr/sbin/haproxy"
@@ -125,8 +125,7 @@ class Metadata:
 
 def watch(metadata: Metadata, last_etag: str, settings: Settings,
           sleep: Any = time.sleep) -> tuple[dict[str, str], str]:
-    """Block until the attributes' ETag differs from `last_etag` or the poll times out; retry errors with
-    exponential backoff from `retry_delay_s` up to `max_backoff_s`."""
+    """Block until the ETag differs from `last_etag` or the poll times out; errors retried with backoff."""
     delay = settings.retry_delay_s
     while True:
         try:
@@ -197,7 +196,6 @@ class ServedConfig:
     api_key_env: str = ""
     # modality -> a chat content part carrying it, for each modality not served: each should answer 4xx
     refusal_parts: dict[str, Any] = field(default_factory=dict)
-    image_pull_free_gb: int = FACTS["IMAGE_PULL_FREE_GB"]
     cache_disk: str = ""  # "<zone>/<name>" of the VM's cache disk, marked warm in the bucket once it served
 
     @classmethod
@@ -206,23 +204,13 @@ class ServedConfig:
             raise ValueError(f"the {SERVED_CONFIG_KEY} metadata key is missing")
         try:
             raw = json.loads(text)
-            engines = tuple(Engine(str(e["name"]), str(e["url"]), tuple(str(a) for a in e["docker_run_args"]))
-                            for e in raw["engines"])
+            engines = tuple(Engine(e["name"], e["url"], tuple(e["docker_run_args"])) for e in raw["engines"])
             if not engines:
                 raise ValueError("no engine")
-            return cls(config_hash=str(raw["config_hash"]), model=str(raw["model"]), image=str(raw["image"]),
-                       engines=engines, front=str(raw.get("front") or ""),
-                       machine_type=str(raw["machine_type"]), hf_token_secret=str(raw["hf_token_secret"]),
-                       server_url=str(raw.get("server_url") or cls.server_url),
-                       warmup_image=str(raw.get("warmup_image") or ""),
-                       compile_cache_bucket=str(raw.get("compile_cache_bucket") or ""),
-                       ready_timeout_s=float(raw.get("ready_timeout_s") or cls.ready_timeout_s),
-                       secret_env=tuple(sorted((str(k), str(v)) for k, v in (raw.get("secret_env") or {}).items())),
-                       api_key_env=str(raw.get("api_key_env") or ""),
-                       refusal_parts={str(k): v for k, v in dict(raw.get("refusal_parts") or {}).items()},
-                       image_pull_free_gb=int(raw.get("image_pull_free_gb") or cls.image_pull_free_gb),
-                       cache_disk=str(raw.get("cache_disk") or ""))
-        except (ValueError, KeyError, TypeError) as err:
+            simple = {f.name for f in fields(cls)} - {"engines", "secret_env"}
+            return cls(**{key: value for key, value in raw.items() if key in simple}, engines=engines,
+                       secret_env=tuple(sorted(raw.get("secret_env", {}).items())))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"the {SERVED_CONFIG_KEY} metadata key is unreadable ({type(err).__name__}: {err})") \
                 from None
 
@@ -261,11 +249,8 @@ WAIT, APPLY, ADOPT, RESTART, GIVE_UP, INVALID, UPDATE_SELF = (
     "wait", "apply", "adopt", "restart", "give-up", "invalid", "update-self")
 
 
-def decide(attributes: dict[str, str], containers: dict[str, Container | None], state: State, own_version: str,
-           max_restarts: int = MAX_RESTARTS) -> str:
-    """One action for what the metadata asks and what runs (`containers`: name -> what docker says of it, None
-    when there is none). Pure: tests call it with every combination. RESTART restarts only the engines that exited;
-    the others go on serving."""
+def decide(attributes: dict[str, str], containers: dict[str, Container | None], state: State, own_version: str) -> str:
+    """One action for what the metadata asks and what runs (`containers`: name -> docker's view, or None). Pure."""
     bundle_version = bundle_version_of(attributes.get(SUPERVISOR_KEY))
     if bundle_version and bundle_version != own_version:
         return UPDATE_SELF
@@ -281,7 +266,7 @@ def decide(attributes: dict[str, str], containers: dict[str, Container | None], 
     if all(container.running for container in found if container):
         return WAIT if same_config and state.phase in ("serving", "failed") else ADOPT
     if same_config and state.phase in ("serving", "restarting"):
-        return RESTART if state.restarts < max_restarts else GIVE_UP
+        return RESTART if state.restarts < MAX_RESTARTS else GIVE_UP
     if same_config and state.phase == "failed":
         return WAIT
     return APPLY  # a stopped container of this config that this supervisor never saw serve: start afresh
@@ -367,9 +352,19 @@ def inspect_container(name: str) -> Container | None:
         return None
 
 
+def inspect_or(name: str, unknown: Container | None) -> Container | None:
+    """inspect_container, or `unknown` when docker does not say."""
+    try:
+        return inspect_container(name)
+    except DockerUnavailable:
+        return unknown
+
+
+UP = Container("", True)  # what a container docker does not say about is taken for: not known to be gone
+
+
 def managed_containers() -> list[str]:
-    """Every container this supervisor started (they carry the config-hash label), running or not; DockerUnavailable
-    when docker does not say."""
+    """Every container this supervisor started (by its label), running or not; DockerUnavailable if unknown."""
     done = docker("ps", "--all", "--filter", f"label={HASH_LABEL}", "--format", "{{.Names}}", timeout_s=30)
     if done.returncode != 0:
         raise DockerUnavailable(done.stderr or f"docker ps exited {done.returncode}")
@@ -417,9 +412,7 @@ def download_time(weights: str, name: str) -> str:
 
 
 def vfio_holders(proc: Path, besides: tuple[str, ...] = ()) -> list[str]:
-    """'pid: /dev/vfio/N' for every process holding a TPU's VFIO group open, from /proc/<pid>/fd (as root); processes
-    of the containers `besides` names by id (their cgroup path holds it: engines serving on other chips) do not
-    count."""
+    """'pid: /dev/vfio/N' per process holding a TPU open, but those of the containers `besides` names by id."""
     held = []
     for fd_dir in proc.glob("[0-9]*/fd"):
         try:
@@ -615,8 +608,7 @@ class Supervisor:
 
     # actions
     def begin(self, config: ServedConfig) -> None:
-        """Announce a run of `config`, stage and hash in one change, so a `serving` or `failed` left by the previous
-        config is never read with the new hash."""
+        """Announce a run of `config`: stage and hash in one change (an old stage never shows with the new hash)."""
         self.state = replace(self.state, applied_hash=config.config_hash, phase="", restarts=0, invalid="")
         self.current = config
         new_timeline = config.config_hash != self.state.boot_hash  # a reconfiguration, not this boot's first run
@@ -648,8 +640,7 @@ class Supervisor:
         return ""
 
     def stop_for_lost_disk(self, problem: str) -> str:
-        """Stop serving from a cache disk that went away (Docker's data root and the caches are on it); never unmount
-        or detach anything. The reason to report."""
+        """Stop serving from a cache disk that went away; never unmount or detach. The reason to report."""
         self.state.disk_lost = problem
         log(f"{problem}: stopping the server")
         try:
@@ -715,8 +706,7 @@ class Supervisor:
         self.serving(config)
 
     def start_engines(self, config: ServedConfig, token: str, secrets: dict[str, str]) -> None:
-        """Remove every container a config of this VM left, start the front (or stop it for a lone engine), then
-        the first engine, and once it serves (its compile cache written) the others together, each on its chips."""
+        """Remove what a config of this VM left, start the front, the first engine, then (it compiled) the others."""
         # the config's own names too: a container of such a name that is not ours would refuse the run
         names = dict.fromkeys([*managed_containers(), *(engine.name for engine in config.engines)])
         self.remove(config, list(names), besides=())
@@ -742,23 +732,21 @@ class Supervisor:
         return "cached" if before and before == after else f"pulled in {time.monotonic() - started:.0f} s"
 
     def check_space_for_pull(self, config: ServedConfig) -> None:
-        """Fail with the numbers before a pull that cannot fit (a 20-26 GB image), not with ENOSPC halfway through
-        it: first drop the images no container uses, then measure again."""
+        """Fail with the numbers before a pull that cannot fit, not with ENOSPC halfway (after a prune)."""
         free = free_gb(self.settings.path(CACHE_ROOT))
-        if free is None or free >= config.image_pull_free_gb:
+        if free is None or free >= PULL_FREE_GB:
             return
         pruned = prune_images()
-        log(f"{free} GB free for a pull that needs {config.image_pull_free_gb} GB; pruned unused images "
+        log(f"{free} GB free for a pull that needs {PULL_FREE_GB} GB; pruned unused images "
             f"({pruned or 'there were none'})")
         free = free_gb(self.settings.path(CACHE_ROOT)) or free
-        if free < config.image_pull_free_gb:
+        if free < PULL_FREE_GB:
             raise Failed(f"not enough space to pull {config.image}: {free} GB free under {CACHE_ROOT} (Docker's data "
-                         f"root), {config.image_pull_free_gb} GB needed; grow cacheDiskSizeGb (the filesystem grows "
+                         f"root), {PULL_FREE_GB} GB needed; grow cacheDiskSizeGb (the filesystem grows "
                          "online) or start the disk afresh with `tpuserve cache rm`")
 
     def prune_caches(self, config: ServedConfig) -> None:
-        """Post-serving: drop the images no container uses and the compile caches of other images or machine types
-        (the bucket keeps its copy, restored if that image comes back)."""
+        """Post-serving: drop unused images, and the compile caches of other images or machine types."""
         reclaimed = prune_images()
         xla_root = self.settings.path(f"{CACHE_ROOT}/xla")
         stale = [d for d in xla_root.iterdir() if d.is_dir() and d.name != self.xla_key
@@ -817,17 +805,12 @@ class Supervisor:
         return args + ([BLOCK_OVERRIDE, str(self.kv_blocks)] if self.kv_blocks else [])
 
     def remove(self, config: ServedConfig, names: list[str], besides: tuple[str, ...]) -> None:
-        """`docker rm -f` each of `names`, then wait (bounded) until they are gone and no process holds a TPU device
-        except those of the containers `besides` names (engines serving on other chips), so the next container can
-        open it (tpu-inference #926). At the bound, go on: a busy device is retried."""
+        """`docker rm -f` `names`, then wait (bounded) until they and their hold on the TPU are gone (but `besides`)."""
         for name in names:
             docker("rm", "-f", name, timeout_s=120)
         deadline = time.monotonic() + self.settings.release_wait_s
         while True:
-            try:
-                left = [name for name in names if inspect_container(name) is not None]
-            except DockerUnavailable:
-                left = names
+            left = [name for name in names if inspect_or(name, UP) is not None]
             holders = [] if left else vfio_holders(self.settings.path("/proc"), besides)
             if not left and not holders:
                 return
@@ -840,16 +823,8 @@ class Supervisor:
 
     def others_serving(self, config: ServedConfig, engines: list[Engine]) -> tuple[str, ...]:
         """The ids of the config's other engines that run: their processes hold their own chips."""
-        others = []
-        for engine in config.engines:
-            if engine not in engines:
-                try:
-                    found = inspect_container(engine.name)
-                except DockerUnavailable:
-                    found = None
-                if found and found.running and found.id:
-                    others.append(found.id)
-        return tuple(others)
+        found = [inspect_or(engine.name, None) for engine in config.engines if engine not in engines]
+        return tuple(container.id for container in found if container and container.running and container.id)
 
     def run_engine(self, config: ServedConfig, engine: Engine, token: str, secrets: dict[str, str]) -> None:
         if inspect_container(engine.name) is not None:  # a start retried after a busy TPU left it exited
@@ -861,8 +836,7 @@ class Supervisor:
             raise Failed(f"docker run of {config.image} failed: {' '.join(done.stderr.split())[-600:]}")
 
     def start_and_wait(self, config: ServedConfig, engines: list[Engine], start: Callable[[Engine], None]) -> None:
-        """Start `engines` and wait until each serves; a start that failed because the TPU was still held by the
-        previous container (tpu-inference #926) is retried once the device is free, VFIO_BUSY_ATTEMPTS times."""
+        """Start `engines`, wait until each serves; a start the previous container's TPU hold failed is retried."""
         for engine in engines:
             start(engine)
         self.stage("loading-model")
@@ -895,11 +869,7 @@ class Supervisor:
         """/health, then the model listed and a real completion (readycheck's rules), then the warm-up."""
         deadline = time.monotonic() + config.ready_timeout_s
         while not healthy(engine.url):
-            try:
-                container = inspect_container(engine.name)
-            except DockerUnavailable as err:  # the daemon is slow to answer: the container is not known to be gone
-                log(f"warning: {err}")
-                container = Container(config.config_hash, True)
+            container = inspect_or(engine.name, UP)
             if container is None or not container.running:
                 raise Failed(f"container {engine.name} exited: {container_logs(engine.name)}")
             if time.monotonic() >= deadline:
@@ -928,8 +898,7 @@ class Supervisor:
             self.pause(config, self.settings.poll_s)
 
     def check_refusals(self, config: ServedConfig) -> None:
-        """One request of each modality the config does not serve, to the first engine (all run the same argv): a
-        4xx is vLLM's answer, another that leaves it serving a `warning`, one that stops it fails the boot."""
+        """One request per modality not served: 4xx expected, another answer a `warning`, an engine down fails."""
         if not config.refusal_parts:
             return
         result = readycheck.refusals(config.engines[0].url, config.model, config.refusal_parts, timeout_s=60,
@@ -943,19 +912,18 @@ class Supervisor:
             self.report("warning", warning)
 
     def warm_up(self, config: ServedConfig, engine: Engine) -> None:
-        body = json.dumps({"model": config.model, "max_tokens": 8, "messages": [{"role": "user", "content": [
+        body = {"model": config.model, "max_tokens": 8, "messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": config.warmup_image}},
-            {"type": "text", "text": "What color is this?"}]}]}).encode()
+            {"type": "text", "text": "What color is this?"}]}]}
         for attempt in (1, 2):  # the first multimodal request after boot can answer 422; one retry should pass
-            request = urllib.request.Request(f"{engine.url}/v1/chat/completions", data=body,
-                                             headers={"Content-Type": "application/json",
-                                                      **readycheck.auth_header(self.api_key)})
             try:
-                with urllib.request.urlopen(request, timeout=300):  # noqa: S310
-                    log(f"{engine.name}: multimodal warm-up answered")
-                    return
+                answer = f"HTTP {readycheck.request(f'{engine.url}/v1/chat/completions', 300, body, self.api_key)[0]}"
             except OSError as err:
-                log(f"{engine.name}: multimodal warm-up attempt {attempt} failed ({err})")
+                answer = str(err)
+            if answer == "HTTP 200":
+                log(f"{engine.name}: multimodal warm-up answered")
+                return
+            log(f"{engine.name}: multimodal warm-up attempt {attempt} failed ({answer})")
         raise Failed("the multimodal warm-up request failed twice" if len(config.engines) == 1 else
                      f"the multimodal warm-up request to {engine.name} failed twice")
 
@@ -970,11 +938,10 @@ class Supervisor:
             try:
                 hook(config)
             except Exception as err:  # noqa: BLE001 - a hook never ends the serving
-                log(f"warning: post-serving hook {getattr(hook, '__name__', hook)} failed: {err}")
+                log(f"warning: post-serving {getattr(hook, '__name__', hook)} failed ({err})")
 
     def learn_block_count(self, config: ServedConfig, xla_dir: Path) -> None:
-        """First boot of a config (nothing pinned): store the KV block count vLLM allocated, so the next boots pin
-        it and compile the same programs."""
+        """First boot of a config: store the KV block count vLLM allocated, which the next boots pin."""
         if self.kv_blocks or sets_block_count(config.engines[0].docker_run_args) or not self.xla_key:
             return
         blocks = served_block_count(config.engines[0].url)  # every engine has the same chips: the same count
@@ -994,36 +961,27 @@ class Supervisor:
         self.report("compile-cache", text)
 
     def push_compile_cache(self, config: ServedConfig) -> None:
-        """Post-serving: copy new compile-cache entries to the bucket (only now: a run that failed may have left
-        half-written entries)."""
+        """Post-serving (never after a failed run: half-written entries): copy new entries to the bucket."""
         if not config.compile_cache_bucket or not self.xla_key:
             return
-        xla_dir = self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}")
-        try:
-            pushed = compile_cache.push(config.compile_cache_bucket, self.xla_key, xla_dir, self.access_token,
-                                        self.settings.storage_url)
-            log(f"pushed {pushed} compile-cache entries to gs://{config.compile_cache_bucket}")
-        except (compile_cache.CacheError, OSError, ValueError) as err:
-            log(f"warning: could not push the compile cache ({err})")
+        pushed = compile_cache.push(config.compile_cache_bucket, self.xla_key,
+                                    self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}"), self.access_token,
+                                    self.settings.storage_url)
+        log(f"pushed {pushed} compile-cache entries to gs://{config.compile_cache_bucket}")
 
     def mark_cache_disk(self, config: ServedConfig) -> None:
-        """Post-serving, when this boot mounted the cache disk: mark it warm in the bucket (`tpuserve inventory`
-        keeps it, a capacity sweep tries its zone first)."""
+        """Post-serving, when this boot mounted the cache disk: mark it warm in the bucket (`tpuserve inventory`)."""
         if not config.cache_disk or not config.compile_cache_bucket:
             return
         if not cache_disk.mounted_device(self.settings.path(FACTS["CACHE_DEVICE_FILE"])):
             return
-        try:
-            compile_cache.mark_disk(config.compile_cache_bucket, config.cache_disk, {
-                "config_hash": config.config_hash, "xla_key": self.xla_key, "entries": self.compile_after,
-                "served_at": int(time.time())}, self.access_token, self.settings.storage_url)
-            log(f"marked cache disk {config.cache_disk} warm in gs://{config.compile_cache_bucket}")
-        except (compile_cache.CacheError, OSError, ValueError) as err:
-            log(f"warning: could not mark the cache disk warm ({err})")
+        compile_cache.mark_disk(config.compile_cache_bucket, config.cache_disk, {
+            "config_hash": config.config_hash, "xla_key": self.xla_key, "entries": self.compile_after,
+            "served_at": int(time.time())}, self.access_token, self.settings.storage_url)
+        log(f"marked cache disk {config.cache_disk} warm in gs://{config.compile_cache_bucket}")
 
     def install_ops_agent(self, config: ServedConfig) -> None:
-        """Post-serving, once per supervisor process (the installer skips a current agent), in the background: a
-        slow apt never delays watching the container."""
+        """Post-serving, once per process, in the background (the installer skips a current agent)."""
         if self.ops_agent is None:
             self.ops_agent = threading.Thread(target=self.run_ops_agent_installer, daemon=True, name="ops-agent")
             self.ops_agent.start()
@@ -1081,19 +1039,12 @@ class Supervisor:
 
     def exited(self, config: ServedConfig) -> list[tuple[Engine, str]]:
         """The config's engines whose container does not run, each with its exit code."""
-        found = []
-        for engine in config.engines:
-            try:
-                container = inspect_container(engine.name)
-            except DockerUnavailable:
-                continue  # not known to be down
-            if container is None or not container.running:
-                found.append((engine, str((container or Container("", False)).exit_code)))
-        return found
+        found = [(engine, inspect_or(engine.name, UP)) for engine in config.engines]
+        return [(engine, str(container.exit_code if container else 0)) for engine, container in found
+                if not (container and container.running)]
 
     def restart(self, config: ServedConfig) -> None:
-        """Engines exited after serving: start them again (same argv, mounts and token) after a backoff; the others
-        go on serving through the front."""
+        """Engines exited after serving: start them again after a backoff; the others serve on through the front."""
         self.state.restarts += 1
         attempt = self.state.restarts
         delay = min(self.settings.restart_delay_s * 2 ** (attempt - 1), self.settings.max_backoff_s)
@@ -1123,8 +1074,7 @@ class Supervisor:
         self.serving(config)
 
     def wait_for_tpu(self, config: ServedConfig, engines: list[Engine]) -> None:
-        """Before starting `engines` again: the engine processes they left may still hold the TPU (the config's other
-        engines, serving on their own chips, do not count)."""
+        """Before starting `engines` again: wait until no process they left holds the TPU."""
         deadline = time.monotonic() + self.settings.release_wait_s
         besides = self.others_serving(config, engines)
         while holders := vfio_holders(self.settings.path("/proc"), besides):
@@ -1143,8 +1093,7 @@ class Supervisor:
 
     # the front of more than one engine
     def start_front(self, config: ServedConfig) -> None:
-        """HAProxy on the stack's port with the config's front (installed from Debian's archive when missing), or,
-        for a lone engine that takes the port itself, stopped when it is installed."""
+        """HAProxy with the config's front (installed when missing), or stopped for a lone engine."""
         if not config.front:
             if self.settings.path(HAPROXY).exists():
                 systemctl("stop", FRONT_UNIT)
@@ -1157,8 +1106,7 @@ class Supervisor:
         log(f"front: HAProxy restarted with {FRONT_CONFIG}")
 
     def sync_front(self, config: ServedConfig) -> None:
-        """A front config that changed without the served hash (a release's HAProxy settings): written and reloaded
-        in place (the Debian unit's reload checks it first and keeps open connections), engines left alone."""
+        """A front config changed without the served hash: written and reloaded in place, engines untouched."""
         path = self.settings.path(FRONT_CONFIG)
         if not config.front or read_text(path) == config.front:
             return
@@ -1183,8 +1131,7 @@ class Supervisor:
         log("front: installed haproxy")
 
     def update_self(self, bundle_text: str) -> None:
-        """Install the supervisor code the metadata now holds and re-execute it; the container keeps running and
-        the new supervisor adopts it."""
+        """Install the code the metadata now holds and re-execute; the new supervisor adopts the containers."""
         version = bundle_version_of(bundle_text)
         install_bundle(json.loads(bundle_text), self.settings.path(INSTALL_DIR))
         log(f"installed supervisor {version} (was {self.own_version}); re-executing")
@@ -1203,17 +1150,10 @@ def install_bundle(bundle: dict[str, Any], directory: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Serve the tpu-serve-config metadata key with vLLM; keep it up.")
-    defaults = Settings()
-    for name in ("metadata_url", "secret_manager_url", "storage_url", "root", "ops_agent_repo_script_url",
-                 "ops_agent_config_path"):
-        parser.add_argument("--" + name.replace("_", "-"), default=getattr(defaults, name))
-    for name in ("watch_timeout_s", "check_s", "poll_s", "retry_delay_s", "max_backoff_s", "restart_delay_s",
-                 "stable_s", "iam_wait_s", "iam_poll_s", "guest_write_interval_s", "guest_reassert_s",
-                 "release_wait_s", "docker_timeout_scale", "disk_check_s"):
-        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
-    args = parser.parse_args(argv)
-    settings = Settings(**{name: (int(value) if name == "watch_timeout_s" else value)
-                           for name, value in vars(args).items()})
+    for setting in fields(Settings):  # --metadata-url, --check-s, ...: the tests' seams
+        parser.add_argument("--" + setting.name.replace("_", "-"), default=setting.default,
+                            type={"float": float, "int": int}.get(str(setting.type), str))
+    settings = Settings(**vars(parser.parse_args(argv)))
     global TIMEOUT_SCALE
     TIMEOUT_SCALE = settings.docker_timeout_scale
     metadata = Metadata(settings.metadata_url)
