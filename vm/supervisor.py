@@ -499,6 +499,15 @@ class Supervisor:
         self.kv_blocks: int | None = None  # the pinned KV block count this start runs with
         self.kv_learned: int | None = None  # what this boot's allocator chose, when nothing was pinned
 
+    @property
+    def xla_dir(self) -> Path:
+        return self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}")
+
+    @staticmethod
+    def cache_key(config: ServedConfig) -> str:
+        local = config.pinned_digest or image_digest(config.image)  # no docker call for a pinned image
+        return compile_cache.xla_cache_key(config.image, config.machine_type, local)
+
     # reporting: every change goes into the one state attribute; the journal has each reason as it was given
     def report(self, key: str, value: str) -> None:
         self.change({key: value})
@@ -670,15 +679,13 @@ class Supervisor:
         if problem:  # reported as this config's failure: the gate waiting for it ends with the reason
             raise Failed(self.stop_for_lost_disk(problem))
         image = self.pull(config)
-        self.xla_key = compile_cache.xla_cache_key(config.image, config.machine_type,
-                                                   config.pinned_digest or image_digest(config.image))
-        xla_dir = self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}")
-        xla_dir.mkdir(parents=True, exist_ok=True)
-        self.compile_restored = self.restore_compile_cache(config, xla_dir)
-        self.compile_before = compile_cache.entries(xla_dir)
+        self.xla_key = self.cache_key(config)
+        self.xla_dir.mkdir(parents=True, exist_ok=True)
+        self.compile_restored = self.restore_compile_cache(config)
+        self.compile_before = compile_cache.entries(self.xla_dir)
         self.kv_learned = None
         self.kv_blocks = None if sets_block_count(config.engines[0].docker_run_args) else compile_cache.read_pin(
-            xla_dir, config.config_hash)
+            self.xla_dir, config.config_hash)
         if self.kv_blocks:
             log(f"KV blocks pinned at {self.kv_blocks} (the count this config's first boot allocated)")
         hf_home = self.settings.path(f"{CACHE_ROOT}/huggingface")
@@ -696,7 +703,7 @@ class Supervisor:
             # The pinned count no longer fits (the HBM left after the weights shrank): learn it again.
             self.report("reason", f"the pinned {self.kv_blocks} KV blocks did not fit; starting once more without "
                                   "the pin")
-            compile_cache.drop_pin(xla_dir, config.config_hash)
+            compile_cache.drop_pin(self.xla_dir, config.config_hash)
             self.kv_blocks = None
             self.start_engines(config, token, secrets)
         token, secrets = "", {}
@@ -759,13 +766,13 @@ class Supervisor:
             log(f"pruned {pruned} of other images")
             self.report("pruned", pruned)
 
-    def restore_compile_cache(self, config: ServedConfig, xla_dir: Path) -> int:
+    def restore_compile_cache(self, config: ServedConfig) -> int:
         self.restore_error = ""
         if not config.compile_cache_bucket:
             return 0
         self.stage("restoring-compile-cache")
         try:
-            restored = compile_cache.restore(config.compile_cache_bucket, self.xla_key, xla_dir, self.access_token,
+            restored = compile_cache.restore(config.compile_cache_bucket, self.xla_key, self.xla_dir, self.access_token,
                                              self.settings.storage_url)
             log(f"restored {restored} compile-cache entries from gs://{config.compile_cache_bucket}")
             return restored
@@ -928,9 +935,8 @@ class Supervisor:
                      f"the multimodal warm-up request to {engine.name} failed twice")
 
     def serving(self, config: ServedConfig) -> None:
-        xla_dir = self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}")
-        self.compile_after = compile_cache.entries(xla_dir)
-        self.learn_block_count(config, xla_dir)
+        self.compile_after = compile_cache.entries(self.xla_dir)
+        self.learn_block_count(config)
         self.report_compile_cache()
         self.state.phase, self.state.serving_since = "serving", time.monotonic()
         self.stage("serving", config_hash=config.config_hash)
@@ -940,7 +946,7 @@ class Supervisor:
             except Exception as err:  # noqa: BLE001 - a hook never ends the serving
                 log(f"warning: post-serving {getattr(hook, '__name__', hook)} failed ({err})")
 
-    def learn_block_count(self, config: ServedConfig, xla_dir: Path) -> None:
+    def learn_block_count(self, config: ServedConfig) -> None:
         """First boot of a config: store the KV block count vLLM allocated, which the next boots pin."""
         if self.kv_blocks or sets_block_count(config.engines[0].docker_run_args) or not self.xla_key:
             return
@@ -948,7 +954,7 @@ class Supervisor:
         if blocks is None:
             log("warning: /metrics did not say the KV block count; the next boot is not pinned either")
             return
-        compile_cache.write_pin(xla_dir, config.config_hash, blocks, "vllm:cache_config_info num_gpu_blocks of the "
+        compile_cache.write_pin(self.xla_dir, config.config_hash, blocks, "vllm:cache_config_info num_gpu_blocks of the "
                                 "config's first boot")
         self.kv_learned = blocks
         log(f"KV block count {blocks} stored: the next boots of this config pin it")
@@ -964,8 +970,7 @@ class Supervisor:
         """Post-serving (never after a failed run: half-written entries): copy new entries to the bucket."""
         if not config.compile_cache_bucket or not self.xla_key:
             return
-        pushed = compile_cache.push(config.compile_cache_bucket, self.xla_key,
-                                    self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}"), self.access_token,
+        pushed = compile_cache.push(config.compile_cache_bucket, self.xla_key, self.xla_dir, self.access_token,
                                     self.settings.storage_url)
         log(f"pushed {pushed} compile-cache entries to gs://{config.compile_cache_bucket}")
 
@@ -1015,8 +1020,7 @@ class Supervisor:
             f"{config.config_hash}; keeping it")
         self.state = replace(self.state, applied_hash=config.config_hash, phase="", invalid="")
         self.current = config
-        self.xla_key = self.xla_key or compile_cache.xla_cache_key(
-            config.image, config.machine_type, config.pinned_digest or image_digest(config.image))
+        self.xla_key = self.xla_key or self.cache_key(config)
         if config.secret_env:
             self.fetch_secret_env(config)  # the running server's key, for the readiness checks
         loading = [engine for engine in config.engines
