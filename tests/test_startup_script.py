@@ -325,8 +325,8 @@ def test_the_supervisor_runs_on_the_vms_python_without_the_projects_packages(vms
     assert f"ExecStart=/usr/bin/python3 {vm.root}/opt/tpu-serve/supervisor.py " in unit
     assert "Restart=always" in unit
     installed = sorted(p.name for p in (vm.root / "opt/tpu-serve").iterdir() if p.name != "__pycache__")
-    assert installed == ["VERSION", "cache_disk.py", "compile_cache.py", "guest_state.py", "hf_token.py",
-                         "ops-agent-install.sh", "ops-agent.yaml", "readycheck.py", "supervisor.py"]
+    assert installed == ["VERSION", "cache_disk.py", "compile_cache.py", "facts.json", "guest_state.py",
+                         "hf_token.py", "ops-agent-install.sh", "ops-agent.yaml", "readycheck.py", "supervisor.py"]
     assert config_hash(ServingConfig()) == vm.attributes()["config-hash"]
     assert MACHINE_TYPE in json.loads(vm.google.attributes["tpu-serve-config"])["machine_type"]
 

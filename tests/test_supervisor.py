@@ -8,9 +8,11 @@ import io
 import json
 import re
 import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 import requests
@@ -19,7 +21,6 @@ from tests.httpfake import FakeServer, Request, Response
 from tests.vm_sandbox import (BUCKET, IMAGE_DIGEST, SECRET, SERVICE_ACCOUNT, XLA_KEY, FakeGoogle, GuestWrite, Knobs,
                               NO_ANSWER, Vm, collapse, make_vm, token_contained)
 from tests.vm_sandbox import vms  # noqa: F401 - the sandbox VM fixture
-from components import startup_script
 from tpuserve import facts
 from tpuserve.gce import ComputeClient, Instance
 from tpuserve.guest_state import expand
@@ -34,19 +35,33 @@ RECONFIG_STAGES = ["pulling-image", "restoring-compile-cache", "fetching-token",
                    "serving"]
 
 
-def test_the_supervisor_agrees_with_facts():
-    assert (supervisor.NAMESPACE, supervisor.SERVED_CONFIG_KEY, supervisor.SUPERVISOR_KEY) == (
-        facts.GUEST_ATTRIBUTE_NAMESPACE, facts.SERVED_CONFIG_KEY, facts.SUPERVISOR_KEY)
-    assert (supervisor.CACHE_ROOT, supervisor.XLA_CACHE_KEY_PLACEHOLDER) == (facts.CACHE_ROOT,
-                                                                             facts.XLA_CACHE_KEY_PLACEHOLDER)
-    assert (supervisor.MAX_RESTARTS, supervisor.IAM_WAIT_S, supervisor.SECRET_ROLE) == (
-        facts.SUPERVISOR_MAX_RESTARTS, facts.IAM_PROPAGATION_WAIT_S, facts.SECRET_ACCESSOR_ROLE)
-    assert (guest_state.NAMESPACE, guest_state.STATE_KEY, guest_state.INTERVAL_S, guest_state.REASSERT_S) == (
-        facts.GUEST_ATTRIBUTE_NAMESPACE, facts.GUEST_STATE_KEY, facts.GUEST_WRITE_INTERVAL_S, facts.GUEST_REASSERT_S)
-    assert supervisor.RUN_DIR == startup_script.RUN_DIR
+def test_the_vm_reads_its_facts_from_the_generated_file():
+    """vm/ cannot import tpuserve/facts.py: scripts/vm_facts.py writes what it reads into vm/facts.json."""
+    done = subprocess.run([sys.executable, "scripts/vm_facts.py", "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
     # The VM's writes and the gate's reads together stay inside Google's documented per-minute budget.
     assert 60 / facts.GUEST_WRITE_INTERVAL_S + 60 / facts.GATE_POLL_S < facts.GUEST_ATTRIBUTE_QUERIES_PER_MINUTE
     assert INSTANCE_INTERVAL_S == facts.GATE_POLL_S and facts.GUEST_REASSERT_S <= 60
+
+
+def test_a_stale_facts_file_is_named_with_the_command_that_rewrites_it(tmp_path):
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "vm").mkdir()
+    script = tmp_path / "scripts" / "vm_facts.py"
+    script.write_text(Path("scripts/vm_facts.py").read_text())
+    (tmp_path / "tpuserve").symlink_to(Path("tpuserve").resolve())
+    (tmp_path / "vm" / "facts.json").write_text(Path("vm/facts.json").read_text().replace("tpu-serve-config", "x"))
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.strip() == "vm/facts.json is stale: run `.venv/bin/python scripts/vm_facts.py`"
+
+
+def test_the_writer_refuses_a_field_the_format_does_not_define(tmp_path):
+    store = guest_state.Store(tmp_path / "run")
+    with pytest.raises(ValueError, match="not a boot-state field .*: stge"):
+        store.update({"stge": "serving"})
+    assert store.update({"stage": "serving", "at-serving": "1"})["stage"] == "serving"
+    assert not set(store.state()) - set(facts.GUEST_STATE_FIELDS) - {"at-serving", "seq"}
 
 
 # --- decide -----------------------------------------------------------------------------------------------------
@@ -742,10 +757,10 @@ def test_docker_turns_a_timeout_into_a_failed_command(monkeypatch):
 
     monkeypatch.setattr(supervisor.subprocess, "run", hangs)
     done = supervisor.docker("pull", "--quiet", "vllm/vllm-tpu:nightly", timeout_s=3600)
-    assert (done.returncode, done.stdout) == (supervisor.DOCKER_TIMED_OUT, "")
+    assert (done.returncode, done.stdout) == (supervisor.TIMED_OUT, "")
     assert done.stderr == "docker pull --quiet: timed out after 3600 s"
     with pytest.raises(supervisor.DockerUnavailable):
-        supervisor.inspect_container()
+        supervisor.inspect_container("vllm")
 
 
 def test_vfio_holders_are_read_from_proc(tmp_path):
@@ -900,7 +915,7 @@ def test_after_serving_the_images_and_compile_caches_no_config_uses_are_pruned(v
     """A served-config change to another image: once it serves, the old image (no container uses it now) and the old
     image's compile cache directory go; the bucket keeps its copy, restored should that image come back."""
     first = serving_vm(vm, ServingConfig(image=OLD_IMAGE))
-    old_key = supervisor.cache_key(OLD_IMAGE.partition("@")[2], "ct6e-standard-1t")
+    old_key = compile_cache.xla_cache_key(OLD_IMAGE, "ct6e-standard-1t")
     assert (vm.cache_root / "xla" / old_key).is_dir()
     vm.wait_for(lambda: any(name.startswith(f"xla/{old_key}/") for name in vm.google.objects), "the first push")
     second = vm.serve(ServingConfig())

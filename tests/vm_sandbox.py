@@ -73,7 +73,7 @@ BUCKET = "p-1-tpu-serve-dev-cache"
 MACHINE_TYPE = "ct6e-standard-1t"
 # The image digest the sandbox's registry gives a tag, and the default image's (tpuserve/facts.py) pinned one.
 IMAGE_DIGEST = VLLM_TPU_IMAGE.partition("@")[2]
-XLA_KEY = f"{IMAGE_DIGEST.partition(':')[2][:16]}-{MACHINE_TYPE}"  # vm/supervisor.py cache_key
+XLA_KEY = f"{IMAGE_DIGEST.partition(':')[2][:16]}-{MACHINE_TYPE}"  # vm/compile_cache.py xla_cache_key
 NO_ANSWER = 0  # a status that makes the fake drop the connection: curl reports no HTTP status at all
 MODEL = ServingConfig().model
 METADATA = "/computeMetadata/v1/"

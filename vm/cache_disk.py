@@ -1,20 +1,7 @@
-"""The cache disk under the VM's caches: grown online when the disk grew, and watched for going away.
-
-- Growing: `cacheDiskSizeGb` up resizes the disk (disks.resize), and the guest sees a bigger block device at once, but
-  the ext4 filesystem on it keeps its size until `resize2fs` grows it, which ext4 does online, mounted
-  (resize2fs(8): "If the filesystem is mounted, it can be used to expand the size of the mounted filesystem").
-  `grow` compares the device (`blockdev --getsize64`) with the filesystem (`tune2fs -l`: Block count x Block size)
-  and runs resize2fs when the device is bigger. The startup script calls it after mounting, before its free-space
-  check (a full disk that was grown then mounts); the supervisor calls it every `disk_check_s`, so a disk grown
-  while the VM serves is grown without a reboot.
-- Going away: the startup script records the device it mounted (/run/tpu-serve/cache-device). A detached disk's
-  /dev/disk/by-id link disappears while the mount stays, every read of it failing; Docker's data root and the
-  container's caches are on it. `lost` says why serving must stop; the supervisor then stops the container and reports
-  `failed` (it never detaches or unmounts anything itself: Google warns that detaching a mounted disk can corrupt it).
+"""The cache disk under the VM's caches: its ext4 filesystem grown online when the disk grew, and a disk that went
+away noticed (the supervisor then stops serving; nothing is unmounted). Why: docs/design/supervisor.md#the-cache-disk.
 
     python3 cache_disk.py grow DEVICE      # prints what it did; exit 0 unless resize2fs failed
-
-Standard library only; imports nothing from tpuserve.
 """
 
 from __future__ import annotations
@@ -28,7 +15,6 @@ GIB = 2**30
 # A filesystem this much smaller than its device is grown (ext4 sizes itself in whole blocks; a fresh mkfs leaves
 # less than one block group's worth unused).
 GROW_SLACK_BYTES = 128 * 2**20
-DEVICE_FILE = "cache-device"  # in the run directory: the device the startup script mounted at the cache root
 
 
 class DiskError(RuntimeError):
@@ -69,10 +55,10 @@ def grow(device: str) -> str:
     return f"filesystem grown online from {before / GIB:.0f} to {after / GIB:.0f} GB"
 
 
-def mounted_device(run_dir: Path) -> str:
-    """The device the startup script mounted at the cache root this boot, or '' (no disk, or the boot disk)."""
+def mounted_device(device_file: Path) -> str:
+    """The device the startup script mounted at the cache root this boot (facts CACHE_DEVICE_FILE), or ''."""
     try:
-        return (run_dir / DEVICE_FILE).read_text().strip()
+        return device_file.read_text().strip()
     except OSError:
         return ""
 

@@ -1,24 +1,14 @@
-"""The XLA compilation cache beside the cache disk: a copy in a bucket of the stack, restored and pushed back.
-
-A cache disk can be lost (a new zone, a flex-start deletion that takes it along, `tpuserve cache rm`); the compile
-cache is small, so the stack keeps a copy in a bucket. The pattern is tpu-inference's CI
-(.buildkite/scripts/run_in_docker.sh): before the container starts, copy the bucket's entries onto the local
-directory without overwriting any local file (no-clobber); push back only after a run that succeeded (here: after
-`serving`), again without overwriting (an upload with `ifGenerationMatch=0` creates an object only where none exists;
-https://cloud.google.com/storage/docs/request-preconditions). JAX's cache entries are content-addressed, so two VMs
-pushing the same key at once is harmless.
-
-Objects live under `xla/<key>/<relative path>`, the key being the VM's cache key (image digest + machine type).
-Everything here is best effort: a failure is a warning and a colder boot, never a failed one.
-
-Cloud Storage JSON API only (list, media download, media upload), standard library only; imports nothing from
-tpuserve.
+"""The XLA compilation cache: its key, its KV block pin, and its copy in a bucket of the stack (restored no-clobber
+before the container starts, pushed back only after `serving`). Best effort: a failure is a colder boot, never a
+failed one. Why: docs/design/supervisor.md#the-compile-cache. Imports nothing from tpuserve.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -31,21 +21,33 @@ WORKERS = 8
 TIMEOUT_S = 60.0
 # JAX's LRU cache writes `<key>-cache` plus an `<key>-atime` file per entry; only the former counts as an entry.
 ATIME_SUFFIX = "-atime"
-# Beside the entries, one small file per served config (keyed like the directory, by image and machine type, and by
-# the config hash): the KV block count its first boot allocated. The KV cache arrays are arguments of every jitted
-# model program (tpu-inference runner/compilation_manager.py), and their block count follows the HBM left after the
-# weights load (worker/tpu_worker.py): one block more or less than the boot that filled the cache misses every
-# program. Pinning the count (--num-gpu-blocks-override) makes every boot of one config compile the same programs.
-# It travels to the bucket and back with the entries. The block size needs no place in the key or the pin: tpu-inference
-# derives it from max_model_len and max_num_seqs (tpuserve/measure/plan.py `tpu_block_size`), both in the argv the
-# config hash covers, and JAX keys each cached program by its shapes (another block size is a miss, never a wrong hit).
+# Beside the entries, one file per served config: the KV block count its first boot allocated, pinned on every later
+# boot so each compiles the same programs (--num-gpu-blocks-override; why: docs/design/supervisor.md#the-compile-cache).
 PIN_PREFIX = "tpu-serve-kv-blocks-"
 # A boot is warm when it compiled about nothing: at most this share of the entries it found, and at least one.
 WARM_NEW_SHARE = 0.02
+# `disks/<zone>/<disk name>` in the bucket, written after `serving`: the disk is warm, kept on purpose
+# (tpuserve/deploy/inventory.py WARM_MARKER_PREFIX reads it).
+MARKER_PREFIX = "disks/"
+KEY_PATTERN = re.compile(r"^[0-9a-f]{16}-[a-z0-9-]+$")  # what xla_cache_key names
 
 
 class CacheError(RuntimeError):
     """A bucket call failed; the message names it."""
+
+
+def pinned_digest(image: str) -> str:
+    """The sha256 digest an image reference pins (repo@sha256:...), or ''."""
+    _, at, digest = image.partition("@")
+    return digest if at and digest.startswith("sha256:") else ""
+
+
+def xla_cache_key(image: str, machine_type: str, local_digest: str = "") -> str:
+    """The cache folder's name, xla/<key> on the VM's disk, in the bucket and in a gke pod: the image digest (its JAX
+    and libtpu) and the machine type (its TPU topology). An unpinned tag is keyed by the digest pulled, else (a pod:
+    no node has pulled it yet) by the reference, one folder per tag (JAX's own keys tell its builds apart)."""
+    digest = pinned_digest(image) or local_digest or "ref:" + hashlib.sha256(image.encode()).hexdigest()
+    return f"{digest.partition(':')[2][:16]}-{re.sub(r'[^a-z0-9-]', '-', machine_type.lower())}"
 
 
 def entries(directory: Path) -> int:
@@ -81,9 +83,7 @@ def drop_pin(directory: Path, config_hash: str) -> None:
 
 
 def verdict(before: int, after: int, pinned: int | None, learned: int | None, restore_error: str = "") -> str:
-    """'warm (N hits)' or 'cold (why)', then the counts: how `tpuserve gate` and `status` report the compile cache.
-    JAX logs its persistent-cache hits only at DEBUG, so the hits are the entries the boot found and did not need
-    to add to: a warm boot adds about none (at most WARM_NEW_SHARE of them)."""
+    """'warm (N hits)' or 'cold (why)', then the counts; hits: the entries found and not added to (the design)."""
     new = max(after - before, 0)
     pin = f"KV blocks pinned at {pinned:,}" if pinned else (
         f"KV blocks pinned at {learned:,} from now on" if learned else "KV blocks not pinned")
@@ -136,11 +136,6 @@ def remote_names(bucket: str, prefix: str, token: str, storage_url: str = STORAG
             return names
 
 
-def _object_url(storage_url: str, bucket: str, name: str) -> str:
-    return (f"{storage_url}/storage/v1/b/{urllib.parse.quote(bucket)}/o/"
-            f"{urllib.parse.quote(name, safe='')}?alt=media")
-
-
 def restore(bucket: str, key: str, directory: Path, token: Callable[[], str],
             storage_url: str = STORAGE_URL) -> int:
     """Download the bucket's entries for `key` that `directory` lacks (no-clobber); returns how many."""
@@ -151,7 +146,8 @@ def restore(bucket: str, key: str, directory: Path, token: Callable[[], str],
                and not name.endswith("/")]
 
     def fetch(name: str) -> None:
-        status, body = _request("GET", _object_url(storage_url, bucket, name), bearer)
+        url = f"{storage_url}/storage/v1/b/{urllib.parse.quote(bucket)}/o/{urllib.parse.quote(name, safe='')}?alt=media"
+        status, body = _request("GET", url, bearer)
         if status != 200:
             raise CacheError(f"downloading gs://{bucket}/{name} answered HTTP {status}")
         target = directory / name[len(prefix):]
@@ -165,37 +161,29 @@ def restore(bucket: str, key: str, directory: Path, token: Callable[[], str],
     return len(missing)
 
 
+def _upload(bucket: str, name: str, body: bytes, bearer: str, storage_url: str, only_new: bool = False) -> bool:
+    """Write one object; `only_new`: never overwrite (ifGenerationMatch=0), False when it already existed."""
+    query = {"uploadType": "media", "name": name, **({"ifGenerationMatch": "0"} if only_new else {})}
+    status, said = _request("POST", f"{storage_url}/upload/storage/v1/b/{urllib.parse.quote(bucket)}/o?"
+                                    f"{urllib.parse.urlencode(query)}", bearer, body)
+    if only_new and status == 412:  # another VM created it first: the same content-addressed entry
+        return False
+    if status != 200:
+        raise CacheError(f"writing gs://{bucket}/{name} answered HTTP {status}: {said[:200]!r}")
+    return True
+
+
 def push(bucket: str, key: str, directory: Path, token: Callable[[], str], storage_url: str = STORAGE_URL) -> int:
     """Upload the local entries the bucket lacks, never overwriting an object; returns how many were created."""
     prefix = f"xla/{key}/"
     bearer = token()
     remote = {name[len(prefix):] for name in remote_names(bucket, prefix, bearer, storage_url)}
     todo = [relative for relative in _files(directory) if relative not in remote and not relative.endswith(".partial")]
-
-    def upload(relative: str) -> bool:
-        query = urllib.parse.urlencode({"uploadType": "media", "name": prefix + relative, "ifGenerationMatch": "0"})
-        status, body = _request("POST", f"{storage_url}/upload/storage/v1/b/{urllib.parse.quote(bucket)}/o?{query}",
-                                bearer, (directory / relative).read_bytes())
-        if status == 412:  # another VM created it first: the same content-addressed entry
-            return False
-        if status != 200:
-            raise CacheError(f"uploading gs://{bucket}/{prefix}{relative} answered HTTP {status}: {body[:200]!r}")
-        return True
-
     with ThreadPoolExecutor(WORKERS) as pool:
-        return sum(pool.map(upload, todo))
-
-
-# The object that says a cache disk holds a served cache: `disks/<zone>/<disk name>` in the stack's bucket, written
-# after `serving` (tpuserve/deploy/inventory.py WARM_MARKER_PREFIX reads it: a disk is warm, kept on purpose, only
-# with it and a lastAttachTimestamp).
-MARKER_PREFIX = "disks/"
+        return sum(pool.map(lambda relative: _upload(bucket, prefix + relative, (directory / relative).read_bytes(),
+                                                     bearer, storage_url, only_new=True), todo))
 
 
 def mark_disk(bucket: str, disk: str, facts: dict, token: Callable[[], str], storage_url: str = STORAGE_URL) -> None:
     """Write (or rewrite) the marker of cache disk `disk` ("<zone>/<name>"), its body `facts` as JSON."""
-    query = urllib.parse.urlencode({"uploadType": "media", "name": f"{MARKER_PREFIX}{disk}"})
-    status, body = _request("POST", f"{storage_url}/upload/storage/v1/b/{urllib.parse.quote(bucket)}/o?{query}",
-                            token(), json.dumps(facts, sort_keys=True).encode())
-    if status != 200:
-        raise CacheError(f"writing gs://{bucket}/{MARKER_PREFIX}{disk} answered HTTP {status}: {body[:200]!r}")
+    _upload(bucket, f"{MARKER_PREFIX}{disk}", json.dumps(facts, sort_keys=True).encode(), token(), storage_url)

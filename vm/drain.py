@@ -1,11 +1,6 @@
-"""The gke pods' preStop hook: let a replica that is going finish the requests it holds before vLLM gets SIGTERM.
-
-The kubelet runs this when the pod is deleted (a rollout, a renewal, a scale-down), while the pod's endpoint is
-being removed from the Service, the load balancer's NEG and the endpoint picker. It waits --settle seconds for that
-removal to reach them all, then until vLLM's /metrics shows no request running or waiting, at most --timeout (the
-route's longest request); each step is one line on the container's output. vLLM's own --shutdown-timeout then covers
-whatever arrived in between (docs/design/gke-renewal.md). Exit 0 always: a hook that fails only delays the stop.
-Imports nothing from tpuserve; runs with the serving image's python3.
+"""The gke pods' preStop hook: wait for the pod's endpoint to leave every router (--settle), then until vLLM's /metrics
+shows no request running or waiting (at most --timeout), one line per step on the container's output. Exit 0 always:
+a hook that fails only delays the stop. Why: docs/design/gke-renewal.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
-"""The boot's state as one guest attribute, written within Google's budget.
+"""The boot's state as one guest attribute (format: tpuserve/facts.py GUEST_STATE_*), written within Google's budget.
 
-Google's guest-attributes page (https://cloud.google.com/compute/docs/metadata/manage-guest-attributes, "When to use
-guest attributes") limits them to 10 queries per minute per VM and bursts of 3 per second, and says that above that
-rate Compute Engine "might arbitrarily remove guest attributes that are in the process of being written". So the
-VM keeps everything the gate, `tpuserve status` and `diagnose` read in ONE key, `tpu-serve/state`: a JSON object
-whose fields are the names the readers always used (stage, config-hash, since, reason, at-<stage>, cache, image,
-weights, compile-cache, restarts, supervisor, ops-agent, warning, engines; tpuserve/guest_state.py expands it), plus
-`seq` (bumped on every change) and `written` (when this copy was sent). One write carries the whole state, so a reader
-never sees a stage with another config's hash.
-
-Writes are spaced at least `interval_s` apart (12 s: 5 a minute, half the budget, leaving the rest for the gate's
-reads, which poll every 15 s), so changes that come faster are coalesced: the stage timestamps inside are exact, only
-the copy is late. The current state is written again every `reassert_s` (60 s) even when nothing changed, so a
-write Compute Engine dropped (a lost `serving`) is repaired within a minute instead of leaving the gate waiting out
-its timeout.
-
-Two writers share the budget: the startup script (through this file's command line, after it installed the
-supervisor bundle) and the supervisor (the `GuestState` thread). They share a state file on /run (a tmpfs: one boot)
-under an flock, and a stamp file with the time and `seq` of the last write, so the supervisor starting up sends what
-the script left unsent, no sooner than the budget allows.
+Two writers share the budget through a state file and a stamp under an flock on /run: the startup script (this
+file's command line) and the supervisor (`GuestState`). Why: docs/design/supervisor.md#the-boot-state.
 
     python3 guest_state.py --metadata-url URL --run-dir DIR [--interval-s 12] set [--new-timeline] [--flush] K=V ...
-
-Standard library only; imports nothing from tpuserve.
 """
 
 from __future__ import annotations
@@ -40,12 +21,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-NAMESPACE = "tpu-serve"
-STATE_KEY = "state"
-INTERVAL_S = 12.0
-REASSERT_S = 60.0
+FACTS = json.loads(Path(__file__).with_name("facts.json").read_text())  # scripts/vm_facts.py writes it
+NAMESPACE, STATE_KEY = FACTS["GUEST_ATTRIBUTE_NAMESPACE"], FACTS["GUEST_STATE_KEY"]
+FIELDS, TIMELINE_PREFIX = frozenset(FACTS["GUEST_STATE_FIELDS"]), FACTS["GUEST_STATE_TIMELINE_PREFIX"]
+INTERVAL_S, REASSERT_S = FACTS["GUEST_WRITE_INTERVAL_S"], FACTS["GUEST_REASSERT_S"]
 STATE_FILE, STAMP_FILE, LOCK_FILE = "state.json", "state.written", "state.lock"
-TIMELINE_PREFIX = "at-"
 
 
 def log(message: str) -> None:
@@ -99,8 +79,10 @@ class Store:
         return self._read(STAMP_FILE)
 
     def update(self, changes: Mapping[str, str], new_timeline: bool = False) -> dict:
-        """Apply `changes` (a value of None removes the field); `new_timeline` first drops every at-<stage>, which
-        belongs to an earlier run. Returns the new state (its seq bumped when anything changed)."""
+        """Apply `changes` (None removes one; `new_timeline` drops at-<stage> fields first); seq bumped on change."""
+        unknown = sorted(key for key in changes if key not in FIELDS and not key.startswith(TIMELINE_PREFIX))
+        if unknown:
+            raise ValueError(f"not a boot-state field (tpuserve/facts.py GUEST_STATE_FIELDS): {', '.join(unknown)}")
         with self.locked():
             state = self.state()
             before = dict(state)
@@ -118,8 +100,7 @@ class Store:
 
     def publish(self, metadata_url: str, interval_s: float, clock: Callable[[], float] = time.time,
                 force: bool = False) -> str:
-        """Write the state now if the budget allows and it has changed since the last write (`force`: even
-        unchanged, the re-assertion). Returns "written", "unchanged", "failed", or "wait:<seconds>"."""
+        """Write the state if changed (`force`: anyway) and the budget allows: written, unchanged, failed, wait:<s>."""
         with self.locked():
             state, stamp = self.state(), self.stamp()
             now = clock()
@@ -136,8 +117,7 @@ class Store:
 
 
 class GuestState:
-    """The supervisor's writer: `set` changes the state at once (in the state file); a thread sends it within the
-    budget, and again every `reassert_s`."""
+    """The supervisor's writer: `update` changes the state file at once; a thread sends it within the budget."""
 
     def __init__(self, metadata_url: str, run_dir: Path, interval_s: float = INTERVAL_S,
                  reassert_s: float = REASSERT_S):
@@ -147,13 +127,10 @@ class GuestState:
         self.thread: threading.Thread | None = None
 
     def update(self, changes: Mapping[str, str | None], new_timeline: bool = False) -> None:
-        """Change fields at once (one state change, one write); the thread sends it when the budget allows."""
+        """Change fields at once (one state change); the thread sends it when the budget allows."""
         self.store.update(changes, new_timeline)
         with self.changed:
             self.changed.notify_all()
-
-    def get(self, key: str) -> str:
-        return str(self.store.state().get(key, ""))
 
     def start(self) -> GuestState:
         self.thread = threading.Thread(target=self.run, daemon=True, name="guest-state")
@@ -199,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     setting.add_argument("assignments", nargs="*")
     args = parser.parse_args(argv)
     store = Store(args.run_dir)
-    store.update(parse_assignments(args.assignments), args.new_timeline)
+    try:
+        store.update(parse_assignments(args.assignments), args.new_timeline)
+    except ValueError as err:
+        raise SystemExit(f"guest_state.py: {err}") from None
     while True:
         outcome = store.publish(args.metadata_url, args.interval_s)
         if not (args.flush and outcome.startswith("wait:")):

@@ -1,13 +1,7 @@
-"""Copy the Hugging Face token from Secret Manager into a file, as the workload's own Google identity.
-
-Runs as the gke target's init container (`python3 hf_token.py --secret projects/P/secrets/S --out FILE`): the
-GKE metadata server hands the pod's Workload Identity an access token, the secret's latest version is read from
-the Secret Manager REST API (the same request, retries and refusals as on the VM, whose supervisor imports this
-module and adds a wait for a fresh grant), and the token is
-written with mode 0400 to FILE, an in-memory emptyDir the vLLM container reads through HF_TOKEN_PATH. The token is
-never printed, never put in an argv or an environment variable, and never part of a Kubernetes object.
-
-Standard library only; imports nothing from tpuserve. Exit 0 when the file is written, 1 otherwise (with the reason).
+"""Copy the Hugging Face token from Secret Manager into a file (mode 0400), as the workload's own Google identity: the
+gke init container's `python3 hf_token.py --secret projects/P/secrets/S --out FILE`; the VM's supervisor imports
+`read_secret`. The token is never printed, put in an argv or an environment variable, or in a Kubernetes object.
+Exit 0 when the file is written, 1 otherwise (with the reason).
 """
 
 from __future__ import annotations
@@ -80,11 +74,7 @@ def read_secret(secret: str, metadata_url: str = METADATA_URL, secret_manager_ur
                 attempts: int = ATTEMPTS, retry_delay_s: float = RETRY_DELAY_S, *, iam_wait_s: float = 0.0,
                 iam_poll_s: float = 15.0, on_wait: Callable[[str], None] | None = None,
                 grant_hint: str = GKE_GRANT_HINT, token_hint: str = GKE_TOKEN_HINT) -> str:
-    """The latest version's payload. Two calls, and a failure names the one that failed: the access token from the
-    metadata server, then the secret from Secret Manager. No answer, 429 and 5xx are retried `attempts` times with
-    exponential backoff. A 401/403 from Secret Manager is refused at once, unless `iam_wait_s` > 0 (a VM whose
-    grant was made in the same `pulumi up`: IAM takes minutes to propagate), when it is asked again every
-    `iam_poll_s` for that long from the first refusal, telling `on_wait` why it waits. 400/404 refuse at once."""
+    """The latest version's payload; a failure names the call that failed. Why: docs/design/supervisor.md."""
     delay, status, attempt, call, denied_at = retry_delay_s, 0, 1, "token", None
     while True:
         call = "token"

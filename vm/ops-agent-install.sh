@@ -1,19 +1,8 @@
 #!/bin/bash
-# Installs the Google Cloud Ops Agent if it is missing, writes its configuration and (re)starts it when the
-# configuration changed. Run as root on the VM, after vLLM serves (templates/startup.sh.j2 embeds this file).
-#
-# Usage: ops-agent-install.sh CONFIG_YAML
-# Exit 0 when the agent runs with CONFIG_YAML, 1 (with a reason on stderr) otherwise; the caller treats a failure as
-# a warning: the model serves without the agent.
-#
-# The install is Google's documented one (https://cloud.google.com/stackdriver/docs/solutions/agents/ops-agent/
-# installation): download add-google-cloud-ops-agent-repo.sh, run it with --also-install (it adds the apt repository
-# and installs google-cloud-ops-agent). Both steps are retried with exponential backoff.
-#
-# Environment (tests point these at 127.0.0.1 and a temporary directory):
-#   OPS_AGENT_REPO_SCRIPT_URL  where the repository script is downloaded from
-#   OPS_AGENT_CONFIG_PATH      the agent's configuration file
-#   OPS_AGENT_ATTEMPTS, OPS_AGENT_RETRY_DELAY_S   retry policy
+# ops-agent-install.sh CONFIG_YAML: install the Google Cloud Ops Agent when missing (Google's
+# add-google-cloud-ops-agent-repo.sh --also-install: https://cloud.google.com/stackdriver/docs/solutions/agents/
+# ops-agent/installation), write CONFIG_YAML as its configuration and restart it when that changed. The supervisor
+# runs it once vLLM serves; exit 1 (why on stderr) is a warning there. Tests set OPS_AGENT_* (below).
 set -Eeuo pipefail
 # The caller may run with umask 077; apt's unprivileged _apt user must read the repository and keyring files.
 umask 022

@@ -1,24 +1,7 @@
-"""The gke pods' startup probe, and the boot timeline it leaves: what was warm, and how long loading took.
-
-The kubelet runs this every few seconds from the container's start until it exits 0; then the readiness probe
-(readycheck.py) takes over. Each run records which stage the pod is in; a change of stage is one line on the
-container's own output (/proc/1/fd/1, the serving process's stdout, so `kubectl logs` and Cloud Logging show it among
-vLLM's lines), and the whole timeline stays in --state (an emptyDir, kept across container restarts of the pod):
-
-    tpu-serve boot: loading-model at +2 s: weights cached (google/gemma-4-E2B-it), compile cache 412 entries
-    tpu-serve boot: healthy at +96 s: weights were cached, compile cache 412 -> 412 entries (warm)
-
-Stages: `loading-model` from the container's start (vLLM loads the weights, from the bucket or from Hugging Face
-into the bucket, then compiles, into and from the bucket's compile cache), `healthy` once /health answers 200. What
-comes before the container starts (scheduling, the node, the image pull, the token) is in the pod's own conditions
-and events. The weights count as cached when huggingface_hub finds the model's config and a safetensors file in
-HF_HOME (its own cache lookup, `try_to_load_from_cache`); the compile cache is counted as the VM counts it
-(compile_cache.entries), once at the start and once when healthy, since listing a bucket mount is not free.
+"""The gke pods' startup probe: exit 0 once /health answers 200, and leave the boot's timeline (what was warm, how
+long loading took) as lines on the container's output and in --state. Why: docs/design/supervisor.md#on-gke.
 
     python3 pod_boot.py --url http://127.0.0.1:8000 --model google/gemma-4-E2B-it --state /var/run/tpu-serve/boot/t.json
-
-Exit 0 once /health answers 200, 1 before; one line on stdout says why (the kubelet records it on a failure).
-Imports nothing from tpuserve; runs with the serving image's python3.
 """
 
 from __future__ import annotations
@@ -42,8 +25,7 @@ LOADING, HEALTHY = "loading-model", "healthy"
 
 
 def weights_cached(hf_home: str, model: str) -> bool | None:
-    """Whether huggingface_hub's cache under `hf_home` holds the model's config and weights (None: no
-    huggingface_hub to ask)."""
+    """Whether huggingface_hub's cache under `hf_home` holds the model's config and weights (None: no hub)."""
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:

@@ -1,23 +1,9 @@
-"""Is this vLLM server ready? One look, the readiness gate's URL-mode rules, Python's standard library only.
+"""Is this vLLM server ready? /health 200, the model listed, a chat completion with text (content or a reasoning
+field): the rules of `tpuserve gate --url`, side by side in tests/test_readycheck.py. A gke readiness probe and the
+VM's supervisor run it; an API key, when the server has one, goes as a bearer token on /v1. `refusals` is the VM's
+disabled-modality check. Exit 0 when ready, 1 when not, one line saying what was found.
 
-Ready means, in order: `/health` answers 200; `/v1/models` lists the model; a chat completion of a few tokens
-answers 200 with text, in `content` or, when a reasoning parser took the first tokens, in `reasoning_content` /
-`reasoning`. These are the rules of `tpuserve gate --url` (tpuserve/observe/gate.py) and of the VM startup script;
-tests/test_readycheck.py runs this module and the gate side by side on the same servers and requires the same
-verdicts. It imports nothing from tpuserve: it runs inside the serving container (a Kubernetes exec readiness probe
-on the gke target) and on bare VM images.
-
-    python3 readycheck.py --url http://127.0.0.1:8000 --model google/gemma-4-E2B-it [--timeout 10] \
-        [--api-key-env VLLM_API_KEY]
-
-A server started with an API key (vLLM's --api-key or VLLM_API_KEY) answers /v1 only with it
-(vllm/entrypoints/serve/middleware/authenticate.py guards /v1, /v2, /inference, /cohere; /health is open): the key
-is then sent as a bearer token on the /v1 requests.
-
-Exit 0 when ready, 1 when not; one line on stdout says what was found (the kubelet records it on probe failure).
-
-`refusals` is the disabled-modality check the VM's supervisor runs once at boot: a request of each modality the
-deployment does not serve should answer 4xx; what fails the boot is a server that no longer serves after one.
+    python3 readycheck.py --url http://127.0.0.1:8000 --model google/gemma-4-E2B-it [--timeout 10] [--api-key-env VAR]
 """
 
 from __future__ import annotations
@@ -41,7 +27,7 @@ def auth_header(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def _request(url: str, timeout_s: float, body: dict[str, Any] | None = None, api_key: str = "") -> tuple[int, Any]:
+def request(url: str, timeout_s: float, body: dict[str, Any] | None = None, api_key: str = "") -> tuple[int, Any]:
     """(HTTP status, parsed JSON body or None). A refused or timed-out connection raises OSError."""
     data = None if body is None else json.dumps(body).encode()
     headers = {**({"Content-Type": "application/json"} if data else {}), **auth_header(api_key)}
@@ -72,12 +58,12 @@ def _has_text(message: dict[str, Any]) -> bool:
 
 
 def _health(root: str, model: str, timeout_s: float, api_key: str = "") -> tuple[bool, str]:
-    status, _ = _request(f"{root}/health", timeout_s)
+    status, _ = request(f"{root}/health", timeout_s)
     return status == 200, f"/health answered HTTP {status}"
 
 
 def _models(root: str, model: str, timeout_s: float, api_key: str = "") -> tuple[bool, str]:
-    status, body = _request(f"{root}/v1/models", timeout_s, api_key=api_key)
+    status, body = request(f"{root}/v1/models", timeout_s, api_key=api_key)
     if status != 200:
         return False, f"/v1/models answered HTTP {status}"
     entries = body.get("data") if isinstance(body, dict) else None
@@ -86,7 +72,7 @@ def _models(root: str, model: str, timeout_s: float, api_key: str = "") -> tuple
 
 
 def _completion(root: str, model: str, timeout_s: float, api_key: str = "") -> tuple[bool, str]:
-    status, body = _request(f"{root}/v1/chat/completions", timeout_s, {
+    status, body = request(f"{root}/v1/chat/completions", timeout_s, {
         "model": model, "max_tokens": COMPLETION_MAX_TOKENS,
         "messages": [{"role": "user", "content": PROMPT}]}, api_key=api_key)
     if status != 200:
@@ -104,8 +90,7 @@ STAGES = (("health", _health), ("models", _models), ("completion", _completion))
 
 
 def check(base_url: str, model: str, timeout_s: float = 10.0, api_key: str = "") -> tuple[bool, str]:
-    """(ready, detail). `base_url` may end in /v1; `api_key` is the server's, if it has one. Stops at the first
-    stage that fails; `detail` names it."""
+    """(ready, detail): stops at the first stage that fails, which `detail` names. `base_url` may end in /v1."""
     root = base_url.rstrip("/").removesuffix("/v1")
     for name, stage in STAGES:
         try:
@@ -120,7 +105,7 @@ def check(base_url: str, model: str, timeout_s: float = 10.0, api_key: str = "")
 def _refusal(root: str, model: str, modality: str, part: dict[str, Any], timeout_s: float,
              api_key: str = "") -> tuple[bool, str]:
     """(refused with a 4xx, what was answered)."""
-    status, body = _request(f"{root}/v1/chat/completions", timeout_s, {
+    status, body = request(f"{root}/v1/chat/completions", timeout_s, {
         "model": model, "max_tokens": COMPLETION_MAX_TOKENS,
         "messages": [{"role": "user", "content": [part, {"type": "text", "text": "What is this?"}]}]}, api_key=api_key)
     if 400 <= status < 500:
@@ -132,8 +117,7 @@ def _refusal(root: str, model: str, modality: str, part: dict[str, Any], timeout
 
 @dataclass(frozen=True)
 class Refusals:
-    """`serving`: the server still serves after every request (else the boot fails, `detail` says why); `warnings`:
-    the requests that were not refused with a 4xx but left it serving."""
+    """`serving`: it still serves after every request (else `detail` says why); `warnings`: not refused, still up."""
 
     serving: bool
     detail: str
@@ -142,11 +126,7 @@ class Refusals:
 
 def refusals(base_url: str, model: str, parts: dict[str, dict[str, Any]],
              timeout_s: float = 10.0, api_key: str = "") -> Refusals:
-    """One request of each disabled modality (`parts`: modality -> a chat content part carrying it). vLLM answers a
-    modality limited to 0 with a 400 (vllm/multimodal/processing/context.py validate_num_items). A 2xx (the limit
-    not applied) or a 5xx (the request reached the engine) is a warning while the server still serves (the three
-    readiness stages after that request): only real Gemma 4 images were seen refused on TPU, audio and video were
-    not. A server that no longer serves after one fails: one client could take it down."""
+    """One request per disabled modality (`parts`: modality -> a chat content part); why: docs/design/supervisor.md."""
     root = base_url.rstrip("/").removesuffix("/v1")
     said, warnings = [], []
     for modality, part in parts.items():

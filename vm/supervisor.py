@@ -1,36 +1,8 @@
 """tpu-serve supervisor: serve what the instance metadata says, and keep it serving.
 
-Installed by the VM's startup script as the systemd unit `tpu-serve-supervisor` (Restart=always). Three parts, in
-the shape of Google's guest agent and google-cloud-go's compute/metadata `Subscribe`:
-
-- watch: long-poll the metadata server for the instance attributes
-  (`instance/attributes/?recursive=true&alt=json&wait_for_change=true&last_etag=E&timeout_sec=T`, header
-  `Metadata-Flavor: Google`); the response's ETag header is the next `last_etag`, so a change made between two
-  polls is never missed, and a poll that times out returns the same ETag. Errors (a 503 while the metadata server
-  restarts, no answer) are retried with exponential backoff. Nothing else happens here.
-- decide: a pure function from what the metadata asks for (the served config in `tpu-serve-config`, the
-  supervisor's own code in `tpu-serve-supervisor`) and what runs (the `vllm` container's config-hash label and
-  state, what was last reported) to one action.
-- act: pull the image, restore the compile cache, fetch the token, (re)start the engines' containers (one, or one
-  per group of chips behind the front: HAProxy, docs/design/engines.md) with the config's argv and the same cache
-  mounts, wait until each really serves (vm/readycheck.py's rules plus the multimodal warm-up, then one request of
-  each modality the config does not serve: an answer other than 4xx is a warning, an engine that stops serving
-  after it fails the boot), report; after `serving`, run the post-serving hooks (push the compile cache).
-
-Progress goes to the boot's state, which vm/guest_state.py writes as the one guest attribute `tpu-serve/state`
-that `tpuserve gate` follows, within Google's guest-attribute budget: `stage`, `at-<stage>`, `config-hash`, `since`
-(when the current config's run began), `reason`, and what was warm: `image`, `weights`, `compile-cache`. A
-served-config change walks the stages again from `pulling-image` under the new hash, in one change of the state
-(stage and hash travel together, so a `serving` left from the old config is never read with the new hash). An engine
-that exits after `serving` is restarted with backoff, the others serving on (`restarting`, its name and last log lines
-as `reason`), and given up (`failed`) after too many restarts in a row.
-
-The Hugging Face token is read from Secret Manager as the VM's service account (vm/hf_token.py) and handed to
-`docker run` through that one process's environment: never in an argv, a log line or an attribute.
-
-Standard library only (Ubuntu 22.04's python3, 3.10); imports nothing from tpuserve; its sibling files come with it
-in the `tpu-serve-supervisor` metadata key, which it re-installs and re-executes itself from when it changes (the
-running container is adopted, not restarted).
+The systemd unit `tpu-serve-supervisor`: watch (long-poll the metadata), decide (a pure function), act (pull,
+restore the compile cache, fetch the token, start the engines and the front, wait until they serve, report).
+Standard library only; imports nothing from tpuserve. Why: docs/design/supervisor.md.
 """
 
 from __future__ import annotations
@@ -48,7 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,41 +32,19 @@ import guest_state  # noqa: E402
 import hf_token  # noqa: E402
 import readycheck  # noqa: E402
 
-# Kept equal to tpuserve/facts.py by tests/test_supervisor.py (this file cannot import tpuserve).
-NAMESPACE = "tpu-serve"
-SERVED_CONFIG_KEY = "tpu-serve-config"
-SUPERVISOR_KEY = "tpu-serve-supervisor"
-CACHE_ROOT = "/var/lib/tpu-serve/cache"
-XLA_CACHE_KEY_PLACEHOLDER = "{xla_cache_key}"
-CONTAINER = "vllm"  # a lone engine's container; side by side they are vllm-0, vllm-1, ... (the served config says)
-HASH_LABEL = "tpu-serve.config-hash"
+FACTS = guest_state.FACTS  # vm/facts.json, from tpuserve/facts.py
+SERVED_CONFIG_KEY, SUPERVISOR_KEY = FACTS["SERVED_CONFIG_KEY"], FACTS["SUPERVISOR_KEY"]
+CACHE_ROOT, RUN_DIR, INSTALL_DIR = FACTS["CACHE_ROOT"], FACTS["VM_RUN_DIR"], FACTS["VM_INSTALL_DIR"]
+MAX_RESTARTS, PULL_FREE_GB = FACTS["SUPERVISOR_MAX_RESTARTS"], FACTS["IMAGE_PULL_FREE_GB"]
+HASH_LABEL = FACTS["CONTAINER_HASH_LABEL"]
 # The front of more than one engine: Debian's HAProxy, its config written where the package's unit reads it.
 HAPROXY = "/usr/sbin/haproxy"
 FRONT_CONFIG = "/etc/haproxy/haproxy.cfg"
 FRONT_UNIT = "haproxy"
-APT_LOCK_TIMEOUT_S = 600  # as the startup script: unattended-upgrades may hold dpkg's lock for minutes
 FRONT_READY_S = 60.0  # the front's checks see a new engine within 2 s (components/front.py)
-MAX_RESTARTS = 5
-SECRET_ROLE = "roles/secretmanager.secretAccessor"
-IAM_WAIT_S = 600
-# The startup script writes the config hash it booted with here (a tmpfs: one boot), so the supervisor's first run
-# continues that boot's timeline instead of starting a new one.
-BOOT_HASH_FILE = "/run/tpu-serve/boot-config-hash"
-RUN_DIR = "/run/tpu-serve"  # the boot's state file, shared with the startup script (vm/guest_state.py)
-GUEST_STATE_KEY = guest_state.STATE_KEY
-GUEST_WRITE_INTERVAL_S = guest_state.INTERVAL_S
-GUEST_REASSERT_S = guest_state.REASSERT_S
-INSTALL_DIR = "/opt/tpu-serve"
-# The Ops Agent: installed by vm/ops-agent-install.sh (shipped in the supervisor bundle with the agent's rendered
-# configuration, components/ops_agent.py) once the server serves; https://cloud.google.com/stackdriver/docs/solutions/
-# agents/ops-agent/installation. A failure is a warning (guest attribute ops-agent=failed), never a failed serve.
-OPS_AGENT_INSTALLER = "ops-agent-install.sh"
-OPS_AGENT_CONFIG = "ops-agent.yaml"
-OPS_AGENT_REPO_SCRIPT_URL = "https://dl.google.com/cloudagents/add-google-cloud-ops-agent-repo.sh"
-OPS_AGENT_CONFIG_PATH = "/etc/google-cloud-ops-agent/config.yaml"
+OPS_AGENT_INSTALLER = "ops-agent-install.sh"  # run once serving; a failure is a warning, never a failed serve
 OPS_AGENT_TIMEOUT_S = 1800
-PULL_ATTEMPTS = 5
-RELEASE_WAIT_S = 120.0  # how long to wait for a removed container and its TPU devices to go
+ATTEMPTS = 5  # of a pull or an apt-get install, with backoff
 
 
 def log(message: str) -> None:
@@ -116,17 +66,15 @@ class Settings:
     max_backoff_s: float = 300.0
     restart_delay_s: float = 10.0  # first backoff of a crashed container's restarts (doubles each time)
     stable_s: float = 600.0  # serving this long resets the restart count
-    iam_wait_s: float = IAM_WAIT_S
+    iam_wait_s: float = FACTS["IAM_PROPAGATION_WAIT_S"]
     iam_poll_s: float = 15.0
-    # The Ops Agent (installed once the server serves): Google's repository script and the agent's config file.
-    ops_agent_repo_script_url: str = OPS_AGENT_REPO_SCRIPT_URL
-    ops_agent_config_path: str = OPS_AGENT_CONFIG_PATH
-    # The guest-attribute budget (vm/guest_state.py): at most one write per interval, the state again every reassert.
-    guest_write_interval_s: float = GUEST_WRITE_INTERVAL_S
-    guest_reassert_s: float = GUEST_REASSERT_S
-    release_wait_s: float = RELEASE_WAIT_S  # for a removed container and its TPU devices to go
+    ops_agent_repo_script_url: str = ""  # "": vm/ops-agent-install.sh's own defaults
+    ops_agent_config_path: str = ""
+    guest_write_interval_s: float = guest_state.INTERVAL_S
+    guest_reassert_s: float = guest_state.REASSERT_S
+    release_wait_s: float = 120.0  # for a removed container and its TPU devices to go
     disk_check_s: float = 30.0  # how often the cache disk is looked at: grown, or gone
-    docker_timeout_scale: float = 1.0  # every docker call's timeout × this (tests shrink them)
+    docker_timeout_scale: float = 1.0  # every command's timeout × this (tests shrink them)
 
     def path(self, absolute: str) -> Path:
         return Path(self.root + absolute)
@@ -144,10 +92,8 @@ class Metadata:
     def __init__(self, url: str):
         self.url = url.rstrip("/") + "/computeMetadata/v1/"
 
-    def _call(self, method: str, path: str, data: bytes | None = None, timeout_s: float = 10.0) -> tuple[int, bytes,
-                                                                                                           str]:
-        request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Metadata-Flavor": "Google"})
+    def _get(self, path: str, timeout_s: float = 10.0) -> tuple[int, bytes, str]:
+        request = urllib.request.Request(self.url + path, headers={"Metadata-Flavor": "Google"})
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - the metadata server
                 return response.status, response.read(), response.headers.get("ETag", "")
@@ -160,7 +106,7 @@ class Metadata:
         """The instance attributes once they differ from `last_etag` (or after `timeout_sec`, unchanged)."""
         path = (f"instance/attributes/?recursive=true&alt=json&wait_for_change=true&timeout_sec={timeout_sec}"
                 f"&last_etag={urllib.parse.quote(last_etag)}")
-        status, body, etag = self._call("GET", path, timeout_s=timeout_sec + 10)
+        status, body, etag = self._get(path, timeout_s=timeout_sec + 10)
         if status != 200:
             raise MetadataError(f"HTTP {status}")
         try:
@@ -171,7 +117,7 @@ class Metadata:
 
     def email(self) -> str:
         try:
-            status, body, _ = self._call("GET", "instance/service-accounts/default/email", timeout_s=5)
+            status, body, _ = self._get("instance/service-accounts/default/email", timeout_s=5)
         except MetadataError:
             status = 0
         return body.decode().strip() if status == 200 else "the VM's service account"
@@ -179,8 +125,7 @@ class Metadata:
 
 def watch(metadata: Metadata, last_etag: str, settings: Settings,
           sleep: Any = time.sleep) -> tuple[dict[str, str], str]:
-    """Block until the attributes' ETag differs from `last_etag` or the poll times out; retry errors with
-    exponential backoff from `retry_delay_s` up to `max_backoff_s`."""
+    """Block until the ETag differs from `last_etag` or the poll times out; errors retried with backoff."""
     delay = settings.retry_delay_s
     while True:
         try:
@@ -245,14 +190,12 @@ class ServedConfig:
     warmup_image: str = ""
     compile_cache_bucket: str = ""
     ready_timeout_s: float = 3600.0
-    # Secrets fetched into the container's environment beside HF_TOKEN, (variable, secret name); `api_key_env` is
-    # the one that is vLLM's API key, which the readiness checks then present (components/startup_script.py).
+    # (variable, secret name) fetched into the container's environment beside HF_TOKEN; `api_key_env` is vLLM's
+    # API key among them, which the readiness checks then present
     secret_env: tuple[tuple[str, str], ...] = ()
     api_key_env: str = ""
-    # modality -> one chat content part carrying it, for each modality the config does not serve: sent once the
-    # server is up, each should answer 4xx (readycheck.refusals)
+    # modality -> a chat content part carrying it, for each modality not served: each should answer 4xx
     refusal_parts: dict[str, Any] = field(default_factory=dict)
-    image_pull_free_gb: int = 40  # free space a pull needs on Docker's data root (facts.IMAGE_PULL_FREE_GB)
     cache_disk: str = ""  # "<zone>/<name>" of the VM's cache disk, marked warm in the bucket once it served
 
     @classmethod
@@ -261,30 +204,19 @@ class ServedConfig:
             raise ValueError(f"the {SERVED_CONFIG_KEY} metadata key is missing")
         try:
             raw = json.loads(text)
-            engines = tuple(Engine(str(e["name"]), str(e["url"]), tuple(str(a) for a in e["docker_run_args"]))
-                            for e in raw["engines"])
+            engines = tuple(Engine(e["name"], e["url"], tuple(e["docker_run_args"])) for e in raw["engines"])
             if not engines:
                 raise ValueError("no engine")
-            return cls(config_hash=str(raw["config_hash"]), model=str(raw["model"]), image=str(raw["image"]),
-                       engines=engines, front=str(raw.get("front") or ""),
-                       machine_type=str(raw["machine_type"]), hf_token_secret=str(raw["hf_token_secret"]),
-                       server_url=str(raw.get("server_url") or cls.server_url),
-                       warmup_image=str(raw.get("warmup_image") or ""),
-                       compile_cache_bucket=str(raw.get("compile_cache_bucket") or ""),
-                       ready_timeout_s=float(raw.get("ready_timeout_s") or cls.ready_timeout_s),
-                       secret_env=tuple(sorted((str(k), str(v)) for k, v in (raw.get("secret_env") or {}).items())),
-                       api_key_env=str(raw.get("api_key_env") or ""),
-                       refusal_parts={str(k): v for k, v in dict(raw.get("refusal_parts") or {}).items()},
-                       image_pull_free_gb=int(raw.get("image_pull_free_gb") or cls.image_pull_free_gb),
-                       cache_disk=str(raw.get("cache_disk") or ""))
-        except (ValueError, KeyError, TypeError) as err:
+            simple = {f.name for f in fields(cls)} - {"engines", "secret_env"}
+            return cls(**{key: value for key, value in raw.items() if key in simple}, engines=engines,
+                       secret_env=tuple(sorted(raw.get("secret_env", {}).items())))
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"the {SERVED_CONFIG_KEY} metadata key is unreadable ({type(err).__name__}: {err})") \
                 from None
 
     @property
     def pinned_digest(self) -> str:
-        _, at, digest = self.image.partition("@")
-        return digest if at and digest.startswith("sha256:") else ""
+        return compile_cache.pinned_digest(self.image)
 
     def what(self, engine: Engine) -> str:
         """How reasons name an engine: "container" alone, "engine vllm-2" beside others."""
@@ -317,11 +249,8 @@ WAIT, APPLY, ADOPT, RESTART, GIVE_UP, INVALID, UPDATE_SELF = (
     "wait", "apply", "adopt", "restart", "give-up", "invalid", "update-self")
 
 
-def decide(attributes: dict[str, str], containers: dict[str, Container | None], state: State, own_version: str,
-           max_restarts: int = MAX_RESTARTS) -> str:
-    """One action for what the metadata asks and what runs (`containers`: name -> what docker says of it, None
-    when there is none). Pure: tests call it with every combination. RESTART restarts only the engines that exited;
-    the others go on serving."""
+def decide(attributes: dict[str, str], containers: dict[str, Container | None], state: State, own_version: str) -> str:
+    """One action for what the metadata asks and what runs (`containers`: name -> docker's view, or None). Pure."""
     bundle_version = bundle_version_of(attributes.get(SUPERVISOR_KEY))
     if bundle_version and bundle_version != own_version:
         return UPDATE_SELF
@@ -337,7 +266,7 @@ def decide(attributes: dict[str, str], containers: dict[str, Container | None], 
     if all(container.running for container in found if container):
         return WAIT if same_config and state.phase in ("serving", "failed") else ADOPT
     if same_config and state.phase in ("serving", "restarting"):
-        return RESTART if state.restarts < max_restarts else GIVE_UP
+        return RESTART if state.restarts < MAX_RESTARTS else GIVE_UP
     if same_config and state.phase == "failed":
         return WAIT
     return APPLY  # a stopped container of this config that this supervisor never saw serve: start afresh
@@ -360,53 +289,56 @@ class Superseded(RuntimeError):
     """A newer served config arrived while acting on this one."""
 
 
-# Every docker call has a timeout; one that runs out (a daemon busy extracting a 20 GB image, or hung) answers like a
-# failed command (exit 124, as timeout(1)), never raises: a supervisor that died on subprocess.TimeoutExpired would be
-# restarted by systemd without its restart count. TIMEOUT_SCALE is a test seam (--docker-timeout-scale).
-DOCKER_TIMED_OUT = 124
-TIMEOUT_SCALE = 1.0
-# tpu-inference #926 (and gvisor #11545): a new process can fail to open the TPU while the previous one still holds
-# its VFIO group: "TPU initialization failed: open(/dev/vfio/1): Device or resource busy: Device or resource busy;
-# Couldn't open iommu group /dev/vfio/1". Once the holder is gone the same start succeeds: retryable.
-VFIO_BUSY = re.compile(r"open\(/dev/vfio/\d+\): Device or resource busy|Couldn't open iommu group /dev/vfio/\d+")
-VFIO_BUSY_ATTEMPTS = 3
-
-
 class DockerUnavailable(RuntimeError):
     """docker did not answer in time: what runs is unknown, so nothing is decided on it."""
 
 
-def docker(*args: str, env: dict[str, str] | None = None, timeout_s: float = 600) -> subprocess.CompletedProcess:
+# A command that runs out of time answers like a failed one (exit 124, as timeout(1)), never raises: a supervisor that
+# died on it would be restarted by systemd without its restart count. TIMEOUT_SCALE: --docker-timeout-scale (tests).
+TIMED_OUT = 124
+TIMEOUT_SCALE = 1.0
+# tpu-inference #926: a new process can fail to open the TPU while the previous one still holds its VFIO group; once
+# the holder is gone the same start succeeds.
+VFIO_BUSY = re.compile(r"open\(/dev/vfio/\d+\): Device or resource busy|Couldn't open iommu group /dev/vfio/\d+")
+VFIO_BUSY_ATTEMPTS = 3
+# vLLM's weight loader logs this after a download (vllm/model_executor/model_loader/weight_utils.py).
+DOWNLOAD_LINE = re.compile(r"Time spent downloading weights for \S+: ([0-9.]+) seconds")
+# vLLM's cache config info gauge names the KV block count it allocated (vllm/v1/metrics: vllm:cache_config_info).
+CACHE_CONFIG_INFO = re.compile(r'^vllm:cache_config_info\{[^}]*\bnum_gpu_blocks="(\d+)"', re.MULTILINE)
+BLOCK_OVERRIDE = "--num-gpu-blocks-override"
+HBM_EXHAUSTED = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|\bOOM\b")  # in XLA's and tpu-inference's words
+
+
+def command(argv: list[str], timeout_s: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     timeout = timeout_s * TIMEOUT_SCALE
     try:
-        return subprocess.run(["docker", *args], capture_output=True, text=True, env=env, timeout=timeout,
-                              check=False)
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        log(f"warning: docker {args[0] if args else ''} did not finish within {timeout:g} s")
-        return subprocess.CompletedProcess(["docker", *args], DOCKER_TIMED_OUT, "",
-                                           f"docker {' '.join(args[:2])}: timed out after {timeout:g} s")
+        log(f"warning: {' '.join(argv[:2])} did not finish within {timeout:g} s")
+        return subprocess.CompletedProcess(argv, TIMED_OUT, "", f"{' '.join(argv[:3])}: timed out after {timeout:g} s")
+
+
+def docker(*args: str, env: dict[str, str] | None = None, timeout_s: float = 600) -> subprocess.CompletedProcess:
+    return command(["docker", *args], timeout_s, env)
 
 
 def systemctl(*args: str) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=120 * TIMEOUT_SCALE,
-                              check=False)
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(["systemctl", *args], DOCKER_TIMED_OUT, "", "timed out")
+    return command(["systemctl", *args], 120)
 
 
 def apt(*args: str) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(["apt-get", *args], capture_output=True, text=True, timeout=1800 * TIMEOUT_SCALE,
-                              check=False, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(["apt-get", *args], DOCKER_TIMED_OUT, "", "timed out")
+    return command(["apt-get", *args], 1800, {**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
 
 
-def inspect_container(name: str = CONTAINER) -> Container | None:
+def said(done: subprocess.CompletedProcess, limit: int = 600) -> str:
+    """A command's output as one line, its end kept."""
+    return " ".join((done.stdout + done.stderr).split())[-limit:]
+
+
+def inspect_container(name: str) -> Container | None:
     """The named container, or None when there is none; DockerUnavailable when docker does not say."""
     done = docker("inspect", name, timeout_s=30)
-    if done.returncode == DOCKER_TIMED_OUT:
+    if done.returncode == TIMED_OUT:
         raise DockerUnavailable(done.stderr)
     if done.returncode != 0:
         return None
@@ -420,18 +352,27 @@ def inspect_container(name: str = CONTAINER) -> Container | None:
         return None
 
 
+def inspect_or(name: str, unknown: Container | None) -> Container | None:
+    """inspect_container, or `unknown` when docker does not say."""
+    try:
+        return inspect_container(name)
+    except DockerUnavailable:
+        return unknown
+
+
+UP = Container("", True)  # what a container docker does not say about is taken for: not known to be gone
+
+
 def managed_containers() -> list[str]:
-    """Every container this supervisor started (they carry the config-hash label), running or not; DockerUnavailable
-    when docker does not say."""
+    """Every container this supervisor started (by its label), running or not; DockerUnavailable if unknown."""
     done = docker("ps", "--all", "--filter", f"label={HASH_LABEL}", "--format", "{{.Names}}", timeout_s=30)
     if done.returncode != 0:
         raise DockerUnavailable(done.stderr or f"docker ps exited {done.returncode}")
     return done.stdout.split()
 
 
-def container_logs(name: str = CONTAINER, lines: int = 15) -> str:
-    done = docker("logs", "--tail", str(lines), name, timeout_s=30)
-    return " ".join((done.stdout + done.stderr).split())[-1200:]
+def container_logs(name: str, lines: int = 15) -> str:
+    return said(docker("logs", "--tail", str(lines), name, timeout_s=30), 1200)
 
 
 def image_digest(image: str) -> str:
@@ -449,9 +390,8 @@ def image_digest(image: str) -> str:
 def free_gb(path: Path) -> int | None:
     """Free GB on the filesystem holding `path` (df, as the startup script measures it), None when df fails."""
     try:
-        done = subprocess.run(["df", "--output=avail", "-BG", str(path)], capture_output=True, text=True,
-                              timeout=30 * TIMEOUT_SCALE, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        done = command(["df", "--output=avail", "-BG", str(path)], 30)
+    except OSError:
         return None
     digits = "".join(ch for ch in (done.stdout.strip().splitlines() or [""])[-1] if ch.isdigit())
     return int(digits) if done.returncode == 0 and digits else None
@@ -465,31 +405,14 @@ def prune_images() -> str:
     return "" if re.fullmatch(r"0(\.0+)?[kMGT]?B", reclaimed) else reclaimed
 
 
-CACHE_KEY = re.compile(r"^(?:[0-9a-f]{16}|unknown-image)-[a-z0-9-]+$")  # what cache_key names
-
-
-def cache_key(digest: str, machine_type: str) -> str:
-    """XLA cache directory name: the image digest (its JAX and libtpu) and the machine type (its TPU topology)."""
-    hexdigest = digest.partition(":")[2][:16] or "unknown-image"
-    return f"{hexdigest}-{re.sub(r'[^a-z0-9-]', '-', machine_type.lower())}"
-
-
-# vLLM's weight loader logs this after a download (vllm/model_executor/model_loader/weight_utils.py); tpu-inference's
-# JAX model path may download without it, and then only "downloaded" is known.
-DOWNLOAD_LINE = re.compile(r"Time spent downloading weights for \S+: ([0-9.]+) seconds")
-
-
-def download_time(weights: str, name: str = CONTAINER) -> str:
+def download_time(weights: str, name: str) -> str:
     done = docker("logs", name, timeout_s=60)
     found = DOWNLOAD_LINE.findall(done.stdout + done.stderr)
     return f"{weights} in {float(found[-1]):.0f} s" if found else weights
 
 
 def vfio_holders(proc: Path, besides: tuple[str, ...] = ()) -> list[str]:
-    """'pid: /dev/vfio/N' for every process holding a VFIO device open (the TPU, for a container that is still
-    going away), from /proc/<pid>/fd; the supervisor runs as root, so it can read every process's fds. Processes of
-    the containers `besides` names by id (engines serving on their own chips: their cgroup path holds the id) do
-    not count."""
+    """'pid: /dev/vfio/N' per process holding a TPU open, but those of the containers `besides` names by id."""
     held = []
     for fd_dir in proc.glob("[0-9]*/fd"):
         try:
@@ -503,25 +426,29 @@ def vfio_holders(proc: Path, besides: tuple[str, ...] = ()) -> list[str]:
     return held
 
 
-# vLLM exports its cache config as a Prometheus info gauge, num_gpu_blocks among the labels (vllm/v1/metrics:
-# vllm:cache_config_info; measured on the CPU vLLM 0.32: num_gpu_blocks="16384", and the override's value when given).
-CACHE_CONFIG_INFO = re.compile(r'^vllm:cache_config_info\{[^}]*\bnum_gpu_blocks="(\d+)"', re.MULTILINE)
-BLOCK_OVERRIDE = "--num-gpu-blocks-override"
-# An allocation that did not fit, in XLA's and tpu-inference's words.
-HBM_EXHAUSTED = re.compile(r"RESOURCE_EXHAUSTED|[Oo]ut of memory|\bOOM\b")
-
-
 def sets_block_count(argv: tuple[str, ...] | list[str]) -> bool:
     """Whether the served argv already sets the KV block count (extraArgs): then it is the user's, not learned."""
     return any(arg.replace("_", "-").split("=", 1)[0] == BLOCK_OVERRIDE for arg in argv)
 
 
-def healthy(url: str) -> bool:
+def fetch(url: str, timeout_s: float) -> tuple[int, str]:
+    """(status, body) of a GET to one of our servers; (0, '') when nothing answered."""
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:  # noqa: S310 - our server
-            return response.status == 200
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - our server
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as err:
+        return err.code, ""
     except OSError:
-        return False
+        return 0, ""
+
+
+def healthy(url: str) -> bool:
+    return fetch(f"{url}/health", 5)[0] == 200
+
+
+def served_block_count(server_url: str) -> int | None:
+    found = CACHE_CONFIG_INFO.search(fetch(f"{server_url}/metrics", 10)[1])
+    return int(found.group(1)) if found else None
 
 
 def read_text(path: Path) -> str:
@@ -531,13 +458,11 @@ def read_text(path: Path) -> str:
         return ""
 
 
-def served_block_count(server_url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(f"{server_url}/metrics", timeout=10) as response:  # noqa: S310 - our server
-            found = CACHE_CONFIG_INFO.search(response.read().decode(errors="replace"))
-    except OSError:
-        return None
-    return int(found.group(1)) if found else None
+def write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.new")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def weights_cached(hf_home: Path, model: str) -> bool:
@@ -559,10 +484,10 @@ class Supervisor:
         self.guest = state or state_writer(settings)
         self.latest = latest
         self.own_version = own_version
-        self.state = State(boot_hash=self._read_boot_hash())
+        # the config hash the startup script booted with: the first run continues that boot's timeline
+        self.state = State(boot_hash=read_text(settings.path(FACTS["BOOT_HASH_FILE"])).strip())
         self.seen = 0
-        # Run once each time the current config reaches `serving` (after a restart too); each must be idempotent
-        # and never fail the serving.
+        # Run each time the current config reaches `serving` (after a restart too): idempotent, never failing it.
         self.post_serving_hooks = [self.push_compile_cache, self.mark_cache_disk, self.prune_caches,
                                    self.install_ops_agent]
         self.ops_agent: threading.Thread | None = None
@@ -574,18 +499,20 @@ class Supervisor:
         self.kv_blocks: int | None = None  # the pinned KV block count this start runs with
         self.kv_learned: int | None = None  # what this boot's allocator chose, when nothing was pinned
 
-    def _read_boot_hash(self) -> str:
-        try:
-            return self.settings.path(BOOT_HASH_FILE).read_text().strip()
-        except OSError:
-            return ""
+    @property
+    def xla_dir(self) -> Path:
+        return self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}")
 
-    # reporting: every change goes into the one state attribute (vm/guest_state.py sends it within the budget,
-    # coalescing changes that come faster); the journal has each reason as it was given
+    @staticmethod
+    def cache_key(config: ServedConfig) -> str:
+        local = config.pinned_digest or image_digest(config.image)  # no docker call for a pinned image
+        return compile_cache.xla_cache_key(config.image, config.machine_type, local)
+
+    # reporting: every change goes into the one state attribute; the journal has each reason as it was given
     def report(self, key: str, value: str) -> None:
         self.change({key: value})
 
-    def change(self, fields: dict[str, str], new_timeline: bool = False) -> None:
+    def change(self, fields: dict[str, str | None], new_timeline: bool = False) -> None:
         if fields.get("reason"):
             log(f"reason: {fields['reason']}")
         self.guest.update(fields, new_timeline)
@@ -674,15 +601,27 @@ class Supervisor:
                 if self.superseded(config):
                     raise Superseded()
 
+    def retry(self, config: ServedConfig, what: str,
+              once: Callable[[], subprocess.CompletedProcess]) -> subprocess.CompletedProcess | None:
+        """Run `once` until it exits 0, ATTEMPTS times at most with doubling pauses: None, or the last failure."""
+        delay = self.settings.retry_delay_s
+        for attempt in range(1, ATTEMPTS + 1):
+            done = once()
+            if done.returncode == 0:
+                return None
+            if attempt < ATTEMPTS:
+                log(f"attempt {attempt}/{ATTEMPTS} of {what} failed; retrying in {delay:g}s")
+                self.pause(config, delay)
+                delay *= 2
+        return done
+
     # actions
     def begin(self, config: ServedConfig) -> None:
-        """Announce a run of `config`. The stage goes first: the gate reads `config-hash` only with a stage that
-        belongs to it, so a `serving` or `failed` left by the previous config cannot end its wait."""
+        """Announce a run of `config`: stage and hash in one change (an old stage never shows with the new hash)."""
         self.state = replace(self.state, applied_hash=config.config_hash, phase="", restarts=0, invalid="")
         self.current = config
         new_timeline = config.config_hash != self.state.boot_hash  # a reconfiguration, not this boot's first run
         now = str(int(time.time()))
-        # One change: the new hash never shows beside the old config's stage.
         self.change({**({"since": now} if new_timeline else {}), "stage": "pulling-image", "at-pulling-image": now,
                      "config-hash": config.config_hash, "reason": "", "image": "", "weights": "", "compile-cache": "",
                      "restarts": "0", "warning": None, "engines": None}, new_timeline=new_timeline)
@@ -692,7 +631,7 @@ class Supervisor:
     # the cache disk
     def disk_problem(self) -> str:
         """Grow the cache disk's filesystem if the disk grew; why it can no longer be served from, or ''."""
-        device = cache_disk.mounted_device(self.settings.path(RUN_DIR))
+        device = cache_disk.mounted_device(self.settings.path(FACTS["CACHE_DEVICE_FILE"]))
         if not device:
             return ""  # no cache disk this boot: the caches are on the boot disk
         problem = cache_disk.lost(device, self.settings.path(CACHE_ROOT))
@@ -710,14 +649,13 @@ class Supervisor:
         return ""
 
     def stop_for_lost_disk(self, problem: str) -> str:
-        """Stop serving from a cache disk that went away (Docker's data root and the caches are on it); never unmount
-        or detach anything. The reason to report."""
+        """Stop serving from a cache disk that went away; never unmount or detach. The reason to report."""
         self.state.disk_lost = problem
         log(f"{problem}: stopping the server")
         try:
             names = managed_containers()
         except DockerUnavailable:
-            names = [engine.name for engine in self.current.engines] if self.current else [CONTAINER]
+            names = [engine.name for engine in self.current.engines] if self.current else []
         for name in names:
             docker("stop", "--time", "30", name, timeout_s=60)
             docker("rm", "-f", name, timeout_s=60)
@@ -741,23 +679,20 @@ class Supervisor:
         if problem:  # reported as this config's failure: the gate waiting for it ends with the reason
             raise Failed(self.stop_for_lost_disk(problem))
         image = self.pull(config)
-        digest = config.pinned_digest or image_digest(config.image)
-        self.xla_key = cache_key(digest, config.machine_type)
-        xla_dir = self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}")
-        xla_dir.mkdir(parents=True, exist_ok=True)
-        restored = self.restore_compile_cache(config, xla_dir)
-        self.compile_before = compile_cache.entries(xla_dir)
-        self.compile_restored = restored
+        self.xla_key = self.cache_key(config)
+        self.xla_dir.mkdir(parents=True, exist_ok=True)
+        self.compile_restored = self.restore_compile_cache(config)
+        self.compile_before = compile_cache.entries(self.xla_dir)
         self.kv_learned = None
         self.kv_blocks = None if sets_block_count(config.engines[0].docker_run_args) else compile_cache.read_pin(
-            xla_dir, config.config_hash)
+            self.xla_dir, config.config_hash)
         if self.kv_blocks:
             log(f"KV blocks pinned at {self.kv_blocks} (the count this config's first boot allocated)")
         hf_home = self.settings.path(f"{CACHE_ROOT}/huggingface")
         hf_home.mkdir(parents=True, exist_ok=True)
         weights = "cached" if weights_cached(hf_home, config.model) else "downloaded"
         self.stage("fetching-token")
-        token = self.fetch_token(config)
+        token = self.read_secret(config.hf_token_secret)
         secrets = self.fetch_secret_env(config)
         self.stage("starting-server")
         try:
@@ -768,7 +703,7 @@ class Supervisor:
             # The pinned count no longer fits (the HBM left after the weights shrank): learn it again.
             self.report("reason", f"the pinned {self.kv_blocks} KV blocks did not fit; starting once more without "
                                   "the pin")
-            compile_cache.drop_pin(xla_dir, config.config_hash)
+            compile_cache.drop_pin(self.xla_dir, config.config_hash)
             self.kv_blocks = None
             self.start_engines(config, token, secrets)
         token, secrets = "", {}
@@ -778,8 +713,7 @@ class Supervisor:
         self.serving(config)
 
     def start_engines(self, config: ServedConfig, token: str, secrets: dict[str, str]) -> None:
-        """Remove every container a config of this VM left, start the front (or stop it for a lone engine), then
-        the first engine, and once it serves (its compile cache written) the others together, each on its chips."""
+        """Remove what a config of this VM left, start the front, the first engine, then (it compiled) the others."""
         # the config's own names too: a container of such a name that is not ours would refuse the run
         names = dict.fromkeys([*managed_containers(), *(engine.name for engine in config.engines)])
         self.remove(config, list(names), besides=())
@@ -797,56 +731,48 @@ class Supervisor:
             return "cached"
         if not before:
             self.check_space_for_pull(config)
-        started, delay = time.monotonic(), self.settings.retry_delay_s
-        for attempt in range(1, PULL_ATTEMPTS + 1):
-            if docker("pull", "--quiet", config.image, timeout_s=3600).returncode == 0:
-                break
-            if attempt == PULL_ATTEMPTS:
-                raise Failed(f"could not pull {config.image} after {PULL_ATTEMPTS} attempts")
-            log(f"attempt {attempt}/{PULL_ATTEMPTS} of docker pull {config.image} failed; retrying in {delay:g}s")
-            self.pause(config, delay)
-            delay *= 2
+        started = time.monotonic()
+        if self.retry(config, f"docker pull {config.image}",
+                      lambda: docker("pull", "--quiet", config.image, timeout_s=3600)):
+            raise Failed(f"could not pull {config.image} after {ATTEMPTS} attempts")
         after = image_digest(config.image)
         return "cached" if before and before == after else f"pulled in {time.monotonic() - started:.0f} s"
 
     def check_space_for_pull(self, config: ServedConfig) -> None:
-        """Fail with the numbers before a pull that cannot fit (a 20-26 GB image), not with ENOSPC halfway through
-        it: first drop the images no container uses, then measure again."""
+        """Fail with the numbers before a pull that cannot fit, not with ENOSPC halfway (after a prune)."""
         free = free_gb(self.settings.path(CACHE_ROOT))
-        if free is None or free >= config.image_pull_free_gb:
+        if free is None or free >= PULL_FREE_GB:
             return
         pruned = prune_images()
-        log(f"{free} GB free for a pull that needs {config.image_pull_free_gb} GB; pruned unused images "
+        log(f"{free} GB free for a pull that needs {PULL_FREE_GB} GB; pruned unused images "
             f"({pruned or 'there were none'})")
         free = free_gb(self.settings.path(CACHE_ROOT)) or free
-        if free < config.image_pull_free_gb:
+        if free < PULL_FREE_GB:
             raise Failed(f"not enough space to pull {config.image}: {free} GB free under {CACHE_ROOT} (Docker's data "
-                         f"root), {config.image_pull_free_gb} GB needed; grow cacheDiskSizeGb (the filesystem grows "
+                         f"root), {PULL_FREE_GB} GB needed; grow cacheDiskSizeGb (the filesystem grows "
                          "online) or start the disk afresh with `tpuserve cache rm`")
 
     def prune_caches(self, config: ServedConfig) -> None:
-        """Post-serving: drop what no config on this VM uses any more: images of no container (`docker image prune
-        -a`: the serving container keeps its own) and the compile caches of other images or machine types
-        (xla/<key>; the bucket keeps its copy, restored if that image comes back)."""
+        """Post-serving: drop unused images, and the compile caches of other images or machine types."""
         reclaimed = prune_images()
         xla_root = self.settings.path(f"{CACHE_ROOT}/xla")
         stale = [d for d in xla_root.iterdir() if d.is_dir() and d.name != self.xla_key
-                 and CACHE_KEY.match(d.name)] if xla_root.is_dir() and self.xla_key else []
+                 and compile_cache.KEY_PATTERN.match(d.name)] if xla_root.is_dir() and self.xla_key else []
         for directory in stale:
             shutil.rmtree(directory, ignore_errors=True)
         if reclaimed or stale:
-            said = (f"unused images ({reclaimed or 'none'}), {len(stale)} compile-cache "
-                    f"director{'y' if len(stale) == 1 else 'ies'}")
-            log(f"pruned {said} of other images")
-            self.report("pruned", said)
+            pruned = (f"unused images ({reclaimed or 'none'}), {len(stale)} compile-cache "
+                      f"director{'y' if len(stale) == 1 else 'ies'}")
+            log(f"pruned {pruned} of other images")
+            self.report("pruned", pruned)
 
-    def restore_compile_cache(self, config: ServedConfig, xla_dir: Path) -> int:
+    def restore_compile_cache(self, config: ServedConfig) -> int:
         self.restore_error = ""
         if not config.compile_cache_bucket:
             return 0
         self.stage("restoring-compile-cache")
         try:
-            restored = compile_cache.restore(config.compile_cache_bucket, self.xla_key, xla_dir, self.access_token,
+            restored = compile_cache.restore(config.compile_cache_bucket, self.xla_key, self.xla_dir, self.access_token,
                                              self.settings.storage_url)
             log(f"restored {restored} compile-cache entries from gs://{config.compile_cache_bucket}")
             return restored
@@ -861,12 +787,10 @@ class Supervisor:
             raise compile_cache.CacheError(f"the metadata server gave no access token (HTTP {status})")
         return bearer
 
-    def fetch_token(self, config: ServedConfig) -> str:
-        return self.read_secret(config.hf_token_secret)
-
     def read_secret(self, secret: str, what: str = "") -> str:
         """A secret's latest version as the VM's account, waiting out a fresh grant; Failed names `what` it is."""
-        grant = (f"grant {SECRET_ROLE} on it to {self.metadata.email()} (a new grant takes 2-7 min to propagate)")
+        grant = (f"grant {FACTS['SECRET_ACCESSOR_ROLE']} on it to {self.metadata.email()} (a new grant takes 2-7 min "
+                 "to propagate)")
         try:
             return hf_token.read_secret(
                 secret, self.settings.metadata_url, self.settings.secret_manager_url,
@@ -883,22 +807,17 @@ class Supervisor:
         return values
 
     def docker_run_args(self, config: ServedConfig, engine: Engine) -> list[str]:
-        args = [arg.replace(XLA_CACHE_KEY_PLACEHOLDER, self.xla_key) for arg in engine.docker_run_args]
+        args = [arg.replace(FACTS["XLA_CACHE_KEY_PLACEHOLDER"], self.xla_key) for arg in engine.docker_run_args]
         # Appended to `vllm serve`'s arguments (they end the argv): the served config and its hash stay the user's.
-        return args + (["--num-gpu-blocks-override", str(self.kv_blocks)] if self.kv_blocks else [])
+        return args + ([BLOCK_OVERRIDE, str(self.kv_blocks)] if self.kv_blocks else [])
 
     def remove(self, config: ServedConfig, names: list[str], besides: tuple[str, ...]) -> None:
-        """`docker rm -f` each of `names`, then wait (bounded) until they are gone and no process holds a TPU device
-        except those of the containers `besides` names (engines serving on other chips), so the next container can
-        open it (tpu-inference #926). At the bound, go on: a busy device is retried."""
+        """`docker rm -f` `names`, then wait (bounded) until they and their hold on the TPU are gone (but `besides`)."""
         for name in names:
             docker("rm", "-f", name, timeout_s=120)
         deadline = time.monotonic() + self.settings.release_wait_s
         while True:
-            try:
-                left = [name for name in names if inspect_container(name) is not None]
-            except DockerUnavailable:
-                left = names
+            left = [name for name in names if inspect_or(name, UP) is not None]
             holders = [] if left else vfio_holders(self.settings.path("/proc"), besides)
             if not left and not holders:
                 return
@@ -911,16 +830,8 @@ class Supervisor:
 
     def others_serving(self, config: ServedConfig, engines: list[Engine]) -> tuple[str, ...]:
         """The ids of the config's other engines that run: their processes hold their own chips."""
-        others = []
-        for engine in config.engines:
-            if engine not in engines:
-                try:
-                    found = inspect_container(engine.name)
-                except DockerUnavailable:
-                    found = None
-                if found and found.running and found.id:
-                    others.append(found.id)
-        return tuple(others)
+        found = [inspect_or(engine.name, None) for engine in config.engines if engine not in engines]
+        return tuple(container.id for container in found if container and container.running and container.id)
 
     def run_engine(self, config: ServedConfig, engine: Engine, token: str, secrets: dict[str, str]) -> None:
         if inspect_container(engine.name) is not None:  # a start retried after a busy TPU left it exited
@@ -932,9 +843,7 @@ class Supervisor:
             raise Failed(f"docker run of {config.image} failed: {' '.join(done.stderr.split())[-600:]}")
 
     def start_and_wait(self, config: ServedConfig, engines: list[Engine], start: Callable[[Engine], None]) -> None:
-        """Start `engines` and wait until each serves; a start that failed because the TPU was still held by the
-        previous container (tpu-inference #926) is retried once the device is free, up to VFIO_BUSY_ATTEMPTS
-        times, instead of failing the config."""
+        """Start `engines`, wait until each serves; a start the previous container's TPU hold failed is retried."""
         for engine in engines:
             start(engine)
         self.stage("loading-model")
@@ -959,26 +868,15 @@ class Supervisor:
         if len(config.engines) == 1:
             return
         up = sum(healthy(engine.url) for engine in config.engines)
-        said = f"{up} of {len(config.engines)} serving" + (f"; {note}" if note else "")
-        log(f"engines: {said}")
-        self.report("engines", said)
+        engines = f"{up} of {len(config.engines)} serving" + (f"; {note}" if note else "")
+        log(f"engines: {engines}")
+        self.report("engines", engines)
 
     def wait_until_serving(self, config: ServedConfig, engine: Engine) -> None:
         """/health, then the model listed and a real completion (readycheck's rules), then the warm-up."""
         deadline = time.monotonic() + config.ready_timeout_s
-        root = engine.url
-        while True:
-            try:
-                with urllib.request.urlopen(f"{root}/health", timeout=5) as response:  # noqa: S310
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            try:
-                container = inspect_container(engine.name)
-            except DockerUnavailable as err:  # the daemon is slow to answer: the container is not known to be gone
-                log(f"warning: {err}")
-                container = Container(config.config_hash, True)
+        while not healthy(engine.url):
+            container = inspect_or(engine.name, UP)
             if container is None or not container.running:
                 raise Failed(f"container {engine.name} exited: {container_logs(engine.name)}")
             if time.monotonic() >= deadline:
@@ -986,7 +884,7 @@ class Supervisor:
                              f"within {config.ready_timeout_s:g}s")
             self.pause(config, self.settings.poll_s)
         log(f"{engine.name}: /health is 200")
-        ready, detail = readycheck.check(root, config.model, timeout_s=300, api_key=self.api_key)
+        ready, detail = readycheck.check(engine.url, config.model, timeout_s=300, api_key=self.api_key)
         if not ready:
             raise Failed(f"the server is up but not serving: {detail}" if len(config.engines) == 1 else
                          f"engine {engine.name} is up but not serving: {detail}")
@@ -1007,13 +905,10 @@ class Supervisor:
             self.pause(config, self.settings.poll_s)
 
     def check_refusals(self, config: ServedConfig) -> None:
-        """One request of each modality the config does not serve, to the first engine (every engine runs the same
-        argv). A 4xx is what vLLM answers; anything else that leaves the engine serving is a warning in the state
-        (`warning`), and an engine that stops serving after it fails the boot (vm/readycheck.py refusals)."""
+        """One request per modality not served: 4xx expected, another answer a `warning`, an engine down fails."""
         if not config.refusal_parts:
             return
-        engine = config.engines[0]
-        result = readycheck.refusals(engine.url, config.model, config.refusal_parts, timeout_s=60,
+        result = readycheck.refusals(config.engines[0].url, config.model, config.refusal_parts, timeout_s=60,
                                      api_key=self.api_key)
         if not result.serving:
             raise Failed(f"disabled-modality check: {result.detail}")
@@ -1024,26 +919,24 @@ class Supervisor:
             self.report("warning", warning)
 
     def warm_up(self, config: ServedConfig, engine: Engine) -> None:
-        body = json.dumps({"model": config.model, "max_tokens": 8, "messages": [{"role": "user", "content": [
+        body = {"model": config.model, "max_tokens": 8, "messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": config.warmup_image}},
-            {"type": "text", "text": "What color is this?"}]}]}).encode()
+            {"type": "text", "text": "What color is this?"}]}]}
         for attempt in (1, 2):  # the first multimodal request after boot can answer 422; one retry should pass
-            request = urllib.request.Request(f"{engine.url}/v1/chat/completions", data=body,
-                                             headers={"Content-Type": "application/json",
-                                                      **readycheck.auth_header(self.api_key)})
             try:
-                with urllib.request.urlopen(request, timeout=300):  # noqa: S310
-                    log(f"{engine.name}: multimodal warm-up answered")
-                    return
+                answer = f"HTTP {readycheck.request(f'{engine.url}/v1/chat/completions', 300, body, self.api_key)[0]}"
             except OSError as err:
-                log(f"{engine.name}: multimodal warm-up attempt {attempt} failed ({err})")
+                answer = str(err)
+            if answer == "HTTP 200":
+                log(f"{engine.name}: multimodal warm-up answered")
+                return
+            log(f"{engine.name}: multimodal warm-up attempt {attempt} failed ({answer})")
         raise Failed("the multimodal warm-up request failed twice" if len(config.engines) == 1 else
                      f"the multimodal warm-up request to {engine.name} failed twice")
 
     def serving(self, config: ServedConfig) -> None:
-        xla_dir = self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}")
-        self.compile_after = compile_cache.entries(xla_dir)
-        self.learn_block_count(config, xla_dir)
+        self.compile_after = compile_cache.entries(self.xla_dir)
+        self.learn_block_count(config)
         self.report_compile_cache()
         self.state.phase, self.state.serving_since = "serving", time.monotonic()
         self.stage("serving", config_hash=config.config_hash)
@@ -1051,18 +944,17 @@ class Supervisor:
             try:
                 hook(config)
             except Exception as err:  # noqa: BLE001 - a hook never ends the serving
-                log(f"warning: post-serving hook {getattr(hook, '__name__', hook)} failed: {err}")
+                log(f"warning: post-serving {getattr(hook, '__name__', hook)} failed ({err})")
 
-    def learn_block_count(self, config: ServedConfig, xla_dir: Path) -> None:
-        """First boot of a config (nothing pinned): store the KV block count vLLM allocated (its /metrics
-        cache_config_info), so the next boots pin it and compile the same programs."""
+    def learn_block_count(self, config: ServedConfig) -> None:
+        """First boot of a config: store the KV block count vLLM allocated, which the next boots pin."""
         if self.kv_blocks or sets_block_count(config.engines[0].docker_run_args) or not self.xla_key:
             return
         blocks = served_block_count(config.engines[0].url)  # every engine has the same chips: the same count
         if blocks is None:
             log("warning: /metrics did not say the KV block count; the next boot is not pinned either")
             return
-        compile_cache.write_pin(xla_dir, config.config_hash, blocks, "vllm:cache_config_info num_gpu_blocks of the "
+        compile_cache.write_pin(self.xla_dir, config.config_hash, blocks, "vllm:cache_config_info num_gpu_blocks of the "
                                 "config's first boot")
         self.kv_learned = blocks
         log(f"KV block count {blocks} stored: the next boots of this config pin it")
@@ -1075,51 +967,41 @@ class Supervisor:
         self.report("compile-cache", text)
 
     def push_compile_cache(self, config: ServedConfig) -> None:
-        """Post-serving: copy new compile-cache entries to the bucket (only now: a run that failed may have left
-        half-written entries, which tpu-inference's CI does not push either)."""
+        """Post-serving (never after a failed run: half-written entries): copy new entries to the bucket."""
         if not config.compile_cache_bucket or not self.xla_key:
             return
-        xla_dir = self.settings.path(f"{CACHE_ROOT}/xla/{self.xla_key}")
-        try:
-            pushed = compile_cache.push(config.compile_cache_bucket, self.xla_key, xla_dir, self.access_token,
-                                        self.settings.storage_url)
-            log(f"pushed {pushed} compile-cache entries to gs://{config.compile_cache_bucket}")
-        except (compile_cache.CacheError, OSError, ValueError) as err:
-            log(f"warning: could not push the compile cache ({err})")
+        pushed = compile_cache.push(config.compile_cache_bucket, self.xla_key, self.xla_dir, self.access_token,
+                                    self.settings.storage_url)
+        log(f"pushed {pushed} compile-cache entries to gs://{config.compile_cache_bucket}")
 
     def mark_cache_disk(self, config: ServedConfig) -> None:
-        """Post-serving: say in the bucket that the cache disk now holds a served config's caches (`disks/<zone>/
-        <name>`), so `tpuserve inventory` keeps it as warm and a capacity sweep tries its zone first; a disk whose VM
-        never served stays unmarked, and is an orphan once no VM holds it. Only when this boot mounted the disk:
-        on the boot disk, the caches die with the VM."""
+        """Post-serving, when this boot mounted the cache disk: mark it warm in the bucket (`tpuserve inventory`)."""
         if not config.cache_disk or not config.compile_cache_bucket:
             return
-        if not cache_disk.mounted_device(self.settings.path(RUN_DIR)):
+        if not cache_disk.mounted_device(self.settings.path(FACTS["CACHE_DEVICE_FILE"])):
             return
-        try:
-            compile_cache.mark_disk(config.compile_cache_bucket, config.cache_disk, {
-                "config_hash": config.config_hash, "xla_key": self.xla_key, "entries": self.compile_after,
-                "served_at": int(time.time())}, self.access_token, self.settings.storage_url)
-            log(f"marked cache disk {config.cache_disk} warm in gs://{config.compile_cache_bucket}")
-        except (compile_cache.CacheError, OSError, ValueError) as err:
-            log(f"warning: could not mark the cache disk warm ({err})")
+        compile_cache.mark_disk(config.compile_cache_bucket, config.cache_disk, {
+            "config_hash": config.config_hash, "xla_key": self.xla_key, "entries": self.compile_after,
+            "served_at": int(time.time())}, self.access_token, self.settings.storage_url)
+        log(f"marked cache disk {config.cache_disk} warm in gs://{config.compile_cache_bucket}")
 
     def install_ops_agent(self, config: ServedConfig) -> None:
-        """Post-serving, once per supervisor process (the installer itself skips a current agent): install and
-        configure the Ops Agent in the background, so a slow apt never delays watching the container."""
+        """Post-serving, once per process, in the background (the installer skips a current agent)."""
         if self.ops_agent is None:
             self.ops_agent = threading.Thread(target=self.run_ops_agent_installer, daemon=True, name="ops-agent")
             self.ops_agent.start()
 
     def run_ops_agent_installer(self) -> None:
         directory = self.settings.path(INSTALL_DIR)
-        installer, agent_config = directory / OPS_AGENT_INSTALLER, directory / OPS_AGENT_CONFIG
-        env = {**os.environ, "OPS_AGENT_REPO_SCRIPT_URL": self.settings.ops_agent_repo_script_url,
-               "OPS_AGENT_CONFIG_PATH": str(self.settings.path(self.settings.ops_agent_config_path)),
-               # whole seconds: the installer doubles its delay with shell arithmetic
-               "OPS_AGENT_RETRY_DELAY_S": str(int(self.settings.retry_delay_s))}
+        # whole seconds: the installer doubles its delay with shell arithmetic
+        env = {**os.environ, "OPS_AGENT_RETRY_DELAY_S": str(int(self.settings.retry_delay_s))}
+        if self.settings.ops_agent_repo_script_url:
+            env["OPS_AGENT_REPO_SCRIPT_URL"] = self.settings.ops_agent_repo_script_url
+        if self.settings.ops_agent_config_path:
+            env["OPS_AGENT_CONFIG_PATH"] = str(self.settings.path(self.settings.ops_agent_config_path))
         try:
-            done = subprocess.run(["bash", str(installer), agent_config.read_text()], env=env,
+            agent_config = (directory / FACTS["OPS_AGENT_CONFIG_FILE"]).read_text()
+            done = subprocess.run(["bash", str(directory / OPS_AGENT_INSTALLER), agent_config], env=env,
                                   stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                   timeout=OPS_AGENT_TIMEOUT_S, check=False)
             for line in (done.stdout + done.stderr).splitlines():
@@ -1138,8 +1020,7 @@ class Supervisor:
             f"{config.config_hash}; keeping it")
         self.state = replace(self.state, applied_hash=config.config_hash, phase="", invalid="")
         self.current = config
-        self.xla_key = self.xla_key or cache_key(config.pinned_digest or image_digest(config.image),
-                                                 config.machine_type)
+        self.xla_key = self.xla_key or self.cache_key(config)
         if config.secret_env:
             self.fetch_secret_env(config)  # the running server's key, for the readiness checks
         loading = [engine for engine in config.engines
@@ -1158,23 +1039,16 @@ class Supervisor:
         # at-serving: the rerun's timeline ends where this run began serving
         self.change({"config-hash": config.config_hash, "at-serving": str(int(time.time())), "stage": "serving"})
         log("stage serving (adopted)")
-        self.install_ops_agent(config)  # a new bundle may carry a new agent configuration (the installer skips a current one)
+        self.install_ops_agent(config)  # a new bundle may carry a new agent configuration
 
     def exited(self, config: ServedConfig) -> list[tuple[Engine, str]]:
         """The config's engines whose container does not run, each with its exit code."""
-        found = []
-        for engine in config.engines:
-            try:
-                container = inspect_container(engine.name)
-            except DockerUnavailable:
-                continue  # not known to be down
-            if container is None or not container.running:
-                found.append((engine, str((container or Container("", False)).exit_code)))
-        return found
+        found = [(engine, inspect_or(engine.name, UP)) for engine in config.engines]
+        return [(engine, str(container.exit_code if container else 0)) for engine, container in found
+                if not (container and container.running)]
 
     def restart(self, config: ServedConfig) -> None:
-        """Engines exited after serving: start them again (same argv, mounts and token) after a backoff; the others
-        go on serving through the front."""
+        """Engines exited after serving: start them again after a backoff; the others serve on through the front."""
         self.state.restarts += 1
         attempt = self.state.restarts
         delay = min(self.settings.restart_delay_s * 2 ** (attempt - 1), self.settings.max_backoff_s)
@@ -1204,8 +1078,7 @@ class Supervisor:
         self.serving(config)
 
     def wait_for_tpu(self, config: ServedConfig, engines: list[Engine]) -> None:
-        """Before starting `engines` again: the engine processes they left may still hold the TPU (the config's other
-        engines, serving on their own chips, do not count)."""
+        """Before starting `engines` again: wait until no process they left holds the TPU."""
         deadline = time.monotonic() + self.settings.release_wait_s
         besides = self.others_serving(config, engines)
         while holders := vfio_holders(self.settings.path("/proc"), besides):
@@ -1224,59 +1097,45 @@ class Supervisor:
 
     # the front of more than one engine
     def start_front(self, config: ServedConfig) -> None:
-        """HAProxy on the stack's port with the config's front (installed from Debian's archive when missing), or,
-        for a lone engine that takes the port itself, stopped when it is installed."""
+        """HAProxy with the config's front (installed when missing), or stopped for a lone engine."""
         if not config.front:
             if self.settings.path(HAPROXY).exists():
                 systemctl("stop", FRONT_UNIT)
             return
         self.install_front(config)
-        path = self.settings.path(FRONT_CONFIG)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.new")
-        partial.write_text(config.front)
-        os.replace(partial, path)
+        write_atomic(self.settings.path(FRONT_CONFIG), config.front)
         done = systemctl("restart", FRONT_UNIT)
         if done.returncode != 0:
-            raise Failed(f"the front did not start (systemctl restart {FRONT_UNIT}: "
-                         f"{' '.join((done.stdout + done.stderr).split())[-600:]})")
+            raise Failed(f"the front did not start (systemctl restart {FRONT_UNIT}: {said(done)})")
         log(f"front: HAProxy restarted with {FRONT_CONFIG}")
 
     def sync_front(self, config: ServedConfig) -> None:
-        """A front config that changed without the served hash (a new tpu-serve release's HAProxy settings): written
-        and reloaded in place (the Debian unit's reload checks it first and keeps open connections), engines left
-        alone."""
+        """A front config changed without the served hash: written and reloaded in place, engines untouched."""
         path = self.settings.path(FRONT_CONFIG)
         if not config.front or read_text(path) == config.front:
             return
-        partial = path.with_name(f".{path.name}.new")
-        partial.write_text(config.front)
-        os.replace(partial, path)
+        write_atomic(path, config.front)
         done = systemctl("reload", FRONT_UNIT)
         log("front: HAProxy reloaded with a new config" if done.returncode == 0 else
-            f"warning: systemctl reload {FRONT_UNIT} failed: {' '.join((done.stdout + done.stderr).split())[-300:]}")
+            f"warning: systemctl reload {FRONT_UNIT} failed: {said(done, 300)}")
 
     def install_front(self, config: ServedConfig) -> None:
         if self.settings.path(HAPROXY).exists():
             return
-        lock = f"DPkg::Lock::Timeout={APT_LOCK_TIMEOUT_S}"
-        delay = self.settings.retry_delay_s
-        for attempt in range(1, PULL_ATTEMPTS + 1):
+        lock = f"DPkg::Lock::Timeout={FACTS['APT_LOCK_TIMEOUT_S']}"
+
+        def install() -> subprocess.CompletedProcess:
             apt("update", "-q", "-o", lock)
-            done = apt("install", "-y", "-q", "-o", lock, "haproxy")
-            if done.returncode == 0:
-                log("front: installed haproxy")
-                return
-            if attempt == PULL_ATTEMPTS:
-                raise Failed(f"could not install haproxy, the front of {len(config.engines)} engines, after "
-                             f"{PULL_ATTEMPTS} attempts: {' '.join(done.stderr.split())[-400:]}")
-            log(f"attempt {attempt}/{PULL_ATTEMPTS} of apt-get install haproxy failed; retrying in {delay:g}s")
-            self.pause(config, delay)
-            delay *= 2
+            return apt("install", "-y", "-q", "-o", lock, "haproxy")
+
+        failed = self.retry(config, "apt-get install haproxy", install)
+        if failed:
+            raise Failed(f"could not install haproxy, the front of {len(config.engines)} engines, after {ATTEMPTS} "
+                         f"attempts: {' '.join(failed.stderr.split())[-400:]}")
+        log("front: installed haproxy")
 
     def update_self(self, bundle_text: str) -> None:
-        """Install the supervisor code the metadata now holds and re-execute it; the container keeps running and
-        the new supervisor adopts it."""
+        """Install the code the metadata now holds and re-execute; the new supervisor adopts the containers."""
         version = bundle_version_of(bundle_text)
         install_bundle(json.loads(bundle_text), self.settings.path(INSTALL_DIR))
         log(f"installed supervisor {version} (was {self.own_version}); re-executing")
@@ -1286,44 +1145,24 @@ class Supervisor:
 
 def install_bundle(bundle: dict[str, Any], directory: Path) -> None:
     """Write each file of a supervisor bundle ({"version", "files": {name: text}}) atomically into `directory`."""
-    directory.mkdir(parents=True, exist_ok=True)
     for name, text in bundle["files"].items():
         if "/" in name or name.startswith("."):
             raise ValueError(f"bad file name in the supervisor bundle: {name!r}")
-        partial = directory / f".{name}.new"
-        partial.write_text(text)
-        os.replace(partial, directory / name)
-    (directory / "VERSION").write_text(str(bundle["version"]) + "\n")
-
-
-def own_version(directory: Path) -> str:
-    try:
-        return (directory / "VERSION").read_text().strip()
-    except OSError:
-        return ""
+        write_atomic(directory / name, text)
+    write_atomic(directory / "VERSION", str(bundle["version"]) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Serve the tpu-serve-config metadata key with vLLM; keep it up.")
-    defaults = Settings()
-    parser.add_argument("--metadata-url", default=defaults.metadata_url)
-    parser.add_argument("--secret-manager-url", default=defaults.secret_manager_url)
-    parser.add_argument("--storage-url", default=defaults.storage_url)
-    parser.add_argument("--root", default=defaults.root, help="prefix of every host path (tests)")
-    parser.add_argument("--ops-agent-repo-script-url", default=defaults.ops_agent_repo_script_url)
-    parser.add_argument("--ops-agent-config-path", default=defaults.ops_agent_config_path)
-    for name in ("watch_timeout_s", "check_s", "poll_s", "retry_delay_s", "max_backoff_s", "restart_delay_s",
-                 "stable_s", "iam_wait_s", "iam_poll_s", "guest_write_interval_s", "guest_reassert_s",
-                 "release_wait_s", "docker_timeout_scale", "disk_check_s"):
-        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
-    args = parser.parse_args(argv)
-    settings = Settings(**{name: (int(value) if name == "watch_timeout_s" else value)
-                           for name, value in vars(args).items()})
+    for setting in fields(Settings):  # --metadata-url, --check-s, ...: the tests' seams
+        parser.add_argument("--" + setting.name.replace("_", "-"), default=setting.default,
+                            type={"float": float, "int": int}.get(str(setting.type), str))
+    settings = Settings(**vars(parser.parse_args(argv)))
     global TIMEOUT_SCALE
     TIMEOUT_SCALE = settings.docker_timeout_scale
     metadata = Metadata(settings.metadata_url)
     latest = Latest()
-    version = own_version(Path(__file__).resolve().parent)
+    version = read_text(Path(__file__).resolve().parent / "VERSION").strip()
     state = state_writer(settings).start()  # first sends what the startup script left unsent
     state.update({"supervisor": version})
     threading.Thread(target=watcher, args=(metadata, latest, settings), daemon=True, name="watch").start()
