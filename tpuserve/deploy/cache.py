@@ -1,9 +1,5 @@
-"""`tpuserve cache ls|rm`: a stack's cache disks (one per zone) and compile-cache bucket; which zones hold a warm disk.
-
-
-Both are found by the label `tpu-serve-cache=<stack>` (facts.CACHE_LABEL) in every zone; their lifecycle is in
-docs/boot-and-caches.md "Caches".
-"""
+"""`tpuserve cache ls|rm`: a stack's cache disks (one per zone) and compile-cache bucket, found by their
+`tpu-serve-cache=<stack>` label; their lifecycle: docs/boot-and-caches.md#caches."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
 """What a failed `pulumi up` of the TPU VM means for the capacity sweep, read from the error text alone.
-
-The GCP provider prints an operation's message (and its localized message), never the error code alone, so every rule
-matches the words Google and the provider use; tests/test_capacity.py holds one real error text per rule with its
-source. Rules are tried in order, first match wins:
-- the readiness gate failed: the VM was created but never served. A bad config fails the same way in every zone, so
-  this stops the sweep (and points to `tpuserve diagnose`); so do a locked stack, a policy violation, a program or
-  config error and missing credentials;
-- out of capacity in the zone: next zone, after the zones the message suggests ("Consider trying your request in the
-  X zone(s)");
-- a regional quota (preemptible or standard): skip the region's zones; a global quota stops;
-- the machine type is not offered in the zone: next zone;
-- API not enabled, permission denied, bad project, invalid argument: stop;
-- rate limits, internal errors, a create that timed out: next zone;
-- anything else stops: an unknown error is read by a person, not retried in every zone.
-"""
+The rules, tried in order (first match wins), and why: docs/design/capacity.md#the-classifier; one real error
+text per rule with its source in tests/test_capacity.py."""
 
 from __future__ import annotations
 

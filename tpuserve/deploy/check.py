@@ -1,10 +1,5 @@
-"""`tpuserve check --stack S`: Pulumi.<S>.yaml against the program's own rules, offline, without the Pulumi CLI.
-
-The file's `tpu-serve:` keys go through components/config.py `build_stack_config` as `pulumi up` would hand them
-over (strings; objects and lists as JSON text; a `secure:` value as an opaque secret), the way
-tests/pulumi_harness.py `stack_file_config` reads a stack file. The rules are this checkout's: the command runs in
-the Pulumi project (the directory with Pulumi.yaml, or one below it) and imports its components/ from there.
-"""
+"""`tpuserve check --stack S`: Pulumi.<S>.yaml against this checkout's components/config.py rules, offline, without
+the Pulumi CLI; keys are handed over as `pulumi up` would (strings, JSON text, a `secure:` value as a stand-in)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""`tpuserve images check`: does the container image a deploy would pull still resolve on its registry?
-
-The pinned default (facts.VLLM_TPU_IMAGE, printed with the public run it rests on), a stack's containerImage
-(`--stack`) or any image (`--image`), asked with tpuserve/registry.py `locate`. Exit 1 when the registry says the
-image is not there (a pull cannot succeed); a registry that cannot be reached or asked is a warning, exit 0.
-"""
+"""`tpuserve images check`: does the container image a deploy would pull still resolve on its registry? Exit 1
+when the registry says it is gone; a registry that cannot be asked is a warning, exit 0."""
 
 from __future__ import annotations
 

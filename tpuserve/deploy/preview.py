@@ -1,16 +1,5 @@
 """What the next `pulumi up` would do to the TPU VM, read from `pulumi preview --json` before anything happens.
-
-A flex-start VM is the scarcest thing a stack has: replacing it gives up the grant and its max-run clock, and the new
-request may find no capacity anywhere. `tpuserve up` therefore previews a stack that already has a VM and, when the
-VM (or its cache disk) would be replaced or deleted, says so and which settings cause it before it runs `pulumi up`.
-
-The digest is the real CLI's (pulumi/pulumi pkg/display/json.go `PreviewDigest`, printed by
-pkg/backend/display/json.go `ShowPreviewDigest`): `steps[]` of {op, urn, provider, oldState, newState, diffReasons,
-replaceReasons, detailedDiff: {path: {kind, inputDiff}}}, `changeSummary`, `diagnostics`. With
-`--show-replacement-steps` a replacement shows as its logical `replace` step plus `create-replacement` and
-`delete-replaced` in the order the engine runs them (pkg/backend/display/display.go `shouldShow`), which tells
-create-before-delete from delete-before-create.
-"""
+The digest's shape and why: docs/design/capacity.md#look-before-leaping."""
 
 from __future__ import annotations
 

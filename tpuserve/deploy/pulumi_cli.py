@@ -1,11 +1,5 @@
-"""The Pulumi engine as `tpuserve up` drives it: the `pulumi` CLI, one subprocess per command, in the project directory.
-
-Why the CLI and not the Automation API (`pulumi.automation`): the Automation API runs this same CLI underneath (it
-needs it installed and checks its version), so it adds a layer without removing one; `pulumi up`'s own output is what
-users already read, and it streams through unchanged (the readiness gate's stages included); the toolkit already
-reads stack outputs this way (deploy/stack.py); and a test replaces one executable on PATH. State, secrets, previews
-and policy packs stay Pulumi's: every call names the stack, and extra `pulumi up` flags pass through.
-"""
+"""The `pulumi` CLI as `tpuserve up` drives it: one subprocess per command, in the project directory; state, secrets
+and policy packs stay Pulumi's. Why not the Automation API: docs/design/why-the-cli.md."""
 
 from __future__ import annotations
 
@@ -21,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
+
 from tpuserve.flex_start import DRIVER_ENV
 
 NAMESPACE = "tpu-serve"  # Pulumi.yaml's `name`: stack config keys are `tpu-serve:<key>`
@@ -33,6 +29,30 @@ def missing_cli(stack: str) -> str:
     return ("the pulumi CLI is not on PATH: `export PATH=\"$(scripts/install-pulumi.sh):$PATH\"` installs the pinned "
             "version into .tools/pulumi/bin (scripts/up.sh does the same; or https://www.pulumi.com/docs/install/); "
             f"`tpuserve check --stack {stack}` checks the stack's file without it")
+
+
+def require_project(config: Mapping[str, Any], stack: str) -> str:
+    """The stack's `project`, or the usage error that says how to set it."""
+    project = str(config.get("project") or "")
+    if not project:
+        raise click.UsageError(f"project: not set in stack {stack}; pulumi config set project <gcp-project-id> "
+                               f"--stack {stack}")
+    return project
+
+
+def open_stack(stack: str, cwd: Path | None, echo: Callable[[str], None] = lambda line: None
+               ) -> tuple[PulumiCli, dict[str, Any]]:
+    """The stack's CLI and its config, or a ClickException saying why not."""
+    try:
+        pulumi = PulumiCli(stack, cwd, echo)
+        return pulumi, pulumi.config()
+    except PulumiError as err:
+        raise click.ClickException(str(err)) from err
+
+
+def echo_indented(line: str) -> None:
+    """Pulumi's own output, streamed on stderr under a deploy command's lines."""
+    click.echo(f"  │ {line}", err=True)
 
 
 class PulumiError(RuntimeError):

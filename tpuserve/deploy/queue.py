@@ -1,13 +1,6 @@
 """A flex-start VM waiting in Compute Engine's queue: instances.insert with `params.requestValidForDuration`, then
 the instance followed until it runs, or its wait (or ours) ends with nothing left behind.
-
-A queued VM is PENDING until Compute Engine has the chip and the quota, then PROVISIONING, STAGING, RUNNING; when the
-wait ends first, "you encounter an error and Compute Engine deletes the compute instance"
-(https://cloud.google.com/compute/docs/instances/instance-lifecycle). Neither that error's text nor the insert
-operation's status while PENDING is documented, so this follows the instance, reads the operation only to quote its
-error, and deletes a VM still PENDING once our own wait is over (a third-party watchdog does the same). Why queue
-here rather than through Pulumi: docs/getting-a-tpu.md.
-"""
+Why it follows the instance, not the operation: docs/design/capacity.md#the-queue."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""`--stack NAME`: find a deployment from its Pulumi stack outputs, and reach it for the length of one command.
-
-A gcp stack's VM has no external IP, so its endpoint is reached through an IAP tunnel that lives exactly as long
-as the `with endpoint_for(...)` block; a local stack's endpoint is already on 127.0.0.1.
-"""
+"""`--stack NAME`: find a deployment from its Pulumi stack outputs, and reach it for the length of one command
+(a gcp stack's VM through an IAP tunnel, a gke stack's Service through kubectl port-forward)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The capacity sweep: try a deployment in one zone after another until an attempt succeeds.
-
-The loop knows nothing about GCP or Pulumi (after SkyPilot's FailoverCloudErrorHandlerV2 and dstack's offer loop).
-An attempt is a callable that tries one zone and returns None on success, or a `Failure` saying how far it reaches:
-this zone, the zone's region, or everything (stop). The loop keeps the blocked zones and regions, moves the zones a
-failure suggests to the front, stops at the deadline, reports every attempt, and with `retry_until_up` repeats the
-pass after a growing gap (capacity comes and goes; a lasting failure such as a missing quota stays blocked).
-`tpuserve up` runs one sweep for its VM.
-"""
+"""The capacity sweep: try a deployment in one zone after another until an attempt succeeds, within a deadline.
+It knows nothing about GCP or Pulumi (docs/design/capacity.md#the-sweep)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""`tpuserve gke renew` and `gke status`: a gke stack's TPU nodes, by hand, through kubectl with the stack's
-credentials. The renewal itself is tpuserve/gke_renewer.py, which the stack's CronJob runs in the cluster every 15
-minutes (docs/design/gke-renewal.md); `gke renew --node NODE` renews one node now (instead of `kubectl drain`, which
-the PodDisruptionBudget blocks while the node serves)."""
+"""`tpuserve gke renew` and `gke status`: a gke stack's TPU nodes by hand, through kubectl with the stack's
+credentials; the renewal itself is tpuserve/gke_renewer.py, which the stack's CronJob runs (docs/design/gke-renewal.md)."""
 
 from __future__ import annotations
 
