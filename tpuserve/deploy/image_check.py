@@ -17,12 +17,9 @@ LABEL = {OK: "ok", ABSENT: "fail", UNKNOWN: "warning"}
 
 def stack_image(stack: str, cwd: Path) -> str:
     """The image a stack's next deploy pulls: its containerImage, else the pinned default."""
-    from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
+    from tpuserve.deploy.pulumi_cli import open_stack
 
-    try:
-        return str(PulumiCli(stack, cwd).config().get("containerImage") or VLLM_TPU_IMAGE)
-    except PulumiError as err:
-        raise click.ClickException(str(err)) from err
+    return str(open_stack(stack, cwd)[1].get("containerImage") or VLLM_TPU_IMAGE)
 
 
 def evidence_line() -> str:

@@ -72,9 +72,8 @@ class Run:
 
 
 class PulumiCli:
-    """The `pulumi` CLI for one stack. Each call starts the CLI (≈ 1 s with a cloud backend), so the stack's outputs
-    are read once, until this process runs an update, destroy or refresh. Config an update needs goes with the update
-    (`up --config`) rather than in a call of its own."""
+    """The `pulumi` CLI for one stack; each call starts it (≈ 1 s with a cloud backend), so outputs are read once
+    until an update, destroy or refresh, and an update's config goes with it (`up --config`)."""
 
     def __init__(self, stack: str, cwd: Path | None = None, echo: Callable[[str], None] = lambda line: None):
         executable = shutil.which("pulumi")
@@ -139,33 +138,24 @@ class PulumiCli:
         """`pulumi stack export`: the state, whose resources carry their provider ids."""
         return dict(json.loads(self._run("stack", "export") or "{}"))
 
-    def destroy(self, timeout_s: float) -> Run:
-        return self.stream(["destroy", "--yes", "--skip-preview"], timeout_s)
-
     def refresh(self, timeout_s: float) -> Run:
         """Read every resource back from GCP and drop pending creates (a VM they made is the orphan sweep's)."""
         return self.stream(["refresh", "--yes", "--skip-preview", "--clear-pending-creates"], timeout_s)
 
     def up(self, extra: Sequence[str], timeout_s: float, config: Mapping[str, str] | None = None,
            env: Mapping[str, str] | None = None) -> Run:
-        """`pulumi up`; `config` (key -> plaintext value) is saved in the stack's config first, as `pulumi config set`
-        would, by the same command (`--config key=value`: "Config to use during the update and save to the stack
-        config file", pulumi/pulumi pkg/cmd/pulumi/operations/up.go; it is saved before the update starts,
-        parseAndSaveConfigArray), so into the file the update reads even with `--config-file` among `extra`. `env`
-        reaches this one run's program only (never saved)."""
-        settings = [arg for key, value in (config or {}).items() for arg in ("--config", f"{key}={value}")]
-        return self.stream(["up", "--yes", "--skip-preview", "--refresh", *settings, *extra], timeout_s, env)
+        """`pulumi up`; `config` is saved in the stack's config before the update starts, `env` reaches this one run's
+        program only (docs/design/capacity.md#the-sweep)."""
+        return self.stream(["up", "--yes", "--skip-preview", "--refresh", *config_args(config), *extra], timeout_s, env)
 
     def preview(self, extra: Sequence[str], timeout_s: float, config: Mapping[str, str] | None = None) -> Run:
-        """`pulumi preview --json --show-replacement-steps`: the engine's plan as one JSON digest on stdout (its
-        `output`; stderr is echoed, not kept), with the create-replacement/delete-replaced steps that tell the order
-        of a replacement. `config` is saved first, as `up --config` does (the preview command takes the same flag)."""
+        """`pulumi preview --json --show-replacement-steps`: the engine's plan as one JSON digest, its `output` (stderr
+        is echoed, not kept); `config` is saved first, as `up` saves it."""
         self._forget()
-        settings = [arg for key, value in (config or {}).items() for arg in ("--config", f"{key}={value}")]
         started = time.monotonic()
         try:
             result = subprocess.run(self._argv("preview", "--json", "--show-replacement-steps", "--refresh",
-                                               *settings, *extra),
+                                               *config_args(config), *extra),
                                     cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL, capture_output=True,
                                     text=True, timeout=max(timeout_s, 1.0), check=False)
         except subprocess.TimeoutExpired:
@@ -201,6 +191,10 @@ class PulumiCli:
                 raise
             reader.join(timeout=KILL_GRACE_S)
         return Run(process.returncode, "".join(lines), time.monotonic() - started, interrupted)
+
+
+def config_args(config: Mapping[str, str] | None) -> list[str]:
+    return [arg for key, value in (config or {}).items() for arg in ("--config", f"{key}={value}")]
 
 
 def stop(process: subprocess.Popen, already_interrupted: bool = False) -> None:

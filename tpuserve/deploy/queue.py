@@ -22,8 +22,7 @@ GRANTED = ("PROVISIONING", "STAGING")
 
 @dataclass(frozen=True)
 class Queued:
-    """How a queued VM ended: RUNNING (`instance` is the resource), NO_CAPACITY (the wait ended without a chip;
-    the VM is gone) or FAILED (the insert was refused, or the VM ended otherwise: `reason`)."""
+    """How a queued VM ended: RUNNING (with its `instance`), NO_CAPACITY (no chip in time, the VM gone) or FAILED."""
 
     outcome: str
     zone: str
@@ -38,8 +37,7 @@ class Queued:
 
 
 def with_wait(body: Mapping[str, Any], seconds: int) -> dict[str, Any]:
-    """The insert body asking Compute Engine to hold the request `seconds` (InstanceParams.requestValidForDuration:
-    "Relative deadline for waiting for capacity. Relevant only for Instances.Insert API.")."""
+    """The insert body asking Compute Engine to hold the request `seconds` (InstanceParams.requestValidForDuration)."""
     params = {**(body.get("params") or {}), "requestValidForDuration": {"seconds": str(int(seconds))}}
     return {**body, "params": params}
 

@@ -551,19 +551,15 @@ def look_before_leaping(pulumi: PulumiCli, stack: str, config: Mapping[str, Any]
     vm = plan.vm_replacement() or losing[0]
     chips = tpu_chips(str(vm.new_inputs.get("machineType") or config.get("machineType") or "ct6e-standard-1t")) or 1
     delete_first, why = replacement_order(compute, str(config.get("project", "")), zone, chips, report)
-    same_zone = str(vm.old_inputs.get("zone", zone)) == str(vm.new_inputs.get("zone", zone))
-    cost = previews.Replacement(chips=chips, max_run_seconds=new_run_seconds(vm, outputs),
-                                price_per_chip_hour=float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR),
-                                delete_first=delete_first, same_zone=same_zone)
-    lines = cost.lines(vm, stack)
-    if why:
-        lines.insert(-1, f"  {why}")
-    for line in lines:
+    for line in previews.replacement_lines(vm, stack, chips, new_run_seconds(vm, outputs),
+                                           float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR), delete_first,
+                                           why):
         say(line)
     settings: dict[str, str] = {}
     if delete_first:
         settings["replaceOrder"] = "delete-first"
-    elif same_zone:  # a name can exist once per zone: the successor takes the stack's other name (and cache slot)
+    elif str(vm.old_inputs.get("zone", zone)) == str(vm.new_inputs.get("zone", zone)):
+        # a name exists once per zone: the successor takes the stack's other name (and cache slot)
         settings["vmSlot"] = "b" if str(config.get("vmSlot") or "a") == "a" else "a"
     keys = previews.losing_keys(losing)
     refused = (f"stopped: this change replaces {vm.what} ({', '.join(keys) or 'see the preview'}); run again with "
