@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -22,6 +22,7 @@ from tpuserve.deploy.pulumi_cli import PulumiError, open_stack, require_project
 from tpuserve.facts import (CACHE_LABEL, HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS,
                             PRICE_PER_CHIP_HOUR, hyperdisk_balanced_monthly_usd)
 from tpuserve.gce import ComputeApiError, ComputeClient, ZonalDisks, label_filter, ok, tpu_chips
+from tpuserve.gcs import Buckets
 from tpuserve.names import base_name, service_account_id, stack_slug
 
 HOURS_PER_MONTH = 730
@@ -152,8 +153,8 @@ class Clients:
     session: requests.Session
     roots: Endpoints
 
-    def pages(self, url: str, params: Mapping[str, str] | None = None) -> Iterable[dict[str, Any]]:
-        query = dict(params or {})
+    def pages(self, url: str) -> Iterator[dict[str, Any]]:
+        query: dict[str, str] = {}
         while True:
             body = ok(self.session.get(url, params=query, timeout=30)).json()
             yield body
@@ -161,9 +162,12 @@ class Clients:
                 return
             query["pageToken"] = body["nextPageToken"]
 
-    def stack_buckets(self, project: str, stacks: Sequence[str]) -> Iterator[dict[str, Any]]:
-        for body in self.pages(f"{self.roots.storage}/storage/v1/b", {"project": project}):
-            yield from (bucket for bucket in body.get("items") or [] if labelled(bucket.get("labels") or {}, stacks))
+    def stack_buckets(self, project: str, stacks: Sequence[str]) -> list[dict[str, Any]]:
+        return [b for b in self.buckets.list(project) if labelled(b.get("labels") or {}, stacks)]
+
+    @property
+    def buckets(self) -> Buckets:
+        return Buckets(self.session, self.roots.storage)
 
 
 def labelled(labels: Mapping[str, str], stacks: Sequence[str]) -> bool:
@@ -174,36 +178,112 @@ def take_stock(clients: Clients, project: str, stacks: Sequence[str], state: Map
                keep_caches: bool = True, price_per_chip_hour: float = PRICE_PER_CHIP_HOUR) -> Inventory:
     """The inventory of `stacks` in `project`; `state` maps each stack to its state's keys (state_keys)."""
     inventory = Inventory(project, tuple(stacks))
-    held = set().union(*state.values()) if state else set()
-    compute = ComputeClient(clients.session, clients.roots.compute)
-    warm = warm_markers(clients, project, stacks, inventory.errors)
-    try:
-        for instance in compute.aggregated_instances(project, label_filter({"app": "tpu-serve"})):
-            if not labelled(instance.get("labels") or {}, stacks):
-                continue
-            zone = str(instance.get("zone", "")).rsplit("/", 1)[-1]
-            status = IN_STATE if key("instance", zone, instance["name"]) in held else ORPHAN
-            inventory.items.append(Item(
-                "instance", instance["name"], zone, status,
-                "" if status == IN_STATE else "not in the stack's state (a create that timed out, or a successor "
-                "that never served)", hourly_usd=instance_hourly(instance, price_per_chip_hour),
-                remove=f"gcloud compute instances delete {instance['name']} --zone {zone} --project {project} --quiet",
-                detail=f"{str(instance.get('machineType', '')).rsplit('/', 1)[-1]}, {instance.get('status', '')}"))
-    except (requests.RequestException, RuntimeError) as err:
-        inventory.errors.append(f"instances: {err}")
-    try:
-        for body in clients.pages(f"{clients.roots.compute}/compute/v1/projects/{project}/aggregated/disks",
-                                  {"filter": label_filter({"app": "tpu-serve"})}):
-            for scoped in (body.get("items") or {}).values():
-                for disk in scoped.get("disks", []):
-                    if labelled(disk.get("labels") or {}, stacks):
-                        inventory.items.append(disk_item(disk, project, held, warm, keep_caches))
-    except (requests.RequestException, RuntimeError) as err:
-        inventory.errors.append(f"disks: {err}")
-    buckets_of(clients, project, stacks, held, keep_caches, inventory)
-    unlabelled(clients, project, [base_name(stack) for stack in stacks], stacks, held, inventory)
+    look = Look(clients, project, tuple(stacks), set().union(*state.values()) if state else set(), keep_caches,
+                price_per_chip_hour, warm_markers(clients, project, stacks, inventory.errors))
+    for what, items in (("instances", look.instances()), ("disks", look.disks()), ("buckets", look.buckets()),
+                        ("firewalls and routers", look.network()), ("service accounts", look.service_accounts()),
+                        ("secrets", look.secrets())):
+        try:
+            for item in items:  # what was listed before an error stays
+                inventory.items.append(item)
+        except (requests.RequestException, RuntimeError) as err:
+            inventory.errors.append(f"{what}: {err}")
     inventory.items.sort(key=lambda item: ({IN_STATE: 0, KEPT: 1, ORPHAN: 2}[item.status], item.kind, item.name))
     return inventory
+
+
+@dataclass(frozen=True)
+class Look:
+    """Where the stacks' resources are looked for, each kind an Item generator (docs/design/inventory.md)."""
+
+    clients: Clients
+    project: str
+    stacks: tuple[str, ...]
+    held: set[str]
+    keep_caches: bool
+    price_per_chip_hour: float
+    warm: set[str] | None
+
+    def mark(self, kind: str, location: str, name: str) -> str:
+        return IN_STATE if key(kind, location, name) in self.held else ORPHAN
+
+    def instances(self) -> Iterator[Item]:
+        compute = ComputeClient(self.clients.session, self.clients.roots.compute)
+        for instance in compute.aggregated_instances(self.project, label_filter({"app": "tpu-serve"})):
+            if labelled(instance.get("labels") or {}, self.stacks):
+                zone, name = str(instance.get("zone", "")).rsplit("/", 1)[-1], instance["name"]
+                status = self.mark("instance", zone, name)
+                machine_type = str(instance.get("machineType", "")).rsplit("/", 1)[-1]
+                yield Item("instance", name, zone, status, "" if status == IN_STATE else "not in the stack's state (a "
+                           "create that timed out, or a successor that never served)",
+                           hourly_usd=instance_hourly(instance, self.price_per_chip_hour),
+                           remove=f"gcloud compute instances delete {name} --zone {zone} --project {self.project} "
+                                  "--quiet", detail=f"{machine_type}, {instance.get('status', '')}")
+
+    def disks(self) -> Iterator[Item]:
+        disks = ZonalDisks(self.clients.session, self.clients.roots.compute)
+        for disk in disks.aggregated(self.project, label_filter({"app": "tpu-serve"})):
+            if labelled(disk.get("labels") or {}, self.stacks):
+                yield disk_item(disk, self.project, self.held, self.warm, self.keep_caches)
+
+    def buckets(self) -> Iterator[Item]:
+        price = float(prices()["storagePerGbMonth"]["STANDARD"])
+        for bucket in self.clients.stack_buckets(self.project, self.stacks):
+            name = bucket["name"]
+            size = sum(int(item.get("size", 0)) for item in self.clients.buckets.objects(name))
+            status = IN_STATE if key("bucket", "global", name) in self.held else KEPT if self.keep_caches else ORPHAN
+            yield Item("bucket", name, str(bucket.get("location", "")).lower(), status,
+                       "" if status == IN_STATE else "the compile-cache bucket, kept for the next deployment"
+                       if status == KEPT else "not in the stack's state", monthly_usd=round(size / 2**30 * price, 2),
+                       remove=f"gcloud storage rm --recursive gs://{name}", detail=f"{size / 2**20:.1f} MiB")
+
+    def network(self) -> Iterator[Item]:
+        """Firewalls, and routers with their NATs, by the names the program gives them."""
+        bases = [base_name(stack) for stack in self.stacks]
+        autonamed = re.compile(rf"^(?:{'|'.join(map(re.escape, bases))})(?:-[a-z0-9-]+)?{AUTONAME}$")
+        compute = f"{self.clients.roots.compute}/compute/v1/projects/{self.project}"
+        for body in self.clients.pages(f"{compute}/global/firewalls"):
+            for rule in body.get("items") or []:
+                name, status = rule["name"], self.mark("firewall", "global", rule["name"])
+                if status == IN_STATE or autonamed.match(name) and set(rule.get("targetTags") or []) & set(bases):
+                    yield Item("firewall", name, "global", status,
+                               remove=f"gcloud compute firewall-rules delete {name} --project {self.project} --quiet",
+                               detail=f"to {', '.join(rule.get('targetTags') or [])}")
+        nat_price = float(prices()["cloudNat"]["perVmHour"])
+        for body in self.clients.pages(f"{compute}/aggregated/routers"):
+            for scope, scoped in (body.get("items") or {}).items():
+                region = scope.rsplit("/", 1)[-1]
+                for router in scoped.get("routers", []):
+                    name, status = router["name"], self.mark("router", region, router["name"])
+                    if status == ORPHAN and not autonamed.match(name):
+                        continue
+                    where = f"--region {region} --project {self.project} --quiet"
+                    yield Item("router", name, region, status, remove=f"gcloud compute routers delete {name} {where}")
+                    for nat in router.get("nats") or []:
+                        yield Item("nat", nat["name"], region, status, "per VM-hour of the VMs using it; data per GB",
+                                   detail=f"{nat.get('sourceSubnetworkIpRangesToNat', '')} on {name}",
+                                   hourly_usd=0.0 if status == IN_STATE else nat_price,
+                                   remove=f"gcloud compute routers nats delete {nat['name']} --router {name} {where}")
+
+    def service_accounts(self) -> Iterator[Item]:
+        accounts = {service_account_id(base_name(stack)) for stack in self.stacks}
+        for body in self.clients.pages(f"{self.clients.roots.iam}/v1/projects/{self.project}/serviceAccounts"):
+            for account in body.get("accounts") or []:
+                account_id = str(account.get("email", "")).split("@", 1)[0]
+                if account_id in accounts:
+                    yield Item("service-account", account_id, "global",
+                               self.mark("service-account", "global", account_id),
+                               remove=f"gcloud iam service-accounts delete {account['email']} --project {self.project} "
+                                      "--quiet")
+
+    def secrets(self) -> Iterator[Item]:
+        for body in self.clients.pages(f"{self.clients.roots.secretmanager}/v1/projects/{self.project}/secrets"):
+            for secret in body.get("secrets") or []:
+                if labelled(secret.get("labels") or {}, self.stacks):
+                    name = str(secret["name"]).rsplit("/", 1)[-1]
+                    yield Item("secret", name, "global", self.mark("secret", "global", name),
+                               monthly_usd=float(prices()["secretManager"]["perActiveVersionMonth"]),
+                               remove=f"gcloud secrets delete {name} --project {self.project} --quiet")
 
 
 def disk_item(disk: Mapping[str, Any], project: str, held: set[str], warm: set[str] | None,
@@ -232,97 +312,13 @@ def disk_item(disk: Mapping[str, Any], project: str, held: set[str], warm: set[s
 def warm_markers(clients: Clients, project: str, stacks: Sequence[str],
                  errors: list[str] | None = None) -> set[str] | None:
     """`zone/disk` for every marker in the stacks' compile-cache buckets; None (and an error) when unreadable."""
-    found: set[str] = set()
     try:
-        for bucket in clients.stack_buckets(project, stacks):
-            for page in clients.pages(f"{clients.roots.storage}/storage/v1/b/{bucket['name']}/o",
-                                      {"prefix": WARM_MARKER_PREFIX}):
-                found |= {item["name"].removeprefix(WARM_MARKER_PREFIX) for item in page.get("items") or []}
+        return {item["name"].removeprefix(WARM_MARKER_PREFIX) for bucket in clients.stack_buckets(project, stacks)
+                for item in clients.buckets.objects(bucket["name"], WARM_MARKER_PREFIX)}
     except (requests.RequestException, RuntimeError) as err:
         if errors is not None:
             errors.append(f"compile-cache markers: {err}")
         return None
-    return found
-
-
-def buckets_of(clients: Clients, project: str, stacks: Sequence[str], held: set[str], keep_caches: bool,
-               inventory: Inventory) -> None:
-    price = float(prices()["storagePerGbMonth"]["STANDARD"])
-    try:
-        for bucket in clients.stack_buckets(project, stacks):
-            size = sum(int(item.get("size", 0)) for page in clients.pages(
-                f"{clients.roots.storage}/storage/v1/b/{bucket['name']}/o") for item in page.get("items") or [])
-            status = IN_STATE if key("bucket", "global", bucket["name"]) in held else KEPT if keep_caches else ORPHAN
-            inventory.items.append(Item(
-                "bucket", bucket["name"], str(bucket.get("location", "")).lower(), status,
-                "" if status == IN_STATE else "the compile-cache bucket, kept for the next deployment"
-                if status == KEPT else "not in the stack's state",
-                monthly_usd=round(size / 2**30 * price, 2),
-                remove=f"gcloud storage rm --recursive gs://{bucket['name']}", detail=f"{size / 2**20:.1f} MiB"))
-    except (requests.RequestException, RuntimeError) as err:
-        inventory.errors.append(f"buckets: {err}")
-
-
-def unlabelled(clients: Clients, project: str, bases: Sequence[str], stacks: Sequence[str], held: set[str],
-               inventory: Inventory) -> None:
-    """Firewalls, routers with their NATs, service accounts and secrets, by the names the program gives them."""
-    prefixes = "|".join(re.escape(base) for base in bases)
-    autonamed = re.compile(rf"^(?:{prefixes})(?:-[a-z0-9-]+)?{AUTONAME}$")
-    nat_price = float(prices()["cloudNat"]["perVmHour"])
-    compute = f"{clients.roots.compute}/compute/v1/projects/{project}"
-    try:
-        for body in clients.pages(f"{compute}/global/firewalls"):
-            for rule in body.get("items") or []:
-                in_state = key("firewall", "global", rule["name"]) in held
-                if in_state or autonamed.match(rule["name"]) and set(rule.get("targetTags") or []) & set(bases):
-                    inventory.items.append(Item(
-                        "firewall", rule["name"], "global", IN_STATE if in_state else ORPHAN,
-                        remove=f"gcloud compute firewall-rules delete {rule['name']} --project {project} --quiet",
-                        detail=f"to {', '.join(rule.get('targetTags') or [])}"))
-        for body in clients.pages(f"{compute}/aggregated/routers"):
-            for scope, scoped in (body.get("items") or {}).items():
-                region = scope.rsplit("/", 1)[-1]
-                for router in scoped.get("routers", []):
-                    in_state = key("router", region, router["name"]) in held
-                    if not (in_state or autonamed.match(router["name"])):
-                        continue
-                    status = IN_STATE if in_state else ORPHAN
-                    inventory.items.append(Item(
-                        "router", router["name"], region, status, remove=f"gcloud compute routers delete "
-                        f"{router['name']} --region {region} --project {project} --quiet"))
-                    for nat in router.get("nats") or []:
-                        inventory.items.append(Item(
-                            "nat", nat["name"], region, status, "per VM-hour of the VMs using it; data per GB",
-                            detail=f"{nat.get('sourceSubnetworkIpRangesToNat', '')} on {router['name']}",
-                            hourly_usd=0.0 if status == IN_STATE else nat_price,
-                            remove=f"gcloud compute routers nats delete {nat['name']} --router {router['name']} "
-                                   f"--region {region} --project {project} --quiet"))
-    except (requests.RequestException, RuntimeError) as err:
-        inventory.errors.append(f"firewalls and routers: {err}")
-    try:
-        accounts = {service_account_id(base) for base in bases}
-        for body in clients.pages(f"{clients.roots.iam}/v1/projects/{project}/serviceAccounts"):
-            for account in body.get("accounts") or []:
-                account_id = str(account.get("email", "")).split("@", 1)[0]
-                if account_id in accounts:
-                    inventory.items.append(Item(
-                        "service-account", account_id, "global",
-                        IN_STATE if key("service-account", "global", account_id) in held else ORPHAN,
-                        remove=f"gcloud iam service-accounts delete {account['email']} --project {project} --quiet"))
-    except (requests.RequestException, RuntimeError) as err:
-        inventory.errors.append(f"service accounts: {err}")
-    try:
-        for body in clients.pages(f"{clients.roots.secretmanager}/v1/projects/{project}/secrets"):
-            for secret in body.get("secrets") or []:
-                if not labelled(secret.get("labels") or {}, stacks):
-                    continue
-                name = str(secret["name"]).rsplit("/", 1)[-1]
-                inventory.items.append(Item(
-                    "secret", name, "global", IN_STATE if key("secret", "global", name) in held else ORPHAN,
-                    monthly_usd=float(prices()["secretManager"]["perActiveVersionMonth"]),
-                    remove=f"gcloud secrets delete {name} --project {project} --quiet"))
-    except (requests.RequestException, RuntimeError) as err:
-        inventory.errors.append(f"secrets: {err}")
 
 
 def stock_of(pulumi: Any, clients: Clients, config: Mapping[str, Any]) -> Inventory:
@@ -341,8 +337,6 @@ def stock_of(pulumi: Any, clients: Clients, config: Mapping[str, Any]) -> Invent
 def delete_items(clients: Clients, project: str, items: Sequence[Item]) -> list[str]:
     """Delete orphans, VMs first (their disks are free only once they are gone), each waited for; returns what could
     not be deleted, with why."""
-    from tpuserve.gcs import Buckets
-
     disks = ZonalDisks(clients.session, clients.roots.compute)
     compute = f"{clients.roots.compute.rstrip('/')}/compute/v1/projects/{project}"
     waited = {"instance": "zones/{location}/instances/{name}", "router": "regions/{location}/routers/{name}",
@@ -359,7 +353,7 @@ def delete_items(clients: Clients, project: str, items: Sequence[Item]) -> list[
             elif item.kind == "disk":
                 disks.delete(project, item.location, item.name)
             elif item.kind == "bucket":
-                Buckets(clients.session, clients.roots.storage).delete(item.name)
+                clients.buckets.delete(item.name)
             elif item.kind in gone_is_done:
                 response = clients.session.delete(gone_is_done[item.kind].format(name=item.name), timeout=30)
                 if response.status_code != 404:
@@ -408,8 +402,8 @@ def said_stock(pulumi: Any, clients: Clients, config: Mapping[str, Any], say: Ca
 def summary_lines(inventory: Inventory) -> list[str]:
     """The totals, then every orphan and kept cache, each orphan that bills with the command that removes it."""
     lines = [f"inventory of {', '.join(inventory.stacks)} in {inventory.project}: {len(inventory.items)} resource(s), "
-             f"${inventory.total(IN_STATE):.2f}/month in the state, ${inventory.total(KEPT):.2f}/month kept on purpose, "
-             f"${inventory.total(ORPHAN):.2f}/month orphaned"]
+             f"${inventory.total(IN_STATE):.2f}/month in the state, ${inventory.total(KEPT):.2f}/month kept on "
+             f"purpose, ${inventory.total(ORPHAN):.2f}/month orphaned"]
     for item in inventory.items:
         if item.status == IN_STATE:
             continue

@@ -106,6 +106,11 @@ class Target:
     def secret_path(self) -> str:
         return self.secret if self.secret.startswith("projects/") else f"projects/{self.project}/secrets/{self.secret}"
 
+    def nat_plan(self, nats: Iterable[nat.Nat]) -> nat.NatPlan:
+        """Which of `nats` serves each of the target's regions."""
+        return nat.plan(nats, self.stack, self.nat_regions, self.network, self.subnetwork, set(self.own_nats),
+                        self.makes_nat)
+
 
 @dataclass(frozen=True)
 class Check:
@@ -134,6 +139,11 @@ class Report:
     @property
     def usable_zones(self) -> list[str]:
         return [zone for zone in self.zones if zone not in self.skipped]
+
+    def skip_region(self, region: str, why: str) -> None:
+        for zone in self.zones:
+            if region_of(zone) == region:
+                self.skipped.setdefault(zone, why)
 
     def as_dict(self) -> dict[str, Any]:
         return {"ok": not self.failed, "checks": [check.as_dict() for check in self.checks],
@@ -307,10 +317,8 @@ def check_quota(google: Google, target: Target, report: Report, apis: set[str]) 
             usable.append(f"{region} (preemptible {fmt(preemptible)}, standard {fmt(standard)})")
             continue
         lacking.append(region)
-        for zone in target.zones:
-            if region_of(zone) == region:
-                report.skipped.setdefault(zone, f"no TPU v6e quota in {region} (preemptible {fmt(preemptible)}, "
-                                                f"standard {fmt(standard)})")
+        report.skip_region(region, f"no TPU v6e quota in {region} (preemptible {fmt(preemptible)}, "
+                                   f"standard {fmt(standard)})")
     fix = (f"request {PREEMPTIBLE_QUOTA} (flex-start draws it first) or {FAMILY_QUOTA} with tpu_family={TPU_FAMILY} "
            f"of at least {target.chips} in {', '.join(lacking)}: IAM & Admin > Quotas") if lacking else ""
     if lacking and not usable:
@@ -362,28 +370,20 @@ def check_permissions(google: Google, target: Target) -> Check:
     return Check(name, OK, f"all {len(wanted)} the stack needs")
 
 
-def nat_plan(session: requests.Session, endpoints: Endpoints, target: Target) -> nat.NatPlan:
-    """Which NAT serves each of the target's regions (one routers.aggregatedList)."""
-    return nat.plan(nat.list_nats(session, target.project, endpoints.compute, TIMEOUT_S), target.stack,
-                    target.nat_regions, target.network, target.subnetwork, set(target.own_nats), target.makes_nat)
-
-
 def check_nat(google: Google, target: Target, report: Report) -> list[Check]:
     """Cloud NAT in each region the VMs may land in (zones where none can serve are skipped), and the VMs of other
     stacks that use this stack's own NAT."""
     name = "Cloud NAT"
     try:
-        plan = nat_plan(google.session, google.endpoints, target)
+        nats = nat.list_nats(google.session, target.project, google.endpoints.compute, TIMEOUT_S)
     except (ComputeApiError, requests.RequestException) as err:
         return [Check(name, WARNING, f"could not list the routers ({err}); the stack makes NAT as its config says",
                       "grant compute.routers.list (roles/compute.networkViewer)")]
-    report.nat = plan
+    report.nat = plan = target.nat_plan(nats)
     blocked = [r for r in plan.regions if r.blocked]
     for region in blocked:
-        for zone in target.zones:
-            if region_of(zone) == region.region:
-                report.skipped.setdefault(zone, f"no Cloud NAT can serve it ({region.blocking.label} serves other "
-                                                "subnetworks only)" if region.blocking else "no Cloud NAT")
+        report.skip_region(region.region, f"no Cloud NAT can serve it ({region.blocking.label} serves other "
+                                          "subnetworks only)" if region.blocking else "no Cloud NAT")
     unserved = [r for r in plan.regions if not target.makes_nat and r.serving is None and not r.blocked]
     status = FAIL if blocked and len(blocked) == len(plan.regions) else WARNING if blocked or unserved else OK
     fix = "set createCloudNat true, or externalIp true, or make a NAT for the network there" if unserved else ""
@@ -391,11 +391,9 @@ def check_nat(google: Google, target: Target, report: Report) -> list[Check]:
     if target.own_nats:
         try:
             vms = nat.list_vms(google.session, target.project, google.endpoints.compute, TIMEOUT_S)
-            listed = nat.list_nats(google.session, target.project, google.endpoints.compute, TIMEOUT_S)
         except (ComputeApiError, requests.RequestException) as err:
             return [*checks, unreachable("Cloud NAT users", err)]
-        lines = nat.reliance(set(target.own_nats), listed, vms, [stack_labels(target.stack)["stack"]]).lines(
-            target.stack)
+        lines = nat.reliance(set(target.own_nats), nats, vms, [stack_labels(target.stack)["stack"]]).lines(target.stack)
         if lines:
             checks.append(Check("Cloud NAT users", WARNING, "; ".join(lines),
                                 "destroy those stacks first, or deploy one of them (it then makes its own NAT)"))

@@ -101,12 +101,12 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
     say(f"{name} is deleted in {durations.human(left)}: renewing it in slot {slot}, trying {', '.join(candidates)} "
         "(it serves until its successor does)")
     own = ups.own_nats(pulumi, say)
-    nat_config = ups.nat_settings(session, roots, target_from_config(config, candidates, stack, own or frozenset()),
-                                  None, own is not None, say)
+    settings = ups.nat_settings(session, roots, target_from_config(config, candidates, stack, own or frozenset()),
+                                None, own is not None, say)
     confirm = ups.orphan_confirmation(yes)
     # Tried until the old VM's deletion; an attempt begun just before it may still boot its successor.
-    deployer = ups.Deployer(pulumi, stack, project, pulumi_args, compute, confirm, say, nat=nat_config,
-                            settings={"vmSlot": slot}, boot_floor_s=ups.BOOT_UPDATE_S)
+    deployer = ups.Deployer(pulumi, stack, project, pulumi_args, compute, confirm, say,
+                            settings={**settings, "vmSlot": slot}, boot_floor_s=ups.BOOT_UPDATE_S)
     result = deployer.run(candidates, left, retry_until_up=True, clock=time.monotonic, sleep=time.sleep,
                           on_wait=lambda seconds, next_round: say(f"no successor yet; trying again in {seconds:.0f} s"))
     tried = list(dict.fromkeys(attempt.zone for attempt in result.attempts))

@@ -24,8 +24,8 @@ from tpuserve.deploy import queue as queues
 from tpuserve.deploy.cache import cache_disks, is_warm, zones_by_warm_cache
 from tpuserve.deploy.capacity import classify
 from tpuserve.deploy.orphans import blank_cache_disks, delete_orphans, find_orphans, managed_ids
-from tpuserve.deploy.preflight import (Endpoints, Report, configured_zones, endpoint_option, nat_plan, preflight,
-                                       print_report, target_from_config)
+from tpuserve.deploy.preflight import (Endpoints, Report, configured_zones, endpoint_option, preflight, print_report,
+                                       target_from_config)
 from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError, echo_indented, require_project
 from tpuserve.deploy.sweep import REGION, STOP, ZONE, Attempt, Failure, SweepResult, sweep
 from tpuserve.facts import PRICE_PER_CHIP_HOUR
@@ -86,7 +86,6 @@ class Deployer:
     orphans: list[dict[str, Any]] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)  # orphans already reported (and deleted, or left) by this run
     settings: Mapping[str, str] = field(default_factory=dict)  # more stack config every attempt sets
-    nat: Mapping[str, str] = field(default_factory=dict)  # cloudNatSkipRegions, when nat_settings decided it
     queued: list[dict[str, Any]] = field(default_factory=list)  # each wait in the queue, as queues.Queued.as_dict
     boot_floor_s: float = 0.0  # an attempt's update may outlast the deadline by this much (BOOT_UPDATE_S: renewals)
     numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))  # of the progress lines
@@ -101,7 +100,7 @@ class Deployer:
 
     def update(self, zone: str, seconds_left: float, env: Mapping[str, str] | None = None) -> Failure | None:
         """One `pulumi up` in `zone`; while another update holds the stack, again every LOCK_POLL_S."""
-        config = {**self.nat, **self.settings, **({} if zone == LOCAL else {"zone": zone})}
+        config = {**self.settings, **({} if zone == LOCAL else {"zone": zone})}
         began = time.monotonic()
         while True:
             left = seconds_left - (time.monotonic() - began)
@@ -326,7 +325,7 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
                                f"{', '.join(z for z in candidates if not z.startswith(f'{region}-'))}; unset it "
                                f"(pulumi config rm region --stack {stack}: NAT then follows the zone) or limit --zones")
 
-    compute, nat_config, report, session = None, {}, None, None
+    compute, report, session = None, None, None
     settings = pin_image(config, roots.registry, say, stop)
     if not local:
         try:
@@ -343,14 +342,14 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
                 finish(exits.FAILED, {"zone": None, "attempts": [], "reason": "preflight failed", "orphans": [],
                                       "preflight": report.as_dict()})
             candidates = report.usable_zones
-        nat_config = nat_settings(session, roots, target, report, own is not None, say)
+        settings = {**nat_settings(session, roots, target, report, own is not None, say), **settings}
         if not single_zone and not zones:
             candidates = warm_cache_first(session, roots, str(config.get("project")), stack, candidates,
                                           outputs.get("zone"), say)
 
     confirm = orphan_confirmation(yes)
     deployer = Deployer(pulumi, stack, str(config.get("project", "")), pulumi_args, compute, confirm, say,
-                        nat=nat_config, settings=settings)
+                        settings=settings)
     sweeps_zones = compute is not None and not single_zone
     if sweeps_zones and vm_gone(compute, config, outputs):
         say(f"the stack's VM {outputs['instanceName']} is gone (flex-start deletes it when its run ends): refreshing "
@@ -362,8 +361,7 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
     queueing = queue and sweeps_zones and not holds_vm
     if holds_vm:
         try:
-            look = look_before_leaping(pulumi, stack, config, outputs, compute, report, pulumi_args, say,
-                                       {**nat_config, **settings})
+            look = look_before_leaping(pulumi, stack, config, outputs, compute, report, pulumi_args, say, settings)
         except PreviewFailed as err:
             stop(str(err))
         if look.refused is not None and not replace_vm and not (sys.stdin.isatty() and click.confirm(
@@ -430,7 +428,7 @@ def nat_settings(session: Any, roots: Endpoints, target: Any, report: Report | N
     plan = report.nat if report is not None else None
     if report is None:
         try:
-            plan = nat_plan(session, roots, target)
+            plan = target.nat_plan(nat.list_nats(session, target.project, roots.compute))
         except (ComputeApiError, requests.RequestException) as err:
             say(f"warning: could not list the routers ({err}); Cloud NAT stays as the stack's config says")
             return {}
@@ -481,10 +479,10 @@ def warm_cache_first(session: Any, roots: Endpoints, project: str, stack: str, c
 def queue_zone(candidates: Sequence[str], result: SweepResult) -> str | None:
     """Where to wait: the first candidate no lasting failure rules out (no quota in its region, no such machine type
     there)."""
-    lasting = [attempt.failure for attempt in result.attempts if attempt.failure and attempt.failure.lasting]
-    zones = {attempt.zone for attempt in result.attempts if attempt.failure in lasting and attempt.failure.block == ZONE}
-    regions = {failure.region or "" for failure in lasting if failure.block == REGION}
-    regions |= {region_of(a.zone) for a in result.attempts if a.failure in lasting and a.failure.block == REGION}
+    lasting = [(a.zone, a.failure) for a in result.attempts if a.failure and a.failure.lasting]
+    zones = {zone for zone, failure in lasting if failure.block == ZONE}
+    regions = {where for zone, failure in lasting if failure.block == REGION
+               for where in (failure.region, region_of(zone))}
     return next((zone for zone in candidates if zone not in zones and region_of(zone) not in regions), None)
 
 
