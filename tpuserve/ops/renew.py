@@ -11,10 +11,10 @@ from typing import Any
 import click
 import requests
 
-from tpuserve import cli, durations, exits
+from tpuserve import durations, exits
 from tpuserve.deploy import inventory
 from tpuserve.deploy.preflight import Endpoints, configured_zones, endpoint_option, target_from_config
-from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError, echo_indented, require_project
+from tpuserve.deploy.pulumi_cli import require_project
 from tpuserve.ops import up as ups
 
 DEFAULT_LEAD = "45m"  # a successor's cold boot (8.5-10.5 min), the 15-minute schedule, and room for a few tries
@@ -37,25 +37,13 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
     """Replace the stack's VM before flex-start deletes it: successor first (other slot, gated), then the old VM.
 
     Exit 0 renewed or nothing due, 1 an error, 3 no successor before the deletion (the old VM serves until then)."""
-    from tpuserve.gce import ComputeApiError, ComputeClient, Instance, MissingCredentials, adc_session
+    from tpuserve.gce import ComputeApiError, ComputeClient, Instance
     from tpuserve.observe.status import deletion_at
 
-    lead_s = ups.parse_deadline(lead_text, "--lead")
-    _, say = ups.stderr_console()
-
-    def fail(reason: str, said: str | None = None) -> None:
-        say(f"Error: {said or reason}")
-        cli.finish(exits.FAILED, stack, {"action": None, "reason": reason}, as_json)
-
-    def finish(code: int, summary: dict[str, Any]) -> None:
-        cli.finish(code, stack, summary, as_json)
-
-    roots = Endpoints.parse(endpoints)
-    try:
-        pulumi = PulumiCli(stack, cwd, echo=echo_indented)
-        config, outputs = pulumi.config(), pulumi.outputs()
-    except PulumiError as err:
-        fail(str(err))
+    lead_s, roots = ups.parse_deadline(lead_text, "--lead"), Endpoints.parse(endpoints)
+    run = ups.Outcome(stack, as_json, {"action": None})
+    say, finish, fail = run.say, run.finish, run.stop
+    pulumi, config, outputs = run.open(cwd)
     target = config.get("target", "gcp")
     if target != "gcp":
         raise click.UsageError(f"--stack: {stack} is a {target} stack; `tpuserve renew` renews a gcp stack's VM"
@@ -65,10 +53,7 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
     if not name:
         say(f"nothing to renew: stack {stack} holds no VM (`tpuserve up --stack {stack}` deploys one)")
         finish(exits.OK, {"action": "none", "reason": "no VM"})
-    try:
-        session = adc_session()
-    except MissingCredentials as err:
-        fail(str(err))
+    session = run.session()
     compute = ComputeClient(session, roots.compute)
     try:
         instance = compute.instance(Instance(project, zone, name))

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 import requests
@@ -62,6 +62,45 @@ def stderr_console() -> tuple[Any, Callable[[str], None]]:
 
     console = Console(stderr=True)
     return console, lambda line: console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+@dataclass
+class Outcome:
+    """How `up` and `renew` speak (a plain line each on stderr) and end (their --json document, `early` its fields
+    when they stop before the sweep)."""
+
+    stack: str
+    as_json: bool
+    early: dict[str, Any]
+    closing: ExitStack = field(default_factory=ExitStack)  # the API session lives until the command ends
+
+    def __post_init__(self) -> None:
+        self.console, self.say = stderr_console()
+
+    def finish(self, code: int, summary: dict[str, Any]) -> NoReturn:
+        self.closing.close()
+        cli.finish(code, self.stack, summary, self.as_json)
+
+    def stop(self, reason: str, said: str | None = None, **more: Any) -> NoReturn:
+        self.say(f"Error: {said or reason}")
+        self.finish(exits.FAILED, {**self.early, "reason": reason, **more})
+
+    def open(self, cwd: Path) -> tuple[PulumiCli, dict[str, Any], dict[str, Any]]:
+        """The stack's CLI, config and outputs."""
+        try:
+            pulumi = PulumiCli(self.stack, cwd, echo=echo_indented)
+            return pulumi, pulumi.config(), pulumi.outputs()
+        except PulumiError as err:
+            self.stop(str(err))
+
+    def session(self) -> Any:
+        """An API session with the application-default credentials, closed when the command ends."""
+        from tpuserve import gce
+
+        try:
+            return self.closing.enter_context(gce.adc_session())
+        except gce.MissingCredentials as err:
+            self.stop(str(err))
 
 
 def orphan_confirmation(yes: bool) -> Callable[[Sequence[Any]], bool]:
@@ -291,25 +330,10 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
 
     Flags after `--` go to every `pulumi up`, e.g. `-- --policy-pack policy`. Exit 0 deployed and ready, 1 stopped
     by an error another zone would not fix, 3 no capacity before the deadline."""
-    from tpuserve.gce import MissingCredentials, adc_session
-
     deadline_s, roots, started = parse_deadline(deadline_text), Endpoints.parse(endpoints), time.monotonic()
-    console, say = stderr_console()
-    closing = ExitStack()  # the API session lives until the command ends
-
-    def finish(code: int, summary: dict[str, Any]) -> None:
-        closing.close()
-        cli.finish(code, stack, summary, as_json)
-
-    def stop(reason: str, **more: Any) -> None:
-        say(f"Error: {reason}")
-        finish(exits.FAILED, {"zone": None, "attempts": [], "reason": reason, "orphans": [], **more})
-
-    try:
-        pulumi = PulumiCli(stack, cwd, echo=echo_indented)
-        config, outputs = pulumi.config(), pulumi.outputs()
-    except PulumiError as err:
-        stop(str(err))
+    run = Outcome(stack, as_json, {"zone": None, "attempts": [], "orphans": []})
+    console, say, finish = run.console, run.say, run.finish
+    pulumi, config, outputs = run.open(cwd)
     local = config.get("target") == LOCAL
     # A gke stack's node pool queues for capacity itself, and moving its zone would move the cluster: no sweep.
     single_zone = config.get("target") == GKE
@@ -326,12 +350,9 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
                                f"(pulumi config rm region --stack {stack}: NAT then follows the zone) or limit --zones")
 
     compute, report, session = None, None, None
-    settings = pin_image(config, roots.registry, say, stop)
+    settings = pin_image(config, roots.registry, say, run.stop)
     if not local:
-        try:
-            session = closing.enter_context(adc_session())
-        except MissingCredentials as err:
-            stop(str(err))
+        session = run.session()
         compute = ComputeClient(session, roots.compute)
         own = own_nats(pulumi, say)
         target = target_from_config(config, candidates, stack, own or frozenset())
@@ -339,8 +360,7 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
             report = preflight(session, target, roots)
             print_report(console, report)
             if report.failed:
-                finish(exits.FAILED, {"zone": None, "attempts": [], "reason": "preflight failed", "orphans": [],
-                                      "preflight": report.as_dict()})
+                finish(exits.FAILED, {**run.early, "reason": "preflight failed", "preflight": report.as_dict()})
             candidates = report.usable_zones
         settings = {**nat_settings(session, roots, target, report, own is not None, say), **settings}
         if not single_zone and not zones:
@@ -363,12 +383,11 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
         try:
             look = look_before_leaping(pulumi, stack, config, outputs, compute, report, pulumi_args, say, settings)
         except PreviewFailed as err:
-            stop(str(err))
+            run.stop(str(err))
         if look.refused is not None and not replace_vm and not (sys.stdin.isatty() and click.confirm(
                 "Replace the VM?", default=False, err=True)):
             say(look.refused)
-            finish(exits.NEEDS_CONSENT, {"zone": None, "attempts": [], "reason": look.refused, "orphans": [],
-                                         "replace": look.replace})
+            finish(exits.NEEDS_CONSENT, {**run.early, "reason": look.refused, "replace": look.replace})
         deployer.settings = {**deployer.settings, **look.settings}
     say(f"trying {', '.join(candidates)} for stack {stack} (deadline {deadline_text})"
         + (", then the queue of the best zone" if queueing else ""))
