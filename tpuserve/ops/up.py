@@ -32,6 +32,7 @@ from tpuserve.facts import PRICE_PER_CHIP_HOUR
 from tpuserve.flex_start import ADOPT_VM_ENV, WITHHOLD_VM_ENV, instance_id
 from tpuserve.gce import ComputeApiError, ComputeClient, Instance, ZonalDisks, tpu_chips
 from tpuserve.names import stack_labels
+from tpuserve.ops.alerts import create_pending_alerts
 from tpuserve.zones import region_of
 
 PREVIEW_TIMEOUT_S = 600.0
@@ -370,7 +371,7 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
     confirm = orphan_confirmation(yes)
     deployer = Deployer(pulumi, stack, str(config.get("project", "")), pulumi_args, compute, confirm, say,
                         settings=settings)
-    sweeps_zones = compute is not None and not single_zone
+    sweeps_zones = not (local or single_zone)
     if sweeps_zones and vm_gone(compute, config, outputs):
         say(f"the stack's VM {outputs['instanceName']} is gone (flex-start deletes it when its run ends): refreshing "
             "the state")
@@ -414,14 +415,13 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
     say(outcome)
     if todo:
         say(todo)
-    if result.ok and not local and (endpoint := pulumi.outputs().get("iapTunnelCommand")):
-        say(f"reach it: {endpoint}")
     alerts, stock = None, None
-    if result.ok and compute is not None:  # serving: the alert policies whose metrics had not arrived yet
-        from tpuserve.ops.alerts import create_pending_alerts
-
+    if result.ok and not local:
+        if endpoint := pulumi.outputs().get("iapTunnelCommand"):
+            say(f"reach it: {endpoint}")
+        # serving: the alert policies whose metrics had not arrived yet
         alerts = create_pending_alerts(pulumi, stack, session, roots.monitoring, pulumi_args, say)
-    if compute is not None:
+    if not local:
         code, stock = inventory.close_run(pulumi, config, session, roots, confirm, say, code, "tpuserve up")
     finish(code, {"zone": result.zone, "attempts": [attempt.as_dict() for attempt in result.attempts],
                   "reason": None if result.ok else outcome, "hint": todo or None, "orphans": deployer.orphans,
