@@ -37,14 +37,10 @@ def test_a_nested_replace_path_names_its_setting_though_replace_reasons_lack_it(
     step = plan.vm_replacement()
     assert step is not None and step.reasons() == ["networkInterfaces"]
     assert step.settings() == ["network", "subnetwork", "externalIp"]
-    assert plan.losing == [step] and not plan.delete_first(step)
+    assert plan.losing == [step]
 
 
-def test_the_order_of_a_replacement_and_what_is_only_updated():
-    new = {**VM, "machineType": "ct6e-standard-4t"}
-    plan = preview.parse(digest(replacement(VM, new, {"machineType": "update-replace"}, ("machineType",),
-                                            delete_first=True)))
-    assert plan.delete_first(plan.vm_replacement())
+def test_a_served_config_change_is_in_place():
     served = {**VM, "metadata": {"tpu-serve-config": "{}"}}
     plan = preview.parse(digest([preview_step("update", VM, served, diff={'metadata["tpu-serve-config"]': "update"})]))
     assert plan.losing == [] and plan.serving_change()

@@ -1,10 +1,5 @@
-"""`python -m tpuserve.deploy.adc_check`: exit 0 when Google application-default credentials exist; otherwise print
-the fix on one line and exit 1.
-
-scripts/up.sh runs it before `pulumi up`, so a missing login stops there instead of inside the GCP provider. The
-check is `gce.adc_session`, the one every tpuserve command makes: nothing is sent to Google (a session is built, no
-token is fetched).
-"""
+"""`python -m tpuserve.deploy.adc_check`: exit 0 when Google application-default credentials exist, else the fix
+on one line and exit 1 (scripts/up.sh runs it before `pulumi up`; nothing is sent to Google)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""`tpuserve cache ls|rm`: a stack's cache disks (one per zone) and compile-cache bucket; which zones hold a warm disk.
-
-
-Both are found by the label `tpu-serve-cache=<stack>` (facts.CACHE_LABEL) in every zone; their lifecycle is in
-docs/boot-and-caches.md "Caches".
-"""
+"""`tpuserve cache ls|rm`: a stack's cache disks (one per zone) and compile-cache bucket, found by their
+`tpu-serve-cache=<stack>` label; their lifecycle: docs/boot-and-caches.md#caches."""
 
 from __future__ import annotations
 
@@ -18,6 +14,7 @@ from tpuserve.gce import COMPUTE_URL, ComputeApiError, ZonalDisks
 from tpuserve.gcs import STORAGE_URL, Buckets
 from tpuserve.facts import CACHE_LABEL, HYPERDISK_BALANCED_USD_PER_GB_MONTH
 from tpuserve.names import stack_slug
+
 
 @dataclass(frozen=True)
 class CacheDisk:
@@ -47,17 +44,15 @@ def cache_disks(disks: ZonalDisks, project: str, stack: str) -> list[CacheDisk]:
 
 
 def is_warm(disk: CacheDisk, markers: set[str] | None) -> bool:
-    """Warm only once a VM attached it (`lastAttachTimestamp`) and served from it (the marker the VM writes to the
-    compile-cache bucket after `serving`, `disks/<zone>/<name>`; None: the markers could not be read, the attach time
-    decides). A disk a failed zone left is neither."""
+    """A VM attached it and served from it (its marker in the bucket; markers None: unreadable, the attach time
+    decides). Why: docs/design/inventory.md#two-sweeps."""
     return disk.status == "READY" and bool(disk.last_attached) and (
         markers is None or f"{disk.zone}/{disk.name}" in markers)
 
 
 def zones_by_warm_cache(candidates: Sequence[str], caches: Iterable[CacheDisk],
                         markers: set[str] | None = None) -> list[str]:
-    """The candidate zones, those holding a warm cache disk of the stack first (most recently attached first), then
-    the rest in their given order. For the capacity sweep: a zone with a warm disk boots in minutes less."""
+    """The candidates holding a warm cache disk first (most recently attached first), then the rest in order."""
     warm: dict[str, str] = {}
     for disk in caches:
         if is_warm(disk, markers) and disk.zone in candidates:
@@ -69,12 +64,9 @@ def zones_by_warm_cache(candidates: Sequence[str], caches: Iterable[CacheDisk],
 # --- `tpuserve cache` -----------------------------------------------------------------------------------------
 
 def _clients(compute_url: str, storage_url: str) -> tuple[ZonalDisks, Buckets]:
-    from tpuserve.gce import MissingCredentials, adc_session
+    from tpuserve.deploy.preflight import adc_or_fail
 
-    try:
-        session = adc_session()
-    except MissingCredentials as err:
-        raise click.ClickException(str(err)) from err
+    session = adc_or_fail()
     return ZonalDisks(session, compute_url), Buckets(session, storage_url)
 
 
@@ -82,12 +74,11 @@ def _project(project: str | None, stack: str, stack_outputs: Path | None) -> str
     if project:
         return project
     from tpuserve.deploy.stack import read_outputs
-    from tpuserve.serving import ConfigError
 
-    try:
-        outputs = read_outputs(stack, stack_outputs) or {}
-    except ConfigError as err:
-        raise click.UsageError(f"{err}; or give --project (a destroyed stack has no outputs)") from err
+    try:  # --stack names the caches; the outputs come from the file when one is given
+        outputs = read_outputs(None if stack_outputs else stack, stack_outputs) or {}
+    except click.ClickException as err:
+        raise click.UsageError(f"{err.format_message()}; or give --project (a destroyed stack has no outputs)") from err
     if not outputs.get("project"):
         raise click.UsageError(f"stack {stack!r} names no project; give --project")
     return str(outputs["project"])
@@ -177,6 +168,5 @@ def rm(stack: str, project: str | None, stack_outputs: Path | None, compute_url:
 
 
 def _stack_bucket(buckets: Buckets, project: str, stack: str) -> dict | None:
-    """The bucket labelled for this stack, if any."""
-    labelled = [b for b in buckets.list(project) if (b.get("labels") or {}).get(CACHE_LABEL) == stack_slug(stack)]
-    return labelled[0] if labelled else None
+    return next((b for b in buckets.list(project) if (b.get("labels") or {}).get(CACHE_LABEL) == stack_slug(stack)),
+                None)

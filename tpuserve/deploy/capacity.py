@@ -1,19 +1,6 @@
 """What a failed `pulumi up` of the TPU VM means for the capacity sweep, read from the error text alone.
-
-The GCP provider prints an operation's message (and its localized message), never the error code alone, so every rule
-matches the words Google and the provider use; tests/test_capacity.py holds one real error text per rule with its
-source. Rules are tried in order, first match wins:
-- the readiness gate failed: the VM was created but never served. A bad config fails the same way in every zone, so
-  this stops the sweep (and points to `tpuserve diagnose`); so do a locked stack, a policy violation, a program or
-  config error and missing credentials;
-- out of capacity in the zone: next zone, after the zones the message suggests ("Consider trying your request in the
-  X zone(s)");
-- a regional quota (preemptible or standard): skip the region's zones; a global quota stops;
-- the machine type is not offered in the zone: next zone;
-- API not enabled, permission denied, bad project, invalid argument: stop;
-- rate limits, internal errors, a create that timed out: next zone;
-- anything else stops: an unknown error is read by a person, not retried in every zone.
-"""
+The rules, tried in order (first match wins), and why: docs/design/capacity.md#the-classifier; one real error
+text per rule with its source in tests/test_capacity.py."""
 
 from __future__ import annotations
 
@@ -35,8 +22,7 @@ PREFIXES = re.compile(r"^(?:sdk-v2/provider2\.go:\d+: )?(?:sdk\.helper_schema: )
 
 GATE_FAILED = re.compile(r"exit status \d+: running .{0,400}?-m tpuserve gate")
 GATE_VERDICT = re.compile(r'\{"ready": false, .*?"reason": ("(?:[^"\\]|\\.)*")\}')
-# Another update holds the stack, in the CLI's words for a diy backend and for Pulumi Cloud: the two texts Pulumi's
-# own Automation API reads as a ConcurrentUpdateError (pulumi/pulumi sdk/python/lib/pulumi/automation/errors.py).
+# Another update holds the stack: the CLI's two texts (docs/design/capacity.md#the-classifier).
 LOCKED = re.compile(r"the stack is currently locked by|\[409\] Conflict: Another update is currently in progress")
 POLICY = re.compile(r"Policy Violations:|\[mandatory\]|Constraint '?constraints/[\w.]+'? violated")
 PROGRAM = re.compile(r"Program failed with an unhandled exception|\bConfigError\b|"
@@ -100,16 +86,13 @@ Rule = Callable[[str, str], "Failure | None"]
 
 
 def _stop(kind: str, pattern: re.Pattern[str], hint: str) -> Rule:
-    def rule(text: str, zone: str) -> Failure | None:
-        match = pattern.search(text)
-        return Failure(kind, STOP, excerpt(text, match), hint=hint) if match else None
-    return rule
+    return _rule(kind, pattern, STOP, hint=hint)
 
 
-def _next_zone(kind: str, pattern: re.Pattern[str], lasting: bool = False) -> Rule:
+def _rule(kind: str, pattern: re.Pattern[str], block: str = ZONE, lasting: bool = False, hint: str = "") -> Rule:
     def rule(text: str, zone: str) -> Failure | None:
         match = pattern.search(text)
-        return Failure(kind, ZONE, excerpt(text, match), lasting=lasting) if match else None
+        return Failure(kind, block, excerpt(text, match), lasting=lasting, hint=hint) if match else None
     return rule
 
 
@@ -165,14 +148,14 @@ RULES: tuple[Rule, ...] = (
                                       "Federation, see docs/pipelines-and-policy.md)"),
     _capacity,
     _quota,
-    _next_zone("unavailable", UNAVAILABLE, lasting=True),
+    _rule("unavailable", UNAVAILABLE, lasting=True),
     _api_disabled,
     _stop("permission", PERMISSION, "grant the deploying identity the role it lacks (`tpuserve preflight` lists "
                                     "the permissions); IAM grants take 2-7 minutes to propagate"),
     _stop("project", PROJECT, "check the stack's `project` (its id, not its name or number)"),
     _stop("invalid", INVALID, "the request is invalid the same way in every zone: fix the setting it names"),
-    _next_zone("timeout", TIMEOUT),
-    _next_zone("transient", TRANSIENT),
+    _rule("timeout", TIMEOUT),
+    _rule("transient", TRANSIENT),
 )
 
 

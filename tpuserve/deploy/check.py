@@ -1,10 +1,5 @@
-"""`tpuserve check --stack S`: Pulumi.<S>.yaml against the program's own rules, offline, without the Pulumi CLI.
-
-The file's `tpu-serve:` keys go through components/config.py `build_stack_config` as `pulumi up` would hand them
-over (strings; objects and lists as JSON text; a `secure:` value as an opaque secret), the way
-tests/pulumi_harness.py `stack_file_config` reads a stack file. The rules are this checkout's: the command runs in
-the Pulumi project (the directory with Pulumi.yaml, or one below it) and imports its components/ from there.
-"""
+"""`tpuserve check --stack S`: Pulumi.<S>.yaml against this checkout's components/config.py rules, offline, without
+the Pulumi CLI; keys are handed over as `pulumi up` would (strings, JSON text, a `secure:` value as a stand-in)."""
 
 from __future__ import annotations
 
@@ -16,6 +11,7 @@ from typing import Any
 
 import click
 
+from tpuserve import exits
 from tpuserve.cli import Failure, echo_json, json_option
 from tpuserve.names import PROJECT_NAME
 from tpuserve.serving import ConfigError
@@ -37,8 +33,7 @@ def stack_names(directory: Path) -> list[str]:
 
 
 def read_stack_file(path: Path) -> dict[str, Any]:
-    """The file's `tpu-serve:` settings as `pulumi up` hands them to the program; a file that is not a stack file
-    is a Failure naming the line or the key."""
+    """The file's `config:` mapping; a file that is not a stack file is a Failure naming the line or the key."""
     import yaml
 
     try:
@@ -47,10 +42,10 @@ def read_stack_file(path: Path) -> dict[str, Any]:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         problem = getattr(err, "problem", None) or type(err).__name__
-        raise Failure(f"{path.name}{where}: not YAML ({problem})", exit_code=2) from err
+        raise Failure(f"{path.name}{where}: not YAML ({problem})", exit_code=exits.USAGE) from err
     config = data.get("config", {}) if isinstance(data, dict) else None
     if not isinstance(config, dict):
-        raise Failure(f"{path.name}: `config:` must be a mapping of namespace:key to value", exit_code=2)
+        raise Failure(f"{path.name}: `config:` must be a mapping of namespace:key to value", exit_code=exits.USAGE)
     return config
 
 
@@ -70,9 +65,8 @@ def settings_of(config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
 
 
 def program_problems(directory: Path, raw: dict[str, str]) -> tuple[list[str], list[str]]:
-    """(one line per problem, the program's warnings) under components/config.py's rules. A key whose value is
-    refused is checked no further: its default stands in while the other keys are checked, as many times as
-    there are problems (at most MAX_PROBLEMS)."""
+    """(one line per problem, the program's warnings) under components/config.py's rules; a refused key's default
+    stands in while the others are checked, up to MAX_PROBLEMS times."""
     sys.path.insert(0, str(directory))
     try:
         config = importlib.import_module("components.config")
@@ -107,9 +101,9 @@ def check(stack: str, as_json: bool) -> None:
         names = stack_names(directory)
         close = difflib.get_close_matches(stack, names, n=1)
         guess = f" (did you mean {close[0]}?)" if close else ""
-        raise click.BadParameter(f"no {path.name} in {directory}{guess}: the stacks here are {', '.join(names) or 'none'};"
-                                 f" a new stack starts as a copy of one: cp Pulumi.dev.yaml {path.name}",
-                                 param_hint="--stack")
+        raise click.BadParameter(f"no {path.name} in {directory}{guess}: the stacks here are "
+                                 f"{', '.join(names) or 'none'}; a new stack starts as a copy of one: "
+                                 f"cp Pulumi.dev.yaml {path.name}", param_hint="--stack")
     raw, problems = settings_of(read_stack_file(path))
     found, warnings = program_problems(directory, raw)
     problems += found
@@ -119,7 +113,7 @@ def check(stack: str, as_json: bool) -> None:
                 click.echo(f"{path.name}: {problem}", err=True)
         more = f" (and {len(problems) - 1} more{'' if as_json else ', above'})" if len(problems) > 1 else ""
         raise Failure(f"{path.name}: {problems[0]}{more}", {"stack": stack, "file": str(path), "problems": problems},
-                      exit_code=2)
+                      exit_code=exits.USAGE)
     if as_json:
         echo_json({"ok": True, "stack": stack, "file": str(path), "settings": sorted(raw), "warnings": warnings})
         return

@@ -1,14 +1,6 @@
-"""Read the vLLM container's logs back from Cloud Logging, where the VM's Ops Agent ships them (no ssh needed).
-
-The Ops Agent's `files` receiver reads Docker's json-file logs and names the log after the receiver
-(`facts.CONTAINER_LOG_NAME`, see components/ops_agent.py); a `parse_json` processor turns each line's
-{"log", "stream", "time"} into the entry's `jsonPayload`. Entries are listed with the Logging API's `entries.list`
-(POST https://logging.googleapis.com/v2/entries:list, body `resourceNames`, `filter`, `orderBy`, `pageSize`,
-`pageToken`; response `entries` + `nextPageToken`: https://cloud.google.com/logging/docs/reference/v2/rest/v2/entries/list)
-and selected by the VM's numeric id, the `gce_instance` monitored resource's `instance_id` label
-(https://cloud.google.com/logging/docs/api/v2/resource-list), so a VM recreated under the same name is not mixed in.
-The base URL is a parameter so tests point it at a fake on 127.0.0.1.
-"""
+"""The vLLM container's logs, read back from Cloud Logging where the VM's Ops Agent ships them (no ssh needed):
+Logging API `entries.list` (https://cloud.google.com/logging/docs/reference/v2/rest/v2/entries/list) filtered by
+the VM's numeric `instance_id`, so a VM recreated under the same name is not mixed in."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""`tpuserve images check`: does the container image a deploy would pull still resolve on its registry?
-
-The pinned default (facts.VLLM_TPU_IMAGE, printed with the public run it rests on), a stack's containerImage
-(`--stack`) or any image (`--image`), asked with tpuserve/registry.py `locate`. Exit 1 when the registry says the
-image is not there (a pull cannot succeed); a registry that cannot be reached or asked is a warning, exit 0.
-"""
+"""`tpuserve images check`: does the container image a deploy would pull still resolve on its registry? Exit 1
+when the registry says it is gone; a registry that cannot be asked is a warning, exit 0."""
 
 from __future__ import annotations
 
@@ -21,12 +17,9 @@ LABEL = {OK: "ok", ABSENT: "fail", UNKNOWN: "warning"}
 
 def stack_image(stack: str, cwd: Path) -> str:
     """The image a stack's next deploy pulls: its containerImage, else the pinned default."""
-    from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
+    from tpuserve.deploy.pulumi_cli import open_stack
 
-    try:
-        return str(PulumiCli(stack, cwd).config().get("containerImage") or VLLM_TPU_IMAGE)
-    except PulumiError as err:
-        raise click.ClickException(str(err)) from err
+    return str(open_stack(stack, cwd)[1].get("containerImage") or VLLM_TPU_IMAGE)
 
 
 def evidence_line() -> str:

@@ -1,47 +1,35 @@
-"""`tpuserve inventory`: everything a stack owns in the project, what it bills, and whether anything
-that bills is left that nobody asked for.
-
-Pulumi's state says what the stack *should* own; the cloud says what exists. The two part ways on failure paths: a
-create whose wait timed out (the provider clears the id, the VM appears later), a cache disk whose zone failed and
-was dropped from the state by `retainOnDelete`, a successor that never served. So the inventory looks in the cloud,
-across every zone and region, for what carries the stack's labels (instances, disks, buckets, secrets: the labels
-every resource of the stack gets, components/deployment.py) or, for what takes no labels, the names the program
-gives it (firewall rules, Cloud Routers and their NATs, service accounts: tpuserve/names.py and Pulumi's autonaming,
-`<logical name>-<7 hex>`), and marks each one:
-
-- *in state*: the stack's state holds it;
-- *kept*: not in the state but kept on purpose: a cache disk that holds a warm cache (it was attached and served:
-  `lastAttachTimestamp` and the compile-cache marker the VM writes to the bucket), the compile-cache bucket;
-- *orphan*: everything else. An orphan that bills makes `up` and `destroy` exit non-zero with the
-  one command that removes it.
-
-Prices are list prices (tpuserve/data/prices.json, each with its source and date); the monthly total counts 730
-hours a month for what bills by the hour.
-"""
+"""`tpuserve inventory`: everything a stack owns in the project, what it bills, and whether anything that bills is
+left that nobody asked for (in state, kept, orphan). Where it looks and why: docs/design/inventory.md."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
+import click
 import requests
 
-from tpuserve.gce import ComputeClient, label_filter, ok, tpu_chips
+from tpuserve import exits
+from tpuserve.deploy.cache import CacheDisk, is_warm
+from tpuserve.deploy.preflight import Endpoints, adc_or_fail, endpoint_option
+from tpuserve.deploy.pulumi_cli import PulumiError, open_stack, require_project
 from tpuserve.facts import (CACHE_LABEL, HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS,
                             PRICE_PER_CHIP_HOUR, hyperdisk_balanced_monthly_usd)
+from tpuserve.gce import ComputeApiError, ComputeClient, ZonalDisks, label_filter, ok, tpu_chips
+from tpuserve.gcs import Buckets
 from tpuserve.names import base_name, service_account_id, stack_slug
 
 HOURS_PER_MONTH = 730
 IN_STATE, KEPT, ORPHAN = "in state", "kept", "orphan"
 AUTONAME = "-[0-9a-f]{7}"  # Pulumi's autonaming suffix (pulumi-gcp SetAutonaming: name, "-", 7 random hex)
-# The marker object the VM writes to the compile-cache bucket once a cache disk holds a served config's compile
-# cache (vm/compile_cache.py): `disks/<zone>/<disk name>`.
-WARM_MARKER_PREFIX = "disks/"
+WARM_MARKER_PREFIX = "disks/"  # the VM's marker of a served cache disk: disks/<zone>/<disk> (vm/compile_cache.py)
+DELETE_ORDER = ("instance", "nat", "router", "firewall", "disk", "bucket", "secret", "service-account")
 
 
 @lru_cache(maxsize=1)
@@ -100,16 +88,6 @@ class Inventory:
 
 # --- what the state holds -------------------------------------------------------------------------------------
 
-def state_keys(state: Mapping[str, Any]) -> set[str]:
-    """Every resource of a `pulumi stack export` as `kind:location:name` keys (the provider ids, normalised)."""
-    keys = set()
-    for resource in state.get("deployment", {}).get("resources") or []:
-        key = key_of_id(str(resource.get("id") or ""), str(resource.get("type") or ""))
-        if key:
-            keys.add(key)
-    return keys
-
-
 ID_PATTERNS = (
     ("instance", re.compile(r"projects/[^/]+/zones/(?P<loc>[^/]+)/instances/(?P<name>[^/]+)$")),
     ("disk", re.compile(r"projects/[^/]+/zones/(?P<loc>[^/]+)/disks/(?P<name>[^/]+)$")),
@@ -121,6 +99,13 @@ ID_PATTERNS = (
 )
 
 
+def state_keys(state: Mapping[str, Any]) -> set[str]:
+    """Every resource of a `pulumi stack export` as `kind:location:name` keys (the provider ids, normalised)."""
+    keys = {key_of_id(str(resource.get("id") or ""), str(resource.get("type") or ""))
+            for resource in state.get("deployment", {}).get("resources") or []}
+    return keys - {""}
+
+
 def key_of_id(id_: str, type_: str) -> str:
     if type_ == "pulumi-python:dynamic:Resource" and "/" not in id_ and id_:
         return f"bucket:global:{id_}"  # the cache bucket's id is its name
@@ -129,7 +114,7 @@ def key_of_id(id_: str, type_: str) -> str:
             continue
         match = pattern.search(id_)
         if match:
-            return f"{kind}:{match.groupdict().get('loc') or 'global'}:{match['name']}"
+            return key(kind, match.groupdict().get("loc") or "global", match["name"])
     return ""
 
 
@@ -150,8 +135,7 @@ def instance_hourly(instance: Mapping[str, Any], price_per_chip_hour: float) -> 
 
 
 def disk_monthly(disk: Mapping[str, Any]) -> float:
-    """What a disk bills per month: its capacity, and for Hyperdisk Balanced the IOPS and throughput provisioned above
-    the free 3,000 and 140 MiB/s (tpuserve.facts, the one formula `tpuserve plan` and `cost` use too)."""
+    """What a disk bills per month: its capacity, and Hyperdisk Balanced's performance above the free (facts.py)."""
     size = int(disk.get("sizeGb", 0))
     disk_type = str(disk.get("type", "")).rsplit("/", 1)[-1]
     if disk_type == "hyperdisk-balanced":
@@ -167,22 +151,23 @@ def disk_monthly(disk: Mapping[str, Any]) -> float:
 @dataclass
 class Clients:
     session: requests.Session
-    compute_url: str
-    storage_url: str
-    iam_url: str = "https://iam.googleapis.com"
-    secretmanager_url: str = "https://secretmanager.googleapis.com"
+    roots: Endpoints
 
-    def get(self, url: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
-        return ok(self.session.get(url, params=params, timeout=30)).json()
-
-    def pages(self, url: str, params: Mapping[str, str] | None = None) -> Iterable[dict[str, Any]]:
-        query = dict(params or {})
+    def pages(self, url: str) -> Iterator[dict[str, Any]]:
+        query: dict[str, str] = {}
         while True:
-            body = self.get(url, query)
+            body = ok(self.session.get(url, params=query, timeout=30)).json()
             yield body
             if not body.get("nextPageToken"):
                 return
             query["pageToken"] = body["nextPageToken"]
+
+    def stack_buckets(self, project: str, stacks: Sequence[str]) -> list[dict[str, Any]]:
+        return [b for b in self.buckets.list(project) if labelled(b.get("labels") or {}, stacks)]
+
+    @property
+    def buckets(self) -> Buckets:
+        return Buckets(self.session, self.roots.storage)
 
 
 def labelled(labels: Mapping[str, str], stacks: Sequence[str]) -> bool:
@@ -191,44 +176,114 @@ def labelled(labels: Mapping[str, str], stacks: Sequence[str]) -> bool:
 
 def take_stock(clients: Clients, project: str, stacks: Sequence[str], state: Mapping[str, set[str]],
                keep_caches: bool = True, price_per_chip_hour: float = PRICE_PER_CHIP_HOUR) -> Inventory:
-    """The inventory of `stacks` in `project`; `state` maps each
-    stack to its state's keys (state_keys)."""
+    """The inventory of `stacks` in `project`; `state` maps each stack to its state's keys (state_keys)."""
     inventory = Inventory(project, tuple(stacks))
-    held = set().union(*state.values()) if state else set()
-    bases = [base_name(stack) for stack in stacks]
-    compute = ComputeClient(clients.session, clients.compute_url)
-    warm = warm_markers(clients, project, stacks, inventory)
-
-    def mark(kind: str, location: str, name: str) -> str:
-        return IN_STATE if key(kind, location, name) in held else ORPHAN
-
-    try:
-        for instance in compute.aggregated_instances(project, label_filter({"app": "tpu-serve"})):
-            if not labelled(instance.get("labels") or {}, stacks):
-                continue
-            zone = str(instance.get("zone", "")).rsplit("/", 1)[-1]
-            status = mark("instance", zone, instance["name"])
-            inventory.items.append(Item(
-                "instance", instance["name"], zone, status,
-                "" if status == IN_STATE else "not in the stack's state (a create that timed out, or a successor "
-                "that never served)", hourly_usd=instance_hourly(instance, price_per_chip_hour),
-                remove=f"gcloud compute instances delete {instance['name']} --zone {zone} --project {project} --quiet",
-                detail=f"{str(instance.get('machineType', '')).rsplit('/', 1)[-1]}, {instance.get('status', '')}"))
-    except (requests.RequestException, RuntimeError) as err:
-        inventory.errors.append(f"instances: {err}")
-    try:
-        for body in clients.pages(f"{clients.compute_url}/compute/v1/projects/{project}/aggregated/disks",
-                                  {"filter": label_filter({"app": "tpu-serve"})}):
-            for scoped in (body.get("items") or {}).values():
-                for disk in scoped.get("disks", []):
-                    if labelled(disk.get("labels") or {}, stacks):
-                        inventory.items.append(disk_item(disk, project, held, warm, keep_caches))
-    except (requests.RequestException, RuntimeError) as err:
-        inventory.errors.append(f"disks: {err}")
-    buckets_of(clients, project, stacks, held, keep_caches, inventory)
-    unlabelled(clients, project, bases, stacks, held, inventory)
+    look = Look(clients, project, tuple(stacks), set().union(*state.values()) if state else set(), keep_caches,
+                price_per_chip_hour, warm_markers(clients, project, stacks, inventory.errors))
+    for what, items in (("instances", look.instances()), ("disks", look.disks()), ("buckets", look.buckets()),
+                        ("firewalls and routers", look.network()), ("service accounts", look.service_accounts()),
+                        ("secrets", look.secrets())):
+        try:
+            for item in items:  # what was listed before an error stays
+                inventory.items.append(item)
+        except (requests.RequestException, RuntimeError) as err:
+            inventory.errors.append(f"{what}: {err}")
     inventory.items.sort(key=lambda item: ({IN_STATE: 0, KEPT: 1, ORPHAN: 2}[item.status], item.kind, item.name))
     return inventory
+
+
+@dataclass(frozen=True)
+class Look:
+    """Where the stacks' resources are looked for, each kind an Item generator (docs/design/inventory.md)."""
+
+    clients: Clients
+    project: str
+    stacks: tuple[str, ...]
+    held: set[str]
+    keep_caches: bool
+    price_per_chip_hour: float
+    warm: set[str] | None
+
+    def mark(self, kind: str, location: str, name: str) -> str:
+        return IN_STATE if key(kind, location, name) in self.held else ORPHAN
+
+    def instances(self) -> Iterator[Item]:
+        compute = ComputeClient(self.clients.session, self.clients.roots.compute)
+        for instance in compute.aggregated_instances(self.project, label_filter({"app": "tpu-serve"})):
+            if labelled(instance.get("labels") or {}, self.stacks):
+                zone, name = str(instance.get("zone", "")).rsplit("/", 1)[-1], instance["name"]
+                status = self.mark("instance", zone, name)
+                machine_type = str(instance.get("machineType", "")).rsplit("/", 1)[-1]
+                yield Item("instance", name, zone, status, "" if status == IN_STATE else "not in the stack's state (a "
+                           "create that timed out, or a successor that never served)",
+                           hourly_usd=instance_hourly(instance, self.price_per_chip_hour),
+                           remove=f"gcloud compute instances delete {name} --zone {zone} --project {self.project} "
+                                  "--quiet", detail=f"{machine_type}, {instance.get('status', '')}")
+
+    def disks(self) -> Iterator[Item]:
+        disks = ZonalDisks(self.clients.session, self.clients.roots.compute)
+        for disk in disks.aggregated(self.project, label_filter({"app": "tpu-serve"})):
+            if labelled(disk.get("labels") or {}, self.stacks):
+                yield disk_item(disk, self.project, self.held, self.warm, self.keep_caches)
+
+    def buckets(self) -> Iterator[Item]:
+        price = float(prices()["storagePerGbMonth"]["STANDARD"])
+        for bucket in self.clients.stack_buckets(self.project, self.stacks):
+            name = bucket["name"]
+            size = sum(int(item.get("size", 0)) for item in self.clients.buckets.objects(name))
+            status = IN_STATE if key("bucket", "global", name) in self.held else KEPT if self.keep_caches else ORPHAN
+            yield Item("bucket", name, str(bucket.get("location", "")).lower(), status,
+                       "" if status == IN_STATE else "the compile-cache bucket, kept for the next deployment"
+                       if status == KEPT else "not in the stack's state", monthly_usd=round(size / 2**30 * price, 2),
+                       remove=f"gcloud storage rm --recursive gs://{name}", detail=f"{size / 2**20:.1f} MiB")
+
+    def network(self) -> Iterator[Item]:
+        """Firewalls, and routers with their NATs, by the names the program gives them."""
+        bases = [base_name(stack) for stack in self.stacks]
+        autonamed = re.compile(rf"^(?:{'|'.join(map(re.escape, bases))})(?:-[a-z0-9-]+)?{AUTONAME}$")
+        compute = f"{self.clients.roots.compute}/compute/v1/projects/{self.project}"
+        for body in self.clients.pages(f"{compute}/global/firewalls"):
+            for rule in body.get("items") or []:
+                name, status = rule["name"], self.mark("firewall", "global", rule["name"])
+                if status == IN_STATE or autonamed.match(name) and set(rule.get("targetTags") or []) & set(bases):
+                    yield Item("firewall", name, "global", status,
+                               remove=f"gcloud compute firewall-rules delete {name} --project {self.project} --quiet",
+                               detail=f"to {', '.join(rule.get('targetTags') or [])}")
+        nat_price = float(prices()["cloudNat"]["perVmHour"])
+        for body in self.clients.pages(f"{compute}/aggregated/routers"):
+            for scope, scoped in (body.get("items") or {}).items():
+                region = scope.rsplit("/", 1)[-1]
+                for router in scoped.get("routers", []):
+                    name, status = router["name"], self.mark("router", region, router["name"])
+                    if status == ORPHAN and not autonamed.match(name):
+                        continue
+                    where = f"--region {region} --project {self.project} --quiet"
+                    yield Item("router", name, region, status, remove=f"gcloud compute routers delete {name} {where}")
+                    for nat in router.get("nats") or []:
+                        yield Item("nat", nat["name"], region, status, "per VM-hour of the VMs using it; data per GB",
+                                   detail=f"{nat.get('sourceSubnetworkIpRangesToNat', '')} on {name}",
+                                   hourly_usd=0.0 if status == IN_STATE else nat_price,
+                                   remove=f"gcloud compute routers nats delete {nat['name']} --router {name} {where}")
+
+    def service_accounts(self) -> Iterator[Item]:
+        accounts = {service_account_id(base_name(stack)) for stack in self.stacks}
+        for body in self.clients.pages(f"{self.clients.roots.iam}/v1/projects/{self.project}/serviceAccounts"):
+            for account in body.get("accounts") or []:
+                account_id = str(account.get("email", "")).split("@", 1)[0]
+                if account_id in accounts:
+                    yield Item("service-account", account_id, "global",
+                               self.mark("service-account", "global", account_id),
+                               remove=f"gcloud iam service-accounts delete {account['email']} --project {self.project} "
+                                      "--quiet")
+
+    def secrets(self) -> Iterator[Item]:
+        for body in self.clients.pages(f"{self.clients.roots.secretmanager}/v1/projects/{self.project}/secrets"):
+            for secret in body.get("secrets") or []:
+                if labelled(secret.get("labels") or {}, self.stacks):
+                    name = str(secret["name"]).rsplit("/", 1)[-1]
+                    yield Item("secret", name, "global", self.mark("secret", "global", name),
+                               monthly_usd=float(prices()["secretManager"]["perActiveVersionMonth"]),
+                               remove=f"gcloud secrets delete {name} --project {self.project} --quiet")
 
 
 def disk_item(disk: Mapping[str, Any], project: str, held: set[str], warm: set[str] | None,
@@ -246,7 +301,7 @@ def disk_item(disk: Mapping[str, Any], project: str, held: set[str], warm: set[s
         return Item("disk", name, zone, IN_STATE if any(key("instance", zone, u) in held for u in users) else ORPHAN,
                     "attached to a VM", monthly_usd=monthly, remove=remove, detail=detail)
     cache = CACHE_LABEL in (disk.get("labels") or {})
-    if cache and is_warm(disk, warm) and keep_caches:
+    if cache and is_warm(CacheDisk.from_api(disk), warm) and keep_caches:
         return Item("disk", name, zone, KEPT, f"a warm cache (last attached {disk.get('lastAttachTimestamp')}): "
                     "the next VM in this zone boots warm", monthly_usd=monthly, remove=remove, detail=detail)
     why = "a cache disk that never held a served cache (never attached, or no compile-cache marker)" if cache \
@@ -254,132 +309,110 @@ def disk_item(disk: Mapping[str, Any], project: str, held: set[str], warm: set[s
     return Item("disk", name, zone, ORPHAN, why, monthly_usd=monthly, remove=remove, detail=detail)
 
 
-def is_warm(disk: Mapping[str, Any], markers: set[str] | None) -> bool:
-    """A cache disk is warm only once a VM attached it and served from it: `lastAttachTimestamp` (Compute's) and the
-    marker the VM wrote to the bucket after `serving` (vm/compile_cache.py). Markers that could not be read (None)
-    leave the attach time alone to decide: a disk is never called an orphan on a guess."""
-    zone = str(disk.get("zone", "")).rsplit("/", 1)[-1]
-    attached = bool(disk.get("lastAttachTimestamp"))
-    return attached and (markers is None or f"{zone}/{disk.get('name')}" in markers)
-
-
-def warm_markers(clients: Clients, project: str, stacks: Sequence[str], inventory: Inventory) -> set[str] | None:
-    """`zone/disk` for every marker object in the stacks' compile-cache buckets; None when they cannot be read."""
-    found: set[str] = set()
+def warm_markers(clients: Clients, project: str, stacks: Sequence[str],
+                 errors: list[str] | None = None) -> set[str] | None:
+    """`zone/disk` for every marker in the stacks' compile-cache buckets; None (and an error) when unreadable."""
     try:
-        for body in clients.pages(f"{clients.storage_url}/storage/v1/b", {"project": project}):
-            for bucket in body.get("items") or []:
-                if not labelled(bucket.get("labels") or {}, stacks):
-                    continue
-                for page in clients.pages(f"{clients.storage_url}/storage/v1/b/{bucket['name']}/o",
-                                          {"prefix": WARM_MARKER_PREFIX}):
-                    found |= {item["name"].removeprefix(WARM_MARKER_PREFIX) for item in page.get("items") or []}
+        return {item["name"].removeprefix(WARM_MARKER_PREFIX) for bucket in clients.stack_buckets(project, stacks)
+                for item in clients.buckets.objects(bucket["name"], WARM_MARKER_PREFIX)}
     except (requests.RequestException, RuntimeError) as err:
-        inventory.errors.append(f"compile-cache markers: {err}")
+        if errors is not None:
+            errors.append(f"compile-cache markers: {err}")
         return None
-    return found
 
 
-def buckets_of(clients: Clients, project: str, stacks: Sequence[str], held: set[str], keep_caches: bool,
-               inventory: Inventory) -> None:
-    price = float(prices()["storagePerGbMonth"]["STANDARD"])
+def stock_of(pulumi: Any, clients: Clients, config: Mapping[str, Any]) -> Inventory:
+    """The inventory of `pulumi`'s stack (a state that cannot be exported counts as holding nothing, and says so)."""
     try:
-        for body in clients.pages(f"{clients.storage_url}/storage/v1/b", {"project": project}):
-            for bucket in body.get("items") or []:
-                if not labelled(bucket.get("labels") or {}, stacks):
-                    continue
-                size = sum(int(item.get("size", 0)) for page in clients.pages(
-                    f"{clients.storage_url}/storage/v1/b/{bucket['name']}/o") for item in page.get("items") or [])
-                status = IN_STATE if key("bucket", "global", bucket["name"]) in held else KEPT if keep_caches \
-                    else ORPHAN
-                inventory.items.append(Item(
-                    "bucket", bucket["name"], str(bucket.get("location", "")).lower(), status,
-                    "" if status == IN_STATE else "the compile-cache bucket, kept for the next deployment"
-                    if status == KEPT else "not in the stack's state",
-                    monthly_usd=round(size / 2**30 * price, 2),
-                    remove=f"gcloud storage rm --recursive gs://{bucket['name']}", detail=f"{size / 2**20:.1f} MiB"))
-    except (requests.RequestException, RuntimeError) as err:
-        inventory.errors.append(f"buckets: {err}")
+        state, errors = state_keys(pulumi.export()), []
+    except Exception as err:  # noqa: BLE001 - PulumiError, or a state that is not JSON: the cloud still answers
+        state, errors = set(), [f"the state of {pulumi.stack} ({err})"]
+    inventory = take_stock(clients, str(config.get("project", "")), [pulumi.stack], {pulumi.stack: state},
+                           str(config.get("keepCaches", True)).lower() != "false",
+                           float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR))
+    inventory.errors += errors
+    return inventory
 
 
-def unlabelled(clients: Clients, project: str, bases: Sequence[str], stacks: Sequence[str], held: set[str],
-               inventory: Inventory) -> None:
-    """Firewalls, routers with their NATs, service accounts and secrets, by the names the program gives them."""
-    prefixes = "|".join(re.escape(base) for base in bases)
-    autonamed = re.compile(rf"^(?:{prefixes})(?:-[a-z0-9-]+)?{AUTONAME}$")
-    nat_price = float(prices()["cloudNat"]["perVmHour"])
+def delete_items(clients: Clients, project: str, items: Sequence[Item]) -> list[str]:
+    """Delete orphans, VMs first (their disks are free only once they are gone), each waited for; returns what could
+    not be deleted, with why."""
+    disks = ZonalDisks(clients.session, clients.roots.compute)
+    compute = f"{clients.roots.compute.rstrip('/')}/compute/v1/projects/{project}"
+    waited = {"instance": "zones/{location}/instances/{name}", "router": "regions/{location}/routers/{name}",
+              "firewall": "global/firewalls/{name}"}
+    gone_is_done = {"secret": f"{clients.roots.secretmanager}/v1/projects/{project}/secrets/{{name}}",
+                    "service-account": f"{clients.roots.iam}/v1/projects/{project}/serviceAccounts/"
+                                       f"{{name}}@{project}.iam.gserviceaccount.com"}
+    failed = []
+    for item in sorted(items, key=lambda i: DELETE_ORDER.index(i.kind) if i.kind in DELETE_ORDER else 9):
+        try:
+            if item.kind in waited:
+                disks.wait_operation(clients.session.delete(
+                    f"{compute}/{waited[item.kind].format(location=item.location, name=item.name)}", timeout=30))
+            elif item.kind == "disk":
+                disks.delete(project, item.location, item.name)
+            elif item.kind == "bucket":
+                clients.buckets.delete(item.name)
+            elif item.kind in gone_is_done:
+                response = clients.session.delete(gone_is_done[item.kind].format(name=item.name), timeout=30)
+                if response.status_code != 404:
+                    ok(response)
+            # a NAT goes with its router
+        except (ComputeApiError, requests.RequestException) as err:
+            failed.append(f"{item.kind} {item.name}: {err}")
+    return failed
+
+
+def close_run(pulumi: Any, config: Mapping[str, Any], session: requests.Session, roots: Endpoints,
+              confirm: Callable[[Sequence[Any]], bool], say: Callable[[str], None], code: int,
+              command: str) -> tuple[int, Inventory | None]:
+    """The inventory that ends `up`, `renew` and `destroy`: said in a few lines, its billing orphans deleted once
+    `confirm` agrees; one still left turns an OK into ORPHANS. None when it cannot be taken."""
+    clients = Clients(session, roots)
+    stock = said_stock(pulumi, clients, config, say)
+    orphans = stock.billing_orphans if stock is not None else []
+    if orphans and confirm(orphans):
+        failed = delete_items(clients, stock.project, orphans)
+        for line in failed:
+            say(f"warning: could not delete {line}")
+        say(f"deleted {len(orphans) - len(failed)} orphan(s): {', '.join(f'{i.kind} {i.name}' for i in orphans)}")
+        stock = said_stock(pulumi, clients, config, say)
+    if stock is not None and stock.billing_orphans and code == exits.OK:
+        say(f"Error: {len(stock.billing_orphans)} orphan(s) that bill are left (above, each with the command that "
+            f"removes it); run `{command}` again with --yes to delete them")
+        code = exits.ORPHANS
+    return code, stock
+
+
+def said_stock(pulumi: Any, clients: Clients, config: Mapping[str, Any], say: Callable[[str], None]
+               ) -> Inventory | None:
     try:
-        for body in clients.pages(f"{clients.compute_url}/compute/v1/projects/{project}/global/firewalls"):
-            for rule in body.get("items") or []:
-                if autonamed.match(rule["name"]) and set(rule.get("targetTags") or []) & set(bases) or \
-                        key("firewall", "global", rule["name"]) in held:
-                    inventory.items.append(Item(
-                        "firewall", rule["name"], "global", IN_STATE if key("firewall", "global", rule["name"]) in held
-                        else ORPHAN, remove=f"gcloud compute firewall-rules delete {rule['name']} --project "
-                        f"{project} --quiet", detail=f"to {', '.join(rule.get('targetTags') or [])}"))
-        for body in clients.pages(f"{clients.compute_url}/compute/v1/projects/{project}/aggregated/routers"):
-            for scope, scoped in (body.get("items") or {}).items():
-                region = scope.rsplit("/", 1)[-1]
-                for router in scoped.get("routers", []):
-                    in_state = key("router", region, router["name"]) in held
-                    if not (in_state or autonamed.match(router["name"])):
-                        continue
-                    status = IN_STATE if in_state else ORPHAN
-                    inventory.items.append(Item(
-                        "router", router["name"], region, status, remove=f"gcloud compute routers delete "
-                        f"{router['name']} --region {region} --project {project} --quiet"))
-                    for nat in router.get("nats") or []:
-                        inventory.items.append(Item(
-                            "nat", nat["name"], region, status, "per VM-hour of the VMs using it; data per GB",
-                            detail=f"{nat.get('sourceSubnetworkIpRangesToNat', '')} on {router['name']}",
-                            hourly_usd=0.0 if status == IN_STATE else nat_price,
-                            remove=f"gcloud compute routers nats delete {nat['name']} --router {router['name']} "
-                                   f"--region {region} --project {project} --quiet"))
-    except (requests.RequestException, RuntimeError) as err:
-        inventory.errors.append(f"firewalls and routers: {err}")
-    try:
-        accounts = {service_account_id(base) for base in bases}
-        for body in clients.pages(f"{clients.iam_url}/v1/projects/{project}/serviceAccounts"):
-            for account in body.get("accounts") or []:
-                account_id = str(account.get("email", "")).split("@", 1)[0]
-                if account_id in accounts:
-                    inventory.items.append(Item(
-                        "service-account", account_id, "global",
-                        IN_STATE if key("service-account", "global", account_id) in held else ORPHAN,
-                        remove=f"gcloud iam service-accounts delete {account['email']} --project {project} --quiet"))
-    except (requests.RequestException, RuntimeError) as err:
-        inventory.errors.append(f"service accounts: {err}")
-    try:
-        for body in clients.pages(f"{clients.secretmanager_url}/v1/projects/{project}/secrets"):
-            for secret in body.get("secrets") or []:
-                if not labelled(secret.get("labels") or {}, stacks):
-                    continue
-                name = str(secret["name"]).rsplit("/", 1)[-1]
-                inventory.items.append(Item(
-                    "secret", name, "global", IN_STATE if key("secret", "global", name) in held else ORPHAN,
-                    monthly_usd=float(prices()["secretManager"]["perActiveVersionMonth"]),
-                    remove=f"gcloud secrets delete {name} --project {project} --quiet"))
-    except (requests.RequestException, RuntimeError) as err:
-        inventory.errors.append(f"secrets: {err}")
+        stock = stock_of(pulumi, clients, config)
+    except (PulumiError, requests.RequestException, ComputeApiError) as err:
+        say(f"warning: could not take the stack's inventory: {err}")
+        return None
+    for line in summary_lines(stock):
+        say(line)
+    return stock
 
 
 # --- reporting ---------------------------------------------------------------------------------------------------
 
 def summary_lines(inventory: Inventory) -> list[str]:
-    """What `up` and `destroy` print at their end: the totals, then every orphan and kept cache with
-    the command that removes it."""
+    """The totals, then every orphan and kept cache, each orphan that bills with the command that removes it."""
     lines = [f"inventory of {', '.join(inventory.stacks)} in {inventory.project}: {len(inventory.items)} resource(s), "
-             f"${inventory.total(IN_STATE):.2f}/month in the state, ${inventory.total(KEPT):.2f}/month kept on purpose, "
-             f"${inventory.total(ORPHAN):.2f}/month orphaned"]
+             f"${inventory.total(IN_STATE):.2f}/month in the state, ${inventory.total(KEPT):.2f}/month kept on "
+             f"purpose, ${inventory.total(ORPHAN):.2f}/month orphaned"]
     for item in inventory.items:
         if item.status == IN_STATE:
             continue
         cost = f"${item.per_month:.2f}/month" if item.bills else "free"
-        lines.append(f"  {item.status}: {item.kind} {item.name} ({item.location}, {cost}){': ' + item.why if item.why else ''}")
+        lines.append(f"  {item.status}: {item.kind} {item.name} ({item.location}, {cost})"
+                     f"{': ' + item.why if item.why else ''}")
         if item.status == ORPHAN and item.bills:
             lines.append(f"    remove it: {item.remove}")
-    lines += [f"  warning: could not list {error}" for error in inventory.errors]
-    return lines
+    return lines + [f"  warning: could not list {error}" for error in inventory.errors]
 
 
 def print_table(console: Any, inventory: Inventory) -> None:
@@ -393,132 +426,30 @@ def print_table(console: Any, inventory: Inventory) -> None:
         table.add_row(item.kind, item.name, item.location, item.status,
                       f"{item.per_month:.2f}" if item.bills else "-")
     console.print(table)
-    console.print(f"total ${inventory.total():.2f}/month: in the state ${inventory.total(IN_STATE):.2f}, kept "
-                  f"${inventory.total(KEPT):.2f}, orphaned ${inventory.total(ORPHAN):.2f}", highlight=False)
-    for item in inventory.items:
-        if item.status != IN_STATE and item.why:
-            console.print(f"{item.status}: {item.kind} {item.name}: {item.why}", highlight=False, markup=False,
-                          soft_wrap=True)
-        if item.status == ORPHAN and item.bills:
-            console.print(f"  remove it: {item.remove}", highlight=False, markup=False, soft_wrap=True)
-    for error in inventory.errors:
-        console.print(f"warning: could not list {error}", highlight=False, markup=False, soft_wrap=True)
+    for line in summary_lines(inventory):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
-def stock_of(pulumi: Any, clients: Clients, project: str, keep_caches: bool,
-             price_per_chip_hour: float = PRICE_PER_CHIP_HOUR) -> Inventory:
-    """The inventory of `pulumi`'s stack, its state read with the pulumi CLI (a stack that cannot be exported counts
-    as holding nothing, and says so)."""
-    try:
-        state, errors = state_keys(pulumi.export()), []
-    except Exception as err:  # noqa: BLE001 - PulumiError, or a state that is not JSON: the cloud still answers
-        state, errors = set(), [f"the state of {pulumi.stack} ({err})"]
-    inventory = take_stock(clients, project, [pulumi.stack], {pulumi.stack: state}, keep_caches, price_per_chip_hour)
-    inventory.errors += errors
-    return inventory
+@click.command("inventory")
+@click.option("--stack", required=True, help="The stack whose resources to list (its labels and names).")
+@click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
+              show_default=True, help="The Pulumi project directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print the inventory as one JSON document.")
+@endpoint_option
+def inventory(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]) -> None:
+    """Everything a stack owns in the project, across zones and regions: in its state, kept on purpose, or
+    orphaned, with prices. Exit 5 when an orphan that bills is left."""
+    from rich.console import Console
 
+    roots = Endpoints.parse(endpoints)
+    pulumi, config = open_stack(stack, cwd)
+    require_project(config, stack)
+    with adc_or_fail() as session:
+        found = stock_of(pulumi, Clients(session, roots), config)
+    if as_json:
+        from tpuserve.cli import echo_json
 
-
-def inventory_command() -> Any:
-    import click
-
-    from tpuserve import exits
-    from tpuserve.deploy.preflight import Endpoints, endpoint_option
-
-    @click.command("inventory")
-    @click.option("--stack", required=True, help="The stack whose resources to list (its labels and names).")
-    @click.option("--cwd", type=click.Path(file_okay=False, exists=True), default=".", show_default=True,
-                  help="The Pulumi project directory.")
-    @click.option("--json", "as_json", is_flag=True, help="Print the inventory as one JSON document.")
-    @endpoint_option
-    def inventory(stack: str, cwd: str, as_json: bool, endpoints: tuple[str, ...]) -> None:
-        """Everything a stack owns in the project, across zones and regions: in its state, kept on purpose, or
-        orphaned, with prices. Exit 5 when an orphan that bills is left."""
-        from pathlib import Path
-
-        from rich.console import Console
-
-        from tpuserve.gce import MissingCredentials, adc_session
-        from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
-
-        roots = Endpoints.parse(endpoints)
-        try:
-            pulumi = PulumiCli(stack, Path(cwd))
-            config = pulumi.config()
-        except PulumiError as err:
-            raise click.ClickException(str(err)) from err
-        project = str(config.get("project") or "")
-        if not project:
-            raise click.UsageError(f"project: not set in stack {stack}; pulumi config set project <id> --stack {stack}")
-        try:
-            session = adc_session()
-        except MissingCredentials as err:
-            raise click.ClickException(str(err)) from err
-        with session:
-            found = stock_of(pulumi, clients_for(session, roots), project, keep_caches(config),
-                             float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR))
-        if as_json:
-            from tpuserve.cli import echo_json
-
-            echo_json(found.as_dict())
-        else:
-            print_table(Console(), found)
-        raise click.exceptions.Exit(exits.ORPHANS if found.billing_orphans else exits.OK)
-
-    return inventory
-
-
-def keep_caches(config: Mapping[str, Any]) -> bool:
-    return str(config.get("keepCaches", True)).lower() != "false"
-
-
-def clients_for(session: requests.Session, roots: Any) -> Clients:
-    return Clients(session, roots.compute, roots.storage, roots.iam, roots.secretmanager)
-
-
-inventory = inventory_command()
-
-
-def delete_items(clients: Clients, project: str, items: Sequence[Item]) -> list[str]:
-    """Delete orphans, VMs first (their disks are free only once they are gone), each call waited for; returns what
-    could not be deleted, with why."""
-    from tpuserve.gce import ComputeApiError, ZonalDisks
-    from tpuserve.gcs import Buckets
-
-    compute = clients.compute_url.rstrip("/")
-    disks = ZonalDisks(clients.session, compute)
-    failed = []
-    order = {"instance": 0, "nat": 1, "router": 2, "firewall": 3, "disk": 4, "bucket": 5, "secret": 6,
-             "service-account": 7}
-    for item in sorted(items, key=lambda i: order.get(i.kind, 9)):
-        try:
-            if item.kind == "instance":
-                disks.wait_operation(clients.session.delete(
-                    f"{compute}/compute/v1/projects/{project}/zones/{item.location}/instances/{item.name}",
-                    timeout=30))
-            elif item.kind == "disk":
-                disks.delete(project, item.location, item.name)
-            elif item.kind == "router":
-                disks.wait_operation(clients.session.delete(
-                    f"{compute}/compute/v1/projects/{project}/regions/{item.location}/routers/{item.name}",
-                    timeout=30))
-            elif item.kind == "firewall":
-                disks.wait_operation(clients.session.delete(
-                    f"{compute}/compute/v1/projects/{project}/global/firewalls/{item.name}", timeout=30))
-            elif item.kind == "bucket":
-                Buckets(clients.session, clients.storage_url).delete(item.name)
-            elif item.kind == "secret":
-                ok_or_gone(clients.session.delete(f"{clients.secretmanager_url}/v1/projects/{project}/secrets/"
-                                                  f"{item.name}", timeout=30))
-            elif item.kind == "service-account":
-                ok_or_gone(clients.session.delete(f"{clients.iam_url}/v1/projects/{project}/serviceAccounts/"
-                                                  f"{item.name}@{project}.iam.gserviceaccount.com", timeout=30))
-            # a NAT goes with its router
-        except (ComputeApiError, requests.RequestException) as err:
-            failed.append(f"{item.kind} {item.name}: {err}")
-    return failed
-
-
-def ok_or_gone(response: requests.Response) -> None:
-    if response.status_code != 404:
-        ok(response)
+        echo_json(found.as_dict())
+    else:
+        print_table(Console(), found)
+    raise click.exceptions.Exit(exits.ORPHANS if found.billing_orphans else exits.OK)

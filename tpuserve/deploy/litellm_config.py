@@ -1,10 +1,5 @@
-"""`tpuserve litellm`: a LiteLLM proxy config that serves the deployment under familiar model names.
-
-Tools that only speak to hosted models (Gemini-CLI-style clients, OpenAI SDK apps) can then point at the LiteLLM
-proxy and ask for e.g. `gemini-2.0-flash`; the proxy forwards to vLLM's OpenAI-compatible API. Keys are never
-written into the file: LiteLLM resolves `os.environ/NAME` references when it loads it.
-
-"""
+"""`tpuserve litellm`: a LiteLLM proxy config that serves the deployment under familiar model names (e.g.
+`gemini-2.0-flash`); keys stay out of the file as `os.environ/NAME` references LiteLLM resolves on load."""
 
 from __future__ import annotations
 

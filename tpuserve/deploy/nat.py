@@ -8,14 +8,13 @@ docs/design/cloud-nat.md.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import requests
 
-from tpuserve.gce import COMPUTE_URL, DEFAULT_TIMEOUT_S, ok
+from tpuserve.gce import COMPUTE_URL, DEFAULT_TIMEOUT_S, ComputeClient, ok
 from tpuserve.names import ROUTER_DESCRIPTION
 from tpuserve.zones import region_of
 
@@ -23,6 +22,8 @@ SKIP_KEY = "cloudNatSkipRegions"  # components/config.py TpuConfig.cloud_nat_ski
 ALL_RANGES = ("ALL_SUBNETWORKS_ALL_IP_RANGES", "ALL_SUBNETWORKS_ALL_PRIMARY_IP_RANGES")
 LIST_OF_SUBNETWORKS = "LIST_OF_SUBNETWORKS"
 NAT_TYPE = "gcp:compute/routerNat:RouterNat"
+
+
 def last(link: Any) -> str:
     return str(link or "").rstrip("/").rsplit("/", 1)[-1]
 
@@ -75,24 +76,17 @@ def parse_routers(body: Mapping[str, Any]) -> list[Nat]:
     return found
 
 
-def aggregated(session: requests.Session, project: str, collection: str, compute_url: str,
-               timeout_s: float) -> Iterator[dict[str, Any]]:
-    """Each page of a Compute aggregatedList (`items` keyed by scope: `regions/R`, `zones/Z`)."""
-    params = {"maxResults": "500"}
-    while True:
-        body = ok(session.get(f"{compute_url.rstrip('/')}/compute/v1/projects/{project}/aggregated/{collection}",
-                              params=params, timeout=timeout_s)).json()
-        yield body
-        if not body.get("nextPageToken"):
-            return
-        params["pageToken"] = body["nextPageToken"]
-
-
 def list_nats(session: requests.Session, project: str, compute_url: str = COMPUTE_URL,
               timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Nat]:
     """Every NAT of the project's Cloud Routers, in every region (routers.aggregatedList, across pages)."""
-    return [nat for body in aggregated(session, project, "routers", compute_url, timeout_s)
-            for nat in parse_routers(body)]
+    params, nats = {"maxResults": "500"}, []
+    while True:
+        body = ok(session.get(f"{compute_url.rstrip('/')}/compute/v1/projects/{project}/aggregated/routers",
+                              params=params, timeout=timeout_s)).json()
+        nats += parse_routers(body)
+        if not body.get("nextPageToken"):
+            return nats
+        params["pageToken"] = body["nextPageToken"]
 
 
 def own_nats(state: Mapping[str, Any]) -> set[tuple[str, str, str]]:
@@ -163,8 +157,8 @@ class NatPlan:
 def plan(nats: Iterable[Nat], stack: str, regions: Iterable[str], network: str, subnetwork: str = "",
          own: set[tuple[str, str, str]] | frozenset[tuple[str, str, str]] = frozenset(),
          makes_nat: bool = True) -> NatPlan:
-    """For each region: the NAT that serves `network`'s VMs on `subnetwork` (default: the auto-mode subnetwork, named
-    as the network), whether it is the stack's own, or the NAT that blocks making one."""
+    """Per region: the NAT serving `network`'s VMs on `subnetwork` (default: the auto-mode one, named as the network)
+    and whether it is the stack's own, or the NAT that blocks making one."""
     found = [n for n in nats if n.network == last(network) and not n.private]
     subnet = last(subnetwork) or last(network)
     decided = []
@@ -198,13 +192,10 @@ def list_vms(session: requests.Session, project: str, compute_url: str = COMPUTE
              timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Vm]:
     """Every VM of the project that exists (instances.aggregatedList), with its first network interface."""
     vms = []
-    for body in aggregated(session, project, "instances", compute_url, timeout_s):
-        for scope, scoped in (body.get("items") or {}).items():
-            for item in scoped.get("instances", []):
-                nic = (item.get("networkInterfaces") or [{}])[0]
-                vms.append(Vm(str(item["name"]), last(item.get("zone")) or scope.removeprefix("zones/"),
-                              str((item.get("labels") or {}).get("stack", "")), last(nic.get("network")),
-                              last(nic.get("subnetwork")), bool(nic.get("accessConfigs"))))
+    for item in ComputeClient(session, compute_url, timeout_s).aggregated_instances(project):
+        nic = (item.get("networkInterfaces") or [{}])[0]
+        vms.append(Vm(str(item["name"]), last(item.get("zone")), str((item.get("labels") or {}).get("stack", "")),
+                      last(nic.get("network")), last(nic.get("subnetwork")), bool(nic.get("accessConfigs"))))
     return vms
 
 
@@ -233,8 +224,7 @@ class Reliance:
 
 def reliance(own: set[tuple[str, str, str]], nats: Iterable[Nat], vms: Iterable[Vm], besides: Iterable[str]
              ) -> Reliance:
-    """Which of the stack's own NATs (`own_nats` of its state) serve VMs of other stacks than `besides` (`stack`
-    label values)."""
+    """Which of the stack's own NATs (`own_nats`) serve VMs of stacks other than `besides` (`stack` labels)."""
     vms, besides = list(vms), list(besides)
     found = Reliance()
     for nat in nats:
@@ -245,8 +235,7 @@ def reliance(own: set[tuple[str, str, str]], nats: Iterable[Nat], vms: Iterable[
 
 def reliance_on(state: Mapping[str, Any], session: requests.Session, project: str, besides: Iterable[str],
                 compute_url: str = COMPUTE_URL) -> Reliance:
-    """`reliance` for a stack's `pulumi stack export`: which of its own NATs serve VMs of stacks not in `besides`
-    (nothing listed when the state holds no NAT)."""
+    """`reliance` for a stack's `pulumi stack export` (nothing listed when the state holds no NAT)."""
     own = own_nats(state)
     if not own:
         return Reliance()

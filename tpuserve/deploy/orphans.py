@@ -1,10 +1,5 @@
-"""Orphans: instances and disks carrying a stack's labels that the stack's Pulumi state does not hold.
-
-A failed or interrupted create can leave one behind: a create that timed out while Compute Engine kept working on it,
-a `pulumi up` killed mid-create (a pending create), an unattached boot disk. Nothing in the state will ever delete
-them, and a TPU VM bills by the hour, so `tpuserve up` looks for them in every zone it tried (by the labels every
-resource of the stack carries) and deletes them once the user agrees (or with --yes).
-"""
+"""Orphans: instances and disks with a stack's labels that its Pulumi state does not hold, found and deleted in the
+zones `tpuserve up` tried (docs/design/inventory.md#two-sweeps)."""
 
 from __future__ import annotations
 

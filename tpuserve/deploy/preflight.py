@@ -1,27 +1,5 @@
 """`tpuserve preflight`: what would stop a deploy, found in seconds through Google's APIs, before anything is created.
-
-With the user's application-default credentials (as the gate uses them), for the stack's project and candidate zones:
-- the project exists and is active (Resource Manager `projects.get`);
-- every API the stack uses is enabled (Service Usage `services.batchGet`): Compute Engine, Secret Manager, IAM,
-  Cloud Monitoring (dashboard, alerts), Cloud Logging (the container's logs) and Cloud Storage (the compile-cache
-  bucket), so a disabled one fails here with the `gcloud services enable` line, not late at the bucket or the alerts;
-- the container image still resolves on its registry (tpuserve/registry.py): one that is gone fails here, in seconds,
-  instead of minutes into a paid boot; an unreachable registry is only a warning;
-- each candidate zone offers the machine type (Compute `machineTypes.get`): the live answer that replaces any
-  built-in zone list;
-- each candidate region has TPU v6e quota: a flex-start VM draws preemptible quota, else standard quota ("When you
-  create a Flex-start VM, preemptible quota is consumed. If your project lacks preemptible quota, then standard quota
-  is consumed.", https://cloud.google.com/compute/docs/instances/provisioning-models). These are the Cloud Quotas API's
-  `PREEMPTIBLE-TPU-V6E-per-project-region` and `TPUS-PER-TPU-FAMILY-per-project-region` (dimension tpu_family=CT6E):
-  dimensioned quotas that Compute's `regions.get` quota list does not report, so the Cloud Quotas API is the one asked;
-- the token secret exists and its latest version is enabled (what the VM reads at boot);
-- the deploying identity holds the permissions the stack needs (Resource Manager `projects.testIamPermissions`);
-- which Cloud NAT serves the network in each region the VM may land in, and whose it is (Compute
-  `routers.aggregatedList`, tpuserve/deploy/nat.py): where another stack's NAT serves, the stack makes none (the
-  network takes one), and the VMs of other stacks that rely on this stack's own NAT are named.
-Each check is ok, warning (the deploy may still work) or fail (it will not), with the fix. Zones whose machine type,
-quota or egress is missing are dropped from the sweep rather than tried.
-"""
+Each check is ok, warning or fail with the fix; zones it rules out are dropped. The checks: docs/design/preflight.md."""
 
 from __future__ import annotations
 
@@ -32,13 +10,13 @@ from typing import Any
 
 import click
 
-from tpuserve import exits
 import requests
 
+from tpuserve import exits
 from tpuserve.cli import echo_json
 from tpuserve.client import error_message
 from tpuserve.deploy import nat
-from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient
+from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, tpu_chips
 from tpuserve.gcs import STORAGE_URL
 from tpuserve.names import stack_labels
 from tpuserve.zones import region_of
@@ -48,25 +26,16 @@ from tpuserve.registry import ABSENT, OK as IMAGE_OK, RegistryError, locate
 OK, WARNING, FAIL = "ok", "warning", "fail"
 DEFAULT_MACHINE_TYPE = "ct6e-standard-1t"
 TIMEOUT_S = 20.0
-# Service names as Service Usage spells them (`projects/P/services/<name>`): Compute, Secret Manager and IAM for what
-# `pulumi up` creates; monitoring.googleapis.com ("Service: monitoring.googleapis.com", the Monitoring API v3 REST
-# reference) for the dashboard and alert policies; logging.googleapis.com (googleapis google/logging/v2/
-# logging_v2.yaml `name:`) for the container's logs.
+# Service Usage's names for what the stack uses; Cloud Storage is two services (both off fails, one off warns).
+# Their sources: docs/design/preflight.md
 REQUIRED_APIS = ("compute.googleapis.com", "secretmanager.googleapis.com", "iam.googleapis.com",
                  "monitoring.googleapis.com", "logging.googleapis.com")
-# Cloud Storage is two services that Google lists side by side among those a new project has enabled ("Cloud Storage
-# API" and "Google Cloud Storage JSON API", https://cloud.google.com/service-usage/docs/enabled-service), the second
-# the JSON API's own name (its "has not been used in project ... or it is disabled" error links
-# apis/api/storage_api; creating a bucket needed `gcloud services enable storage-api.googleapis.com` in
-# terraform-google-modules/cloud-foundation-training#14). Which one gates the bucket calls is not documented: both off
-# fails, one off warns.
 STORAGE_APIS = ("storage.googleapis.com", "storage-api.googleapis.com")
 QUOTAS_API = "cloudquotas.googleapis.com"
 PREEMPTIBLE_QUOTA = "PREEMPTIBLE-TPU-V6E-per-project-region"
 FAMILY_QUOTA = "TPUS-PER-TPU-FAMILY-per-project-region"
 TPU_FAMILY = "CT6E"
-# What `pulumi up` does with this stack's resources (create, read back, update, replace, delete), and what `tpuserve
-# up` and the gate do with the VM. Roles granted at the project level are what testIamPermissions sees.
+# What `pulumi up` does to the stack's resources, and `tpuserve up` and the gate to the VM.
 PERMISSIONS = (
     "compute.instances.create", "compute.instances.delete", "compute.instances.get", "compute.instances.list",
     "compute.instances.setMetadata", "compute.instances.setLabels", "compute.instances.setTags",
@@ -74,9 +43,8 @@ PERMISSIONS = (
     "compute.instances.getSerialPortOutput", "compute.disks.create", "compute.disks.list", "compute.disks.delete",
     "compute.machineTypes.get", "compute.networks.get", "compute.networks.updatePolicy", "compute.subnetworks.use",
     "compute.firewalls.create", "compute.firewalls.delete", "compute.firewalls.get", "compute.routers.list",
-    "compute.routers.create",
-    "compute.routers.delete", "compute.routers.get", "compute.routers.update", "iam.serviceAccounts.create",
-    "iam.serviceAccounts.delete", "iam.serviceAccounts.get", "iam.serviceAccounts.actAs",
+    "compute.routers.create", "compute.routers.delete", "compute.routers.get", "compute.routers.update",
+    "iam.serviceAccounts.create", "iam.serviceAccounts.delete", "iam.serviceAccounts.get", "iam.serviceAccounts.actAs",
     "resourcemanager.projects.getIamPolicy", "resourcemanager.projects.setIamPolicy",
     "secretmanager.secrets.getIamPolicy", "secretmanager.secrets.setIamPolicy",
 )
@@ -120,8 +88,7 @@ class Target:
     machine_type: str = DEFAULT_MACHINE_TYPE
     secret: str = ""  # hfTokenSecretId: an id or projects/P/secrets/S; empty when the stack creates the secret
     creates_secret: bool = False  # hfToken is set: the stack makes the secret itself
-    # Cloud NAT (check_nat): the stack whose NAT is meant, the regions its VMs need egress in (none: not checked),
-    # whether it makes NAT where none serves, and the NATs its state holds (nat.own_nats).
+    # Cloud NAT (check_nat): whose, in which regions (none: not checked), made where none serves, held in its state
     stack: str = ""
     network: str = "default"
     subnetwork: str = ""
@@ -133,12 +100,16 @@ class Target:
 
     @property
     def chips(self) -> int:
-        digits = self.machine_type.rsplit("-", 1)[-1].removesuffix("t")
-        return int(digits) if digits.isdigit() else 1
+        return tpu_chips(self.machine_type) or 1
 
     @property
     def secret_path(self) -> str:
         return self.secret if self.secret.startswith("projects/") else f"projects/{self.project}/secrets/{self.secret}"
+
+    def nat_plan(self, nats: Iterable[nat.Nat]) -> nat.NatPlan:
+        """Which of `nats` serves each of the target's regions."""
+        return nat.plan(nats, self.stack, self.nat_regions, self.network, self.subnetwork, set(self.own_nats),
+                        self.makes_nat)
 
 
 @dataclass(frozen=True)
@@ -158,8 +129,7 @@ class Report:
     skipped: dict[str, str] = field(default_factory=dict)  # zone -> why the sweep will not try it
     zones: tuple[str, ...] = ()  # the candidates, in order
     nat: nat.NatPlan | None = None  # what serves Cloud NAT where, when the routers could be listed
-    # region -> the larger of its preemptible and standard TPU v6e chip limits (-1 unlimited), where read: how many
-    # chips the project may hold there at once (a replacement VM beside the old one needs twice the stack's)
+    # region -> the larger of its preemptible and standard TPU v6e chip limits (-1 unlimited), where read
     tpu_limits: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -169,6 +139,11 @@ class Report:
     @property
     def usable_zones(self) -> list[str]:
         return [zone for zone in self.zones if zone not in self.skipped]
+
+    def skip_region(self, region: str, why: str) -> None:
+        for zone in self.zones:
+            if region_of(zone) == region:
+                self.skipped.setdefault(zone, why)
 
     def as_dict(self) -> dict[str, Any]:
         return {"ok": not self.failed, "checks": [check.as_dict() for check in self.checks],
@@ -222,8 +197,7 @@ def check_project(google: Google) -> Check:
 
 
 def check_apis(google: Google, target: Target) -> tuple[Check, set[str]]:
-    """The state of every API the stack uses, in one batchGet (at most 30 names a request: Service Usage v1
-    services.batchGet); also returns every API found enabled (the quota check needs Cloud Quotas)."""
+    """The state of every API the stack uses, in one batchGet; also every API found enabled (for Cloud Quotas)."""
     storage = STORAGE_APIS if target.bucket else ()
     wanted = (*REQUIRED_APIS, *storage)
     names = [f"projects/{google.project}/services/{api}" for api in (*wanted, QUOTAS_API)]
@@ -250,8 +224,7 @@ def check_apis(google: Google, target: Target) -> tuple[Check, set[str]]:
 
 
 def check_image(target: Target, registry_url: str) -> Check:
-    """Whether the registry still holds the image the VM will pull; asked without the Google credentials (a fresh
-    session: the user's token must not reach another registry)."""
+    """Whether the registry still holds the image the VM will pull; a fresh session keeps the Google token home."""
     name = "container image"
     try:
         with requests.Session() as session:
@@ -296,8 +269,8 @@ def check_machine_type(google: Google, target: Target, report: Report) -> Check:
 
 
 def quota_limit(info: Mapping[str, Any], region: str, dimensions: Mapping[str, str]) -> int | None:
-    """A QuotaInfo's effective limit in `region`: the most specific DimensionsInfo that applies (region and tpu_family
-    over a family default over a region default over the global default); None when none applies; -1 is unlimited."""
+    """A QuotaInfo's limit in `region`: its most specific DimensionsInfo that applies; None when none does, -1 is
+    unlimited."""
     wanted = {"region": region, **dimensions}
     best: tuple[int, int] | None = None
     for entry in info.get("dimensionsInfos", []):
@@ -344,10 +317,8 @@ def check_quota(google: Google, target: Target, report: Report, apis: set[str]) 
             usable.append(f"{region} (preemptible {fmt(preemptible)}, standard {fmt(standard)})")
             continue
         lacking.append(region)
-        for zone in target.zones:
-            if region_of(zone) == region:
-                report.skipped.setdefault(zone, f"no TPU v6e quota in {region} (preemptible {fmt(preemptible)}, "
-                                                f"standard {fmt(standard)})")
+        report.skip_region(region, f"no TPU v6e quota in {region} (preemptible {fmt(preemptible)}, "
+                                   f"standard {fmt(standard)})")
     fix = (f"request {PREEMPTIBLE_QUOTA} (flex-start draws it first) or {FAMILY_QUOTA} with tpu_family={TPU_FAMILY} "
            f"of at least {target.chips} in {', '.join(lacking)}: IAM & Admin > Quotas") if lacking else ""
     if lacking and not usable:
@@ -399,30 +370,20 @@ def check_permissions(google: Google, target: Target) -> Check:
     return Check(name, OK, f"all {len(wanted)} the stack needs")
 
 
-def nat_plan(session: requests.Session, endpoints: Endpoints, target: Target) -> nat.NatPlan:
-    """Which NAT serves each of the target's regions (one routers.aggregatedList); ComputeApiError or a requests
-    error when the routers cannot be listed."""
-    return nat.plan(nat.list_nats(session, target.project, endpoints.compute, TIMEOUT_S), target.stack,
-                    target.nat_regions, target.network, target.subnetwork, set(target.own_nats), target.makes_nat)
-
-
 def check_nat(google: Google, target: Target, report: Report) -> list[Check]:
-    """Cloud NAT in each region the VMs may land in: the NAT that serves it and its owner, or that the stack makes
-    one; a region whose NAT serves other subnetworks only (and so rules out another) has its zones skipped. A second
-    check names the VMs of other stacks that use this stack's own NAT."""
+    """Cloud NAT in each region the VMs may land in (zones where none can serve are skipped), and the VMs of other
+    stacks that use this stack's own NAT."""
     name = "Cloud NAT"
     try:
-        plan = nat_plan(google.session, google.endpoints, target)
+        nats = nat.list_nats(google.session, target.project, google.endpoints.compute, TIMEOUT_S)
     except (ComputeApiError, requests.RequestException) as err:
         return [Check(name, WARNING, f"could not list the routers ({err}); the stack makes NAT as its config says",
                       "grant compute.routers.list (roles/compute.networkViewer)")]
-    report.nat = plan
+    report.nat = plan = target.nat_plan(nats)
     blocked = [r for r in plan.regions if r.blocked]
     for region in blocked:
-        for zone in target.zones:
-            if region_of(zone) == region.region:
-                report.skipped.setdefault(zone, f"no Cloud NAT can serve it ({region.blocking.label} serves other "
-                                                "subnetworks only)" if region.blocking else "no Cloud NAT")
+        report.skip_region(region.region, f"no Cloud NAT can serve it ({region.blocking.label} serves other "
+                                          "subnetworks only)" if region.blocking else "no Cloud NAT")
     unserved = [r for r in plan.regions if not target.makes_nat and r.serving is None and not r.blocked]
     status = FAIL if blocked and len(blocked) == len(plan.regions) else WARNING if blocked or unserved else OK
     fix = "set createCloudNat true, or externalIp true, or make a NAT for the network there" if unserved else ""
@@ -430,11 +391,9 @@ def check_nat(google: Google, target: Target, report: Report) -> list[Check]:
     if target.own_nats:
         try:
             vms = nat.list_vms(google.session, target.project, google.endpoints.compute, TIMEOUT_S)
-            listed = nat.list_nats(google.session, target.project, google.endpoints.compute, TIMEOUT_S)
         except (ComputeApiError, requests.RequestException) as err:
             return [*checks, unreachable("Cloud NAT users", err)]
-        lines = nat.reliance(set(target.own_nats), listed, vms, [stack_labels(target.stack)["stack"]]).lines(
-            target.stack)
+        lines = nat.reliance(set(target.own_nats), nats, vms, [stack_labels(target.stack)["stack"]]).lines(target.stack)
         if lines:
             checks.append(Check("Cloud NAT users", WARNING, "; ".join(lines),
                                 "destroy those stacks first, or deploy one of them (it then makes its own NAT)"))
@@ -473,8 +432,8 @@ def setting_on(config: Mapping[str, Any], key: str, default: bool) -> bool:
 
 def target_from_config(config: Mapping[str, Any], zones: Sequence[str], stack: str = "",
                        own_nats: frozenset[tuple[str, str, str]] = frozenset()) -> Target:
-    """What the stack would deploy in `zones`. With `stack` its Cloud NAT is checked too: in `region` when set, else
-    in each zone's region (where `tpuserve up` may put the VM); `own_nats` are the NATs of its state."""
+    """What the stack would deploy in `zones`; with `stack`, its Cloud NAT is checked in `region` when set, else in
+    each zone's region."""
     if not stack or config.get("target") == "local":
         regions: tuple[str, ...] = ()
     else:
@@ -491,8 +450,7 @@ def target_from_config(config: Mapping[str, Any], zones: Sequence[str], stack: s
 
 
 def configured_zones(config: Mapping[str, Any], outputs: Mapping[str, Any], explicit: str | None) -> list[str]:
-    """The zones to try, in order: --zones as given; else where the stack's VM is (its outputs), the stack's `zone`,
-    then its `zones` (default: facts.V6E_ZONES, ordered by evidence)."""
+    """--zones as given; else where the stack's VM is, its `zone`, then its `zones` (default: facts.V6E_ZONES)."""
     if explicit:
         zones = [zone.strip() for zone in explicit.split(",") if zone.strip()]
         if not zones:
@@ -520,6 +478,16 @@ def print_report(console: Any, report: Report) -> None:
     console.print(f"zones to try: {', '.join(report.usable_zones) or 'none'}", highlight=False, soft_wrap=True)
 
 
+def adc_or_fail() -> requests.Session:
+    """A session with the application-default credentials, or a ClickException saying how to get them."""
+    from tpuserve import gce
+
+    try:
+        return gce.adc_session()
+    except gce.MissingCredentials as err:
+        raise click.ClickException(str(err)) from err
+
+
 def endpoint_option(command: Any) -> Any:
     return click.option("--endpoint", "endpoints", multiple=True, hidden=True,
                         help="SERVICE=URL: another root for a Google API (tests).")(command)
@@ -538,29 +506,18 @@ def preflight_command(stack: str, zones: str | None, cwd: Path, as_json: bool, e
     Also whether the container image still resolves on its registry."""
     from rich.console import Console
 
-    from tpuserve.gce import MissingCredentials, adc_session
-    from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
+    from tpuserve.deploy.pulumi_cli import PulumiError, open_stack, require_project
 
     roots = Endpoints.parse(endpoints)
-    try:
-        pulumi = PulumiCli(stack, cwd)
-        config = pulumi.config()
-        outputs = {} if zones else pulumi.outputs()
-    except PulumiError as err:
-        raise click.ClickException(str(err)) from err
-    if not config.get("project"):
-        raise click.UsageError(f"project: not set in stack {stack}; pulumi config set project <gcp-project-id> "
-                               f"--stack {stack}")
+    pulumi, config = open_stack(stack, cwd)
+    outputs = {} if zones else pulumi.outputs()
+    require_project(config, stack)
     try:
         own = frozenset(nat.own_nats(pulumi.export()))
     except PulumiError:
         own = frozenset()  # a stack never deployed: it owns no NAT yet
     target = target_from_config(config, configured_zones(config, outputs, zones), stack, own)
-    try:
-        session = adc_session()
-    except MissingCredentials as err:
-        raise click.ClickException(str(err)) from err
-    with session:
+    with adc_or_fail() as session:
         report = preflight(session, target, roots)
     print_report(Console(stderr=True), report)
     if as_json:

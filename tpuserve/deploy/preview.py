@@ -1,16 +1,5 @@
 """What the next `pulumi up` would do to the TPU VM, read from `pulumi preview --json` before anything happens.
-
-A flex-start VM is the scarcest thing a stack has: replacing it gives up the grant and its max-run clock, and the new
-request may find no capacity anywhere. `tpuserve up` therefore previews a stack that already has a VM and, when the
-VM (or its cache disk) would be replaced or deleted, says so and which settings cause it before it runs `pulumi up`.
-
-The digest is the real CLI's (pulumi/pulumi pkg/display/json.go `PreviewDigest`, printed by
-pkg/backend/display/json.go `ShowPreviewDigest`): `steps[]` of {op, urn, provider, oldState, newState, diffReasons,
-replaceReasons, detailedDiff: {path: {kind, inputDiff}}}, `changeSummary`, `diagnostics`. With
-`--show-replacement-steps` a replacement shows as its logical `replace` step plus `create-replacement` and
-`delete-replaced` in the order the engine runs them (pkg/backend/display/display.go `shouldShow`), which tells
-create-before-delete from delete-before-create.
-"""
+The digest's shape and why: docs/design/capacity.md#look-before-leaping."""
 
 from __future__ import annotations
 
@@ -24,13 +13,8 @@ NODE_POOL = "gcp:container/nodePool:NodePool"
 DYNAMIC = "pulumi-python:dynamic:Resource"
 CACHE_DISK_SUFFIX = "-cache-disk"  # components/cache.py names the disk resource `<base>-cache-disk`
 
-# pulumi/pulumi pkg/resource/deploy/step.go StepOp values.
-LOSING = ("replace", "create-replacement", "delete-replaced", "delete")
-CHANGING = ("update",)
-
-# Top-level inputs of the Instance (and the cache disk) -> the stack settings that set them (components/instance.py,
-# components/deployment.py, components/cache.py); tests/test_preview.py checks every input the program declares is
-# here.
+# Top-level inputs of the Instance and the cache disk -> the stack settings that set them (tests/test_preview.py
+# checks that every input the program declares is here).
 INPUT_KEYS: dict[str, tuple[str, ...]] = {
     "name": ("vmSlot",),
     "zone": ("zone",),
@@ -85,10 +69,8 @@ class Step:
         return "the TPU VM" if self.is_vm else "the cache disk" if self.is_cache_disk else "the TPU node pool"
 
     def reasons(self) -> list[str]:
-        """The top-level inputs that cause the step: its replaceReasons, and the top-level keys of detailedDiff paths
-        of a replace kind (a replaceOnChanges path such as `networkInterfaces[*].network` makes the step a replace
-        but adds nothing to replaceReasons: pkg/resource/deploy/step_generator.go applyReplaceOnChanges), else its
-        diffReasons. `__meta` (a provider rule outside the schema) is left out."""
+        """The top-level inputs that cause the step: a replace's replaceReasons and `*-replace` detailedDiff paths
+        (docs/design/capacity.md#look-before-leaping), else its diffReasons; never `__meta`."""
         replacing = [top_key(path) for path, diff in self.detailed_diff.items()
                      if str(diff.get("kind", "")).endswith("-replace")]
         found = [*self.replace_reasons, *replacing] if self.op == "replace" else [*self.diff_reasons]
@@ -110,8 +92,7 @@ class Step:
 
 
 def top_key(path: str) -> str:
-    """The top-level key of a property path: `scheduling.maxRunDuration.seconds` -> scheduling,
-    `metadata["tpu-serve-config"]` -> metadata, `networkInterfaces[0].network` -> networkInterfaces."""
+    """`scheduling.maxRunDuration.seconds` -> scheduling, `networkInterfaces[0].network` -> networkInterfaces."""
     return path.split(".", 1)[0].split("[", 1)[0]
 
 
@@ -134,7 +115,6 @@ class Plan:
     """The steps of one preview, and what they mean for the stateful resources."""
 
     steps: tuple[Step, ...]
-    summary: Mapping[str, int] = field(default_factory=dict)
 
     def _stateful(self, step: Step) -> bool:
         return step.is_vm or step.is_cache_disk or step.is_node_pool
@@ -147,15 +127,10 @@ class Plan:
 
     @property
     def in_place(self) -> list[Step]:
-        return [step for step in self.steps if self._stateful(step) and step.op in CHANGING]
+        return [step for step in self.steps if self._stateful(step) and step.op == "update"]
 
     def vm_replacement(self) -> Step | None:
         return next((step for step in self.steps if step.is_vm and step.op == "replace"), None)
-
-    def delete_first(self, step: Step) -> bool:
-        """True when the engine deletes the old resource before it creates its replacement."""
-        ops = [s.op for s in self.steps if s.urn == step.urn and s.op in ("create-replacement", "delete-replaced")]
-        return bool(ops) and ops[0] == "delete-replaced"
 
     def serving_change(self) -> bool:
         """The served config changes on the running VM: the supervisor restarts vLLM."""
@@ -181,38 +156,30 @@ def parse(text: str) -> Plan:
             new_inputs=(raw.get("newState") or {}).get("inputs") or {},
             diff_reasons=tuple(raw.get("diffReasons") or ()), replace_reasons=tuple(raw.get("replaceReasons") or ()),
             detailed_diff=raw.get("detailedDiff") or {}))
-    return Plan(tuple(steps), dict(digest.get("changeSummary") or {}))
+    return Plan(tuple(steps))
 
 
-@dataclass(frozen=True)
-class Replacement:
-    """What replacing the VM costs, for the warning before it happens."""
+def replacement_lines(step: Step, stack: str, chips: int, max_run_seconds: int, price_per_chip_hour: float,
+                      delete_first: bool, why: str = "") -> list[str]:
+    """What replacing the VM costs, for the warning before it happens; `why` explains the order."""
+    from tpuserve.facts import COLD_START_MINUTES
 
-    chips: int
-    max_run_seconds: int
-    price_per_chip_hour: float
-    delete_first: bool
-    same_zone: bool
-
-    def lines(self, step: Step, stack: str) -> list[str]:
-        from tpuserve.facts import COLD_START_MINUTES
-
-        hours = self.max_run_seconds / 3600
-        lines = [f"{step.what} would be REPLACED by this change ({', '.join(step.settings()) or 'see the diff'}):"]
-        lines += [f"  {change}" for change in step.changes()]
-        lines += [
-            "  the flex-start grant and its max-run clock are lost: the new VM is a new capacity request, which the "
-            "zone may not have",
-            f"  a cold boot takes {COLD_START_MINUTES[0]}-{COLD_START_MINUTES[1]} min (less with a warm cache disk); the "
-            f"new run may bill up to {hours:g} h x {self.chips} chip(s) x ${self.price_per_chip_hour:g} = "
-            f"${hours * self.chips * self.price_per_chip_hour:.2f}",
-            "  order: " + ("the old VM is deleted FIRST (no quota room for two at once): the stack serves nothing "
-                           "until the new one is ready, and nothing if no zone has capacity" if self.delete_first else
-                           "the old VM keeps serving until the new one is created and ready, then it is deleted "
-                           "(for a moment the stack holds twice the chips)"),
-            f"  go ahead: tpuserve up --stack {stack} --replace-vm (or answer yes when asked)",
-        ]
-        return lines
+    hours = max_run_seconds / 3600
+    return [
+        f"{step.what} would be REPLACED by this change ({', '.join(step.settings()) or 'see the diff'}):",
+        *(f"  {change}" for change in step.changes()),
+        "  the flex-start grant and its max-run clock are lost: the new VM is a new capacity request, which the "
+        "zone may not have",
+        f"  a cold boot takes {COLD_START_MINUTES[0]}-{COLD_START_MINUTES[1]} min (less with a warm cache disk); the "
+        f"new run may bill up to {hours:g} h x {chips} chip(s) x ${price_per_chip_hour:g} = "
+        f"${hours * chips * price_per_chip_hour:.2f}",
+        "  order: " + ("the old VM is deleted FIRST (no quota room for two at once): the stack serves nothing "
+                       "until the new one is ready, and nothing if no zone has capacity" if delete_first else
+                       "the old VM keeps serving until the new one is created and ready, then it is deleted "
+                       "(for a moment the stack holds twice the chips)"),
+        *([f"  {why}"] if why else []),
+        f"  go ahead: tpuserve up --stack {stack} --replace-vm (or answer yes when asked)",
+    ]
 
 
 def summary_lines(plan: Plan) -> list[str]:

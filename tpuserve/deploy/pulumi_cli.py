@@ -1,11 +1,5 @@
-"""The Pulumi engine as `tpuserve up` drives it: the `pulumi` CLI, one subprocess per command, in the project directory.
-
-Why the CLI and not the Automation API (`pulumi.automation`): the Automation API runs this same CLI underneath (it
-needs it installed and checks its version), so it adds a layer without removing one; `pulumi up`'s own output is what
-users already read, and it streams through unchanged (the readiness gate's stages included); the toolkit already
-reads stack outputs this way (deploy/stack.py); and a test replaces one executable on PATH. State, secrets, previews
-and policy packs stay Pulumi's: every call names the stack, and extra `pulumi up` flags pass through.
-"""
+"""The `pulumi` CLI as `tpuserve up` drives it: one subprocess per command, in the project directory; state, secrets
+and policy packs stay Pulumi's. Why not the Automation API: docs/design/why-the-cli.md."""
 
 from __future__ import annotations
 
@@ -21,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
+
 from tpuserve.flex_start import DRIVER_ENV
 
 NAMESPACE = "tpu-serve"  # Pulumi.yaml's `name`: stack config keys are `tpu-serve:<key>`
@@ -33,6 +29,30 @@ def missing_cli(stack: str) -> str:
     return ("the pulumi CLI is not on PATH: `export PATH=\"$(scripts/install-pulumi.sh):$PATH\"` installs the pinned "
             "version into .tools/pulumi/bin (scripts/up.sh does the same; or https://www.pulumi.com/docs/install/); "
             f"`tpuserve check --stack {stack}` checks the stack's file without it")
+
+
+def require_project(config: Mapping[str, Any], stack: str) -> str:
+    """The stack's `project`, or the usage error that says how to set it."""
+    project = str(config.get("project") or "")
+    if not project:
+        raise click.UsageError(f"project: not set in stack {stack}; pulumi config set project <gcp-project-id> "
+                               f"--stack {stack}")
+    return project
+
+
+def open_stack(stack: str, cwd: Path | None, echo: Callable[[str], None] = lambda line: None
+               ) -> tuple[PulumiCli, dict[str, Any]]:
+    """The stack's CLI and its config, or a ClickException saying why not."""
+    try:
+        pulumi = PulumiCli(stack, cwd, echo)
+        return pulumi, pulumi.config()
+    except PulumiError as err:
+        raise click.ClickException(str(err)) from err
+
+
+def echo_indented(line: str) -> None:
+    """Pulumi's own output, streamed on stderr under a deploy command's lines."""
+    click.echo(f"  │ {line}", err=True)
 
 
 class PulumiError(RuntimeError):
@@ -52,9 +72,8 @@ class Run:
 
 
 class PulumiCli:
-    """The `pulumi` CLI for one stack. Each call starts the CLI (≈ 1 s with a cloud backend), so the stack's outputs
-    are read once, until this process runs an update, destroy or refresh. Config an update needs goes with the update
-    (`up --config`) rather than in a call of its own."""
+    """The `pulumi` CLI for one stack; each call starts it (≈ 1 s with a cloud backend), so outputs are read once
+    until an update, destroy or refresh, and an update's config goes with it (`up --config`)."""
 
     def __init__(self, stack: str, cwd: Path | None = None, echo: Callable[[str], None] = lambda line: None):
         executable = shutil.which("pulumi")
@@ -119,33 +138,24 @@ class PulumiCli:
         """`pulumi stack export`: the state, whose resources carry their provider ids."""
         return dict(json.loads(self._run("stack", "export") or "{}"))
 
-    def destroy(self, timeout_s: float) -> Run:
-        return self.stream(["destroy", "--yes", "--skip-preview"], timeout_s)
-
     def refresh(self, timeout_s: float) -> Run:
         """Read every resource back from GCP and drop pending creates (a VM they made is the orphan sweep's)."""
         return self.stream(["refresh", "--yes", "--skip-preview", "--clear-pending-creates"], timeout_s)
 
     def up(self, extra: Sequence[str], timeout_s: float, config: Mapping[str, str] | None = None,
            env: Mapping[str, str] | None = None) -> Run:
-        """`pulumi up`; `config` (key -> plaintext value) is saved in the stack's config first, as `pulumi config set`
-        would, by the same command (`--config key=value`: "Config to use during the update and save to the stack
-        config file", pulumi/pulumi pkg/cmd/pulumi/operations/up.go; it is saved before the update starts,
-        parseAndSaveConfigArray), so into the file the update reads even with `--config-file` among `extra`. `env`
-        reaches this one run's program only (never saved)."""
-        settings = [arg for key, value in (config or {}).items() for arg in ("--config", f"{key}={value}")]
-        return self.stream(["up", "--yes", "--skip-preview", "--refresh", *settings, *extra], timeout_s, env)
+        """`pulumi up`; `config` is saved in the stack's config before the update starts, `env` reaches this one run's
+        program only (docs/design/capacity.md#the-sweep)."""
+        return self.stream(["up", "--yes", "--skip-preview", "--refresh", *config_args(config), *extra], timeout_s, env)
 
     def preview(self, extra: Sequence[str], timeout_s: float, config: Mapping[str, str] | None = None) -> Run:
-        """`pulumi preview --json --show-replacement-steps`: the engine's plan as one JSON digest on stdout (its
-        `output`; stderr is echoed, not kept), with the create-replacement/delete-replaced steps that tell the order
-        of a replacement. `config` is saved first, as `up --config` does (the preview command takes the same flag)."""
+        """`pulumi preview --json --show-replacement-steps`: the engine's plan as one JSON digest, its `output` (stderr
+        is echoed, not kept); `config` is saved first, as `up` saves it."""
         self._forget()
-        settings = [arg for key, value in (config or {}).items() for arg in ("--config", f"{key}={value}")]
         started = time.monotonic()
         try:
             result = subprocess.run(self._argv("preview", "--json", "--show-replacement-steps", "--refresh",
-                                               *settings, *extra),
+                                               *config_args(config), *extra),
                                     cwd=self.cwd, env=self.env, stdin=subprocess.DEVNULL, capture_output=True,
                                     text=True, timeout=max(timeout_s, 1.0), check=False)
         except subprocess.TimeoutExpired:
@@ -181,6 +191,10 @@ class PulumiCli:
                 raise
             reader.join(timeout=KILL_GRACE_S)
         return Run(process.returncode, "".join(lines), time.monotonic() - started, interrupted)
+
+
+def config_args(config: Mapping[str, str] | None) -> list[str]:
+    return [arg for key, value in (config or {}).items() for arg in ("--config", f"{key}={value}")]
 
 
 def stop(process: subprocess.Popen, already_interrupted: bool = False) -> None:

@@ -1,13 +1,6 @@
 """A flex-start VM waiting in Compute Engine's queue: instances.insert with `params.requestValidForDuration`, then
 the instance followed until it runs, or its wait (or ours) ends with nothing left behind.
-
-A queued VM is PENDING until Compute Engine has the chip and the quota, then PROVISIONING, STAGING, RUNNING; when the
-wait ends first, "you encounter an error and Compute Engine deletes the compute instance"
-(https://cloud.google.com/compute/docs/instances/instance-lifecycle). Neither that error's text nor the insert
-operation's status while PENDING is documented, so this follows the instance, reads the operation only to quote its
-error, and deletes a VM still PENDING once our own wait is over (a third-party watchdog does the same). Why queue
-here rather than through Pulumi: docs/getting-a-tpu.md.
-"""
+Why it follows the instance, not the operation: docs/design/capacity.md#the-queue."""
 
 from __future__ import annotations
 
@@ -29,8 +22,7 @@ GRANTED = ("PROVISIONING", "STAGING")
 
 @dataclass(frozen=True)
 class Queued:
-    """How a queued VM ended: RUNNING (`instance` is the resource), NO_CAPACITY (the wait ended without a chip;
-    the VM is gone) or FAILED (the insert was refused, or the VM ended otherwise: `reason`)."""
+    """How a queued VM ended: RUNNING (with its `instance`), NO_CAPACITY (no chip in time, the VM gone) or FAILED."""
 
     outcome: str
     zone: str
@@ -45,8 +37,7 @@ class Queued:
 
 
 def with_wait(body: Mapping[str, Any], seconds: int) -> dict[str, Any]:
-    """The insert body asking Compute Engine to hold the request `seconds` (InstanceParams.requestValidForDuration:
-    "Relative deadline for waiting for capacity. Relevant only for Instances.Insert API.")."""
+    """The insert body asking Compute Engine to hold the request `seconds` (InstanceParams.requestValidForDuration)."""
     params = {**(body.get("params") or {}), "requestValidForDuration": {"seconds": str(int(seconds))}}
     return {**body, "params": params}
 

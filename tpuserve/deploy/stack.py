@@ -1,8 +1,5 @@
-"""`--stack NAME`: find a deployment from its Pulumi stack outputs, and reach it for the length of one command.
-
-A gcp stack's VM has no external IP, so its endpoint is reached through an IAP tunnel that lives exactly as long
-as the `with endpoint_for(...)` block; a local stack's endpoint is already on 127.0.0.1.
-"""
+"""`--stack NAME`: find a deployment from its Pulumi stack outputs, and reach it for the length of one command
+(a gcp stack's VM through an IAP tunnel, a gke stack's Service through kubectl port-forward)."""
 
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -65,20 +62,29 @@ def tunnel_command(gcloud: str, outputs: Mapping[str, Any], remote_port: int, lo
             f"--local-host-port=localhost:{local_port}", "--zone", outputs["zone"], "--project", outputs["project"]]
 
 
-def wait_for_port(process: subprocess.Popen, port: int, stderr: IO[bytes], timeout_s: float) -> None:
-    """Return once localhost:port accepts a connection; fail early if gcloud exits."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            stderr.seek(0)
-            raise TunnelError(f"gcloud start-iap-tunnel exited with {process.returncode}: "
-                              f"{stderr.read().decode(errors='replace').strip()}")
+@contextmanager
+def forwarding(argv: list[str], port: int, what: str, timeout_s: float,
+               env: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Run a port forward (gcloud's IAP tunnel, kubectl port-forward) for as long as the block runs, entered once
+    localhost:`port` accepts; a forward that exits first or never answers is a TunnelError with its stderr."""
+    with tempfile.TemporaryFile() as stderr:
+        process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
         try:
-            socket.create_connection(("localhost", port), timeout=TUNNEL_POLL_S).close()
-            return
-        except OSError:
-            time.sleep(TUNNEL_POLL_S)
-    raise TunnelError(f"IAP tunnel to localhost:{port} did not accept connections within {timeout_s:.0f}s")
+            deadline = time.monotonic() + timeout_s
+            while process.poll() is None and time.monotonic() < deadline:
+                try:
+                    socket.create_connection(("localhost", port), timeout=TUNNEL_POLL_S).close()
+                    break
+                except OSError:
+                    time.sleep(TUNNEL_POLL_S)
+            else:
+                stderr.seek(0)
+                why = (f"exited with {process.returncode}" if process.returncode is not None
+                       else f"did not accept connections on localhost:{port} within {timeout_s:.0f}s")
+                raise TunnelError(f"{what} {why}: {stderr.read().decode(errors='replace').strip()}")
+            yield
+        finally:
+            stop(process)
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -92,29 +98,22 @@ def stop(process: subprocess.Popen) -> None:
 
 @contextmanager
 def iap_tunnel(outputs: Mapping[str, Any], timeout_s: float = TUNNEL_READY_TIMEOUT_S) -> Iterator[str]:
-    """Open `gcloud compute start-iap-tunnel` to the VM's vLLM port on a free local port; yield the tunnelled
-    endpoint (same path as the stack's `endpoint`); close the tunnel on exit."""
+    """The VM's vLLM endpoint through `gcloud compute start-iap-tunnel` on a free local port, while the block runs."""
     gcloud = shutil.which("gcloud")
     if gcloud is None:
         raise ConfigError(OPTION, f"stack runs on GCP ({outputs['instanceName']}): reaching it needs gcloud on "
                           "PATH for the IAP tunnel")
     endpoint = urlsplit(outputs["endpoint"])
     local_port = free_local_port()
-    with tempfile.TemporaryFile() as stderr:
-        process = subprocess.Popen(tunnel_command(gcloud, outputs, endpoint.port, local_port),
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
-        try:
-            wait_for_port(process, local_port, stderr, timeout_s)
-            yield endpoint._replace(netloc=f"localhost:{local_port}").geturl()
-        finally:
-            stop(process)
+    with forwarding(tunnel_command(gcloud, outputs, endpoint.port, local_port), local_port,
+                    "gcloud start-iap-tunnel", timeout_s):
+        yield endpoint._replace(netloc=f"localhost:{local_port}").geturl()
 
 
 @contextmanager
 def gke_credentials(outputs: Mapping[str, Any]) -> Iterator[dict[str, str]]:
-    """For as long as the block runs, an environment whose KUBECONFIG reaches a gke stack's cluster: credentials in a
-    throwaway kubeconfig (`gcloud container clusters get-credentials`, so the user's own kubeconfig is never
-    touched). Yields the environment and the kubectl to run with it under "KUBECTL"."""
+    """While the block runs, an environment whose throwaway KUBECONFIG reaches a gke stack's cluster (the user's own
+    is never touched), with the kubectl to run under "KUBECTL"."""
     gcloud, kubectl = shutil.which("gcloud"), shutil.which("kubectl")
     if gcloud is None or kubectl is None:
         raise ConfigError(OPTION, f"stack runs on GKE (cluster {outputs['cluster']}): reaching it needs gcloud and "
@@ -133,31 +132,13 @@ def gke_credentials(outputs: Mapping[str, Any]) -> Iterator[dict[str, str]]:
 
 @contextmanager
 def kube_port_forward(outputs: Mapping[str, Any], timeout_s: float = TUNNEL_READY_TIMEOUT_S) -> Iterator[str]:
-    """Reach a gke stack's Service: credentials for its cluster (gke_credentials), then `kubectl port-forward` to the
-    Service on a free local port for as long as the block runs; yield that endpoint's …/v1 URL."""
+    """A gke stack's Service through `kubectl port-forward` on a free local port, while the block runs."""
     local_port = free_local_port()
-    with gke_credentials(outputs) as env, tempfile.TemporaryFile() as stderr:
-        process = subprocess.Popen(
-            [env["KUBECTL"], "port-forward", "--namespace", outputs["namespace"], "--address", "127.0.0.1",
-             f"service/{outputs['service']}", f"{local_port}:{outputs['port']}"],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
-        try:
-            deadline = time.monotonic() + timeout_s
-            while process.poll() is None and time.monotonic() < deadline:
-                try:
-                    socket.create_connection(("127.0.0.1", local_port), timeout=TUNNEL_POLL_S).close()
-                    break
-                except OSError:
-                    time.sleep(TUNNEL_POLL_S)
-            else:
-                stderr.seek(0)
-                why = (f"exited with {process.returncode}" if process.returncode is not None
-                       else f"did not accept connections within {timeout_s:.0f}s")
-                raise TunnelError(f"kubectl port-forward to service/{outputs['service']} {why}: "
-                                  f"{stderr.read().decode(errors='replace').strip()}")
+    with gke_credentials(outputs) as env:
+        argv = [env["KUBECTL"], "port-forward", "--namespace", outputs["namespace"], "--address", "127.0.0.1",
+                f"service/{outputs['service']}", f"{local_port}:{outputs['port']}"]
+        with forwarding(argv, local_port, f"kubectl port-forward to service/{outputs['service']}", timeout_s, env):
             yield f"http://localhost:{local_port}/v1"
-        finally:
-            stop(process)
 
 
 @contextmanager

@@ -1,12 +1,5 @@
-"""The capacity sweep: try a deployment in one zone after another until an attempt succeeds.
-
-The loop knows nothing about GCP or Pulumi (after SkyPilot's FailoverCloudErrorHandlerV2 and dstack's offer loop).
-An attempt is a callable that tries one zone and returns None on success, or a `Failure` saying how far it reaches:
-this zone, the zone's region, or everything (stop). The loop keeps the blocked zones and regions, moves the zones a
-failure suggests to the front, stops at the deadline, reports every attempt, and with `retry_until_up` repeats the
-pass after a growing gap (capacity comes and goes; a lasting failure such as a missing quota stays blocked).
-`tpuserve up` runs one sweep for its VM.
-"""
+"""The capacity sweep: try a deployment in one zone after another until an attempt succeeds, within a deadline.
+It knows nothing about GCP or Pulumi (docs/design/capacity.md#the-sweep)."""
 
 from __future__ import annotations
 
@@ -69,7 +62,7 @@ class SweepResult:
 
 def sweep(candidates: Sequence[str], attempt: Callable[[str, float], Failure | None], deadline_s: float, *,
           retry_until_up: bool = False, first_gap_s: float = FIRST_GAP_S, max_gap_s: float = MAX_GAP_S,
-          location_of: Callable[[str], str] = region_of, on_attempt: Callable[[Attempt], None] = lambda a: None,
+          on_attempt: Callable[[Attempt], None] = lambda a: None,
           on_wait: Callable[[float, int], None] = lambda seconds, next_round: None,
           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> SweepResult:
     """Try `candidates` in order; `attempt(zone, seconds_left)` deploys in one zone. Returns every attempt made."""
@@ -86,7 +79,7 @@ def sweep(candidates: Sequence[str], attempt: Callable[[str, float], Failure | N
         queue = list(dict.fromkeys(candidates))
         while queue:
             zone = queue.pop(0)
-            if zone in blocked_zones or location_of(zone) in blocked_regions:
+            if zone in blocked_zones or region_of(zone) in blocked_regions:
                 continue
             if left() <= 0:
                 result.deadline_hit = True
@@ -105,7 +98,7 @@ def sweep(candidates: Sequence[str], attempt: Callable[[str, float], Failure | N
                 result.deadline_hit = True
                 return result
             if failure.block == REGION:
-                region = failure.region or location_of(zone)
+                region = failure.region or region_of(zone)
                 (lasting_regions if failure.lasting else blocked_regions).add(region)
                 blocked_regions.add(region)
             else:
@@ -115,7 +108,7 @@ def sweep(candidates: Sequence[str], attempt: Callable[[str, float], Failure | N
                 if suggested in queue:
                     queue.remove(suggested)
                     queue.insert(0, suggested)
-        usable = [zone for zone in candidates if zone not in lasting_zones and location_of(zone) not in lasting_regions]
+        usable = [zone for zone in candidates if zone not in lasting_zones and region_of(zone) not in lasting_regions]
         if not retry_until_up or not usable:
             return result
         wait = min(gap, left())

@@ -1,9 +1,5 @@
-"""After `tpuserve up` deployed: create the alert policies that waited for their metrics (docs/design/alerts.md).
-
-The Ops Agent ships vLLM's metrics only once the model serves, so the first `pulumi up` declares no policy on them
-(components/monitoring.py). This waits, within a bound, for Cloud Monitoring to know them and runs `pulumi up` once
-more. Nothing here fails the deploy: the model serves, and what is still pending is said, with what creates it.
-"""
+"""After `tpuserve up` deployed: create the alert policies that waited for their metrics, within a bound; nothing
+here fails the deploy (docs/design/alerts.md)."""
 
 from __future__ import annotations
 

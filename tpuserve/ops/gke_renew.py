@@ -1,7 +1,5 @@
-"""`tpuserve gke renew` and `gke status`: a gke stack's TPU nodes, by hand, through kubectl with the stack's
-credentials. The renewal itself is tpuserve/gke_renewer.py, which the stack's CronJob runs in the cluster every 15
-minutes (docs/design/gke-renewal.md); `gke renew --node NODE` renews one node now (instead of `kubectl drain`, which
-the PodDisruptionBudget blocks while the node serves)."""
+"""`tpuserve gke renew` and `gke status`: a gke stack's TPU nodes by hand, through kubectl with the stack's
+credentials; the renewal itself is tpuserve/gke_renewer.py, run by the stack's CronJob (docs/design/gke-renewal.md)."""
 
 from __future__ import annotations
 
@@ -97,15 +95,12 @@ def run_command(stack: str, cwd: Path, as_json: bool, action: Callable[[Renewer]
     cli.finish(code, stack, {**summary, "events": renewer.events}, as_json)
 
 
-STACK_OPTION = click.option("--stack", required=True, help="The gke stack.")
-CWD_OPTION = click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
-                          show_default=True, help="The Pulumi project directory.")
-JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="End with one JSON line.")
-
-
 def common(command: Callable[..., Any]) -> Callable[..., Any]:
     """--stack, --cwd and --json, in that order in --help."""
-    return STACK_OPTION(CWD_OPTION(JSON_OPTION(command)))
+    command = click.option("--json", "as_json", is_flag=True, help="End with one JSON line.")(command)
+    command = click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
+                           show_default=True, help="The Pulumi project directory.")(command)
+    return click.option("--stack", required=True, help="The gke stack.")(command)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,21 +1,8 @@
-"""`tpuserve renew`: a stack's successor VM, serving, before flex-start deletes the VM that serves now.
-
-When the VM's deletion is less than `--lead` away (scheduling.terminationTime, else its last start plus
-maxRunDuration: observe/status.py deletion_at), `pulumi up` with the stack's other VM slot (names.py vm_name) creates
-the successor beside it, the readiness gate waits until it serves, the outputs move to it, and Pulumi deletes the old
-VM at the end of that update (create-first, as `tpuserve up --replace-vm`). The successor is an immediate create,
-tried zone after zone (the VM's zone first) until the old VM's deletion; why it does not wait in Compute Engine's
-queue as a first deploy does: docs/getting-a-tpu.md, "Renewals". A stack whose VM is already gone is deployed as
-`tpuserve up --deadline <lead>` does. The inventory closes the run.
-
-Exit codes: 0 renewed, or nothing due; 1 an error; 2 bad usage; 3 no successor before the deletion (the old VM serves
-until then); 5 renewed, but an orphan that bills is left.
-"""
+"""`tpuserve renew`: a stack's successor VM, serving, before flex-start deletes the VM that serves now
+(docs/getting-a-tpu.md#renewals-tpuserve-renew, docs/design/capacity.md#renewals)."""
 
 from __future__ import annotations
 
-import itertools
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,10 +11,10 @@ from typing import Any
 import click
 import requests
 
-from tpuserve import cli, durations, exits
+from tpuserve import durations, exits
+from tpuserve.deploy import inventory
 from tpuserve.deploy.preflight import Endpoints, configured_zones, endpoint_option, target_from_config
-from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
-from tpuserve.deploy.sweep import sweep
+from tpuserve.deploy.pulumi_cli import require_project
 from tpuserve.ops import up as ups
 
 DEFAULT_LEAD = "45m"  # a successor's cold boot (8.5-10.5 min), the 15-minute schedule, and room for a few tries
@@ -50,54 +37,29 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
     """Replace the stack's VM before flex-start deletes it: successor first (other slot, gated), then the old VM.
 
     Exit 0 renewed or nothing due, 1 an error, 3 no successor before the deletion (the old VM serves until then)."""
-    from rich.console import Console
-
-    from tpuserve.gce import ComputeApiError, ComputeClient, Instance, MissingCredentials, adc_session
+    from tpuserve.gce import ComputeApiError, ComputeClient, Instance
     from tpuserve.observe.status import deletion_at
 
-    try:
-        lead_s = durations.parse(lead_text)
-    except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--lead") from None
-    console = Console(stderr=True)
-
-    def say(line: str) -> None:
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-
-    def finish(code: int, summary: dict[str, Any]) -> None:
-        cli.finish(code, stack, summary, as_json)
-
-    roots = Endpoints.parse(endpoints)
-    try:
-        pulumi = PulumiCli(stack, cwd, echo=lambda line: click.echo(f"  │ {line}", err=True))
-        config, outputs = pulumi.config(), pulumi.outputs()
-    except PulumiError as err:
-        say(f"Error: {err}")
-        finish(exits.FAILED, {"action": None, "reason": str(err)})
+    lead_s, roots = ups.parse_deadline(lead_text, "--lead"), Endpoints.parse(endpoints)
+    run = ups.Outcome(stack, as_json, {"action": None})
+    say, finish, fail = run.say, run.finish, run.stop
+    pulumi, config, outputs = run.open(cwd)
     target = config.get("target", "gcp")
     if target != "gcp":
         raise click.UsageError(f"--stack: {stack} is a {target} stack; `tpuserve renew` renews a gcp stack's VM"
                                + (" (`tpuserve gke renew` renews a gke stack's nodes)" if target == ups.GKE else ""))
-    project = str(config.get("project") or "")
-    if not project:
-        raise click.UsageError(f"project: not set in stack {stack}; pulumi config set project <gcp-project-id> "
-                               f"--stack {stack}")
+    project = require_project(config, stack)
     name, zone = str(outputs.get("instanceName") or ""), str(outputs.get("zone") or config.get("zone") or "")
     if not name:
         say(f"nothing to renew: stack {stack} holds no VM (`tpuserve up --stack {stack}` deploys one)")
         finish(exits.OK, {"action": "none", "reason": "no VM"})
-    try:
-        session = adc_session()
-    except MissingCredentials as err:
-        say(f"Error: {err}")
-        finish(exits.FAILED, {"action": None, "reason": str(err)})
+    session = run.session()
     compute = ComputeClient(session, roots.compute)
     try:
         instance = compute.instance(Instance(project, zone, name))
     except ComputeApiError as err:
         if err.status != 404:
-            say(f"Error: could not read {name}: {err}")
-            finish(exits.FAILED, {"action": None, "reason": str(err)})
+            fail(str(err), f"could not read {name}: {err}")
         # Bounded by the lead: a scheduled renewal fits its job, and the next one (15 min on) tries again.
         say(f"{name} is gone (flex-start deleted it): deploying the stack as `tpuserve up --stack {stack} "
             f"--deadline {lead_text}` does")
@@ -105,15 +67,14 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
                    endpoints=endpoints, pulumi_args=pulumi_args)
         return
     except requests.RequestException as err:
-        say(f"Error: could not read {name}: {err}")
-        finish(exits.FAILED, {"action": None, "reason": str(err)})
+        fail(str(err), f"could not read {name}: {err}")
     deletion = deletion_at(instance)
     deletion = deletion.astimezone(timezone.utc) if deletion else None
     vm = {"name": name, "zone": zone, "deletionAt": deletion.isoformat() if deletion else None}
     if deletion is None:
         say(f"{name} has no run limit: nothing to renew")
         finish(exits.OK, {"action": "none", "vm": vm})
-    left = (deletion - datetime.fromtimestamp(time.time(), timezone.utc)).total_seconds()
+    left = seconds_until(deletion)
     vm["leftSeconds"] = round(left)
     if left > lead_s:
         say(f"{name} is deleted in {durations.human(left)} (at {clock(deletion)}): more than {lead_text} away, "
@@ -125,26 +86,16 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
     say(f"{name} is deleted in {durations.human(left)}: renewing it in slot {slot}, trying {', '.join(candidates)} "
         "(it serves until its successor does)")
     own = ups.own_nats(pulumi, say)
-    nat_config = ups.nat_settings(session, roots, target_from_config(config, candidates, stack, own or frozenset()),
-                                  None, own is not None, say)
-
-    def confirm(found: list[Any]) -> bool:
-        return yes or (sys.stdin.isatty() and click.confirm(f"Delete these {len(found)} orphaned resource(s)?",
-                                                            default=True, err=True))
-
+    settings = ups.nat_settings(session, roots, target_from_config(config, candidates, stack, own or frozenset()),
+                                None, own is not None, say)
+    confirm = ups.orphan_confirmation(yes)
     # Tried until the old VM's deletion; an attempt begun just before it may still boot its successor.
-    deployer = ups.Deployer(pulumi, stack, project, pulumi_args, compute, confirm, say, nat=nat_config,
-                            settings={"vmSlot": slot}, boot_floor_s=ups.BOOT_UPDATE_S)
-    numbers = itertools.count(1)
-    result = sweep(candidates, deployer.attempt, left, retry_until_up=True, clock=time.monotonic, sleep=time.sleep,
-                   on_attempt=lambda attempt: say(ups.progress_line(next(numbers), attempt)),
-                   on_wait=lambda seconds, next_round: say(f"no successor yet; trying again in {seconds:.0f} s"))
+    deployer = ups.Deployer(pulumi, stack, project, pulumi_args, compute, confirm, say,
+                            settings={**settings, "vmSlot": slot}, boot_floor_s=ups.BOOT_UPDATE_S)
+    result = deployer.run(candidates, left, retry_until_up=True, clock=time.monotonic, sleep=time.sleep,
+                          on_wait=lambda seconds, next_round: say(f"no successor yet; trying again in {seconds:.0f} s"))
     tried = list(dict.fromkeys(attempt.zone for attempt in result.attempts))
-    if tried:
-        deployer.clean_up(tried)
-    if not result.ok:
-        ups.keep_zone_consistent(pulumi, zone)
-    ups.keep_slot_consistent(pulumi, config, deployer.settings)
+    deployer.settle(result, config, zone)
     summary: dict[str, Any] = {"vm": vm, "attempts": [attempt.as_dict() for attempt in result.attempts],
                                "orphans": deployer.orphans}
     if result.ok:
@@ -158,18 +109,16 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
             say(result.stopped.hint.replace("<stack>", stack))
     else:
         code, summary["action"] = exits.NO_CAPACITY, "kept"
-        still = (deletion - datetime.fromtimestamp(time.time(), timezone.utc)).total_seconds()
+        still = seconds_until(deletion)
         say(f"no capacity for a successor in {', '.join(tried) or ', '.join(candidates)}: {name} "
             + (f"keeps serving until flex-start deletes it at {clock(deletion)} (in {durations.human(still)})"
                if still > 0 else f"served until flex-start deleted it at {clock(deletion)}"))
-    stock = ups.take_inventory(pulumi, stack, config, session, roots, say)
-    if stock is not None and stock.billing_orphans:
-        stock = ups.remove_orphans(stock, pulumi, stack, config, session, roots, confirm, say)
-    if stock is not None and stock.billing_orphans and code == exits.OK:
-        say(f"Error: {len(stock.billing_orphans)} orphan(s) that bill are left (above); run `tpuserve renew` again "
-            "with --yes to delete them")
-        code = exits.ORPHANS
+    code, stock = inventory.close_run(pulumi, config, session, roots, confirm, say, code, "tpuserve renew")
     finish(code, {**summary, "inventory": None if stock is None else stock.as_dict()})
+
+
+def seconds_until(moment: datetime) -> float:
+    return (moment - datetime.fromtimestamp(time.time(), timezone.utc)).total_seconds()
 
 
 def clock(moment: datetime) -> str:
