@@ -1,8 +1,6 @@
-"""The package's floors: a module imports only its own floor and the ones below it (no import runs back up).
-
-core (tpuserve/*.py) < deploy/ < measure/, observe/ < ops/ (orchestrators that call both deploy and the gate).
-Code that runs on the VM (vm/) imports nothing from tpuserve: it runs on the bare image's Python.
-"""
+"""The layers a reader can see: the package's floors, core (tpuserve/*.py) < deploy/ < measure/, observe/ < ops/
+(no import runs back up); the Pulumi program (components/) on the core alone; the VM's code (vm/) on nothing of
+tpuserve, since it runs on the bare image's Python. And no module explains itself in an essay."""
 
 from __future__ import annotations
 
@@ -77,6 +75,29 @@ def test_vm_code_imports_nothing_from_tpuserve():
     vm = ROOT / "vm"
     for path in sorted(vm.rglob("*.py")) if vm.exists() else []:
         assert not imported_modules(path), f"{path} imports tpuserve: it must run on the bare VM image"
+
+
+PROGRAM = sorted([*(ROOT / "components").glob("*.py"), ROOT / "__main__.py"])
+
+
+@pytest.mark.parametrize("path", PROGRAM, ids=[path.name for path in PROGRAM])
+def test_the_program_depends_on_the_core_alone(path: Path) -> None:
+    """What a stack declares never depends on what the CLI does: no deploy, ops, observe, measure, nor the CLI."""
+    beyond = sorted(name for name in imported_modules(path)
+                    if floor_of(name) != "core" or name.split(".")[:2] == ["tpuserve", "cli"]
+                    or name in ("tpuserve.deploy", "tpuserve.measure", "tpuserve.observe", "tpuserve.ops"))
+    assert not beyond, f"{path.relative_to(ROOT)} imports the CLI's packages: {beyond}"
+
+
+PRODUCT = sorted(path for folder in ("tpuserve", "components", "vm", "policy") for path in (ROOT / folder).rglob("*.py"))
+MAX_MODULE_DOCSTRING_LINES = 12
+
+
+@pytest.mark.parametrize("path", PRODUCT, ids=[str(path.relative_to(ROOT)) for path in PRODUCT])
+def test_a_module_docstring_is_short(path: Path) -> None:
+    """Why in a few lines; the reasoning lives in docs/design/ and the module links it."""
+    doc = ast.get_docstring(parse(path), clean=False) or ""
+    assert doc.count("\n") < MAX_MODULE_DOCSTRING_LINES, f"{path.relative_to(ROOT)}: move the essay to docs/design"
 
 
 def test_a_planted_upward_import_is_caught(tmp_path):
