@@ -1,35 +1,8 @@
 """`tpuserve plan`: how much KV cache fits in HBM, and how many full-length conversations that is, before deploying.
 
-Which layers hold KV and how big it is follows the model's HF config the way vLLM and tpu-inference build their
-KV caches:
-- layers in the last `num_kv_shared_layers` reuse an earlier layer's KV and hold none (Gemma 3n/4);
-- a layer's entry in `per_layer_config` (how transformers 5 saves Gemma 4) overrides `head_dim` and
-  `num_key_value_heads`; without one, `full_attention` layers use `global_head_dim` when the config has one,
-  and `num_global_key_value_heads` when `attention_k_eq_v` is set (older Gemma 4 configs); others use `head_dim`.
-A config without `layer_types` is taken as all full attention, which can only overestimate memory.
-
-Two backends size them differently (`--backend`):
-- `tpu` (default), what the stack serves with, read from vllm-project/tpu-inference:
-  - every KV layer keeps every token: the KV cache spec sets `sliding_window = None` for every layer of a JAX
-    model (Gemma 4 runs on the JAX path: tpu_inference/models/common/model_loader.py) and for every layer of a
-    vLLM-path model whose layers have mixed head sizes (tpu_inference/runner/kv_cache_manager.py,
-    `get_kv_cache_spec`), so a sliding layer saves nothing. The planner assumes this for every model, which can
-    only undercount contexts for a vLLM-path model with uniform heads;
-  - a layer's page is (blocks, block_size, align(2 × heads, packing) / packing, packing, align(head_dim, 128)) with
-    packing = 32 bits / dtype bits (tpu_inference/kernels/ragged_paged_attention/v3/kernel.py `get_kv_cache_shape`;
-    head_dim 64 uses kernel_hd64.py, where K and V share 128 lanes): K and V of one KV head fill a 32-bit word of
-    two bf16 values, or half of one of four fp8 values, so fp8 takes as many bytes as bf16 for such a model;
-  - KV heads are padded to a multiple of the chips and split over them (`get_padded_num_heads`,
-    `get_kv_cache_shape_with_mesh`): one KV head is replicated on every chip;
-  - the budget is every chip's HBM × utilization minus what the loaded model uses (tpu_inference/worker/tpu_worker.py
-    `determine_available_memory`), taken here per chip as HBM × utilization − weights / chips (a preset's weights are
-    the HBM its model was measured to take after loading);
-  - the block (page) size follows max_model_len and max_num_seqs unless --block-size is given (`tpu_block_size`).
-- `gpu`: upstream vLLM's arithmetic: K and V of each KV head at the dtype's size, `max(1, heads // chips)` heads per
-  device, and a sliding layer keeps at most `sliding_window - 1 + max_num_batched_tokens` tokens per request,
-  rounded up to blocks plus one (`SlidingWindowSpec.max_admission_blocks_per_request`); blocks of 16 tokens
-  (vllm/config/cache.py `CacheConfig.DEFAULT_BLOCK_SIZE`, vLLM 0.32; an attention backend may prefer another).
-Activations and compilation scratch come out of the budget too on a real server: treat the counts as upper bounds.
+KV layers and sizes follow the model's HF config the way vLLM (`--backend gpu`) and tpu-inference (`tpu`, the
+default) build their caches; the sources and the arithmetic are in docs/design/planner.md. Activations and
+compilation scratch come out of the budget too on a real server: treat the counts as upper bounds.
 """
 
 from __future__ import annotations

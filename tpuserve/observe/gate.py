@@ -1,15 +1,9 @@
 """`tpuserve gate`: wait until a deployment really serves, and say where the boot time went.
 
-A VM shows RUNNING long before vLLM answers, and `/health` says 200 before the model can complete a request, so
-"ready" here means every stage passed in order:
-- URL mode: `/health` is 200, `/v1/models` lists the model, one chat completion of a few tokens returns text:
-  content, or reasoning when a reasoning parser took the first tokens (then the optional `--smoke` checks: a
-  request with tools, a request with an image).
-- Instance mode: the VM's startup script, which runs those same checks locally, reports `serving` in its guest
-  attributes (namespace `facts.GUEST_ATTRIBUTE_NAMESPACE`: `stage`, `at-<stage>` = unix seconds the stage began,
-  `reason` when failed, `config-hash`, `warning` when it serves with one). A `failed` stage ends the wait at once with the reason and the serial console's last lines; so
-  does a VM that is gone or stopped (flex-start ends a VM at its max run duration).
+Ready means every stage passed in order: `/health`, `/v1/models`, one short chat completion (URL mode), or the
+VM's guest attributes saying `serving` (instance mode); a `failed` stage or a gone VM ends the wait at once.
 Human output goes to stderr; stdout gets exactly one JSON line, the verdict, which the stack's readiness gate parses.
+The stages and guest attributes: docs/design/gate-and-status.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""`tpuserve status`: one screen with the VM (zone, state, uptime, time left until the flex-start deletion, cost so
-far, boot stage, config hash) and a live view of the server from its `/metrics`.
+"""`tpuserve status`: one screen with the VM (zone, state, time left until the flex-start deletion, cost so far, boot
+stage, config hash) and a live view of the server from two reads of its `/metrics`.
 
-The VM part comes from the Compute API (the instance resource and the guest attributes the startup script writes,
-as the readiness gate reads them). A flex-start VM is deleted at `scheduling.terminationTime` when set, else at its
-last start (`lastStartTimestamp`, `creationTimestamp` before the first start) plus `scheduling.maxRunDuration`
-(field names of the compute#instance resource, https://cloud.google.com/compute/docs/reference/rest/v1/instances).
-
-The live part reads `/metrics` twice, `--interval` seconds apart (with `--watch`, every refresh against the one
-before): gauges (running, waiting, KV-cache usage) from the second read, rates and latency quantiles from what the
-counters and histogram buckets gained in between (tpuserve.vllm_metrics). `/metrics` needs no API key: vLLM's
---api-key covers only /v1, /v2 and /inference, which is why port 8000 stays reachable through IAP only.
+Where each field comes from: docs/design/gate-and-status.md.
 """
 
 from __future__ import annotations
