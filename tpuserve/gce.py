@@ -137,15 +137,6 @@ class ComputeClient(JsonApi):
         return str(ok(response).json().get("name", ""))
 
 
-def tpu_chips(machine_type_url: str) -> int:
-    """Chips of a TPU v6e machine type (`.../machineTypes/ct6e-standard-4t` -> 4); 0 for any other type."""
-    name = machine_type_url.rsplit("/", 1)[-1]
-    if not name.startswith("ct6e-standard-"):
-        return 0
-    digits = name.removeprefix("ct6e-standard-").removesuffix("t")
-    return int(digits) if digits.isdigit() else 0
-
-
 def label_filter(labels: Mapping[str, str]) -> str:
     """A list filter matching every label: `(labels.app = "tpu-serve") (labels.stack = "dev")` (the API ANDs them)."""
     return " ".join(f'(labels.{key} = "{value}")' for key, value in sorted(labels.items()))

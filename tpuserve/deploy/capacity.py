@@ -9,10 +9,9 @@ import re
 from collections.abc import Callable
 
 from tpuserve.deploy.sweep import REGION, STOP, ZONE, Failure
-from tpuserve.zones import region_of
-from tpuserve.flex_start import CAPACITY, ZONE_NAME
+from tpuserve.flex_start import CAPACITY
+from tpuserve.zones import REGION_NAME, ZONE_NAME, region_of
 
-REGION_NAME = r"[a-z]+-[a-z]+[0-9]+"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 REASON_MAX_CHARS = 300
 # Where a provider message starts inside a line of `pulumi up` output, and noise before it.

@@ -21,9 +21,10 @@ from tpuserve.deploy.preflight import Endpoints, adc_or_fail, endpoint_option
 from tpuserve.deploy.pulumi_cli import PulumiError, open_stack, require_project
 from tpuserve.facts import (CACHE_LABEL, HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS,
                             PRICE_PER_CHIP_HOUR, hyperdisk_balanced_monthly_usd)
-from tpuserve.gce import ComputeApiError, ComputeClient, ZonalDisks, label_filter, ok, tpu_chips
+from tpuserve.gce import ComputeApiError, ComputeClient, ZonalDisks, label_filter, ok, ok_or_gone
 from tpuserve.gcs import Buckets
 from tpuserve.names import base_name, service_account_id, stack_slug
+from tpuserve.serving import tpu_chips
 
 HOURS_PER_MONTH = 730
 IN_STATE, KEPT, ORPHAN = "in state", "kept", "orphan"
@@ -355,9 +356,7 @@ def delete_items(clients: Clients, project: str, items: Sequence[Item]) -> list[
             elif item.kind == "bucket":
                 clients.buckets.delete(item.name)
             elif item.kind in gone_is_done:
-                response = clients.session.delete(gone_is_done[item.kind].format(name=item.name), timeout=30)
-                if response.status_code != 404:
-                    ok(response)
+                ok_or_gone(clients.session.delete(gone_is_done[item.kind].format(name=item.name), timeout=30))
             # a NAT goes with its router
         except (ComputeApiError, requests.RequestException) as err:
             failed.append(f"{item.kind} {item.name}: {err}")

@@ -16,12 +16,13 @@ from tpuserve import exits
 from tpuserve.cli import echo_json
 from tpuserve.client import error_message
 from tpuserve.deploy import nat
-from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, tpu_chips
+from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient
 from tpuserve.gcs import STORAGE_URL
 from tpuserve.names import stack_labels
 from tpuserve.zones import region_of
 from tpuserve.facts import V6E_ZONES, VLLM_TPU_IMAGE
 from tpuserve.registry import ABSENT, OK as IMAGE_OK, RegistryError, locate
+from tpuserve.serving import tpu_chips
 
 OK, WARNING, FAIL = "ok", "warning", "fail"
 DEFAULT_MACHINE_TYPE = "ct6e-standard-1t"

@@ -30,9 +30,10 @@ from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError, echo_indented, re
 from tpuserve.deploy.sweep import REGION, STOP, ZONE, Attempt, Failure, SweepResult, sweep
 from tpuserve.facts import PRICE_PER_CHIP_HOUR
 from tpuserve.flex_start import ADOPT_VM_ENV, WITHHOLD_VM_ENV, instance_id
-from tpuserve.gce import ComputeApiError, ComputeClient, Instance, ZonalDisks, tpu_chips
+from tpuserve.gce import ComputeApiError, ComputeClient, Instance, ZonalDisks
 from tpuserve.names import stack_labels
 from tpuserve.ops.alerts import create_pending_alerts
+from tpuserve.serving import tpu_chips
 from tpuserve.zones import region_of
 
 PREVIEW_TIMEOUT_S = 600.0
