@@ -1,7 +1,5 @@
-"""Pulumi dynamic providers for the caches: create adopts a disk or bucket of the same name, delete runs only with
-`keepCaches: false`, so a cache kept by `pulumi destroy` never fails the next `up` with "already exists"
-(docs/boot-and-caches.md#caches). Its own module, so the provider process can import the classes dill pickles.
-"""
+"""Pulumi dynamic providers for the caches: create adopts a disk or bucket of the same name, so a kept cache never
+fails the next `up` with "already exists" (docs/boot-and-caches.md#caches); its own module, for dill's pickles."""
 
 from __future__ import annotations
 

@@ -199,8 +199,7 @@ class Renewer:
         return None
 
     def finish(self, state: Mapping[str, Any], replaced: bool) -> None:
-        """The HPA back to its bounds, the Deployment to its replicas unless the HPA changed them meanwhile; with
-        `replaced` the old node's pods go first (without, the unready successor does anyway)."""
+        """The HPA back to its bounds, replicas back unless the HPA moved them; `replaced`: old node's pods go first."""
         if replaced:
             for pod in live(self.pods(state["node"])):
                 self.cluster.patch("pod", pod_name(pod), {"metadata": {"annotations": {DELETION_COST: FIRST_TO_GO}}},

@@ -270,8 +270,7 @@ def check_machine_type(google: Google, target: Target, report: Report) -> Check:
 
 
 def quota_limit(info: Mapping[str, Any], region: str, dimensions: Mapping[str, str]) -> int | None:
-    """A QuotaInfo's limit in `region`: its most specific DimensionsInfo that applies; None when none does, -1 is
-    unlimited."""
+    """A QuotaInfo's limit in `region` from its most specific DimensionsInfo; None: none applies, -1: unlimited."""
     wanted = {"region": region, **dimensions}
     best: tuple[int, int] | None = None
     for entry in info.get("dimensionsInfos", []):
@@ -372,8 +371,7 @@ def check_permissions(google: Google, target: Target) -> Check:
 
 
 def check_nat(google: Google, target: Target, report: Report) -> list[Check]:
-    """Cloud NAT in each region the VMs may land in (zones where none can serve are skipped), and the VMs of other
-    stacks that use this stack's own NAT."""
+    """Cloud NAT where the VMs may land (zones none can serve are skipped), and other stacks' VMs using this one's."""
     name = "Cloud NAT"
     try:
         nats = nat.list_nats(google.session, target.project, google.endpoints.compute, TIMEOUT_S)
@@ -433,8 +431,7 @@ def setting_on(config: Mapping[str, Any], key: str, default: bool) -> bool:
 
 def target_from_config(config: Mapping[str, Any], zones: Sequence[str], stack: str = "",
                        own_nats: frozenset[tuple[str, str, str]] = frozenset()) -> Target:
-    """What the stack would deploy in `zones`; with `stack`, its Cloud NAT is checked in `region` when set, else in
-    each zone's region."""
+    """What the stack would deploy in `zones`; with `stack`, Cloud NAT checked in `region`, else each zone's region."""
     if not stack or config.get("target") == "local":
         regions: tuple[str, ...] = ()
     else:
