@@ -1,8 +1,6 @@
 """Renew each replica's flex-start GKE node before GKE deletes it, successor pod first (docs/design/gke-renewal.md).
-
-The CronJob runs it in the cluster (standard library, durations.py and exits.py only: it ships in a ConfigMap);
-`tpuserve gke renew` runs the same Renewer through kubectl. Exit codes: 0 done, 1 an error, 3 a node kept.
-"""
+The CronJob runs it from a ConfigMap (so: standard library, durations and exits only); `tpuserve gke renew` through
+kubectl. Exit codes: 0 done, 1 an error, 3 a node kept."""
 
 from __future__ import annotations
 
