@@ -187,13 +187,6 @@ def list_vms(session: requests.Session, project: str, compute_url: str = COMPUTE
     return vms
 
 
-def dependents(nat: Nat, vms: Iterable[Vm], besides: Iterable[str] = ()) -> list[Vm]:
-    """The VMs that reach the internet through `nat`, except those of the stacks in `besides` (label values)."""
-    others = set(besides)
-    return [vm for vm in vms if vm.region == nat.region and vm.network == nat.network and not vm.external_ip
-            and nat.serves(vm.subnetwork or vm.network) and vm.stack not in others]
-
-
 @dataclass
 class Reliance:
     """The stack's own NATs that VMs of other stacks rely on."""
@@ -213,10 +206,12 @@ class Reliance:
 def reliance(own: set[tuple[str, str, str]], nats: Iterable[Nat], vms: Iterable[Vm], besides: Iterable[str]
              ) -> Reliance:
     """Which of the stack's own NATs (`own_nats`) serve VMs of stacks other than `besides` (`stack` labels)."""
-    vms, besides = list(vms), list(besides)
+    vms, besides = list(vms), set(besides)
     found = Reliance()
-    for nat in nats:
-        if nat.key in own and (using := dependents(nat, vms, besides)):
+    for nat in (nat for nat in nats if nat.key in own):
+        using = [vm for vm in vms if vm.region == nat.region and vm.network == nat.network and not vm.external_ip
+                 and nat.serves(vm.subnetwork or vm.network) and vm.stack not in besides]
+        if using:
             found.by_nat[nat] = using
     return found
 
