@@ -1,6 +1,5 @@
-"""What a failed `pulumi up` of the TPU VM means for the capacity sweep, read from the error text alone.
-The rules, tried in order (first match wins), and why: docs/design/capacity.md#the-classifier; one real error
-text per rule with its source in tests/test_capacity.py."""
+"""What a failed `pulumi up` of the TPU VM means for the capacity sweep, from its error text alone: rules tried in
+order, first match wins (docs/design/capacity.md#the-classifier; a real text per rule in tests/test_capacity.py)."""
 
 from __future__ import annotations
 

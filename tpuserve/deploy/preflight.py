@@ -27,8 +27,7 @@ from tpuserve.serving import tpu_chips
 OK, WARNING, FAIL = "ok", "warning", "fail"
 DEFAULT_MACHINE_TYPE = "ct6e-standard-1t"
 TIMEOUT_S = 20.0
-# Service Usage's names for what the stack uses; Cloud Storage is two services (both off fails, one off warns).
-# Their sources: docs/design/preflight.md
+# The APIs the stack uses (sources: docs/design/preflight.md); Cloud Storage is two: both off fails, one off warns
 REQUIRED_APIS = ("compute.googleapis.com", "secretmanager.googleapis.com", "iam.googleapis.com",
                  "monitoring.googleapis.com", "logging.googleapis.com")
 STORAGE_APIS = ("storage.googleapis.com", "storage-api.googleapis.com")

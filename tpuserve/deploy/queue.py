@@ -1,6 +1,5 @@
-"""A flex-start VM waiting in Compute Engine's queue: instances.insert with `params.requestValidForDuration`, then
-the instance followed until it runs, or its wait (or ours) ends with nothing left behind.
-Why it follows the instance, not the operation: docs/design/capacity.md#the-queue."""
+"""A flex-start VM in Compute Engine's queue: inserted with `params.requestValidForDuration`, then the instance (not
+the operation: docs/design/capacity.md#the-queue) followed until it runs, or a wait ends with nothing left."""
 
 from __future__ import annotations
 

@@ -557,7 +557,7 @@ def look_before_leaping(pulumi: PulumiCli, stack: str, config: Mapping[str, Any]
             say("the TPU VM is not changed by this update")
         return Look({})
     vm = plan.vm_replacement() or losing[0]
-    chips = tpu_chips(str(vm.new_inputs.get("machineType") or config.get("machineType") or "ct6e-standard-1t")) or 1
+    chips = tpu_chips(str(vm.new_inputs.get("machineType") or config.get("machineType") or "")) or 1
     delete_first, why = replacement_order(compute, str(config.get("project", "")), zone, chips, report)
     for line in previews.replacement_lines(vm, stack, chips, new_run_seconds(vm, outputs),
                                            float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR), delete_first,
