@@ -1,7 +1,5 @@
-"""Pulumi dynamic providers for the caches: create adopts a disk or bucket of the same name, delete runs only with
-`keepCaches: false`, so a cache kept by `pulumi destroy` never fails the next `up` with "already exists"
-(docs/boot-and-caches.md#caches). Its own module, so the provider process can import the classes dill pickles.
-"""
+"""Pulumi dynamic providers for the caches: create adopts a disk or bucket of the same name, so a kept cache never
+fails the next `up` with "already exists" (docs/boot-and-caches.md#caches); its own module, for dill's pickles."""
 
 from __future__ import annotations
 
@@ -11,12 +9,9 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
     UpdateResult
 
 from tpuserve import caches as cache
-
-
-def _session():  # application-default credentials, as `tpuserve gate` uses
-    from tpuserve.gce import adc_session
-
-    return adc_session()
+from tpuserve import gce
+from tpuserve.gce import COMPUTE_URL, ZonalDisks
+from tpuserve.gcs import STORAGE_URL, Buckets
 
 
 def disk_id(project: str, zone: str, name: str) -> str:
@@ -30,13 +25,11 @@ def _spec(props: dict[str, Any]) -> cache.DiskSpec:
 
 
 class CacheDiskProvider(ResourceProvider):
-    def __init__(self, compute_url: str = "https://compute.googleapis.com"):
+    def __init__(self, compute_url: str = COMPUTE_URL):
         self.compute_url = compute_url
 
-    def _disks(self):
-        from tpuserve.gce import ZonalDisks
-
-        return ZonalDisks(_session(), self.compute_url)
+    def _disks(self) -> ZonalDisks:
+        return ZonalDisks(gce.adc_session(), self.compute_url)
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> CheckResult:
         if olds and olds.get("zone") == news.get("zone") and int(news["sizeGb"]) < int(olds.get("sizeGb", 0)):
@@ -71,13 +64,11 @@ class CacheDiskProvider(ResourceProvider):
 
 
 class CacheBucketProvider(ResourceProvider):
-    def __init__(self, storage_url: str = "https://storage.googleapis.com"):
+    def __init__(self, storage_url: str = STORAGE_URL):
         self.storage_url = storage_url
 
-    def _buckets(self):
-        from tpuserve.gcs import Buckets
-
-        return Buckets(_session(), self.storage_url)
+    def _buckets(self) -> Buckets:
+        return Buckets(gce.adc_session(), self.storage_url)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         """A new name (or project) is another bucket. A new location is only recorded: a bucket cannot move, and a

@@ -163,7 +163,7 @@ def test_the_group_turns_what_any_command_raises_into_one_line(monkeypatch, make
     def planted() -> None:
         raise make()
 
-    monkeypatch.setitem(SUBCOMMANDS, "planted", ("tests.test_cli_errors:planted", "A planted command."))
+    monkeypatch.setitem(SUBCOMMANDS, "planted", "tests.test_cli_errors:planted")
     monkeypatch.setattr(main, "get_command", lambda ctx, name: planted if name == "planted" else None)
     result = invoke("planted")
     assert result.exit_code == code

@@ -16,51 +16,26 @@ import click
 
 from tpuserve import exits
 
-# name -> ("module:attribute", short help): listing the commands imports none of them (tests/test_cli.py keeps each
-# help equal to the command's own).
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "cache": ("tpuserve.deploy.cache:cache",
-              "List or remove a stack's cache disks (one per zone) and compile-cache bucket."),
-    "bench": ("tpuserve.measure.bench:bench",
-              "Measure an endpoint with `vllm bench serve` and report throughput, latency and $ per million tokens."),
-    "check": ("tpuserve.deploy.check:check",
-              "Check a stack's Pulumi.<stack>.yaml against the program's own rules, offline: no Pulumi CLI, no cloud."),
-    "cost": ("tpuserve.measure.cost:cost",
-             "Breakeven throughput against an API price, the cost of a cold start, and what a session yields."),
-    "destroy": ("tpuserve.ops.destroy:destroy",
-                ("`pulumi destroy` a stack, then list what is left of it in the project (kept caches, orphans) and "
-                 "what it bills.")),
-    "diagnose": ("tpuserve.observe.logs:diagnose", ("Ask a model why a deployment failed, from its logs and the gate's "
-                                            "stage and reason (tokens redacted).")),
-    "gate": ("tpuserve.observe.gate:gate", "Wait until a deployment really serves; exit 0 only then."),
-    "gke": ("tpuserve.ops.gke_renew:gke",
-            "A gke stack's TPU nodes: renew each replica's node before flex-start deletes it; status."),
-    "images": ("tpuserve.deploy.image_check:images",
-               "The vLLM TPU image: whether the pinned digest (or a stack's containerImage) still resolves."),
-    "inventory": ("tpuserve.deploy.inventory:inventory",
-                  ("Everything a stack owns in the project, across zones and regions: in its state, kept on purpose, "
-                   "or orphaned, with prices.")),
-    "litellm": ("tpuserve.deploy.litellm_config:litellm",
-                "Print a LiteLLM proxy config mapping the aliases to the deployment (`> litellm_config.yaml`)."),
-    "logs": ("tpuserve.observe.logs:logs", "Print the VM's serial console and the vLLM container's logs."),
-    "plan": ("tpuserve.measure.plan:plan",
-             "KV bytes per token, resident KV tokens and how many full-length contexts fit in HBM, per engine and "
-             "for the machine's engines; what the cache disk's throughput buys a warm boot, and what it costs."),
-    "preflight": ("tpuserve.deploy.preflight:preflight_command",
-                  "Check what would stop a deploy: APIs, machine type per zone, TPU quota, token secret, permissions, "
-                  "Cloud NAT."),
-    "probe": ("tpuserve.measure.probe:probe",
-              "Probe a deployment's capabilities: tools, structured output, vision, refused modalities; compare KV-cache "
-              "settings."),
-    "renew": ("tpuserve.ops.renew:renew",
-              "Replace the stack's VM before flex-start deletes it: successor first (other slot, gated), then the old "
-              "VM."),
-    "status": ("tpuserve.observe.status:status",
-               "The VM (state, time left until flex-start deletes it, cost so far, boot stage) and the server live "
-               "from /metrics (running/waiting, KV cache, TTFT and ITL p50/p95, tokens/s)."),
-    "up": ("tpuserve.ops.up:up",
-           "Deploy a stack: find a zone with TPU capacity (preflight, `pulumi up` zone by zone, then Compute Engine's "
-           "queue), clean up."),
+# name -> "module:attribute"; listing the commands reads their help from the source and imports none of them.
+SUBCOMMANDS: dict[str, str] = {
+    "cache": "tpuserve.deploy.cache:cache",
+    "bench": "tpuserve.measure.bench:bench",
+    "check": "tpuserve.deploy.check:check",
+    "cost": "tpuserve.measure.cost:cost",
+    "destroy": "tpuserve.ops.destroy:destroy",
+    "diagnose": "tpuserve.observe.logs:diagnose",
+    "gate": "tpuserve.observe.gate:gate",
+    "gke": "tpuserve.ops.gke_renew:gke",
+    "images": "tpuserve.deploy.image_check:images",
+    "inventory": "tpuserve.deploy.inventory:inventory",
+    "litellm": "tpuserve.deploy.litellm_config:litellm",
+    "logs": "tpuserve.observe.logs:logs",
+    "plan": "tpuserve.measure.plan:plan",
+    "preflight": "tpuserve.deploy.preflight:preflight_command",
+    "probe": "tpuserve.measure.probe:probe",
+    "renew": "tpuserve.ops.renew:renew",
+    "status": "tpuserve.observe.status:status",
+    "up": "tpuserve.ops.up:up",
 }
 
 
@@ -178,7 +153,7 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in SUBCOMMANDS:
             return None
-        module, attribute = SUBCOMMANDS[name][0].split(":")
+        module, attribute = SUBCOMMANDS[name].split(":")
         return getattr(importlib.import_module(module), attribute)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -218,12 +193,23 @@ class LazyGroup(click.Group):
             raise
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """click's command list, from SUBCOMMANDS: click's own would import every command for its help."""
+        """click's command list, without click's import of every command for its help."""
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(map(len, names))
         with formatter.section("Commands"):
-            formatter.write_dl([(name, click.Command(name, help=SUBCOMMANDS[name][1]).get_short_help_str(limit))
+            formatter.write_dl([(name, click.Command(name, help=command_help(name)).get_short_help_str(limit))
                                 for name in names])
+
+
+def command_help(name: str) -> str:
+    """The docstring of command `name`, read from its module's source: no import."""
+    import ast
+    from pathlib import Path
+
+    module, attribute = SUBCOMMANDS[name].split(":")
+    source = Path(__file__).resolve().parents[1].joinpath(*module.split(".")).with_suffix(".py")
+    return next(ast.get_docstring(node) or "" for node in ast.parse(source.read_text()).body
+                if isinstance(node, ast.FunctionDef) and node.name == attribute)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -4,7 +4,7 @@ the caches. The base URL and session are parameters, so tests use a fake on 127.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,18 +71,21 @@ class JsonApi:
         response = self.session.get(url, timeout=self.timeout_s)
         return None if response.status_code == 404 else ok(response).json()
 
-    def items(self, url: str, params: Mapping[str, str], scoped: str = "") -> list[dict[str, Any]]:
-        """Every item across pages; `scoped` reads an aggregated list (`items` map each zone to {scoped: [...]})."""
-        params, found = dict(params), []
+    def pages(self, url: str, params: Mapping[str, str] | None = None) -> Iterator[dict[str, Any]]:
+        """Every page of a list, following its nextPageToken."""
+        params = dict(params or {})
         while True:
             body = ok(self.session.get(url, params=params, timeout=self.timeout_s)).json()
-            if scoped:
-                found += [item for zone in body.get("items", {}).values() for item in zone.get(scoped, [])]
-            else:
-                found += body.get("items", [])
+            yield body
             if not body.get("nextPageToken"):
-                return found
+                return
             params["pageToken"] = body["nextPageToken"]
+
+    def items(self, url: str, params: Mapping[str, str], scoped: str = "") -> list[dict[str, Any]]:
+        """Every item across pages; `scoped` reads an aggregated list (`items` map each zone to {scoped: [...]})."""
+        return [item for body in self.pages(url, params) for item in (
+            [i for zone in body.get("items", {}).values() for i in zone.get(scoped, [])] if scoped
+            else body.get("items", []))]
 
 
 class ComputeClient(JsonApi):
@@ -135,15 +138,6 @@ class ComputeClient(JsonApi):
         if response.status_code == 404:
             return ""
         return str(ok(response).json().get("name", ""))
-
-
-def tpu_chips(machine_type_url: str) -> int:
-    """Chips of a TPU v6e machine type (`.../machineTypes/ct6e-standard-4t` -> 4); 0 for any other type."""
-    name = machine_type_url.rsplit("/", 1)[-1]
-    if not name.startswith("ct6e-standard-"):
-        return 0
-    digits = name.removeprefix("ct6e-standard-").removesuffix("t")
-    return int(digits) if digits.isdigit() else 0
 
 
 def label_filter(labels: Mapping[str, str]) -> str:

@@ -1,8 +1,6 @@
 """Renew each replica's flex-start GKE node before GKE deletes it, successor pod first (docs/design/gke-renewal.md).
-
-The CronJob runs it in the cluster (standard library, durations.py and exits.py only: it ships in a ConfigMap);
-`tpuserve gke renew` runs the same Renewer through kubectl. Exit codes: 0 done, 1 an error, 3 a node kept.
-"""
+The CronJob runs it from a ConfigMap (so: standard library, durations and exits only); `tpuserve gke renew` through
+kubectl. Exit codes: 0 done, 1 an error, 3 a node kept."""
 
 from __future__ import annotations
 
@@ -199,8 +197,7 @@ class Renewer:
         return None
 
     def finish(self, state: Mapping[str, Any], replaced: bool) -> None:
-        """The HPA back to its bounds, the Deployment to its replicas unless the HPA changed them meanwhile; with
-        `replaced` the old node's pods go first (without, the unready successor does anyway)."""
+        """The HPA back to its bounds, replicas back unless the HPA moved them; `replaced`: old node's pods go first."""
         if replaced:
             for pod in live(self.pods(state["node"])):
                 self.cluster.patch("pod", pod_name(pod), {"metadata": {"annotations": {DELETION_COST: FIRST_TO_GO}}},

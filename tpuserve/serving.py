@@ -21,6 +21,7 @@ DEFAULT_MODEL = "google/gemma-4-E2B-it"
 DEFAULT_PORT = 8000
 CONTAINER_NAME = "vllm"
 TEXT_ONLY = "text-only"
+V6E_MACHINE = re.compile(r"ct6e-standard-(\d+)t")  # ct6e-standard-4t: 4 chips
 TPU_BACKEND = "tpu"  # vLLM on tpu-inference; "gpu" (target local) and "cpu" (e2e) are upstream vLLM's own
 
 
@@ -242,6 +243,12 @@ def attention_heads(model: str) -> int | None:
         return None
     config = preset["config"]
     return int(config.get("text_config", config)["num_attention_heads"])
+
+
+def tpu_chips(machine_type: str) -> int:
+    """Chips of a TPU v6e machine type (`.../machineTypes/ct6e-standard-4t` -> 4); 0 for any other type."""
+    match = V6E_MACHINE.fullmatch(machine_type.rsplit("/", 1)[-1])
+    return int(match[1]) if match else 0
 
 
 def tensor_parallel_choices(chips: int, heads: int | None) -> list[int]:

@@ -10,8 +10,7 @@ from tpuserve import gce
 
 
 def main() -> int:
-    # google.auth logs a warning for each place it looked; without a handler Python prints them to stderr, which
-    # would bury the one line that says what to do.
+    # google.auth warns for each place it looked: those lines would bury the one that says what to do
     logging.getLogger("google.auth").addHandler(logging.NullHandler())
     logging.getLogger("google.auth").propagate = False
     try:

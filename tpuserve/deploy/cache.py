@@ -44,8 +44,7 @@ def cache_disks(disks: ZonalDisks, project: str, stack: str) -> list[CacheDisk]:
 
 
 def is_warm(disk: CacheDisk, markers: set[str] | None) -> bool:
-    """A VM attached it and served from it (its marker in the bucket; markers None: unreadable, the attach time
-    decides). Why: docs/design/inventory.md#two-sweeps."""
+    """A VM attached it and served from it (its marker; markers None: the attach time decides; inventory.md)."""
     return disk.status == "READY" and bool(disk.last_attached) and (
         markers is None or f"{disk.zone}/{disk.name}" in markers)
 

@@ -1,6 +1,5 @@
-"""What a failed `pulumi up` of the TPU VM means for the capacity sweep, read from the error text alone.
-The rules, tried in order (first match wins), and why: docs/design/capacity.md#the-classifier; one real error
-text per rule with its source in tests/test_capacity.py."""
+"""What a failed `pulumi up` of the TPU VM means for the capacity sweep, from its error text alone: rules tried in
+order, first match wins (docs/design/capacity.md#the-classifier; a real text per rule in tests/test_capacity.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +8,9 @@ import re
 from collections.abc import Callable
 
 from tpuserve.deploy.sweep import REGION, STOP, ZONE, Failure
-from tpuserve.zones import region_of
-from tpuserve.flex_start import CAPACITY, ZONE_NAME
+from tpuserve.flex_start import CAPACITY
+from tpuserve.zones import REGION_NAME, ZONE_NAME, region_of
 
-REGION_NAME = r"[a-z]+-[a-z]+[0-9]+"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 REASON_MAX_CHARS = 300
 # Where a provider message starts inside a line of `pulumi up` output, and noise before it.

@@ -65,8 +65,7 @@ def settings_of(config: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
 
 
 def program_problems(directory: Path, raw: dict[str, str]) -> tuple[list[str], list[str]]:
-    """(one line per problem, the program's warnings) under components/config.py's rules; a refused key's default
-    stands in while the others are checked, up to MAX_PROBLEMS times."""
+    """(problems, warnings) under components/config.py's rules; a refused key's default stands in for the rest."""
     sys.path.insert(0, str(directory))
     try:
         config = importlib.import_module("components.config")

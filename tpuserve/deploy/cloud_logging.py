@@ -11,9 +11,9 @@ import requests
 
 from tpuserve.client import error_message
 from tpuserve.facts import CONTAINER_LOG_NAME
+from tpuserve.gce import DEFAULT_TIMEOUT_S, JsonApi
 
 LOGGING_URL = "https://logging.googleapis.com"
-DEFAULT_TIMEOUT_S = 30.0
 MAX_PAGE_SIZE = 1000  # entries.list's own cap on pageSize
 
 
@@ -45,12 +45,9 @@ def entry_text(entry: dict[str, Any]) -> str:
     return ""
 
 
-class LoggingClient:
-    def __init__(self, session: requests.Session, base_url: str = LOGGING_URL,
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
-        self.session = session
-        self.base_url = base_url.rstrip("/")
-        self.timeout_s = timeout_s
+class LoggingClient(JsonApi):
+    def __init__(self, session: requests.Session, base_url: str = LOGGING_URL, timeout_s: float = DEFAULT_TIMEOUT_S):
+        super().__init__(session, base_url, timeout_s)
 
     def latest_entries(self, project: str, log_filter: str, limit: int) -> list[dict[str, Any]]:
         """The newest `limit` entries matching `log_filter`, oldest first (as a log reads)."""

@@ -21,9 +21,10 @@ from tpuserve.deploy.preflight import Endpoints, adc_or_fail, endpoint_option
 from tpuserve.deploy.pulumi_cli import PulumiError, open_stack, require_project
 from tpuserve.facts import (CACHE_LABEL, HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS,
                             PRICE_PER_CHIP_HOUR, hyperdisk_balanced_monthly_usd)
-from tpuserve.gce import ComputeApiError, ComputeClient, ZonalDisks, label_filter, ok, tpu_chips
+from tpuserve.gce import ComputeApiError, ComputeClient, JsonApi, ZonalDisks, label_filter, ok_or_gone
 from tpuserve.gcs import Buckets
 from tpuserve.names import base_name, service_account_id, stack_slug
+from tpuserve.serving import tpu_chips
 
 HOURS_PER_MONTH = 730
 IN_STATE, KEPT, ORPHAN = "in state", "kept", "orphan"
@@ -154,13 +155,7 @@ class Clients:
     roots: Endpoints
 
     def pages(self, url: str) -> Iterator[dict[str, Any]]:
-        query: dict[str, str] = {}
-        while True:
-            body = ok(self.session.get(url, params=query, timeout=30)).json()
-            yield body
-            if not body.get("nextPageToken"):
-                return
-            query["pageToken"] = body["nextPageToken"]
+        return JsonApi(self.session).pages(url)
 
     def stack_buckets(self, project: str, stacks: Sequence[str]) -> list[dict[str, Any]]:
         return [b for b in self.buckets.list(project) if labelled(b.get("labels") or {}, stacks)]
@@ -335,8 +330,7 @@ def stock_of(pulumi: Any, clients: Clients, config: Mapping[str, Any]) -> Invent
 
 
 def delete_items(clients: Clients, project: str, items: Sequence[Item]) -> list[str]:
-    """Delete orphans, VMs first (their disks are free only once they are gone), each waited for; returns what could
-    not be deleted, with why."""
+    """Delete orphans, VMs first (their disks free only then), each waited for; returns what failed, with why."""
     disks = ZonalDisks(clients.session, clients.roots.compute)
     compute = f"{clients.roots.compute.rstrip('/')}/compute/v1/projects/{project}"
     waited = {"instance": "zones/{location}/instances/{name}", "router": "regions/{location}/routers/{name}",
@@ -355,9 +349,7 @@ def delete_items(clients: Clients, project: str, items: Sequence[Item]) -> list[
             elif item.kind == "bucket":
                 clients.buckets.delete(item.name)
             elif item.kind in gone_is_done:
-                response = clients.session.delete(gone_is_done[item.kind].format(name=item.name), timeout=30)
-                if response.status_code != 404:
-                    ok(response)
+                ok_or_gone(clients.session.delete(gone_is_done[item.kind].format(name=item.name), timeout=30))
             # a NAT goes with its router
         except (ComputeApiError, requests.RequestException) as err:
             failed.append(f"{item.kind} {item.name}: {err}")
@@ -367,8 +359,7 @@ def delete_items(clients: Clients, project: str, items: Sequence[Item]) -> list[
 def close_run(pulumi: Any, config: Mapping[str, Any], session: requests.Session, roots: Endpoints,
               confirm: Callable[[Sequence[Any]], bool], say: Callable[[str], None], code: int,
               command: str) -> tuple[int, Inventory | None]:
-    """The inventory that ends `up`, `renew` and `destroy`: said in a few lines, its billing orphans deleted once
-    `confirm` agrees; one still left turns an OK into ORPHANS. None when it cannot be taken."""
+    """The inventory ending `up`, `renew`, `destroy`, said; billing orphans deleted if `confirm`; one left: ORPHANS."""
     clients = Clients(session, roots)
     stock = said_stock(pulumi, clients, config, say)
     orphans = stock.billing_orphans if stock is not None else []

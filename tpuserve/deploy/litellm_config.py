@@ -45,8 +45,7 @@ def litellm_config(url: str, served_model: str, aliases: Sequence[str], api_key_
 
 
 def check_served(url: str, model: str, api_key: str | None, key_env: str = API_KEY_ENV) -> None:
-    """Refuse a --model the server at `url` does not list (the config would route every request to a 404). A server
-    this machine cannot reach is not asked, and that is said: the config may well be for a network elsewhere."""
+    """Refuse a --model the server at `url` does not list; an unreachable server is not asked, and that is said."""
     import requests
 
     from tpuserve.cli import ERRNO_REASON

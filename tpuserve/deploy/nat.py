@@ -1,10 +1,5 @@
-"""Cloud NAT: which NAT serves a network in a region and which stack owns it, so no stack makes a second one.
-
-A network takes one all-subnetworks NAT per region (Compute API RouterNat.sourceSubnetworkIpRangesToNat). `tpuserve
-up` gives a stack `cloudNatSkipRegions` where another stack's NAT already serves; a stack's own NAT is read from its
-state, never guessed from a name. `destroy` names the VMs of other stacks that rely on a stack's NAT. Why and how:
-docs/design/cloud-nat.md.
-"""
+"""Cloud NAT: which NAT serves a network in a region and which stack owns it (from its state, never its name), so
+no stack makes a second one; and who relies on a stack's NAT. Why and how: docs/design/cloud-nat.md."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ from typing import Any
 
 import requests
 
-from tpuserve.gce import COMPUTE_URL, DEFAULT_TIMEOUT_S, ComputeClient, ok
+from tpuserve.gce import COMPUTE_URL, DEFAULT_TIMEOUT_S, ComputeClient, JsonApi
 from tpuserve.names import ROUTER_DESCRIPTION
 from tpuserve.zones import region_of
 
@@ -60,8 +55,7 @@ class Nat:
 
 
 def parse_routers(body: Mapping[str, Any]) -> list[Nat]:
-    """The NATs of a routers.aggregatedList page (items keyed `regions/R`, each {"routers": [Router]} or a
-    `warning` when the region has none)."""
+    """The NATs of a routers.aggregatedList page (items keyed `regions/R`, each {"routers": [...]} or a warning)."""
     found = []
     for scope, scoped in (body.get("items") or {}).items():
         for router in scoped.get("routers", []):
@@ -79,14 +73,9 @@ def parse_routers(body: Mapping[str, Any]) -> list[Nat]:
 def list_nats(session: requests.Session, project: str, compute_url: str = COMPUTE_URL,
               timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Nat]:
     """Every NAT of the project's Cloud Routers, in every region (routers.aggregatedList, across pages)."""
-    params, nats = {"maxResults": "500"}, []
-    while True:
-        body = ok(session.get(f"{compute_url.rstrip('/')}/compute/v1/projects/{project}/aggregated/routers",
-                              params=params, timeout=timeout_s)).json()
-        nats += parse_routers(body)
-        if not body.get("nextPageToken"):
-            return nats
-        params["pageToken"] = body["nextPageToken"]
+    api = JsonApi(session, compute_url, timeout_s)
+    url = f"{api.base_url}/compute/v1/projects/{project}/aggregated/routers"
+    return [nat for body in api.pages(url, {"maxResults": "500"}) for nat in parse_routers(body)]
 
 
 def own_nats(state: Mapping[str, Any]) -> set[tuple[str, str, str]]:
@@ -157,8 +146,7 @@ class NatPlan:
 def plan(nats: Iterable[Nat], stack: str, regions: Iterable[str], network: str, subnetwork: str = "",
          own: set[tuple[str, str, str]] | frozenset[tuple[str, str, str]] = frozenset(),
          makes_nat: bool = True) -> NatPlan:
-    """Per region: the NAT serving `network`'s VMs on `subnetwork` (default: the auto-mode one, named as the network)
-    and whether it is the stack's own, or the NAT that blocks making one."""
+    """Per region: the NAT serving `network`'s VMs on `subnetwork` (default: the network's), or the one blocking."""
     found = [n for n in nats if n.network == last(network) and not n.private]
     subnet = last(subnetwork) or last(network)
     decided = []
@@ -199,13 +187,6 @@ def list_vms(session: requests.Session, project: str, compute_url: str = COMPUTE
     return vms
 
 
-def dependents(nat: Nat, vms: Iterable[Vm], besides: Iterable[str] = ()) -> list[Vm]:
-    """The VMs that reach the internet through `nat`, except those of the stacks in `besides` (label values)."""
-    others = set(besides)
-    return [vm for vm in vms if vm.region == nat.region and vm.network == nat.network and not vm.external_ip
-            and nat.serves(vm.subnetwork or vm.network) and vm.stack not in others]
-
-
 @dataclass
 class Reliance:
     """The stack's own NATs that VMs of other stacks rely on."""
@@ -225,10 +206,12 @@ class Reliance:
 def reliance(own: set[tuple[str, str, str]], nats: Iterable[Nat], vms: Iterable[Vm], besides: Iterable[str]
              ) -> Reliance:
     """Which of the stack's own NATs (`own_nats`) serve VMs of stacks other than `besides` (`stack` labels)."""
-    vms, besides = list(vms), list(besides)
+    vms, besides = list(vms), set(besides)
     found = Reliance()
-    for nat in nats:
-        if nat.key in own and (using := dependents(nat, vms, besides)):
+    for nat in (nat for nat in nats if nat.key in own):
+        using = [vm for vm in vms if vm.region == nat.region and vm.network == nat.network and not vm.external_ip
+                 and nat.serves(vm.subnetwork or vm.network) and vm.stack not in besides]
+        if using:
             found.by_nat[nat] = using
     return found
 

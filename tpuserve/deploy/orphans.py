@@ -10,6 +10,7 @@ from typing import Any
 from tpuserve.gce import ComputeClient
 from tpuserve.facts import CACHE_LABEL
 
+
 @dataclass(frozen=True)
 class Orphan:
     collection: str  # "instances" or "disks"
@@ -31,43 +32,36 @@ class Orphan:
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "zone": self.zone, "name": self.name, "status": self.status}
 
+    @classmethod
+    def of(cls, collection: str, zone: str, item: Mapping[str, Any]) -> Orphan:
+        return cls(collection, zone, item["name"], item.get("status", ""), item.get("creationTimestamp", ""))
+
 
 def managed_ids(state: Mapping[str, Any]) -> set[str]:
-    """The provider ids (`projects/P/zones/Z/instances/N`) of every resource in a `pulumi stack export`; pending
-    operations are not resources yet, so what they were creating counts as an orphan."""
+    """The provider ids of a `pulumi stack export`'s resources (what a pending create makes counts as an orphan)."""
     resources = state.get("deployment", {}).get("resources") or []
     return {str(resource["id"]) for resource in resources if resource.get("id")}
 
 
 def find_orphans(compute: ComputeClient, project: str, zones: Iterable[str], labels: Mapping[str, str],
                  managed: set[str]) -> list[Orphan]:
-    """Instances with the stack's `app` and `stack` labels that the state does not hold, and unattached disks with
-    them, in `zones`. (Only those two: a label key with a hyphen, like managed-by, is no field name in a filter.)"""
+    """Instances labelled `app` and `stack` that the state does not hold, and unattached disks with them, in `zones`."""
     selector = {key: labels[key] for key in ("app", "stack")}
     found: list[Orphan] = []
     for zone in dict.fromkeys(zones):
-        for item in compute.labelled_instances(project, zone, selector):
-            found.append(Orphan("instances", zone, item["name"], item.get("status", ""),
-                                item.get("creationTimestamp", "")))
-        for item in compute.labelled_disks(project, zone, selector):
-            # A boot disk in use goes with its instance; a cache disk (tpuserve cache ls|rm) is kept on purpose: a
-            # warm cache in a zone the stack left is what makes a later boot there fast.
-            if not item.get("users") and CACHE_LABEL not in (item.get("labels") or {}):
-                found.append(Orphan("disks", zone, item["name"], item.get("status", ""),
-                                    item.get("creationTimestamp", "")))
+        found += [Orphan.of("instances", zone, item) for item in compute.labelled_instances(project, zone, selector)]
+        # a boot disk in use goes with its VM; a cache disk is kept on purpose (a warm boot in a zone left)
+        found += [Orphan.of("disks", zone, item) for item in compute.labelled_disks(project, zone, selector)
+                  if not item.get("users") and CACHE_LABEL not in (item.get("labels") or {})]
     return [orphan for orphan in found if orphan.resource_id(project) not in managed]
 
 
 def blank_cache_disks(compute: ComputeClient, project: str, zones: Iterable[str],
                       labels: Mapping[str, str]) -> list[Orphan]:
-    """The stack's cache disks in `zones` that no VM ever attached (no `lastAttachTimestamp`, no `users`): what a
-    zone whose VM create failed leaves behind. They hold nothing, so nothing is lost deleting them, in the state or
-    not (the state's entry goes with the next refresh); kept, each would bill its capacity every month and pass for
-    a warm cache."""
+    """The stack's cache disks in `zones` no VM ever attached: a failed create's leftovers, holding nothing."""
     selector = {key: labels[key] for key in ("app", "stack")}
-    return [Orphan("disks", zone, item["name"], item.get("status", ""), item.get("creationTimestamp", ""))
-            for zone in dict.fromkeys(zones) for item in compute.labelled_disks(project, zone, selector)
-            if CACHE_LABEL in (item.get("labels") or {}) and not item.get("users")
+    return [Orphan.of("disks", zone, item) for zone in dict.fromkeys(zones)
+            for item in compute.labelled_disks(project, zone, selector) if CACHE_LABEL in (item.get("labels") or {}) and not item.get("users")
             and not item.get("lastAttachTimestamp")]
 
 

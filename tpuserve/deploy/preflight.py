@@ -16,18 +16,18 @@ from tpuserve import exits
 from tpuserve.cli import echo_json
 from tpuserve.client import error_message
 from tpuserve.deploy import nat
-from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, tpu_chips
+from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient
 from tpuserve.gcs import STORAGE_URL
 from tpuserve.names import stack_labels
 from tpuserve.zones import region_of
 from tpuserve.facts import V6E_ZONES, VLLM_TPU_IMAGE
 from tpuserve.registry import ABSENT, OK as IMAGE_OK, RegistryError, locate
+from tpuserve.serving import tpu_chips
 
 OK, WARNING, FAIL = "ok", "warning", "fail"
 DEFAULT_MACHINE_TYPE = "ct6e-standard-1t"
 TIMEOUT_S = 20.0
-# Service Usage's names for what the stack uses; Cloud Storage is two services (both off fails, one off warns).
-# Their sources: docs/design/preflight.md
+# The APIs the stack uses (sources: docs/design/preflight.md); Cloud Storage is two: both off fails, one off warns
 REQUIRED_APIS = ("compute.googleapis.com", "secretmanager.googleapis.com", "iam.googleapis.com",
                  "monitoring.googleapis.com", "logging.googleapis.com")
 STORAGE_APIS = ("storage.googleapis.com", "storage-api.googleapis.com")
@@ -269,8 +269,7 @@ def check_machine_type(google: Google, target: Target, report: Report) -> Check:
 
 
 def quota_limit(info: Mapping[str, Any], region: str, dimensions: Mapping[str, str]) -> int | None:
-    """A QuotaInfo's limit in `region`: its most specific DimensionsInfo that applies; None when none does, -1 is
-    unlimited."""
+    """A QuotaInfo's limit in `region` from its most specific DimensionsInfo; None: none applies, -1: unlimited."""
     wanted = {"region": region, **dimensions}
     best: tuple[int, int] | None = None
     for entry in info.get("dimensionsInfos", []):
@@ -371,8 +370,7 @@ def check_permissions(google: Google, target: Target) -> Check:
 
 
 def check_nat(google: Google, target: Target, report: Report) -> list[Check]:
-    """Cloud NAT in each region the VMs may land in (zones where none can serve are skipped), and the VMs of other
-    stacks that use this stack's own NAT."""
+    """Cloud NAT where the VMs may land (zones none can serve are skipped), and other stacks' VMs using this one's."""
     name = "Cloud NAT"
     try:
         nats = nat.list_nats(google.session, target.project, google.endpoints.compute, TIMEOUT_S)
@@ -432,8 +430,7 @@ def setting_on(config: Mapping[str, Any], key: str, default: bool) -> bool:
 
 def target_from_config(config: Mapping[str, Any], zones: Sequence[str], stack: str = "",
                        own_nats: frozenset[tuple[str, str, str]] = frozenset()) -> Target:
-    """What the stack would deploy in `zones`; with `stack`, its Cloud NAT is checked in `region` when set, else in
-    each zone's region."""
+    """What the stack would deploy in `zones`; with `stack`, Cloud NAT checked in `region`, else each zone's region."""
     if not stack or config.get("target") == "local":
         regions: tuple[str, ...] = ()
     else:

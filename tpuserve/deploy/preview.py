@@ -121,8 +121,7 @@ class Plan:
 
     @property
     def losing(self) -> list[Step]:
-        """The logical steps that replace or delete the VM, its cache disk or a TPU node pool (a replacement's own
-        create-replacement/delete-replaced steps are folded into its `replace`)."""
+        """The steps that replace or delete the VM, its cache disk or a TPU node pool (replacement steps folded in)."""
         return [step for step in self.steps if self._stateful(step) and step.op in ("replace", "delete")]
 
     @property

@@ -72,8 +72,7 @@ class Run:
 
 
 class PulumiCli:
-    """The `pulumi` CLI for one stack; each call starts it (≈ 1 s with a cloud backend), so outputs are read once
-    until an update, destroy or refresh, and an update's config goes with it (`up --config`)."""
+    """The `pulumi` CLI for one stack (≈ 1 s a call): outputs read once until an update, its config sent with it."""
 
     def __init__(self, stack: str, cwd: Path | None = None, echo: Callable[[str], None] = lambda line: None):
         executable = shutil.which("pulumi")
@@ -144,13 +143,11 @@ class PulumiCli:
 
     def up(self, extra: Sequence[str], timeout_s: float, config: Mapping[str, str] | None = None,
            env: Mapping[str, str] | None = None) -> Run:
-        """`pulumi up`; `config` is saved in the stack's config before the update starts, `env` reaches this one run's
-        program only (docs/design/capacity.md#the-sweep)."""
+        """`pulumi up`: `config` saved first, `env` for this run's program only (docs/design/capacity.md#the-sweep)."""
         return self.stream(["up", "--yes", "--skip-preview", "--refresh", *config_args(config), *extra], timeout_s, env)
 
     def preview(self, extra: Sequence[str], timeout_s: float, config: Mapping[str, str] | None = None) -> Run:
-        """`pulumi preview --json --show-replacement-steps`: the engine's plan as one JSON digest, its `output` (stderr
-        is echoed, not kept); `config` is saved first, as `up` saves it."""
+        """`pulumi preview --json --show-replacement-steps`: its plan is `output`, stderr echoed; config saved first."""
         self._forget()
         started = time.monotonic()
         try:
@@ -165,8 +162,7 @@ class PulumiCli:
         return Run(result.returncode, result.stdout, time.monotonic() - started)
 
     def stream(self, args: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None) -> Run:
-        """Run a command, echoing each line as it comes; at `timeout_s` interrupt it as Ctrl-C would (Pulumi then
-        finishes what is in flight and saves the state), kill it only if it does not stop."""
+        """Run a command, echoing each line; at `timeout_s` interrupt it as Ctrl-C would, then kill it if it lingers."""
         self._forget()  # an update, destroy or refresh may change the outputs
         started, lines, interrupted = time.monotonic(), [], False
         with subprocess.Popen(self._argv(*args), cwd=self.cwd, env={**self.env, **(env or {})},

@@ -1,6 +1,5 @@
-"""A flex-start VM waiting in Compute Engine's queue: instances.insert with `params.requestValidForDuration`, then
-the instance followed until it runs, or its wait (or ours) ends with nothing left behind.
-Why it follows the instance, not the operation: docs/design/capacity.md#the-queue."""
+"""A flex-start VM in Compute Engine's queue: inserted with `params.requestValidForDuration`, then the instance (not
+the operation: docs/design/capacity.md#the-queue) followed until it runs, or a wait ends with nothing left."""
 
 from __future__ import annotations
 
@@ -53,9 +52,9 @@ def queue_vm(compute: ComputeClient, project: str, zone: str, body: Mapping[str,
     """Insert `body` in `zone` to wait up to `wait_s` (see wait_for) and follow it, a line per poll."""
     name = str(body["name"])
     target = Instance(project, zone, name)
-    url = f"{compute.base_url}/compute/v1/projects/{project}/zones/{zone}/instances"
     try:
-        operation = ok(compute.session.post(url, json=with_wait(body, wait_s), timeout=compute.timeout_s)).json()
+        operation = ok(compute.session.post(compute.zonal(project, zone, "instances"), json=with_wait(body, wait_s),
+                                            timeout=compute.timeout_s)).json()
     except (ComputeApiError, requests.RequestException) as err:
         return Queued(FAILED, zone, name, 0.0, f"the queued create was refused: {err}")
     started = time.time()
@@ -105,8 +104,7 @@ def queue_vm(compute: ComputeClient, project: str, zone: str, body: Mapping[str,
 def operation_error(compute: ComputeClient, project: str, zone: str, operation: Mapping[str, Any]) -> str:
     """The insert operation's error messages, '' when it has none (yet) or cannot be read."""
     try:
-        found = ok(compute.session.get(f"{compute.base_url}/compute/v1/projects/{project}/zones/{zone}/operations/"
-                                       f"{operation.get('name', '')}", timeout=compute.timeout_s)).json()
+        found = compute.get_or_none(compute.zonal(project, zone, f"operations/{operation.get('name', '')}")) or {}
     except (ComputeApiError, requests.RequestException):
         return ""
     return "; ".join(str(error.get("message", "")) for error in (found.get("error") or {}).get("errors", []))

@@ -65,8 +65,7 @@ def tunnel_command(gcloud: str, outputs: Mapping[str, Any], remote_port: int, lo
 @contextmanager
 def forwarding(argv: list[str], port: int, what: str, timeout_s: float,
                env: Mapping[str, str] | None = None) -> Iterator[None]:
-    """Run a port forward (gcloud's IAP tunnel, kubectl port-forward) for as long as the block runs, entered once
-    localhost:`port` accepts; a forward that exits first or never answers is a TunnelError with its stderr."""
+    """A port forward while the block runs, entered once localhost:`port` accepts; else a TunnelError with stderr."""
     with tempfile.TemporaryFile() as stderr:
         process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
         try:
@@ -112,8 +111,7 @@ def iap_tunnel(outputs: Mapping[str, Any], timeout_s: float = TUNNEL_READY_TIMEO
 
 @contextmanager
 def gke_credentials(outputs: Mapping[str, Any]) -> Iterator[dict[str, str]]:
-    """While the block runs, an environment whose throwaway KUBECONFIG reaches a gke stack's cluster (the user's own
-    is never touched), with the kubectl to run under "KUBECTL"."""
+    """An environment whose throwaway KUBECONFIG reaches a gke stack's cluster, with the kubectl under "KUBECTL"."""
     gcloud, kubectl = shutil.which("gcloud"), shutil.which("kubectl")
     if gcloud is None or kubectl is None:
         raise ConfigError(OPTION, f"stack runs on GKE (cluster {outputs['cluster']}): reaching it needs gcloud and "
@@ -210,8 +208,7 @@ def model_option(help_text: str = MODEL_HELP) -> Callable[[Callable[..., Any]], 
 
 @dataclass(frozen=True)
 class Served:
-    """A server reached from this machine and the model to talk to: `card` is its /v1/models entry (vLLM's
-    ModelCard: `id`, `root` = what it loaded, `max_model_len`)."""
+    """A server reached from here and its model: `card` is its /v1/models entry (vLLM's ModelCard)."""
 
     url: str
     model: str

@@ -10,9 +10,7 @@ from typing import Any
 from tpuserve.alert_metrics import Presence, look
 from tpuserve.deploy.pulumi_cli import PulumiCli
 
-# the agent installs after serving (5 attempts with backoff) and exports within a minute of running; then a metric
-# must be SETTLE_S old
-WAIT_S = 900.0
+WAIT_S = 900.0  # the Ops Agent installs, exports, and its metrics settle (docs/design/alerts.md)
 POLL_S = 30.0
 UP_TIMEOUT_S = 900.0
 sleep, monotonic = time.sleep, time.monotonic  # the fake cloud's clock in tests

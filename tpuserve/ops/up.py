@@ -30,9 +30,10 @@ from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError, echo_indented, re
 from tpuserve.deploy.sweep import REGION, STOP, ZONE, Attempt, Failure, SweepResult, sweep
 from tpuserve.facts import PRICE_PER_CHIP_HOUR
 from tpuserve.flex_start import ADOPT_VM_ENV, WITHHOLD_VM_ENV, instance_id
-from tpuserve.gce import ComputeApiError, ComputeClient, Instance, ZonalDisks, tpu_chips
+from tpuserve.gce import ComputeApiError, ComputeClient, Instance, ZonalDisks
 from tpuserve.names import stack_labels
 from tpuserve.ops.alerts import create_pending_alerts
+from tpuserve.serving import tpu_chips
 from tpuserve.zones import region_of
 
 PREVIEW_TIMEOUT_S = 600.0
@@ -67,8 +68,7 @@ def stderr_console() -> tuple[Any, Callable[[str], None]]:
 
 @dataclass
 class Outcome:
-    """How `up` and `renew` speak (a plain line each on stderr) and end (their --json document, `early` its fields
-    when they stop before the sweep)."""
+    """How `up` and `renew` speak (lines on stderr) and end (their --json document; `early`: fields before a sweep)."""
 
     stack: str
     as_json: bool
@@ -156,8 +156,7 @@ class Deployer:
             time.sleep(LOCK_POLL_S)
 
     def queue(self, zone: str, seconds_left: float) -> Failure | None:
-        """Wait for a TPU in `zone`: `pulumi up` with the VM withheld, its insert body queued, then `pulumi up`
-        adopting the VM once it runs. None once it serves; else why not."""
+        """Wait for a TPU in `zone`: update without the VM, queue its insert, adopt it once it runs; None: it serves."""
         began = time.monotonic()
 
         def left() -> float:
@@ -194,8 +193,7 @@ class Deployer:
         return failure
 
     def clean_up(self, zones: Sequence[str]) -> None:
-        """Blank cache disks deleted, the state refreshed, then what it does not hold in `zones` found and deleted
-        (docs/design/inventory.md#two-sweeps)."""
+        """Blank cache disks deleted, the state refreshed, orphans in `zones` deleted (inventory.md#two-sweeps)."""
         self.delete_blank_disks(zones)
         refresh = self.pulumi.refresh(CLEANUP_TIMEOUT_S)
         if not refresh.ok:
@@ -250,8 +248,7 @@ class Deployer:
         return sweep(candidates, self.attempt, seconds, on_attempt=self.progress, **options)
 
     def settle(self, result: SweepResult, config: Mapping[str, Any], original_zone: str | None) -> None:
-        """After a sweep: every zone tried swept again (a create that timed out may have finished since), and the
-        stack's `zone` and `vmSlot` as its state says."""
+        """After a sweep: each zone tried swept again (a timed-out create may have ended); `zone`, `vmSlot` restored."""
         tried = list(dict.fromkeys(attempt.zone for attempt in result.attempts))
         if tried:
             self.clean_up(tried)
@@ -429,8 +426,7 @@ def up(stack: str, zones: str | None, deadline_text: str, queue: bool, retry_unt
 
 
 def own_nats(pulumi: PulumiCli, say: Callable[[str], None]) -> frozenset[tuple[str, str, str]] | None:
-    """The Cloud NATs the stack's state holds; None when the state cannot be read (then nothing is decided about NAT:
-    a NAT taken for another stack's would be dropped by the next update)."""
+    """The Cloud NATs the stack's state holds; None when unreadable (then nothing about NAT is decided)."""
     try:
         return frozenset(nat.own_nats(pulumi.export()))
     except (PulumiError, ValueError) as err:
@@ -440,8 +436,7 @@ def own_nats(pulumi: PulumiCli, say: Callable[[str], None]) -> frozenset[tuple[s
 
 def nat_settings(session: Any, roots: Endpoints, target: Any, report: Report | None, decide: bool,
                  say: Callable[[str], None]) -> dict[str, str]:
-    """`cloudNatSkipRegions` for every update: where another stack's NAT serves (docs/design/cloud-nat.md), from
-    preflight or the routers; nothing when undecided (the saved setting stands)."""
+    """`cloudNatSkipRegions` for every update, from preflight or the routers (design/cloud-nat.md); {}: undecided."""
     if not decide or not target.makes_nat:
         return {}
     plan = report.nat if report is not None else None
@@ -458,8 +453,7 @@ def nat_settings(session: Any, roots: Endpoints, target: Any, report: Report | N
 
 def pin_image(config: Mapping[str, Any], registry_url: str, say: Callable[[str], None],
               stop: Callable[[str], None]) -> dict[str, str]:
-    """A TPU stack's containerImage tag, pinned to the digest it names now (saved in the stack config, so every boot
-    of this deploy runs one image); a registry that cannot say stops before anything is created."""
+    """A TPU stack's containerImage tag pinned to its digest now (saved in the stack config); a failure stops."""
     from tpuserve.registry import RegistryError, pin_for_deploy
 
     if config.get("target", "gcp") not in ("gcp", GKE):
@@ -479,8 +473,7 @@ def pin_image(config: Mapping[str, Any], registry_url: str, say: Callable[[str],
 
 def warm_cache_first(session: Any, roots: Endpoints, project: str, stack: str, candidates: list[str],
                      current_zone: str | None, say: Any) -> list[str]:
-    """The zone of the stack's VM, then the zones holding a warm cache disk (a boot there is minutes shorter), then
-    the rest; a failed listing only loses the ordering."""
+    """The zone of the stack's VM, then those with a warm cache disk, then the rest (a failed listing: as is)."""
     try:
         caches = cache_disks(ZonalDisks(session, roots.compute), project, stack)
     except (ComputeApiError, requests.RequestException) as err:
@@ -496,8 +489,7 @@ def warm_cache_first(session: Any, roots: Endpoints, project: str, stack: str, c
 
 
 def queue_zone(candidates: Sequence[str], result: SweepResult) -> str | None:
-    """Where to wait: the first candidate no lasting failure rules out (no quota in its region, no such machine type
-    there)."""
+    """Where to wait: the first candidate no lasting failure rules out (no quota in its region, no machine type)."""
     lasting = [(a.zone, a.failure) for a in result.attempts if a.failure and a.failure.lasting]
     zones = {zone for zone, failure in lasting if failure.block == ZONE}
     regions = {where for zone, failure in lasting if failure.block == REGION
@@ -545,8 +537,7 @@ class PreviewFailed(RuntimeError):
 def look_before_leaping(pulumi: PulumiCli, stack: str, config: Mapping[str, Any], outputs: Mapping[str, Any],
                         compute: ComputeClient, report: Report | None, extra: Sequence[str],
                         say: Callable[[str], None], settings: Mapping[str, str] | None = None) -> Look:
-    """Preview the stack in its VM's zone; a replacement or deletion of the VM (or its cache disk) is said with what
-    it costs, and its order chosen (docs/design/capacity.md#look-before-leaping)."""
+    """Preview in the VM's zone; a replaced VM or cache disk is said with its cost, its order chosen (capacity.md)."""
     zone = str(outputs.get("zone") or config.get("zone") or "")
     run = pulumi.preview(extra, PREVIEW_TIMEOUT_S, {**(settings or {}), **({"zone": zone} if zone else {})})
     try:
@@ -566,7 +557,7 @@ def look_before_leaping(pulumi: PulumiCli, stack: str, config: Mapping[str, Any]
             say("the TPU VM is not changed by this update")
         return Look({})
     vm = plan.vm_replacement() or losing[0]
-    chips = tpu_chips(str(vm.new_inputs.get("machineType") or config.get("machineType") or "ct6e-standard-1t")) or 1
+    chips = tpu_chips(str(vm.new_inputs.get("machineType") or config.get("machineType") or "")) or 1
     delete_first, why = replacement_order(compute, str(config.get("project", "")), zone, chips, report)
     for line in previews.replacement_lines(vm, stack, chips, new_run_seconds(vm, outputs),
                                            float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR), delete_first,
@@ -594,8 +585,7 @@ def new_run_seconds(step: previews.Step, outputs: Mapping[str, Any]) -> int:
 
 def replacement_order(compute: ComputeClient, project: str, zone: str, chips: int,
                       report: Report | None) -> tuple[bool, str]:
-    """(delete first?, why): create-before-delete needs room in the region's TPU quota (preflight's limit) beside the
-    chips its instances use."""
+    """(delete first?, why): create-before-delete needs room in the region's TPU quota beside the chips in use."""
     region = region_of(zone)
     limit = report.tpu_limits.get(region) if report is not None else None
     if limit is None or limit == -1:
@@ -630,8 +620,7 @@ def keep_slot_consistent(pulumi: PulumiCli, config: Mapping[str, Any], settings:
 
 
 def keep_zone_consistent(pulumi: PulumiCli, original_zone: str | None) -> None:
-    """After a failed sweep the stack's `zone` names where its VM is (a VM whose gate failed stays), else what it
-    was, so the next `pulumi up` moves nothing by surprise."""
+    """After a failed sweep, the stack's `zone` is where its VM is, else what it was: the next update moves nothing."""
     try:
         zones = [zone for resource_id in managed_ids(pulumi.export()) if (zone := zone_of(resource_id))]
         if zones:
