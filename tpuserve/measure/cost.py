@@ -23,14 +23,6 @@ def breakeven_output_tok_s(price_per_hour: float, api_usd_per_m: float) -> float
     return price_per_hour / 3600 / api_usd_per_m * 1e6
 
 
-def cache_disk_monthly_usd(size_gb: int, usd_per_gb_month: float = HYPERDISK_BALANCED_USD_PER_GB_MONTH,
-                           iops: int = HYPERDISK_BALANCED_FREE_IOPS,
-                           throughput_mibps: int = HYPERDISK_BALANCED_FREE_MIBPS) -> float:
-    """A cache disk bills its capacity every month it exists, and what is provisioned above the free 3,000 IOPS and
-    140 MiB/s (facts.hyperdisk_balanced_monthly_usd)."""
-    return hyperdisk_balanced_monthly_usd(size_gb, iops, throughput_mibps, usd_per_gb_month)
-
-
 def cold_start_usd(price_per_hour: float, cold_start_min: float) -> float:
     """Billed minutes before the first token: the VM runs while the image pulls and the model compiles."""
     return price_per_hour * cold_start_min / 60
@@ -58,20 +50,12 @@ def session(price_per_hour: float, api_usd_per_m: float, hours: float, cold_star
     serving_hours = max(hours - cold_start_min / 60, 0.0)
     output_tokens = output_tok_s * 3600 * serving_hours
     usd = price_per_hour * hours
-    return Session(
-        hours=hours,
-        serving_hours=serving_hours,
-        output_tok_s=output_tok_s,
-        output_tokens=output_tokens,
-        usd=usd,
-        usd_per_m_output=usd / output_tokens * 1e6 if output_tokens else float("inf"),
-        api_usd=output_tokens / 1e6 * api_usd_per_m,
-    )
+    return Session(hours, serving_hours, output_tok_s, output_tokens, usd,
+                   usd / output_tokens * 1e6 if output_tokens else float("inf"), output_tokens / 1e6 * api_usd_per_m)
 
 
 def operating_point(rows: list[benchreport.BenchRow], concurrency: int | None) -> benchreport.BenchRow:
-    """The requested level, or by default the one with the highest output throughput; only levels where requests
-    completed count (a level where all failed measured nothing)."""
+    """The requested level, else the best output tok/s; only levels where requests completed count."""
     usable = [row for row in rows if row.measured and row.output_tok_s > 0]
     if concurrency is None:
         if not usable:
@@ -147,22 +131,20 @@ def cost(chips: int, engines: int, price_per_chip_hour: float, price_per_hour: f
     if output_tok_s and engines > 1:
         output_tok_s, label = output_tok_s * engines, f"{engines} engines × {label}"
     breakeven = breakeven_output_tok_s(price_per_hour, api_price_per_m)
+    monthly = hyperdisk_balanced_monthly_usd(cache_disk_gb, cache_disk_iops, cache_disk_mibps, disk_price_per_gb_month)
     if as_json:
         document = cost_document(price_per_hour, api_price_per_m, cold_start_min, session_h, breakeven,
                                  output_tok_s, label)
         if engines > 1:
             document["engines"] = {"count": engines, "engine_output_tok_s": engine_tok_s}
         document["cache_disk"] = {"size_gb": cache_disk_gb, "throughput_mibps": cache_disk_mibps,
-                                  "iops": cache_disk_iops, "usd_per_month": cache_disk_monthly_usd(
-                                      cache_disk_gb, disk_price_per_gb_month, cache_disk_iops, cache_disk_mibps)
-                                  } if cache_disk_gb else None
+                                  "iops": cache_disk_iops, "usd_per_month": monthly} if cache_disk_gb else None
         document["notes"] = notes
         echo_json(document)
         return
     say(f"Breakeven vs ${api_price_per_m:g}/M: {breakeven:,.1f} output tok/s sustained at ${price_per_hour:g}/h")
     say(f"One cold start ({cold_start_min:g} min): ${cold_start_usd(price_per_hour, cold_start_min):.3f}")
     if cache_disk_gb:
-        monthly = cache_disk_monthly_usd(cache_disk_gb, disk_price_per_gb_month, cache_disk_iops, cache_disk_mibps)
         say(f"Cache disk ({cache_disk_gb} GB Hyperdisk Balanced, {cache_disk_mibps} MiB/s, {cache_disk_iops:,} "
             f"IOPS): ${monthly:.2f} / month while it exists, VM or not (`tpuserve cache ls` lists them, "
             "`cache rm` removes them)")
@@ -179,8 +161,7 @@ def cost(chips: int, engines: int, price_per_chip_hour: float, price_per_hour: f
 
 
 def say(text: str, indent: str = "") -> None:
-    """One statement, wrapped between words to the terminal's width (COLUMNS; 80 off a terminal), continuation
-    lines indented under its first: no number or path is split."""
+    """One statement wrapped between words to the terminal (COLUMNS), never splitting a number or path."""
     width = shutil.get_terminal_size().columns
     click.echo(textwrap.fill(text, width=max(width, 40), initial_indent=indent,
                              subsequent_indent=indent + "  ", break_long_words=False, break_on_hyphens=False))

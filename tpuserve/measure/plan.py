@@ -12,7 +12,6 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +22,12 @@ from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, DEFAULT_CACHE_DISK_IOPS, DEFA
                             HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_BALANCED_MAX_IOPS,
                             HYPERDISK_BALANCED_MAX_MIBPS, HYPERDISK_PRICES_AS_OF, V6E_HBM_GIB,
                             hyperdisk_balanced_monthly_usd)
-from tpuserve.serving import DEFAULT_MODEL, ConfigError, ServingConfig, fewest_chips, tensor_parallel_choices
+from tpuserve.serving import (DEFAULT_MODEL, GIB, ConfigError, ServingConfig, fewest_chips, model_presets,
+                              preset_weights_gib, tensor_parallel_choices)
 
-GIB = 2**30
 TPU, GPU = "tpu", "gpu"
 BACKENDS = (TPU, GPU)
-# Bytes per K or V element of each `--kv-cache-dtype` the planner knows; "auto" is the model's dtype (vLLM's and
-# tpu-inference's runner alike: tpu_inference/runner/tpu_runner.py, `cache_dtype == "auto"` -> the model dtype).
+# Bytes per K or V element of each `--kv-cache-dtype`; "auto" is the model's (docs/design/planner.md has sources).
 KV_DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 AUTO = "auto"
 MODEL_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 2}  # vLLM serves a float32 checkpoint in 16 bits
@@ -37,16 +35,11 @@ TPU_WORD_BYTES = 4  # the kernel packs K/V values into 32-bit words
 TPU_LANES = 128
 V6E_CHIPS = (1, 4, 8)  # ct6e-standard-1t, -4t, -8t
 GPU_BLOCK_SIZE = 16
-# vLLM's `vllm serve` default for max_num_seqs on a device under 70 GiB (a v6e chip has 32 GB), capped by
-# max_num_batched_tokens (vLLM 0.32 vllm/engine/arg_utils.py `get_batch_defaults`, L2943-2952; its TPU branch changes
-# only the batched tokens; `_set_default_max_num_seqs_and_batched_tokens_args`, L3123-3180).
-VLLM_DEFAULT_MAX_NUM_SEQS = 256
-# tpu-inference's page size bounds, and the SMEM its block tables must fit in half of ("up to v6e, the SMEM size is
-# 1MB"): tpu_inference/layers/vllm/backends/flash_attn.py L107-143 at b8692ff.
+VLLM_DEFAULT_MAX_NUM_SEQS = 256  # `vllm serve`'s on a device under 70 GiB
+# tpu-inference's page size bounds, and the SMEM (1 MB up to v6e) its block tables must fit in half of.
 TPU_PAGE_MIN, TPU_PAGE_MAX, TPU_PAGE_SPLIT, TPU_PAGE_LONG_CONTEXT = 16, 256, 16, 8192
 TPU_SMEM_BYTES = 1024 * 1024
 FULL, SLIDING = "full_attention", "sliding_attention"
-# The stack's serving defaults: a plan without options describes what a default deployment runs.
 SERVED = ServingConfig()
 
 
@@ -63,11 +56,7 @@ def default_max_num_seqs(max_num_batched_tokens: int) -> int:
 
 
 def tpu_block_size(max_model_len: int, max_num_seqs: int) -> int:
-    """The KV block size tpu-inference picks when --block-size is not given (TpuPlatform.check_and_update_config,
-    tpu_inference/platforms/tpu_platform.py L366-387 at b8692ff): max_model_len split into 16 pages of 16-256 tokens
-    (16 above 8,192 tokens: `get_page_size`), raised to the next power of two that keeps every request's block table
-    (max_num_seqs × pages × 4 B) within half the SMEM (`get_min_page_size`, "Increase the page size from 16 to 64 to
-    avoid SMEM OOM" in the logs). Public v6e-1 boot logs: 32,768 tokens × 256 seqs -> 64; 2,048 × 16 -> 128."""
+    """The KV block size tpu-inference picks without --block-size (docs/design/planner.md#where-the-defaults-come-from)."""
     page = TPU_PAGE_MIN if max_model_len > TPU_PAGE_LONG_CONTEXT else min(
         max(next_power_of_2(max_model_len) // TPU_PAGE_SPLIT, TPU_PAGE_MIN), TPU_PAGE_MAX)
     pages_per_request = TPU_SMEM_BYTES // 2 // max_num_seqs // 4
@@ -187,8 +176,7 @@ class Budget:
 
     @property
     def kv_bytes(self) -> int:
-        """What vLLM may use for KV on each chip: its share of HBM minus the chip's part of the weights; never
-        negative."""
+        """What vLLM may use for KV on each chip: its share of HBM minus the chip's part of the weights, or 0."""
         return max(int((self.usable_gib - self.weights_per_chip_gib) * GIB), 0)
 
 
@@ -261,18 +249,10 @@ def make_plan(config: Mapping[str, Any], budget: Budget) -> Plan:
     )
 
 
-def presets() -> dict[str, Any]:
-    return json.loads(resources.files("tpuserve").joinpath("data/model-presets.json").read_text())
-
-
 def safetensors_gib(directory: Path) -> float | None:
     """Weights size of a local checkpoint, from its safetensors files; None when it has none."""
     files = list(directory.glob("*.safetensors"))
     return sum(path.stat().st_size for path in files) / GIB if files else None
-
-
-def preset_weights_gib(preset: Mapping[str, Any]) -> float:
-    return preset["weights_parameters"] * preset["weights_bytes_per_parameter"] / GIB
 
 
 @dataclass(frozen=True)
@@ -298,13 +278,12 @@ def config_name(config: Mapping[str, Any], config_path: Path) -> str:
 
 
 def resolve_model(model: str | None, config_path: Path | None, weights_gib: float | None) -> Model:
-    """--config/--weights-gib first, then the checkpoint beside the config, then the preset of --model. `model` is
-    None when --model was not given: a --config then stands alone (it is named by itself, and no preset's weights
-    are borrowed for it)."""
+    """--config/--weights-gib, then the checkpoint beside the config, then --model's preset; without --model a
+    --config stands alone (named by itself, borrowing no preset's weights)."""
     given_weights = weights_gib
-    preset = presets().get(model or DEFAULT_MODEL) if config_path is None or model else None
+    preset = model_presets().get(model or DEFAULT_MODEL) if config_path is None or model else None
     if config_path is None and preset is None:
-        raise ConfigError("--config", f"no built-in preset for {model!r} (have: {', '.join(presets())}); "
+        raise ConfigError("--config", f"no built-in preset for {model!r} (have: {', '.join(model_presets())}); "
                           "pass its HF config.json")
     try:  # a file that is no config is a bad option (exit 2), as every other bad file is
         config = json.loads(config_path.read_text()) if config_path else preset["config"]
@@ -345,7 +324,7 @@ def measurement_for(model: Model, plan: Plan) -> Mapping[str, Any] | None:
                                                        m["max_model_len"], m["kv_dtype"], V6E_HBM_GIB)), None)
 
 
-# --- a machine's chips as engines: the stack's tensorParallelSize (tpuserve/serving.py) -------------------------------
+# A machine's chips as engines: the stack's tensorParallelSize (tpuserve/serving.py).
 
 @dataclass(frozen=True)
 class Engines:
@@ -359,8 +338,7 @@ class Engines:
 
 
 def engines_for(model: Model, chips: int, tensor_parallel_size: int, backend: str, usable_gib: float) -> Engines:
-    """How the stack splits `chips`: tensor_parallel_size when given, else (0) the fewest chips that hold the weights
-    (the stack's auto). With --backend gpu, one engine over every GPU, as the local target runs."""
+    """How the stack splits `chips`: as given, else (0) the fewest chips that hold the weights; one engine on GPU."""
     if backend != TPU:
         return Engines(chips, chips, False)
     heads = text_config(model.config).get("num_attention_heads")
@@ -390,11 +368,9 @@ def engines_json(plan: Plan, engines: Engines) -> dict[str, Any]:
             "machine_contexts": engines.count * plan.contexts}
 
 
-# --- the cache disk: what its throughput buys a warm boot, and what it costs ---------------------------------------
-
+# The cache disk: what its throughput buys a warm boot, and what it costs.
 WARM_BOOT_TARGET_S = 180
-# A warm boot (image, weights and compile cache on the cache disk) besides reading the weights: estimates, not
-# measurements (no TPU here), each to be replaced by the VM's own boot timeline (`tpuserve gate` prints it).
+# A warm boot's steps besides reading the weights: estimates (docs/design/planner.md#the-warm-boot-estimate).
 WARM_BOOT_OTHER_S = (
     ("guest OS boot, startup script, supervisor start (Docker installed)", 45),
     ("container start and vLLM + tpu-inference imports", 25),
@@ -455,10 +431,7 @@ def plan_as_json(plan: Plan, model: Model) -> dict[str, Any]:
             "block_size_note": block_note(plan.budget), "fp8_log_note": FP8_LOG_NOTE if shows_fp8_note(plan) else None}
 
 
-# What a v6e server logs at boot whatever its KV dtype: tpu-inference's TpuPlatform.fp8_dtype() says it each time
-# anything asks which fp8 type to use (tpu_inference/platforms/tpu_platform.py L208-214 at b8692ff); `auto` still
-# allocates the model's 16 bits (tpu_inference/runner/tpu_runner.py L839-842). The public v6e-1 boot logs of the
-# preset's measurements print it 18-20 times beside `regular_attn_dtype=bfloat16` and a pool of the 16-bit size.
+# docs/design/planner.md#the-fp8_e5m2-line-in-a-v6e-boot-log
 FP8_LOG_NOTE = ("v6e servers log \"Automatically using fp8_e5m2 for FP8 KV cache on TPU v6e.\" at boot whatever "
                 "--kv-cache-dtype is: it says which fp8 type would be used, not that the cache is fp8. With auto the "
                 "pool is 16-bit (public v6e-1 logs: regular_attn_dtype=bfloat16, a pool the bf16 size to 0.01%)")

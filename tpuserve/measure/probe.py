@@ -19,16 +19,9 @@ from typing import Any
 import click
 import requests
 
-from tpuserve.client import (
-    ANY_OBJECT_SCHEMA,
-    ChatClient,
-    ChatReply,
-    EndpointError,
-    OutputTruncated,
-    SchemaNotEnforced,
-    validated_json,
-)
 from tpuserve import exits
+from tpuserve.client import (ANY_OBJECT_SCHEMA, ChatClient, ChatReply, EndpointError, OutputTruncated,
+                             SchemaNotEnforced, validated_json)
 from tpuserve.cli import Failure, echo_json, json_option
 from tpuserve.images import image_messages, modality_part
 from tpuserve.serving import MODALITIES
@@ -38,7 +31,6 @@ from tpuserve.deploy.stack import (api_key_option, model_option, read_outputs, r
 PASS, FAIL, SKIPPED, NOT_ENFORCED = "pass", "fail", "skipped", "schema not enforced"
 EXCERPT_CHARS = 300
 
-# ---------------------------------------------------------------------------------------------------------------
 # Results
 
 
@@ -82,7 +74,6 @@ def error_result(probe: str, scenario: str, err: Exception, request: dict[str, A
                           {"request": request})
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Tools
 
 WEATHER_TOOL: dict[str, Any] = {"type": "function", "function": {
@@ -195,13 +186,10 @@ def run_tools(client: ChatClient, max_tokens: int | None = None) -> list[Scenari
         try:
             reply = client.chat(messages, tools=TOOLS, tool_choice="auto", temperature=0,
                                 max_tokens=max_tokens or TOOLS_MAX_TOKENS)
-        except EndpointError as err:
-            if err.status == 400 and TOOLS_DISABLED.search(err.message):
+        except (EndpointError, requests.Timeout) as err:
+            if isinstance(err, EndpointError) and err.status == 400 and TOOLS_DISABLED.search(err.message):
                 skipped = f"tool calling is off on this server: {err.message}"
                 return [ScenarioResult("tools", name, SKIPPED, skipped) for name, _, _ in TOOL_SCENARIOS]
-            results.append(error_result("tools", scenario, err, request))
-            continue
-        except requests.Timeout as err:
             results.append(error_result("tools", scenario, err, request))
             continue
         verdict, reason = judge(reply)
@@ -210,12 +198,9 @@ def run_tools(client: ChatClient, max_tokens: int | None = None) -> list[Scenari
     return results
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Structured output
 
-# Enum and boolean fields only, no free strings: an enforced grammar then leaves a model (even one with random
-# weights) a single short document, so free text means "not enforced". A grammar that allows free whitespace
-# still lets a weak model pad until max_tokens: that is reported as a truncation fail, not as "not enforced".
+# Enums and booleans only: under an enforced grammar free text cannot appear (docs/design/measuring.md#probe).
 ANSWER_SCHEMA: dict[str, Any] = {
     "type": "object", "additionalProperties": False, "required": ["answer", "confident"],
     "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}, "confident": {"type": "boolean"}}}
@@ -255,8 +240,7 @@ def run_structured(client: ChatClient, max_tokens: int | None = None) -> list[Sc
 
 
 def enforcement_summary(results: list[ScenarioResult]) -> str:
-    """One line naming the configurations that enforced the schema, those that did not, and those that could not
-    be judged (a server error, a truncated answer): "not enforced with: none" never hides a failed scenario."""
+    """One line: the configurations that enforced the schema, those that did not, and those not judged."""
     structured = [r for r in results if r.probe == "structured"]
     enforced = [r.scenario for r in structured if r.verdict == PASS]
     not_enforced = [r.scenario for r in structured if r.verdict == NOT_ENFORCED]
@@ -269,12 +253,7 @@ def enforcement_summary(results: list[ScenarioResult]) -> str:
 
 
 def structured_hint(results: list[ScenarioResult]) -> str:
-    """What the thinking=off/on verdicts mean with a reasoning parser, from what was measured.
-
-    With a reasoning parser vLLM applies the grammar only once the reasoning phase ends. On the real Gemma 4 with
-    the gemma4 parser (the reference deployment's measurement) JSON-schema output was enforced with
-    enable_thinking on and silently ignored with it off. A reasoning phase that outlasts max_tokens leaves no room
-    for the grammar (the tiny CPU test model never ends its reasoning)."""
+    """What the thinking=off/on verdicts mean with a reasoning parser (docs/design/measuring.md#probe)."""
     verdicts = {r.scenario: r for r in results if r.probe == "structured"}
     off, on = verdicts.get("json_schema thinking=off"), verdicts.get("json_schema thinking=on")
     if off and on and off.verdict == NOT_ENFORCED and on.verdict == PASS:
@@ -288,7 +267,6 @@ def structured_hint(results: list[ScenarioResult]) -> str:
     return ""
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Vision
 
 # (scenario, image file, question, accepted answers: any one found as a word in the reply passes)
@@ -327,16 +305,13 @@ def run_vision(client: ChatClient, max_tokens: int | None = None) -> list[Scenar
         try:
             reply, retry_note = chat_retrying_422(client, image_messages(image, question), temperature=0,
                                                   max_tokens=max_tokens or VISION_MAX_TOKENS)
-        except EndpointError as err:
-            if err.status in (400, 422) and TEXT_ONLY_ERROR.search(err.message):
+        except (EndpointError, requests.Timeout) as err:
+            if isinstance(err, EndpointError) and err.status in (400, 422) and TEXT_ONLY_ERROR.search(err.message):
                 reason = f"server is text-only: {excerpt(err.message, 160)}"
                 results.append(ScenarioResult("vision", scenario, SKIPPED, reason, err.latency_s,
                                               {"request": request, "status": err.status}))
                 return results + [ScenarioResult("vision", name, SKIPPED, reason)
                                   for name, *_ in VISION_SCENARIOS[index + 1:]]
-            results.append(error_result("vision", scenario, err, request))
-            continue
-        except requests.Timeout as err:
             results.append(error_result("vision", scenario, err, request))
             continue
         passed = mentions_any(reply.content, answers)
@@ -352,7 +327,6 @@ PROBES: dict[str, Callable[[ChatClient, int | None], list[ScenarioResult]]] = {
     "tools": run_tools, "structured": run_structured, "vision": run_vision}
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Refusals: a modality the deployment cannot serve must be refused, and the server must still serve after it
 
 REFUSAL_MAX_TOKENS = 8
@@ -370,7 +344,11 @@ def disabled_modalities(vllm_args: list[str] | None) -> tuple[str, ...] | None:
 def refused_modalities(given: str | None, outputs: dict[str, Any] | None) -> tuple[str, ...]:
     """--modalities, else those the stack's argv limits to 0, else DEFAULT_REFUSED."""
     if given:
-        return tuple(m.strip() for m in given.split(",") if m.strip())
+        chosen = tuple(m.strip() for m in given.split(",") if m.strip())
+        if unknown := [m for m in chosen if m not in MODALITIES]:
+            raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(MODALITIES)}",
+                                     param_hint="--modalities")
+        return chosen
     return disabled_modalities((outputs or {}).get("vllmArgs")) or DEFAULT_REFUSED
 
 
@@ -386,9 +364,7 @@ def still_serving(client: ChatClient) -> str | None:
 
 
 def run_refusals(client: ChatClient, modalities: tuple[str, ...]) -> list[ScenarioResult]:
-    """One request of each modality the deployment must refuse: pass on a 4xx with the server still answering
-    afterwards; a 2xx means the limit is not applied, a 5xx that the request reached the engine (the rules of the
-    VM's boot check, vm/readycheck.py `refusals`)."""
+    """Pass on a 4xx with the server still answering afterwards (the rules of vm/readycheck.py `refusals`)."""
     results = []
     for modality in modalities:
         scenario = f"{modality} refused"
@@ -418,7 +394,6 @@ def run_refusals(client: ChatClient, modalities: tuple[str, ...]) -> list[Scenar
     return results
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # KV-cache comparison
 
 # Greedy prompts whose answers differ visibly when the KV cache loses precision (long, structured, exact).
@@ -494,18 +469,9 @@ def compare_outputs(a: dict[str, str], b: dict[str, str]) -> list[OutputComparis
     return comparisons
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Command line
 
 VERDICT_STYLE = {PASS: "green", FAIL: "red", SKIPPED: "yellow", NOT_ENFORCED: "bold red"}
-
-
-def make_client(url: str, model: str | None, api_key_env: str, timeout: float, option: str = "--model"
-                ) -> ChatClient:
-    """A client for `model` on `url`, the model checked against /v1/models (default: the first served)."""
-    api_key = os.environ.get(api_key_env)
-    served = resolve_model(url, model, api_key, option, key_env=api_key_env)
-    return ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
 
 
 def could_not_run(results: list[ScenarioResult]) -> str | None:
@@ -522,8 +488,7 @@ TABLE_FRAME = 13  # a 4-column rich table's borders and padding
 
 
 def result_widths(cells: list[list[str]], width: int) -> list[int] | None:
-    """Column widths that fit `width` with scenario, verdict and latency whole and no word of the reason cut (its
-    fix is often one long word, such as '{"disable_any_whitespace": true}'); None when no such table fits."""
+    """Widths that fit `width` keeping the first three columns and every word of the reason whole, else None."""
     from rich.cells import cell_len
 
     natural = [max(cell_len(text) for text in [header, *(row[i] for row in cells)])
@@ -603,24 +568,26 @@ def endpoint_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
-def add_probe_command(name: str, probe_names: list[str], help_text: str) -> None:
-    @probe.command(name, help=help_text)
-    @endpoint_options
+def add_probe_command(name: str, probe_names: list[str], help_text: str, *options: Callable[..., Any]) -> None:
     def command(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None, api_key_env: str,
-                timeout: float, max_tokens: int | None, as_json: bool, strict: bool) -> None:
+                timeout: float, max_tokens: int | None, as_json: bool, strict: bool, modalities: str | None = None
+                ) -> None:
         outputs = read_outputs(stack, stack_outputs)
+        refused = refused_modalities(modalities, outputs)
         api_key = os.environ.get(api_key_env)
         with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
             client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
             results = [result for name in probe_names for result in (
-                run_refusals(client, refused_modalities(None, outputs)) if name == "refusals"
-                else PROBES[name](client, max_tokens))]
+                run_refusals(client, refused) if name == "refusals" else PROBES[name](client, max_tokens))]
         finish(results, served, as_json, strict)
+
+    for option in (*options, endpoint_options):
+        command = option(command)
+    probe.command(name, help=help_text)(command)
 
 
 def finish(results: list[ScenarioResult], served: Any, as_json: bool, strict: bool) -> None:
-    """Print the verdicts; exit 1 when the probe could not run at all (under --json: one error document with the
-    results as evidence), or under --strict when a scenario failed."""
+    """Print the verdicts; exit 1 when the probe could not run at all, or under --strict when a scenario failed."""
     reason = could_not_run(results)
     why = f"the probe could not run against {served.url} ({served.model}): {reason}"
     if reason and as_json:  # one document: the error, with the results as evidence
@@ -641,25 +608,10 @@ add_probe_command("all", [*PROBES, "refusals"], "Every capability probe: tools, 
                   "refusals of disabled modalities (those the stack's argv limits to 0, else "
                   f"{','.join(DEFAULT_REFUSED)}).")
 
-
-@probe.command("refusals")
-@endpoint_options
-@click.option("--modalities", help="Comma-separated modalities the deployment must refuse (default: those the "
-              f"stack's argv limits to 0, else {','.join(DEFAULT_REFUSED)}).")
-def refusals(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None, api_key_env: str,
-             timeout: float, max_tokens: int | None, as_json: bool, strict: bool, modalities: str | None) -> None:
-    """Disabled modalities: one request of each must answer 4xx and leave the server serving (one that reaches
-    the engine can take it down)."""
-    outputs = read_outputs(stack, stack_outputs)
-    chosen = refused_modalities(modalities, outputs)
-    unknown = [m for m in chosen if m not in MODALITIES]
-    if unknown:
-        raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(MODALITIES)}", param_hint="--modalities")
-    api_key = os.environ.get(api_key_env)
-    with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
-        results = run_refusals(ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout,
-                                          key_env=api_key_env), chosen)
-    finish(results, served, as_json, strict)
+add_probe_command("refusals", ["refusals"], "Disabled modalities: one request of each must answer 4xx and leave the "
+                  "server serving (one that reaches the engine can take it down).",
+                  click.option("--modalities", help="Comma-separated modalities the deployment must refuse (default: "
+                               f"those the stack's argv limits to 0, else {','.join(DEFAULT_REFUSED)})."))
 
 
 def side_outputs(side: str, url: str | None, directory: Path | None, model: str | None, api_key_env: str,
@@ -667,7 +619,9 @@ def side_outputs(side: str, url: str | None, directory: Path | None, model: str 
     """One side of a comparison: run the prompts against --a/--b, or read --a-dir/--b-dir."""
     if directory is not None:
         return load_outputs(directory)
-    client = make_client(url, model, api_key_env, timeout)
+    api_key = os.environ.get(api_key_env)
+    served = resolve_model(url, model, api_key, "--model", key_env=api_key_env)
+    client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
     try:
         outputs = greedy_outputs(client, max_tokens)
     except EndpointError as err:
