@@ -21,8 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import click
+import requests
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
 
-from tpuserve.cli import Failure, echo_json, json_option
+from tpuserve.cli import ERRNO_REASON, Failure, echo_json, json_option, request_failure
 from tpuserve.client import API_KEY_ENV, response_error, server_root
 from tpuserve.deploy.stack import (Served, api_key_option, model_option, read_outputs, require_endpoint,
                                    served_endpoint, stack_options, url_option)
@@ -123,8 +130,6 @@ def now() -> str:
 
 def server_version(url: str) -> str | None:
     """vLLM's version from the server's GET /version; None when it does not answer."""
-    import requests
-
     try:
         response = requests.get(f"{server_root(url)}/version", timeout=5)
         response.raise_for_status()
@@ -137,24 +142,17 @@ def container_version(target: RemoteTarget) -> str | None:
     """vLLM's version in the container, read from package metadata (importing vllm would take seconds)."""
     completed = subprocess.run(target.ssh(["python3", "-c", VERSION_PROBE]), capture_output=True, text=True,
                                check=False)
-    if completed.returncode != 0:
-        return None
-    return completed.stdout.strip() or None
-
-
-def resolve_executable(name: str) -> str:
-    """The full path, so sweep.json says exactly which vLLM ran."""
-    path = shutil.which(name)
-    if path is None:
-        raise click.BadParameter(f"{name!r} is not an executable on PATH (install vLLM or pass its path)",
-                                 param_hint="--vllm-bin")
-    return path
+    return (completed.stdout.strip() or None) if completed.returncode == 0 else None
 
 
 def find_vllm(explicit: str | None) -> str:
-    """--vllm-bin, else the first `vllm` of $TPUSERVE_VLLM_VENV, PATH and the project's CPU venv."""
+    """The full path (sweep.json says which vLLM ran) of --vllm-bin, else of $TPUSERVE_VLLM_VENV's, PATH's or the
+    project's CPU venv's `vllm`."""
     if explicit:
-        return resolve_executable(explicit)
+        if path := shutil.which(explicit):
+            return path
+        raise click.BadParameter(f"{explicit!r} is not an executable on PATH (install vLLM or pass its path)",
+                                 param_hint="--vllm-bin")
     venv = os.environ.get(VLLM_VENV_ENV)
     candidates = [str(Path(venv) / "bin" / "vllm")] if venv else []
     candidates += [shutil.which("vllm") or "", str(Path.home().joinpath(*DEFAULT_VLLM_VENV, "bin", "vllm"))]
@@ -193,30 +191,18 @@ def failure_cause(log_text: str) -> str:
     """vLLM's words for why requests failed: the first failed request's last line, else the log's last line."""
     lines = [line.rstrip() for line in log_text.splitlines()]
     for index, line in enumerate(lines):
-        found = FAILED_REQUEST_LINE.match(line)
-        if not found:
-            continue
-        block = [found.group(1)]
-        for following in lines[index + 1:]:
-            if FAILED_REQUEST_LINE.match(following) or following.startswith("="):
-                break
-            block.append(following)
-        meaningful = [text.strip() for text in block if text.strip()]
-        return meaningful[-1] if meaningful else "(no reason given)"
-    meaningful = [line.strip() for line in lines if line.strip()]
-    return meaningful[-1] if meaningful else "(empty log)"
+        if found := FAILED_REQUEST_LINE.match(line):
+            block = [found.group(1)]
+            for following in lines[index + 1:]:
+                if FAILED_REQUEST_LINE.match(following) or following.startswith("="):
+                    break
+                block.append(following)
+            return ([text.strip() for text in block if text.strip()] or ["(no reason given)"])[-1]
+    return ([line.strip() for line in lines if line.strip()] or ["(empty log)"])[-1]
 
 
 class LevelStopped(Exception):
     """A level ended before `vllm bench serve` finished it: its deadline passed, or the server stopped answering."""
-
-
-class SweepEnded(Exception):
-    """What ended a sweep at `level`: a ClickException (`cause`), or Ctrl-C (`cause` None)."""
-
-    def __init__(self, level: int, cause: click.ClickException | None):
-        super().__init__(level)
-        self.level, self.cause = level, cause
 
 
 @dataclasses.dataclass
@@ -238,10 +224,6 @@ class Pace:
                 f"times {LEVEL_SLACK:g}, plus {LEVEL_FLOOR_S:g} s to start")
 
 
-def api_headers(key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
 def bench_env(key: str | None) -> dict[str, str]:
     """This environment with the server's key as `vllm bench serve` reads it, never the user's own OpenAI key."""
     env = {name: value for name, value in os.environ.items() if name != BENCH_KEY_ENV}
@@ -250,16 +232,12 @@ def bench_env(key: str | None) -> dict[str, str]:
 
 def time_one_request(workload: Workload) -> float:
     """Seconds one request of the workload's output length takes alone: the first level's deadline follows it."""
-    import requests
-
-    from tpuserve.cli import request_failure
-
     body = {"model": workload.model, "prompt": "Hello", "max_tokens": workload.output_len, "ignore_eos": True}
     url = f"{server_root(workload.url)}/v1/completions"
     start = time.monotonic()
     try:
-        response = requests.post(url, json=body, headers=api_headers(workload.api_key),
-                                 timeout=TIMING_REQUEST_TIMEOUT_S)
+        response = requests.post(url, json=body, timeout=TIMING_REQUEST_TIMEOUT_S,
+                                 headers={"Authorization": f"Bearer {workload.api_key}"} if workload.api_key else {})
     except requests.RequestException as err:
         raise click.ClickException(f"timing one request before the first level: {request_failure(err)}") from err
     if response.status_code != 200:
@@ -277,10 +255,6 @@ class Liveness:
         self.since: float | None = None
 
     def check(self) -> str | None:
-        import requests
-
-        from tpuserve.cli import ERRNO_REASON
-
         try:
             status = requests.get(self.url, timeout=LIVENESS_TIMEOUT_S).status_code
             why = f"answered HTTP {status}" if status >= 500 else None
@@ -457,13 +431,20 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
         pace = Pace(1 / seconds, "one timed request")
         manifest["timing_request"] = {"seconds": seconds, "request_rate": pace.rate_req_s}
     remote_dir = f"{REMOTE_RESULT_ROOT}/{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
-    try:
-        run_levels(levels, workload, out, manifest, vllm_bin, target, remote_dir, pace)
-    except SweepEnded as ended:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn())
+    level = levels[0]
+    try:  # a level all failed or stopped ends the sweep, sweep.json rewritten after each level
+        with Progress(*columns, console=Console(stderr=True)) as progress:
+            task = progress.add_task("levels", total=len(levels))
+            for level in levels:
+                run_one(level, workload, out, manifest, vllm_bin, target, remote_dir, pace, progress, task)
+    except (click.ClickException, KeyboardInterrupt) as err:
+        cause = err if isinstance(err, click.ClickException) else None
         # Ctrl-C: the level's `vllm bench serve` is stopped already (run_logged); 130 = 128 + SIGINT, as a shell's
-        reason = ended.cause.message if ended.cause else f"interrupted (Ctrl-C) during concurrency {ended.level}"
-        code = ended.cause.exit_code if ended.cause else 130
-        raise Failure(reason, end_unfinished(out, manifest, ended.level, reason, len(levels)), code) from ended.cause
+        reason = cause.message if cause else f"interrupted (Ctrl-C) during concurrency {level}"
+        code = cause.exit_code if cause else 130
+        raise Failure(reason, end_unfinished(out, manifest, level, reason, len(levels)), code) from cause
     manifest["finished_at"] = now()
     write_manifest(out, manifest)
     if as_json:
@@ -507,26 +488,6 @@ def start_manifest(workload: Workload, levels: list[int], target: RemoteTarget |
 
 def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
     (out / benchreport.SWEEP_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-
-
-def run_levels(levels: list[int], workload: Workload, out: Path, manifest: dict[str, Any], vllm_bin: str,
-               target: RemoteTarget | None, remote_dir: str, pace: Pace) -> None:
-    """One run per level, sweep.json rewritten after each; a level all failed or stopped ends the sweep."""
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True)) as progress:
-        task = progress.add_task("levels", total=len(levels))
-        for level in levels:
-            try:
-                run_one(level, workload, out, manifest, vllm_bin, target, remote_dir, pace, progress, task)
-            except click.ClickException as err:
-                raise SweepEnded(level, err) from err
-            except KeyboardInterrupt as interrupt:
-                raise SweepEnded(level, None) from interrupt
 
 
 def run_one(level: int, workload: Workload, out: Path, manifest: dict[str, Any], vllm_bin: str,
@@ -676,12 +637,6 @@ NUMERIC_CELL = re.compile(r"^([\d.,]+( ⚠)?|[—∞]|n/a|all \d+ failed)$")
 def print_rich_table(title: str, headers: list[str], cells: list[list[str]], notes: list[str],
                      table_headers: list[str] | None = None) -> None:
     """Columns as wide as their widest cell, else a block per row (docs/design/measuring.md#probe)."""
-    from rich import box
-    from rich.cells import cell_len
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
     console = Console()
 
     def widths_of(heading: list[str], one_line: bool) -> list[int]:

@@ -1,9 +1,7 @@
 """`tpuserve probe`: which capabilities really work on a deployment, with the evidence.
 
-Each scenario ends in a verdict — pass, fail, skipped (with the reason) or, for structured output, "schema not
-enforced" (a 200 whose content ignores the schema: the silent skip) — plus its latency and request/response excerpts.
-Exit code: 0 whenever the probe ran, whatever the verdicts (it is a report); with `--strict`, 1 when any scenario
-failed or was not enforced (skipped scenarios never fail a run). An unreachable server or bad option is an error.
+Each scenario ends in a verdict (pass, fail, skipped, or "schema not enforced": a 200 ignoring the schema) with its
+latency and evidence. Exit 0 whenever the probe ran; with `--strict`, 1 when a scenario failed or was not enforced.
 """
 
 from __future__ import annotations
@@ -17,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import click
+import jsonschema
 import requests
+from rich.cells import cell_len
+from rich.console import Console
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
 
 from tpuserve import exits
 from tpuserve.client import (ANY_OBJECT_SCHEMA, ChatClient, ChatReply, EndpointError, OutputTruncated,
@@ -30,8 +34,6 @@ from tpuserve.deploy.stack import (api_key_option, model_option, read_outputs, r
 
 PASS, FAIL, SKIPPED, NOT_ENFORCED = "pass", "fail", "skipped", "schema not enforced"
 EXCERPT_CHARS = 300
-
-# Results
 
 
 @dataclass
@@ -75,7 +77,6 @@ def error_result(probe: str, scenario: str, err: Exception, request: dict[str, A
 
 
 # Tools
-
 WEATHER_TOOL: dict[str, Any] = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city.",
     "parameters": {"type": "object", "additionalProperties": False, "required": ["city"], "properties": {
@@ -111,8 +112,6 @@ def parse_tool_call(call: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         arguments = json.loads(call["function"].get("arguments") or "{}")
     except json.JSONDecodeError as err:
         raise InvalidToolCall(f"{name}: arguments are not JSON ({err.msg})") from err
-    import jsonschema
-
     try:
         jsonschema.validate(arguments, TOOL_SCHEMAS[name])
     except jsonschema.ValidationError as err:
@@ -199,7 +198,6 @@ def run_tools(client: ChatClient, max_tokens: int | None = None) -> list[Scenari
 
 
 # Structured output
-
 # Enums and booleans only: under an enforced grammar free text cannot appear (docs/design/measuring.md#probe).
 ANSWER_SCHEMA: dict[str, Any] = {
     "type": "object", "additionalProperties": False, "required": ["answer", "confident"],
@@ -268,7 +266,6 @@ def structured_hint(results: list[ScenarioResult]) -> str:
 
 
 # Vision
-
 # (scenario, image file, question, accepted answers: any one found as a word in the reply passes)
 VISION_SCENARIOS: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("count 3 squares", "squares-3.png", "How many colored squares are in this image? Answer with one number.",
@@ -328,7 +325,6 @@ PROBES: dict[str, Callable[[ChatClient, int | None], list[ScenarioResult]]] = {
 
 
 # Refusals: a modality the deployment cannot serve must be refused, and the server must still serve after it
-
 REFUSAL_MAX_TOKENS = 8
 DEFAULT_REFUSED = ("audio", "video")  # what no TPU deployment of Gemma 4 on its JAX model serves
 
@@ -395,7 +391,6 @@ def run_refusals(client: ChatClient, modalities: tuple[str, ...]) -> list[Scenar
 
 
 # KV-cache comparison
-
 # Greedy prompts whose answers differ visibly when the KV cache loses precision (long, structured, exact).
 KV_PROMPTS: dict[str, str] = {
     "explanation": "Explain in three sentences how a hash table finds a value.",
@@ -470,7 +465,6 @@ def compare_outputs(a: dict[str, str], b: dict[str, str]) -> list[OutputComparis
 
 
 # Command line
-
 VERDICT_STYLE = {PASS: "green", FAIL: "red", SKIPPED: "yellow", NOT_ENFORCED: "bold red"}
 
 
@@ -489,8 +483,6 @@ TABLE_FRAME = 13  # a 4-column rich table's borders and padding
 
 def result_widths(cells: list[list[str]], width: int) -> list[int] | None:
     """Widths that fit `width` keeping the first three columns and every word of the reason whole, else None."""
-    from rich.cells import cell_len
-
     natural = [max(cell_len(text) for text in [header, *(row[i] for row in cells)])
                for i, header in enumerate(RESULT_HEADERS[:3])]
     longest_word = max(cell_len(word) for row in cells for word in [*row[3].split(), "evidence)"])
@@ -504,11 +496,6 @@ def print_results(results: list[ScenarioResult], as_json: bool) -> None:
         echo_json({"results": [asdict(r) for r in results], "structured_summary": summary,
                    "structured_hint": hint})
         return
-    from rich.console import Console
-    from rich.padding import Padding
-    from rich.table import Table
-    from rich.text import Text
-
     console = Console()
     for probe_name in dict.fromkeys(r.probe for r in results):
         rows = [r for r in results if r.probe == probe_name]
@@ -666,9 +653,6 @@ def kv_compare(url_a: str | None, a_dir: Path | None, url_b: str | None, b_dir: 
 
 
 def print_comparisons(comparisons: list[OutputComparison], identical: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table("prompt", "identical", "first diff (byte)", "bytes A/B", "A from there", "B from there")
     for c in comparisons:
         table.add_row(c.prompt, "[green]yes[/]" if c.identical else "[red]no[/]",
