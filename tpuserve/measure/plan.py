@@ -18,10 +18,9 @@ from typing import Any
 import click
 
 from tpuserve.cli import echo_json, json_option
-from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, DEFAULT_CACHE_DISK_IOPS, DEFAULT_CACHE_DISK_MIBPS,
-                            HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_BALANCED_MAX_IOPS,
-                            HYPERDISK_BALANCED_MAX_MIBPS, HYPERDISK_PRICES_AS_OF, V6E_HBM_GIB,
+from tpuserve.facts import (HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_PRICES_AS_OF, V6E_HBM_GIB,
                             hyperdisk_balanced_monthly_usd)
+from tpuserve.measure.cost import cache_disk_options
 from tpuserve.serving import (DEFAULT_MODEL, GIB, ConfigError, ServingConfig, fewest_chips, model_presets,
                               preset_weights_gib, tensor_parallel_choices)
 
@@ -420,13 +419,9 @@ def disk_lines(disk: DiskPlan) -> list[tuple[str, str]]:
 
 
 def plan_as_json(plan: Plan, model: Model) -> dict[str, Any]:
+    fields = asdict(plan)
     return {"model": model.name, "source": model.source, "backend": plan.budget.backend, "chips": plan.budget.chips,
-            "num_layers": plan.num_layers, "budget": asdict(plan.budget), "kv_dtype": plan.kv_dtype,
-            "kv_budget_bytes": plan.budget.kv_bytes, "kv_layers": [asdict(layer) for layer in plan.layers],
-            "kv_bytes_per_token": plan.kv_bytes_per_token, "fp8_saves": plan.fp8_saves,
-            "resident_tokens": plan.resident_tokens, "blocks": plan.blocks, "context_bytes": plan.context_bytes,
-            "contexts": plan.contexts, "contexts_if_windows_kept_all": plan.contexts_if_windows_kept_all,
-            "contexts_if_windows_honoured": plan.contexts_if_windows_honoured,
+            "kv_layers": fields.pop("layers"), **fields, "kv_budget_bytes": plan.budget.kv_bytes,
             "measured_blocks": (measurement_for(model, plan) or {}).get("blocks"),
             "block_size_note": block_note(plan.budget), "fp8_log_note": FP8_LOG_NOTE if shows_fp8_note(plan) else None}
 
@@ -558,14 +553,7 @@ def advice(plan: Plan, max_model_len: int) -> str | None:
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=SERVED.max_num_batched_tokens,
               show_default=True, help="vLLM --max-num-batched-tokens: how far past its window a sliding layer holds "
               "KV with --backend gpu (default: the stack's).")
-@click.option("--cache-disk-gb", type=click.IntRange(min=0), default=DEFAULT_CACHE_DISK_GB, show_default=True,
-              help="The stack's cacheDiskSizeGb (0: none).")
-@click.option("--cache-disk-throughput", "cache_disk_mibps",
-              type=click.IntRange(HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_BALANCED_MAX_MIBPS),
-              default=DEFAULT_CACHE_DISK_MIBPS, show_default=True,
-              help="The stack's cacheDiskThroughputMibps: how fast a warm boot reads the weights.")
-@click.option("--cache-disk-iops", type=click.IntRange(HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_MAX_IOPS),
-              default=DEFAULT_CACHE_DISK_IOPS, show_default=True, help="The stack's cacheDiskIops.")
+@cache_disk_options
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="--json is the same as --format json.")
 @json_option
