@@ -560,7 +560,6 @@ def run_level(level: int, workload: Workload, out: Path, vllm_bin: str, target: 
     return run
 
 
-
 @bench.command()
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True), default=PRICE_PER_CHIP_HOUR,
@@ -617,16 +616,12 @@ def print_table(title: str, headers: list[str], records: list[benchreport.BenchR
                 table_headers: list[str] | None = None, **json_fields: str) -> None:
     """`records` as JSON, or their `cells` as markdown or a terminal table, with the notes after it."""
     if output_format == "json":
-        document = {"title": title, **json_fields, "rows": [dataclasses.asdict(record) for record in records],
-                    "notes": notes}
-        echo_json(document)
-        return
-    if output_format == "markdown":
-        click.echo(benchreport.markdown_table(headers, cells))
-        for note in notes:
-            click.echo(f"\n> ⚠ {note}")
-        return
-    print_rich_table(title, headers, cells, notes, table_headers)
+        echo_json({"title": title, **json_fields, "rows": [dataclasses.asdict(record) for record in records],
+                   "notes": notes})
+    elif output_format == "markdown":
+        click.echo("\n".join([benchreport.markdown_table(headers, cells), *(f"\n> ⚠ {note}" for note in notes)]))
+    else:
+        print_rich_table(title, headers, cells, notes, table_headers)
 
 
 TABLE_GAP = 3  # columns between two columns of a terminal table: padding, rich's divider, padding

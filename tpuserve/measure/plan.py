@@ -194,14 +194,6 @@ class Plan:
     contexts_if_windows_honoured: int  # sliding layers keep only their window (what vLLM on GPU does)
     fp8_saves: bool  # whether an fp8 KV cache would take fewer bytes per token than a 16-bit one
 
-    @property
-    def fits_one_context(self) -> bool:
-        return self.contexts >= 1
-
-    @property
-    def weights_fit(self) -> bool:
-        return self.budget.weights_per_chip_gib < self.budget.usable_gib
-
 
 def resolve_kv_dtype(kv_dtype: str, config: Mapping[str, Any]) -> tuple[str, int]:
     """(name, bytes per element); "auto" is the model's dtype as its config states it (bfloat16 when silent)."""
@@ -232,20 +224,10 @@ def make_plan(config: Mapping[str, Any], budget: Budget) -> Plan:
     blocks = budget.kv_bytes // (budget.block_size * token_bytes)
     windowed = context_bytes(layers, dtype_bytes, budget, windowed=True)
     every_token = context_bytes(layers, dtype_bytes, budget, windowed=False)
-    return Plan(
-        num_layers=required_int(text_config(config), "num_hidden_layers"),
-        layers=layers,
-        budget=budget,
-        kv_dtype=dtype,
-        kv_bytes_per_token=token_bytes,
-        blocks=blocks,
-        resident_tokens=blocks * budget.block_size,
-        context_bytes=every_token if budget.backend == TPU else windowed,
-        contexts=budget.kv_bytes // (every_token if budget.backend == TPU else windowed),
-        contexts_if_windows_kept_all=budget.kv_bytes // every_token,
-        contexts_if_windows_honoured=budget.kv_bytes // windowed,
-        fp8_saves=per_token(layers, 1, budget) < per_token(layers, 2, budget),
-    )
+    context = every_token if budget.backend == TPU else windowed
+    return Plan(required_int(text_config(config), "num_hidden_layers"), layers, budget, dtype, token_bytes, blocks,
+                blocks * budget.block_size, context, budget.kv_bytes // context, budget.kv_bytes // every_token,
+                budget.kv_bytes // windowed, per_token(layers, 1, budget) < per_token(layers, 2, budget))
 
 
 def safetensors_gib(directory: Path) -> float | None:
@@ -496,9 +478,9 @@ def plan_lines(plan: Plan, model: Model) -> list[tuple[str, str]]:
 def advice(plan: Plan, max_model_len: int) -> str | None:
     """A warning when not one full-length context fits, naming only the changes that would help."""
     budget = plan.budget
-    if plan.fits_one_context:
+    if plan.contexts >= 1:
         return None
-    if not plan.weights_fit:
+    if budget.weights_per_chip_gib >= budget.usable_gib:
         if budget.backend == TPU:
             enough = next((chips for chips in V6E_CHIPS if chips > budget.chips
                            and budget.weights_gib / chips < budget.usable_gib), None)

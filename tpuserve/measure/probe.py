@@ -224,30 +224,30 @@ def run_structured(client: ChatClient, max_tokens: int | None = None) -> list[Sc
         except (EndpointError, requests.Timeout) as err:
             results.append(error_result("structured", scenario, err, request))
             continue
-        evidence = {"request": request, "response": reply_evidence(reply)}
         try:
             document = validated_json(reply, ANY_OBJECT_SCHEMA if schema is None else schema)
+            verdict, reason = PASS, f"enforced: {json.dumps(document)[:80]}"
         except SchemaNotEnforced as err:
-            results.append(ScenarioResult("structured", scenario, NOT_ENFORCED, str(err), reply.latency_s, evidence))
+            verdict, reason = NOT_ENFORCED, str(err)
         except OutputTruncated as err:
-            results.append(ScenarioResult("structured", scenario, FAIL, str(err), reply.latency_s, evidence))
-        else:
-            results.append(ScenarioResult("structured", scenario, PASS, f"enforced: {json.dumps(document)[:80]}",
-                                          reply.latency_s, evidence))
+            verdict, reason = FAIL, str(err)
+        results.append(ScenarioResult("structured", scenario, verdict, reason, reply.latency_s,
+                                      {"request": request, "response": reply_evidence(reply)}))
     return results
 
 
 def enforcement_summary(results: list[ScenarioResult]) -> str:
     """One line: the configurations that enforced the schema, those that did not, and those not judged."""
     structured = [r for r in results if r.probe == "structured"]
-    enforced = [r.scenario for r in structured if r.verdict == PASS]
-    not_enforced = [r.scenario for r in structured if r.verdict == NOT_ENFORCED]
-    unjudged = [r.scenario for r in structured if r.verdict in (FAIL, SKIPPED)]
+
+    def named(*verdicts: str) -> str:
+        return ", ".join(r.scenario for r in structured if r.verdict in verdicts)
+
     if not structured:
         return ""
-    summary = (f"schema enforced with: {', '.join(enforced) or 'none'}; "
-               f"not enforced with: {', '.join(not_enforced) or 'none'}")
-    return summary + (f"; not judged (failed or skipped): {', '.join(unjudged)}" if unjudged else "")
+    unjudged = named(FAIL, SKIPPED)
+    return (f"schema enforced with: {named(PASS) or 'none'}; not enforced with: {named(NOT_ENFORCED) or 'none'}"
+            + (f"; not judged (failed or skipped): {unjudged}" if unjudged else ""))
 
 
 def structured_hint(results: list[ScenarioResult]) -> str:
@@ -352,11 +352,11 @@ def still_serving(client: ChatClient) -> str | None:
     """None when a plain completion still answers, else what went wrong."""
     try:
         client.chat(user("Say hello."), max_tokens=REFUSAL_MAX_TOKENS)
-        return None
     except EndpointError as err:
         return f"HTTP {err.status}: {excerpt(err.message, 160)}"
     except requests.RequestException as err:
         return f"no answer ({type(err).__name__})"
+    return None
 
 
 def run_refusals(client: ChatClient, modalities: tuple[str, ...]) -> list[ScenarioResult]:
@@ -456,11 +456,8 @@ def compare_outputs(a: dict[str, str], b: dict[str, str]) -> list[OutputComparis
     for name in KV_PROMPTS:
         bytes_a, bytes_b = a[name].encode(), b[name].encode()
         offset = first_difference(bytes_a, bytes_b)
-        if offset is None:
-            comparisons.append(OutputComparison(name, True, None, len(bytes_a), len(bytes_b)))
-            continue
-        comparisons.append(OutputComparison(name, False, offset, len(bytes_a), len(bytes_b),
-                                            context_after(bytes_a, offset), context_after(bytes_b, offset)))
+        contexts = () if offset is None else (context_after(bytes_a, offset), context_after(bytes_b, offset))
+        comparisons.append(OutputComparison(name, offset is None, offset, len(bytes_a), len(bytes_b), *contexts))
     return comparisons
 
 
