@@ -98,7 +98,7 @@ def test_comparison_without_common_levels(sweep_dir: Path, tmp_path: Path):
 
 def test_markdown_table(sweep_dir: Path):
     rows = report_rows(sweep_dir, 1.35)
-    headers = [header for _, header, _ in benchreport.COLUMNS]
+    headers = [header for header, _, _ in benchreport.COLUMNS.values()]
     text = benchreport.markdown_table(headers, [benchreport.row_cells(row) for row in rows])
     lines = text.splitlines()
     assert lines[0] == ("| Concurrency | Req/s | Output tok/s | Total tok/s | TTFT med (ms) | TTFT p99 (ms) | "

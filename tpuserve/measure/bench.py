@@ -87,23 +87,13 @@ class Workload:
 def bench_serve_args(vllm_bin: str, workload: Workload, concurrency: int, result_dir: str,
                      result_filename: str) -> list[str]:
     """The one `vllm bench serve` argv for one concurrency level."""
-    args = [
-        vllm_bin, "bench", "serve",
-        "--backend", "openai", "--endpoint", "/v1/completions",
-        "--base-url", server_root(workload.url),
-        "--model", workload.model,
-        "--dataset-name", "random",
-        "--random-input-len", str(workload.input_len),
-        "--random-output-len", str(workload.output_len),
-        "--ignore-eos",
-        "--num-prompts", str(workload.num_prompts),
-        "--max-concurrency", str(concurrency),
-        "--ready-check-timeout-sec", "0",  # not 600 s of retries: the sweep checked the server already
-        "--save-result", "--result-dir", result_dir, "--result-filename", result_filename,
-    ]
-    if workload.tokenizer:
-        args += ["--tokenizer", workload.tokenizer]
-    return args
+    return [vllm_bin, "bench", "serve", "--backend", "openai", "--endpoint", "/v1/completions",
+            "--base-url", server_root(workload.url), "--model", workload.model, "--dataset-name", "random",
+            "--random-input-len", str(workload.input_len), "--random-output-len", str(workload.output_len),
+            "--ignore-eos", "--num-prompts", str(workload.num_prompts), "--max-concurrency", str(concurrency),
+            "--ready-check-timeout-sec", "0",  # not 600 s of retries: the sweep checked the server already
+            "--save-result", "--result-dir", result_dir, "--result-filename", result_filename,
+            *(["--tokenizer", workload.tokenizer] if workload.tokenizer else [])]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -586,9 +576,9 @@ def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, as
     if len(dirs) == 1:
         rows = next(iter(runs.values()))
         title = f"{dirs[0]}: {infos[0].model} · {infos[0].lengths} at ${price_per_hour:g}/h"
-        print_table(title, [header for _, header, _ in benchreport.COLUMNS], rows,
+        print_table(title, [header for header, _, _ in benchreport.COLUMNS.values()], rows,
                     [benchreport.row_cells(row) for row in rows], output_format, notes,
-                    table_headers=[benchreport.TABLE_HEADERS[name] for name, _, _ in benchreport.COLUMNS])
+                    table_headers=[short for _, short, _ in benchreport.COLUMNS.values()])
     else:
         if not allow_mismatch:
             notes = benchreport.check_comparable(*infos) + notes

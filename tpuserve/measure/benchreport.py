@@ -50,24 +50,18 @@ class BenchRow:
         return self.completed > 0
 
 
-# (BenchRow attribute, column header, format) in the reference's order.
-COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("concurrency", "Concurrency", "{:d}"),
-    ("requests_per_s", "Req/s", "{:.2f}"),
-    ("output_tok_s", "Output tok/s", "{:.1f}"),
-    ("total_tok_s", "Total tok/s", "{:.1f}"),
-    ("ttft_median_ms", "TTFT med (ms)", "{:.1f}"),
-    ("ttft_p99_ms", "TTFT p99 (ms)", "{:.1f}"),
-    ("tpot_median_ms", "TPOT med (ms)", "{:.2f}"),
-    ("per_stream_tok_s", "Per-stream tok/s", "{:.1f}"),
-    ("usd_per_m_output", "$ / M output tokens", "{:.3f}"),
-)
-METRICS = COLUMNS[1:]
-# Terminal headings: no word wider than a v6e sweep's numbers, so nine columns fit 80 and wrap between words.
-TABLE_HEADERS: dict[str, str] = {
-    "concurrency": "Conc", "requests_per_s": "Req/s", "output_tok_s": "Out tok/s", "total_tok_s": "Total tok/s",
-    "ttft_median_ms": "TTFT med ms", "ttft_p99_ms": "TTFT p99 ms", "tpot_median_ms": "TPOT med ms",
-    "per_stream_tok_s": "Stream tok/s", "usd_per_m_output": "$/M out",
+# BenchRow attribute -> (header, terminal header, format), in the reference's order. No word of a terminal header is
+# wider than a v6e sweep's numbers, so nine columns fit 80 and a header wraps between words.
+COLUMNS: dict[str, tuple[str, str, str]] = {
+    "concurrency": ("Concurrency", "Conc", "{:d}"),
+    "requests_per_s": ("Req/s", "Req/s", "{:.2f}"),
+    "output_tok_s": ("Output tok/s", "Out tok/s", "{:.1f}"),
+    "total_tok_s": ("Total tok/s", "Total tok/s", "{:.1f}"),
+    "ttft_median_ms": ("TTFT med (ms)", "TTFT med ms", "{:.1f}"),
+    "ttft_p99_ms": ("TTFT p99 (ms)", "TTFT p99 ms", "{:.1f}"),
+    "tpot_median_ms": ("TPOT med (ms)", "TPOT med ms", "{:.2f}"),
+    "per_stream_tok_s": ("Per-stream tok/s", "Stream tok/s", "{:.1f}"),
+    "usd_per_m_output": ("$ / M output tokens", "$/M out", "{:.3f}"),
 }
 
 
@@ -257,7 +251,7 @@ def compare_rows(baseline: list[BenchRow], candidate: list[BenchRow]) -> list[Co
     comparisons = []
     for level in sorted(set(base_by_level) | set(other_by_level)):
         base, other = base_by_level.get(level), other_by_level.get(level)
-        for attribute, _, _ in METRICS:
+        for attribute in list(COLUMNS)[1:]:
             a = getattr(base, attribute) if base and base.measured else None
             b = getattr(other, attribute) if other and other.measured else None
             finite = a is not None and b is not None and math.isfinite(a) and math.isfinite(b)
@@ -275,16 +269,11 @@ def format_cell(attribute: str, value: float | None) -> str:
     """The value in its column's format; '—' for none or NaN, '∞' for infinite."""
     if value is None or math.isnan(value):
         return "—"
-    template = next(fmt for name, _, fmt in COLUMNS if name == attribute)
-    return template.format(value) if math.isfinite(value) else "∞"
-
-
-def header_of(attribute: str) -> str:
-    return next(header for name, header, _ in COLUMNS if name == attribute)
+    return COLUMNS[attribute][2].format(value) if math.isfinite(value) else "∞"
 
 
 def comparison_cells(item: Comparison) -> list[str]:
-    return [str(item.concurrency), header_of(item.metric), format_cell(item.metric, item.baseline),
+    return [str(item.concurrency), COLUMNS[item.metric][0], format_cell(item.metric, item.baseline),
             format_cell(item.metric, item.candidate), f"{item.ratio:.3f}" if item.ratio is not None else "n/a"]
 
 
@@ -292,9 +281,8 @@ def row_cells(row: BenchRow) -> list[str]:
     """The row's cells; a level where every request failed says so instead of showing zeros."""
     if not row.measured:
         return [str(row.concurrency), f"all {row.failed} failed", *["—"] * (len(COLUMNS) - 2)]
-    cells = [format_cell(attribute, getattr(row, attribute)) for attribute, _, _ in COLUMNS]
     flagged = {"per_stream_tok_s"} if any(note.startswith("per-stream") for note in row.notes) else set()
-    return [f"{cell} ⚠" if attribute in flagged else cell for (attribute, _, _), cell in zip(COLUMNS, cells)]
+    return [format_cell(name, getattr(row, name)) + (" ⚠" if name in flagged else "") for name in COLUMNS]
 
 
 def report_notes(rows: list[BenchRow], label: str = "") -> list[str]:
