@@ -491,47 +491,28 @@ def run_one(level: int, workload: Workload, out: Path, manifest: dict[str, Any],
     deadline_s = pace.deadline_s(workload.num_prompts)
     progress.update(task, description=f"levels (concurrency {level}: deadline {deadline_s:.0f} s)")
     requests_task = progress.add_task(f"concurrency {level} requests", total=workload.num_prompts)
-    log_path = out / f"c{level}.log"
+    filename, log_path = result_filename(level), out / f"c{level}.log"
+    if target:
+        argv = target.ssh([*CONTAINER_KEY, *bench_serve_args("vllm", workload, level, remote_dir, filename)])
+    else:
+        argv = bench_serve_args(vllm_bin, workload, level, str(out), filename)
 
     def show_requests() -> None:
         done = requests_done(log_path, workload.num_prompts)
         if done is not None:
             progress.update(requests_task, completed=done)
 
-    try:
-        run = run_level(level, workload, out, vllm_bin, target, remote_dir, deadline_s,
-                        pace.explain(workload.num_prompts), show_requests)
-    finally:
-        progress.remove_task(requests_task)
-    pace.measured(level, run.get("request_rate") or 0.0)
-    manifest["runs"].append(run)
-    write_manifest(out, manifest)
-    progress.advance(task)
-    cause = f"; vLLM: {run['cause']}" if run.get("cause") else ""
-    progress.console.print(f"concurrency {level}: {run['completed']} completed, {run['failed']} failed{cause}",
-                           markup=False, highlight=False)
-    if run["completed"] == 0:
-        raise click.ClickException(f"concurrency {level}: all {run['failed']} requests failed; vLLM: "
-                                   f"{run.get('cause')} (log: {out / run['log_file']})")
-
-
-def run_level(level: int, workload: Workload, out: Path, vllm_bin: str, target: RemoteTarget | None,
-              remote_dir: str, deadline_s: float, explain: str,
-              on_progress: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    filename = result_filename(level)
-    if target:
-        argv = target.ssh([*CONTAINER_KEY, *bench_serve_args("vllm", workload, level, remote_dir, filename)])
-    else:
-        argv = bench_serve_args(vllm_bin, workload, level, str(out), filename)
-    log_path = out / f"c{level}.log"
     started_at, start = now(), time.monotonic()
     try:
         # Remote: the server's URL is the container's own, not reachable from here to watch; the deadline holds.
-        returncode = run_logged(argv, log_path, deadline_s, explain, None if target else Liveness(workload.url),
-                                bench_env(None if target else workload.api_key), on_progress)
+        returncode = run_logged(argv, log_path, deadline_s, pace.explain(workload.num_prompts),
+                                None if target else Liveness(workload.url),
+                                bench_env(None if target else workload.api_key), show_requests)
     except LevelStopped as stopped:
         raise click.ClickException(f"concurrency {level}: {stopped}; `vllm bench serve` was stopped (log: "
                                    f"{log_path})") from stopped
+    finally:
+        progress.remove_task(requests_task)
     wall_s = time.monotonic() - start
     if returncode != 0:
         raise click.ClickException(f"concurrency {level}: `vllm bench serve` exited with {returncode}: "
@@ -547,7 +528,16 @@ def run_level(level: int, workload: Workload, out: Path, vllm_bin: str, target: 
            "completed": completed, "failed": failed, "request_rate": result.get("request_throughput")}
     if failed:
         run["cause"] = failure_cause(log_path.read_text(errors="replace"))
-    return run
+    pace.measured(level, run["request_rate"] or 0.0)
+    manifest["runs"].append(run)
+    write_manifest(out, manifest)
+    progress.advance(task)
+    cause = f"; vLLM: {run['cause']}" if failed else ""
+    progress.console.print(f"concurrency {level}: {completed} completed, {failed} failed{cause}", markup=False,
+                           highlight=False)
+    if completed == 0:
+        raise click.ClickException(f"concurrency {level}: all {failed} requests failed; vLLM: {run.get('cause')} "
+                                   f"(log: {log_path})")
 
 
 @bench.command()

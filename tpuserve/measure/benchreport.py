@@ -312,14 +312,12 @@ def plot_title(infos: list[RunInfo], price_per_hour: float) -> str:
 def plot_runs(runs: dict[str, list[BenchRow]], path: Path, title: str = "") -> None:
     """Output tok/s, per-stream tok/s and TTFT p99 by concurrency, a panel each, a colour per run."""
     # pragma: no mutate block -- drawing only (the PNG test checks it); 15 s per mutant (tests/mutation/equivalents.md)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no backend, no global figure to close
 
     panels = (("output_tok_s", "Output tok/s"), ("per_stream_tok_s", "Per-stream tok/s"),
               ("ttft_p99_ms", "TTFT p99 (ms)"))
-    figure, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(8, 9), dpi=100)
+    figure = Figure(figsize=(8, 9), dpi=100)
+    axes = figure.subplots(len(panels), 1, sharex=True)
     for (attribute, ylabel), axis in zip(panels, axes):
         for label, rows in runs.items():
             shown = [row for row in rows if row.measured and math.isfinite(getattr(row, attribute))]
@@ -336,4 +334,3 @@ def plot_runs(runs: dict[str, list[BenchRow]], path: Path, title: str = "") -> N
         figure.suptitle(title, fontsize="medium")
     figure.tight_layout()
     figure.savefig(path, format="png")
-    plt.close(figure)

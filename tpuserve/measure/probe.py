@@ -513,14 +513,8 @@ def print_results(results: list[ScenarioResult], as_json: bool) -> None:
             table.add_row(row[0], Text(r.verdict, style=VERDICT_STYLE[r.verdict]), row[2],
                           Text(r.reason))  # Text: a reason quoting model output is not markup
         console.print(table)
-    if summary:
-        console.print(summary, markup=False)
-    if hint:
-        console.print(hint, markup=False)
-
-
-def failed(results: list[ScenarioResult]) -> bool:
-    return any(r.verdict in (FAIL, NOT_ENFORCED) for r in results)
+    for line in filter(None, (summary, hint)):
+        console.print(line, markup=False)
 
 
 @click.group()
@@ -536,10 +530,7 @@ def probe() -> None:
 def endpoint_options(command: Callable[..., None]) -> Callable[..., None]:
     """The options every capability probe takes."""
     options = [
-        url_option(),
-        model_option(),
-        stack_options,
-        api_key_option(),
+        url_option(), model_option(), stack_options, api_key_option(),
         click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(min=1),
                      help="Seconds per request."),
         click.option("--max-tokens", type=click.IntRange(min=1), help=f"Token budget per answer (default: tools "
@@ -579,7 +570,7 @@ def finish(results: list[ScenarioResult], served: Any, as_json: bool, strict: bo
     print_results(results, as_json)
     if reason:
         raise click.ClickException(why)
-    if strict and failed(results):
+    if strict and any(r.verdict in (FAIL, NOT_ENFORCED) for r in results):
         raise click.exceptions.Exit(exits.FAILED)
 
 
