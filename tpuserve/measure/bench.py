@@ -351,8 +351,7 @@ def bench() -> None:
 @bench.command()
 @url_option("Server URL: host:port or http(s)://host:port, with or without /v1. Default with --remote: the "
             f"container's own http://127.0.0.1:{DEFAULT_PORT}.")
-@model_option("Model the server serves (sent in requests); default: the stack's model, else the first one the "
-              "server lists.")
+@model_option("Model to request; default: the stack's model, else the first the server lists.")
 @click.option("--tokenizer", help="Tokenizer HF id or local directory; default: the model, or what the server "
               "loaded (/v1/models `root`) when the served name is neither.")
 @click.option("--concurrency", "levels", default=DEFAULT_LEVELS, show_default=True, callback=lambda c, p, v:
@@ -387,15 +386,13 @@ def sweep(url: str | None, model: str | None, tokenizer: str | None, levels: lis
     """
     outputs = read_outputs(stack, stack_outputs)
     if vm is not None:
-        if outputs is not None:
-            zone, project = zone or outputs.get("zone"), project or outputs.get("project")
-        model = model or (outputs or {}).get("model")
+        known = outputs or {}
+        zone, project, model = zone or known.get("zone"), project or known.get("project"), model or known.get("model")
         if not model:
             raise click.BadParameter("required with --remote (or give --stack)", param_hint="--model")
-        served = Served(server_root(url or f"http://127.0.0.1:{DEFAULT_PORT}"), model)
-        container = container or engine_container(int((outputs or {}).get("engines") or 1))
-        run_sweep(served, tokenizer, levels, input_len, output_len, num_prompts, out, "vllm",
-                  RemoteTarget(vm, zone, project, container), outputs, as_json)
+        target = RemoteTarget(vm, zone, project, container or engine_container(int(known.get("engines") or 1)))
+        run_sweep(Served(server_root(url or f"http://127.0.0.1:{DEFAULT_PORT}"), model), tokenizer, levels,
+                  input_len, output_len, num_prompts, out, "vllm", target, outputs, as_json)
         return
     require_endpoint(url, outputs)  # a missing --url is the first thing to say, with or without a vllm here
     vllm_path = find_vllm(vllm_bin)
@@ -543,8 +540,7 @@ def run_one(level: int, workload: Workload, out: Path, manifest: dict[str, Any],
 @bench.command()
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True), default=PRICE_PER_CHIP_HOUR,
-              show_default=True, help="$ per hour of the machine (default: one v6e chip, flex-start), for the "
-              "$ / M output tokens column.")
+              show_default=True, help="$ per hour of the machine (default: one v6e chip, flex-start), for $/M.")
 @click.option("--format", "output_format", type=click.Choice(["table", "markdown", "json"]), default="table",
               show_default=True, help="--json is the same as --format json.")
 @json_option

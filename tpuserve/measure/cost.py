@@ -76,8 +76,8 @@ def operating_point(rows: list[benchreport.BenchRow], concurrency: int | None) -
 def cache_disk_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The stack's cache disk settings, as `plan` and `cost` take them."""
     for option in (
-        click.option("--cache-disk-iops", type=click.IntRange(HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_MAX_IOPS),
-                     default=DEFAULT_CACHE_DISK_IOPS, show_default=True,
+        click.option("--cache-disk-iops", default=DEFAULT_CACHE_DISK_IOPS, show_default=True,
+                     type=click.IntRange(HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_MAX_IOPS),
                      help="The stack's cacheDiskIops; above 3,000 it bills by the month."),
         click.option("--cache-disk-throughput", "cache_disk_mibps", default=DEFAULT_CACHE_DISK_MIBPS,
                      type=click.IntRange(HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_BALANCED_MAX_MIBPS),
@@ -93,12 +93,10 @@ def cache_disk_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--chips", type=click.IntRange(min=1), default=1, show_default=True,
               help="TPU chips of the machine (ct6e-standard-4t: 4); every one bills.")
 @click.option("--engines", type=click.IntRange(min=1), default=1, show_default=True,
-              help="vLLM engines the machine runs (the stack's chips / tensorParallelSize: 4 on ct6e-standard-4t for "
-              "google/gemma-4-E2B-it): the operating point is one engine's, and the machine serves this many times "
-              "it. 1: the operating point is the whole machine's.")
+              help="vLLM engines the machine runs (chips / tensorParallelSize): the operating point is one engine's "
+              "and the machine serves this many times it; 1: the operating point is the whole machine's.")
 @click.option("--price-per-chip-hour", type=click.FloatRange(min=0, min_open=True), default=PRICE_PER_CHIP_HOUR,
-              show_default=True, help="$ per chip-hour (default: the reference flex-start v6e price; check your "
-              "region's).")
+              show_default=True, help="$ per chip-hour (default: the reference flex-start v6e price).")
 @click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True),
               help="$ per hour of the whole machine, instead of --chips × --price-per-chip-hour.")
 @click.option("--api-price-per-m", type=click.FloatRange(min=0, min_open=True), default=0.40, show_default=True,

@@ -55,7 +55,7 @@ def default_max_num_seqs(max_num_batched_tokens: int) -> int:
 
 
 def tpu_block_size(max_model_len: int, max_num_seqs: int) -> int:
-    """The KV block size tpu-inference picks without --block-size (docs/design/planner.md#where-the-defaults-come-from)."""
+    """tpu-inference's KV block size without --block-size (docs/design/planner.md#where-the-defaults-come-from)."""
     page = TPU_PAGE_MIN if max_model_len > TPU_PAGE_LONG_CONTEXT else min(
         max(next_power_of_2(max_model_len) // TPU_PAGE_SPLIT, TPU_PAGE_MIN), TPU_PAGE_MAX)
     pages_per_request = TPU_SMEM_BYTES // 2 // max_num_seqs // 4
@@ -200,8 +200,7 @@ def resolve_kv_dtype(kv_dtype: str, config: Mapping[str, Any]) -> tuple[str, int
     if kv_dtype != AUTO:
         return "bfloat16" if kv_dtype == "bf16" else kv_dtype, KV_DTYPE_BYTES[kv_dtype]
     text = text_config(config)
-    model_dtype = next((c.get(key) for c in (text, config) for key in ("dtype", "torch_dtype") if c.get(key)),
-                       "bfloat16")
+    model_dtype = next((c[key] for c in (text, config) for key in ("dtype", "torch_dtype") if c.get(key)), "bfloat16")
     return str(model_dtype), MODEL_DTYPE_BYTES.get(str(model_dtype), 2)
 
 
@@ -502,8 +501,7 @@ def advice(plan: Plan, max_model_len: int) -> str | None:
 
 
 @click.command()
-@click.option("--model", help=f"Model id (selects the built-in preset); default {DEFAULT_MODEL}, or with --config "
-              "the name in the config.")
+@click.option("--model", help=f"Model id of a built-in preset; default {DEFAULT_MODEL}, or --config's name.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="The model's HF config.json (text config nested or flat) instead of the preset.")
 @click.option("--backend", type=click.Choice(BACKENDS), default=TPU, show_default=True,
@@ -523,8 +521,7 @@ def advice(plan: Plan, max_model_len: int) -> str | None:
 @click.option("--weights-gib", type=click.FloatRange(min=0), help="Weights size (default: the checkpoint's "
               "safetensors beside --config, else the preset's).")
 @click.option("--kv-dtype", type=click.Choice([AUTO, *KV_DTYPE_BYTES]), default=SERVED.kv_cache_dtype,
-              show_default=True, help="vLLM --kv-cache-dtype (default: the stack's kvCacheDtype; auto = the model's "
-              "dtype).")
+              show_default=True, help="vLLM --kv-cache-dtype (default: the stack's; auto = the model's dtype).")
 @click.option("--max-model-len", type=click.IntRange(min=1), default=SERVED.max_model_len, show_default=True,
               help="vLLM --max-model-len (default: the stack's).")
 @click.option("--max-num-seqs", type=click.IntRange(1, TPU_SMEM_BYTES // 8),
