@@ -154,15 +154,6 @@ def find_vllm(explicit: str | None) -> str:
                              param_hint="--vllm-bin")
 
 
-def check_lengths(card: dict[str, Any], input_len: int, output_len: int) -> None:
-    """Refuse lengths the server cannot serve before any run: every request would fail with a 400."""
-    limit = card.get("max_model_len")
-    if isinstance(limit, int) and input_len + output_len > limit:
-        raise click.BadParameter(f"{input_len} + {output_len} = {input_len + output_len} tokens per request exceed "
-                                 f"the server's max_model_len {limit} (from /v1/models): every request would fail; "
-                                 "lower --input-len or --output-len", param_hint="--input-len/--output-len")
-
-
 def tokenizer_for(model: str, card: dict[str, Any], tokenizer: str | None) -> str | None:
     """`vllm bench serve --tokenizer` (None: the model name), else the server's `root`, else ask for --tokenizer."""
     if tokenizer:
@@ -336,13 +327,6 @@ def fetch_remote_result(target: RemoteTarget, remote_path: str, local_path: Path
     local_path.write_text(completed.stdout)
 
 
-def ensure_fresh_out(out: Path) -> None:
-    """One sweep per directory, so a report never mixes two sweeps' rows."""
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / benchreport.SWEEP_MANIFEST).exists() or any(out.glob("c*.json")):
-        raise click.BadParameter(f"{out} already holds a sweep; choose a new directory", param_hint="--out")
-
-
 @click.group()
 def bench() -> None:
     """Measure an endpoint with `vllm bench serve` and report throughput, latency and $ per million tokens."""
@@ -398,7 +382,12 @@ def sweep(url: str | None, model: str | None, tokenizer: str | None, levels: lis
     vllm_path = find_vllm(vllm_bin)
     api_key = os.environ.get(api_key_env)
     with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
-        check_lengths(served.card, input_len, output_len)
+        limit = served.card.get("max_model_len")  # lengths it cannot serve would fail every request with a 400
+        if isinstance(limit, int) and input_len + output_len > limit:
+            raise click.BadParameter(f"{input_len} + {output_len} = {input_len + output_len} tokens per request "
+                                     f"exceed the server's max_model_len {limit} (from /v1/models): every request "
+                                     "would fail; lower --input-len or --output-len",
+                                     param_hint="--input-len/--output-len")
         tokenizer = tokenizer_for(served.model, served.card, tokenizer)
         run_sweep(served, tokenizer, levels, input_len, output_len, num_prompts, out, vllm_path, None, outputs,
                   as_json, api_key, api_key_env)
@@ -408,7 +397,9 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
               num_prompts: int, out: Path, vllm_bin: str, target: RemoteTarget | None,
               outputs: dict[str, Any] | None, as_json: bool = False, api_key: str | None = None,
               key_env: str = API_KEY_ENV) -> None:
-    ensure_fresh_out(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / benchreport.SWEEP_MANIFEST).exists() or any(out.glob("c*.json")):  # a report never mixes two sweeps
+        raise click.BadParameter(f"{out} already holds a sweep; choose a new directory", param_hint="--out")
     workload = Workload(served.url, served.model, tokenizer, input_len, output_len, num_prompts, api_key, key_env)
     manifest = start_manifest(workload, levels, target, outputs)
     if target:  # the server is the container's own: no request can be timed from here
@@ -571,8 +562,9 @@ def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, as
         comparisons = benchreport.compare_rows(*runs.values())
         title = (f"candidate {dirs[1]} vs baseline {dirs[0]} (ratio = candidate / baseline): {infos[1].model} · "
                  f"{infos[1].lengths} at ${price_per_hour:g}/h")
-        notes += [f"concurrency {level}: measured only by the {side}"
-                  for level, side in benchreport.one_sided_levels(*runs.values())]
+        base, other = ({row.concurrency for row in rows} for rows in runs.values())
+        one_sided = [(level, "baseline") for level in base - other] + [(level, "candidate") for level in other - base]
+        notes += [f"concurrency {level}: measured only by the {side}" for level, side in sorted(one_sided)]
         print_table(title, benchreport.COMPARISON_HEADERS, comparisons,
                     [benchreport.comparison_cells(item) for item in comparisons], output_format, notes,
                     baseline=str(dirs[0]), candidate=str(dirs[1]))

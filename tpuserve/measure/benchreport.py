@@ -259,12 +259,6 @@ def compare_rows(baseline: list[BenchRow], candidate: list[BenchRow]) -> list[Co
     return comparisons
 
 
-def one_sided_levels(baseline: list[BenchRow], candidate: list[BenchRow]) -> list[tuple[int, str]]:
-    """(level, 'baseline' or 'candidate') for each level only one run measured."""
-    base, other = {row.concurrency for row in baseline}, {row.concurrency for row in candidate}
-    return sorted([(level, "baseline") for level in base - other] + [(level, "candidate") for level in other - base])
-
-
 def format_cell(attribute: str, value: float | None) -> str:
     """The value in its column's format; '—' for none or NaN, '∞' for infinite."""
     if value is None or math.isnan(value):

@@ -229,12 +229,6 @@ def make_plan(config: Mapping[str, Any], budget: Budget) -> Plan:
                 budget.kv_bytes // windowed, per_token(layers, 1, budget) < per_token(layers, 2, budget))
 
 
-def safetensors_gib(directory: Path) -> float | None:
-    """Weights size of a local checkpoint, from its safetensors files; None when it has none."""
-    files = list(directory.glob("*.safetensors"))
-    return sum(path.stat().st_size for path in files) / GIB if files else None
-
-
 @dataclass(frozen=True)
 class Model:
     """What the plan is for: its config, weights size, the name it is shown under and where both came from."""
@@ -273,9 +267,9 @@ def resolve_model(model: str | None, config_path: Path | None, weights_gib: floa
         raise click.BadParameter(f"{config_path}: not a JSON object", param_hint="--config")
     name = model or (config_name(config, config_path) if config_path else DEFAULT_MODEL)
     source = str(config_path) if config_path else f"built-in preset ({preset['config_source']})"
-    if weights_gib is None and config_path:
-        weights_gib = safetensors_gib(config_path.parent)
-        source += f"; weights from {config_path.parent}/*.safetensors" if weights_gib is not None else ""
+    if weights_gib is None and config_path and (files := list(config_path.parent.glob("*.safetensors"))):
+        weights_gib = sum(path.stat().st_size for path in files) / GIB  # the checkpoint beside the config
+        source += f"; weights from {config_path.parent}/*.safetensors"
     if weights_gib is None and preset:
         weights_gib = preset_weights_gib(preset)
         source += f"; weights: {preset['weights_source']}"
@@ -340,12 +334,6 @@ def engine_lines(plan: Plan, engines: Engines) -> list[tuple[str, str]]:
                         f"(tensorParallelSize {tp}{how}): the counts above are one engine's; the machine holds "
                         f"{engines.count * plan.resident_tokens:,} resident KV tokens and "
                         f"{engines.count * plan.contexts:,} full-length contexts")]
-
-
-def engines_json(plan: Plan, engines: Engines) -> dict[str, Any]:
-    return {"machine_chips": engines.chips, "tensor_parallel_size": engines.tensor_parallel_size,
-            "engines": engines.count, "machine_resident_tokens": engines.count * plan.resident_tokens,
-            "machine_contexts": engines.count * plan.contexts}
 
 
 # The cache disk: what its throughput buys a warm boot, and what it costs.
@@ -554,7 +542,10 @@ def plan(model: str | None, config_path: Path | None, backend: str, chips: int, 
         raise click.ClickException(str(error)) from error
     disk = DiskPlan(cache_disk_gb, cache_disk_mibps, cache_disk_iops, resolved.weights_gib) if cache_disk_gb else None
     if as_json or output_format == "json":
-        document = {**plan_as_json(result, resolved), **engines_json(result, engines)}
+        document = {**plan_as_json(result, resolved), "machine_chips": chips,
+                    "tensor_parallel_size": engines.tensor_parallel_size, "engines": engines.count,
+                    "machine_resident_tokens": engines.count * result.resident_tokens,
+                    "machine_contexts": engines.count * result.contexts}
         document["cache_disk"] = None if disk is None else {
             **asdict(disk), "weights_read_s": round(disk.weights_s(), 1),
             "weights_read_s_at_free_throughput": round(disk.weights_s(HYPERDISK_BALANCED_FREE_MIBPS), 1),

@@ -119,23 +119,17 @@ def parse_tool_call(call: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return name, arguments
 
 
-def weather_cities(reply: ChatReply) -> list[str]:
-    """Lower-cased cities of the reply's get_weather calls; InvalidToolCall for any malformed or other call."""
-    cities = []
-    for call in reply.tool_calls:
-        name, arguments = parse_tool_call(call)
-        if name != "get_weather":
-            raise InvalidToolCall(f"called {name} where get_weather was needed")
-        cities.append(arguments["city"].strip().lower())
-    return cities
-
-
 def judge_weather_calls(reply: ChatReply, expected: set[str]) -> tuple[str, str]:
     """Pass when the turn holds exactly one valid get_weather call per expected city."""
     if not reply.tool_calls:
         return FAIL, f"no tool call (answered in text: '{excerpt(reply.content, 80)}')"
+    cities = []
     try:
-        cities = weather_cities(reply)
+        for call in reply.tool_calls:
+            name, arguments = parse_tool_call(call)
+            if name != "get_weather":
+                raise InvalidToolCall(f"called {name} where get_weather was needed")
+            cities.append(arguments["city"].strip().lower())
     except InvalidToolCall as err:
         return FAIL, str(err)
     if sorted(cities) != sorted(expected):
@@ -290,11 +284,6 @@ def chat_retrying_422(client: ChatClient, messages: list[dict[str, Any]], **para
         return client.chat(messages, **params), f"first attempt HTTP 422 ({excerpt(err.message, 120)}), retried"
 
 
-def mentions_any(text: str, answers: tuple[str, ...]) -> bool:
-    words = set(re.findall(r"[a-z0-9]+", text.lower()))
-    return any(answer in words for answer in answers)
-
-
 def run_vision(client: ChatClient, max_tokens: int | None = None) -> list[ScenarioResult]:
     results: list[ScenarioResult] = []
     for index, (scenario, image, question, answers) in enumerate(VISION_SCENARIOS):
@@ -311,7 +300,7 @@ def run_vision(client: ChatClient, max_tokens: int | None = None) -> list[Scenar
                                   for name, *_ in VISION_SCENARIOS[index + 1:]]
             results.append(error_result("vision", scenario, err, request))
             continue
-        passed = mentions_any(reply.content, answers)
+        passed = bool(set(answers) & set(re.findall(r"[a-z0-9]+", reply.content.lower())))
         reason = (f"answered '{excerpt(reply.content.strip(), 60)}'"
                   + ("" if passed else f", expected one of {list(answers)}")
                   + (f"; {retry_note}" if retry_note else ""))
@@ -517,6 +506,10 @@ def print_results(results: list[ScenarioResult], as_json: bool) -> None:
         console.print(line, markup=False)
 
 
+def failed(results: list[ScenarioResult]) -> bool:
+    return any(r.verdict in (FAIL, NOT_ENFORCED) for r in results)
+
+
 @click.group()
 def probe() -> None:
     """Probe a deployment's capabilities: tools, structured output, vision, refused modalities; compare KV-cache
@@ -570,7 +563,7 @@ def finish(results: list[ScenarioResult], served: Any, as_json: bool, strict: bo
     print_results(results, as_json)
     if reason:
         raise click.ClickException(why)
-    if strict and any(r.verdict in (FAIL, NOT_ENFORCED) for r in results):
+    if strict and failed(results):
         raise click.exceptions.Exit(exits.FAILED)
 
 
