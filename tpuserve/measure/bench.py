@@ -118,21 +118,18 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def server_version(url: str) -> str | None:
-    """vLLM's version from the server's GET /version; None when it does not answer."""
+def vllm_version(target: RemoteTarget | None, url: str) -> str | None:
+    """The container's vLLM from package metadata (importing vllm takes seconds), else the server's GET /version."""
+    if target:
+        completed = subprocess.run(target.ssh(["python3", "-c", VERSION_PROBE]), capture_output=True, text=True,
+                                   check=False)
+        return (completed.stdout.strip() or None) if completed.returncode == 0 else None
     try:
         response = requests.get(f"{server_root(url)}/version", timeout=5)
         response.raise_for_status()
         return response.json().get("version")
     except (requests.RequestException, ValueError):
         return None
-
-
-def container_version(target: RemoteTarget) -> str | None:
-    """vLLM's version in the container, read from package metadata (importing vllm would take seconds)."""
-    completed = subprocess.run(target.ssh(["python3", "-c", VERSION_PROBE]), capture_output=True, text=True,
-                               check=False)
-    return (completed.stdout.strip() or None) if completed.returncode == 0 else None
 
 
 def find_vllm(explicit: str | None) -> str:
@@ -401,7 +398,13 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
     if (out / benchreport.SWEEP_MANIFEST).exists() or any(out.glob("c*.json")):  # a report never mixes two sweeps
         raise click.BadParameter(f"{out} already holds a sweep; choose a new directory", param_hint="--out")
     workload = Workload(served.url, served.model, tokenizer, input_len, output_len, num_prompts, api_key, key_env)
-    manifest = start_manifest(workload, levels, target, outputs)
+    manifest = {"tool": "tpuserve bench sweep", "mode": "remote" if target else "local",
+                "remote": dataclasses.asdict(target) if target else None, "started_at": now(), "finished_at": None,
+                "vllm_version": vllm_version(target, workload.url), "model": workload.model,
+                "parameters": {"url": workload.url, "tokenizer": workload.tokenizer, "concurrency": levels,
+                               "input_len": input_len, "output_len": output_len, "num_prompts": num_prompts,
+                               "dataset": "random"},
+                "stack_outputs": outputs, "runs": [], "unfinished": None}
     if target:  # the server is the container's own: no request can be timed from here
         pace = Pace(SINGLE_STREAM_TOK_S / output_len, f"the reference {SINGLE_STREAM_TOK_S:g} tok/s single stream")
     else:
@@ -449,19 +452,6 @@ def end_unfinished(out: Path, manifest: dict[str, Any], level: int, reason: str,
         kept = f"no level measured anything; sweep.json in {out} is marked unfinished"
     click.echo(f"the sweep ended early: {kept}", err=True)
     return {"out": str(out), "kept": measured, "unfinished": manifest["unfinished"]}
-
-
-def start_manifest(workload: Workload, levels: list[int], target: RemoteTarget | None,
-                   stack_outputs: dict[str, Any] | None) -> dict[str, Any]:
-    """What sweep.json records before the first run: where, what, with which vLLM (the server's own version)."""
-    return {"tool": "tpuserve bench sweep", "mode": "remote" if target else "local",
-            "remote": dataclasses.asdict(target) if target else None, "started_at": now(), "finished_at": None,
-            "vllm_version": container_version(target) if target else server_version(workload.url),
-            "model": workload.model,
-            "parameters": {"url": workload.url, "tokenizer": workload.tokenizer, "concurrency": levels,
-                           "input_len": workload.input_len, "output_len": workload.output_len,
-                           "num_prompts": workload.num_prompts, "dataset": "random"},
-            "stack_outputs": stack_outputs, "runs": [], "unfinished": None}
 
 
 def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
@@ -544,7 +534,9 @@ def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, as
     if len(dirs) > 2:
         raise click.BadParameter("one DIR to report, two to compare (the first is the baseline)", param_hint="DIRS")
     output_format = "json" if as_json else output_format
-    runs = {run_label(directory, dirs): benchreport.report_rows(directory, price_per_hour) for directory in dirs}
+    names = [path.resolve().name for path in dirs]  # a run's label: its directory's name, or path if names clash
+    runs = {directory.resolve().name if len(set(names)) == len(names) else str(directory):
+            benchreport.report_rows(directory, price_per_hour) for directory in dirs}
     infos = [benchreport.run_info(directory) for directory in dirs]
     notes = [f"{label + ': ' if len(dirs) == 2 else ''}unfinished sweep: {info.unfinished}"
              for label, info in zip(runs, infos) if info.unfinished]
@@ -571,12 +563,6 @@ def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, as
     if plot:
         benchreport.plot_runs(runs, plot, benchreport.plot_title(infos, price_per_hour))
         click.echo(f"plot written to {plot}", err=True)
-
-
-def run_label(directory: Path, dirs: tuple[Path, ...]) -> str:
-    """The directory's name, or its whole path when the names alone would not tell the runs apart."""
-    names = [path.resolve().name for path in dirs]
-    return directory.resolve().name if len(set(names)) == len(names) else str(directory)
 
 
 def print_table(title: str, headers: list[str], records: list[benchreport.BenchRow] | list[benchreport.Comparison],

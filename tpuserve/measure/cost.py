@@ -164,7 +164,13 @@ def cost(chips: int, engines: int, price_per_chip_hour: float, price_per_hour: f
             "on its own chips serves what one did, if the load keeps every engine busy (the front's cost is "
             "measured in docs/more-than-one-chip.md)")
     if result:
-        echo_session(result, label, breakeven)
+        verdict = "above" if result.output_tok_s > breakeven else "below"
+        outcome = (f"saving ${result.saving_usd:.2f}" if result.saving_usd >= 0
+                   else f"${-result.saving_usd:.2f} more than the API")
+        say(f"Session of {session_h:g} h at {output_tok_s:,.1f} output tok/s ({label}, {verdict} breakeven):")
+        say(f"cost ${result.usd:.2f}; {result.serving_hours:.2f} h serving after the cold start yields "
+            f"{result.output_tokens / 1e6:,.2f} M output tokens = ${result.usd_per_m_output:.3f} / M", "  ")
+        say(f"the API would charge ${result.api_usd:.2f} for them: {outcome}", "  ")
     for note in notes:
         say(f"⚠ {note}")
 
@@ -174,14 +180,4 @@ def say(text: str, indent: str = "") -> None:
     width = shutil.get_terminal_size().columns
     click.echo(textwrap.fill(text, width=max(width, 40), initial_indent=indent,
                              subsequent_indent=indent + "  ", break_long_words=False, break_on_hyphens=False))
-
-
-def echo_session(result: Session, label: str | None, breakeven: float) -> None:
-    verdict = "above" if result.output_tok_s > breakeven else "below"
-    outcome = (f"saving ${result.saving_usd:.2f}" if result.saving_usd >= 0
-               else f"${-result.saving_usd:.2f} more than the API")
-    say(f"Session of {result.hours:g} h at {result.output_tok_s:,.1f} output tok/s ({label}, {verdict} breakeven):")
-    say(f"cost ${result.usd:.2f}; {result.serving_hours:.2f} h serving after the cold start yields "
-        f"{result.output_tokens / 1e6:,.2f} M output tokens = ${result.usd_per_m_output:.3f} / M", "  ")
-    say(f"the API would charge ${result.api_usd:.2f} for them: {outcome}", "  ")
 

@@ -628,17 +628,11 @@ def kv_compare(url_a: str | None, a_dir: Path | None, url_b: str | None, b_dir: 
         echo_json({"identical": identical, "total": len(comparisons),
                    "comparisons": [asdict(c) for c in comparisons]})
     else:
-        print_comparisons(comparisons, identical)
+        table = Table("prompt", "identical", "first diff (byte)", "bytes A/B", "A from there", "B from there")
+        for c in comparisons:
+            table.add_row(c.prompt, "[green]yes[/]" if c.identical else "[red]no[/]",
+                          "-" if c.first_difference is None else str(c.first_difference), f"{c.bytes_a}/{c.bytes_b}",
+                          repr(c.context_a) if c.context_a else "", repr(c.context_b) if c.context_b else "")
+        Console().print(table, f"byte-identical: {identical}/{len(comparisons)}")
     if strict and identical < len(comparisons):
         raise click.exceptions.Exit(exits.FAILED)
-
-
-def print_comparisons(comparisons: list[OutputComparison], identical: int) -> None:
-    table = Table("prompt", "identical", "first diff (byte)", "bytes A/B", "A from there", "B from there")
-    for c in comparisons:
-        table.add_row(c.prompt, "[green]yes[/]" if c.identical else "[red]no[/]",
-                      "-" if c.first_difference is None else str(c.first_difference), f"{c.bytes_a}/{c.bytes_b}",
-                      repr(c.context_a) if c.context_a else "", repr(c.context_b) if c.context_b else "")
-    console = Console()
-    console.print(table)
-    console.print(f"byte-identical: {identical}/{len(comparisons)}")
