@@ -110,10 +110,6 @@ class RemoteTarget:
         return docker_over_iap(self.vm, self.zone, self.project, ["exec", self.container, *container_argv])
 
 
-def result_filename(concurrency: int) -> str:
-    return f"c{concurrency}.json"
-
-
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -210,11 +206,11 @@ def bench_env(key: str | None) -> dict[str, str]:
 
 def time_one_request(workload: Workload) -> float:
     """Seconds one request of the workload's output length takes alone: the first level's deadline follows it."""
-    body = {"model": workload.model, "prompt": "Hello", "max_tokens": workload.output_len, "ignore_eos": True}
     url = f"{server_root(workload.url)}/v1/completions"
     start = time.monotonic()
     try:
-        response = requests.post(url, json=body, timeout=TIMING_REQUEST_TIMEOUT_S,
+        response = requests.post(url, timeout=TIMING_REQUEST_TIMEOUT_S, json={
+            "model": workload.model, "prompt": "Hello", "max_tokens": workload.output_len, "ignore_eos": True},
                                  headers={"Authorization": f"Bearer {workload.api_key}"} if workload.api_key else {})
     except requests.RequestException as err:
         raise click.ClickException(f"timing one request before the first level: {request_failure(err)}") from err
@@ -242,11 +238,8 @@ class Liveness:
             found = ERRNO_REASON.search(str(err))
             why = found.group(1).strip() if found else type(err).__name__
         now = time.monotonic()
-        if why is None:
-            self.since = None
-            return None
-        self.since = self.since if self.since is not None else now
-        if now - self.since < UNANSWERED_LIMIT_S:
+        self.since = None if why is None else now if self.since is None else self.since
+        if self.since is None or now - self.since < UNANSWERED_LIMIT_S:
             return None
         return f"GET {self.url}: {why}, for {now - self.since:.0f} s"
 
@@ -264,13 +257,12 @@ def end_process(process: subprocess.Popen) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
             process.wait(timeout=STOP_GRACE_S)
             break
+        except ProcessLookupError:
+            break
         except subprocess.TimeoutExpired:
-            continue
+            pass
     process.wait()
 
 
@@ -469,7 +461,7 @@ def run_one(level: int, workload: Workload, out: Path, manifest: dict[str, Any],
     deadline_s = pace.deadline_s(workload.num_prompts)
     progress.update(task, description=f"levels (concurrency {level}: deadline {deadline_s:.0f} s)")
     requests_task = progress.add_task(f"concurrency {level} requests", total=workload.num_prompts)
-    filename, log_path = result_filename(level), out / f"c{level}.log"
+    filename, log_path = f"c{level}.json", out / f"c{level}.log"
     if target:
         argv = target.ssh([*CONTAINER_KEY, *bench_serve_args("vllm", workload, level, remote_dir, filename)])
     else:

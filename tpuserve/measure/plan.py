@@ -283,12 +283,6 @@ def resolve_model(model: str | None, config_path: Path | None, weights_gib: floa
     return Model(name, config, weights_gib, source, tuple(preset.get("measured", ())) if own else (), hbm)
 
 
-def describe_layers(layers: list[KvLayer]) -> list[str]:
-    groups = Counter((layer.kind, layer.kv_heads, layer.head_dim, layer.window) for layer in layers)
-    return [f"{count} × {kind}: {heads} KV head(s) × {dim}" + (f", window {window}" if window else "")
-            for (kind, heads, dim, window), count in sorted(groups.items(), key=lambda item: item[0][0])]
-
-
 def measurement_for(model: Model, plan: Plan) -> Mapping[str, Any] | None:
     """The preset's recorded allocation taken under this plan's conditions, if any."""
     budget = plan.budget
@@ -427,6 +421,7 @@ def block_note(budget: Budget) -> str:
 def plan_lines(plan: Plan, model: Model) -> list[tuple[str, str]]:
     budget = plan.budget
     shared = plan.num_layers - len(plan.layers)
+    groups = Counter((layer.kind, layer.kv_heads, layer.head_dim, layer.window) for layer in plan.layers)
     chips = f"{budget.chips} chip{'s' if budget.chips > 1 else ''}"
     if budget.backend == TPU:
         backend = f"TPU (vLLM + tpu-inference), {chips}"
@@ -443,7 +438,8 @@ def plan_lines(plan: Plan, model: Model) -> list[tuple[str, str]]:
     lines = [
         ("Backend", backend),
         ("KV layers", f"{len(plan.layers)} of {plan.num_layers} ({shared} reuse another layer's KV)"),
-        *(("", line) for line in describe_layers(plan.layers)),
+        *(("", f"{count} × {kind}: {heads} KV head(s) × {dim}" + (f", window {window}" if window else ""))
+          for (kind, heads, dim, window), count in sorted(groups.items(), key=lambda item: item[0][0])),
         ("KV per token" + (" per chip" if budget.chips > 1 else ""),
          f"{plan.kv_bytes_per_token / 1024:g} KiB ({dtype_note(plan)})"),
         ("KV budget" + (" per chip" if budget.chips > 1 else ""),
@@ -542,31 +538,24 @@ def plan(model: str | None, config_path: Path | None, backend: str, chips: int, 
         raise click.ClickException(str(error)) from error
     disk = DiskPlan(cache_disk_gb, cache_disk_mibps, cache_disk_iops, resolved.weights_gib) if cache_disk_gb else None
     if as_json or output_format == "json":
-        document = {**plan_as_json(result, resolved), "machine_chips": chips,
-                    "tensor_parallel_size": engines.tensor_parallel_size, "engines": engines.count,
-                    "machine_resident_tokens": engines.count * result.resident_tokens,
-                    "machine_contexts": engines.count * result.contexts}
-        document["cache_disk"] = None if disk is None else {
-            **asdict(disk), "weights_read_s": round(disk.weights_s(), 1),
-            "weights_read_s_at_free_throughput": round(disk.weights_s(HYPERDISK_BALANCED_FREE_MIBPS), 1),
-            "warm_boot_estimate_s": round(disk.warm_boot_s), "warm_boot_target_s": WARM_BOOT_TARGET_S,
-            "usd_per_month": disk.monthly_usd(), "prices_as_of": HYPERDISK_PRICES_AS_OF}
-        echo_json(document)
+        echo_json({**plan_as_json(result, resolved), "machine_chips": chips,
+                   "tensor_parallel_size": engines.tensor_parallel_size, "engines": engines.count,
+                   "machine_resident_tokens": engines.count * result.resident_tokens,
+                   "machine_contexts": engines.count * result.contexts, "cache_disk": None if disk is None else {
+                       **asdict(disk), "weights_read_s": round(disk.weights_s(), 1),
+                       "weights_read_s_at_free_throughput": round(disk.weights_s(HYPERDISK_BALANCED_FREE_MIBPS), 1),
+                       "warm_boot_estimate_s": round(disk.warm_boot_s), "warm_boot_target_s": WARM_BOOT_TARGET_S,
+                       "usd_per_month": disk.monthly_usd(), "prices_as_of": HYPERDISK_PRICES_AS_OF}})
     else:
-        echo_table(result, resolved, disk, engine_lines(result, engines))
-    warning = advice(result, max_model_len)
-    if warning:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=resolved.name, caption=resolved.source, show_header=False)
+        table.add_column(style="bold")
+        table.add_column()
+        rows = plan_lines(result, resolved) + engine_lines(result, engines) + (disk_lines(disk) if disk else [])
+        for label, value in rows:
+            table.add_row(label, value)
+        Console().print(table)
+    if warning := advice(result, max_model_len):
         click.echo(warning, err=True)
-
-
-def echo_table(result: Plan, model: Model, disk: DiskPlan | None = None,
-               engines: list[tuple[str, str]] | None = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=model.name, caption=model.source, show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    for label, value in plan_lines(result, model) + (engines or []) + (disk_lines(disk) if disk else []):
-        table.add_row(label, value)
-    Console().print(table)

@@ -160,8 +160,7 @@ SYNTHESIS_MESSAGES = [
     {"role": "tool", "tool_call_id": WEATHER_CALL_ID, "name": "get_weather", "content": json.dumps(WEATHER_RESULT)},
 ]
 
-ToolJudge = Callable[[ChatReply], tuple[str, str]]
-TOOL_SCENARIOS: list[tuple[str, list[dict[str, Any]], ToolJudge]] = [
+TOOL_SCENARIOS: list[tuple[str, list[dict[str, Any]], Callable[[ChatReply], tuple[str, str]]]] = [
     ("simple call", user("What is the weather in Paris right now?"),
      lambda reply: judge_weather_calls(reply, {"paris"})),
     ("result synthesis", SYNTHESIS_MESSAGES, lambda reply: judge_text(reply, must_contain="18")),
