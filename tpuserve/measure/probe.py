@@ -574,7 +574,6 @@ add_probe_command("vision", ["vision"], "Vision: count and describe shipped imag
 add_probe_command("all", [*PROBES, "refusals"], "Every capability probe: tools, structured, vision, and the "
                   "refusals of disabled modalities (those the stack's argv limits to 0, else "
                   f"{','.join(DEFAULT_REFUSED)}).")
-
 add_probe_command("refusals", ["refusals"], "Disabled modalities: one request of each must answer 4xx and leave the "
                   "server serving (one that reaches the engine can take it down).",
                   click.option("--modalities", help="Comma-separated modalities the deployment must refuse (default: "
