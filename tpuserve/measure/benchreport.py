@@ -104,9 +104,7 @@ def load_results(directory: Path) -> list[tuple[Path, dict[str, Any]]]:
     if not directory.is_dir():
         raise ReportError(f"{directory}: not a directory")
     results = []
-    for path in sorted(directory.glob("*.json")):
-        if path.name == SWEEP_MANIFEST:
-            continue
+    for path in sorted(path for path in directory.glob("*.json") if path.name != SWEEP_MANIFEST):
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as error:

@@ -359,13 +359,12 @@ def run_refusals(client: ChatClient, modalities: tuple[str, ...]) -> list[Scenar
             reply = client.chat(messages, max_tokens=REFUSAL_MAX_TOKENS)
         except EndpointError as err:
             if not 400 <= err.status < 500:
-                results.append(ScenarioResult("refusals", scenario, FAIL, f"HTTP {err.status} instead of a 4xx: the "
-                                              f"request reached the engine ({excerpt(err.message, 160)})",
-                                              err.latency_s, {"request": request, "status": err.status}))
-                continue
-            broken = still_serving(client)
-            verdict, reason = ((PASS, f"HTTP {err.status}: {excerpt(err.message, 120)}; still serving") if broken is None
-                               else (FAIL, f"HTTP {err.status}, but the server stopped answering: {broken}"))
+                verdict, reason = FAIL, (f"HTTP {err.status} instead of a 4xx: the request reached the engine "
+                                         f"({excerpt(err.message, 160)})")
+            elif (broken := still_serving(client)) is None:
+                verdict, reason = PASS, f"HTTP {err.status}: {excerpt(err.message, 120)}; still serving"
+            else:
+                verdict, reason = FAIL, f"HTTP {err.status}, but the server stopped answering: {broken}"
             results.append(ScenarioResult("refusals", scenario, verdict, reason, err.latency_s,
                                           {"request": request, "status": err.status}))
             continue
@@ -514,8 +513,7 @@ def probe() -> None:
     """Probe a deployment's capabilities: tools, structured output, vision, refused modalities; compare KV-cache
     settings.
 
-    Exit 0 when the probe ran, whatever the verdicts; with --strict, 1 when a scenario failed or a schema was not
-    enforced (skipped never fails).
+    Exit 0 when the probe ran, whatever the verdicts; with --strict, 1 when a scenario failed or was not enforced.
     """
 
 
