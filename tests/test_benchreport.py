@@ -98,7 +98,7 @@ def test_comparison_without_common_levels(sweep_dir: Path, tmp_path: Path):
 
 def test_markdown_table(sweep_dir: Path):
     rows = report_rows(sweep_dir, 1.35)
-    headers = [header for _, header, _ in benchreport.COLUMNS]
+    headers = [header for header, _, _ in benchreport.COLUMNS.values()]
     text = benchreport.markdown_table(headers, [benchreport.row_cells(row) for row in rows])
     lines = text.splitlines()
     assert lines[0] == ("| Concurrency | Req/s | Output tok/s | Total tok/s | TTFT med (ms) | TTFT p99 (ms) | "
@@ -316,7 +316,7 @@ def test_a_replay_without_sweep_json_compares_by_what_the_server_counted(tmp_pat
 
 # --- issue #12: what a report reads from a sweep's own files, and its cells, pinned at their edges ----------------
 
-from tpuserve.measure.benchreport import (RunInfo, comparison_cells, day, format_cell, json_record,  # noqa: E402
+from tpuserve.measure.benchreport import (RunInfo, comparison_cells, day, format_cell,  # noqa: E402
                                           markdown_table, plot_title, report_notes, row_notes, run_info, same_lengths,
                                           usd_per_million_output)
 
@@ -414,8 +414,8 @@ def test_a_zero_tpot_is_noted_and_a_slow_level_still_has_a_price():
 
 
 def test_json_records_turn_tuples_into_lists_and_infinities_into_null(tmp_path: Path):
-    [row] = report_rows(write_sweep(tmp_path / "r", vllm_result(4, 0.0, 0.0)), 1.35)
-    record = json_record(row)
+    directory = write_sweep(tmp_path / "r", vllm_result(4, 0.0, 0.0))
+    [record] = json.loads(CliRunner().invoke(main, ["bench", "report", str(directory), "--json"]).output)["rows"]
     assert record["notes"] == ["median TPOT is 0: no per-stream rate (outputs of one token, or a buffered stream)"]
     assert isinstance(record["notes"], list)
     assert (record["per_stream_tok_s"], record["usd_per_m_output"]) == (None, None)

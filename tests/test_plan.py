@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tpuserve.measure.plan import (GIB, Budget, KvLayer, default_max_num_seqs, kv_layers, make_plan, plan, presets,
-                                   tpu_block_size)
-from tpuserve.serving import ConfigError
+from tpuserve.measure.plan import GIB, Budget, KvLayer, default_max_num_seqs, kv_layers, make_plan, plan, tpu_block_size
+from tpuserve.serving import ConfigError, model_presets
 
-E2B = presets()["google/gemma-4-E2B-it"]
+E2B = model_presets()["google/gemma-4-E2B-it"]
 WEIGHTS_GIB = 5.1e9 * 2 / GIB
 DEFAULT_BUDGET = Budget(hbm_gib=31.24, utilization=0.9, weights_gib=WEIGHTS_GIB, kv_dtype="auto",
                         max_model_len=65536, block_size=128, max_num_batched_tokens=4096)

@@ -19,6 +19,7 @@ from tpuserve.registry import Reference, RegistryError
 
 DEFAULT_MODEL = "google/gemma-4-E2B-it"
 DEFAULT_PORT = 8000
+GIB = 2**30
 CONTAINER_NAME = "vllm"
 TEXT_ONLY = "text-only"
 V6E_MACHINE = re.compile(r"ct6e-standard-(\d+)t")  # ct6e-standard-4t: 4 chips
@@ -237,6 +238,10 @@ def model_presets() -> dict[str, Any]:
     return json.loads(resources.files("tpuserve").joinpath("data/model-presets.json").read_text())
 
 
+def preset_weights_gib(preset: dict[str, Any]) -> float:
+    return preset["weights_parameters"] * preset["weights_bytes_per_parameter"] / GIB
+
+
 def attention_heads(model: str) -> int | None:
     preset = model_presets().get(model)
     if preset is None:
@@ -267,8 +272,7 @@ def auto_tensor_parallel_size(model: str, chips: int, gpu_memory_utilization: fl
     preset = model_presets().get(model)
     if preset is None:
         return chips
-    weights_gib = preset["weights_parameters"] * preset["weights_bytes_per_parameter"] / 2**30
-    return fewest_chips(weights_gib, attention_heads(model), chips, V6E_HBM_GIB * gpu_memory_utilization)
+    return fewest_chips(preset_weights_gib(preset), attention_heads(model), chips, V6E_HBM_GIB * gpu_memory_utilization)
 
 
 def check_tensor_parallel_size(cfg: ServingConfig) -> None:

