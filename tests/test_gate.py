@@ -994,7 +994,7 @@ def test_a_refused_connection_is_said_plainly_while_waiting():
     with requests.Session() as http:
         seen: list[str] = []
 
-        class Reporter(gate_module.SilentReporter):
+        class Reporter(gate_module.Reporter):
             def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
                 seen.append(f"{stage}: {detail}")
 
@@ -1101,7 +1101,7 @@ def test_ctrl_c_ends_the_gate_with_its_verdict_line_and_exit_130():
 
 
 def test_an_interrupted_wait_keeps_the_stages_it_reached():
-    tracker = gate_module.Tracker(gate_module.SILENT)
+    tracker = gate_module.Reporter()
     tracker.stage("health", 1.5)
     assert tracker.interrupted().reason.endswith(", after stage health")
     tracker.waiting("models", "/v1/models answered HTTP 503", 1500)
