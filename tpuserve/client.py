@@ -14,8 +14,7 @@ import requests
 
 from tpuserve.urls import normalize_server_url
 
-API_KEY_ENV = "TPUSERVE_API_KEY"  # the one variable every command reads the server's key from
-API_KEY_OPTION = "--api-key-env"  # the option that names another
+API_KEY_ENV = "TPUSERVE_API_KEY"  # the one variable every command reads the server's key from (--api-key-env: another)
 DEFAULT_TIMEOUT_S = 120.0
 # Fields where vLLM's reasoning parsers put the reasoning text (the name changed across vLLM versions).
 REASONING_FIELDS = ("reasoning_content", "reasoning")
@@ -132,7 +131,7 @@ def key_hint(key_env: str, key_sent: bool) -> str:
     started = "the key the server was started with"
     why = f"the key in ${key_env} was refused" if key_sent else f"no API key was sent (${key_env} is not set)"
     fix = f"set it to {started}" if key_sent else f"export {key_env}=<{started}>"
-    return f"{why}: {fix} (vLLM's --api-key or VLLM_API_KEY), or name another variable with {API_KEY_OPTION}"
+    return f"{why}: {fix} (vLLM's --api-key or VLLM_API_KEY), or name another variable with --api-key-env"
 
 
 def response_error(response: requests.Response, latency_s: float, key_env: str = API_KEY_ENV) -> EndpointError:
@@ -273,9 +272,6 @@ class ChatClient:
             raise EndpointError(200, f"{self.base}/models: not a model list: {response.text[:200]}", 0.0)
         return [entry for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
 
-    def models(self) -> list[str]:
-        return [card["id"] for card in self.model_cards()]
-
 
 class ModelNotServed(ValueError):
     """The model asked for is not one the server lists; the message names what it serves."""
@@ -302,8 +298,3 @@ def served_card(url: str, wanted: str | None, api_key: str | None = None, timeou
     cards = ChatClient(url, "", api_key=api_key, timeout_s=timeout_s, key_env=key_env).model_cards()
     chosen = pick_model([card["id"] for card in cards], wanted, f"{api_base(url)}/models")
     return next(card for card in cards if card["id"] == chosen)
-
-
-def served_model(url: str, api_key: str | None = None) -> str:
-    """The first model id a server serves: what `--model` defaults to."""
-    return served_card(url, None, api_key)["id"]

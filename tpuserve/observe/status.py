@@ -109,17 +109,11 @@ def vm_view(target: Instance, instance: Mapping[str, Any] | None, attributes: Ma
 
 
 def read_vm(compute: ComputeClient, target: Instance, price_per_chip_hour: float,
-            expected_config_hash: str | None = None, now: Callable[[], datetime] | None = None) -> VmView:
+            expected_config_hash: str | None = None) -> VmView:
     """One look through the Compute API; a deleted VM is a view (GONE), other API errors raise."""
-    try:
-        instance = compute.instance(target)
-    except ComputeApiError as err:
-        if err.status != 404:
-            raise
-        instance = None
+    instance = compute.get_or_none(f"{compute.base_url}{target.path}")
     attributes = compute.guest_attributes(target, GUEST_ATTRIBUTE_NAMESPACE) if instance is not None else {}
-    moment = now() if now else datetime.now(timezone.utc)
-    return vm_view(target, instance, attributes, moment, price_per_chip_hour, expected_config_hash)
+    return vm_view(target, instance, attributes, datetime.now(timezone.utc), price_per_chip_hour, expected_config_hash)
 
 
 def expiry_warning(view: VmView, stack: str | None) -> str | None:
@@ -171,11 +165,6 @@ class LiveView:
     preemptions: float | None
 
 
-def rate(before: metrics.Scrape, after: metrics.Scrape, name: str, seconds: float) -> float | None:
-    grown = metrics.increase(before.total(name), after.total(name))
-    return grown / seconds if grown is not None and seconds > 0 else None
-
-
 def quantiles(before: metrics.Scrape, after: metrics.Scrape, histogram: str) -> tuple[Quantiles, float]:
     window = metrics.bucket_increase(before.buckets(histogram), after.buckets(histogram))
     return Quantiles(metrics.histogram_quantile(0.5, window), metrics.histogram_quantile(0.95, window)), \
@@ -184,26 +173,26 @@ def quantiles(before: metrics.Scrape, after: metrics.Scrape, histogram: str) -> 
 
 def live_view(url: str, before: metrics.Scrape, after: metrics.Scrape) -> LiveView:
     seconds = after.at - before.at
+
+    def grown(name: str, **match: str) -> float | None:
+        return metrics.increase(before.total(name, **match), after.total(name, **match))
+
+    def per_s(name: str) -> float | None:
+        count = grown(name)
+        return count / seconds if count is not None and seconds > 0 else None
+
     ttft, first_tokens = quantiles(before, after, metrics.TTFT)
-    itl, _ = quantiles(before, after, metrics.ITL)
-    queries = metrics.increase(before.total(metrics.PREFIX_CACHE_QUERIES), after.total(metrics.PREFIX_CACHE_QUERIES))
-    hits = metrics.increase(before.total(metrics.PREFIX_CACHE_HITS), after.total(metrics.PREFIX_CACHE_HITS))
-    by_reason = {}
-    for reason in sorted(after.label_values(metrics.REQUEST_SUCCESS, metrics.FINISHED_REASON)):
-        grown = metrics.increase(before.total(metrics.REQUEST_SUCCESS, finished_reason=reason),
-                            after.total(metrics.REQUEST_SUCCESS, finished_reason=reason))
-        if grown:
-            by_reason[reason] = grown
+    queries, hits = grown(metrics.PREFIX_CACHE_QUERIES), grown(metrics.PREFIX_CACHE_HITS)
+    by_reason = {reason: grown(metrics.REQUEST_SUCCESS, finished_reason=reason)
+                 for reason in sorted(after.label_values(metrics.REQUEST_SUCCESS, metrics.FINISHED_REASON))}
     return LiveView(
         url=url, interval_s=round(seconds, 3), running=after.total(metrics.RUNNING),
-        waiting=after.total(metrics.WAITING),
-        kv_cache_usage=after.total(metrics.KV_CACHE_USAGE), ttft_s=ttft, itl_s=itl, first_tokens=first_tokens,
-        finished=metrics.increase(before.total(metrics.REQUEST_SUCCESS), after.total(metrics.REQUEST_SUCCESS)),
-        finished_by_reason=by_reason,
-        prompt_tokens_per_s=rate(before, after, metrics.PROMPT_TOKENS, seconds),
-        generation_tokens_per_s=rate(before, after, metrics.GENERATION_TOKENS, seconds),
+        waiting=after.total(metrics.WAITING), kv_cache_usage=after.total(metrics.KV_CACHE_USAGE), ttft_s=ttft,
+        itl_s=quantiles(before, after, metrics.ITL)[0], first_tokens=first_tokens,
+        finished=grown(metrics.REQUEST_SUCCESS), finished_by_reason={r: n for r, n in by_reason.items() if n},
+        prompt_tokens_per_s=per_s(metrics.PROMPT_TOKENS), generation_tokens_per_s=per_s(metrics.GENERATION_TOKENS),
         prefix_cache_hit_rate=hits / queries if queries and hits is not None else None,
-        preemptions=metrics.increase(before.total(metrics.PREEMPTIONS), after.total(metrics.PREEMPTIONS)))
+        preemptions=grown(metrics.PREEMPTIONS))
 
 
 @dataclass
