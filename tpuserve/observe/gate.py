@@ -447,51 +447,37 @@ def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float 
 
 # --- command --------------------------------------------------------------------------------------------------
 
-def gives_up(ends_at_s: float) -> str:
-    return f"gives up at {ends_at_s:.0f} s"
-
-
 class ConsoleReporter(Reporter):
-    """Prints each stage as it arrives and keeps one live status line (rich) for the stage being waited in."""
+    """Each stage as a line; what it waits for in a live status line on a terminal (`status`), else (CI logs,
+    `pulumi up`) as a line whenever it changes and at least every `heartbeat_s`."""
 
-    def __init__(self, console: Any, status: Any):
+    def __init__(self, console: Any, status: Any = None, heartbeat_s: float = HEARTBEAT_S,
+                 clock: Callable[[], float] = time.monotonic):
         super().__init__()
-        self.console, self.status = console, status
-
-    def stage(self, name: str, at_s: float) -> None:
-        super().stage(name, at_s)
-        self.console.print(f"[green]✓[/] {name:<18} at {at_s:7.1f} s")
-
-    def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
-        super().waiting(stage, detail, ends_at_s)
-        self.status.update(f"{stage}: {detail} ({time.monotonic() - self.started:.0f} s; {gives_up(ends_at_s)})")
-
-
-class LineReporter(Reporter):
-    """Off a terminal (CI logs, `pulumi up`): a line per stage, per change of what it waits for, and a heartbeat."""
-
-    def __init__(self, console: Any, heartbeat_s: float = HEARTBEAT_S, clock: Callable[[], float] = time.monotonic):
-        super().__init__()
-        self.console, self.heartbeat_s, self.clock = console, heartbeat_s, clock
+        self.console, self.status, self.heartbeat_s, self.clock = console, status, heartbeat_s, clock
         self.since = self.last_line = clock()
         self.last_state: tuple[str, str] | None = None
 
-    def say(self, text: str) -> None:
+    def say(self, text: Any) -> None:
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)  # one line each, however long
         self.last_line = self.clock()
 
     def stage(self, name: str, at_s: float) -> None:
+        from rich.text import Text
+
         super().stage(name, at_s)
-        self.say(f"✓ {name:<18} at {at_s:7.1f} s")
+        self.say(Text.assemble(("✓", "green"), f" {name:<18} at {at_s:7.1f} s"))
 
     def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
         super().waiting(stage, detail, ends_at_s)
-        now = self.clock()
-        if (stage, detail) != self.last_state:
+        now, gives_up = self.clock(), f"gives up at {ends_at_s:.0f} s"
+        if self.status is not None:
+            self.status.update(f"{stage}: {detail} ({now - self.since:.0f} s; {gives_up})")
+        elif (stage, detail) != self.last_state:
             self.last_state = (stage, detail)
-            self.say(f"… {stage}: {detail} ({now - self.since:.0f} s; {gives_up(ends_at_s)})")
+            self.say(f"… {stage}: {detail} ({now - self.since:.0f} s; {gives_up})")
         elif now - self.last_line >= self.heartbeat_s:
-            self.say(f"… still in {stage}: {detail} ({now - self.since:.0f} s; {gives_up(ends_at_s)})")
+            self.say(f"… still in {stage}: {detail} ({now - self.since:.0f} s; {gives_up})")
 
 
 def print_timeline(console: Any, verdict: Verdict, url_mode: bool) -> None:
@@ -586,7 +572,7 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
     reporter = Reporter()
     try:
         with console.status("starting") if console.is_terminal else contextlib.nullcontext() as status:
-            reporter = ConsoleReporter(console, status) if console.is_terminal else LineReporter(console)
+            reporter = ConsoleReporter(console, status)
             if url:
                 with requests.Session() as http:
                     # vLLM's --api-key guards /v1: every request presents $TPUSERVE_API_KEY (or --api-key-env's).
