@@ -398,12 +398,10 @@ def serial_tail(compute: ComputeClient, instance: Instance, lines: int = SERIAL_
 
 def vm_stopped(compute: ComputeClient, instance: Instance) -> str | None:
     """Why the VM will never report `serving` (deleted or stopped), or None while it exists and runs."""
-    try:
-        status = compute.instance_status(instance)
-    except ComputeApiError as err:
-        if err.status == 404:
-            return f"instance not found: deleted, or flex-start max run ended? ({instance.name})"
-        raise
+    found = compute.get_or_none(f"{compute.base_url}{instance.path}")
+    if found is None:
+        return f"instance not found: deleted, or flex-start max run ended? ({instance.name})"
+    status = found.get("status")
     return f"instance is {status}: it stopped before serving" if status in STOPPED_STATUSES else None
 
 
