@@ -233,8 +233,8 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
     serial = tail_lines(serial_console(vm, compute_url), tail) if source in ("serial", "both") else None
     docker = source in ("docker", "both")
     if as_json:
-        echo_json({"target": vm.name, "serial": serial,
-                   "docker": captured(docker_logs_argv(vm, tail, False, container)) if docker else None, "cloud": cloud})
+        captured_docker = captured(docker_logs_argv(vm, tail, False, container)) if docker else None
+        echo_json({"target": vm.name, "serial": serial, "docker": captured_docker, "cloud": cloud})
         return
     if source == "cloud":
         click.echo(f"== {CONTAINER_NAME} container logs of {vm.name} in Cloud Logging (last {tail} lines) ==",
