@@ -16,8 +16,7 @@ from tpuserve.urls import normalize_server_url
 
 API_KEY_ENV = "TPUSERVE_API_KEY"  # the one variable every command reads the server's key from (--api-key-env: another)
 DEFAULT_TIMEOUT_S = 120.0
-# Fields where vLLM's reasoning parsers put the reasoning text (the name changed across vLLM versions).
-REASONING_FIELDS = ("reasoning_content", "reasoning")
+REASONING_FIELDS = ("reasoning_content", "reasoning")  # where vLLM's reasoning parsers put the text, by version
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
@@ -34,10 +33,7 @@ class EndpointError(RuntimeError):
 
     def __init__(self, status: int, message: str, latency_s: float, url: str = ""):
         super().__init__(f"{url} answered HTTP {status}: {message}" if url else f"HTTP {status}: {message}")
-        self.status = status
-        self.message = message
-        self.latency_s = latency_s
-        self.url = url
+        self.status, self.message, self.latency_s, self.url = status, message, latency_s, url
 
 
 class StructuredOutputError(ValueError):
@@ -45,9 +41,7 @@ class StructuredOutputError(ValueError):
 
     def __init__(self, message: str, reply: ChatReply, field: str, text: str):
         super().__init__(message)
-        self.reply = reply
-        self.field = field
-        self.text = text
+        self.reply, self.field, self.text = reply, field, text
 
 
 class SchemaNotEnforced(StructuredOutputError):
@@ -216,11 +210,8 @@ class ChatClient:
 
     def __init__(self, url: str, model: str, api_key: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  session: requests.Session | None = None, key_env: str = API_KEY_ENV):
-        self.base = api_base(url)
-        self.model = model
-        self.timeout_s = timeout_s
+        self.base, self.model, self.timeout_s, self.key_env = api_base(url), model, timeout_s, key_env
         self.session = session or requests.Session()
-        self.key_env = key_env
         key = api_key if api_key is not None else os.environ.get(key_env)
         if key:
             self.session.headers["Authorization"] = f"Bearer {key}"
