@@ -79,7 +79,8 @@ class Reporter:
     """Hears of each stage reached and each look that waits; prints nothing, keeps where the wait is (for Ctrl-C)."""
 
     def __init__(self) -> None:
-        self.started, self.stages, self.where = time.monotonic(), {}, "before the first stage"
+        self.started, self.where = time.monotonic(), "before the first stage"
+        self.stages: dict[str, float] = {}
 
     def stage(self, name: str, at_s: float) -> None:
         self.stages[name], self.where = at_s, f"after stage {name}"
@@ -92,9 +93,6 @@ class Reporter:
         elapsed = time.monotonic() - self.started
         return Verdict(False, elapsed, dict(self.stages), f"interrupted (Ctrl-C) after {elapsed:.0f} s, {self.where}",
                        interrupted=True)
-
-
-SILENT = Reporter()
 
 
 @dataclass
@@ -289,10 +287,11 @@ def never_connected(result: Check, stage: str, for_s: float) -> str:
 
 def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequence[str] = (),
               timeout_s: float = READY_TIMEOUT_S, interval_s: float = URL_INTERVAL_S,
-              reporter: Reporter = SILENT, connect_timeout_s: float | None = None) -> Verdict:
+              reporter: Reporter | None = None, connect_timeout_s: float | None = None) -> Verdict:
     """Pass each stage in order, polling every `interval_s`; a fatal answer, or no connection for
     `connect_timeout_s` in a row (None: no limit), ends the wait at once. `model` None: the first listed."""
     deadline, root, stages, refusals = Deadline(timeout_s), server_root(url), {}, Refusals()
+    reporter = reporter or Reporter()
     for name, check in url_stages(smoke):
         detail, ends_at = "not tried", timeout_s
         while True:
@@ -422,10 +421,11 @@ def look(compute: ComputeClient, instance: Instance, last: BootStatus,
 
 def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float = READY_TIMEOUT_S,
                    interval_s: float = INSTANCE_INTERVAL_S, expected_config_hash: str | None = None,
-                   reporter: Reporter = SILENT) -> Verdict:
+                   reporter: Reporter | None = None) -> Verdict:
     """Follow the VM's stages until `serving`, `failed` (with the console tail), a VM gone or stopped, a fatal API
     error, or the timeout."""
     deadline, status, timeline = Deadline(timeout_s), BootStatus(BOOTING, done=False, detail="not read yet"), {}
+    reporter = reporter or Reporter()
     while deadline.remaining() > 0:
         attributes, status = look(compute, instance, status, expected_config_hash)
         for name, at in boot_timeline(attributes).items():
