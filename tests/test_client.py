@@ -10,7 +10,7 @@ import pytest
 from tests.fake_openai import FAKE_MODEL, FakeOpenAI, completion
 from tests.httpfake import FakeServer, Response
 from tpuserve.client import (ChatClient, ChatReply, EndpointError, OutputTruncated, SchemaNotEnforced, api_base,
-                             looks_cut_off, served_model, validated_json)
+                             looks_cut_off, validated_json)
 from tpuserve.measure.probe import ANSWER_SCHEMA
 
 PROMPT = [{"role": "user", "content": "Is the sky blue?"}]
@@ -112,9 +112,9 @@ def test_api_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
     assert fake.requests[0].headers["Authorization"] == "Bearer secret-123"
 
 
-def test_served_model_is_the_first_listed() -> None:
+def test_served_card_is_the_first_listed() -> None:
     with FakeOpenAI() as fake:
-        assert served_model(fake.url) == FAKE_MODEL
+        assert served_card(fake.url, None)["id"] == FAKE_MODEL
 
 
 @pytest.mark.parametrize("body", [{"choices": []}, {"object": "error"}, "not json"], ids=["no-choices", "no-key",
@@ -173,8 +173,8 @@ def test_an_explicit_empty_key_sends_no_authorization_even_with_the_environment_
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TPUSERVE_API_KEY", "from-env")
     with FakeServer({("GET", "/v1/models"): lambda request: Response(200, {"data": [{"id": "m"}]})}) as fake:
-        ChatClient(fake.url, "m", api_key="").models()
-        served_model(fake.url, api_key="given")
+        ChatClient(fake.url, "m", api_key="").model_cards()
+        served_card(fake.url, None, api_key="given")
     assert [r.headers.get("Authorization") for r in fake.requests] == [None, "Bearer given"]
 
 
@@ -216,7 +216,6 @@ def test_model_cards_keep_entries_with_an_id_and_refuse_what_is_no_list() -> Non
     with FakeServer({("GET", "/v1/models"): lambda request: Response(200, {"data": entries})}) as fake:
         client = ChatClient(fake.url, "m")
         assert client.model_cards() == [{"id": "a", "root": "/models/a", "max_model_len": 1024}]
-        assert client.models() == ["a"]
     for body in ({"data": {"id": "a"}}, ["a"], "text", {"data": "x" * 300}):
         with FakeServer({("GET", "/v1/models"): lambda request: Response(200, body)}) as fake, \
                 pytest.raises(EndpointError) as raised:
@@ -338,8 +337,7 @@ def test_a_model_lookup_gives_up_after_ten_seconds_by_default(monkeypatch: pytes
     monkeypatch.setattr(requests.Session, "get", get)
     with FakeServer({("GET", "/v1/models"): lambda request: Response(200, {"data": [{"id": "m"}]})}) as fake:
         assert served_card(fake.url, None) == {"id": "m"}
-        assert served_model(fake.url) == "m"
-    assert timeouts == [10, 10]
+    assert timeouts == [10]
 
 
 # Issue 34 item 5: answers no vLLM gives are said as such, naming the URL, never printed raw.

@@ -244,7 +244,7 @@ def test_off_a_terminal_the_gate_prints_each_change_and_a_heartbeat():
         def print(self, text, **kwargs):
             lines.append(f"{now[0] - 1000:.0f}: {text}")
 
-    reporter = gate_module.LineReporter(Console(), heartbeat_s=30, clock=lambda: now[0])
+    reporter = gate_module.ConsoleReporter(Console(), heartbeat_s=30, clock=lambda: now[0])
     for second in range(0, 100, 3):  # a poll every 3 s: the same answer, then a new one at 60 s
         now[0] = 1000.0 + second
         reporter.waiting("health", "no answer (ConnectionError)" if second < 60 else "/health answered HTTP 503",
@@ -702,7 +702,7 @@ def test_the_live_status_line_counts_seconds_since_the_gate_started():
     console = Console(record=True, width=100)
     with console.status("x") as status:
         reporter = ConsoleReporter(console, status)
-        reporter.started -= 42.2  # as if the gate had started 42 s ago
+        reporter.since -= 42.2  # as if the gate had started 42 s ago
         reporter.waiting("loading-model", "in loading-model", 1500)
         assert str(status.status) == "loading-model: in loading-model (42 s; gives up at 1500 s)"
 
@@ -745,7 +745,7 @@ def test_line_output_prints_details_as_they_are():
     from rich.console import Console
 
     console = Console(record=True, width=200, force_terminal=True, color_system="standard")
-    reporter = gate_module.LineReporter(console, clock=lambda: 1000.0)
+    reporter = gate_module.ConsoleReporter(console, clock=lambda: 1000.0)
     reporter.waiting("health", "/health answered [bold]503[/bold] at 10.0.0.7", 60)
     printed = console.export_text(styles=True)
     assert printed == "… health: /health answered [bold]503[/bold] at 10.0.0.7 (0 s; gives up at 60 s)\n"
@@ -994,7 +994,7 @@ def test_a_refused_connection_is_said_plainly_while_waiting():
     with requests.Session() as http:
         seen: list[str] = []
 
-        class Reporter(gate_module.SilentReporter):
+        class Reporter(gate_module.Reporter):
             def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
                 seen.append(f"{stage}: {detail}")
 
@@ -1101,7 +1101,7 @@ def test_ctrl_c_ends_the_gate_with_its_verdict_line_and_exit_130():
 
 
 def test_an_interrupted_wait_keeps_the_stages_it_reached():
-    tracker = gate_module.Tracker(gate_module.SILENT)
+    tracker = gate_module.Reporter()
     tracker.stage("health", 1.5)
     assert tracker.interrupted().reason.endswith(", after stage health")
     tracker.waiting("models", "/v1/models answered HTTP 503", 1500)

@@ -131,12 +131,11 @@ def test_a_vm_that_never_started_counts_from_its_creation():
     assert view.left_s == (4 * 60 - 5) * 60 and view.uptime_s is None and view.cost_so_far_usd is None
 
 
-def test_the_warning_under_30_minutes_names_the_replace_command():
+def test_the_warning_under_30_minutes_names_the_renew_command():
     view = vm_view(VM, instance_body(NOW - timedelta(hours=3, minutes=40)), ATTRIBUTES, NOW, 1.35)
     warning = expiry_warning(view, "dev")
     assert "deleted in 20 min" in warning
-    assert '\n  pulumi up --stack dev --replace "$(pulumi stack output vmUrn --stack dev)"\n' in warning
-    assert "pulumi up --stack dev --refresh" in warning
+    assert warning.endswith("\n  tpuserve renew --stack dev")
     calm = vm_view(VM, instance_body(NOW - timedelta(hours=3, minutes=29)), ATTRIBUTES, NOW, 1.35)
     assert expiry_warning(calm, "dev") is None
 
@@ -240,7 +239,7 @@ def test_a_stack_shows_the_expiry_countdown_from_the_compute_api(tmp_path, no_cr
     assert (vm["status"], vm["boot_stage"], vm["zone"]) == ("RUNNING", "serving", "us-east5-b")
     [warning] = report["warnings"]
     assert "deleted in 14 min" in warning or "deleted in 15 min" in warning
-    assert 'pulumi up --stack dev --replace "$(pulumi stack output vmUrn --stack dev)"' in warning  # from the URN
+    assert warning.endswith("tpuserve renew --stack dev")  # the stack's name, from the URN
     assert report["server"]["running"] == 3.0
     assert {r.path for r in compute.requests} == {VM_PATH, f"{VM_PATH}/getGuestAttributes"}
 
@@ -252,7 +251,7 @@ def test_the_expiry_warning_is_on_screen(tmp_path, no_credentials_needed):
                         compute.url, "--interval", "0.5")
     assert result.exit_code == 0, result.output
     assert "flex-start expiry" in result.stdout and "To keep serving" in result.stdout
-    assert '\npulumi up --stack dev --replace "$(pulumi stack output vmUrn --stack dev)"\n' in result.stdout
+    assert "\ntpuserve renew --stack dev\n" in result.stdout
     assert "tpu-serve-dev  us-east5-b  RUNNING  ct6e-standard-4t (4 chips)" in result.stdout
 
 

@@ -24,7 +24,7 @@ def test_the_names_used_here_are_in_vllm_032s_export(recorded):
                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total",
                 "vllm:generation_tokens_total", "vllm:num_preemptions_total", "vllm:request_success_total",
                 "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket"}
-    assert expected <= recorded.names()
+    assert expected <= {name for name, _ in recorded.samples}
     used = {metrics.RUNNING, metrics.WAITING, metrics.KV_CACHE_USAGE, metrics.PREFIX_CACHE_QUERIES,
             metrics.PREFIX_CACHE_HITS, metrics.PROMPT_TOKENS, metrics.GENERATION_TOKENS, metrics.PREEMPTIONS,
             metrics.REQUEST_SUCCESS, metrics.TTFT + "_bucket", metrics.ITL + "_bucket"}
@@ -33,7 +33,7 @@ def test_the_names_used_here_are_in_vllm_032s_export(recorded):
 
 def test_the_deprecated_names_are_gone_from_vllm_032(recorded):
     """What the GKE recipes' dashboards still chart (and show empty)."""
-    names = recorded.names()
+    names = {name for name, _ in recorded.samples}
     assert not {name for name in names if name.startswith(("vllm:gpu_cache_usage_perc",
                                                            "vllm:time_per_output_token_seconds"))}
     assert "vllm:kv_cache_usage_perc" in names and "vllm:inter_token_latency_seconds_bucket" in names

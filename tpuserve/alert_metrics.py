@@ -14,9 +14,7 @@ from pulumi.dynamic import CreateResult, DiffResult, ResourceProvider, UpdateRes
 MONITORING_URL = "https://monitoring.googleapis.com"
 PROMETHEUS = "prometheus.googleapis.com"
 SERIES = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\{")  # every series our queries name carries a selector
-# The refusal's own text: "If a metric was created recently, it could take up to 10 minutes to become available"
-# (hashicorp/terraform-provider-google#11102, on a descriptor made just before the policy).
-SETTLE_S = 600
+SETTLE_S = 600  # "it could take up to 10 minutes to become available" (the refusal's text; docs/design/alerts.md)
 SPAN_S = 7 * 24 * 3600  # how far back a settled sample is looked for
 TIMEOUT_S = 30.0
 now = time.time  # the fake cloud's clock in tests

@@ -14,11 +14,9 @@ import requests
 
 from tpuserve.urls import normalize_server_url
 
-API_KEY_ENV = "TPUSERVE_API_KEY"  # the one variable every command reads the server's key from
-API_KEY_OPTION = "--api-key-env"  # the option that names another
+API_KEY_ENV = "TPUSERVE_API_KEY"  # the one variable every command reads the server's key from (--api-key-env: another)
 DEFAULT_TIMEOUT_S = 120.0
-# Fields where vLLM's reasoning parsers put the reasoning text (the name changed across vLLM versions).
-REASONING_FIELDS = ("reasoning_content", "reasoning")
+REASONING_FIELDS = ("reasoning_content", "reasoning")  # where vLLM's reasoning parsers put the text, by version
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
@@ -35,10 +33,7 @@ class EndpointError(RuntimeError):
 
     def __init__(self, status: int, message: str, latency_s: float, url: str = ""):
         super().__init__(f"{url} answered HTTP {status}: {message}" if url else f"HTTP {status}: {message}")
-        self.status = status
-        self.message = message
-        self.latency_s = latency_s
-        self.url = url
+        self.status, self.message, self.latency_s, self.url = status, message, latency_s, url
 
 
 class StructuredOutputError(ValueError):
@@ -46,9 +41,7 @@ class StructuredOutputError(ValueError):
 
     def __init__(self, message: str, reply: ChatReply, field: str, text: str):
         super().__init__(message)
-        self.reply = reply
-        self.field = field
-        self.text = text
+        self.reply, self.field, self.text = reply, field, text
 
 
 class SchemaNotEnforced(StructuredOutputError):
@@ -132,7 +125,7 @@ def key_hint(key_env: str, key_sent: bool) -> str:
     started = "the key the server was started with"
     why = f"the key in ${key_env} was refused" if key_sent else f"no API key was sent (${key_env} is not set)"
     fix = f"set it to {started}" if key_sent else f"export {key_env}=<{started}>"
-    return f"{why}: {fix} (vLLM's --api-key or VLLM_API_KEY), or name another variable with {API_KEY_OPTION}"
+    return f"{why}: {fix} (vLLM's --api-key or VLLM_API_KEY), or name another variable with --api-key-env"
 
 
 def response_error(response: requests.Response, latency_s: float, key_env: str = API_KEY_ENV) -> EndpointError:
@@ -217,11 +210,8 @@ class ChatClient:
 
     def __init__(self, url: str, model: str, api_key: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  session: requests.Session | None = None, key_env: str = API_KEY_ENV):
-        self.base = api_base(url)
-        self.model = model
-        self.timeout_s = timeout_s
+        self.base, self.model, self.timeout_s, self.key_env = api_base(url), model, timeout_s, key_env
         self.session = session or requests.Session()
-        self.key_env = key_env
         key = api_key if api_key is not None else os.environ.get(key_env)
         if key:
             self.session.headers["Authorization"] = f"Bearer {key}"
@@ -273,9 +263,6 @@ class ChatClient:
             raise EndpointError(200, f"{self.base}/models: not a model list: {response.text[:200]}", 0.0)
         return [entry for entry in entries if isinstance(entry, dict) and isinstance(entry.get("id"), str)]
 
-    def models(self) -> list[str]:
-        return [card["id"] for card in self.model_cards()]
-
 
 class ModelNotServed(ValueError):
     """The model asked for is not one the server lists; the message names what it serves."""
@@ -302,8 +289,3 @@ def served_card(url: str, wanted: str | None, api_key: str | None = None, timeou
     cards = ChatClient(url, "", api_key=api_key, timeout_s=timeout_s, key_env=key_env).model_cards()
     chosen = pick_model([card["id"] for card in cards], wanted, f"{api_base(url)}/models")
     return next(card for card in cards if card["id"] == chosen)
-
-
-def served_model(url: str, api_key: str | None = None) -> str:
-    """The first model id a server serves: what `--model` defaults to."""
-    return served_card(url, None, api_key)["id"]

@@ -36,9 +36,6 @@ class Scrape:
     samples: Mapping[tuple[str, Labels], float]
     at: float
 
-    def names(self) -> set[str]:
-        return {name for name, _ in self.samples}
-
     def total(self, name: str, **match: str) -> float | None:
         """The sum over every series of `name` (one per engine) whose labels include `match`; None without any."""
         values = [value for (sample, labels), value in self.samples.items()

@@ -1,11 +1,9 @@
 """`tpuserve gate`: wait until a deployment really serves, and say where the boot time went.
 
-Ready means every stage passed in order: `/health`, `/v1/models`, one short chat completion (URL mode), or the
-VM's guest attributes saying `serving` (instance mode); a `failed` stage or a gone VM ends the wait at once.
-Human output goes to stderr; stdout gets exactly one JSON line, the verdict, which the stack's readiness gate parses.
-The stages and guest attributes: docs/design/gate-and-status.md.
+Ready means every stage passed: /health, /v1/models, a short chat completion (URL mode), or the VM's guest attributes
+saying `serving` (instance mode). stdout gets one JSON line, the verdict; the rest goes to stderr.
+Why and how: docs/design/gate-and-status.md.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
@@ -34,60 +32,41 @@ from tpuserve.deploy.stack import api_key_option, model_option, read_outputs, st
 
 SERVING, BOOTING = BOOT_STAGES[-1], "booting"
 URL_INTERVAL_S = 0.5  # a stage passed shows up within the 2 s lag target
-# Each poll is a Compute API call that reads the guest attributes, whose budget the VM's writes share (facts.py).
-INSTANCE_INTERVAL_S = GATE_POLL_S
+INSTANCE_INTERVAL_S = GATE_POLL_S  # each poll is a Compute API call (the budget: facts.py)
 REQUEST_TIMEOUT_S = 60.0
 SERIAL_TAIL_LINES = 30
 COMPLETION_MAX_TOKENS = 8
-# Compute API answers no amount of waiting changes: a bad zone/project, missing credentials or permission. The
-# same statuses from the server itself end a URL-mode wait too: a 400 to a smoke check (no tool parser, images on
-# a text-only server) or a 401/403 (an API key the gate does not send) answers the same on every retry.
-FATAL_API_STATUSES = (400, 401, 403)
-# Off a terminal (CI, `pulumi up`), progress is printed as lines: one per stage change and a heartbeat this often.
-HEARTBEAT_S = 30.0
-# URL mode: how long connections may fail (refused, no route) before the gate stops waiting for a server that is
-# supposed to run already. One that runs answers at once, and two minutes of refusals mean a wrong address far more
-# often than a server about to listen. vLLM binds its port as it starts but listens only once its engine is up
-# (vllm/entrypoints/launchers/launcher.py setup_server: create_server_socket binds, uvicorn listens later), so on
-# this machine a port that is bound and refuses is a vLLM booting: those refusals count toward --timeout only.
-CONNECT_TIMEOUT_S = 120.0
-# Any HTTP answer means vLLM's app is up, and from then on every vLLM (the API server, and the health apps of
-# `vllm preload` and the DP supervisor) answers /health: 200, or 503 while its engine is dead or still loading. A
-# 4xx there, or a web page anywhere, is a server that is not vLLM, and waiting will not make it one.
+FATAL_API_STATUSES = (400, 401, 403)  # answers no wait changes (docs/design/gate-and-status.md#fatal-answers)
+HEARTBEAT_S = 30.0  # off a terminal: a line at least this often
+CONNECT_TIMEOUT_S = 120.0  # URL mode (docs/design/gate-and-status.md#the-connect-timeout)
 NOT_VLLM_HEALTH = "every vLLM answers /health (200, or 503 while it loads) once it accepts connections"
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
-# Instance statuses from which the VM will not reach `serving` by itself.
 STOPPED_STATUSES = frozenset({"STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED"})
 
 
 @dataclass(frozen=True)
 class Check:
-    """One look at a stage: passed or not, what was found, whether waiting could change it (`fatal`: no), and
-    `value` (the models stage: the model the later stages ask)."""
+    """One look at a stage; `fatal`: waiting cannot change it; `value`: the model the later stages ask."""
 
     ok: bool
     detail: str = ""
     fatal: bool = False
     value: str = ""
-    # False: no connection could be made, and nothing here says a vLLM is starting (what --connect-timeout counts)
-    connected: bool = True
+    connected: bool = True  # False: no connection, and no sign of a vLLM starting (what --connect-timeout counts)
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """`stages` maps each stage reached to seconds since the timeline began (URL mode: the gate's start; instance
-    mode: the VM's first reported stage)."""
+    """`stages`: each stage reached -> seconds since the gate began (URL mode) or the VM's first stage."""
 
     ready: bool
     elapsed_s: float
     stages: dict[str, float]
     reason: str | None = None
     serial_tail: str = ""  # a failed VM's last console lines: for people, not part of the JSON line
-    # Instance mode: where each part came from (cache, image, weights, compile cache), as the VM reported it.
-    sources: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # instance mode: where each part came from
     interrupted: bool = False  # ended by Ctrl-C (exit INTERRUPTED_EXIT)
-    # Instance mode: what the VM found wrong without failing the boot (its state's `warning`).
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # instance mode: what the VM found wrong yet serves with
 
     def json_line(self) -> str:
         return json_text({"ready": self.ready, "elapsed_s": round(self.elapsed_s, 3),
@@ -96,24 +75,24 @@ class Verdict:
                            **({"warnings": self.warnings} if self.warnings else {})})
 
 
-class Reporter(Protocol):
+class Reporter:
+    """Hears of each stage reached and each look that waits; prints nothing, keeps where the wait is (for Ctrl-C)."""
+
+    def __init__(self) -> None:
+        self.started, self.where = time.monotonic(), "before the first stage"
+        self.stages: dict[str, float] = {}
+
     def stage(self, name: str, at_s: float) -> None:
-        """A stage was reached `at_s` seconds into the timeline."""
+        self.stages[name], self.where = at_s, f"after stage {name}"
 
     def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
-        """Still in `stage`; `detail` says what the last look found; the wait gives up `ends_at_s` into it unless
-        the stage passes (the --timeout, or sooner the --connect-timeout while connections fail)."""
+        """Still in `stage`; `detail`: the last look; the wait gives up `ends_at_s` into it unless the stage passes."""
+        self.where = f"in stage {stage}: {detail}"
 
-
-class SilentReporter:
-    def stage(self, name: str, at_s: float) -> None:
-        pass
-
-    def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
-        pass
-
-
-SILENT = SilentReporter()
+    def interrupted(self) -> Verdict:
+        elapsed = time.monotonic() - self.started
+        return Verdict(False, elapsed, dict(self.stages), f"interrupted (Ctrl-C) after {elapsed:.0f} s, {self.where}",
+                       interrupted=True)
 
 
 @dataclass
@@ -134,8 +113,7 @@ class Deadline:
 # --- URL mode -------------------------------------------------------------------------------------------------
 
 class NotReady(Exception):
-    """The current stage's check failed; the message says what the server answered. `fatal`: it will answer the
-    same however long the gate waits."""
+    """The current stage's check failed, saying what the server answered; `fatal`: it will answer the same."""
 
     def __init__(self, message: str, fatal: bool):
         super().__init__(message)
@@ -144,9 +122,7 @@ class NotReady(Exception):
 
 def ask(http: requests.Session, root: str, model: str, timeout_s: float, messages: list[dict[str, Any]],
         **params: Any) -> ChatReply:
-    """One short chat completion; NotReady unless the server answers 200 with a message (fatal for a status in
-    FATAL_API_STATUSES). Like /health and /v1/models, it presents the session's API key, if any (the command sets
-    $TPUSERVE_API_KEY on the session)."""
+    """One short chat completion with the session's key; NotReady unless the server answers 200 with a message."""
     client = ChatClient(root, model, api_key="", timeout_s=timeout_s, session=http, key_env=key_env_of(http))
     try:
         return client.chat(messages, max_tokens=COMPLETION_MAX_TOKENS, **params)
@@ -161,8 +137,7 @@ def key_env_of(http: requests.Session) -> str:
 
 
 def has_text(reply: ChatReply) -> bool:
-    """Whether the model generated anything: content, or the reasoning field a reasoning parser moved it to
-    (the rule the VM's startup script applies too)."""
+    """Content, or the reasoning a reasoning parser moved it to (the VM's startup script's rule too)."""
     return bool(reply.content.strip() or reply.reasoning)
 
 
@@ -177,8 +152,7 @@ def check_health(http: requests.Session, root: str, model: str, timeout_s: float
 
 
 def check_models(http: requests.Session, root: str, model: str | None, timeout_s: float) -> Check:
-    """The model is listed (None: any model, the first listed is then asked). A server that lists other models
-    will not start listing this one: that ends the wait at once."""
+    """The model is listed (None: the first listed); a server listing other models ends the wait at once."""
     response = http.get(f"{root}/v1/models", timeout=timeout_s)
     if response.status_code != 200 or html_page(response):
         err = response_error(response, 0.0, key_env_of(http))
@@ -236,9 +210,7 @@ def url_stages(smoke: Sequence[str]) -> list[tuple[str, UrlCheck]]:
 
 
 def port_held(root: str) -> bool | None:
-    """Whether a process on this machine holds the port of a loopback `root` (as vLLM does from its start, before
-    it listens); None for a host elsewhere, which cannot be told. The probe binds without SO_REUSEADDR, so any
-    holder makes it fail, and lets go at once."""
+    """Whether a process here holds a loopback `root`'s port (vLLM binds before it listens); None elsewhere."""
     parts = urlsplit(root)
     try:
         address = ipaddress.ip_address("127.0.0.1" if parts.hostname == "localhost" else parts.hostname or "")
@@ -255,9 +227,8 @@ def port_held(root: str) -> bool | None:
 
 
 def unanswered(err: requests.RequestException, root: str) -> Check:
-    """A request that got no answer, said plainly: nothing listening (refused: on this machine, whether a vLLM
-    holds the port while it boots), a host that cannot be reached (no connection: counted by --connect-timeout),
-    https to a server that speaks http, or a server too slow to answer."""
+    """A request that got no answer, said plainly: refused (and whether a vLLM holds the port), unreachable, a
+    name that does not resolve, https to an http server, or too slow."""
     from tpuserve.cli import ERRNO_REASON, PLAIN_HTTP_REPLY
 
     address = urlsplit(root).netloc
@@ -293,8 +264,7 @@ def run_check(check: UrlCheck, http: requests.Session, root: str, model: str | N
 
 @dataclass
 class Refusals:
-    """How long connections have failed in a row: `note` each look's outcome at `at` seconds; None once one
-    connected, else the seconds since the first failure of the current run."""
+    """`note` each look at `at` s: None once one connected, else the seconds connections have failed in a row."""
 
     since: float | None = None
 
@@ -317,11 +287,11 @@ def never_connected(result: Check, stage: str, for_s: float) -> str:
 
 def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequence[str] = (),
               timeout_s: float = READY_TIMEOUT_S, interval_s: float = URL_INTERVAL_S,
-              reporter: Reporter = SILENT, connect_timeout_s: float | None = None) -> Verdict:
-    """Pass each stage in order, polling the current one every `interval_s`; ready when the last one passes. An
-    answer no wait can fix (Check.fatal), or no connection for `connect_timeout_s` in a row (None: no limit but
-    the timeout), ends the wait at once. `model` None: the first model listed."""
+              reporter: Reporter | None = None, connect_timeout_s: float | None = None) -> Verdict:
+    """Pass each stage in order, polling every `interval_s`; a fatal answer, or no connection for
+    `connect_timeout_s` in a row (None: no limit), ends the wait at once. `model` None: the first listed."""
     deadline, root, stages, refusals = Deadline(timeout_s), server_root(url), {}, Refusals()
+    reporter = reporter or Reporter()
     for name, check in url_stages(smoke):
         detail, ends_at = "not tried", timeout_s
         while True:
@@ -354,7 +324,7 @@ def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequen
 
 @dataclass(frozen=True)
 class BootStatus:
-    """One look at the guest attributes: the stage, whether the wait is over, and why (not) ready."""
+    """One look at the guest attributes: the stage, whether the wait is over, and why."""
 
     stage: str
     done: bool
@@ -363,7 +333,6 @@ class BootStatus:
     warnings: tuple[str, ...] = ()
 
 
-# What the VM says each part of its boot came from (vm/supervisor.py, templates/startup.sh.j2), in display order.
 SOURCE_ATTRIBUTES = ("cache", "image", "weights", "compile-cache")
 
 
@@ -372,9 +341,8 @@ def boot_sources(attributes: Mapping[str, str]) -> dict[str, str]:
 
 
 def boot_timeline(attributes: Mapping[str, str]) -> dict[str, float]:
-    """stage -> seconds since the first stage began, in boot order, from the `at-<stage>` attributes. Stages that
-    began before `since` (when the VM started its current run: a boot, or a served-config change) belong to an
-    earlier run and are left out."""
+    """stage -> seconds since the first stage began, in boot order, from `at-<stage>`; stages before `since` (the
+    current run's start) are left out."""
     began = {}
     try:
         since = float(attributes.get("since") or 0)
@@ -391,16 +359,14 @@ def boot_timeline(attributes: Mapping[str, str]) -> dict[str, float]:
     if not began:
         return {}
     first = min(began.values())
-    # Stages begun in the same (whole) second keep their boot order; the state's fields come in key order.
+    # Stages begun in the same (whole) second keep their boot order.
     order = {stage: index for index, stage in enumerate((*BOOT_STAGES, RESTARTING_STAGE, FAILED_STAGE))}
     return {stage: at - first for stage, at in sorted(began.items(),
                                                       key=lambda item: (item[1], order.get(item[0], len(order))))}
 
 
 def read_boot(attributes: Mapping[str, str], expected_config_hash: str | None = None) -> BootStatus:
-    """What the guest attributes say. With an expected config hash, only a stage reported for that config ends the
-    wait: a `serving` or `failed` left by the previous config (before the VM's supervisor picked up the new one)
-    is waited past, not believed."""
+    """What the guest attributes say; with an expected config hash, a stage left by another config is waited past."""
     stage = attributes.get("stage") or BOOTING
     reported = attributes.get("config-hash")
     if expected_config_hash and stage != BOOTING and reported != expected_config_hash:
@@ -412,12 +378,11 @@ def read_boot(attributes: Mapping[str, str], expected_config_hash: str | None = 
         where = f" during {before[-1]}" if before else ""
         reason = attributes.get("reason") or "no reason given"
         return BootStatus(stage, done=True, detail=f"boot failed{where}: {reason}")
-    if stage == SERVING:  # a warning (e.g. a disabled modality answered other than 4xx) does not stop serving
+    if stage == SERVING:  # a warning does not stop serving
         return BootStatus(stage, done=True, ready=True,
                           warnings=(attributes["warning"],) if attributes.get("warning") else ())
     if stage == RESTARTING_STAGE:  # the server crashed after serving; the VM restarts it and says why
         return BootStatus(stage, done=False, detail=f"restarting: {attributes.get('reason') or 'no reason given'}")
-    # While it waits (e.g. for a fresh secret grant to propagate) the VM says why in `reason`.
     waiting = f": {attributes['reason']}" if attributes.get("reason") else ""
     return BootStatus(stage, done=False,
                       detail="no guest attributes yet" if stage == BOOTING else f"in {stage}{waiting}")
@@ -432,19 +397,16 @@ def serial_tail(compute: ComputeClient, instance: Instance, lines: int = SERIAL_
 
 def vm_stopped(compute: ComputeClient, instance: Instance) -> str | None:
     """Why the VM will never report `serving` (deleted or stopped), or None while it exists and runs."""
-    try:
-        status = compute.instance_status(instance)
-    except ComputeApiError as err:
-        if err.status == 404:
-            return f"instance not found: deleted, or flex-start max run ended? ({instance.name})"
-        raise
+    found = compute.get_or_none(f"{compute.base_url}{instance.path}")
+    if found is None:
+        return f"instance not found: deleted, or flex-start max run ended? ({instance.name})"
+    status = found.get("status")
     return f"instance is {status}: it stopped before serving" if status in STOPPED_STATUSES else None
 
 
 def look(compute: ComputeClient, instance: Instance, last: BootStatus,
          expected_config_hash: str | None) -> tuple[dict[str, str], BootStatus]:
-    """One poll: the guest attributes and what they mean. Without attributes (the API answers 404 both before the
-    first stage and once the VM is gone) the instance itself says whether to keep waiting."""
+    """One poll: the guest attributes and what they mean; without any, the instance says whether to wait on."""
     try:
         attributes = compute.guest_attributes(instance, GUEST_ATTRIBUTE_NAMESPACE)
         stopped = None if attributes else vm_stopped(compute, instance)
@@ -459,10 +421,11 @@ def look(compute: ComputeClient, instance: Instance, last: BootStatus,
 
 def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float = READY_TIMEOUT_S,
                    interval_s: float = INSTANCE_INTERVAL_S, expected_config_hash: str | None = None,
-                   reporter: Reporter = SILENT) -> Verdict:
-    """Follow the VM's reported stages until `serving` (ready), `failed` (at once, with the console tail), a VM
-    that is gone or stopped, an API error waiting cannot fix (both at once), or the timeout (naming the stage)."""
+                   reporter: Reporter | None = None) -> Verdict:
+    """Follow the VM's stages until `serving`, `failed` (with the console tail), a VM gone or stopped, a fatal API
+    error, or the timeout."""
     deadline, status, timeline = Deadline(timeout_s), BootStatus(BOOTING, done=False, detail="not read yet"), {}
+    reporter = reporter or Reporter()
     while deadline.remaining() > 0:
         attributes, status = look(compute, instance, status, expected_config_hash)
         for name, at in boot_timeline(attributes).items():
@@ -482,81 +445,41 @@ def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float 
 
 # --- command --------------------------------------------------------------------------------------------------
 
-def gives_up(ends_at_s: float) -> str:
-    return f"gives up at {ends_at_s:.0f} s"
+class ConsoleReporter(Reporter):
+    """Each stage as a line; what it waits for in a live status line on a terminal (`status`), else (CI logs,
+    `pulumi up`) as a line whenever it changes and at least every `heartbeat_s`."""
 
-
-class ConsoleReporter:
-    """Prints each stage as it arrives and keeps one live status line (rich) for the stage being waited in."""
-
-    def __init__(self, console: Any, status: Any):
-        self.console = console
-        self.status = status
-        self.started = time.monotonic()
-
-    def stage(self, name: str, at_s: float) -> None:
-        self.console.print(f"[green]✓[/] {name:<18} at {at_s:7.1f} s")
-
-    def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
-        self.status.update(f"{stage}: {detail} ({time.monotonic() - self.started:.0f} s; {gives_up(ends_at_s)})")
-
-
-class LineReporter:
-    """Off a terminal (CI logs, `pulumi up`): a line per stage reached, a line whenever the stage waited in or what
-    it found changes, and a heartbeat at least every HEARTBEAT_S, so a log shows the gate is alive."""
-
-    def __init__(self, console: Any, heartbeat_s: float = HEARTBEAT_S, clock: Callable[[], float] = time.monotonic):
-        self.console = console
-        self.heartbeat_s = heartbeat_s
-        self.clock = clock
-        self.started = clock()
-        self.last_line = self.started
+    def __init__(self, console: Any, status: Any = None, heartbeat_s: float = HEARTBEAT_S,
+                 clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.console, self.status, self.heartbeat_s, self.clock = console, status, heartbeat_s, clock
+        self.since = self.last_line = clock()
         self.last_state: tuple[str, str] | None = None
 
-    def say(self, text: str) -> None:
+    def say(self, text: Any) -> None:
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)  # one line each, however long
         self.last_line = self.clock()
 
     def stage(self, name: str, at_s: float) -> None:
-        self.say(f"✓ {name:<18} at {at_s:7.1f} s")
+        from rich.text import Text
+
+        super().stage(name, at_s)
+        self.say(Text.assemble(("✓", "green"), f" {name:<18} at {at_s:7.1f} s"))
 
     def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
-        now = self.clock()
-        if (stage, detail) != self.last_state:
+        super().waiting(stage, detail, ends_at_s)
+        now, gives_up = self.clock(), f"gives up at {ends_at_s:.0f} s"
+        if self.status is not None:
+            self.status.update(f"{stage}: {detail} ({now - self.since:.0f} s; {gives_up})")
+        elif (stage, detail) != self.last_state:
             self.last_state = (stage, detail)
-            self.say(f"… {stage}: {detail} ({now - self.started:.0f} s; {gives_up(ends_at_s)})")
+            self.say(f"… {stage}: {detail} ({now - self.since:.0f} s; {gives_up})")
         elif now - self.last_line >= self.heartbeat_s:
-            self.say(f"… still in {stage}: {detail} ({now - self.started:.0f} s; {gives_up(ends_at_s)})")
-
-
-class Tracker:
-    """Passes each report on to `reporter` and keeps what it said (the stages reached, the stage waited in), so a
-    wait cut short by Ctrl-C still ends with a verdict naming where it was."""
-
-    def __init__(self, reporter: Reporter):
-        self.reporter = reporter
-        self.started = time.monotonic()
-        self.stages: dict[str, float] = {}
-        self.where = "before the first stage"
-
-    def stage(self, name: str, at_s: float) -> None:
-        self.stages[name] = at_s
-        self.where = f"after stage {name}"
-        self.reporter.stage(name, at_s)
-
-    def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
-        self.where = f"in stage {stage}: {detail}"
-        self.reporter.waiting(stage, detail, ends_at_s)
-
-    def interrupted(self) -> Verdict:
-        elapsed = time.monotonic() - self.started
-        return Verdict(False, elapsed, dict(self.stages), f"interrupted (Ctrl-C) after {elapsed:.0f} s, {self.where}",
-                       interrupted=True)
+            self.say(f"… still in {stage}: {detail} ({now - self.since:.0f} s; {gives_up})")
 
 
 def print_timeline(console: Any, verdict: Verdict, url_mode: bool) -> None:
-    """Each stage and how long it took. URL mode times when a stage passed (it took since the one before it
-    passed, the first since the gate began); the VM reports when each began (it took until the next began)."""
+    """Each stage and how long it took: URL mode times when each passed, the VM when each began."""
     from rich.table import Table
 
     if not verdict.stages:
@@ -644,24 +567,23 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
     check_mode(url, model, instance, zone, project, smoke, config_hash, connect_timeout_s)
     smoke_checks = parse_smoke(smoke)
     console = Console(stderr=True)
-    tracker = None
+    reporter = Reporter()
     try:
         with console.status("starting") if console.is_terminal else contextlib.nullcontext() as status:
-            tracker = Tracker(ConsoleReporter(console, status) if console.is_terminal else LineReporter(console))
+            reporter = ConsoleReporter(console, status)
             if url:
                 with requests.Session() as http:
-                    # A server with an API key (vLLM's --api-key / VLLM_API_KEY) answers /v1 only with it: the gate
-                    # presents $TPUSERVE_API_KEY (or --api-key-env's) on every request, as the other commands do.
+                    # vLLM's --api-key guards /v1: every request presents $TPUSERVE_API_KEY (or --api-key-env's).
                     http.key_env = api_key_env  # type: ignore[attr-defined]  # what a refused key's error names
                     if os.environ.get(api_key_env):
                         http.headers["Authorization"] = f"Bearer {os.environ[api_key_env]}"
                     verdict = watch_url(http, url, model, smoke_checks, timeout_s, interval_s or URL_INTERVAL_S,
-                                        tracker, connect_timeout_s or CONNECT_TIMEOUT_S)
+                                        reporter, connect_timeout_s or CONNECT_TIMEOUT_S)
             else:
                 verdict = gate_instance(Instance(str(project), str(zone), str(instance)), compute_url, timeout_s,
-                                        interval_s or INSTANCE_INTERVAL_S, config_hash, tracker)
+                                        interval_s or INSTANCE_INTERVAL_S, config_hash, reporter)
     except KeyboardInterrupt:  # Ctrl-C still ends with the verdict line the help promises
-        verdict = (tracker or Tracker(SILENT)).interrupted()
+        verdict = reporter.interrupted()
     print_timeline(console, verdict, url_mode=bool(url))
     for key, value in verdict.sources.items():
         console.print(f"{key.replace('-', ' ')}: {value}", markup=False, highlight=False)

@@ -1,10 +1,6 @@
-"""`tpuserve logs` and `tpuserve diagnose`: what the VM said, and a model's reading of why a deployment failed.
-
-`logs` prints the serial console (Compute API; the startup script logs every boot stage there) and the vLLM
-container's output (`sudo docker logs vllm` over IAP ssh). `diagnose` sends the relevant excerpt of those logs, with the
-readiness gate's stage and reason, to an OpenAI-compatible model and prints its short diagnosis. Everything sent is
-passed through `redact` first, so tokens and keys in the logs never leave the machine.
-"""
+"""`tpuserve logs` and `tpuserve diagnose`: what the VM said (serial console, `docker logs` over IAP ssh, Cloud
+Logging), and a model's reading of why a deployment failed, from an excerpt of those logs and the gate's stage and
+reason. Everything sent is passed through `redact` first: tokens and keys in the logs never leave the machine."""
 
 from __future__ import annotations
 
@@ -73,11 +69,8 @@ def redact(text: str) -> str:
 
 def relevant_excerpt(log: str, tail_lines: int = EXCERPT_TAIL_LINES, context: int = EXCERPT_CONTEXT_LINES,
                      max_chars: int = EXCERPT_MAX_CHARS) -> str:
-    """The last `tail_lines` lines plus notable earlier lines (errors, stages) with context, gaps marked '…'.
-
-    Capped at `max_chars` in whole lines, keeping the end: a failed boot explains itself last. Redact before
-    calling: a cut through a token would leave a tail no pattern recognises.
-    """
+    """The last `tail_lines` lines plus notable earlier ones with context, gaps marked '…', cut to `max_chars` from
+    the end (a failed boot explains itself last). Redact first: a cut through a token hides it from the patterns."""
     lines = log.splitlines()
     keep = set(range(max(0, len(lines) - tail_lines), len(lines)))
     for index, line in enumerate(lines):
@@ -92,8 +85,7 @@ def relevant_excerpt(log: str, tail_lines: int = EXCERPT_TAIL_LINES, context: in
 
 
 def last_lines_within(text: str, max_chars: int) -> str:
-    """The end of `text` as whole lines of `max_chars` characters at most, after a '…' line; a last line longer
-    than that alone is cut to its end."""
+    """The end of `text` in whole lines of `max_chars` at most, after a '…' line (a longer last line: its end)."""
     if len(text) <= max_chars:
         return text
     kept: list[str] = []
@@ -113,15 +105,17 @@ def diagnosis_messages(log_excerpt: str, stage: str | None, reason: str | None) 
     return [{"role": "system", "content": DIAGNOSIS_SYSTEM_PROMPT}, {"role": "user", "content": redact(report)}]
 
 
+def docker_logs(tail: int, follow: bool, container: str) -> list[str]:
+    return ["logs", "--tail", str(tail), *(["--follow"] if follow else []), container]
+
+
 def docker_logs_argv(vm: Instance, tail: int, follow: bool, container: str = CONTAINER_NAME) -> list[str]:
     """`docker logs` of a vLLM container on the VM."""
-    return docker_over_iap(vm.name, vm.zone, vm.project,
-                           ["logs", "--tail", str(tail), *(["--follow"] if follow else []), container])
+    return docker_over_iap(vm.name, vm.zone, vm.project, docker_logs(tail, follow, container))
 
 
 def vm_container(outputs: Mapping[str, Any] | None, engine: int | None) -> str:
-    """The container `--engine` names on a VM of the stack's `engines` (default: the first), `vllm` for a lone one;
-    without stack outputs, `--engine N` is vllm-N."""
+    """The container `--engine` names among the stack's `engines` (default the first; no outputs: vllm-N)."""
     engines = int((outputs or {}).get("engines") or (2 if engine is not None else 1))
     if engine is not None and engine >= engines:
         raise click.BadParameter(f"the VM runs {engines} engine(s): 0 to {engines - 1}", param_hint="--engine")
@@ -147,18 +141,16 @@ class LocalContainer:
         return f"the container labelled {LOCAL_CONTAINER_LABEL}={self.config_hash}"
 
 
-def resolve_instance(instance: str | None, zone: str | None, project: str | None, stack: str | None,
-                     stack_outputs: Path | None) -> Instance | LocalContainer:
-    """The VM from --instance/--zone/--project, filled in from the stack outputs where not given; a local-target
-    stack's container when the outputs say `target: local` and no VM was named."""
-    return instance_from(pulumi_stack.read_outputs(stack, stack_outputs), instance, zone, project)
-
-
 def instance_from(outputs: Mapping[str, Any] | None, instance: str | None, zone: str | None,
                   project: str | None) -> Instance | LocalContainer:
+    """The VM from --instance/--zone/--project, else the stack outputs'; a local-target stack's container."""
     if outputs is not None:
         if outputs.get("target") == "local" and not instance:
-            return local_container(outputs)
+            if not outputs.get("configHash"):
+                raise click.UsageError("a local-target stack's logs are its container's (`docker logs "
+                                       "tpu-serve-<stack>` on the Docker host), but these stack outputs lack "
+                                       "configHash to find it by")
+            return LocalContainer(str(outputs["configHash"]))
         instance = instance or outputs.get("instanceName")
         zone, project = zone or outputs.get("zone"), project or outputs.get("project")
     missing = [option for option, value in (("--instance", instance), ("--zone", zone), ("--project", project))
@@ -166,13 +158,6 @@ def instance_from(outputs: Mapping[str, Any] | None, instance: str | None, zone:
     if missing:
         raise click.UsageError(f"missing {', '.join(missing)} (or give --stack / --stack-outputs)")
     return Instance(str(project), str(zone), str(instance))
-
-
-def local_container(outputs: Mapping[str, Any]) -> LocalContainer:
-    if not outputs.get("configHash"):
-        raise click.UsageError("a local-target stack's logs are its container's (`docker logs tpu-serve-<stack>` "
-                               "on the Docker host), but these stack outputs lack configHash to find it by")
-    return LocalContainer(str(outputs["configHash"]))
 
 
 def local_container_name(target: LocalContainer) -> str:
@@ -190,29 +175,19 @@ def local_container_name(target: LocalContainer) -> str:
     return names[0]
 
 
-def local_logs_argv(name: str, tail: int, follow: bool) -> list[str]:
-    return ["docker", "logs", "--tail", str(tail), *(["--follow"] if follow else []), name]
-
-
 def compute_client(compute_url: str) -> ComputeClient:
-    """A Compute API client with application-default credentials."""
-    try:
-        return ComputeClient(gce.adc_session(), compute_url)
-    except gce.MissingCredentials as err:
-        raise click.ClickException(str(err)) from err
+    return ComputeClient(gce.adc_session(), compute_url)  # no credentials: one line (cli.translate)
 
 
 def instance_options(command: Callable[..., None]) -> Callable[..., None]:
     """Options that name the VM, directly or through the stack's outputs."""
-    options = [
-        pulumi_stack.stack_options,
-        click.option("--instance", help="VM name."),
-        click.option("--zone", help="Zone of the VM."),
-        click.option("--project", help="Project of the VM."),
-        click.option("--compute-url", default=COMPUTE_URL, show_default=True, help="Compute API root."),
-        click.option("--logging-url", default=LOGGING_URL, show_default=True, help="Cloud Logging API root."),
-    ]
-    for option in reversed(options):
+    for option in reversed([
+            pulumi_stack.stack_options,
+            click.option("--instance", help="VM name."),
+            click.option("--zone", help="Zone of the VM."),
+            click.option("--project", help="Project of the VM."),
+            click.option("--compute-url", default=COMPUTE_URL, show_default=True, help="Compute API root."),
+            click.option("--logging-url", default=LOGGING_URL, show_default=True, help="Cloud Logging API root.")]):
         command = option(command)
     return command
 
@@ -242,44 +217,33 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
         raise click.UsageError("--follow streams; --json prints one document: give one of them")
     if follow and source == "cloud":
         raise click.UsageError("--follow streams `docker logs` over ssh; Cloud Logging is read once (--source cloud)")
-    if follow:
-        source = "docker"
+    source = "docker" if follow else source
     if isinstance(vm, LocalContainer):
         if source in ("serial", "cloud"):
             raise click.UsageError(f"a local-target stack has no {'serial console' if source == 'serial' else 'Cloud Logging'}"
                                    ": its logs are the container's (--source docker)")
-    if source == "cloud" and not isinstance(vm, LocalContainer):
-        cloud = cloud_container_log(vm, compute_url, logging_url, tail)
-        if as_json:
-            echo_json({"target": vm.name, "serial": None, "docker": None, "cloud": cloud})
-            return
-        click.echo(f"== {CONTAINER_NAME} container logs of {vm.name} in Cloud Logging (last {tail} lines) ==",
-                   err=True)
-        click.echo(cloud or f"(none shipped yet: the VM's Ops Agent ships them from `serving` on)")
-        return
-    if isinstance(vm, LocalContainer):
-        argv = local_logs_argv(local_container_name(vm), tail, follow)
+        argv = ["docker", *docker_logs(tail, follow, local_container_name(vm))]
         if as_json:
             echo_json({"target": "local", "serial": None, "docker": captured(argv), "cloud": None})
-            return
-        if subprocess.run(argv, check=False).returncode != 0:
+        elif subprocess.run(argv, check=False).returncode != 0:
             raise click.ClickException(f"`{' '.join(argv)}` failed")
         return
-    container = vm_container(outputs, engine)
+    cloud = cloud_container_log(vm, compute_url, logging_url, tail) if source == "cloud" else None
+    container = vm_container(outputs, engine) if source != "cloud" else CONTAINER_NAME
+    serial = tail_lines(serial_console(vm, compute_url), tail) if source in ("serial", "both") else None
+    docker = source in ("docker", "both")
     if as_json:
-        serial = serial_console(vm, compute_url) if source in ("serial", "both") else None
-        docker = captured(docker_logs_argv(vm, tail, False, container)) if source in ("docker", "both") else None
-        echo_json({"target": vm.name, "serial": None if serial is None else tail_lines(serial, tail),
-                   "docker": docker, "cloud": None})
+        captured_docker = captured(docker_logs_argv(vm, tail, False, container)) if docker else None
+        echo_json({"target": vm.name, "serial": serial, "docker": captured_docker, "cloud": cloud})
         return
-    if source in ("serial", "both"):
-        try:
-            serial = compute_client(compute_url).serial_output(vm)
-        except ComputeApiError as err:
-            raise click.ClickException(f"serial console of {vm.name}: {err}") from err
+    if source == "cloud":
+        click.echo(f"== {CONTAINER_NAME} container logs of {vm.name} in Cloud Logging (last {tail} lines) ==",
+                   err=True)
+        click.echo(cloud or "(none shipped yet: the VM's Ops Agent ships them from `serving` on)")
+    if serial is not None:
         click.echo(f"== serial console of {vm.name} (last {tail} lines) ==", err=True)
-        click.echo(tail_lines(serial, tail))
-    if source in ("docker", "both"):
+        click.echo(serial)
+    if docker:
         click.echo(f"== docker logs {container} on {vm.name} ==", err=True)
         try:
             code = subprocess.run(docker_logs_argv(vm, tail, follow, container), check=False).returncode
@@ -291,10 +255,7 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
 
 def cloud_container_log(vm: Instance, compute_url: str, logging_url: str, lines: int) -> str:
     """The container's last `lines` lines from Cloud Logging, for this VM (its numeric id, from the Compute API)."""
-    try:
-        session = gce.adc_session()
-    except gce.MissingCredentials as err:
-        raise click.ClickException(str(err)) from err
+    session = gce.adc_session()
     try:
         instance_id = str(ComputeClient(session, compute_url).instance(vm).get("id", ""))
         return LoggingClient(session, logging_url).container_log(vm.project, instance_id, lines)
@@ -305,12 +266,11 @@ def cloud_container_log(vm: Instance, compute_url: str, logging_url: str, lines:
 
 
 def shipped_container_log(vm: Instance, compute_url: str, logging_url: str) -> str:
-    """For diagnose: the container's lines in Cloud Logging after a header, or '' when there are none or they cannot
-    be read (the Ops Agent ships them only from `serving` on; a boot that never served has only its serial console)."""
+    """For diagnose: the container's lines in Cloud Logging after a header, or '' (none shipped before `serving`)."""
     try:
         shipped = cloud_container_log(vm, compute_url, logging_url, DEFAULT_TAIL * 5)
-    except click.ClickException as err:
-        click.echo(f"note: no container logs from Cloud Logging ({err.message}); diagnosing the serial console",
+    except (click.ClickException, gce.MissingCredentials) as err:
+        click.echo(f"note: no container logs from Cloud Logging ({err}); diagnosing the serial console",
                    err=True)
         return ""
     return f"\n== {CONTAINER_NAME} container (Cloud Logging) ==\n{shipped}" if shipped else ""
@@ -345,8 +305,7 @@ Messages = list[dict[str, str]]
 
 
 def prompt_tokens(url: str, model: str, messages: Messages, api_key: str | None) -> int | None:
-    """How many tokens the server counts for `messages` (vLLM's POST /tokenize, vllm/entrypoints/serve/tokenize:
-    {"count", "max_model_len", "tokens"}), or None where it cannot say (a server without /tokenize)."""
+    """How many tokens the server counts for `messages` (vLLM's POST /tokenize answers {"count", ...}), or None."""
     import requests
 
     try:
@@ -361,9 +320,8 @@ def prompt_tokens(url: str, model: str, messages: Messages, api_key: str | None)
 
 def fit_to_context(build: Callable[[int], Messages], max_chars: int, chosen: bool, card: Mapping[str, Any],
                    url: str, model: str, api_key: str | None) -> Messages:
-    """The request with the largest excerpt up to `max_chars` that leaves the answer room in the model's context
-    (`max_model_len` of its /v1/models card, less DIAGNOSIS_MAX_TOKENS), sizes counted by the server. A --max-chars
-    the user `chosen` is not cut: too large, it is refused naming a size that fits."""
+    """The request with the largest excerpt up to `max_chars` whose tokens (counted by the server) leave the answer
+    room in the card's `max_model_len`; a --max-chars the user `chosen` is refused naming a size that fits."""
     limit = card.get("max_model_len")
     if not isinstance(limit, int):
         return build(max_chars)
@@ -417,9 +375,9 @@ def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None
     if log_files:
         log = "\n".join(path.read_text(errors="replace") for path in log_files)
     else:
-        vm = resolve_instance(instance, zone, project, stack, stack_outputs)
+        vm = instance_from(pulumi_stack.read_outputs(stack, stack_outputs), instance, zone, project)
         if isinstance(vm, LocalContainer):
-            log = captured(local_logs_argv(local_container_name(vm), DEFAULT_TAIL * 5, False))
+            log = captured(["docker", *docker_logs(DEFAULT_TAIL * 5, False, local_container_name(vm))])
         else:
             try:
                 log, vm_stage, vm_reason = boot_report(vm, compute_url)
@@ -443,23 +401,19 @@ def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None
 
 def ask_for_diagnosis(build: Callable[[int], Messages], max_chars: int, chosen: bool, url: str | None,
                       model: str | None, api_key_env: str, stack: str | None, stack_outputs: Path | None) -> str:
-    """The model's answer, to an excerpt that fits its context. Without --url the deployment itself answers,
-    reached through the stack's endpoint (an IAP tunnel for a gcp stack, open only while asking)."""
+    """The model's answer, to an excerpt that fits its context; without --url the deployment itself answers (through
+    the stack's endpoint, an IAP tunnel for a gcp stack, open only while asking)."""
     outputs = None if url else pulumi_stack.read_outputs(stack, stack_outputs)
     if url is None and outputs is None:
         raise click.UsageError("give --url of the diagnosing endpoint (or --stack to ask the deployment)")
     api_key = os.environ.get(api_key_env)
     with pulumi_stack.served_endpoint(url, model, outputs, api_key, api_key_env) as served:
         messages = fit_to_context(build, max_chars, chosen, served.card, served.url, served.model, api_key)
-        return chat_for_diagnosis(messages, served.url, served.model, api_key, api_key_env)
-
-
-def chat_for_diagnosis(messages: list[dict[str, str]], url: str, model: str, api_key: str | None,
-                       key_env: str = API_KEY_ENV) -> str:
-    try:
-        reply = ChatClient(url, model, api_key=api_key, key_env=key_env).chat(messages, temperature=0,
-                                                                              max_tokens=DIAGNOSIS_MAX_TOKENS)
-    except EndpointError as err:
-        hint = "; lower --max-chars" if err.status == 400 and "context length" in err.message else ""
-        raise click.ClickException(f"the diagnosing endpoint {url} ({model}) failed: {err}{hint}") from err
+        try:
+            reply = ChatClient(served.url, served.model, api_key=api_key, key_env=api_key_env).chat(
+                messages, temperature=0, max_tokens=DIAGNOSIS_MAX_TOKENS)
+        except EndpointError as err:
+            hint = "; lower --max-chars" if err.status == 400 and "context length" in err.message else ""
+            raise click.ClickException(f"the diagnosing endpoint {served.url} ({served.model}) failed: {err}{hint}"
+                                       ) from err
     return reply.answer()[1].strip() or "(the model returned an empty answer)"

@@ -1,15 +1,12 @@
-"""`tpuserve status`: one screen with the VM (zone, state, time left until the flex-start deletion, cost so far, boot
-stage, config hash) and a live view of the server from two reads of its `/metrics`.
-
-Where each field comes from: docs/design/gate-and-status.md.
-"""
+"""`tpuserve status`: one screen with the VM (state, time left until flex-start deletes it, cost so far, boot stage)
+and the server live from two reads of its `/metrics` (where each field comes from: docs/design/gate-and-status.md)."""
 
 from __future__ import annotations
 
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -20,6 +17,7 @@ import requests
 
 from tpuserve import vllm_metrics as metrics
 from tpuserve.client import server_root
+from tpuserve import gce
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.cli import echo_json, request_failure
 from tpuserve.durations import human
@@ -31,13 +29,12 @@ DEFAULT_INTERVAL_S = 5.0
 EXPIRY_WARNING_S = 30 * 60
 SCRAPE_TIMEOUT_S = 10.0
 CHIPS = re.compile(r"-(\d+)t$")  # ct6e-standard-4t: 4 chips
+GONE = "GONE"  # the status of a VM the Compute API no longer knows
 
 
 class ServerUnreachable(RuntimeError):
     """`/metrics` did not answer with the Prometheus text format."""
 
-
-# --- the VM ---------------------------------------------------------------------------------------------------
 
 def parse_timestamp(text: str | None) -> datetime | None:
     """RFC 3339 as the Compute API writes it ('2026-11-29T02:00:00.000-08:00', or with 'Z')."""
@@ -61,17 +58,12 @@ def deletion_at(instance: Mapping[str, Any]) -> datetime | None:
     return start + timedelta(seconds=int(limit.get("seconds", 0)), microseconds=int(limit.get("nanos", 0)) // 1000)
 
 
-def chips_of(machine_type: str) -> int | None:
-    match = CHIPS.search(machine_type)
-    return int(match.group(1)) if match else None
-
-
 @dataclass(frozen=True)
 class VmView:
     name: str
     zone: str
     project: str
-    status: str  # the instance's status, or GONE when the API no longer knows it
+    status: str  # the instance's status, or GONE
     machine_type: str | None = None
     chips: int | None = None
     provisioning_model: str | None = None
@@ -91,16 +83,13 @@ class VmView:
     engines: str | None = None  # beside other engines: "3 of 4 serving; vllm-2 restarting"
 
 
-GONE = "GONE"
-
-
 def vm_view(target: Instance, instance: Mapping[str, Any] | None, attributes: Mapping[str, str], now: datetime,
             price_per_chip_hour: float, expected_config_hash: str | None = None) -> VmView:
     """What the instance resource (None once deleted) and its guest attributes say at `now`."""
     if instance is None:
         return VmView(target.name, target.zone, target.project, GONE, expected_config_hash=expected_config_hash)
     machine_type = str(instance.get("machineType", "")).rsplit("/", 1)[-1] or None
-    chips = chips_of(machine_type or "")
+    chips = int(found.group(1)) if (found := CHIPS.search(machine_type or "")) else None
     start, end = started_at(instance), deletion_at(instance)
     running = instance.get("status") == "RUNNING"
     uptime = (now - start).total_seconds() if start and running else None
@@ -120,33 +109,22 @@ def vm_view(target: Instance, instance: Mapping[str, Any] | None, attributes: Ma
 
 
 def read_vm(compute: ComputeClient, target: Instance, price_per_chip_hour: float,
-            expected_config_hash: str | None = None, now: Callable[[], datetime] | None = None) -> VmView:
+            expected_config_hash: str | None = None) -> VmView:
     """One look through the Compute API; a deleted VM is a view (GONE), other API errors raise."""
-    try:
-        instance = compute.instance(target)
-    except ComputeApiError as err:
-        if err.status != 404:
-            raise
-        instance = None
+    instance = compute.get_or_none(f"{compute.base_url}{target.path}")
     attributes = compute.guest_attributes(target, GUEST_ATTRIBUTE_NAMESPACE) if instance is not None else {}
-    moment = now() if now else datetime.now(timezone.utc)
-    return vm_view(target, instance, attributes, moment, price_per_chip_hour, expected_config_hash)
+    return vm_view(target, instance, attributes, datetime.now(timezone.utc), price_per_chip_hour, expected_config_hash)
 
 
 def expiry_warning(view: VmView, stack: str | None) -> str | None:
-    """Under 30 minutes before the flex-start deletion: say so, and how to keep serving (replacing the VM through
-    the stack's `vmUrn` output starts a new max-run window)."""
+    """Under 30 minutes before the flex-start deletion: say so, and how to keep serving (`tpuserve renew`)."""
     if view.left_s is None or view.left_s > EXPIRY_WARNING_S or view.status == GONE:
         return None
-    name = stack or "<stack>"
     when = "now" if view.left_s <= 0 else f"in {human(view.left_s)}"
     return (f"{view.name} is deleted {when} (flex-start max run ends {clock(view.deletion_at)}). To keep serving, "
-            f"replace it now (a cold start takes ~10 min):\n"
-            f"  pulumi up --stack {name} --replace \"$(pulumi stack output vmUrn --stack {name})\"\n"
-            f"Once it is gone, `pulumi up --stack {name} --refresh` creates a new one.")
+            "renew it now: a successor VM boots (~10 min) and serves before this one goes, and once it is gone "
+            f"renew deploys a new one:\n  tpuserve renew --stack {stack or '<stack>'}")
 
-
-# --- the server -----------------------------------------------------------------------------------------------
 
 def scrape(http: requests.Session, root: str, clock: Callable[[], float] = time.monotonic) -> metrics.Scrape:
     try:
@@ -187,11 +165,6 @@ class LiveView:
     preemptions: float | None
 
 
-def rate(before: metrics.Scrape, after: metrics.Scrape, name: str, seconds: float) -> float | None:
-    grown = metrics.increase(before.total(name), after.total(name))
-    return grown / seconds if grown is not None and seconds > 0 else None
-
-
 def quantiles(before: metrics.Scrape, after: metrics.Scrape, histogram: str) -> tuple[Quantiles, float]:
     window = metrics.bucket_increase(before.buckets(histogram), after.buckets(histogram))
     return Quantiles(metrics.histogram_quantile(0.5, window), metrics.histogram_quantile(0.95, window)), \
@@ -200,29 +173,27 @@ def quantiles(before: metrics.Scrape, after: metrics.Scrape, histogram: str) -> 
 
 def live_view(url: str, before: metrics.Scrape, after: metrics.Scrape) -> LiveView:
     seconds = after.at - before.at
+
+    def grown(name: str, **match: str) -> float | None:
+        return metrics.increase(before.total(name, **match), after.total(name, **match))
+
+    def per_s(name: str) -> float | None:
+        count = grown(name)
+        return count / seconds if count is not None and seconds > 0 else None
+
     ttft, first_tokens = quantiles(before, after, metrics.TTFT)
-    itl, _ = quantiles(before, after, metrics.ITL)
-    queries = metrics.increase(before.total(metrics.PREFIX_CACHE_QUERIES), after.total(metrics.PREFIX_CACHE_QUERIES))
-    hits = metrics.increase(before.total(metrics.PREFIX_CACHE_HITS), after.total(metrics.PREFIX_CACHE_HITS))
-    by_reason = {}
-    for reason in sorted(after.label_values(metrics.REQUEST_SUCCESS, metrics.FINISHED_REASON)):
-        grown = metrics.increase(before.total(metrics.REQUEST_SUCCESS, finished_reason=reason),
-                            after.total(metrics.REQUEST_SUCCESS, finished_reason=reason))
-        if grown:
-            by_reason[reason] = grown
+    queries, hits = grown(metrics.PREFIX_CACHE_QUERIES), grown(metrics.PREFIX_CACHE_HITS)
+    by_reason = {reason: grown(metrics.REQUEST_SUCCESS, finished_reason=reason)
+                 for reason in sorted(after.label_values(metrics.REQUEST_SUCCESS, metrics.FINISHED_REASON))}
     return LiveView(
         url=url, interval_s=round(seconds, 3), running=after.total(metrics.RUNNING),
-        waiting=after.total(metrics.WAITING),
-        kv_cache_usage=after.total(metrics.KV_CACHE_USAGE), ttft_s=ttft, itl_s=itl, first_tokens=first_tokens,
-        finished=metrics.increase(before.total(metrics.REQUEST_SUCCESS), after.total(metrics.REQUEST_SUCCESS)),
-        finished_by_reason=by_reason,
-        prompt_tokens_per_s=rate(before, after, metrics.PROMPT_TOKENS, seconds),
-        generation_tokens_per_s=rate(before, after, metrics.GENERATION_TOKENS, seconds),
+        waiting=after.total(metrics.WAITING), kv_cache_usage=after.total(metrics.KV_CACHE_USAGE), ttft_s=ttft,
+        itl_s=quantiles(before, after, metrics.ITL)[0], first_tokens=first_tokens,
+        finished=grown(metrics.REQUEST_SUCCESS), finished_by_reason={r: n for r, n in by_reason.items() if n},
+        prompt_tokens_per_s=per_s(metrics.PROMPT_TOKENS), generation_tokens_per_s=per_s(metrics.GENERATION_TOKENS),
         prefix_cache_hit_rate=hits / queries if queries and hits is not None else None,
-        preemptions=metrics.increase(before.total(metrics.PREEMPTIONS), after.total(metrics.PREEMPTIONS)))
+        preemptions=grown(metrics.PREEMPTIONS))
 
-
-# --- one report -----------------------------------------------------------------------------------------------
 
 @dataclass
 class Report:
@@ -262,8 +233,7 @@ def render(report: Report) -> Any:
     from rich.text import Text
 
     parts: list[Any] = []
-    for warning in report.warnings:
-        # Command lines (indented) go below the panel, whole, so they copy and paste; the rest wraps inside it.
+    for warning in report.warnings:  # command lines (indented) go below the panel, whole, to copy and paste
         lines = warning.splitlines()
         parts.append(Panel("\n".join(line for line in lines if not line.startswith("  ")),
                            title="flex-start expiry", border_style="bold red"))
@@ -277,7 +247,8 @@ def render(report: Report) -> Any:
         chips = f" ({v.chips} chip{'s' if v.chips != 1 else ''})" if v.chips else ""
         table.add_row("VM", f"{v.name}  {v.zone}  [bold]{v.status}[/]  {v.machine_type or ''}{chips}")
         if v.status == GONE:
-            table.add_row("", "deleted (flex-start max run ended?) or destroyed: `pulumi up --refresh` makes a new one")
+            table.add_row("", "deleted (flex-start max run ended?) or destroyed: `tpuserve renew` or `tpuserve up` "
+                          "makes a new one")
         if v.uptime_s is not None:
             table.add_row("up", f"{human(v.uptime_s)} since {clock(v.started_at)}")
         if v.left_s is not None and v.status != GONE:
@@ -287,19 +258,15 @@ def render(report: Report) -> Any:
         if v.cost_so_far_usd is not None:
             table.add_row("cost so far", f"${v.cost_so_far_usd:,.2f} (at ${v.price_per_chip_hour:g} per chip-hour)")
         if v.status != GONE:
-            hashes = f"config {v.config_hash or '?'}"
-            if v.expected_config_hash and v.config_hash != v.expected_config_hash:
-                hashes += f" (the stack wants {v.expected_config_hash})"
-            table.add_row("boot", f"{v.boot_stage or 'no stage reported yet'} · {hashes}"
+            wanted = v.expected_config_hash
+            wants = f" (the stack wants {wanted})" if wanted and wanted != v.config_hash else ""
+            table.add_row("boot", f"{v.boot_stage or 'no stage reported yet'} · config {v.config_hash or '?'}{wants}"
                           + (f" · metrics agent {v.ops_agent}" if v.ops_agent else ""))
-        if v.engines and v.status != GONE:
-            table.add_row("engines", v.engines)
-        if v.reason:
-            table.add_row("reason", v.reason)
-        if v.warning and v.status != GONE:
-            table.add_row("warning", Text(v.warning, style="yellow"))
-        if v.compile_cache and v.status != GONE:
-            table.add_row("compile cache", v.compile_cache)
+            for label, value in (("engines", v.engines), ("reason", v.reason),
+                                 ("warning", v.warning and Text(v.warning, style="yellow")),
+                                 ("compile cache", v.compile_cache)):
+                if value:
+                    table.add_row(label, value)
     if report.vm and (report.server or report.server_error):
         table.add_row("", "")
     if report.server:
@@ -320,8 +287,6 @@ def render(report: Report) -> Any:
     parts.append(table)
     return Group(*parts)
 
-
-# --- command --------------------------------------------------------------------------------------------------
 
 @dataclass
 class Sources:
@@ -412,7 +377,7 @@ def status(url: str | None, watch: bool, interval_s: float, as_json: bool, price
     with ExitStack() as exits:
         sources = Sources(price_per_chip_hour=price_per_chip_hour, stack=stack or stack_of(outputs))
         if outputs is not None and outputs.get("target") == "gcp":
-            sources.compute = exits.enter_context(compute_client(compute_url))
+            sources.compute = ComputeClient(exits.enter_context(gce.adc_session()), compute_url)
             sources.target = Instance(str(outputs.get("project")), str(outputs.get("zone")),
                                       str(outputs.get("instanceName")))
             sources.expected_config_hash = outputs.get("configHash")
@@ -429,22 +394,9 @@ def stack_of(outputs: Mapping[str, Any] | None) -> str | None:
     return urn.split("::", 1)[0].split(":", 2)[2] if urn.startswith("urn:pulumi:") else None
 
 
-@contextmanager
-def compute_client(compute_url: str) -> Iterator[ComputeClient]:
-    from tpuserve.gce import MissingCredentials, adc_session
-
-    try:
-        session = adc_session()
-    except MissingCredentials as err:
-        raise click.ClickException(str(err)) from err
-    with session:
-        yield ComputeClient(session, compute_url)
-
-
 def reach(exits: ExitStack, outputs: Mapping[str, Any], has_vm: bool) -> tuple[str, str | None]:
-    """The stack's server root from here (an IAP tunnel for a gcp stack, a port-forward for gke, kept open while the
-    command runs), or why not. Only the endpoint: /metrics needs no API key and no model, so /v1/models (which
-    --api-key guards) is not asked. Without a tunnel a stack with a VM still shows the VM; one without fails."""
+    """The stack's server root from here (an IAP tunnel or a port-forward, open while the command runs), or why not
+    beside a VM. /metrics needs no API key and no model, so /v1/models is not asked."""
     try:
         return server_root(exits.enter_context(endpoint_for(outputs))), None
     except (ConfigError, TunnelError) as err:
@@ -460,20 +412,18 @@ def show(stream: Iterator[Report], as_json: bool, watch: bool) -> None:
         if as_json:
             for report in stream:
                 echo_json(report.as_json())  # --watch: JSON Lines, one per refresh as it happens
-        elif watch:
-            from rich.live import Live
-
-            console = Console()
-            with console.status("reading /metrics"):
-                report = next(stream)
-            with Live(render(report), console=console, auto_refresh=False) as live:
-                for report in stream:
-                    live.update(render(report), refresh=True)
-        else:
-            console = Console()
-            with console.status("reading /metrics"):
-                report = next(stream)
+            return
+        console = Console()
+        with console.status("reading /metrics"):
+            report = next(stream)
+        if not watch:
             console.print(render(report))
+            return
+        from rich.live import Live
+
+        with Live(render(report), console=console, auto_refresh=False) as live:
+            for report in stream:
+                live.update(render(report), refresh=True)
     except ServerUnreachable as err:
         raise click.ClickException(str(err)) from err
     except KeyboardInterrupt:
