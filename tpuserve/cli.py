@@ -108,6 +108,12 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def connection_reason(err: Exception) -> str:
+    """The innermost reason of a connection error ("Connection refused"), else its type's name."""
+    found = ERRNO_REASON.search(str(err))
+    return found.group(1).strip() if found else type(err).__name__
+
+
 def request_failure(err: Exception) -> str:
     """'cannot reach http://h:1/v1/models: Connection refused; ...' from a requests exception, without its reprs."""
     import requests
@@ -121,9 +127,7 @@ def request_failure(err: Exception) -> str:
     if isinstance(err, requests.Timeout):
         return f"no answer from {url} in time ({type(err).__name__}); is the server overloaded or the URL right?"
     if isinstance(err, requests.ConnectionError):
-        found = ERRNO_REASON.search(str(err))
-        reason = found.group(1).strip() if found else type(err).__name__
-        return f"cannot reach {url}: {reason}; is the server up and its URL right?"
+        return f"cannot reach {url}: {connection_reason(err)}; is the server up and its URL right?"
     return f"request to {url} failed: {type(err).__name__}: {one_line(err)}"
 
 

@@ -479,7 +479,7 @@ def warm_cache_first(session: Any, roots: Endpoints, project: str, stack: str, c
     except (ComputeApiError, requests.RequestException) as err:
         say(f"warning: could not list the stack's cache disks ({err}); trying zones in their configured order")
         return candidates
-    markers = inventory.warm_markers(inventory.Clients(session, roots), project, [stack])
+    markers = inventory.Look(session, roots, project, (stack,)).warm_markers()
     pinned = [current_zone] if current_zone in candidates else []
     ordered = pinned + zones_by_warm_cache([zone for zone in candidates if zone not in pinned], caches, markers)
     warm = [disk.zone for disk in caches if disk.zone in candidates and is_warm(disk, markers)]
