@@ -24,7 +24,6 @@ from components.config import build_stack_config
 from components.k8s_serving import TERMINATION_GRACE_S, ServingManifestArgs
 from tests.gke_fakes import T0, FakeApiServer, FakeGke
 from tests.pulumi_harness import stack_file_config
-from tests.test_stack_resolution import write_executable
 from tpuserve import gke_renewer
 from tpuserve.gke_renewer import RENEWAL_ANNOTATION, ApiCluster, ClusterError, Renewer, node_expiry
 from tpuserve.ops import gke_renew, up

@@ -10,6 +10,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -208,7 +209,6 @@ class LazyGroup(click.Group):
 def command_help(name: str) -> str:
     """The docstring of command `name`, read from its module's source: no import."""
     import ast
-    from pathlib import Path
 
     module, attribute = SUBCOMMANDS[name].split(":")
     source = Path(__file__).resolve().parents[1].joinpath(*module.split(".")).with_suffix(".py")
@@ -237,6 +237,11 @@ class Duration(click.ParamType):
 
 
 DURATION = Duration()
+
+
+# `--cwd`, the same option on every stack command
+cwd_option = click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
+                          show_default=True, help="The Pulumi project directory.")
 
 
 def json_option(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -15,7 +15,7 @@ from typing import Any
 import click
 import requests
 
-from tpuserve import exits
+from tpuserve import cli, exits
 from tpuserve.deploy.cache import CacheDisk, is_warm
 from tpuserve.deploy.preflight import Endpoints, adc_or_fail, endpoint_option
 from tpuserve.deploy.pulumi_cli import PulumiError, open_stack, require_project
@@ -406,8 +406,7 @@ def print_table(console: Any, inventory: Inventory) -> None:
 
 @click.command("inventory")
 @click.option("--stack", required=True, help="The stack whose resources to list (its labels and names).")
-@click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
-              show_default=True, help="The Pulumi project directory.")
+@cli.cwd_option
 @click.option("--json", "as_json", is_flag=True, help="Print the inventory as one JSON document.")
 @endpoint_option
 def inventory(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]) -> None:
@@ -421,9 +420,7 @@ def inventory(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]) 
     with adc_or_fail() as session:
         found = stock_of(pulumi, session, roots, config)
     if as_json:
-        from tpuserve.cli import echo_json
-
-        echo_json(found.as_dict())
+        cli.echo_json(found.as_dict())
     else:
         print_table(Console(), found)
     raise click.exceptions.Exit(exits.ORPHANS if found.billing_orphans else exits.OK)

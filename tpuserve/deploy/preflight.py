@@ -12,7 +12,7 @@ import click
 
 import requests
 
-from tpuserve import exits
+from tpuserve import cli, exits
 from tpuserve.cli import echo_json
 from tpuserve.client import error_message
 from tpuserve.deploy import nat
@@ -487,8 +487,7 @@ def endpoint_option(command: Any) -> Any:
 @click.command("preflight")
 @click.option("--stack", required=True, help="Pulumi stack to check (reads its config with the pulumi CLI).")
 @click.option("--zones", help="Comma-separated zones to check, instead of the stack's.")
-@click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
-              show_default=True, help="The Pulumi project directory.")
+@cli.cwd_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line: the checks and the zones to try.")
 @endpoint_option
 def preflight_command(stack: str, zones: str | None, cwd: Path, as_json: bool, endpoints: tuple[str, ...]) -> None:

@@ -60,8 +60,7 @@ def run_command(stack: str, cwd: Path, as_json: bool, action: Callable[[Renewer]
 def common(command: Callable[..., Any]) -> Callable[..., Any]:
     """--stack, --cwd and --json, in that order in --help."""
     command = click.option("--json", "as_json", is_flag=True, help="End with one JSON line.")(command)
-    command = click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
-                           show_default=True, help="The Pulumi project directory.")(command)
+    command = cli.cwd_option(command)
     return click.option("--stack", required=True, help="The gke stack.")(command)
 
 

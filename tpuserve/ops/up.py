@@ -315,8 +315,7 @@ def verdict(result: SweepResult, stack: str, candidates: Sequence[str],
 @click.option("--skip-preflight", is_flag=True, help="Do not run `tpuserve preflight` first.")
 @click.option("--replace-vm", is_flag=True, help="Go ahead when the change replaces the stack's TPU VM (a new "
               "flex-start request and a cold boot); without it such a change stops before anything happens.")
-@click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
-              show_default=True, help="The Pulumi project directory.")
+@cli.cwd_option
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON line: outcome, zone, attempts, orphans.")
 @endpoint_option
 @click.argument("pulumi_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- PULUMI UP FLAGS]")
