@@ -3,7 +3,7 @@ labels and the termination annotation GKE sets, the HPA, ReplicaSet, scheduler, 
 expiry as controllers): the replica is replaced before its node is deleted, the endpoint stays up across max runs, and
 a renewal without capacity leaves the cluster as it found it. Then the same renewer as the CronJob runs it: through a
 fake Kubernetes API server with the RBAC the stack declares, and from the ConfigMap's files on a bare Python; and as
-`tpuserve gke renew` runs it, through kubectl."""
+`tpuserve gke renew` runs it, through `kubectl proxy`."""
 
 from __future__ import annotations
 
@@ -24,11 +24,9 @@ from components.config import build_stack_config
 from components.k8s_serving import TERMINATION_GRACE_S, ServingManifestArgs
 from tests.gke_fakes import T0, FakeApiServer, FakeGke
 from tests.pulumi_harness import stack_file_config
-from tests.test_stack_resolution import write_executable
 from tpuserve import gke_renewer
 from tpuserve.gke_renewer import RENEWAL_ANNOTATION, ApiCluster, ClusterError, Renewer, node_expiry
 from tpuserve.ops import gke_renew, up
-from tpuserve.ops.gke_renew import KubectlCluster
 
 LEAD = timedelta(minutes=45)
 TIMEOUT_S = 70 * 60.0
@@ -207,50 +205,7 @@ def test_the_deletion_time_is_gkes_annotation_or_creation_plus_the_max_run() -> 
     assert node_expiry(bare, 0) is None
 
 
-# --- kubectl, and the command ---------------------------------------------------------------------------------
-
-KUBECTL = """#!/usr/bin/env python3
-import json, os, sys
-log = os.environ["FAKE_KUBECTL_LOG"]
-with open(log, "a") as out:
-    out.write(json.dumps(sys.argv[1:]) + "\\n")
-args = sys.argv[1:]
-if args[0] == "get":
-    kind = args[1]
-    answers = json.load(open(os.environ["FAKE_KUBECTL_ANSWERS"]))
-    print(json.dumps(answers[kind]))
-elif args[0] == "patch" and "bad" in args:
-    print('Error from server (NotFound): nodes "bad" not found', file=sys.stderr)
-    sys.exit(1)
-"""
-
-
-def test_kubectl_speaks_merge_patches_and_reads_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    kubectl = tmp_path / "kubectl"
-    write_executable(kubectl, KUBECTL)
-    gke = serving(FakeGke())
-    answers = {"nodes": {"kind": "List", "items": gke.nodes(POOL)},
-               "pods": {"kind": "List", "items": gke.pods("tpu-serve", gke.selector)},
-               "deployment": gke.deployment("tpu-serve", "vllm"),
-               "horizontalpodautoscaler": {"kind": "List", "items": [gke.hpa("tpu-serve", "vllm")]}}
-    (tmp_path / "answers.json").write_text(json.dumps(answers))
-    env = {"PATH": "/usr/bin:/bin", "FAKE_KUBECTL_LOG": str(tmp_path / "log"),
-           "FAKE_KUBECTL_ANSWERS": str(tmp_path / "answers.json"), "KUBECONFIG": str(tmp_path / "kubeconfig")}
-    cluster = KubectlCluster(env, str(kubectl))
-    assert [n["metadata"]["name"] for n in cluster.nodes(POOL)] == list(gke.node_objs)
-    assert cluster.hpa("tpu-serve", "vllm")["spec"]["maxReplicas"] == 1
-    cluster.patch("node", "gke-n-1", {"spec": {"unschedulable": True}})
-    cluster.scale("tpu-serve", "vllm", 2)
-    argv = [json.loads(line) for line in (tmp_path / "log").read_text().splitlines()]
-    assert argv == [
-        ["get", "nodes", "--selector", f"cloud.google.com/gke-nodepool={POOL}", "--output", "json"],
-        ["get", "horizontalpodautoscaler", "--namespace", "tpu-serve", "--field-selector", "metadata.name=vllm",
-         "--output", "json"],
-        ["patch", "node", "gke-n-1", "--type", "merge", "--patch", '{"spec":{"unschedulable":true}}'],
-        ["scale", "deployment/vllm", "--namespace", "tpu-serve", "--replicas=2"]]
-    with pytest.raises(gke_renew.ClusterError, match=r'kubectl patch node bad exited with 1: .*nodes "bad" not found'):
-        cluster.patch("node", "bad", {"spec": {"unschedulable": True}})
-
+# --- the command ---------------------------------------------------------------------------------
 
 OUTPUTS = {"target": "gke", "project": "my-ml-sandbox", "cluster": "tpu-serve-gke", "clusterLocation": "us-east5",
            "namespace": "tpu-serve", "deployment": "vllm", "nodePool": POOL, "nodePoolMaxNodes": 2,
@@ -263,8 +218,7 @@ def command(monkeypatch: pytest.MonkeyPatch, gke: FakeGke, outputs: dict, *args:
     from tpuserve.cli import main
 
     monkeypatch.setattr("tpuserve.deploy.stack.stack_outputs", lambda stack, cwd=None: outputs)
-    monkeypatch.setattr(gke_renew, "open_cluster", lambda outputs: nullcontext({}))
-    monkeypatch.setattr(gke_renew, "KubectlCluster", lambda env: gke)
+    monkeypatch.setattr(gke_renew, "open_cluster", lambda outputs: nullcontext(gke))
     original = gke_renew.Renewer.__init__
 
     def on_the_fake_clock(self, *a, **kw):  # the command's renewer, on the fake's clock

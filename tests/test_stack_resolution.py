@@ -77,7 +77,8 @@ def accepts(port: int) -> bool:
 def test_stack_outputs_asks_pulumi_for_the_named_stack(shims: Path, tmp_path: Path) -> None:
     fake_pulumi_result(shims, json.dumps(GCP_OUTPUTS))
     assert stack.stack_outputs("dev", cwd=tmp_path) == GCP_OUTPUTS
-    assert (shims / "pulumi.argv").read_text().split() == ["stack", "output", "--json", "--stack", "dev"]
+    assert (shims / "pulumi.argv").read_text().split() == ["stack", "output", "--json", "--stack", "dev",
+                                                                "--non-interactive"]
     assert (shims / "pulumi.cwd").read_text().strip() == str(tmp_path)
 
 

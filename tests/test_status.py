@@ -328,7 +328,7 @@ def test_a_stack_named_by_stack_is_read_through_the_pulumi_cli(tmp_path, monkeyp
         result = invoke("--stack", "dev", "--json", "--interval", "0.5")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["server"]["waiting"] == 2.0
-    assert pulumi.calls() == [["stack", "output", "--json", "--stack", "dev"]]
+    assert pulumi.calls() == [["stack", "output", "--json", "--stack", "dev", "--non-interactive"]]
 
 
 def test_a_gcp_stack_shows_the_vm_and_the_server_through_an_iap_tunnel(tmp_path, no_credentials_needed, tunnels,

@@ -10,6 +10,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -108,6 +109,12 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def connection_reason(err: Exception) -> str:
+    """The innermost reason of a connection error ("Connection refused"), else its type's name."""
+    found = ERRNO_REASON.search(str(err))
+    return found.group(1).strip() if found else type(err).__name__
+
+
 def request_failure(err: Exception) -> str:
     """'cannot reach http://h:1/v1/models: Connection refused; ...' from a requests exception, without its reprs."""
     import requests
@@ -121,9 +128,7 @@ def request_failure(err: Exception) -> str:
     if isinstance(err, requests.Timeout):
         return f"no answer from {url} in time ({type(err).__name__}); is the server overloaded or the URL right?"
     if isinstance(err, requests.ConnectionError):
-        found = ERRNO_REASON.search(str(err))
-        reason = found.group(1).strip() if found else type(err).__name__
-        return f"cannot reach {url}: {reason}; is the server up and its URL right?"
+        return f"cannot reach {url}: {connection_reason(err)}; is the server up and its URL right?"
     return f"request to {url} failed: {type(err).__name__}: {one_line(err)}"
 
 
@@ -204,7 +209,6 @@ class LazyGroup(click.Group):
 def command_help(name: str) -> str:
     """The docstring of command `name`, read from its module's source: no import."""
     import ast
-    from pathlib import Path
 
     module, attribute = SUBCOMMANDS[name].split(":")
     source = Path(__file__).resolve().parents[1].joinpath(*module.split(".")).with_suffix(".py")
@@ -233,6 +237,11 @@ class Duration(click.ParamType):
 
 
 DURATION = Duration()
+
+
+# `--cwd`, the same option on every stack command
+cwd_option = click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
+                          show_default=True, help="The Pulumi project directory.")
 
 
 def json_option(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -19,10 +19,10 @@ DEFAULT_TIMEOUT_S = 30.0
 
 
 class ComputeApiError(RuntimeError):
-    """The Compute API answered with an HTTP error other than 'no guest attributes yet'."""
+    """A Google API answered with an HTTP error: "Compute API HTTP 403: ..." (`api` names another, or none)."""
 
-    def __init__(self, status: int, message: str):
-        super().__init__(f"Compute API HTTP {status}: {message}")
+    def __init__(self, status: int, message: str, api: str = "Compute API"):
+        super().__init__(f"{api} HTTP {status}: {message}".lstrip())
         self.status = status
 
 

@@ -315,12 +315,13 @@ class ApiCluster:
     def call(self, method: str, path: str, query: Mapping[str, str] | None = None,
              body: Mapping[str, Any] | None = None, missing_ok: bool = False) -> dict[str, Any] | None:
         url = self.server + urllib.parse.quote(path) + (f"?{urllib.parse.urlencode(query)}" if query else "")
-        try:
-            with open(self.token_file, encoding="utf-8") as handle:
-                token = handle.read().strip()
-        except OSError as err:
-            raise ClusterError(f"cannot read the service account token {self.token_file}: {err}") from err
-        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        headers = {"Accept": "application/json"}
+        if self.token_file:  # none through `kubectl proxy`, which authenticates itself
+            try:
+                with open(self.token_file, encoding="utf-8") as handle:
+                    headers["Authorization"] = f"Bearer {handle.read().strip()}"
+            except OSError as err:
+                raise ClusterError(f"cannot read the service account token {self.token_file}: {err}") from err
         data = None
         if body is not None:
             data, headers["Content-Type"] = json.dumps(body, separators=(",", ":")).encode(), MERGE_PATCH

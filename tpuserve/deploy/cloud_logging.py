@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import requests
-
 from tpuserve.client import error_message
 from tpuserve.facts import CONTAINER_LOG_NAME
-from tpuserve.gce import DEFAULT_TIMEOUT_S, JsonApi
+from tpuserve.gce import JsonApi
 
 LOGGING_URL = "https://logging.googleapis.com"
 MAX_PAGE_SIZE = 1000  # entries.list's own cap on pageSize
@@ -46,9 +44,6 @@ def entry_text(entry: dict[str, Any]) -> str:
 
 
 class LoggingClient(JsonApi):
-    def __init__(self, session: requests.Session, base_url: str = LOGGING_URL, timeout_s: float = DEFAULT_TIMEOUT_S):
-        super().__init__(session, base_url, timeout_s)
-
     def latest_entries(self, project: str, log_filter: str, limit: int) -> list[dict[str, Any]]:
         """The newest `limit` entries matching `log_filter`, oldest first (as a log reads)."""
         entries: list[dict[str, Any]] = []

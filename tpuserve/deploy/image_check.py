@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from tpuserve import cli
 from tpuserve.cli import Failure, echo_json, json_option
 from tpuserve.deploy.preflight import Endpoints, endpoint_option
 from tpuserve.facts import VLLM_TPU_IMAGE, VLLM_TPU_IMAGE_EVIDENCE, VLLM_TPU_IMAGE_VLLM
@@ -36,8 +37,7 @@ def images() -> None:
 @images.command("check")
 @click.option("--stack", help="Check this Pulumi stack's containerImage (the pinned default when it sets none).")
 @click.option("--image", help="Check this image reference instead (a tag or IMAGE@sha256:...).")
-@click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
-              show_default=True, help="The Pulumi project directory (with --stack).")
+@cli.cwd_option
 @json_option
 @endpoint_option
 def check(stack: str | None, image: str | None, cwd: Path, as_json: bool, endpoints: tuple[str, ...]) -> None:

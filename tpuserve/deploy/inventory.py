@@ -15,7 +15,7 @@ from typing import Any
 import click
 import requests
 
-from tpuserve import exits
+from tpuserve import cli, exits
 from tpuserve.deploy.cache import CacheDisk, is_warm
 from tpuserve.deploy.preflight import Endpoints, adc_or_fail, endpoint_option
 from tpuserve.deploy.pulumi_cli import PulumiError, open_stack, require_project
@@ -149,61 +149,48 @@ def disk_monthly(disk: Mapping[str, Any]) -> float:
 
 # --- the command's work ------------------------------------------------------------------------------------------
 
-@dataclass
-class Clients:
-    session: requests.Session
-    roots: Endpoints
-
-    def pages(self, url: str) -> Iterator[dict[str, Any]]:
-        return JsonApi(self.session).pages(url)
-
-    def stack_buckets(self, project: str, stacks: Sequence[str]) -> list[dict[str, Any]]:
-        return [b for b in self.buckets.list(project) if labelled(b.get("labels") or {}, stacks)]
-
-    @property
-    def buckets(self) -> Buckets:
-        return Buckets(self.session, self.roots.storage)
-
-
 def labelled(labels: Mapping[str, str], stacks: Sequence[str]) -> bool:
     return labels.get("app") == "tpu-serve" and labels.get("stack") in {stack_slug(s) for s in stacks}
 
 
-def take_stock(clients: Clients, project: str, stacks: Sequence[str], state: Mapping[str, set[str]],
-               keep_caches: bool = True, price_per_chip_hour: float = PRICE_PER_CHIP_HOUR) -> Inventory:
-    """The inventory of `stacks` in `project`; `state` maps each stack to its state's keys (state_keys)."""
-    inventory = Inventory(project, tuple(stacks))
-    look = Look(clients, project, tuple(stacks), set().union(*state.values()) if state else set(), keep_caches,
-                price_per_chip_hour, warm_markers(clients, project, stacks, inventory.errors))
-    for what, items in (("instances", look.instances()), ("disks", look.disks()), ("buckets", look.buckets()),
-                        ("firewalls and routers", look.network()), ("service accounts", look.service_accounts()),
-                        ("secrets", look.secrets())):
-        try:
-            for item in items:  # what was listed before an error stays
-                inventory.items.append(item)
-        except (requests.RequestException, RuntimeError) as err:
-            inventory.errors.append(f"{what}: {err}")
-    inventory.items.sort(key=lambda item: ({IN_STATE: 0, KEPT: 1, ORPHAN: 2}[item.status], item.kind, item.name))
-    return inventory
-
-
-@dataclass(frozen=True)
+@dataclass
 class Look:
     """Where the stacks' resources are looked for, each kind an Item generator (docs/design/inventory.md)."""
 
-    clients: Clients
+    session: requests.Session
+    roots: Endpoints
     project: str
     stacks: tuple[str, ...]
-    held: set[str]
-    keep_caches: bool
-    price_per_chip_hour: float
-    warm: set[str] | None
+    held: set[str] = field(default_factory=set)  # the state's keys (state_keys)
+    keep_caches: bool = True
+    price_per_chip_hour: float = PRICE_PER_CHIP_HOUR
+    warm: set[str] | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def pages(self, url: str) -> Iterator[dict[str, Any]]:
+        return JsonApi(self.session).pages(url)
+
+    @property
+    def gcs(self) -> Buckets:
+        return Buckets(self.session, self.roots.storage)
+
+    def stack_buckets(self) -> list[dict[str, Any]]:
+        return [b for b in self.gcs.list(self.project) if labelled(b.get("labels") or {}, self.stacks)]
+
+    def warm_markers(self) -> set[str] | None:
+        """`zone/disk` for every marker in the stacks' compile-cache buckets; None (and an error) when unreadable."""
+        try:
+            return {item["name"].removeprefix(WARM_MARKER_PREFIX) for bucket in self.stack_buckets()
+                    for item in self.gcs.objects(bucket["name"], WARM_MARKER_PREFIX)}
+        except (requests.RequestException, RuntimeError) as err:
+            self.errors.append(f"compile-cache markers: {err}")
+            return None
 
     def mark(self, kind: str, location: str, name: str) -> str:
         return IN_STATE if key(kind, location, name) in self.held else ORPHAN
 
     def instances(self) -> Iterator[Item]:
-        compute = ComputeClient(self.clients.session, self.clients.roots.compute)
+        compute = ComputeClient(self.session, self.roots.compute)
         for instance in compute.aggregated_instances(self.project, label_filter({"app": "tpu-serve"})):
             if labelled(instance.get("labels") or {}, self.stacks):
                 zone, name = str(instance.get("zone", "")).rsplit("/", 1)[-1], instance["name"]
@@ -216,16 +203,16 @@ class Look:
                                   "--quiet", detail=f"{machine_type}, {instance.get('status', '')}")
 
     def disks(self) -> Iterator[Item]:
-        disks = ZonalDisks(self.clients.session, self.clients.roots.compute)
+        disks = ZonalDisks(self.session, self.roots.compute)
         for disk in disks.aggregated(self.project, label_filter({"app": "tpu-serve"})):
             if labelled(disk.get("labels") or {}, self.stacks):
-                yield disk_item(disk, self.project, self.held, self.warm, self.keep_caches)
+                yield self.disk_item(disk)
 
     def buckets(self) -> Iterator[Item]:
         price = float(prices()["storagePerGbMonth"]["STANDARD"])
-        for bucket in self.clients.stack_buckets(self.project, self.stacks):
+        for bucket in self.stack_buckets():
             name = bucket["name"]
-            size = sum(int(item.get("size", 0)) for item in self.clients.buckets.objects(name))
+            size = sum(int(item.get("size", 0)) for item in self.gcs.objects(name))
             status = IN_STATE if key("bucket", "global", name) in self.held else KEPT if self.keep_caches else ORPHAN
             yield Item("bucket", name, str(bucket.get("location", "")).lower(), status,
                        "" if status == IN_STATE else "the compile-cache bucket, kept for the next deployment"
@@ -236,8 +223,8 @@ class Look:
         """Firewalls, and routers with their NATs, by the names the program gives them."""
         bases = [base_name(stack) for stack in self.stacks]
         autonamed = re.compile(rf"^(?:{'|'.join(map(re.escape, bases))})(?:-[a-z0-9-]+)?{AUTONAME}$")
-        compute = f"{self.clients.roots.compute}/compute/v1/projects/{self.project}"
-        for body in self.clients.pages(f"{compute}/global/firewalls"):
+        compute = f"{self.roots.compute}/compute/v1/projects/{self.project}"
+        for body in self.pages(f"{compute}/global/firewalls"):
             for rule in body.get("items") or []:
                 name, status = rule["name"], self.mark("firewall", "global", rule["name"])
                 if status == IN_STATE or autonamed.match(name) and set(rule.get("targetTags") or []) & set(bases):
@@ -245,7 +232,7 @@ class Look:
                                remove=f"gcloud compute firewall-rules delete {name} --project {self.project} --quiet",
                                detail=f"to {', '.join(rule.get('targetTags') or [])}")
         nat_price = float(prices()["cloudNat"]["perVmHour"])
-        for body in self.clients.pages(f"{compute}/aggregated/routers"):
+        for body in self.pages(f"{compute}/aggregated/routers"):
             for scope, scoped in (body.get("items") or {}).items():
                 region = scope.rsplit("/", 1)[-1]
                 for router in scoped.get("routers", []):
@@ -262,7 +249,7 @@ class Look:
 
     def service_accounts(self) -> Iterator[Item]:
         accounts = {service_account_id(base_name(stack)) for stack in self.stacks}
-        for body in self.clients.pages(f"{self.clients.roots.iam}/v1/projects/{self.project}/serviceAccounts"):
+        for body in self.pages(f"{self.roots.iam}/v1/projects/{self.project}/serviceAccounts"):
             for account in body.get("accounts") or []:
                 account_id = str(account.get("email", "")).split("@", 1)[0]
                 if account_id in accounts:
@@ -272,7 +259,7 @@ class Look:
                                       "--quiet")
 
     def secrets(self) -> Iterator[Item]:
-        for body in self.clients.pages(f"{self.clients.roots.secretmanager}/v1/projects/{self.project}/secrets"):
+        for body in self.pages(f"{self.roots.secretmanager}/v1/projects/{self.project}/secrets"):
             for secret in body.get("secrets") or []:
                 if labelled(secret.get("labels") or {}, self.stacks):
                     name = str(secret["name"]).rsplit("/", 1)[-1]
@@ -280,76 +267,73 @@ class Look:
                                monthly_usd=float(prices()["secretManager"]["perActiveVersionMonth"]),
                                remove=f"gcloud secrets delete {name} --project {self.project} --quiet")
 
-
-def disk_item(disk: Mapping[str, Any], project: str, held: set[str], warm: set[str] | None,
-              keep_caches: bool) -> Item:
-    zone = str(disk.get("zone", "")).rsplit("/", 1)[-1]
-    name = str(disk["name"])
-    users = [str(user).rsplit("/", 1)[-1] for user in disk.get("users") or []]
-    remove = f"gcloud compute disks delete {name} --zone {zone} --project {project} --quiet"
-    detail = f"{disk.get('sizeGb')} GB {str(disk.get('type', '')).rsplit('/', 1)[-1]}" + (
-        f", attached to {', '.join(users)}" if users else "")
-    monthly = disk_monthly(disk)
-    if key("disk", zone, name) in held:
-        return Item("disk", name, zone, IN_STATE, monthly_usd=monthly, detail=detail)
-    if users:  # a boot disk, or a cache disk attached to a VM the inventory lists: it goes with that VM
-        return Item("disk", name, zone, IN_STATE if any(key("instance", zone, u) in held for u in users) else ORPHAN,
-                    "attached to a VM", monthly_usd=monthly, remove=remove, detail=detail)
-    cache = CACHE_LABEL in (disk.get("labels") or {})
-    if cache and is_warm(CacheDisk.from_api(disk), warm) and keep_caches:
-        return Item("disk", name, zone, KEPT, f"a warm cache (last attached {disk.get('lastAttachTimestamp')}): "
-                    "the next VM in this zone boots warm", monthly_usd=monthly, remove=remove, detail=detail)
-    why = "a cache disk that never held a served cache (never attached, or no compile-cache marker)" if cache \
-        else "not in the stack's state and attached to nothing"
-    return Item("disk", name, zone, ORPHAN, why, monthly_usd=monthly, remove=remove, detail=detail)
+    def disk_item(self, disk: Mapping[str, Any]) -> Item:
+        zone = str(disk.get("zone", "")).rsplit("/", 1)[-1]
+        name = str(disk["name"])
+        users = [str(user).rsplit("/", 1)[-1] for user in disk.get("users") or []]
+        remove = f"gcloud compute disks delete {name} --zone {zone} --project {self.project} --quiet"
+        detail = f"{disk.get('sizeGb')} GB {str(disk.get('type', '')).rsplit('/', 1)[-1]}" + (
+            f", attached to {', '.join(users)}" if users else "")
+        monthly = disk_monthly(disk)
+        if key("disk", zone, name) in self.held:
+            return Item("disk", name, zone, IN_STATE, monthly_usd=monthly, detail=detail)
+        if users:  # a boot disk, or a cache disk attached to a VM the inventory lists: it goes with that VM
+            held = any(key("instance", zone, user) in self.held for user in users)
+            return Item("disk", name, zone, IN_STATE if held else ORPHAN, "attached to a VM", monthly_usd=monthly, remove=remove, detail=detail)
+        cache = CACHE_LABEL in (disk.get("labels") or {})
+        if cache and is_warm(CacheDisk.from_api(disk), self.warm) and self.keep_caches:
+            return Item("disk", name, zone, KEPT, f"a warm cache (last attached {disk.get('lastAttachTimestamp')}): "
+                        "the next VM in this zone boots warm", monthly_usd=monthly, remove=remove, detail=detail)
+        why = "a cache disk that never held a served cache (never attached, or no compile-cache marker)" if cache \
+            else "not in the stack's state and attached to nothing"
+        return Item("disk", name, zone, ORPHAN, why, monthly_usd=monthly, remove=remove, detail=detail)
 
 
-def warm_markers(clients: Clients, project: str, stacks: Sequence[str],
-                 errors: list[str] | None = None) -> set[str] | None:
-    """`zone/disk` for every marker in the stacks' compile-cache buckets; None (and an error) when unreadable."""
-    try:
-        return {item["name"].removeprefix(WARM_MARKER_PREFIX) for bucket in clients.stack_buckets(project, stacks)
-                for item in clients.buckets.objects(bucket["name"], WARM_MARKER_PREFIX)}
-    except (requests.RequestException, RuntimeError) as err:
-        if errors is not None:
-            errors.append(f"compile-cache markers: {err}")
-        return None
-
-
-def stock_of(pulumi: Any, clients: Clients, config: Mapping[str, Any]) -> Inventory:
+def stock_of(pulumi: Any, session: requests.Session, roots: Endpoints, config: Mapping[str, Any]) -> Inventory:
     """The inventory of `pulumi`'s stack (a state that cannot be exported counts as holding nothing, and says so)."""
     try:
-        state, errors = state_keys(pulumi.export()), []
+        held, errors = state_keys(pulumi.export()), []
     except Exception as err:  # noqa: BLE001 - PulumiError, or a state that is not JSON: the cloud still answers
-        state, errors = set(), [f"the state of {pulumi.stack} ({err})"]
-    inventory = take_stock(clients, str(config.get("project", "")), [pulumi.stack], {pulumi.stack: state},
-                           str(config.get("keepCaches", True)).lower() != "false",
-                           float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR))
-    inventory.errors += errors
+        held, errors = set(), [f"the state of {pulumi.stack} ({err})"]
+    look = Look(session, roots, str(config.get("project", "")), (pulumi.stack,), held,
+                str(config.get("keepCaches", True)).lower() != "false",
+                float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR))
+    look.warm = look.warm_markers()
+    inventory = Inventory(look.project, look.stacks)
+    for what, items in (("instances", look.instances()), ("disks", look.disks()), ("buckets", look.buckets()),
+                        ("firewalls and routers", look.network()), ("service accounts", look.service_accounts()),
+                        ("secrets", look.secrets())):
+        try:
+            for item in items:  # what was listed before an error stays
+                inventory.items.append(item)
+        except (requests.RequestException, RuntimeError) as err:
+            look.errors.append(f"{what}: {err}")
+    inventory.items.sort(key=lambda item: ({IN_STATE: 0, KEPT: 1, ORPHAN: 2}[item.status], item.kind, item.name))
+    inventory.errors = look.errors + errors
     return inventory
 
 
-def delete_items(clients: Clients, project: str, items: Sequence[Item]) -> list[str]:
+def delete_items(session: requests.Session, roots: Endpoints, project: str, items: Sequence[Item]) -> list[str]:
     """Delete orphans, VMs first (their disks free only then), each waited for; returns what failed, with why."""
-    disks = ZonalDisks(clients.session, clients.roots.compute)
-    compute = f"{clients.roots.compute.rstrip('/')}/compute/v1/projects/{project}"
+    disks = ZonalDisks(session, roots.compute)
+    compute = f"{roots.compute.rstrip('/')}/compute/v1/projects/{project}"
     waited = {"instance": "zones/{location}/instances/{name}", "router": "regions/{location}/routers/{name}",
               "firewall": "global/firewalls/{name}"}
-    gone_is_done = {"secret": f"{clients.roots.secretmanager}/v1/projects/{project}/secrets/{{name}}",
-                    "service-account": f"{clients.roots.iam}/v1/projects/{project}/serviceAccounts/"
+    gone_is_done = {"secret": f"{roots.secretmanager}/v1/projects/{project}/secrets/{{name}}",
+                    "service-account": f"{roots.iam}/v1/projects/{project}/serviceAccounts/"
                                        f"{{name}}@{project}.iam.gserviceaccount.com"}
     failed = []
     for item in sorted(items, key=lambda i: DELETE_ORDER.index(i.kind) if i.kind in DELETE_ORDER else 9):
         try:
             if item.kind in waited:
-                disks.wait_operation(clients.session.delete(
+                disks.wait_operation(session.delete(
                     f"{compute}/{waited[item.kind].format(location=item.location, name=item.name)}", timeout=30))
             elif item.kind == "disk":
                 disks.delete(project, item.location, item.name)
             elif item.kind == "bucket":
-                clients.buckets.delete(item.name)
+                Buckets(session, roots.storage).delete(item.name)
             elif item.kind in gone_is_done:
-                ok_or_gone(clients.session.delete(gone_is_done[item.kind].format(name=item.name), timeout=30))
+                ok_or_gone(session.delete(gone_is_done[item.kind].format(name=item.name), timeout=30))
             # a NAT goes with its router
         except (ComputeApiError, requests.RequestException) as err:
             failed.append(f"{item.kind} {item.name}: {err}")
@@ -360,15 +344,14 @@ def close_run(pulumi: Any, config: Mapping[str, Any], session: requests.Session,
               confirm: Callable[[Sequence[Any]], bool], say: Callable[[str], None], code: int,
               command: str) -> tuple[int, Inventory | None]:
     """The inventory ending `up`, `renew`, `destroy`, said; billing orphans deleted if `confirm`; one left: ORPHANS."""
-    clients = Clients(session, roots)
-    stock = said_stock(pulumi, clients, config, say)
+    stock = said_stock(pulumi, session, roots, config, say)
     orphans = stock.billing_orphans if stock is not None else []
     if orphans and confirm(orphans):
-        failed = delete_items(clients, stock.project, orphans)
+        failed = delete_items(session, roots, stock.project, orphans)
         for line in failed:
             say(f"warning: could not delete {line}")
         say(f"deleted {len(orphans) - len(failed)} orphan(s): {', '.join(f'{i.kind} {i.name}' for i in orphans)}")
-        stock = said_stock(pulumi, clients, config, say)
+        stock = said_stock(pulumi, session, roots, config, say)
     if stock is not None and stock.billing_orphans and code == exits.OK:
         say(f"Error: {len(stock.billing_orphans)} orphan(s) that bill are left (above, each with the command that "
             f"removes it); run `{command}` again with --yes to delete them")
@@ -376,10 +359,10 @@ def close_run(pulumi: Any, config: Mapping[str, Any], session: requests.Session,
     return code, stock
 
 
-def said_stock(pulumi: Any, clients: Clients, config: Mapping[str, Any], say: Callable[[str], None]
-               ) -> Inventory | None:
+def said_stock(pulumi: Any, session: requests.Session, roots: Endpoints, config: Mapping[str, Any],
+               say: Callable[[str], None]) -> Inventory | None:
     try:
-        stock = stock_of(pulumi, clients, config)
+        stock = stock_of(pulumi, session, roots, config)
     except (PulumiError, requests.RequestException, ComputeApiError) as err:
         say(f"warning: could not take the stack's inventory: {err}")
         return None
@@ -423,8 +406,7 @@ def print_table(console: Any, inventory: Inventory) -> None:
 
 @click.command("inventory")
 @click.option("--stack", required=True, help="The stack whose resources to list (its labels and names).")
-@click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
-              show_default=True, help="The Pulumi project directory.")
+@cli.cwd_option
 @click.option("--json", "as_json", is_flag=True, help="Print the inventory as one JSON document.")
 @endpoint_option
 def inventory(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]) -> None:
@@ -436,11 +418,9 @@ def inventory(stack: str, cwd: Path, as_json: bool, endpoints: tuple[str, ...]) 
     pulumi, config = open_stack(stack, cwd)
     require_project(config, stack)
     with adc_or_fail() as session:
-        found = stock_of(pulumi, Clients(session, roots), config)
+        found = stock_of(pulumi, session, roots, config)
     if as_json:
-        from tpuserve.cli import echo_json
-
-        echo_json(found.as_dict())
+        cli.echo_json(found.as_dict())
     else:
         print_table(Console(), found)
     raise click.exceptions.Exit(exits.ORPHANS if found.billing_orphans else exits.OK)

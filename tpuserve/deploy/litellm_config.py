@@ -48,16 +48,14 @@ def check_served(url: str, model: str, api_key: str | None, key_env: str = API_K
     """Refuse a --model the server at `url` does not list; an unreachable server is not asked, and that is said."""
     import requests
 
-    from tpuserve.cli import ERRNO_REASON
+    from tpuserve.cli import connection_reason
 
     try:
         served_card(url, model, api_key, timeout_s=CHECK_TIMEOUT_S, key_env=key_env)
     except ModelNotServed as err:
         raise click.BadParameter(str(err), param_hint="--model") from err
     except (requests.RequestException, EndpointError) as err:
-        found = ERRNO_REASON.search(str(err))
-        why = found.group(1).strip() if found else type(err).__name__ if not isinstance(err, EndpointError) \
-            else str(err)
+        why = str(err) if isinstance(err, EndpointError) else connection_reason(err)
         click.echo(f"note: {api_base(url)}/models did not answer ({why}): --model {model} is written unchecked",
                    err=True)
 

@@ -12,7 +12,7 @@ import click
 
 import requests
 
-from tpuserve import exits
+from tpuserve import cli, exits
 from tpuserve.cli import echo_json
 from tpuserve.client import error_message
 from tpuserve.deploy import nat
@@ -150,12 +150,6 @@ class Report:
                 "zones": self.usable_zones, "skipped": self.skipped}
 
 
-class ApiError(RuntimeError):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
 class Google:
     """GET/POST against one of the Endpoints with the session; errors carry Google's message."""
 
@@ -172,7 +166,7 @@ class Google:
         else:
             response = self.session.post(url, json=body, headers=headers, timeout=TIMEOUT_S)
         if not response.ok:
-            raise ApiError(response.status_code, f"HTTP {response.status_code}: {error_message(response)}")
+            raise ComputeApiError(response.status_code, error_message(response), api="")
         return dict(response.json())
 
 
@@ -185,7 +179,7 @@ def unreachable(name: str, err: Exception) -> Check:
 def check_project(google: Google) -> Check:
     try:
         project = google.call("cloudresourcemanager", f"/v1/projects/{google.project}")
-    except ApiError as err:
+    except ComputeApiError as err:
         return Check("project", FAIL, f"{google.project}: {err}",
                      "check `project` in the stack config (the project id) and that you may read it")
     except requests.RequestException as err:
@@ -204,7 +198,7 @@ def check_apis(google: Google, target: Target) -> tuple[Check, set[str]]:
     try:
         body = google.call("serviceusage", f"/v1/projects/{google.project}/services:batchGet",
                            params={"names": names}, bill_project=True)
-    except (ApiError, requests.RequestException) as err:
+    except (ComputeApiError, requests.RequestException) as err:
         return unreachable("APIs", err), set(wanted)
     enabled = {service["name"].rsplit("/", 1)[-1] for service in body.get("services", [])
                if service.get("state") == "ENABLED"}
@@ -299,7 +293,7 @@ def check_quota(google: Google, target: Target, report: Report, apis: set[str]) 
         try:
             infos[quota] = google.call("cloudquotas", f"/v1/projects/{target.project}/locations/global/services/"
                                                       f"compute.googleapis.com/quotaInfos/{quota}", bill_project=True)
-        except ApiError as err:
+        except ComputeApiError as err:
             if err.status != 404:  # an id the project does not have is no quota
                 return unreachable(name, err)
             infos[quota] = {}
@@ -341,7 +335,7 @@ def check_secret(google: Google, target: Target) -> Check:
     try:
         google.call("secretmanager", f"/v1/{target.secret_path}")
         version = google.call("secretmanager", f"/v1/{target.secret_path}/versions/latest")
-    except ApiError as err:
+    except ComputeApiError as err:
         return Check(name, FAIL, f"{target.secret_path}: {err}",
                      f"printf %s \"$HF_TOKEN\" | gcloud secrets create {target.secret_path.rsplit('/', 1)[-1]} "
                      f"--data-file=- --project {target.project} (or add a version to it)")
@@ -359,7 +353,7 @@ def check_permissions(google: Google, target: Target) -> Check:
     try:
         body = google.call("cloudresourcemanager", f"/v1/projects/{target.project}:testIamPermissions",
                            body={"permissions": wanted})
-    except (ApiError, requests.RequestException) as err:
+    except (ComputeApiError, requests.RequestException) as err:
         return unreachable(name, err)
     missing = [permission for permission in wanted if permission not in set(body.get("permissions", []))]
     if missing:
@@ -493,8 +487,7 @@ def endpoint_option(command: Any) -> Any:
 @click.command("preflight")
 @click.option("--stack", required=True, help="Pulumi stack to check (reads its config with the pulumi CLI).")
 @click.option("--zones", help="Comma-separated zones to check, instead of the stack's.")
-@click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
-              show_default=True, help="The Pulumi project directory.")
+@cli.cwd_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line: the checks and the zones to try.")
 @endpoint_option
 def preflight_command(stack: str, zones: str | None, cwd: Path, as_json: bool, endpoints: tuple[str, ...]) -> None:

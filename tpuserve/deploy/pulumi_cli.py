@@ -89,7 +89,7 @@ class PulumiCli:
     def _argv(self, *args: str) -> list[str]:
         return [self.executable, *args, "--stack", self.stack, "--non-interactive"]
 
-    def _run(self, *args: str) -> str:
+    def run(self, *args: str) -> str:
         result = subprocess.run(self._argv(*args), cwd=self.cwd, env=self.env, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
@@ -99,7 +99,7 @@ class PulumiCli:
 
     def config(self) -> dict[str, Any]:
         """The stack's `tpu-serve:` settings: key -> value (lists and objects parsed; secrets stay blinded)."""
-        raw = json.loads(self._run("config", "--json") or "{}")
+        raw = json.loads(self.run("config", "--json") or "{}")
         settings: dict[str, Any] = {}
         for key, entry in raw.items():
             namespace, _, name = key.partition(":")
@@ -115,27 +115,27 @@ class PulumiCli:
         return settings
 
     def set_config(self, key: str, value: str) -> None:
-        self._run("config", "set", key, value)
+        self.run("config", "set", key, value)
 
     def remove_config(self, key: str) -> None:
-        self._run("config", "rm", key)
+        self.run("config", "rm", key)
 
     def outputs(self) -> dict[str, Any]:
         """The stack's outputs; empty for a stack never deployed."""
         if self._outputs is None:
             try:
-                self._outputs = dict(json.loads(self._run("stack", "output", "--json") or "{}"))
+                self._outputs = dict(json.loads(self.run("stack", "output", "--json") or "{}"))
             except PulumiError:
                 return {}
         return dict(self._outputs)
 
     def output(self, name: str) -> Any:
         """One output, secrets shown (`pulumi stack output NAME --json --show-secrets`)."""
-        return json.loads(self._run("stack", "output", name, "--json", "--show-secrets"))
+        return json.loads(self.run("stack", "output", name, "--json", "--show-secrets"))
 
     def export(self) -> dict[str, Any]:
         """`pulumi stack export`: the state, whose resources carry their provider ids."""
-        return dict(json.loads(self._run("stack", "export") or "{}"))
+        return dict(json.loads(self.run("stack", "export") or "{}"))
 
     def refresh(self, timeout_s: float) -> Run:
         """Read every resource back from GCP and drop pending creates (a VM they made is the orphan sweep's)."""

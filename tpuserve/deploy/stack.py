@@ -35,17 +35,12 @@ class TunnelError(RuntimeError):
 
 def stack_outputs(stack: str, cwd: Path | None = None) -> dict[str, Any]:
     """`pulumi stack output --json --stack NAME`, run in the Pulumi project directory `cwd`."""
-    from tpuserve.deploy.pulumi_cli import missing_cli
+    from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
 
-    pulumi = shutil.which("pulumi")
-    if pulumi is None:
-        raise ConfigError(OPTION, f"reading stack {stack!r}: {missing_cli(stack)}")
-    result = subprocess.run([pulumi, "stack", "output", "--json", "--stack", stack], cwd=cwd,
-                            capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise ConfigError(OPTION, f"`pulumi stack output --stack {stack}` failed: "
-                          f"{result.stderr.strip() or result.stdout.strip()}")
-    outputs = json.loads(result.stdout or "{}")
+    try:
+        outputs = json.loads(PulumiCli(stack, cwd).run("stack", "output", "--json") or "{}")
+    except PulumiError as err:
+        raise ConfigError(OPTION, f"reading stack {stack!r}: {err}") from err
     if not outputs:
         raise ConfigError(OPTION, f"stack {stack!r} has no outputs; deploy it first: pulumi up --stack {stack}")
     return outputs

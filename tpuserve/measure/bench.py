@@ -29,7 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from tpuserve.cli import ERRNO_REASON, Failure, echo_json, json_option, request_failure
+from tpuserve.cli import Failure, connection_reason, echo_json, json_option, request_failure
 from tpuserve.client import API_KEY_ENV, response_error, server_root
 from tpuserve.deploy.stack import (Served, api_key_option, model_option, read_outputs, require_endpoint,
                                    served_endpoint, stack_options, url_option)
@@ -235,8 +235,7 @@ class Liveness:
         except requests.Timeout:
             why = f"no answer in {LIVENESS_TIMEOUT_S:g} s"
         except requests.RequestException as err:
-            found = ERRNO_REASON.search(str(err))
-            why = found.group(1).strip() if found else type(err).__name__
+            why = connection_reason(err)
         now = time.monotonic()
         self.since = None if why is None else now if self.since is None else self.since
         if self.since is None or now - self.since < UNANSWERED_LIMIT_S:

@@ -25,8 +25,7 @@ DESTROY_TIMEOUT_S = 30 * 60.0
 @click.command("destroy", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--stack", required=True, help="Pulumi stack to destroy.")
 @click.option("--yes", is_flag=True, help="Delete orphans that bill without asking (kept caches stay).")
-@click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
-              show_default=True, help="The Pulumi project directory.")
+@cli.cwd_option
 @click.option("--despite-nat-users", is_flag=True, help="Destroy even when VMs of other stacks reach the internet "
               "through this stack's Cloud NAT (they lose it until another stack makes one in their region).")
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON document: the outcome and the inventory.")

@@ -1,12 +1,11 @@
-"""`tpuserve gke renew` and `gke status`: a gke stack's TPU nodes by hand, through kubectl with the stack's
+"""`tpuserve gke renew` and `gke status`: a gke stack's TPU nodes by hand, through `kubectl proxy` with the stack's
 credentials; the renewal itself is tpuserve/gke_renewer.py, run by the stack's CronJob (docs/design/gke-renewal.md)."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -16,49 +15,8 @@ import click
 from tpuserve import cli, exits
 from tpuserve.cli import DURATION
 from tpuserve.durations import human
-from tpuserve.gke_renewer import (DEFAULT_LEAD, DEFAULT_TIMEOUT, POOL_LABEL, RENEWAL_ANNOTATION, Cluster,
+from tpuserve.gke_renewer import (DEFAULT_LEAD, DEFAULT_TIMEOUT, RENEWAL_ANNOTATION, ApiCluster, Cluster,
                                   ClusterError, Renewer)
-
-
-class KubectlCluster:
-    """The Cluster through `kubectl` with a stack's credentials (tpuserve.deploy.stack.gke_credentials)."""
-
-    def __init__(self, env: Mapping[str, str], kubectl: str | None = None, timeout_s: float = 120.0):
-        self.env, self.timeout_s = dict(env), timeout_s
-        self.kubectl = kubectl or self.env.get("KUBECTL") or shutil.which("kubectl") or "kubectl"
-
-    def run(self, *args: str) -> str:
-        done = subprocess.run([self.kubectl, *args], env=self.env, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=self.timeout_s, check=False)
-        if done.returncode != 0:
-            raise ClusterError(f"kubectl {' '.join(args[:3])} exited with {done.returncode}: "
-                               f"{' '.join(done.stderr.split())[-400:]}")
-        return done.stdout
-
-    def get(self, *args: str) -> dict[str, Any]:
-        return json.loads(self.run("get", *args, "--output", "json"))
-
-    def nodes(self, pool: str) -> list[dict[str, Any]]:
-        return self.get("nodes", "--selector", f"{POOL_LABEL}={pool}")["items"]
-
-    def pods(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]:
-        labels = ",".join(f"{key}={value}" for key, value in sorted(selector.items()))
-        return self.get("pods", "--namespace", namespace, "--selector", labels)["items"]
-
-    def deployment(self, namespace: str, name: str) -> dict[str, Any]:
-        return self.get("deployment", name, "--namespace", namespace)
-
-    def hpa(self, namespace: str, name: str) -> dict[str, Any] | None:
-        found = self.get("horizontalpodautoscaler", "--namespace", namespace, "--field-selector",
-                         f"metadata.name={name}")["items"]
-        return found[0] if found else None
-
-    def patch(self, kind: str, name: str, patch: Mapping[str, Any], namespace: str | None = None) -> None:
-        self.run("patch", kind, name, *(("--namespace", namespace) if namespace else ()), "--type", "merge",
-                 "--patch", json.dumps(patch, separators=(",", ":")))
-
-    def scale(self, namespace: str, name: str, replicas: int) -> None:
-        self.run("scale", f"deployment/{name}", "--namespace", namespace, f"--replicas={replicas}")
 
 
 def renewer_for(outputs: Mapping[str, Any], cluster: Cluster, say: Callable[[str], None]) -> Renewer:
@@ -71,10 +29,15 @@ def renewer_for(outputs: Mapping[str, Any], cluster: Cluster, say: Callable[[str
                    int(outputs["nodePoolMaxNodes"]), int(outputs.get("maxRunSeconds") or 0), say=say)
 
 
-def open_cluster(outputs: Mapping[str, Any]):  # pragma: no cover - the credentials' context is tested in test_stack_gke
-    from tpuserve.deploy.stack import gke_credentials
+@contextmanager
+def open_cluster(outputs: Mapping[str, Any]) -> Iterator[Cluster]:  # pragma: no cover - needs a cluster
+    """The CronJob's ApiCluster, through `kubectl proxy` with the stack's credentials (which it authenticates)."""
+    from tpuserve.deploy.stack import TUNNEL_READY_TIMEOUT_S, forwarding, free_local_port, gke_credentials
 
-    return gke_credentials(outputs)
+    port = free_local_port()
+    with gke_credentials(outputs) as env, forwarding([env["KUBECTL"], "proxy", f"--port={port}"], port,
+                                                     "kubectl proxy", TUNNEL_READY_TIMEOUT_S, env):
+        yield ApiCluster(f"http://127.0.0.1:{port}", token_file="")
 
 
 def run_command(stack: str, cwd: Path, as_json: bool, action: Callable[[Renewer], tuple[int, dict[str, Any]]]) -> None:
@@ -84,9 +47,8 @@ def run_command(stack: str, cwd: Path, as_json: bool, action: Callable[[Renewer]
 
     console = Console(stderr=as_json)
     outputs = stack_outputs(stack, cwd)
-    with open_cluster(outputs) as env:
-        renewer = renewer_for(outputs, KubectlCluster(env), lambda line: console.print(line, markup=False,
-                                                                                       highlight=False))
+    with open_cluster(outputs) as cluster:
+        renewer = renewer_for(outputs, cluster, lambda line: console.print(line, markup=False, highlight=False))
         try:
             code, summary = action(renewer)
         except ClusterError as err:
@@ -98,8 +60,7 @@ def run_command(stack: str, cwd: Path, as_json: bool, action: Callable[[Renewer]
 def common(command: Callable[..., Any]) -> Callable[..., Any]:
     """--stack, --cwd and --json, in that order in --help."""
     command = click.option("--json", "as_json", is_flag=True, help="End with one JSON line.")(command)
-    command = click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
-                           show_default=True, help="The Pulumi project directory.")(command)
+    command = cli.cwd_option(command)
     return click.option("--stack", required=True, help="The gke stack.")(command)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import click
 import requests
 
-from tpuserve import durations, exits
+from tpuserve import cli, durations, exits
 from tpuserve.deploy import inventory
 from tpuserve.deploy.preflight import Endpoints, configured_zones, endpoint_option, target_from_config
 from tpuserve.deploy.pulumi_cli import require_project
@@ -26,8 +26,7 @@ DEFAULT_LEAD = "45m"  # a successor's cold boot (8.5-10.5 min), the 15-minute sc
               help="Renew when flex-start deletes the VM in less than this; later, nothing is done.")
 @click.option("--zones", help="Comma-separated zones for the successor [default: the VM's zone, then the stack's].")
 @click.option("--yes", is_flag=True, help="Delete orphans that bill without asking.")
-@click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
-              show_default=True, help="The Pulumi project directory.")
+@cli.cwd_option
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON line: what was done, the VMs, the inventory.")
 @endpoint_option
 @click.argument("pulumi_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- PULUMI UP FLAGS]")

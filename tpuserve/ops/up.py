@@ -315,8 +315,7 @@ def verdict(result: SweepResult, stack: str, candidates: Sequence[str],
 @click.option("--skip-preflight", is_flag=True, help="Do not run `tpuserve preflight` first.")
 @click.option("--replace-vm", is_flag=True, help="Go ahead when the change replaces the stack's TPU VM (a new "
               "flex-start request and a cold boot); without it such a change stops before anything happens.")
-@click.option("--cwd", type=click.Path(file_okay=False, exists=True, path_type=Path), default=".",
-              show_default=True, help="The Pulumi project directory.")
+@cli.cwd_option
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON line: outcome, zone, attempts, orphans.")
 @endpoint_option
 @click.argument("pulumi_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- PULUMI UP FLAGS]")
@@ -479,7 +478,7 @@ def warm_cache_first(session: Any, roots: Endpoints, project: str, stack: str, c
     except (ComputeApiError, requests.RequestException) as err:
         say(f"warning: could not list the stack's cache disks ({err}); trying zones in their configured order")
         return candidates
-    markers = inventory.warm_markers(inventory.Clients(session, roots), project, [stack])
+    markers = inventory.Look(session, roots, project, (stack,)).warm_markers()
     pinned = [current_zone] if current_zone in candidates else []
     ordered = pinned + zones_by_warm_cache([zone for zone in candidates if zone not in pinned], caches, markers)
     warm = [disk.zone for disk in caches if disk.zone in candidates and is_warm(disk, markers)]
