@@ -8,6 +8,7 @@ import pulumi
 import pulumi_docker as docker
 
 from components.config import LocalConfig
+from tpuserve.facts import CONTAINER_HASH_LABEL
 from tpuserve.names import base_name, stack_labels
 from components.readiness import ReadinessGate, ReadinessGateArgs, url_target
 from tpuserve.serving import config_hash, vllm_serve_args
@@ -32,7 +33,7 @@ class LocalVllm(pulumi.ComponentResource):
         super().__init__("tpuserve:docker:LocalVllm", name, None, opts)
         base = base_name(stack)
         serving_hash = config_hash(cfg.serving)
-        labels = {**stack_labels(stack, dict(cfg.labels)), "tpu-serve.config-hash": serving_hash}
+        labels = {**stack_labels(stack, dict(cfg.labels)), CONTAINER_HASH_LABEL: serving_hash}
 
         child = pulumi.ResourceOptions(parent=self)
         image = docker.RemoteImage(base, name=cfg.serving.image, keep_locally=True, opts=child)
