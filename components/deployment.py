@@ -105,8 +105,7 @@ class TpuServeDeployment(pulumi.ComponentResource):
 
         port = cfg.serving.port
         self.outputs.update({
-            "instanceName": vm.name,
-            "internalIp": vm.internal_ip,
+            "instanceName": vm.name, "internalIp": vm.internal_ip, "vmUrn": vm.instance_urn,
             "endpoint": pulumi.Output.concat("http://", vm.internal_ip, f":{port}/v1"),
             "iapTunnelCommand": vm.name.apply(
                 lambda vm_name: f"gcloud compute start-iap-tunnel {vm_name} {port} --local-host-port=localhost:{port} "
@@ -114,18 +113,13 @@ class TpuServeDeployment(pulumi.ComponentResource):
             "sshCommand": vm.name.apply(
                 lambda vm_name: f"gcloud compute ssh {vm_name} --zone={cfg.zone} --project={cfg.project} "
                                 "--tunnel-through-iap"),
-            "model": cfg.serving.model,
+            "model": cfg.serving.model, "configHash": serving_hash,
             "vllmArgs": vllm_serve_args(cfg.serving),  # engine 0's; the others differ in --port only
-            "engines": cfg.serving.engines,
-            "tensorParallelSize": cfg.serving.tp,
-            "configHash": serving_hash,
-            "maxRunSeconds": cfg.max_run_seconds,
-            "worstCaseCostUsd": cfg.worst_case_cost_usd,
+            "engines": cfg.serving.engines, "tensorParallelSize": cfg.serving.tp,
+            "maxRunSeconds": cfg.max_run_seconds, "worstCaseCostUsd": cfg.worst_case_cost_usd,
             "cacheMonthlyCostUsd": cfg.cache_disk_monthly_usd,
             "expectedExpiry": vm.creation_timestamp.apply(lambda ts: expiry(ts, cfg.max_run_seconds)),
-            "bootTimeline": gate.timeline,
-            "dashboardUrl": watch.dashboard_url,
+            "bootTimeline": gate.timeline, "dashboardUrl": watch.dashboard_url,
             "alerts": watch.alerts,  # which alert policies exist, which wait for their metrics
-            "vmUrn": vm.instance_urn,
         })
         self.register_outputs(self.outputs)

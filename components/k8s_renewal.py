@@ -13,8 +13,7 @@ from tpuserve import durations
 from tpuserve.gke_renewer import DEFAULT_LEAD, DEFAULT_TIMEOUT, POOL_LABEL
 
 SCHEDULE = "*/15 * * * *"
-# python:3.12-slim's multi-arch index digest as public Dockerfiles pinned it in 2026; `python -m tpuserve.registry
-# python:3.12-slim` prints today's.
+# python:3.12-slim's multi-arch digest (2026); `python -m tpuserve.registry python:3.12-slim` prints today's.
 PYTHON_IMAGE = "python:3.12-slim@sha256:78387bc3881b8273120a12ebe6c1ab22b018ccc2c9adf565ae1ac9b536e184ea"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "tpuserve"
 # The renewer and what it imports from tpuserve (tests/test_gke_renew.py checks the closure).

@@ -24,8 +24,7 @@ class ServingNetworkArgs:
 
 
 class ServingNetwork(pulumi.ComponentResource):
-    """Firewall admitting only IAP on ssh and the vLLM port, to the VM's tag alone; Router + NAT so a VM without an
-    external IP can pull the image and the weights."""
+    """A firewall admitting only IAP (ssh, the vLLM port) to the VM's tag; a Router + NAT for egress."""
 
     def __init__(self, name: str, args: ServingNetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:gcp:ServingNetwork", name, None, opts)
@@ -46,8 +45,7 @@ class ServingNetwork(pulumi.ComponentResource):
 
 
 def cloud_nat(name: str, project: str, region: str, network: str, opts: pulumi.ResourceOptions) -> compute.RouterNat:
-    """`<name>-router` and `<name>-nat` in `region`, for machines without an external IP. The Router's description
-    names the stack, so other stacks can say whose NAT serves them (docs/design/cloud-nat.md)."""
+    """`<name>-router` and `<name>-nat` in `region`; the description names the stack (docs/design/cloud-nat.md)."""
     router = compute.Router(f"{name}-router", project=project, region=region, network=network,
                             description=router_description(pulumi.get_stack()), opts=opts)
     return compute.RouterNat(

@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 GIB = 2**30
-# A filesystem this much smaller than its device is grown (ext4 sizes itself in whole blocks; a fresh mkfs leaves
-# less than one block group's worth unused).
+# Grown when this much smaller than its device (a fresh mkfs leaves less than a block group unused).
 GROW_SLACK_BYTES = 128 * 2**20
 
 
@@ -31,10 +30,6 @@ def _run(argv: list[str], timeout_s: float = 120) -> str:
     return done.stdout
 
 
-def device_bytes(device: str) -> int:
-    return int(_run(["blockdev", "--getsize64", device]).strip())
-
-
 def filesystem_bytes(device: str) -> int:
     """The ext4 filesystem's size, from its superblock (tune2fs -l reads it on a mounted filesystem too)."""
     text = _run(["tune2fs", "-l", device])
@@ -47,7 +42,7 @@ def filesystem_bytes(device: str) -> int:
 
 def grow(device: str) -> str:
     """Grow the filesystem on `device` to the device's size when the device is bigger; what was done, or ''."""
-    before, available = filesystem_bytes(device), device_bytes(device)
+    before, available = filesystem_bytes(device), int(_run(["blockdev", "--getsize64", device]).strip())
     if available <= before + GROW_SLACK_BYTES:
         return ""
     _run(["resize2fs", device], timeout_s=1800)

@@ -58,6 +58,14 @@ def entries(directory: Path) -> int:
                and not path.name.startswith(PIN_PREFIX))
 
 
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write through a partial file renamed into place: a reader never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.replace(partial, path)
+
+
 def pin_path(directory: Path, config_hash: str) -> Path:
     return directory / f"{PIN_PREFIX}{config_hash}.json"
 
@@ -72,10 +80,8 @@ def read_pin(directory: Path, config_hash: str) -> int | None:
 
 
 def write_pin(directory: Path, config_hash: str, blocks: int, source: str) -> None:
-    path = pin_path(directory, config_hash)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps({"blocks": blocks, "config_hash": config_hash, "source": source}))
-    os.replace(partial, path)
+    write_atomic(pin_path(directory, config_hash), json.dumps({"blocks": blocks, "config_hash": config_hash,
+                                                                 "source": source}))
 
 
 def drop_pin(directory: Path, config_hash: str) -> None:
@@ -150,11 +156,7 @@ def restore(bucket: str, key: str, directory: Path, token: Callable[[], str],
         status, body = _request("GET", url, bearer)
         if status != 200:
             raise CacheError(f"downloading gs://{bucket}/{name} answered HTTP {status}")
-        target = directory / name[len(prefix):]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".partial")
-        partial.write_bytes(body)
-        os.replace(partial, target)
+        write_atomic(directory / name[len(prefix):], body)
 
     with ThreadPoolExecutor(WORKERS) as pool:
         list(pool.map(fetch, missing))

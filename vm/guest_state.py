@@ -67,16 +67,16 @@ class Store:
             return {}
         return value if isinstance(value, dict) else {}
 
-    def _write(self, name: str, value: dict) -> None:
-        partial = self.run_dir / f".{name}.new"
-        partial.write_text(json.dumps(value, sort_keys=True))
-        os.replace(partial, self.run_dir / name)
-
     def state(self) -> dict:
         return self._read(STATE_FILE)
 
     def stamp(self) -> dict:
         return self._read(STAMP_FILE)
+
+    def _write(self, name: str, value: dict) -> None:
+        partial = self.run_dir / f".{name}.new"
+        partial.write_text(json.dumps(value, sort_keys=True))
+        os.replace(partial, self.run_dir / name)
 
     def update(self, changes: Mapping[str, str], new_timeline: bool = False) -> dict:
         """Apply `changes` (None removes one; `new_timeline` drops at-<stage> fields first); seq bumped on change."""
@@ -127,7 +127,6 @@ class GuestState:
         self.thread: threading.Thread | None = None
 
     def update(self, changes: Mapping[str, str | None], new_timeline: bool = False) -> None:
-        """Change fields at once (one state change); the thread sends it when the budget allows."""
         self.store.update(changes, new_timeline)
         with self.changed:
             self.changed.notify_all()
@@ -152,16 +151,6 @@ class GuestState:
                 self.changed.wait(timeout=max(pause, 0.01))
 
 
-def parse_assignments(pairs: list[str]) -> dict[str, str]:
-    changes = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"guest_state.py: {pair!r} is not KEY=VALUE")
-        changes[key] = value
-    return changes
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Change the boot state and write it within the guest-attribute "
                                      "budget.")
@@ -176,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     setting.add_argument("assignments", nargs="*")
     args = parser.parse_args(argv)
     store = Store(args.run_dir)
+    if bad := [pair for pair in args.assignments if not pair.partition("=")[0] or "=" not in pair]:
+        raise SystemExit(f"guest_state.py: {bad[0]!r} is not KEY=VALUE")
     try:
-        store.update(parse_assignments(args.assignments), args.new_timeline)
+        store.update(dict(pair.split("=", 1) for pair in args.assignments), args.new_timeline)
     except ValueError as err:
         raise SystemExit(f"guest_state.py: {err}") from None
     while True:

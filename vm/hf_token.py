@@ -50,14 +50,14 @@ def _message(body: Any) -> str:
     return str(error.get("message"))[:300] if isinstance(error, dict) and error.get("message") else "no message"
 
 
+def _describe(status: int) -> str:
+    return f"HTTP {status}" if status else "no answer"
+
+
 def access_token(metadata_url: str, timeout_s: float = 10.0) -> tuple[int, str | None]:
     status, body = _get(metadata_url + TOKEN_PATH, {"Metadata-Flavor": "Google"}, timeout_s)
     token = body.get("access_token") if status == 200 and isinstance(body, dict) else None
     return (status, token) if token else (status or 0, None)
-
-
-def _describe(status: int) -> str:
-    return f"HTTP {status}" if status else "no answer"
 
 
 def duration(seconds: float) -> str:

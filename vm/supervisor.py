@@ -190,8 +190,7 @@ class ServedConfig:
     warmup_image: str = ""
     compile_cache_bucket: str = ""
     ready_timeout_s: float = 3600.0
-    # (variable, secret name) fetched into the container's environment beside HF_TOKEN; `api_key_env` is vLLM's
-    # API key among them, which the readiness checks then present
+    # (variable, secret name) fetched into the container's environment; `api_key_env` is the readiness checks' key
     secret_env: tuple[tuple[str, str], ...] = ()
     api_key_env: str = ""
     # modality -> a chat content part carrying it, for each modality not served: each should answer 4xx
@@ -293,12 +292,9 @@ class DockerUnavailable(RuntimeError):
     """docker did not answer in time: what runs is unknown, so nothing is decided on it."""
 
 
-# A command that runs out of time answers like a failed one (exit 124, as timeout(1)), never raises: a supervisor that
-# died on it would be restarted by systemd without its restart count. TIMEOUT_SCALE: --docker-timeout-scale (tests).
-TIMED_OUT = 124
-TIMEOUT_SCALE = 1.0
-# tpu-inference #926: a new process can fail to open the TPU while the previous one still holds its VFIO group; once
-# the holder is gone the same start succeeds.
+TIMED_OUT = 124  # a command out of time answers like a failed one (as timeout(1)), never raises
+TIMEOUT_SCALE = 1.0  # --docker-timeout-scale (tests)
+# tpu-inference #926: a start fails while the previous process holds the TPU's VFIO group; once it is gone, it succeeds.
 VFIO_BUSY = re.compile(r"open\(/dev/vfio/\d+\): Device or resource busy|Couldn't open iommu group /dev/vfio/\d+")
 VFIO_BUSY_ATTEMPTS = 3
 # vLLM's weight loader logs this after a download (vllm/model_executor/model_loader/weight_utils.py).
@@ -353,7 +349,6 @@ def inspect_container(name: str) -> Container | None:
 
 
 def inspect_or(name: str, unknown: Container | None) -> Container | None:
-    """inspect_container, or `unknown` when docker does not say."""
     try:
         return inspect_container(name)
     except DockerUnavailable:
@@ -371,8 +366,8 @@ def managed_containers() -> list[str]:
     return done.stdout.split()
 
 
-def container_logs(name: str, lines: int = 15) -> str:
-    return said(docker("logs", "--tail", str(lines), name, timeout_s=30), 1200)
+def container_logs(name: str) -> str:
+    return said(docker("logs", "--tail", "15", name, timeout_s=30), 1200)
 
 
 def image_digest(image: str) -> str:
@@ -432,7 +427,7 @@ def sets_block_count(argv: tuple[str, ...] | list[str]) -> bool:
 
 
 def fetch(url: str, timeout_s: float) -> tuple[int, str]:
-    """(status, body) of a GET to one of our servers; (0, '') when nothing answered."""
+    """(status, body); (0, '') when nothing answered."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - our server
             return response.status, response.read().decode(errors="replace")
@@ -458,13 +453,6 @@ def read_text(path: Path) -> str:
         return ""
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.new")
-    partial.write_text(text)
-    os.replace(partial, path)
-
-
 def weights_cached(hf_home: Path, model: str) -> bool:
     """Whether the Hugging Face cache already holds a snapshot of `model` (huggingface_hub's cache layout)."""
     snapshots = hf_home / "hub" / f"models--{model.replace('/', '--')}" / "snapshots"
@@ -480,14 +468,12 @@ class Supervisor:
     def __init__(self, settings: Settings, metadata: Metadata, latest: Latest, own_version: str,
                  state: guest_state.GuestState | None = None):
         self.settings = settings
-        self.metadata = metadata
+        self.metadata, self.latest, self.own_version = metadata, latest, own_version
         self.guest = state or state_writer(settings)
-        self.latest = latest
-        self.own_version = own_version
         # the config hash the startup script booted with: the first run continues that boot's timeline
         self.state = State(boot_hash=read_text(settings.path(FACTS["BOOT_HASH_FILE"])).strip())
         self.seen = 0
-        # Run each time the current config reaches `serving` (after a restart too): idempotent, never failing it.
+        # Run at each `serving` (after a restart too): idempotent, never failing it.
         self.post_serving_hooks = [self.push_compile_cache, self.mark_cache_disk, self.prune_caches,
                                    self.install_ops_agent]
         self.ops_agent: threading.Thread | None = None
@@ -541,7 +527,7 @@ class Supervisor:
                 log(f"warning: {err}; looking again in {self.settings.check_s:g} s")
 
     def check(self) -> dict[str, str]:
-        attributes, self.seen = self.latest.wait(self.seen, self.settings.check_s)
+        attributes = None
         while attributes is None:  # nothing read yet
             attributes, self.seen = self.latest.wait(self.seen, self.settings.check_s)
         return attributes
@@ -1036,9 +1022,8 @@ class Supervisor:
         self.sync_front(config)
         self.count_serving(config)
         self.state.phase, self.state.serving_since = "serving", time.monotonic()
-        # at-serving: the rerun's timeline ends where this run began serving
-        self.change({"config-hash": config.config_hash, "at-serving": str(int(time.time())), "stage": "serving"})
-        log("stage serving (adopted)")
+        log("adopted")
+        self.stage("serving", config_hash=config.config_hash)  # the rerun's timeline ends where this run serves
         self.install_ops_agent(config)  # a new bundle may carry a new agent configuration
 
     def exited(self, config: ServedConfig) -> list[tuple[Engine, str]]:
@@ -1079,14 +1064,7 @@ class Supervisor:
 
     def wait_for_tpu(self, config: ServedConfig, engines: list[Engine]) -> None:
         """Before starting `engines` again: wait until no process they left holds the TPU."""
-        deadline = time.monotonic() + self.settings.release_wait_s
-        besides = self.others_serving(config, engines)
-        while holders := vfio_holders(self.settings.path("/proc"), besides):
-            if time.monotonic() >= deadline:
-                log(f"warning: after {self.settings.release_wait_s:g} s the TPU is still held ({', '.join(holders)}); "
-                    "starting anyway")
-                return
-            self.pause(config, self.settings.poll_s)
+        self.remove(config, [], self.others_serving(config, engines))
 
     def give_up(self, config: ServedConfig) -> None:
         down = [engine for engine, _ in self.exited(config)] or [config.engines[0]]
@@ -1103,7 +1081,7 @@ class Supervisor:
                 systemctl("stop", FRONT_UNIT)
             return
         self.install_front(config)
-        write_atomic(self.settings.path(FRONT_CONFIG), config.front)
+        compile_cache.write_atomic(self.settings.path(FRONT_CONFIG), config.front)
         done = systemctl("restart", FRONT_UNIT)
         if done.returncode != 0:
             raise Failed(f"the front did not start (systemctl restart {FRONT_UNIT}: {said(done)})")
@@ -1114,7 +1092,7 @@ class Supervisor:
         path = self.settings.path(FRONT_CONFIG)
         if not config.front or read_text(path) == config.front:
             return
-        write_atomic(path, config.front)
+        compile_cache.write_atomic(path, config.front)
         done = systemctl("reload", FRONT_UNIT)
         log("front: HAProxy reloaded with a new config" if done.returncode == 0 else
             f"warning: systemctl reload {FRONT_UNIT} failed: {said(done, 300)}")
@@ -1148,8 +1126,8 @@ def install_bundle(bundle: dict[str, Any], directory: Path) -> None:
     for name, text in bundle["files"].items():
         if "/" in name or name.startswith("."):
             raise ValueError(f"bad file name in the supervisor bundle: {name!r}")
-        write_atomic(directory / name, text)
-    write_atomic(directory / "VERSION", str(bundle["version"]) + "\n")
+        compile_cache.write_atomic(directory / name, text)
+    compile_cache.write_atomic(directory / "VERSION", str(bundle["version"]) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
