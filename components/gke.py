@@ -55,11 +55,6 @@ def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
     }, separators=(",", ":"))
 
 
-def node_pool_name(base: str) -> str:
-    """`<base>-tpu`, within GKE's 40-character node pool names; unique per stack on a shared cluster."""
-    return f"{base[:36].rstrip('-')}-tpu"
-
-
 def _first(items: Any) -> Any:
     return items[0] if items else None
 
@@ -186,7 +181,7 @@ class GkeTpuCluster(pulumi.ComponentResource):
             self.cluster_name, self.location = cluster.name, cluster.location
             cluster_ready = [cluster]
 
-        pool_name = node_pool_name(name)
+        pool_name = f"{name[:36].rstrip('-')}-tpu"  # GKE's names are 40 characters; unique per stack on a cluster
         self.node_pool = container.NodePool(
             f"{name}-tpu", name=pool_name, project=args.project, cluster=self.cluster_name,
             location=self.location, node_locations=list(args.zones), initial_node_count=0,

@@ -56,10 +56,6 @@ class FlexStartTpuVmArgs:
     stack: str = ""  # named in the capacity hint
 
 
-def network_link(project: str, network: str) -> str:
-    return network if "/" in network else f"projects/{project}/global/networks/{network}"
-
-
 def vm_metadata(args: FlexStartTpuVmArgs) -> dict[str, pulumi.Input[str]]:
     return {"enable-guest-attributes": "TRUE", "enable-oslogin": "TRUE", BOOT_IMAGE_KEY: args.boot_image,
             **args.metadata}
@@ -74,7 +70,8 @@ def insert_body(name: str, args: FlexStartTpuVmArgs) -> dict[str, Any]:
     if args.cache_disk:
         disks.append({"source": args.cache_disk, "deviceName": args.cache_device_name, "mode": "READ_WRITE",
                       "autoDelete": False})
-    nic: dict[str, Any] = {"network": network_link(project, args.network)}
+    network = args.network if "/" in args.network else f"projects/{project}/global/networks/{args.network}"
+    nic: dict[str, Any] = {"network": network}
     if args.subnetwork:
         nic["subnetwork"] = args.subnetwork
     if args.external_ip:
@@ -128,7 +125,7 @@ def error_hooks(name: str, stack: str) -> pulumi.ResourceHookBinding | None:
 
 
 class FlexStartTpuVm(pulumi.ComponentResource):
-    """A FLEX_START VM, deleted when its run ends; its `metadata` set in place (pulumi-program.md#the-vm)."""
+    """A FLEX_START VM, deleted when its run ends; what it runs is its `metadata`, set in place (never replaced)."""
 
     name: pulumi.Output[str]
     instance_id: pulumi.Output[str]

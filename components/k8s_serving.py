@@ -85,13 +85,10 @@ def selector(args: ServingManifestArgs) -> dict[str, str]:
 def metadata(args: ServingManifestArgs, name: str | None = None, namespaced: bool = True,
              app: str = "vllm") -> dict[str, Any]:
     """`app`: another app's name (the picker, the renewer) keeps its objects out of the vLLM pods' selector."""
-    meta: dict[str, Any] = {"name": name or args.name,
-                            "labels": {**selector(args), "app.kubernetes.io/name": app,
-                                       "app.kubernetes.io/part-of": "tpu-serve",
-                                       "app.kubernetes.io/managed-by": "pulumi", **dict(args.labels)}}
-    if namespaced:
-        meta["namespace"] = args.namespace
-    return meta
+    return {"name": name or args.name,
+            "labels": {**selector(args), "app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "tpu-serve",
+                       "app.kubernetes.io/managed-by": "pulumi", **dict(args.labels)},
+            **({"namespace": args.namespace} if namespaced else {})}
 
 
 def script_texts() -> dict[str, str]:
@@ -99,10 +96,8 @@ def script_texts() -> dict[str, str]:
 
 
 def scripts_hash() -> str:
-    digest = hashlib.sha256()
-    for script, text in sorted(script_texts().items()):
-        digest.update(f"{script}\0{text}\0".encode())
-    return digest.hexdigest()[:16]
+    joined = "".join(f"{script}\0{text}\0" for script, text in sorted(script_texts().items()))
+    return hashlib.sha256(joined.encode()).hexdigest()[:16]
 
 
 def role_and_binding(meta: dict[str, Any], rules: list[dict[str, Any]], account: str, namespace: str,

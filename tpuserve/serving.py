@@ -397,7 +397,7 @@ TPU_CACHE_ENV = {"HF_HOME": CONTAINER_HF_HOME, "VLLM_XLA_CACHE_PATH": CONTAINER_
 
 def tpu_container_run_args(cfg: ServingConfig, config_hash: str, secret_env: Sequence[str] = (),
                            engine: int = 0) -> list[str]:
-    """`docker run` arguments of one engine on the VM; secrets by name only (docs/design/supervisor.md#the-container)."""
+    """One engine's `docker run` arguments on the VM, secrets by name only (docs/design/supervisor.md#the-container)."""
     caches = env_args(TPU_CACHE_ENV)  # HF_HOME, then the XLA cache's three
     return ["run", "--detach", "--name", engine_container(cfg.engines, engine), "--privileged", "--net=host",
             "-v", "/dev/shm:/dev/shm",

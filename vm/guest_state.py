@@ -1,9 +1,6 @@
-"""The boot's state as one guest attribute (format: tpuserve/facts.py GUEST_STATE_*), written within Google's budget.
-
-Two writers share the budget through a state file and a stamp under an flock on /run: the startup script (this
-file's command line) and the supervisor (`GuestState`). Why: docs/design/supervisor.md#the-boot-state.
-
-    python3 guest_state.py --metadata-url URL --run-dir DIR [--interval-s 12] set [--new-timeline] [--flush] K=V ...
+"""The boot's state as one guest attribute (tpuserve/facts.py GUEST_STATE_*), written within Google's budget by two
+writers sharing a state file under an flock: the startup script (the command line: `set K=V ...`) and the supervisor
+(`GuestState`). Why: docs/design/supervisor.md#the-boot-state.
 """
 
 from __future__ import annotations
@@ -54,11 +51,8 @@ class Store:
     def locked(self) -> Iterator[None]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with open(self.run_dir / LOCK_FILE, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            yield
 
     def _read(self, name: str) -> dict:
         try:
@@ -80,8 +74,7 @@ class Store:
 
     def update(self, changes: Mapping[str, str], new_timeline: bool = False) -> dict:
         """Apply `changes` (None removes one; `new_timeline` drops at-<stage> fields first); seq bumped on change."""
-        unknown = sorted(key for key in changes if key not in FIELDS and not key.startswith(TIMELINE_PREFIX))
-        if unknown:
+        if unknown := sorted(key for key in changes if key not in FIELDS and not key.startswith(TIMELINE_PREFIX)):
             raise ValueError(f"not a boot-state field (tpuserve/facts.py GUEST_STATE_FIELDS): {', '.join(unknown)}")
         with self.locked():
             state = self.state()
@@ -165,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     setting.add_argument("assignments", nargs="*")
     args = parser.parse_args(argv)
     store = Store(args.run_dir)
-    if bad := [pair for pair in args.assignments if not pair.partition("=")[0] or "=" not in pair]:
+    if bad := [pair for pair in args.assignments if pair.find("=") < 1]:  # no key
         raise SystemExit(f"guest_state.py: {bad[0]!r} is not KEY=VALUE")
     try:
         store.update(dict(pair.split("=", 1) for pair in args.assignments), args.new_timeline)

@@ -1,8 +1,6 @@
-"""Copy the Hugging Face token from Secret Manager into a file (mode 0400), as the workload's own Google identity: the
-gke init container's `python3 hf_token.py --secret projects/P/secrets/S --out FILE`; the VM's supervisor imports
-`read_secret`. The token is never printed, put in an argv or an environment variable, or in a Kubernetes object.
-Exit 0 when the file is written, 1 otherwise (with the reason).
-"""
+"""Copy the Hugging Face token from Secret Manager into a 0400 file as the workload's Google identity (the gke init
+container: `--secret projects/P/secrets/S --out FILE`); the supervisor imports `read_secret`. The token is never
+printed, in an argv, an environment variable or a Kubernetes object."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The gke pods' startup probe: exit 0 once /health answers 200, and leave the boot's timeline (what was warm, how
-long loading took) as lines on the container's output and in --state. Why: docs/design/supervisor.md#on-gke.
-
-    python3 pod_boot.py --url http://127.0.0.1:8000 --model google/gemma-4-E2B-it --state /var/run/tpu-serve/boot/t.json
+long loading took) on the container's output and in --state. Why: docs/design/supervisor.md#on-gke.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Is this vLLM server ready? /health 200, the model listed, a chat completion with text (content or a reasoning
-field): the rules of `tpuserve gate --url`, side by side in tests/test_readycheck.py. A gke readiness probe and the
-VM's supervisor run it; an API key, when the server has one, goes as a bearer token on /v1. `refusals` is the VM's
-disabled-modality check. Exit 0 when ready, 1 when not, one line saying what was found.
-
-    python3 readycheck.py --url http://127.0.0.1:8000 --model google/gemma-4-E2B-it [--timeout 10] [--api-key-env VAR]
+"""Is this vLLM server ready? /health 200, the model listed, a chat completion with text: `tpuserve gate --url`'s
+rules (tests/test_readycheck.py). The gke readiness probe and the supervisor run it; `refusals` is the VM's
+disabled-modality check. `python3 readycheck.py --url URL --model M`: exit 0 when ready, one line saying what was found.
 """
 
 from __future__ import annotations

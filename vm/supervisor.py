@@ -400,12 +400,6 @@ def prune_images() -> str:
     return "" if re.fullmatch(r"0(\.0+)?[kMGT]?B", reclaimed) else reclaimed
 
 
-def download_time(weights: str, name: str) -> str:
-    done = docker("logs", name, timeout_s=60)
-    found = DOWNLOAD_LINE.findall(done.stdout + done.stderr)
-    return f"{weights} in {float(found[-1]):.0f} s" if found else weights
-
-
 def vfio_holders(proc: Path, besides: tuple[str, ...] = ()) -> list[str]:
     """'pid: /dev/vfio/N' per process holding a TPU open, but those of the containers `besides` names by id."""
     held = []
@@ -441,11 +435,6 @@ def healthy(url: str) -> bool:
     return fetch(f"{url}/health", 5)[0] == 200
 
 
-def served_block_count(server_url: str) -> int | None:
-    found = CACHE_CONFIG_INFO.search(fetch(f"{server_url}/metrics", 10)[1])
-    return int(found.group(1)) if found else None
-
-
 def read_text(path: Path) -> str:
     try:
         return path.read_text()
@@ -459,17 +448,12 @@ def weights_cached(hf_home: Path, model: str) -> bool:
     return snapshots.is_dir() and any(path.is_file() for path in snapshots.rglob("*"))
 
 
-def state_writer(settings: Settings) -> guest_state.GuestState:
-    return guest_state.GuestState(settings.metadata_url, settings.path(RUN_DIR), settings.guest_write_interval_s,
-                                  settings.guest_reassert_s)
-
-
 class Supervisor:
-    def __init__(self, settings: Settings, metadata: Metadata, latest: Latest, own_version: str,
-                 state: guest_state.GuestState | None = None):
+    def __init__(self, settings: Settings, metadata: Metadata, latest: Latest, own_version: str):
         self.settings = settings
         self.metadata, self.latest, self.own_version = metadata, latest, own_version
-        self.guest = state or state_writer(settings)
+        self.guest = guest_state.GuestState(settings.metadata_url, settings.path(RUN_DIR),
+                                            settings.guest_write_interval_s, settings.guest_reassert_s)
         # the config hash the startup script booted with: the first run continues that boot's timeline
         self.state = State(boot_hash=read_text(settings.path(FACTS["BOOT_HASH_FILE"])).strip())
         self.seen = 0
@@ -519,9 +503,10 @@ class Supervisor:
         disk_checked = 0.0
         while True:
             try:
-                if time.monotonic() - disk_checked >= self.settings.disk_check_s:
+                if time.monotonic() - disk_checked >= self.settings.disk_check_s and not self.state.disk_lost:
                     disk_checked = time.monotonic()
-                    self.watch_disk()
+                    if problem := self.disk_problem():
+                        self.fail(self.stop_for_lost_disk(problem))
                 self.step(self.check())
             except DockerUnavailable as err:  # look again at the next check
                 log(f"warning: {err}; looking again in {self.settings.check_s:g} s")
@@ -620,8 +605,7 @@ class Supervisor:
         device = cache_disk.mounted_device(self.settings.path(FACTS["CACHE_DEVICE_FILE"]))
         if not device:
             return ""  # no cache disk this boot: the caches are on the boot disk
-        problem = cache_disk.lost(device, self.settings.path(CACHE_ROOT))
-        if problem:
+        if problem := cache_disk.lost(device, self.settings.path(CACHE_ROOT)):
             return problem
         try:
             grown = cache_disk.grow(device)
@@ -651,18 +635,10 @@ class Supervisor:
                 "caches are on it); nothing was unmounted or detached. Reattach the disk and reboot the VM, or "
                 "replace the VM")
 
-    def watch_disk(self) -> None:
-        if self.state.disk_lost:
-            return
-        problem = self.disk_problem()
-        if problem:
-            self.fail(self.stop_for_lost_disk(problem))
-
     def apply(self, config: ServedConfig) -> None:
         log(f"serving config {config.config_hash}: model {config.model}, image {config.image}")
         self.begin(config)
-        problem = self.disk_problem()
-        if problem:  # reported as this config's failure: the gate waiting for it ends with the reason
+        if problem := self.disk_problem():  # reported as this config's failure: the gate waiting for it gets it
             raise Failed(self.stop_for_lost_disk(problem))
         image = self.pull(config)
         self.xla_key = self.cache_key(config)
@@ -694,7 +670,11 @@ class Supervisor:
             self.start_engines(config, token, secrets)
         token, secrets = "", {}
         self.report("image", image)
-        self.report("weights", weights if weights == "cached" else download_time(weights, config.engines[0].name))
+        if weights == "downloaded":
+            logged = docker("logs", config.engines[0].name, timeout_s=60)
+            if found := DOWNLOAD_LINE.findall(logged.stdout + logged.stderr):
+                weights += f" in {float(found[-1]):.0f} s"
+        self.report("weights", weights)
         self.check_refusals(config)
         self.serving(config)
 
@@ -923,7 +903,10 @@ class Supervisor:
     def serving(self, config: ServedConfig) -> None:
         self.compile_after = compile_cache.entries(self.xla_dir)
         self.learn_block_count(config)
-        self.report_compile_cache()
+        text = compile_cache.verdict(self.compile_before, self.compile_after, self.kv_blocks, self.kv_learned,
+                                     self.restore_error)
+        restored = f" ({self.compile_restored} from the bucket)" if self.compile_restored else ""
+        self.report("compile-cache", text.replace(" entries before,", f" entries before{restored},"))
         self.state.phase, self.state.serving_since = "serving", time.monotonic()
         self.stage("serving", config_hash=config.config_hash)
         for hook in self.post_serving_hooks:
@@ -936,21 +919,16 @@ class Supervisor:
         """First boot of a config: store the KV block count vLLM allocated, which the next boots pin."""
         if self.kv_blocks or sets_block_count(config.engines[0].docker_run_args) or not self.xla_key:
             return
-        blocks = served_block_count(config.engines[0].url)  # every engine has the same chips: the same count
-        if blocks is None:
+        # every engine has the same chips: the same count
+        found = CACHE_CONFIG_INFO.search(fetch(f"{config.engines[0].url}/metrics", 10)[1])
+        if found is None:
             log("warning: /metrics did not say the KV block count; the next boot is not pinned either")
             return
+        blocks = int(found.group(1))
         compile_cache.write_pin(self.xla_dir, config.config_hash, blocks, "vllm:cache_config_info num_gpu_blocks of the "
                                 "config's first boot")
         self.kv_learned = blocks
         log(f"KV block count {blocks} stored: the next boots of this config pin it")
-
-    def report_compile_cache(self) -> None:
-        text = compile_cache.verdict(self.compile_before, self.compile_after, self.kv_blocks, self.kv_learned,
-                                     self.restore_error)
-        if self.compile_restored:
-            text = text.replace(" entries before,", f" entries before ({self.compile_restored} from the bucket),")
-        self.report("compile-cache", text)
 
     def push_compile_cache(self, config: ServedConfig) -> None:
         """Post-serving (never after a failed run: half-written entries): copy new entries to the bucket."""
@@ -1022,8 +1000,9 @@ class Supervisor:
         self.sync_front(config)
         self.count_serving(config)
         self.state.phase, self.state.serving_since = "serving", time.monotonic()
-        log("adopted")
-        self.stage("serving", config_hash=config.config_hash)  # the rerun's timeline ends where this run serves
+        # at-serving: the rerun's timeline ends where this run began serving
+        self.change({"config-hash": config.config_hash, "at-serving": str(int(time.time())), "stage": "serving"})
+        log("stage serving (adopted)")
         self.install_ops_agent(config)  # a new bundle may carry a new agent configuration
 
     def exited(self, config: ServedConfig) -> list[tuple[Engine, str]]:
@@ -1106,8 +1085,7 @@ class Supervisor:
             apt("update", "-q", "-o", lock)
             return apt("install", "-y", "-q", "-o", lock, "haproxy")
 
-        failed = self.retry(config, "apt-get install haproxy", install)
-        if failed:
+        if failed := self.retry(config, "apt-get install haproxy", install):
             raise Failed(f"could not install haproxy, the front of {len(config.engines)} engines, after {ATTEMPTS} "
                          f"attempts: {' '.join(failed.stderr.split())[-400:]}")
         log("front: installed haproxy")
@@ -1141,11 +1119,11 @@ def main(argv: list[str] | None = None) -> int:
     metadata = Metadata(settings.metadata_url)
     latest = Latest()
     version = read_text(Path(__file__).resolve().parent / "VERSION").strip()
-    state = state_writer(settings).start()  # first sends what the startup script left unsent
-    state.update({"supervisor": version})
+    sup = Supervisor(settings, metadata, latest, version)
+    sup.guest.start().update({"supervisor": version})  # first sends what the startup script left unsent
     threading.Thread(target=watcher, args=(metadata, latest, settings), daemon=True, name="watch").start()
     log(f"supervisor {version or '(unversioned)'} watching {SERVED_CONFIG_KEY}")
-    Supervisor(settings, metadata, latest, version, state).run_forever()
+    sup.run_forever()
     return 0
 
 
