@@ -135,8 +135,7 @@ class MetricsWritten(pulumi.dynamic.Resource):
 
 
 class ServingMonitoring(pulumi.ComponentResource):
-    """The stack's Cloud Monitoring dashboard and alert policies; `dashboard_url` opens the dashboard, `alerts` says
-    which policies exist and which wait for their metrics (the next `pulumi up` after those arrive creates them)."""
+    """The dashboard and the alert policies; `alerts` says which exist and which wait for their metrics (alerts.md)."""
 
     dashboard_url: pulumi.Output[str]
     alerts: pulumi.Output[dict]

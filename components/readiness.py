@@ -53,8 +53,7 @@ def last_json_line(stdout: str) -> dict[str, Any]:
 
 
 class ReadinessGate(pulumi.ComponentResource):
-    """`tpuserve gate` as a local command, re-run when a trigger changes (why a command: docs/design/why-the-cli.md).
-    `timeline` is its JSON verdict."""
+    """`tpuserve gate` run when a trigger changes (docs/design/why-the-cli.md); `timeline` is its JSON verdict."""
 
     timeline: pulumi.Output[dict[str, Any]]
 
