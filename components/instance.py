@@ -1,7 +1,5 @@
 """The flex-start TPU v6e VM that runs vLLM, and the instances.insert body that creates it.
-
-Why the create does not wait, what replaces the VM and how an adopted one fits: docs/design/pulumi-program.md#the-vm.
-"""
+Why the create does not wait, what replaces the VM, how one is adopted: docs/design/pulumi-program.md#the-vm."""
 
 from __future__ import annotations
 

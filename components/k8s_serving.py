@@ -1,8 +1,5 @@
-"""The gke target's Kubernetes side: vLLM on the flex-start TPU node pool, declared with pulumi-kubernetes.
-
-The manifests are plain dicts (tests validate each against the Kubernetes OpenAPI schema and the published CRDs),
-handed unchanged to typed pulumi-kubernetes resources. What each object does: docs/gke.md; the sources:
-docs/design/pulumi-program.md#the-serving-objects.
+"""The gke target's Kubernetes side: vLLM on the flex-start TPU node pool, as plain manifest dicts handed to typed
+pulumi-kubernetes resources. What each does: docs/gke.md; sources: docs/design/pulumi-program.md#the-serving-objects.
 """
 
 from __future__ import annotations

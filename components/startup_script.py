@@ -1,8 +1,6 @@
-"""What the VM's metadata carries, each in its own key: the boot logic (`startup-script`, templates/startup.sh.j2, no
-serving setting in it), the served config (`tpu-serve-config`: image, each engine's `docker run` argv, the front, the
-hash; never the token) and the supervisor's code (`tpu-serve-supervisor`: vm/'s files with vm/facts.json). The
-supervisor applies a change of the last two on the running VM (docs/boot-and-caches.md#three-metadata-keys).
-"""
+"""The VM's three metadata keys: the boot logic (`startup-script`, no serving setting in it), the served config
+(`tpu-serve-config`, never the token) and the supervisor's code (`tpu-serve-supervisor`), the last two applied on the
+running VM. Why: docs/design/supervisor.md#the-startup-script."""
 
 from __future__ import annotations
 

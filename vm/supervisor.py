@@ -520,24 +520,25 @@ class Supervisor:
     def step(self, attributes: dict[str, str]) -> str:
         if self.state.disk_lost:  # failed for good this boot: nothing to serve from
             return WAIT
-        action = decide(attributes, self.inspect_engines(attributes), self.state, self.own_version)
+        try:
+            config, invalid = ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY)), ""
+        except ValueError as err:
+            config, invalid = None, str(err)
+        containers = {engine.name: inspect_container(engine.name) for engine in config.engines} if config else {}
+        action = decide(attributes, containers, self.state, self.own_version)
         if action != WAIT:
             log(f"action: {action}")
         if action == UPDATE_SELF:
             self.update_self(attributes[SUPERVISOR_KEY])
         elif action == INVALID:
-            try:
-                ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY))
-            except ValueError as err:
-                self.state.invalid = str(err)
-                self.fail(str(err))
+            self.state.invalid = invalid
+            self.fail(invalid)
         elif action == WAIT:
-            if self.state.phase == "serving" and time.monotonic() - self.state.serving_since > self.settings.stable_s:
-                self.state.restarts = 0
-            if self.state.phase == "serving":
-                self.sync_front(ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY)))
-        else:
-            config = ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY))
+            if self.state.phase == "serving" and config:
+                if time.monotonic() - self.state.serving_since > self.settings.stable_s:
+                    self.state.restarts = 0
+                self.sync_front(config)
+        elif config:
             try:
                 {APPLY: self.apply, ADOPT: self.adopt, RESTART: self.restart, GIVE_UP: self.give_up}[action](config)
             except Superseded:
@@ -545,15 +546,6 @@ class Supervisor:
             except Failed as err:
                 self.fail(str(err))
         return action
-
-    @staticmethod
-    def inspect_engines(attributes: dict[str, str]) -> dict[str, Container | None]:
-        """What docker says of each engine the metadata asks for (none when the config does not parse)."""
-        try:
-            names = [engine.name for engine in ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY)).engines]
-        except ValueError:
-            names = []
-        return {name: inspect_container(name) for name in names}
 
     def superseded(self, config: ServedConfig) -> bool:
         attributes = self.latest.attributes or {}
