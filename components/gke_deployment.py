@@ -10,7 +10,7 @@ import pulumi
 from components import inference_gateway, k8s_renewal
 from components.cache import ServingCache, ServingCacheArgs
 from components.config import GkeConfig
-from components.gke import GkeTpuCluster, GkeTpuClusterArgs
+from components.gke import GkeTpuCluster
 from components.identity import ServingIdentity, ServingIdentityArgs
 from components.k8s_serving import SERVICE_ACCOUNT, GkeServing, GkeServingArgs, ServingManifestArgs, pod_serve_args
 from tpuserve.caches import bucket_name, disk_name
@@ -41,14 +41,7 @@ class GkeTpuServe(pulumi.ComponentResource):
             bucket_name=bucket_name(cfg.project, base), disk_gb=0, bucket=cfg.compile_cache_bucket,
             keep=cfg.keep_caches, reader_email=identity.email, labels=labels), opts=child)
         gateway = cfg.gke_router == "inference-gateway"
-        cluster = GkeTpuCluster(base, GkeTpuClusterArgs(
-            project=cfg.project, zone=cfg.zone, region=cfg.effective_region, zones=cfg.gke_pool_zones,
-            machine_type=cfg.machine_type, chips=cfg.chips, max_nodes=cfg.gke_pool_max_nodes,
-            max_run_seconds=cfg.max_run_seconds, boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type,
-            network=cfg.network, subnetwork=cfg.subnetwork, create_nat=cfg.makes_nat_in(cfg.effective_region),
-            workload_ksa=(cfg.gke_namespace, SERVICE_ACCOUNT), workload_gsa_email=identity.email,
-            existing_cluster=cfg.gke_cluster, existing_location=cfg.gke_cluster_location, gateway=gateway,
-            proxy_subnet_range=cfg.gke_proxy_subnet_range, labels=labels), opts=child)
+        cluster = GkeTpuCluster(base, cfg, (cfg.gke_namespace, SERVICE_ACCOUNT), identity.email, labels, opts=child)
         manifest = ServingManifestArgs(
             name=DEPLOYMENT_NAME, namespace=cfg.gke_namespace, serving=cfg.serving,
             secret_name=identity.secret_name, gsa_email=identity.email, chips=cfg.chips,

@@ -559,10 +559,9 @@ class Supervisor:
         deadline, seen = time.monotonic() + seconds, self.seen
         while time.monotonic() < deadline:
             _, version = self.latest.wait(seen, deadline - time.monotonic())
-            if version != seen:
-                seen = version
-                if self.superseded(config):
-                    raise Superseded()
+            if version != seen and self.superseded(config):
+                raise Superseded()
+            seen = version
 
     def retry(self, config: ServedConfig, what: str,
               once: Callable[[], subprocess.CompletedProcess]) -> subprocess.CompletedProcess | None:
@@ -932,9 +931,8 @@ class Supervisor:
 
     def mark_cache_disk(self, config: ServedConfig) -> None:
         """Post-serving, when this boot mounted the cache disk: mark it warm in the bucket (`tpuserve inventory`)."""
-        if not config.cache_disk or not config.compile_cache_bucket:
-            return
-        if not cache_disk.mounted_device(self.settings.path(FACTS["CACHE_DEVICE_FILE"])):
+        mounted = cache_disk.mounted_device(self.settings.path(FACTS["CACHE_DEVICE_FILE"]))
+        if not (config.cache_disk and config.compile_cache_bucket and mounted):
             return
         compile_cache.mark_disk(config.compile_cache_bucket, config.cache_disk, {
             "config_hash": config.config_hash, "xla_key": self.xla_key, "entries": self.compile_after,
