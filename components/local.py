@@ -10,7 +10,7 @@ import pulumi_docker as docker
 from components.config import LocalConfig
 from tpuserve.facts import CONTAINER_HASH_LABEL
 from tpuserve.names import base_name, stack_labels
-from components.readiness import ReadinessGate, ReadinessGateArgs, url_target
+from components.readiness import ReadinessGate, url_target
 from tpuserve.serving import config_hash, vllm_serve_args
 
 CONTAINER_HF_CACHE = "/root/.cache/huggingface"
@@ -48,9 +48,8 @@ class LocalVllm(pulumi.ComponentResource):
             opts=child)
 
         server_url = f"http://{LOOPBACK}:{cfg.local_port}"
-        gate = ReadinessGate(f"{base}-ready", ReadinessGateArgs(
-            target=url_target(server_url, cfg.serving.model), timeout_s=cfg.readiness_timeout_seconds,
-            triggers=[container.id, serving_hash]), opts=child)
+        gate = ReadinessGate(f"{base}-ready", url_target(server_url, cfg.serving.model), cfg.readiness_timeout_seconds,
+                             triggers=[container.id, serving_hash], opts=child)
 
         self.outputs: dict[str, Any] = {"target": cfg.target, "endpoint": f"{server_url}/v1",
                                         "model": cfg.serving.model, "vllmArgs": vllm_serve_args(cfg.serving),
