@@ -1,8 +1,5 @@
-"""The cache disk under the VM's caches: its ext4 filesystem grown online when the disk grew, and a disk that went
-away noticed (the supervisor then stops serving; nothing is unmounted). Why: docs/design/supervisor.md#the-cache-disk.
-
-    python3 cache_disk.py grow DEVICE      # prints what it did; exit 0 unless resize2fs failed
-"""
+"""The cache disk: its ext4 grown online to a grown disk (`cache_disk.py grow DEVICE`, also the startup script's), and
+a disk that went away noticed (the supervisor stops serving). Why: docs/design/supervisor.md#the-cache-disk."""
 
 from __future__ import annotations
 
@@ -48,14 +45,6 @@ def grow(device: str) -> str:
     _run(["resize2fs", device], timeout_s=1800)
     after = filesystem_bytes(device)
     return f"filesystem grown online from {before / GIB:.0f} to {after / GIB:.0f} GB"
-
-
-def mounted_device(device_file: Path) -> str:
-    """The device the startup script mounted at the cache root this boot (facts CACHE_DEVICE_FILE), or ''."""
-    try:
-        return device_file.read_text().strip()
-    except OSError:
-        return ""
 
 
 def lost(device: str, cache_root: Path) -> str:

@@ -1,6 +1,5 @@
-"""The XLA compilation cache: its key, its KV block pin, and its copy in a bucket of the stack (restored no-clobber
-before the container starts, pushed back only after `serving`). Best effort: a failure is a colder boot, never a
-failed one. Why: docs/design/supervisor.md#the-compile-cache. Imports nothing from tpuserve.
+"""The XLA compilation cache: its key, its KV block pin, its copy in the stack's bucket (restored no-clobber before
+the container starts, pushed after `serving`), best effort. Why: docs/design/supervisor.md#the-compile-cache.
 """
 
 from __future__ import annotations

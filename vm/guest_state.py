@@ -145,8 +145,7 @@ class GuestState:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Change the boot state and write it within the guest-attribute "
-                                     "budget.")
+    parser = argparse.ArgumentParser(description="Change the boot state; write it within the guest-attribute budget.")
     parser.add_argument("--metadata-url", required=True)
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--interval-s", type=float, default=INTERVAL_S)

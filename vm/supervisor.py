@@ -462,10 +462,9 @@ class Supervisor:
                                    self.install_ops_agent]
         self.ops_agent: threading.Thread | None = None
         self.current: ServedConfig | None = None
-        self.xla_key = ""
+        self.xla_key = self.restore_error = ""
         self.api_key = ""  # vLLM's API key when the config sets one: every readiness check presents it
         self.compile_before = self.compile_after = self.compile_restored = 0
-        self.restore_error = ""
         self.kv_blocks: int | None = None  # the pinned KV block count this start runs with
         self.kv_learned: int | None = None  # what this boot's allocator chose, when nothing was pinned
 
@@ -593,7 +592,7 @@ class Supervisor:
     # the cache disk
     def disk_problem(self) -> str:
         """Grow the cache disk's filesystem if the disk grew; why it can no longer be served from, or ''."""
-        device = cache_disk.mounted_device(self.settings.path(FACTS["CACHE_DEVICE_FILE"]))
+        device = read_text(self.settings.path(FACTS["CACHE_DEVICE_FILE"])).strip()  # what the startup script mounted
         if not device:
             return ""  # no cache disk this boot: the caches are on the boot disk
         if problem := cache_disk.lost(device, self.settings.path(CACHE_ROOT)):
@@ -916,8 +915,8 @@ class Supervisor:
             log("warning: /metrics did not say the KV block count; the next boot is not pinned either")
             return
         blocks = int(found.group(1))
-        compile_cache.write_pin(self.xla_dir, config.config_hash, blocks, "vllm:cache_config_info num_gpu_blocks of the "
-                                "config's first boot")
+        compile_cache.write_pin(self.xla_dir, config.config_hash, blocks,
+                                "vllm:cache_config_info num_gpu_blocks of the config's first boot")
         self.kv_learned = blocks
         log(f"KV block count {blocks} stored: the next boots of this config pin it")
 
@@ -931,7 +930,7 @@ class Supervisor:
 
     def mark_cache_disk(self, config: ServedConfig) -> None:
         """Post-serving, when this boot mounted the cache disk: mark it warm in the bucket (`tpuserve inventory`)."""
-        mounted = cache_disk.mounted_device(self.settings.path(FACTS["CACHE_DEVICE_FILE"]))
+        mounted = read_text(self.settings.path(FACTS["CACHE_DEVICE_FILE"])).strip()
         if not (config.cache_disk and config.compile_cache_bucket and mounted):
             return
         compile_cache.mark_disk(config.compile_cache_bucket, config.cache_disk, {
