@@ -42,8 +42,7 @@ class ServingCacheArgs:
 
 
 class ServingCache(pulumi.ComponentResource):
-    """`disk_source` (projects/P/zones/Z/disks/NAME, or None) is what the VM attaches; `bucket_name` ('' without a
-    bucket) is where the supervisor keeps the compile cache."""
+    """`disk_source` (or None) is what the VM attaches; `bucket_name` ('' without) holds the compile cache."""
 
     disk_source: pulumi.Output[str] | None
     bucket_name: pulumi.Output[str]

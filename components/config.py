@@ -80,8 +80,7 @@ class StackConfig:
     serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
 
     def __post_init__(self) -> None:
-        # What is served follows where: the backend from the target, the chips and tensorParallelSize 0 (auto) from
-        # the machine, so the argv always matches the chips.
+        # The backend follows the target, the chips and tensorParallelSize 0 (auto) the machine.
         serving = self.serving
         object.__setattr__(self, "serving", dataclasses.replace(
             serving, backend=self.BACKEND, chips=self.chips,
@@ -561,9 +560,7 @@ def parse(f: dataclasses.Field, raw: Any) -> Any:
 
 
 def build_stack_config(raw: Mapping[str, Any]) -> StackConfig:
-    """Raw config values (strings as Pulumi hands them over; hfToken may be an Output) -> the target's valid config.
-    A key of another target is refused unless it holds its default, which Pulumi passes for every key Pulumi.yaml
-    declares."""
+    """Raw config values -> the target's valid config; another target's key only at its default (Pulumi.yaml's)."""
     known = all_settings()
     target = "gcp" if raw.get("target") is None else parse(known["target"], raw["target"])
     if target not in TARGETS:
@@ -612,8 +609,7 @@ def load_stack_config() -> StackConfig:
 
 
 def _configured_keys() -> list[str]:
-    """Keys set under our namespace, unknown ones included, so a typo is an error instead of a silent default.
-    The SDK exposes no public listing; these are the two places it reads config from."""
+    """Keys set under our namespace, typos included; the SDK lists none publicly, so its two sources are read."""
     from pulumi.runtime import config as runtime_config
 
     prefix = f"{PROJECT_NAME}:"

@@ -10,9 +10,9 @@ import pulumi
 from components.config import GcpConfig
 from components.identity import ServingIdentity, ServingIdentityArgs, full_secret_name
 from components.instance import FlexStartTpuVm, FlexStartTpuVmArgs, insert_body_output
-from components.monitoring import ServingMonitoring, ServingMonitoringArgs
-from components.network import ServingNetwork, ServingNetworkArgs
-from components.readiness import ReadinessGate, ReadinessGateArgs, instance_gate_timeout_s, instance_target
+from components.monitoring import ServingMonitoring
+from components.network import ServingNetwork
+from components.readiness import ReadinessGate, instance_gate_timeout_s, instance_target
 from components.cache import ServingCache, ServingCacheArgs
 from components.startup_script import API_KEY_ENV, render_startup_script, served_config, served_hash, \
     supervisor_bundle
@@ -51,9 +51,8 @@ class TpuServeDeployment(pulumi.ComponentResource):
         identity = ServingIdentity(base, ServingIdentityArgs(
             project=cfg.project, existing_secret=cfg.hf_token_secret_id, hf_token=cfg.hf_token, labels=labels,
             readable_secrets=(api_key_secret,) if api_key_secret else ()), opts=child)
-        network = ServingNetwork(base, ServingNetworkArgs(
-            project=cfg.project, region=cfg.effective_region, network=cfg.network, target_tag=base,
-            create_nat=cfg.makes_nat_in(cfg.effective_region) and not cfg.external_ip), opts=child)
+        network = ServingNetwork(base, cfg.project, cfg.effective_region, cfg.network, target_tag=base,
+                                 create_nat=cfg.makes_nat_in(cfg.effective_region) and not cfg.external_ip, opts=child)
         name = vm_name(base, cfg.vm_slot)
         # The cache disk follows the VM's slot: a successor takes the other slot's disk, its predecessor's in use.
         cache_labels = {**labels, CACHE_LABEL: stack_slug(stack)}
@@ -91,22 +90,17 @@ class TpuServeDeployment(pulumi.ComponentResource):
         # The VM needs its token grant, its egress and its caches before the startup script runs.
         vm = FlexStartTpuVm(name, vm_args, opts=pulumi.ResourceOptions(parent=self,
                                                                        depends_on=[identity, network, cache]))
-        gate = ReadinessGate(f"{base}-ready", ReadinessGateArgs(
-            target=vm.name.apply(lambda vm_name: instance_target(vm_name, cfg.zone, cfg.project, serving_hash)),
+        gate = ReadinessGate(
+            f"{base}-ready", vm.name.apply(lambda vm: instance_target(vm, cfg.zone, cfg.project, serving_hash)),
             # The VM's deadline (ready_timeout_s above) starts later than the gate's: the gate outlasts it.
-            timeout_s=instance_gate_timeout_s(cfg.readiness_timeout_seconds),
-            triggers=[vm.instance_id, serving_hash]), opts=child)
+            instance_gate_timeout_s(cfg.readiness_timeout_seconds), [vm.instance_id, serving_hash], opts=child)
         # After the gate: the "down" alert must not fire while the first boot is still under way.
-        watch = ServingMonitoring(base, ServingMonitoringArgs(
-            project=cfg.project, instance_name=name, stack=stack, labels=labels,
-            notification_channels=cfg.alert_notification_channels, down_after_s=cfg.alert_down_after_seconds,
-            ttft_p99_seconds=cfg.alert_ttft_p99_seconds, queue_depth=cfg.alert_queue_depth),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[gate]))
+        watch = ServingMonitoring(base, cfg, name, stack, labels, opts=pulumi.ResourceOptions(parent=self,
+                                                                                         depends_on=[gate]))
 
         port = cfg.serving.port
         self.outputs.update({
-            "instanceName": vm.name,
-            "internalIp": vm.internal_ip,
+            "instanceName": vm.name, "internalIp": vm.internal_ip, "vmUrn": vm.instance_urn,
             "endpoint": pulumi.Output.concat("http://", vm.internal_ip, f":{port}/v1"),
             "iapTunnelCommand": vm.name.apply(
                 lambda vm_name: f"gcloud compute start-iap-tunnel {vm_name} {port} --local-host-port=localhost:{port} "
@@ -114,18 +108,13 @@ class TpuServeDeployment(pulumi.ComponentResource):
             "sshCommand": vm.name.apply(
                 lambda vm_name: f"gcloud compute ssh {vm_name} --zone={cfg.zone} --project={cfg.project} "
                                 "--tunnel-through-iap"),
-            "model": cfg.serving.model,
+            "model": cfg.serving.model, "configHash": serving_hash,
             "vllmArgs": vllm_serve_args(cfg.serving),  # engine 0's; the others differ in --port only
-            "engines": cfg.serving.engines,
-            "tensorParallelSize": cfg.serving.tp,
-            "configHash": serving_hash,
-            "maxRunSeconds": cfg.max_run_seconds,
-            "worstCaseCostUsd": cfg.worst_case_cost_usd,
+            "engines": cfg.serving.engines, "tensorParallelSize": cfg.serving.tp,
+            "maxRunSeconds": cfg.max_run_seconds, "worstCaseCostUsd": cfg.worst_case_cost_usd,
             "cacheMonthlyCostUsd": cfg.cache_disk_monthly_usd,
             "expectedExpiry": vm.creation_timestamp.apply(lambda ts: expiry(ts, cfg.max_run_seconds)),
-            "bootTimeline": gate.timeline,
-            "dashboardUrl": watch.dashboard_url,
+            "bootTimeline": gate.timeline, "dashboardUrl": watch.dashboard_url,
             "alerts": watch.alerts,  # which alert policies exist, which wait for their metrics
-            "vmUrn": vm.instance_urn,
         })
         self.register_outputs(self.outputs)

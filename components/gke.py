@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 from pulumi_gcp import compute, container, projects, serviceaccount
 
+from components.config import GkeConfig
 from components.network import cloud_nat
 from tpuserve.gce import CLOUD_PLATFORM_SCOPE
 from tpuserve.gke_renewer import POOL_LABEL
@@ -55,11 +55,6 @@ def kubeconfig(name: str, endpoint: str, ca_certificate: str) -> str:
     }, separators=(",", ":"))
 
 
-def node_pool_name(base: str) -> str:
-    """`<base>-tpu`, within GKE's 40-character node pool names; unique per stack on a shared cluster."""
-    return f"{base[:36].rstrip('-')}-tpu"
-
-
 def _first(items: Any) -> Any:
     return items[0] if items else None
 
@@ -88,30 +83,6 @@ def check_existing_cluster(cluster: Any, project: str, location: str, gateway: b
     return name
 
 
-@dataclass(frozen=True)
-class GkeTpuClusterArgs:
-    project: str
-    zone: str  # the system pool's zone; the TPU pool spans `zones`
-    region: str
-    zones: tuple[str, ...]
-    machine_type: str
-    chips: int
-    max_nodes: int  # the TPU pool's maximum: the HPA's plus the surge node
-    max_run_seconds: int
-    boot_disk_gb: int
-    boot_disk_type: str
-    network: str
-    subnetwork: str
-    create_nat: bool
-    workload_ksa: tuple[str, str]  # (namespace, name) of the pods' account, acting as workload_gsa_email
-    workload_gsa_email: pulumi.Input[str]
-    existing_cluster: str = ""  # empty: create a zonal cluster in `zone`
-    existing_location: str = ""
-    gateway: bool = False  # the inference-gateway router: Gateway API on, a proxy-only subnet
-    proxy_subnet_range: str = ""  # empty: the network already has a proxy-only subnet in the region
-    labels: Mapping[str, str] = field(default_factory=dict)
-
-
 class GkeTpuCluster(pulumi.ComponentResource):
     """`kubeconfig` reaches the cluster (created or looked up); `node_pool` is the pool the serving pods land on."""
 
@@ -119,48 +90,51 @@ class GkeTpuCluster(pulumi.ComponentResource):
     location: pulumi.Output[str]
     kubeconfig: pulumi.Output[str]
 
-    def __init__(self, name: str, args: GkeTpuClusterArgs, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, cfg: GkeConfig, workload_ksa: tuple[str, str], gsa_email: pulumi.Input[str],
+                 labels: Mapping[str, str], opts: pulumi.ResourceOptions | None = None):
+        """`workload_ksa`: (namespace, name) of the pods' Kubernetes account, acting as `gsa_email`."""
         super().__init__("tpuserve:gke:GkeTpuCluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        region, gateway = cfg.effective_region, cfg.gke_router == "inference-gateway"
 
         node_account = serviceaccount.Account(
-            f"{name}-nodes", project=args.project, account_id=f"{name[:24].rstrip('-')}-node",
+            f"{name}-nodes", project=cfg.project, account_id=f"{name[:24].rstrip('-')}-node",
             display_name="tpu-serve GKE nodes", description="Runs the tpu-serve GKE nodes; logs and metrics only.",
             opts=child)
         node_member = node_account.email.apply(lambda email: f"serviceAccount:{email}")
-        node_grants = [projects.IAMMember(f"{name}-nodes-{role.split('.')[-1]}", project=args.project, role=role,
+        node_grants = [projects.IAMMember(f"{name}-nodes-{role.split('.')[-1]}", project=cfg.project, role=role,
                                           member=node_member, opts=child) for role in NODE_ROLES]
         node_identity = dict(service_account=node_account.email, oauth_scopes=[CLOUD_PLATFORM_SCOPE])
         gke_metadata = dict(mode="GKE_METADATA")  # pods see their Workload Identity, never the node's account
-        pool_nodes = dict(**node_identity, resource_labels=dict(args.labels), workload_metadata_config=(
+        pool_nodes = dict(**node_identity, resource_labels=dict(labels), workload_metadata_config=(
             container.NodePoolNodeConfigWorkloadMetadataConfigArgs(**gke_metadata)))
 
-        if args.existing_cluster:
-            location = args.existing_location or args.region
-            found = container.get_cluster_output(name=args.existing_cluster, location=location,
-                                                 project=args.project, opts=pulumi.InvokeOutputOptions(parent=self))
+        if cfg.gke_cluster:
+            location = cfg.gke_cluster_location or region
+            found = container.get_cluster_output(name=cfg.gke_cluster, location=location,
+                                                 project=cfg.project, opts=pulumi.InvokeOutputOptions(parent=self))
             endpoint = found.endpoint
             ca_certificate = found.master_auths.apply(lambda auths: auths[0].cluster_ca_certificate)
-            self.cluster_name = found.apply(lambda c: check_existing_cluster(c, args.project, location,
-                                                                              args.gateway))
+            self.cluster_name = found.apply(lambda c: check_existing_cluster(c, cfg.project, location,
+                                                                              gateway))
             self.location = pulumi.Output.from_input(location)
             cluster_ready: list[pulumi.Resource] = []
         else:
-            if args.create_nat:  # private nodes reach Docker Hub and Hugging Face through Cloud NAT
-                cloud_nat(name, args.project, args.region, args.network, child)
+            if cfg.makes_nat_in(region):  # private nodes reach Docker Hub and Hugging Face through Cloud NAT
+                cloud_nat(name, cfg.project, region, cfg.network, child)
             cluster = container.Cluster(
-                name, name=name, project=args.project, location=args.zone, network=args.network,
-                subnetwork=args.subnetwork or None,
+                name, name=name, project=cfg.project, location=cfg.zone, network=cfg.network,
+                subnetwork=cfg.subnetwork or None,
                 # The default pool is removed at once; while it exists it runs as the nodes' own account too.
                 remove_default_node_pool=True, initial_node_count=1,
                 node_config=container.ClusterNodeConfigArgs(
                     **node_identity, workload_metadata_config=container.ClusterNodeConfigWorkloadMetadataConfigArgs(
-                        **gke_metadata), resource_labels=dict(args.labels)),
+                        **gke_metadata), resource_labels=dict(labels)),
                 networking_mode="VPC_NATIVE", ip_allocation_policy=container.ClusterIpAllocationPolicyArgs(),
                 private_cluster_config=container.ClusterPrivateClusterConfigArgs(
                     enable_private_nodes=True, enable_private_endpoint=False),
                 workload_identity_config=container.ClusterWorkloadIdentityConfigArgs(
-                    workload_pool=workload_pool(args.project)),
+                    workload_pool=workload_pool(cfg.project)),
                 release_channel=container.ClusterReleaseChannelArgs(channel=RELEASE_CHANNEL),
                 min_master_version=GKE_MIN_VERSION,
                 monitoring_config=container.ClusterMonitoringConfigArgs(
@@ -169,15 +143,15 @@ class GkeTpuCluster(pulumi.ComponentResource):
                 addons_config=container.ClusterAddonsConfigArgs(
                     gcs_fuse_csi_driver_config=container.ClusterAddonsConfigGcsFuseCsiDriverConfigArgs(enabled=True)),
                 gateway_api_config=container.ClusterGatewayApiConfigArgs(channel=GATEWAY_API_CHANNEL)
-                if args.gateway else None,
-                resource_labels=dict(args.labels), deletion_protection=False,
+                if gateway else None,
+                resource_labels=dict(labels), deletion_protection=False,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=node_grants,
                                             custom_timeouts=pulumi.CustomTimeouts(create=CLUSTER_TIMEOUT)))
             container.NodePool(
-                f"{name}-system", name="system", project=args.project, cluster=cluster.name, location=args.zone,
-                node_locations=[args.zone], node_count=1,
+                f"{name}-system", name="system", project=cfg.project, cluster=cluster.name, location=cfg.zone,
+                node_locations=[cfg.zone], node_count=1,
                 node_config=container.NodePoolNodeConfigArgs(
-                    machine_type=GATEWAY_SYSTEM_MACHINE_TYPE if args.gateway else SYSTEM_MACHINE_TYPE,
+                    machine_type=GATEWAY_SYSTEM_MACHINE_TYPE if gateway else SYSTEM_MACHINE_TYPE,
                     disk_size_gb=SYSTEM_DISK_GB, **pool_nodes),
                 management=container.NodePoolManagementArgs(auto_repair=True, auto_upgrade=True),
                 network_config=container.NodePoolNetworkConfigArgs(enable_private_nodes=True), opts=child)
@@ -186,45 +160,45 @@ class GkeTpuCluster(pulumi.ComponentResource):
             self.cluster_name, self.location = cluster.name, cluster.location
             cluster_ready = [cluster]
 
-        pool_name = node_pool_name(name)
+        pool_name = f"{name[:36].rstrip('-')}-tpu"  # GKE's names are 40 characters; unique per stack on a cluster
         self.node_pool = container.NodePool(
-            f"{name}-tpu", name=pool_name, project=args.project, cluster=self.cluster_name,
-            location=self.location, node_locations=list(args.zones), initial_node_count=0,
+            f"{name}-tpu", name=pool_name, project=cfg.project, cluster=self.cluster_name,
+            location=self.location, node_locations=list(cfg.gke_pool_zones), initial_node_count=0,
             # Total limits over all zones; ANY: a node wherever there is capacity (flex-start's only policy).
-            autoscaling=container.NodePoolAutoscalingArgs(total_min_node_count=0, total_max_node_count=args.max_nodes,
-                                                          location_policy="ANY"),
+            autoscaling=container.NodePoolAutoscalingArgs(
+                total_min_node_count=0, total_max_node_count=cfg.gke_pool_max_nodes, location_policy="ANY"),
             # Flex-start does not work with auto-repair; release channels keep auto-upgrade on.
             management=container.NodePoolManagementArgs(auto_repair=False, auto_upgrade=True),
             network_config=container.NodePoolNetworkConfigArgs(enable_private_nodes=True),
             node_config=container.NodePoolNodeConfigArgs(
-                machine_type=args.machine_type, flex_start=True, max_run_duration=f"{args.max_run_seconds}s",
+                machine_type=cfg.machine_type, flex_start=True, max_run_duration=f"{cfg.max_run_seconds}s",
                 reservation_affinity=container.NodePoolNodeConfigReservationAffinityArgs(
                     consume_reservation_type="NO_RESERVATION"),
-                disk_size_gb=args.boot_disk_gb, disk_type=args.boot_disk_type, **pool_nodes,
+                disk_size_gb=cfg.boot_disk_gb, disk_type=cfg.boot_disk_type, **pool_nodes,
                 image_type=STREAMING_IMAGE_TYPE, gcfs_config=container.NodePoolNodeConfigGcfsConfigArgs(enabled=True)),
             opts=pulumi.ResourceOptions(parent=self, depends_on=cluster_ready + node_grants,
                                         custom_timeouts=pulumi.CustomTimeouts(create=NODE_POOL_TIMEOUT)))
 
         # The gateway's load balancer runs its proxies here; one per network and region (an existing one is used).
         self.proxy_subnet: list[pulumi.Resource] = []
-        if args.gateway and args.proxy_subnet_range:
+        if gateway and cfg.gke_proxy_subnet_range:
             self.proxy_subnet.append(compute.Subnetwork(
-                f"{name}-proxy-only", name=f"{name[:50]}-proxy-only", project=args.project, region=args.region,
-                network=args.network, ip_cidr_range=args.proxy_subnet_range, purpose=PROXY_SUBNET_PURPOSE,
+                f"{name}-proxy-only", name=f"{name[:50]}-proxy-only", project=cfg.project, region=region,
+                network=cfg.network, ip_cidr_range=cfg.gke_proxy_subnet_range, purpose=PROXY_SUBNET_PURPOSE,
                 role="ACTIVE", opts=child))
 
-        namespace, ksa = args.workload_ksa
+        namespace, ksa = workload_ksa
         serviceaccount.IAMMember(
             f"{name}-workload-identity", role=WORKLOAD_IDENTITY_USER,
-            service_account_id=pulumi.Output.concat("projects/", args.project, "/serviceAccounts/",
-                                                    args.workload_gsa_email),
-            member=f"serviceAccount:{workload_pool(args.project)}[{namespace}/{ksa}]",
+            service_account_id=pulumi.Output.concat("projects/", cfg.project, "/serviceAccounts/",
+                                                    gsa_email),
+            member=f"serviceAccount:{workload_pool(cfg.project)}[{namespace}/{ksa}]",
             # The identity pool exists once the cluster does.
             opts=pulumi.ResourceOptions(parent=self, depends_on=cluster_ready))
 
         # What the serving pods select: a flex-start v6e node of the right shape in this stack's own pool.
         self.node_labels = {"cloud.google.com/gke-tpu-accelerator": V6E_ACCELERATOR,
-                            "cloud.google.com/gke-tpu-topology": V6E_TOPOLOGY[args.chips],
+                            "cloud.google.com/gke-tpu-topology": V6E_TOPOLOGY[cfg.chips],
                             "cloud.google.com/gke-flex-start": "true",
                             POOL_LABEL: pool_name}
         self.kubeconfig = pulumi.Output.all(self.cluster_name, endpoint, ca_certificate).apply(

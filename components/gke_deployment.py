@@ -10,7 +10,7 @@ import pulumi
 from components import inference_gateway, k8s_renewal
 from components.cache import ServingCache, ServingCacheArgs
 from components.config import GkeConfig
-from components.gke import GkeTpuCluster, GkeTpuClusterArgs
+from components.gke import GkeTpuCluster
 from components.identity import ServingIdentity, ServingIdentityArgs
 from components.k8s_serving import SERVICE_ACCOUNT, GkeServing, GkeServingArgs, ServingManifestArgs, pod_serve_args
 from tpuserve.caches import bucket_name, disk_name
@@ -21,8 +21,7 @@ DEPLOYMENT_NAME = "vllm"
 
 
 class GkeTpuServe(pulumi.ComponentResource):
-    """Everything a gke stack declares. `outputs` is what `__main__.py` exports; `tpuserve --stack` reads
-    `cluster`, `clusterLocation`, `namespace`, `service` and `port` to port-forward to the Service."""
+    """Everything a gke stack declares; `outputs` is what `__main__.py` exports (and the CLI port-forwards by)."""
 
     def __init__(self, name: str, cfg: GkeConfig, stack: str, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:index:GkeDeployment", name, None, opts)
@@ -42,15 +41,7 @@ class GkeTpuServe(pulumi.ComponentResource):
             bucket_name=bucket_name(cfg.project, base), disk_gb=0, bucket=cfg.compile_cache_bucket,
             keep=cfg.keep_caches, reader_email=identity.email, labels=labels), opts=child)
         gateway = cfg.gke_router == "inference-gateway"
-        cluster = GkeTpuCluster(base, GkeTpuClusterArgs(
-            project=cfg.project, zone=cfg.zone, region=cfg.effective_region, zones=cfg.gke_pool_zones,
-            machine_type=cfg.machine_type, chips=cfg.chips, max_nodes=cfg.gke_pool_max_nodes,
-            max_run_seconds=cfg.max_run_seconds, boot_disk_gb=cfg.boot_disk_gb, boot_disk_type=cfg.boot_disk_type,
-            network=cfg.network, subnetwork=cfg.subnetwork, create_nat=cfg.makes_nat_in(cfg.effective_region),
-            workload_ksa=(cfg.gke_namespace, SERVICE_ACCOUNT), workload_gsa_email=identity.email,
-            existing_cluster=cfg.gke_cluster,
-            existing_location=cfg.gke_cluster_location, gateway=gateway,
-            proxy_subnet_range=cfg.gke_proxy_subnet_range, labels=labels), opts=child)
+        cluster = GkeTpuCluster(base, cfg, (cfg.gke_namespace, SERVICE_ACCOUNT), identity.email, labels, opts=child)
         manifest = ServingManifestArgs(
             name=DEPLOYMENT_NAME, namespace=cfg.gke_namespace, serving=cfg.serving,
             secret_name=identity.secret_name, gsa_email=identity.email, chips=cfg.chips,
@@ -67,31 +58,20 @@ class GkeTpuServe(pulumi.ComponentResource):
 
         port = cfg.serving.port
         self.outputs: dict[str, Any] = {
-            "target": cfg.target,
-            "project": cfg.project,
-            "cluster": cluster.cluster_name,
-            "clusterLocation": cluster.location,
-            "zone": cfg.zone,
-            "nodePool": cluster.node_pool.name,
-            "nodePoolZones": list(cfg.gke_pool_zones),
+            "target": cfg.target, "project": cfg.project, "zone": cfg.zone,
+            "cluster": cluster.cluster_name, "clusterLocation": cluster.location,
+            "nodePool": cluster.node_pool.name, "nodePoolZones": list(cfg.gke_pool_zones),
             # Replicas at most (the HPA's maximum), and the pool's: one more with the surge node.
-            "maxReplicas": cfg.gke_max_nodes,
-            "nodePoolMaxNodes": cfg.gke_pool_max_nodes,
-            "deployment": DEPLOYMENT_NAME,
-            "cacheBucket": cache.bucket_name,
-            "router": cfg.gke_router,
-            "namespace": cfg.gke_namespace,
-            "service": DEPLOYMENT_NAME,
-            "port": port,
+            "maxReplicas": cfg.gke_max_nodes, "nodePoolMaxNodes": cfg.gke_pool_max_nodes,
+            "deployment": DEPLOYMENT_NAME, "service": DEPLOYMENT_NAME, "namespace": cfg.gke_namespace,
+            "cacheBucket": cache.bucket_name, "router": cfg.gke_router, "port": port,
             "endpoint": f"http://{DEPLOYMENT_NAME}.{cfg.gke_namespace}.svc.cluster.local:{port}/v1",
             "getCredentialsCommand": pulumi.Output.all(cluster.cluster_name, cluster.location).apply(
                 lambda values: f"gcloud container clusters get-credentials {values[0]} --location {values[1]} "
                                f"--project {cfg.project}"),
             "portForwardCommand": f"kubectl port-forward --namespace {cfg.gke_namespace} "
                                   f"service/{DEPLOYMENT_NAME} {port}:{port}",
-            "model": cfg.serving.model,
-            "vllmArgs": pod_serve_args(cfg.serving),
-            "configHash": serving_hash,
+            "model": cfg.serving.model, "vllmArgs": pod_serve_args(cfg.serving), "configHash": serving_hash,
             "maxRunSeconds": cfg.max_run_seconds,
             # Every replica's node busy, in steady state: the system node, the cluster fee and a surge node come on top.
             "maxTpuCostPerHourUsd": round(cfg.gke_max_nodes * cfg.chips * cfg.price_per_chip_hour, 2),

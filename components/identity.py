@@ -21,17 +21,14 @@ class ServingIdentityArgs:
     existing_secret: str = ""
     hf_token: pulumi.Input[str] | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
-    # Project-level write roles; a GKE pod needs none (its node ships its logs and metrics).
-    project_roles: tuple[str, ...] = PROJECT_ROLES
-    # More secrets the account may read (projects/P/secrets/S): vLLM's API key.
-    readable_secrets: tuple[str, ...] = ()
+    project_roles: tuple[str, ...] = PROJECT_ROLES  # none for a GKE pod: its node ships its logs and metrics
+    readable_secrets: tuple[str, ...] = ()  # more secrets it may read (projects/P/secrets/S): vLLM's API key
     display_name: str = "tpu-serve vLLM VM"
     description: str = "Runs one tpu-serve TPU VM; reads only its HF token secret."
 
 
 class ServingIdentity(pulumi.ComponentResource):
-    """A service account `service_account_id(name)` with no keys, `secretAccessor` on the token secret only (a
-    secret-level binding), and `project_roles`. The default compute service account is never used."""
+    """A keyless service account: `secretAccessor` on its secrets only, and `project_roles` (never the default one)."""
 
     email: pulumi.Output[str]
     secret_name: pulumi.Output[str]

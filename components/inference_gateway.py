@@ -1,10 +1,6 @@
-"""The gke target's `inference-gateway` router: GKE Inference Gateway in front of the vLLM pods.
-
-Each request goes to the replica llm-d's endpoint picker scores best (queue, KV-cache use, prefix hits). The objects
-are what llm-d's chart `llm-d-router-gateway` renders with `provider.name=gke`, written out here so that `pulumi
-preview` shows them and tests validate them against the published CRDs. Which template each comes from, and what
-is left out: docs/design/pulumi-program.md#the-inference-gateway.
-"""
+"""The gke target's `inference-gateway` router: GKE Inference Gateway in front of the vLLM pods, each request to the
+replica llm-d's endpoint picker scores best. The objects llm-d's chart renders for GKE, written out (their templates:
+docs/design/pulumi-program.md#the-inference-gateway)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The flex-start TPU v6e VM that runs vLLM, and the instances.insert body that creates it.
-
-Why the create does not wait, what replaces the VM and how an adopted one fits: docs/design/pulumi-program.md#the-vm.
-"""
+Why the create does not wait, what replaces the VM, how one is adopted: docs/design/pulumi-program.md#the-vm."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ CREATE_TIMEOUT = "10m"
 # The provider's create-only attribution label: the queued insert carries it too.
 ATTRIBUTION_LABEL = ("goog-pulumi-provisioned", "true")
 INSTANCE = "gcp:compute/instance:Instance"
-# The family's resolved build never diffs equal to it: ignored, and the configured image rides in metadata
-# (docs/design/boot-image.md).
+# The family's resolved build never diffs equal to it: ignored; the image rides in metadata (docs/design/boot-image.md).
 BOOT_IMAGE_KEY = "tpu-serve-boot-image"
 IGNORE_CHANGES = ["bootDisk.initializeParams.image"]
 # What the provider could change only on a stopped VM, the attached disks and the boot image replace the VM.
@@ -52,14 +49,9 @@ class FlexStartTpuVmArgs:
     cache_disk: pulumi.Input[str] | None = None
     cache_device_name: str = ""
     delete_first: bool = False  # a replacement deletes the old VM before creating its successor
-    # The resource's name, apart from the VM's so that a slot change (-b) replaces this same resource.
     logical_name: str = ""
     adopt_id: str = ""  # an instance `tpuserve up` inserted from insert_body: imported, not created
     stack: str = ""  # named in the capacity hint
-
-
-def network_link(project: str, network: str) -> str:
-    return network if "/" in network else f"projects/{project}/global/networks/{network}"
 
 
 def vm_metadata(args: FlexStartTpuVmArgs) -> dict[str, pulumi.Input[str]]:
@@ -68,8 +60,7 @@ def vm_metadata(args: FlexStartTpuVmArgs) -> dict[str, pulumi.Input[str]]:
 
 
 def insert_body(name: str, args: FlexStartTpuVmArgs) -> dict[str, Any]:
-    """The body the provider would send for the Instance below (args resolved); tests/test_instance.py holds the two
-    to each other."""
+    """The body the provider would send for the Instance below (tests/test_instance.py holds them together)."""
     project, zone = args.project, args.zone
     disks: list[dict[str, Any]] = [{"boot": True, "autoDelete": True, "initializeParams": {
         "sourceImage": args.boot_image, "diskSizeGb": str(args.boot_disk_gb),
@@ -77,7 +68,8 @@ def insert_body(name: str, args: FlexStartTpuVmArgs) -> dict[str, Any]:
     if args.cache_disk:
         disks.append({"source": args.cache_disk, "deviceName": args.cache_device_name, "mode": "READ_WRITE",
                       "autoDelete": False})
-    nic: dict[str, Any] = {"network": network_link(project, args.network)}
+    network = args.network if "/" in args.network else f"projects/{project}/global/networks/{args.network}"
+    nic: dict[str, Any] = {"network": network}
     if args.subnetwork:
         nic["subnetwork"] = args.subnetwork
     if args.external_ip:
@@ -99,7 +91,7 @@ def insert_body(name: str, args: FlexStartTpuVmArgs) -> dict[str, Any]:
 
 
 def insert_body_output(name: str, args: FlexStartTpuVmArgs) -> pulumi.Output[dict[str, Any]]:
-    """insert_body once the args' outputs (the service account, the metadata, the cache disk) are known."""
+    """insert_body once the args' outputs are known."""
     keys = list(args.metadata)
     return pulumi.Output.all(args.service_account_email, args.cache_disk, *args.metadata.values()).apply(
         lambda values: insert_body(name, dataclasses.replace(
@@ -107,8 +99,7 @@ def insert_body_output(name: str, args: FlexStartTpuVmArgs) -> pulumi.Output[dic
 
 
 def capacity_hint(stack: str, log: Callable[[str], None] | None = None) -> Callable[[pulumi.ErrorHookArgs], bool]:
-    """An error hook: a create that failed for want of capacity says what waits for one. It never asks for a retry,
-    which would hit the same empty zone at once."""
+    """An error hook: a create short of capacity says what waits for one; no retry (the same empty zone)."""
 
     def hook(args: pulumi.ErrorHookArgs) -> bool:
         if args.failed_operation == "create" and not os.environ.get(flex_start.DRIVER_ENV) and \
@@ -120,8 +111,7 @@ def capacity_hint(stack: str, log: Callable[[str], None] | None = None) -> Calla
 
 
 def error_hooks(name: str, stack: str) -> pulumi.ResourceHookBinding | None:
-    """The capacity hint where both the CLI (3.217+) and the SDK run error hooks; an older CLI would fail the
-    program."""
+    """The capacity hint where the CLI (3.217+) and the SDK run error hooks; an older CLI would fail the program."""
     from pulumi.runtime.proto import resource_pb2
     from pulumi.runtime.settings import monitor_supports_feature
 
@@ -133,8 +123,7 @@ def error_hooks(name: str, stack: str) -> pulumi.ResourceHookBinding | None:
 
 
 class FlexStartTpuVm(pulumi.ComponentResource):
-    """A FLEX_START VM: deleted when its max run ends, never restarted, no reservation. What it runs comes through
-    `metadata` (never `metadata_startup_script`, which replaces the VM), so a serving change is set in place."""
+    """A FLEX_START VM, deleted when its run ends; what it runs is its `metadata`, set in place (never replaced)."""
 
     name: pulumi.Output[str]
     instance_id: pulumi.Output[str]

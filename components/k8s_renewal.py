@@ -13,8 +13,7 @@ from tpuserve import durations
 from tpuserve.gke_renewer import DEFAULT_LEAD, DEFAULT_TIMEOUT, POOL_LABEL
 
 SCHEDULE = "*/15 * * * *"
-# python:3.12-slim's multi-arch index digest as public Dockerfiles pinned it in 2026; `python -m tpuserve.registry
-# python:3.12-slim` prints today's.
+# python:3.12-slim's multi-arch digest (2026); `python -m tpuserve.registry python:3.12-slim` prints today's.
 PYTHON_IMAGE = "python:3.12-slim@sha256:78387bc3881b8273120a12ebe6c1ab22b018ccc2c9adf565ae1ac9b536e184ea"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "tpuserve"
 # The renewer and what it imports from tpuserve (tests/test_gke_renew.py checks the closure).
@@ -31,10 +30,6 @@ def renewer_name(args: ServingManifestArgs) -> str:
     return f"{args.name}-renewer"
 
 
-def cluster_role_name(args: ServingManifestArgs) -> str:  # cluster-wide: one per stack's namespace
-    return f"{args.namespace}-{renewer_name(args)}"
-
-
 def namespace_rules(args: ServingManifestArgs) -> list[dict[str, Any]]:
     """The Deployment, its scale and the HPA by name; the pods (generated names) by kind."""
     only = [args.name]
@@ -45,12 +40,6 @@ def namespace_rules(args: ServingManifestArgs) -> list[dict[str, Any]]:
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]}]
 
 
-def renewer_args(args: ServingManifestArgs) -> list[str]:
-    return ["--namespace", args.namespace, "--deployment", args.name, "--pool", args.node_labels[POOL_LABEL],
-            "--pool-max-nodes", str(args.pool_max_nodes), "--max-run-seconds", str(args.max_run_s),
-            "--lead", DEFAULT_LEAD, "--timeout", DEFAULT_TIMEOUT]
-
-
 def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
     """The renewer's objects in apply order; none while parked."""
     if args.min_replicas == 0:
@@ -59,7 +48,10 @@ def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
     meta = metadata(args, name, app=name)
     container = {
         "name": "renewer", "image": PYTHON_IMAGE, "command": ["python3", "-m", "tpuserve.gke_renewer"],
-        "args": renewer_args(args), "workingDir": WORKDIR,
+        "args": ["--namespace", args.namespace, "--deployment", args.name, "--pool", args.node_labels[POOL_LABEL],
+                 "--pool-max-nodes", str(args.pool_max_nodes), "--max-run-seconds", str(args.max_run_s),
+                 "--lead", DEFAULT_LEAD, "--timeout", DEFAULT_TIMEOUT],
+        "workingDir": WORKDIR,
         "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -76,8 +68,8 @@ def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
                "volumes": [{"name": "renewer", "configMap": {"name": name}}]}}}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-        *role_and_binding(metadata(args, cluster_role_name(args), namespaced=False, app=name), NODE_RULES, name,
-                          args.namespace, kind="ClusterRole"),
+        *role_and_binding(metadata(args, f"{args.namespace}-{name}", namespaced=False, app=name), NODE_RULES, name,
+                          args.namespace, kind="ClusterRole"),  # cluster-wide: named by the stack's namespace too
         *role_and_binding(meta, namespace_rules(args), name, args.namespace),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
          "data": {file: (PACKAGE_DIR / file).read_text() for file in PACKAGE_FILES}},

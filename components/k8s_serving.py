@@ -1,8 +1,5 @@
-"""The gke target's Kubernetes side: vLLM on the flex-start TPU node pool, declared with pulumi-kubernetes.
-
-The manifests are plain dicts (tests validate each against the Kubernetes OpenAPI schema and the published CRDs),
-handed unchanged to typed pulumi-kubernetes resources. What each object does: docs/gke.md; the sources:
-docs/design/pulumi-program.md#the-serving-objects.
+"""The gke target's Kubernetes side: vLLM on the flex-start TPU node pool, as plain manifest dicts handed to typed
+pulumi-kubernetes resources. What each does: docs/gke.md; sources: docs/design/pulumi-program.md#the-serving-objects.
 """
 
 from __future__ import annotations
@@ -34,18 +31,14 @@ WAITING_PER_REPLICA = 5  # add a replica when more than this many requests wait 
 STARTUP_PERIOD_S = 10
 READYCHECK_REQUEST_TIMEOUT_S = 15  # per request; three requests per check
 CAPACITY_WAIT_S = 60 * 60  # how long Pulumi waits for a flex-start node, on top of the cold start
-# The route's longest request; every stop budget below is made from it
-# (docs/gke.md#a-pod-finishes-its-streams-before-it-goes).
+# The longest request: every stop budget is made of it (docs/gke.md#a-pod-finishes-its-streams-before-it-goes).
 REQUEST_TIMEOUT_S = 600
 ENDPOINT_REMOVAL_S = 15  # preStop: the deleted pod's endpoint leaves every router (KServe's 15 s)
 SHUTDOWN_TIMEOUT_S = 30  # vLLM's drain on SIGTERM, for a request that slipped in after the preStop
 SHUTDOWN_MARGIN_S = 15  # vLLM's teardown after the drain
-# The kubelet counts the preStop against the grace period.
-TERMINATION_GRACE_S = ENDPOINT_REMOVAL_S + REQUEST_TIMEOUT_S + SHUTDOWN_TIMEOUT_S + SHUTDOWN_MARGIN_S
-# A replica costs a cold start (~10 min) and a node-hour: scale up at once, scale down slowly.
-SCALE_DOWN_WINDOW_S = 15 * 60
-# Cloud Storage FUSE as Google's vLLM-on-TPU recipe sets it: the sidecar injected with no limits (a limited one is
-# OOM-killed under a 10 GB read), its file cache on the in-memory volume of this name.
+TERMINATION_GRACE_S = ENDPOINT_REMOVAL_S + REQUEST_TIMEOUT_S + SHUTDOWN_TIMEOUT_S + SHUTDOWN_MARGIN_S  # with preStop
+SCALE_DOWN_WINDOW_S = 15 * 60  # a replica costs a cold start and a node-hour: up at once, down slowly
+# Cloud Storage FUSE as Google's vLLM-on-TPU recipe sets it: an unlimited sidecar, its file cache in memory.
 GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 GCSFUSE_ANNOTATIONS = {"gke-gcsfuse/volumes": "true", "gke-gcsfuse/cpu-limit": "0", "gke-gcsfuse/memory-limit": "0",
                        "gke-gcsfuse/ephemeral-storage-limit": "0"}
@@ -56,8 +49,7 @@ WEIGHTS_MOUNT_OPTIONS = ("implicit-dirs,file-cache:enable-parallel-downloads:tru
                          "file-cache:download-chunk-size-mb:10,file-cache:max-size-mb:-1")
 HF_BUCKET_DIR = "huggingface"  # the bucket's folder for HF_HOME; the compile cache is xla/<key>, as on the VM
 XET_CACHE_DIR = "/tmp/hf-xet"  # huggingface_hub's chunk cache (default HF_HOME/xet): thousands of files, off the bucket
-# The startup probe's timeline, in the container's own filesystem: a restarted container starts a new one.
-BOOT_STATE = "/tmp/tpu-serve-boot.json"
+BOOT_STATE = "/tmp/tpu-serve-boot.json"  # the startup probe's timeline: a restarted container starts a new one
 
 
 @dataclass(frozen=True)
@@ -90,13 +82,10 @@ def selector(args: ServingManifestArgs) -> dict[str, str]:
 def metadata(args: ServingManifestArgs, name: str | None = None, namespaced: bool = True,
              app: str = "vllm") -> dict[str, Any]:
     """`app`: another app's name (the picker, the renewer) keeps its objects out of the vLLM pods' selector."""
-    meta: dict[str, Any] = {"name": name or args.name,
-                            "labels": {**selector(args), "app.kubernetes.io/name": app,
-                                       "app.kubernetes.io/part-of": "tpu-serve",
-                                       "app.kubernetes.io/managed-by": "pulumi", **dict(args.labels)}}
-    if namespaced:
-        meta["namespace"] = args.namespace
-    return meta
+    return {"name": name or args.name,
+            "labels": {**selector(args), "app.kubernetes.io/name": app, "app.kubernetes.io/part-of": "tpu-serve",
+                       "app.kubernetes.io/managed-by": "pulumi", **dict(args.labels)},
+            **({"namespace": args.namespace} if namespaced else {})}
 
 
 def script_texts() -> dict[str, str]:
@@ -104,10 +93,8 @@ def script_texts() -> dict[str, str]:
 
 
 def scripts_hash() -> str:
-    digest = hashlib.sha256()
-    for script, text in sorted(script_texts().items()):
-        digest.update(f"{script}\0{text}\0".encode())
-    return digest.hexdigest()[:16]
+    joined = "".join(f"{script}\0{text}\0" for script, text in sorted(script_texts().items()))
+    return hashlib.sha256(joined.encode()).hexdigest()[:16]
 
 
 def role_and_binding(meta: dict[str, Any], rules: list[dict[str, Any]], account: str, namespace: str,
@@ -163,8 +150,7 @@ def vllm_container(args: ServingManifestArgs) -> dict[str, Any]:
                          {"name": "compile-cache", "mountPath": CONTAINER_XLA_CACHE},
                          {"name": "hf-token", "mountPath": TOKEN_DIR, "readOnly": True},
                          {"name": "scripts", "mountPath": SCRIPTS_DIR, "readOnly": True}],
-        # After the image pull: engine start, weights and the XLA compile, with the boot timeline in the log. A run
-        # lists the compile cache on the bucket twice at most, hence the long timeout.
+        # Engine start, weights and the compile, the timeline in the log; the bucket listing needs the long timeout.
         "startupProbe": {"exec": {"command": boot}, "periodSeconds": STARTUP_PERIOD_S, "timeoutSeconds": 30,
                          "failureThreshold": math.ceil(args.startup_budget_s / STARTUP_PERIOD_S)},
         "readinessProbe": {"exec": {"command": readycheck}, "periodSeconds": 30,
@@ -178,8 +164,7 @@ def vllm_container(args: ServingManifestArgs) -> dict[str, Any]:
 
 
 def cache_volumes(args: ServingManifestArgs) -> list[dict[str, Any]]:
-    """The bucket's two folders as Cloud Storage FUSE volumes and the sidecar's file cache; without a bucket, empty
-    directories (every pod cold)."""
+    """The bucket's two folders through Cloud Storage FUSE; without a bucket, empty directories (every pod cold)."""
     if not args.cache_bucket:
         return [{"name": "weights", "emptyDir": {}}, {"name": "compile-cache", "emptyDir": {}}]
 
@@ -278,8 +263,7 @@ def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
     return objects + ([autoscaler(args)] if args.min_replicas > 0 else [])
 
 
-# Kinds with a typed pulumi-kubernetes class; any other kind (the CRDs: PodMonitoring, InferencePool, Gateway,
-# HTTPRoute, GKE's policies) is a CustomResource.
+# Kinds with a typed pulumi-kubernetes class; any other kind (the CRDs) is a CustomResource.
 TYPED = {
     "Namespace": k8s.core.v1.Namespace, "ServiceAccount": k8s.core.v1.ServiceAccount,
     "ConfigMap": k8s.core.v1.ConfigMap, "Service": k8s.core.v1.Service, "Deployment": k8s.apps.v1.Deployment,
@@ -303,8 +287,7 @@ class GkeServingArgs:
 
 
 class GkeServing(pulumi.ComponentResource):
-    """Declares the manifests through a provider for the cluster. `pulumi up` awaits the vLLM Deployment: a pod must
-    pass its readiness probe within the capacity wait plus the startup budget."""
+    """The manifests through a provider for the cluster; `pulumi up` awaits the vLLM Deployment's rollout."""
 
     def __init__(self, name: str, args: GkeServingArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:gke:GkeServing", name, None, opts)
@@ -318,8 +301,7 @@ class GkeServing(pulumi.ComponentResource):
             kind, meta = obj["kind"], obj["metadata"]
             fields = {FIELD_ARGS.get(key, key): value for key, value in obj.items()
                       if key not in ("apiVersion", "kind", "metadata")}
-            # A Deployment waits for what was declared before it (its account, role, config; not another
-            # Deployment's rollout); the rest for the namespace only.
+            # A Deployment waits for what was declared before it (not another Deployment); the rest for the namespace.
             before = [r for r in declared if isinstance(r, k8s.core.v1.Namespace) or (
                 kind == "Deployment" and not isinstance(r, k8s.apps.v1.Deployment))]
             opts_ = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=before + depends_on,

@@ -8,8 +8,9 @@ import pulumi
 import pulumi_docker as docker
 
 from components.config import LocalConfig
+from tpuserve.facts import CONTAINER_HASH_LABEL
 from tpuserve.names import base_name, stack_labels
-from components.readiness import ReadinessGate, ReadinessGateArgs, url_target
+from components.readiness import ReadinessGate, url_target
 from tpuserve.serving import config_hash, vllm_serve_args
 
 CONTAINER_HF_CACHE = "/root/.cache/huggingface"
@@ -32,7 +33,7 @@ class LocalVllm(pulumi.ComponentResource):
         super().__init__("tpuserve:docker:LocalVllm", name, None, opts)
         base = base_name(stack)
         serving_hash = config_hash(cfg.serving)
-        labels = {**stack_labels(stack, dict(cfg.labels)), "tpu-serve.config-hash": serving_hash}
+        labels = {**stack_labels(stack, dict(cfg.labels)), CONTAINER_HASH_LABEL: serving_hash}
 
         child = pulumi.ResourceOptions(parent=self)
         image = docker.RemoteImage(base, name=cfg.serving.image, keep_locally=True, opts=child)
@@ -47,9 +48,8 @@ class LocalVllm(pulumi.ComponentResource):
             opts=child)
 
         server_url = f"http://{LOOPBACK}:{cfg.local_port}"
-        gate = ReadinessGate(f"{base}-ready", ReadinessGateArgs(
-            target=url_target(server_url, cfg.serving.model), timeout_s=cfg.readiness_timeout_seconds,
-            triggers=[container.id, serving_hash]), opts=child)
+        gate = ReadinessGate(f"{base}-ready", url_target(server_url, cfg.serving.model), cfg.readiness_timeout_seconds,
+                             triggers=[container.id, serving_hash], opts=child)
 
         self.outputs: dict[str, Any] = {"target": cfg.target, "endpoint": f"{server_url}/v1",
                                         "model": cfg.serving.model, "vllmArgs": vllm_serve_args(cfg.serving),

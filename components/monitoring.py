@@ -6,13 +6,14 @@ Sources: docs/design/pulumi-program.md#monitoring-and-the-ops-agent; why a polic
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pulumi
 import pulumi.dynamic
 from pulumi_gcp import monitoring
 
+from components.config import GcpConfig
 from components.ops_agent import INSTANCE_LABEL
 from tpuserve import vllm_metrics as m
 from tpuserve.alert_metrics import MetricsWrittenProvider, metric_types
@@ -36,18 +37,6 @@ class Alert:
     @property
     def metrics(self) -> tuple[str, ...]:
         return metric_types(self.query)
-
-
-@dataclass(frozen=True)
-class ServingMonitoringArgs:
-    project: str
-    instance_name: str
-    stack: str
-    labels: Mapping[str, str]
-    notification_channels: Sequence[str]
-    down_after_s: int
-    ttft_p99_seconds: float
-    queue_depth: int
 
 
 def promql_duration(seconds: int) -> str:
@@ -102,24 +91,25 @@ def dashboard_json(display_name: str, instance_name: str, labels: Mapping[str, s
                        "mosaicLayout": {"columns": COLUMNS, "tiles": tiles}}, indent=2)
 
 
-def alerts(args: ServingMonitoringArgs) -> list[Alert]:
-    sel, name = selector(args.instance_name), args.instance_name
+def alerts(cfg: GcpConfig, name: str, stack: str) -> list[Alert]:
+    sel, ttft_s, depth = selector(name), cfg.alert_ttft_p99_seconds, cfg.alert_queue_depth
+    down_s = cfg.alert_down_after_seconds
     return [
         Alert("down", f"{name}: vLLM down",
-              f"absent_over_time({m.RUNNING}{sel}[{promql_duration(args.down_after_s)}])", "60s", "CRITICAL",
-              f"No vLLM metrics from {name} for {args.down_after_s // 60} minutes: the server is down, the Ops Agent "
+              f"absent_over_time({m.RUNNING}{sel}[{promql_duration(down_s)}])", "60s", "CRITICAL",
+              f"No vLLM metrics from {name} for {down_s // 60} minutes: the server is down, the Ops Agent "
               "stopped, or the VM is gone (flex-start deletes it when its max run ends; `pulumi up --refresh` makes "
-              f"a new one). Look with `tpuserve status --stack {args.stack}` and `tpuserve diagnose --stack "
-              f"{args.stack}`."),
-        Alert("ttft", f"{name}: p99 time to first token above {args.ttft_p99_seconds:g} s",
-              f"{quantile(0.99, m.TTFT, sel)} > {args.ttft_p99_seconds:g}", "600s", "WARNING",
-              f"The p99 time to first token over {WINDOW} has stayed above {args.ttft_p99_seconds:g} s for 10 "
+              f"a new one). Look with `tpuserve status --stack {stack}` and `tpuserve diagnose --stack "
+              f"{stack}`."),
+        Alert("ttft", f"{name}: p99 time to first token above {ttft_s:g} s",
+              f"{quantile(0.99, m.TTFT, sel)} > {ttft_s:g}", "600s", "WARNING",
+              f"The p99 time to first token over {WINDOW} has stayed above {ttft_s:g} s for 10 "
               "minutes: the server is saturated (see requests waiting and KV-cache usage on the dashboard) or "
               "prompts got longer."),
         Alert("queue", f"{name}: request queue growing",
-              f"sum({m.WAITING}{sel}) >= {args.queue_depth} and sum(delta({m.WAITING}{sel}[{QUEUE_TREND}])) > 0",
+              f"sum({m.WAITING}{sel}) >= {depth} and sum(delta({m.WAITING}{sel}[{QUEUE_TREND}])) > 0",
               "300s", "WARNING",
-              f"At least {args.queue_depth} requests wait and the queue has grown over {QUEUE_TREND}: more traffic "
+              f"At least {depth} requests wait and the queue has grown over {QUEUE_TREND}: more traffic "
               "than one VM serves. Lower the load or add capacity."),
     ]
 
@@ -135,39 +125,37 @@ class MetricsWritten(pulumi.dynamic.Resource):
 
 
 class ServingMonitoring(pulumi.ComponentResource):
-    """The stack's Cloud Monitoring dashboard and alert policies; `dashboard_url` opens the dashboard, `alerts` says
-    which policies exist and which wait for their metrics (the next `pulumi up` after those arrive creates them)."""
+    """The dashboard and the alert policies; `alerts` says which exist and which wait for their metrics (alerts.md)."""
 
     dashboard_url: pulumi.Output[str]
     alerts: pulumi.Output[dict]
 
-    def __init__(self, name: str, args: ServingMonitoringArgs, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, cfg: GcpConfig, instance_name: str, stack: str, labels: Mapping[str, str],
+                 opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:gcp:ServingMonitoring", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         dashboard = monitoring.Dashboard(
-            f"{name}-dashboard", project=args.project,
-            dashboard_json=dashboard_json(f"tpu-serve {args.stack}: {args.instance_name}", args.instance_name,
-                                          args.labels),
-            opts=child)
-        wanted = alerts(args)
+            f"{name}-dashboard", project=cfg.project,
+            dashboard_json=dashboard_json(f"tpu-serve {stack}: {instance_name}", instance_name, labels), opts=child)
+        wanted = alerts(cfg, instance_name, stack)
         # Cloud Monitoring refuses a policy on a metric never written, and the vLLM metrics come only after serving.
         written = MetricsWritten(f"{name}-metrics", {
-            "project": args.project, "metricTypes": sorted({t for alert in wanted for t in alert.metrics})}, child)
+            "project": cfg.project, "metricTypes": sorted({t for alert in wanted for t in alert.metrics})}, child)
         # Declared inside the apply: a policy exists only once its metrics do (a preview does not show it yet).
         self.alerts = pulumi.Output.all(written.ready, written.reason).apply(
-            lambda seen: self._declare(name, args, wanted, set(seen[0] or ()), seen[1] or ""))
+            lambda seen: self._declare(name, cfg, labels, wanted, set(seen[0] or ()), seen[1] or ""))
         # The resource id is projects/<number>/dashboards/<id>; the console opens it by the last part.
         self.dashboard_url = dashboard.id.apply(
             lambda dashboard_id: "https://console.cloud.google.com/monitoring/dashboards/custom/"
-                                 f"{dashboard_id.rsplit('/', 1)[-1]}?project={args.project}")
+                                 f"{dashboard_id.rsplit('/', 1)[-1]}?project={cfg.project}")
         self.register_outputs({"dashboardUrl": self.dashboard_url, "alerts": self.alerts})
 
-    def _declare(self, name: str, args: ServingMonitoringArgs, wanted: list[Alert], known: set[str],
+    def _declare(self, name: str, cfg: GcpConfig, labels: Mapping[str, str], wanted: list[Alert], known: set[str],
                  reason: str) -> dict:
         ready = [alert for alert in wanted if set(alert.metrics) <= known]
         for alert in ready:
             monitoring.AlertPolicy(
-                f"{name}-{alert.key}", project=args.project, display_name=alert.title, combiner="OR",
+                f"{name}-{alert.key}", project=cfg.project, display_name=alert.title, combiner="OR",
                 severity=alert.severity,
                 conditions=[monitoring.AlertPolicyConditionArgs(
                     display_name=alert.title, condition_prometheus_query_language=PromQlCondition(
@@ -175,7 +163,7 @@ class ServingMonitoring(pulumi.ComponentResource):
                 documentation=monitoring.AlertPolicyDocumentationArgs(content=alert.content,
                                                                       mime_type="text/markdown"),
                 alert_strategy=monitoring.AlertPolicyAlertStrategyArgs(auto_close="1800s"),
-                notification_channels=list(args.notification_channels), user_labels=dict(args.labels),
+                notification_channels=list(cfg.alert_notification_channels), user_labels=dict(labels),
                 opts=pulumi.ResourceOptions(parent=self))
         pending = [alert for alert in wanted if alert not in ready]
         return {"created": [alert.key for alert in ready], "pending": [alert.key for alert in pending],

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pulumi
 from pulumi_gcp import compute
 
@@ -14,40 +12,30 @@ IAP_SOURCE_RANGE = "35.235.240.0/20"  # Google's Identity-Aware Proxy TCP forwar
 INGRESS_PORTS = ("22", str(DEFAULT_PORT))  # ssh, and vLLM's OpenAI API
 
 
-@dataclass(frozen=True)
-class ServingNetworkArgs:
-    project: str
-    region: str
-    network: str
-    target_tag: str
-    create_nat: bool
-
-
 class ServingNetwork(pulumi.ComponentResource):
-    """Firewall admitting only IAP on ssh and the vLLM port, to the VM's tag alone; Router + NAT so a VM without an
-    external IP can pull the image and the weights."""
+    """A firewall admitting only IAP (ssh, the vLLM port) to the VM's tag; a Router + NAT for egress."""
 
-    def __init__(self, name: str, args: ServingNetworkArgs, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, project: str, region: str, network: str, target_tag: str, create_nat: bool,
+                 opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpuserve:gcp:ServingNetwork", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
 
         self.firewall = compute.Firewall(
-            f"{name}-allow-iap", project=args.project, network=args.network, direction="INGRESS",
+            f"{name}-allow-iap", project=project, network=network, direction="INGRESS",
             description="tpu-serve: ssh and vLLM through IAP TCP forwarding only",
-            source_ranges=[IAP_SOURCE_RANGE], target_tags=[args.target_tag],
+            source_ranges=[IAP_SOURCE_RANGE], target_tags=[target_tag],
             allows=[compute.FirewallAllowArgs(protocol="tcp", ports=list(INGRESS_PORTS))], opts=child)
 
         self.nat: compute.RouterNat | None = None
-        if args.create_nat:  # a region change replaces Router and NAT, old ones first (docs/design/cloud-nat.md)
-            self.nat = cloud_nat(name, args.project, args.region, args.network, pulumi.ResourceOptions(
+        if create_nat:  # a region change replaces Router and NAT, old ones first (docs/design/cloud-nat.md)
+            self.nat = cloud_nat(name, project, region, network, pulumi.ResourceOptions(
                 parent=self, replace_on_changes=["region"], delete_before_replace=True))
 
         self.register_outputs({"firewall": self.firewall.name})
 
 
 def cloud_nat(name: str, project: str, region: str, network: str, opts: pulumi.ResourceOptions) -> compute.RouterNat:
-    """`<name>-router` and `<name>-nat` in `region`, for machines without an external IP. The Router's description
-    names the stack, so other stacks can say whose NAT serves them (docs/design/cloud-nat.md)."""
+    """`<name>-router` and `<name>-nat` in `region`; the description names the stack (docs/design/cloud-nat.md)."""
     router = compute.Router(f"{name}-router", project=project, region=region, network=network,
                             description=router_description(pulumi.get_stack()), opts=opts)
     return compute.RouterNat(

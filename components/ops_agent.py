@@ -17,7 +17,7 @@ INSTANCE_LABEL = "instance_name"  # what the dashboard and alerts select on, fro
 SCRAPE_INTERVAL = "15s"  # the agent's floor is 10s (confgenerator/prometheus.go minScrapeInterval)
 # Docker's json-file logs under its data root: on the cache disk (facts.CACHE_ROOT) if any, else the default.
 DOCKER_JSON_LOGS = (f"{CACHE_ROOT}/docker/containers/*/*-json.log", "/var/lib/docker/containers/*/*-json.log")
-# Docker's json-file timestamps (RFC 3339 with nanoseconds, UTC); fluent-bit's own docker parser uses this format.
+# Docker's json-file timestamps (RFC 3339, nanoseconds, UTC), as fluent-bit's docker parser reads them.
 DOCKER_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%L"
 HEADER = ("# Written by the tpu-serve startup script (components/ops_agent.py); changes here are lost at the next "
           "boot.\n")

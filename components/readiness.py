@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pulumi
@@ -15,13 +14,6 @@ from tpuserve.facts import PRE_READINESS_ALLOWANCES_S
 
 # The project's interpreter (Pulumi.yaml's virtualenv), relative so the preview is the same on every machine.
 GATE_PYTHON = '"${TPUSERVE_PYTHON:-.venv/bin/python}"'
-
-
-@dataclass(frozen=True)
-class ReadinessGateArgs:
-    target: pulumi.Input[Sequence[str]]  # what to wait for: instance_target(...) or url_target(...)
-    timeout_s: int
-    triggers: Sequence[pulumi.Input[str]]  # re-run when one changes: the VM or container id, the serving hash
 
 
 def instance_target(instance: str, zone: str, project: str, config_hash: str) -> list[str]:
@@ -53,18 +45,17 @@ def last_json_line(stdout: str) -> dict[str, Any]:
 
 
 class ReadinessGate(pulumi.ComponentResource):
-    """`tpuserve gate` as a local command, re-run when a trigger changes (why a command: docs/design/why-the-cli.md).
-    `timeline` is its JSON verdict."""
+    """`tpuserve gate` run when a trigger changes (docs/design/why-the-cli.md); `timeline` is its JSON verdict."""
 
     timeline: pulumi.Output[dict[str, Any]]
 
-    def __init__(self, name: str, args: ReadinessGateArgs, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, target: pulumi.Input[Sequence[str]], timeout_s: int,
+                 triggers: Sequence[pulumi.Input[str]], opts: pulumi.ResourceOptions | None = None):
+        """`target`: instance_target(...) or url_target(...); `triggers`: the VM or container id, the serving hash."""
         super().__init__("tpuserve:index:ReadinessGate", name, None, opts)
         command = local.Command(
-            name,
-            create=pulumi.Output.from_input(args.target).apply(lambda target: gate_command(target, args.timeout_s)),
-            triggers=list(args.triggers),
-            opts=pulumi.ResourceOptions(parent=self, custom_timeouts=pulumi.CustomTimeouts(
-                create=f"{args.timeout_s + 120}s", update=f"{args.timeout_s + 120}s")))
+            name, create=pulumi.Output.from_input(target).apply(lambda resolved: gate_command(resolved, timeout_s)),
+            triggers=list(triggers), opts=pulumi.ResourceOptions(parent=self, custom_timeouts=pulumi.CustomTimeouts(
+                create=f"{timeout_s + 120}s", update=f"{timeout_s + 120}s")))
         self.timeline = command.stdout.apply(last_json_line)
         self.register_outputs({"timeline": self.timeline})

@@ -1,8 +1,6 @@
-"""What the VM's metadata carries, each in its own key: the boot logic (`startup-script`, templates/startup.sh.j2, no
-serving setting in it), the served config (`tpu-serve-config`: image, each engine's `docker run` argv, the front, the
-hash; never the token) and the supervisor's code (`tpu-serve-supervisor`: vm/'s files with vm/facts.json). The
-supervisor applies a change of the last two on the running VM (docs/boot-and-caches.md#three-metadata-keys).
-"""
+"""The VM's three metadata keys: the boot logic (`startup-script`, no serving setting in it), the served config
+(`tpu-serve-config`, never the token) and the supervisor's code (`tpu-serve-supervisor`), the last two applied on the
+running VM. Why: docs/design/supervisor.md#the-startup-script."""
 
 from __future__ import annotations
 
@@ -25,17 +23,13 @@ from vm.hf_token import METADATA_URL
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = ROOT / "templates"
 VM_DIR = ROOT / "vm"
-# The supervisor, what it imports and reads, and the Ops Agent installer it runs once serving (the agent's config is
-# rendered into the bundle too).
+# The supervisor, what it imports and reads, and the Ops Agent installer (its config is rendered in too).
 SUPERVISOR_FILES = ("supervisor.py", "hf_token.py", "readycheck.py", "compile_cache.py", "guest_state.py",
                     "cache_disk.py", "ops-agent-install.sh", "facts.json")
 UNIT_NAME = "tpu-serve-supervisor.service"
 WARMUP_IMAGE = "red-square.png"  # one of the shipped probe images, sent once after boot when images are enabled
-# Below this much free space the cache disk is not used for the boot (a cold start with a warning): one vLLM TPU
-# image, one model's weights and the compile cache fit in it.
-MIN_FREE_GB = 20
-# How long the boot waits for the cache disk's device link (udev) before it boots cold without it.
-DEVICE_WAIT_S = 60
+MIN_FREE_GB = 20  # below this the boot does not use the cache disk (a cold start): an image, weights, compile cache
+DEVICE_WAIT_S = 60  # for the cache disk's device link (udev), before the boot goes cold without it
 
 
 def template_environment() -> jinja2.Environment:
@@ -75,11 +69,7 @@ def served_hash(serving: ServingConfig, secret_env: Mapping[str, str] | None = N
 def served_config(serving: ServingConfig, secret_name: str, *, machine_type: str, compile_cache_bucket: str = "",
                   ready_timeout_s: int = 3600, server_url: str | None = None, cache_disk: str = "",
                   api_key_secret: str = "", engine_urls: Sequence[str] | None = None) -> str:
-    """The `tpu-serve-config` metadata value (JSON, keys sorted so equal configs are equal strings). With
-    `api_key_secret`, vLLM takes requests on /v1 only with that secret's value (VLLM_API_KEY): `secret_env` names
-    the secrets the supervisor fetches into the container's environment and `api_key_env` the one its readiness
-    checks present. `cache_disk` names the cache disk the VM attaches, "<zone>/<name>" (none: ""). `server_url` is
-    where clients are served (the front, or the lone engine); `engine_urls` where each engine is (tests)."""
+    """The `tpu-serve-config` metadata value (JSON, keys sorted); its fields: docs/design/supervisor.md."""
     secret_env = {API_KEY_ENV: api_key_secret} if api_key_secret else {}
     digest = served_hash(serving, secret_env)
     server_url = server_url or f"http://127.0.0.1:{serving.port}"
@@ -102,10 +92,9 @@ def served_config(serving: ServingConfig, secret_name: str, *, machine_type: str
         else image_data_uri(WARMUP_IMAGE),
         "compile_cache_bucket": compile_cache_bucket,
         "ready_timeout_s": ready_timeout_s,
-        # The disabled-modality check: one request of each modality at 0, each must answer 4xx (vm/readycheck.py).
+        # The disabled-modality check: one request per modality at 0, each must answer 4xx.
         "refusal_parts": {modality: modality_part(modality) for modality, count in mm_limits_of(serving).items()
                           if count == 0},
-        # The cache disk ("<zone>/<name>"), which the supervisor marks warm in the bucket once it served from it.
         **({"cache_disk": cache_disk} if cache_disk else {}),
     }, sort_keys=True, separators=(",", ":"))
 

@@ -1,5 +1,5 @@
-"""What vLLM serves and how: the one place that turns serving options into `vllm serve` arguments, for every
-target, so the flags `pulumi preview` shows are the flags the server runs with. Why: docs/design/config.md."""
+"""What vLLM serves and how: the one place serving options become `vllm serve` arguments, for every target, so
+`pulumi preview` shows the flags the server runs with. Why: docs/design/config.md."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from tpuserve.facts import (CACHE_ROOT, CONTAINER_HF_HOME, CONTAINER_XLA_CACHE, V6E_HBM_GIB, VLLM_TPU_IMAGE,
-                            XLA_CACHE_KEY_PLACEHOLDER)
+from tpuserve.facts import (CACHE_ROOT, CONTAINER_HASH_LABEL, CONTAINER_HF_HOME, CONTAINER_XLA_CACHE, V6E_HBM_GIB,
+                            VLLM_TPU_IMAGE, XLA_CACHE_KEY_PLACEHOLDER)
 from tpuserve.registry import Reference, RegistryError
 
 DEFAULT_MODEL = "google/gemma-4-E2B-it"
@@ -198,8 +198,7 @@ def mm_limits_of(cfg: ServingConfig) -> dict[str, int]:
 
 
 def tpu_impl(cfg: ServingConfig) -> tuple[dict[str, Any], str] | None:
-    """(the data file's entry of the model's architecture, the implementation tpu-inference runs for it), or None
-    when the file does not know the model: then nothing is refused, there is no evidence either way."""
+    """(the model architecture's entry, the implementation tpu-inference runs), or None: unknown, nothing refused."""
     for entry in tpu_support()["architectures"].values():
         if entry["model_ids"] in cfg.model.lower():
             return entry, entry["auto_impl"] if cfg.model_impl == AUTO_IMPL else cfg.model_impl
@@ -290,8 +289,7 @@ def check_tensor_parallel_size(cfg: ServingConfig) -> None:
                           f"{choices}")
 
 
-# More than one engine on a VM: engine i on port + 100 + i, libtpu's on 5000 + i. Why: docs/design/engines.md.
-ENGINE_PORT_OFFSET = 100
+ENGINE_PORT_OFFSET = 100  # engine i of several on port + 100 + i, libtpu's on 5000 + i (docs/design/engines.md)
 TPU_PROCESS_BASE_PORT = 5000
 
 
@@ -323,8 +321,7 @@ def backend_env(cfg: ServingConfig) -> dict[str, str]:
     return {MODEL_IMPL_ENV: cfg.model_impl} if cfg.backend == TPU_BACKEND and cfg.model_impl != AUTO_IMPL else {}
 
 
-# Single-dash aliases vLLM 0.32 registers for options that have their own setting (vllm/engine/arg_utils.py).
-SHORT_OPTIONS = {"-tp": "--tensor-parallel-size"}
+SHORT_OPTIONS = {"-tp": "--tensor-parallel-size"}  # vLLM 0.32's single-dash aliases (vllm/engine/arg_utils.py)
 
 
 def option_name(arg: str) -> str | None:
@@ -336,8 +333,7 @@ def option_name(arg: str) -> str | None:
     return "--" + name.removeprefix("--no-") if name.startswith("--no-") else name
 
 
-# Options that have their own setting; `extraArgs` may not set them a second time.
-FIRST_CLASS_OPTIONS = {
+FIRST_CLASS_OPTIONS = {  # options with a setting of their own, which extraArgs may not repeat
     "--model": "model", "--host": "(fixed)", "--port": "(fixed)", "--max-model-len": "maxModelLen",
     "--gpu-memory-utilization": "gpuMemoryUtilization", "--device-memory-utilization": "gpuMemoryUtilization",
     "--max-num-batched-tokens": "maxNumBatchedTokens", "--enable-auto-tool-choice": "enableAutoToolChoice",
@@ -405,15 +401,14 @@ def vllm_serve_args(cfg: ServingConfig, engine: int = 0) -> list[str]:
     return args + list(cfg.extra_args)
 
 
-# The caches' environment of every vLLM TPU container, the VM's and the gke pods', HF_HOME first.
+# The caches' environment of every vLLM TPU container (VM and gke), HF_HOME first.
 TPU_CACHE_ENV = {"HF_HOME": CONTAINER_HF_HOME, "VLLM_XLA_CACHE_PATH": CONTAINER_XLA_CACHE,
                  "JAX_COMPILATION_CACHE_DIR": CONTAINER_XLA_CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
 def tpu_container_run_args(cfg: ServingConfig, config_hash: str, secret_env: Sequence[str] = (),
                            engine: int = 0) -> list[str]:
-    """`docker run` arguments of one engine on the TPU VM. HF_TOKEN and `secret_env` (VLLM_API_KEY) go by name only:
-    their values never enter an argv. The caches' layout: docs/design/supervisor.md#the-container."""
+    """One engine's `docker run` arguments on the VM, secrets by name only (docs/design/supervisor.md#the-container)."""
     caches = env_args(TPU_CACHE_ENV)  # HF_HOME, then the XLA cache's three
     return ["run", "--detach", "--name", engine_container(cfg.engines, engine), "--privileged", "--net=host",
             "-v", "/dev/shm:/dev/shm",
@@ -421,7 +416,7 @@ def tpu_container_run_args(cfg: ServingConfig, config_hash: str, secret_env: Seq
             "-v", f"{CACHE_ROOT}/xla/{XLA_CACHE_KEY_PLACEHOLDER}:{CONTAINER_XLA_CACHE}", *caches[2:],
             "-e", "HF_TOKEN", *(arg for name in secret_env for arg in ("-e", name)),
             *env_args({**backend_env(cfg), **engine_tpu_env(cfg, engine)}),
-            "--label", f"tpu-serve.config-hash={config_hash}",
+            "--label", f"{CONTAINER_HASH_LABEL}={config_hash}",
             cfg.image, "vllm", "serve", *vllm_serve_args(cfg, engine)]
 
 

@@ -1,8 +1,5 @@
-"""The cache disk under the VM's caches: its ext4 filesystem grown online when the disk grew, and a disk that went
-away noticed (the supervisor then stops serving; nothing is unmounted). Why: docs/design/supervisor.md#the-cache-disk.
-
-    python3 cache_disk.py grow DEVICE      # prints what it did; exit 0 unless resize2fs failed
-"""
+"""The cache disk: its ext4 grown online to a grown disk (`cache_disk.py grow DEVICE`, also the startup script's), and
+a disk that went away noticed (the supervisor stops serving). Why: docs/design/supervisor.md#the-cache-disk."""
 
 from __future__ import annotations
 
@@ -12,8 +9,7 @@ import sys
 from pathlib import Path
 
 GIB = 2**30
-# A filesystem this much smaller than its device is grown (ext4 sizes itself in whole blocks; a fresh mkfs leaves
-# less than one block group's worth unused).
+# Grown when this much smaller than its device (a fresh mkfs leaves less than a block group unused).
 GROW_SLACK_BYTES = 128 * 2**20
 
 
@@ -31,10 +27,6 @@ def _run(argv: list[str], timeout_s: float = 120) -> str:
     return done.stdout
 
 
-def device_bytes(device: str) -> int:
-    return int(_run(["blockdev", "--getsize64", device]).strip())
-
-
 def filesystem_bytes(device: str) -> int:
     """The ext4 filesystem's size, from its superblock (tune2fs -l reads it on a mounted filesystem too)."""
     text = _run(["tune2fs", "-l", device])
@@ -47,20 +39,12 @@ def filesystem_bytes(device: str) -> int:
 
 def grow(device: str) -> str:
     """Grow the filesystem on `device` to the device's size when the device is bigger; what was done, or ''."""
-    before, available = filesystem_bytes(device), device_bytes(device)
+    before, available = filesystem_bytes(device), int(_run(["blockdev", "--getsize64", device]).strip())
     if available <= before + GROW_SLACK_BYTES:
         return ""
     _run(["resize2fs", device], timeout_s=1800)
     after = filesystem_bytes(device)
     return f"filesystem grown online from {before / GIB:.0f} to {after / GIB:.0f} GB"
-
-
-def mounted_device(device_file: Path) -> str:
-    """The device the startup script mounted at the cache root this boot (facts CACHE_DEVICE_FILE), or ''."""
-    try:
-        return device_file.read_text().strip()
-    except OSError:
-        return ""
 
 
 def lost(device: str, cache_root: Path) -> str:

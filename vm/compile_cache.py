@@ -1,6 +1,5 @@
-"""The XLA compilation cache: its key, its KV block pin, and its copy in a bucket of the stack (restored no-clobber
-before the container starts, pushed back only after `serving`). Best effort: a failure is a colder boot, never a
-failed one. Why: docs/design/supervisor.md#the-compile-cache. Imports nothing from tpuserve.
+"""The XLA compilation cache: its key, its KV block pin, its copy in the stack's bucket (restored no-clobber before
+the container starts, pushed after `serving`), best effort. Why: docs/design/supervisor.md#the-compile-cache.
 """
 
 from __future__ import annotations
@@ -21,13 +20,11 @@ WORKERS = 8
 TIMEOUT_S = 60.0
 # JAX's LRU cache writes `<key>-cache` plus an `<key>-atime` file per entry; only the former counts as an entry.
 ATIME_SUFFIX = "-atime"
-# Beside the entries, one file per served config: the KV block count its first boot allocated, pinned on every later
-# boot so each compiles the same programs (--num-gpu-blocks-override; why: docs/design/supervisor.md#the-compile-cache).
+# Per served config: the KV block count its first boot allocated, which later boots pin (--num-gpu-blocks-override).
 PIN_PREFIX = "tpu-serve-kv-blocks-"
 # A boot is warm when it compiled about nothing: at most this share of the entries it found, and at least one.
 WARM_NEW_SHARE = 0.02
-# `disks/<zone>/<disk name>` in the bucket, written after `serving`: the disk is warm, kept on purpose
-# (tpuserve/deploy/inventory.py WARM_MARKER_PREFIX reads it).
+# `disks/<zone>/<name>`: this disk served warm, kept on purpose (tpuserve/deploy/inventory.py WARM_MARKER_PREFIX).
 MARKER_PREFIX = "disks/"
 KEY_PATTERN = re.compile(r"^[0-9a-f]{16}-[a-z0-9-]+$")  # what xla_cache_key names
 
@@ -52,10 +49,16 @@ def xla_cache_key(image: str, machine_type: str, local_digest: str = "") -> str:
 
 def entries(directory: Path) -> int:
     """Compiled programs in a cache directory (0 when it does not exist)."""
-    if not directory.is_dir():
-        return 0
     return sum(1 for path in directory.rglob("*") if path.is_file() and not path.name.endswith(ATIME_SUFFIX)
                and not path.name.startswith(PIN_PREFIX))
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write through a partial file renamed into place: a reader never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.replace(partial, path)
 
 
 def pin_path(directory: Path, config_hash: str) -> Path:
@@ -72,10 +75,8 @@ def read_pin(directory: Path, config_hash: str) -> int | None:
 
 
 def write_pin(directory: Path, config_hash: str, blocks: int, source: str) -> None:
-    path = pin_path(directory, config_hash)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps({"blocks": blocks, "config_hash": config_hash, "source": source}))
-    os.replace(partial, path)
+    write_atomic(pin_path(directory, config_hash), json.dumps({"blocks": blocks, "config_hash": config_hash,
+                                                                 "source": source}))
 
 
 def drop_pin(directory: Path, config_hash: str) -> None:
@@ -101,15 +102,12 @@ def verdict(before: int, after: int, pinned: int | None, learned: int | None, re
 
 
 def _files(directory: Path) -> list[str]:
-    if not directory.is_dir():
-        return []
     return sorted(str(path.relative_to(directory)) for path in directory.rglob("*") if path.is_file())
 
 
 def _request(method: str, url: str, token: str, data: bytes | None = None) -> tuple[int, bytes]:
-    headers = {"Authorization": f"Bearer {token}"}
-    if data is not None:
-        headers["Content-Type"] = "application/octet-stream"
+    binary = {} if data is None else {"Content-Type": "application/octet-stream"}
+    headers = {"Authorization": f"Bearer {token}", **binary}
     request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:  # noqa: S310 - the storage API
@@ -122,9 +120,7 @@ def remote_names(bucket: str, prefix: str, token: str, storage_url: str = STORAG
     """Object names under `prefix` (objects.list, following nextPageToken)."""
     names, page = [], ""
     while True:
-        query = {"prefix": prefix, "fields": "items(name),nextPageToken"}
-        if page:
-            query["pageToken"] = page
+        query = {"prefix": prefix, "fields": "items(name),nextPageToken", **({"pageToken": page} if page else {})}
         url = f"{storage_url}/storage/v1/b/{urllib.parse.quote(bucket)}/o?{urllib.parse.urlencode(query)}"
         status, body = _request("GET", url, token)
         if status != 200:
@@ -150,11 +146,7 @@ def restore(bucket: str, key: str, directory: Path, token: Callable[[], str],
         status, body = _request("GET", url, bearer)
         if status != 200:
             raise CacheError(f"downloading gs://{bucket}/{name} answered HTTP {status}")
-        target = directory / name[len(prefix):]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".partial")
-        partial.write_bytes(body)
-        os.replace(partial, target)
+        write_atomic(directory / name[len(prefix):], body)
 
     with ThreadPoolExecutor(WORKERS) as pool:
         list(pool.map(fetch, missing))

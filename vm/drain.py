@@ -1,7 +1,6 @@
 """The gke pods' preStop hook: wait for the pod's endpoint to leave every router (--settle), then until vLLM's /metrics
 shows no request running or waiting (at most --timeout), one line per step on the container's output. Exit 0 always:
-a hook that fails only delays the stop. Why: docs/design/gke-renewal.md.
-"""
+a hook that fails only delays the stop. Why: docs/design/gke-renewal.md."""
 
 from __future__ import annotations
 

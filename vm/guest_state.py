@@ -1,9 +1,6 @@
-"""The boot's state as one guest attribute (format: tpuserve/facts.py GUEST_STATE_*), written within Google's budget.
-
-Two writers share the budget through a state file and a stamp under an flock on /run: the startup script (this
-file's command line) and the supervisor (`GuestState`). Why: docs/design/supervisor.md#the-boot-state.
-
-    python3 guest_state.py --metadata-url URL --run-dir DIR [--interval-s 12] set [--new-timeline] [--flush] K=V ...
+"""The boot's state as one guest attribute (tpuserve/facts.py GUEST_STATE_*), written within Google's budget by two
+writers sharing a state file under an flock: the startup script (the command line: `set K=V ...`) and the supervisor
+(`GuestState`). Why: docs/design/supervisor.md#the-boot-state.
 """
 
 from __future__ import annotations
@@ -54,11 +51,8 @@ class Store:
     def locked(self) -> Iterator[None]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with open(self.run_dir / LOCK_FILE, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            yield
 
     def _read(self, name: str) -> dict:
         try:
@@ -67,21 +61,20 @@ class Store:
             return {}
         return value if isinstance(value, dict) else {}
 
-    def _write(self, name: str, value: dict) -> None:
-        partial = self.run_dir / f".{name}.new"
-        partial.write_text(json.dumps(value, sort_keys=True))
-        os.replace(partial, self.run_dir / name)
-
     def state(self) -> dict:
         return self._read(STATE_FILE)
 
     def stamp(self) -> dict:
         return self._read(STAMP_FILE)
 
+    def _write(self, name: str, value: dict) -> None:
+        partial = self.run_dir / f".{name}.new"
+        partial.write_text(json.dumps(value, sort_keys=True))
+        os.replace(partial, self.run_dir / name)
+
     def update(self, changes: Mapping[str, str], new_timeline: bool = False) -> dict:
         """Apply `changes` (None removes one; `new_timeline` drops at-<stage> fields first); seq bumped on change."""
-        unknown = sorted(key for key in changes if key not in FIELDS and not key.startswith(TIMELINE_PREFIX))
-        if unknown:
+        if unknown := sorted(key for key in changes if key not in FIELDS and not key.startswith(TIMELINE_PREFIX)):
             raise ValueError(f"not a boot-state field (tpuserve/facts.py GUEST_STATE_FIELDS): {', '.join(unknown)}")
         with self.locked():
             state = self.state()
@@ -127,7 +120,6 @@ class GuestState:
         self.thread: threading.Thread | None = None
 
     def update(self, changes: Mapping[str, str | None], new_timeline: bool = False) -> None:
-        """Change fields at once (one state change); the thread sends it when the budget allows."""
         self.store.update(changes, new_timeline)
         with self.changed:
             self.changed.notify_all()
@@ -152,19 +144,8 @@ class GuestState:
                 self.changed.wait(timeout=max(pause, 0.01))
 
 
-def parse_assignments(pairs: list[str]) -> dict[str, str]:
-    changes = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"guest_state.py: {pair!r} is not KEY=VALUE")
-        changes[key] = value
-    return changes
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Change the boot state and write it within the guest-attribute "
-                                     "budget.")
+    parser = argparse.ArgumentParser(description="Change the boot state; write it within the guest-attribute budget.")
     parser.add_argument("--metadata-url", required=True)
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--interval-s", type=float, default=INTERVAL_S)
@@ -176,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     setting.add_argument("assignments", nargs="*")
     args = parser.parse_args(argv)
     store = Store(args.run_dir)
+    if bad := [pair for pair in args.assignments if pair.find("=") < 1]:  # no key
+        raise SystemExit(f"guest_state.py: {bad[0]!r} is not KEY=VALUE")
     try:
-        store.update(parse_assignments(args.assignments), args.new_timeline)
+        store.update(dict(pair.split("=", 1) for pair in args.assignments), args.new_timeline)
     except ValueError as err:
         raise SystemExit(f"guest_state.py: {err}") from None
     while True:

@@ -1,8 +1,6 @@
-"""Copy the Hugging Face token from Secret Manager into a file (mode 0400), as the workload's own Google identity: the
-gke init container's `python3 hf_token.py --secret projects/P/secrets/S --out FILE`; the VM's supervisor imports
-`read_secret`. The token is never printed, put in an argv or an environment variable, or in a Kubernetes object.
-Exit 0 when the file is written, 1 otherwise (with the reason).
-"""
+"""Copy the Hugging Face token from Secret Manager into a 0400 file as the workload's Google identity (the gke init
+container: `--secret projects/P/secrets/S --out FILE`); the supervisor imports `read_secret`. The token is never
+printed, in an argv, an environment variable or a Kubernetes object."""
 
 from __future__ import annotations
 
@@ -50,14 +48,14 @@ def _message(body: Any) -> str:
     return str(error.get("message"))[:300] if isinstance(error, dict) and error.get("message") else "no message"
 
 
+def _describe(status: int) -> str:
+    return f"HTTP {status}" if status else "no answer"
+
+
 def access_token(metadata_url: str, timeout_s: float = 10.0) -> tuple[int, str | None]:
     status, body = _get(metadata_url + TOKEN_PATH, {"Metadata-Flavor": "Google"}, timeout_s)
     token = body.get("access_token") if status == 200 and isinstance(body, dict) else None
     return (status, token) if token else (status or 0, None)
-
-
-def _describe(status: int) -> str:
-    return f"HTTP {status}" if status else "no answer"
 
 
 def duration(seconds: float) -> str:
@@ -75,12 +73,10 @@ def read_secret(secret: str, metadata_url: str = METADATA_URL, secret_manager_ur
                 iam_poll_s: float = 15.0, on_wait: Callable[[str], None] | None = None,
                 grant_hint: str = GKE_GRANT_HINT, token_hint: str = GKE_TOKEN_HINT) -> str:
     """The latest version's payload; a failure names the call that failed. Why: docs/design/supervisor.md."""
-    delay, status, attempt, call, denied_at = retry_delay_s, 0, 1, "token", None
+    delay, attempt, denied_at = retry_delay_s, 1, None
     while True:
-        call = "token"
         status, bearer = access_token(metadata_url)
         if bearer is not None:
-            call = "secret"
             status, body = _get(f"{secret_manager_url}/v1/{secret}/versions/latest:access",
                                 {"Authorization": f"Bearer {bearer}"}, 20.0)
             if status == 200:
@@ -111,11 +107,11 @@ def read_secret(secret: str, metadata_url: str = METADATA_URL, secret_manager_ur
             raise TokenError(f"the metadata server refused an access token with HTTP {status} "
                              f"({metadata_url + TOKEN_PATH}): {token_hint}")
         if attempt >= attempts:
-            if call == "token":
+            if bearer is None:
                 raise TokenError(f"could not get an access token from the metadata server ({metadata_url + TOKEN_PATH}:"
                                  f" {_describe(status)} after {attempts} attempts); Secret Manager was not asked")
             raise TokenError(f"Secret Manager unavailable after {attempts} attempts (last {_describe(status)})")
-        where = "the metadata server's access-token request" if call == "token" else "Secret Manager"
+        where = "the metadata server's access-token request" if bearer is None else "Secret Manager"
         print(f"hf_token: {where} answered {_describe(status)} (attempt {attempt}/{attempts}); retrying in "
               f"{delay:g}s", file=sys.stderr)
         time.sleep(delay)

@@ -1,8 +1,6 @@
 #!/bin/bash
-# ops-agent-install.sh CONFIG_YAML: install the Google Cloud Ops Agent when missing (Google's
-# add-google-cloud-ops-agent-repo.sh --also-install: https://cloud.google.com/stackdriver/docs/solutions/agents/
-# ops-agent/installation), write CONFIG_YAML as its configuration and restart it when that changed. The supervisor
-# runs it once vLLM serves; exit 1 (why on stderr) is a warning there. Tests set OPS_AGENT_* (below).
+# ops-agent-install.sh CONFIG_YAML: install the Ops Agent when missing (Google's add-google-cloud-ops-agent-repo.sh),
+# configure it, restart it on a change. Exit 1 (why on stderr): the supervisor's warning. Tests set OPS_AGENT_*.
 set -Eeuo pipefail
 # The caller may run with umask 077; apt's unprivileged _apt user must read the repository and keyring files.
 umask 022
@@ -24,9 +22,7 @@ say() {
 retry() {
   local n=1 delay=$RETRY_DELAY_S
   until "$@"; do
-    if ((n >= ATTEMPTS)); then
-      return 1
-    fi
+    ((n < ATTEMPTS)) || return 1
     say "attempt $n/$ATTEMPTS of '$1' failed; retrying in ${delay}s"
     sleep "$delay"
     n=$((n + 1))
@@ -61,7 +57,7 @@ config_current() {
   [[ -f $CONFIG_PATH ]] && [[ $(<"$CONFIG_PATH") == "$(printf '%s' "$CONFIG")" ]]
 }
 
-# write_config: installs CONFIG at CONFIG_PATH atomically (readable by all: it holds no secret).
+# CONFIG at CONFIG_PATH, atomically, readable by all (it holds no secret).
 write_config() {
   mkdir -p "$(dirname "$CONFIG_PATH")" \
     && printf '%s' "$CONFIG" >"$CONFIG_PATH.tmp" \

@@ -1,7 +1,5 @@
 """The gke pods' startup probe: exit 0 once /health answers 200, and leave the boot's timeline (what was warm, how
-long loading took) as lines on the container's output and in --state. Why: docs/design/supervisor.md#on-gke.
-
-    python3 pod_boot.py --url http://127.0.0.1:8000 --model google/gemma-4-E2B-it --state /var/run/tpu-serve/boot/t.json
+long loading took) on the container's output and in --state. Why: docs/design/supervisor.md#on-gke.
 """
 
 from __future__ import annotations
@@ -22,6 +20,8 @@ import compile_cache  # noqa: E402 - a sibling, shipped beside this file
 
 PREFIX = "tpu-serve boot:"
 LOADING, HEALTHY = "loading-model", "healthy"
+WEIGHTS_BEFORE = {True: "weights cached ({model})", False: "weights not cached: downloading {model} into the cache",
+                  None: "weights: unknown (no huggingface_hub)"}
 
 
 def weights_cached(hf_home: str, model: str) -> bool | None:
@@ -57,11 +57,6 @@ def healthy(url: str, timeout_s: float) -> tuple[bool, str]:
         return False, f"/health not answering ({getattr(err, 'reason', err)})"
 
 
-def describe_weights(cached: bool | None, model: str) -> str:
-    return {True: f"weights cached ({model})", False: f"weights not cached: downloading {model} into the cache",
-            None: "weights: unknown (no huggingface_hub)"}[cached]
-
-
 def emit(log: str, line: str) -> None:
     """One timeline line on the container's output; a probe never fails for want of a log."""
     try:
@@ -84,7 +79,7 @@ def probe(args: argparse.Namespace, now: float) -> tuple[int, str]:
                  "compileBefore": compile_cache.entries(Path(args.xla_dir))}
         state["stages"][LOADING] = round(now - state["started"])
         emit(args.log, f"{PREFIX} {LOADING} at +{state['stages'][LOADING]} s: "
-                       f"{describe_weights(state['weights'], args.model)}, "
+                       f"{WEIGHTS_BEFORE[state['weights']].format(model=args.model)}, "
                        f"compile cache {state['compileBefore']} entries")
     elapsed = round(now - state["started"])
     if HEALTHY in state["stages"]:
@@ -98,10 +93,7 @@ def probe(args: argparse.Namespace, now: float) -> tuple[int, str]:
         weights = {True: "were cached", False: "were downloaded", None: "unknown"}[state["weights"]]
         emit(args.log, f"{PREFIX} {HEALTHY} at +{elapsed} s: weights {weights}, compile cache "
                        f"{state['compileBefore']} -> {state['compileAfter']} entries ({warmth})")
-    state_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = state_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state))
-    tmp.replace(state_path)
+    compile_cache.write_atomic(state_path, json.dumps(state))
     if ok:
         return 0, f"{HEALTHY} at +{elapsed} s"
     return 1, f"{LOADING} for {elapsed} s: {detail}"

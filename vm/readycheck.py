@@ -1,9 +1,6 @@
-"""Is this vLLM server ready? /health 200, the model listed, a chat completion with text (content or a reasoning
-field): the rules of `tpuserve gate --url`, side by side in tests/test_readycheck.py. A gke readiness probe and the
-VM's supervisor run it; an API key, when the server has one, goes as a bearer token on /v1. `refusals` is the VM's
-disabled-modality check. Exit 0 when ready, 1 when not, one line saying what was found.
-
-    python3 readycheck.py --url http://127.0.0.1:8000 --model google/gemma-4-E2B-it [--timeout 10] [--api-key-env VAR]
+"""Is this vLLM server ready? /health 200, the model listed, a chat completion with text: `tpuserve gate --url`'s
+rules (tests/test_readycheck.py). The gke readiness probe and the supervisor run it; `refusals` is the VM's
+disabled-modality check. `python3 readycheck.py --url URL --model M`: exit 0 when ready, one line saying what was found.
 """
 
 from __future__ import annotations
@@ -22,15 +19,11 @@ PROMPT = "Say hello."
 REASONING_FIELDS = ("reasoning_content", "reasoning")  # where vLLM's reasoning parsers put the text
 
 
-def auth_header(api_key: str) -> dict[str, str]:
-    """The header that presents vLLM's API key; none without a key."""
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
 def request(url: str, timeout_s: float, body: dict[str, Any] | None = None, api_key: str = "") -> tuple[int, Any]:
     """(HTTP status, parsed JSON body or None). A refused or timed-out connection raises OSError."""
     data = None if body is None else json.dumps(body).encode()
-    headers = {**({"Content-Type": "application/json"} if data else {}), **auth_header(api_key)}
+    headers = {**({"Content-Type": "application/json"} if data else {}),
+               **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
     request = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - a URL we were given
@@ -45,16 +38,7 @@ def request(url: str, timeout_s: float, body: dict[str, Any] | None = None, api_
 
 def _error_text(body: Any) -> str:
     error = body.get("error", body) if isinstance(body, dict) else body
-    if isinstance(error, dict):
-        return str(error.get("message") or error.get("detail") or error)[:300]
-    return str(error)[:300]
-
-
-def _has_text(message: dict[str, Any]) -> bool:
-    """Content, or a reasoning field a reasoning parser moved the first tokens to (gate.has_text's rule)."""
-    if (message.get("content") or "").strip():
-        return True
-    return any((message.get(field) or "").strip() for field in REASONING_FIELDS)
+    return str(error.get("message") or error.get("detail") or error if isinstance(error, dict) else error)[:300]
 
 
 def _health(root: str, model: str, timeout_s: float, api_key: str = "") -> tuple[bool, str]:
@@ -83,7 +67,9 @@ def _completion(root: str, model: str, timeout_s: float, api_key: str = "") -> t
         message = None
     if not isinstance(message, dict):
         return False, "chat completion answered HTTP 200 without a message"
-    return _has_text(message), "chat completion returned empty content and no reasoning"
+    # content, or a reasoning field a reasoning parser moved the first tokens to (gate.has_text's rule)
+    has_text = any((message.get(field) or "").strip() for field in ("content", *REASONING_FIELDS))
+    return has_text, "chat completion returned empty content and no reasoning"
 
 
 STAGES = (("health", _health), ("models", _models), ("completion", _completion))

@@ -190,8 +190,7 @@ class ServedConfig:
     warmup_image: str = ""
     compile_cache_bucket: str = ""
     ready_timeout_s: float = 3600.0
-    # (variable, secret name) fetched into the container's environment beside HF_TOKEN; `api_key_env` is vLLM's
-    # API key among them, which the readiness checks then present
+    # (variable, secret name) fetched into the container's environment; `api_key_env` is the readiness checks' key
     secret_env: tuple[tuple[str, str], ...] = ()
     api_key_env: str = ""
     # modality -> a chat content part carrying it, for each modality not served: each should answer 4xx
@@ -293,12 +292,9 @@ class DockerUnavailable(RuntimeError):
     """docker did not answer in time: what runs is unknown, so nothing is decided on it."""
 
 
-# A command that runs out of time answers like a failed one (exit 124, as timeout(1)), never raises: a supervisor that
-# died on it would be restarted by systemd without its restart count. TIMEOUT_SCALE: --docker-timeout-scale (tests).
-TIMED_OUT = 124
-TIMEOUT_SCALE = 1.0
-# tpu-inference #926: a new process can fail to open the TPU while the previous one still holds its VFIO group; once
-# the holder is gone the same start succeeds.
+TIMED_OUT = 124  # a command out of time answers like a failed one (as timeout(1)), never raises
+TIMEOUT_SCALE = 1.0  # --docker-timeout-scale (tests)
+# tpu-inference #926: a start fails while the previous process holds the TPU's VFIO group; once it is gone, it succeeds.
 VFIO_BUSY = re.compile(r"open\(/dev/vfio/\d+\): Device or resource busy|Couldn't open iommu group /dev/vfio/\d+")
 VFIO_BUSY_ATTEMPTS = 3
 # vLLM's weight loader logs this after a download (vllm/model_executor/model_loader/weight_utils.py).
@@ -353,7 +349,6 @@ def inspect_container(name: str) -> Container | None:
 
 
 def inspect_or(name: str, unknown: Container | None) -> Container | None:
-    """inspect_container, or `unknown` when docker does not say."""
     try:
         return inspect_container(name)
     except DockerUnavailable:
@@ -371,8 +366,8 @@ def managed_containers() -> list[str]:
     return done.stdout.split()
 
 
-def container_logs(name: str, lines: int = 15) -> str:
-    return said(docker("logs", "--tail", str(lines), name, timeout_s=30), 1200)
+def container_logs(name: str) -> str:
+    return said(docker("logs", "--tail", "15", name, timeout_s=30), 1200)
 
 
 def image_digest(image: str) -> str:
@@ -405,12 +400,6 @@ def prune_images() -> str:
     return "" if re.fullmatch(r"0(\.0+)?[kMGT]?B", reclaimed) else reclaimed
 
 
-def download_time(weights: str, name: str) -> str:
-    done = docker("logs", name, timeout_s=60)
-    found = DOWNLOAD_LINE.findall(done.stdout + done.stderr)
-    return f"{weights} in {float(found[-1]):.0f} s" if found else weights
-
-
 def vfio_holders(proc: Path, besides: tuple[str, ...] = ()) -> list[str]:
     """'pid: /dev/vfio/N' per process holding a TPU open, but those of the containers `besides` names by id."""
     held = []
@@ -432,7 +421,7 @@ def sets_block_count(argv: tuple[str, ...] | list[str]) -> bool:
 
 
 def fetch(url: str, timeout_s: float) -> tuple[int, str]:
-    """(status, body) of a GET to one of our servers; (0, '') when nothing answered."""
+    """(status, body); (0, '') when nothing answered."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - our server
             return response.status, response.read().decode(errors="replace")
@@ -446,23 +435,11 @@ def healthy(url: str) -> bool:
     return fetch(f"{url}/health", 5)[0] == 200
 
 
-def served_block_count(server_url: str) -> int | None:
-    found = CACHE_CONFIG_INFO.search(fetch(f"{server_url}/metrics", 10)[1])
-    return int(found.group(1)) if found else None
-
-
 def read_text(path: Path) -> str:
     try:
         return path.read_text()
     except OSError:
         return ""
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.new")
-    partial.write_text(text)
-    os.replace(partial, path)
 
 
 def weights_cached(hf_home: Path, model: str) -> bool:
@@ -471,31 +448,23 @@ def weights_cached(hf_home: Path, model: str) -> bool:
     return snapshots.is_dir() and any(path.is_file() for path in snapshots.rglob("*"))
 
 
-def state_writer(settings: Settings) -> guest_state.GuestState:
-    return guest_state.GuestState(settings.metadata_url, settings.path(RUN_DIR), settings.guest_write_interval_s,
-                                  settings.guest_reassert_s)
-
-
 class Supervisor:
-    def __init__(self, settings: Settings, metadata: Metadata, latest: Latest, own_version: str,
-                 state: guest_state.GuestState | None = None):
+    def __init__(self, settings: Settings, metadata: Metadata, latest: Latest, own_version: str):
         self.settings = settings
-        self.metadata = metadata
-        self.guest = state or state_writer(settings)
-        self.latest = latest
-        self.own_version = own_version
+        self.metadata, self.latest, self.own_version = metadata, latest, own_version
+        self.guest = guest_state.GuestState(settings.metadata_url, settings.path(RUN_DIR),
+                                            settings.guest_write_interval_s, settings.guest_reassert_s)
         # the config hash the startup script booted with: the first run continues that boot's timeline
         self.state = State(boot_hash=read_text(settings.path(FACTS["BOOT_HASH_FILE"])).strip())
         self.seen = 0
-        # Run each time the current config reaches `serving` (after a restart too): idempotent, never failing it.
+        # Run at each `serving` (after a restart too): idempotent, never failing it.
         self.post_serving_hooks = [self.push_compile_cache, self.mark_cache_disk, self.prune_caches,
                                    self.install_ops_agent]
         self.ops_agent: threading.Thread | None = None
         self.current: ServedConfig | None = None
-        self.xla_key = ""
+        self.xla_key = self.restore_error = ""
         self.api_key = ""  # vLLM's API key when the config sets one: every readiness check presents it
         self.compile_before = self.compile_after = self.compile_restored = 0
-        self.restore_error = ""
         self.kv_blocks: int | None = None  # the pinned KV block count this start runs with
         self.kv_learned: int | None = None  # what this boot's allocator chose, when nothing was pinned
 
@@ -533,15 +502,16 @@ class Supervisor:
         disk_checked = 0.0
         while True:
             try:
-                if time.monotonic() - disk_checked >= self.settings.disk_check_s:
+                if time.monotonic() - disk_checked >= self.settings.disk_check_s and not self.state.disk_lost:
                     disk_checked = time.monotonic()
-                    self.watch_disk()
+                    if problem := self.disk_problem():
+                        self.fail(self.stop_for_lost_disk(problem))
                 self.step(self.check())
             except DockerUnavailable as err:  # look again at the next check
                 log(f"warning: {err}; looking again in {self.settings.check_s:g} s")
 
     def check(self) -> dict[str, str]:
-        attributes, self.seen = self.latest.wait(self.seen, self.settings.check_s)
+        attributes = None
         while attributes is None:  # nothing read yet
             attributes, self.seen = self.latest.wait(self.seen, self.settings.check_s)
         return attributes
@@ -549,24 +519,25 @@ class Supervisor:
     def step(self, attributes: dict[str, str]) -> str:
         if self.state.disk_lost:  # failed for good this boot: nothing to serve from
             return WAIT
-        action = decide(attributes, self.inspect_engines(attributes), self.state, self.own_version)
+        try:
+            config, invalid = ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY)), ""
+        except ValueError as err:
+            config, invalid = None, str(err)
+        containers = {engine.name: inspect_container(engine.name) for engine in config.engines} if config else {}
+        action = decide(attributes, containers, self.state, self.own_version)
         if action != WAIT:
             log(f"action: {action}")
         if action == UPDATE_SELF:
             self.update_self(attributes[SUPERVISOR_KEY])
         elif action == INVALID:
-            try:
-                ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY))
-            except ValueError as err:
-                self.state.invalid = str(err)
-                self.fail(str(err))
+            self.state.invalid = invalid
+            self.fail(invalid)
         elif action == WAIT:
-            if self.state.phase == "serving" and time.monotonic() - self.state.serving_since > self.settings.stable_s:
-                self.state.restarts = 0
-            if self.state.phase == "serving":
-                self.sync_front(ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY)))
-        else:
-            config = ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY))
+            if self.state.phase == "serving" and config:
+                if time.monotonic() - self.state.serving_since > self.settings.stable_s:
+                    self.state.restarts = 0
+                self.sync_front(config)
+        elif config:
             try:
                 {APPLY: self.apply, ADOPT: self.adopt, RESTART: self.restart, GIVE_UP: self.give_up}[action](config)
             except Superseded:
@@ -574,15 +545,6 @@ class Supervisor:
             except Failed as err:
                 self.fail(str(err))
         return action
-
-    @staticmethod
-    def inspect_engines(attributes: dict[str, str]) -> dict[str, Container | None]:
-        """What docker says of each engine the metadata asks for (none when the config does not parse)."""
-        try:
-            names = [engine.name for engine in ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY)).engines]
-        except ValueError:
-            names = []
-        return {name: inspect_container(name) for name in names}
 
     def superseded(self, config: ServedConfig) -> bool:
         attributes = self.latest.attributes or {}
@@ -596,10 +558,9 @@ class Supervisor:
         deadline, seen = time.monotonic() + seconds, self.seen
         while time.monotonic() < deadline:
             _, version = self.latest.wait(seen, deadline - time.monotonic())
-            if version != seen:
-                seen = version
-                if self.superseded(config):
-                    raise Superseded()
+            if version != seen and self.superseded(config):
+                raise Superseded()
+            seen = version
 
     def retry(self, config: ServedConfig, what: str,
               once: Callable[[], subprocess.CompletedProcess]) -> subprocess.CompletedProcess | None:
@@ -631,11 +592,10 @@ class Supervisor:
     # the cache disk
     def disk_problem(self) -> str:
         """Grow the cache disk's filesystem if the disk grew; why it can no longer be served from, or ''."""
-        device = cache_disk.mounted_device(self.settings.path(FACTS["CACHE_DEVICE_FILE"]))
+        device = read_text(self.settings.path(FACTS["CACHE_DEVICE_FILE"])).strip()  # what the startup script mounted
         if not device:
             return ""  # no cache disk this boot: the caches are on the boot disk
-        problem = cache_disk.lost(device, self.settings.path(CACHE_ROOT))
-        if problem:
+        if problem := cache_disk.lost(device, self.settings.path(CACHE_ROOT)):
             return problem
         try:
             grown = cache_disk.grow(device)
@@ -665,18 +625,10 @@ class Supervisor:
                 "caches are on it); nothing was unmounted or detached. Reattach the disk and reboot the VM, or "
                 "replace the VM")
 
-    def watch_disk(self) -> None:
-        if self.state.disk_lost:
-            return
-        problem = self.disk_problem()
-        if problem:
-            self.fail(self.stop_for_lost_disk(problem))
-
     def apply(self, config: ServedConfig) -> None:
         log(f"serving config {config.config_hash}: model {config.model}, image {config.image}")
         self.begin(config)
-        problem = self.disk_problem()
-        if problem:  # reported as this config's failure: the gate waiting for it ends with the reason
+        if problem := self.disk_problem():  # reported as this config's failure: the gate waiting for it gets it
             raise Failed(self.stop_for_lost_disk(problem))
         image = self.pull(config)
         self.xla_key = self.cache_key(config)
@@ -708,7 +660,11 @@ class Supervisor:
             self.start_engines(config, token, secrets)
         token, secrets = "", {}
         self.report("image", image)
-        self.report("weights", weights if weights == "cached" else download_time(weights, config.engines[0].name))
+        if weights == "downloaded":
+            logged = docker("logs", config.engines[0].name, timeout_s=60)
+            if found := DOWNLOAD_LINE.findall(logged.stdout + logged.stderr):
+                weights += f" in {float(found[-1]):.0f} s"
+        self.report("weights", weights)
         self.check_refusals(config)
         self.serving(config)
 
@@ -937,7 +893,10 @@ class Supervisor:
     def serving(self, config: ServedConfig) -> None:
         self.compile_after = compile_cache.entries(self.xla_dir)
         self.learn_block_count(config)
-        self.report_compile_cache()
+        text = compile_cache.verdict(self.compile_before, self.compile_after, self.kv_blocks, self.kv_learned,
+                                     self.restore_error)
+        restored = f" ({self.compile_restored} from the bucket)" if self.compile_restored else ""
+        self.report("compile-cache", text.replace(" entries before,", f" entries before{restored},"))
         self.state.phase, self.state.serving_since = "serving", time.monotonic()
         self.stage("serving", config_hash=config.config_hash)
         for hook in self.post_serving_hooks:
@@ -950,21 +909,16 @@ class Supervisor:
         """First boot of a config: store the KV block count vLLM allocated, which the next boots pin."""
         if self.kv_blocks or sets_block_count(config.engines[0].docker_run_args) or not self.xla_key:
             return
-        blocks = served_block_count(config.engines[0].url)  # every engine has the same chips: the same count
-        if blocks is None:
+        # every engine has the same chips: the same count
+        found = CACHE_CONFIG_INFO.search(fetch(f"{config.engines[0].url}/metrics", 10)[1])
+        if found is None:
             log("warning: /metrics did not say the KV block count; the next boot is not pinned either")
             return
-        compile_cache.write_pin(self.xla_dir, config.config_hash, blocks, "vllm:cache_config_info num_gpu_blocks of the "
-                                "config's first boot")
+        blocks = int(found.group(1))
+        compile_cache.write_pin(self.xla_dir, config.config_hash, blocks,
+                                "vllm:cache_config_info num_gpu_blocks of the config's first boot")
         self.kv_learned = blocks
         log(f"KV block count {blocks} stored: the next boots of this config pin it")
-
-    def report_compile_cache(self) -> None:
-        text = compile_cache.verdict(self.compile_before, self.compile_after, self.kv_blocks, self.kv_learned,
-                                     self.restore_error)
-        if self.compile_restored:
-            text = text.replace(" entries before,", f" entries before ({self.compile_restored} from the bucket),")
-        self.report("compile-cache", text)
 
     def push_compile_cache(self, config: ServedConfig) -> None:
         """Post-serving (never after a failed run: half-written entries): copy new entries to the bucket."""
@@ -976,9 +930,8 @@ class Supervisor:
 
     def mark_cache_disk(self, config: ServedConfig) -> None:
         """Post-serving, when this boot mounted the cache disk: mark it warm in the bucket (`tpuserve inventory`)."""
-        if not config.cache_disk or not config.compile_cache_bucket:
-            return
-        if not cache_disk.mounted_device(self.settings.path(FACTS["CACHE_DEVICE_FILE"])):
+        mounted = read_text(self.settings.path(FACTS["CACHE_DEVICE_FILE"])).strip()
+        if not (config.cache_disk and config.compile_cache_bucket and mounted):
             return
         compile_cache.mark_disk(config.compile_cache_bucket, config.cache_disk, {
             "config_hash": config.config_hash, "xla_key": self.xla_key, "entries": self.compile_after,
@@ -1079,14 +1032,7 @@ class Supervisor:
 
     def wait_for_tpu(self, config: ServedConfig, engines: list[Engine]) -> None:
         """Before starting `engines` again: wait until no process they left holds the TPU."""
-        deadline = time.monotonic() + self.settings.release_wait_s
-        besides = self.others_serving(config, engines)
-        while holders := vfio_holders(self.settings.path("/proc"), besides):
-            if time.monotonic() >= deadline:
-                log(f"warning: after {self.settings.release_wait_s:g} s the TPU is still held ({', '.join(holders)}); "
-                    "starting anyway")
-                return
-            self.pause(config, self.settings.poll_s)
+        self.remove(config, [], self.others_serving(config, engines))
 
     def give_up(self, config: ServedConfig) -> None:
         down = [engine for engine, _ in self.exited(config)] or [config.engines[0]]
@@ -1103,7 +1049,7 @@ class Supervisor:
                 systemctl("stop", FRONT_UNIT)
             return
         self.install_front(config)
-        write_atomic(self.settings.path(FRONT_CONFIG), config.front)
+        compile_cache.write_atomic(self.settings.path(FRONT_CONFIG), config.front)
         done = systemctl("restart", FRONT_UNIT)
         if done.returncode != 0:
             raise Failed(f"the front did not start (systemctl restart {FRONT_UNIT}: {said(done)})")
@@ -1114,7 +1060,7 @@ class Supervisor:
         path = self.settings.path(FRONT_CONFIG)
         if not config.front or read_text(path) == config.front:
             return
-        write_atomic(path, config.front)
+        compile_cache.write_atomic(path, config.front)
         done = systemctl("reload", FRONT_UNIT)
         log("front: HAProxy reloaded with a new config" if done.returncode == 0 else
             f"warning: systemctl reload {FRONT_UNIT} failed: {said(done, 300)}")
@@ -1128,8 +1074,7 @@ class Supervisor:
             apt("update", "-q", "-o", lock)
             return apt("install", "-y", "-q", "-o", lock, "haproxy")
 
-        failed = self.retry(config, "apt-get install haproxy", install)
-        if failed:
+        if failed := self.retry(config, "apt-get install haproxy", install):
             raise Failed(f"could not install haproxy, the front of {len(config.engines)} engines, after {ATTEMPTS} "
                          f"attempts: {' '.join(failed.stderr.split())[-400:]}")
         log("front: installed haproxy")
@@ -1148,8 +1093,8 @@ def install_bundle(bundle: dict[str, Any], directory: Path) -> None:
     for name, text in bundle["files"].items():
         if "/" in name or name.startswith("."):
             raise ValueError(f"bad file name in the supervisor bundle: {name!r}")
-        write_atomic(directory / name, text)
-    write_atomic(directory / "VERSION", str(bundle["version"]) + "\n")
+        compile_cache.write_atomic(directory / name, text)
+    compile_cache.write_atomic(directory / "VERSION", str(bundle["version"]) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1163,11 +1108,11 @@ def main(argv: list[str] | None = None) -> int:
     metadata = Metadata(settings.metadata_url)
     latest = Latest()
     version = read_text(Path(__file__).resolve().parent / "VERSION").strip()
-    state = state_writer(settings).start()  # first sends what the startup script left unsent
-    state.update({"supervisor": version})
+    sup = Supervisor(settings, metadata, latest, version)
+    sup.guest.start().update({"supervisor": version})  # first sends what the startup script left unsent
     threading.Thread(target=watcher, args=(metadata, latest, settings), daemon=True, name="watch").start()
     log(f"supervisor {version or '(unversioned)'} watching {SERVED_CONFIG_KEY}")
-    Supervisor(settings, metadata, latest, version, state).run_forever()
+    sup.run_forever()
     return 0
 
 
