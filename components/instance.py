@@ -68,8 +68,8 @@ def vm_metadata(args: FlexStartTpuVmArgs) -> dict[str, pulumi.Input[str]]:
 
 
 def insert_body(name: str, args: FlexStartTpuVmArgs) -> dict[str, Any]:
-    """The body the provider would send for the Instance below (args resolved); tests/test_instance.py holds the two
-    to each other."""
+    """The body the provider would send for the Instance below (args resolved); tests/components/test_instance.py holds
+    the two to each other."""
     project, zone = args.project, args.zone
     disks: list[dict[str, Any]] = [{"boot": True, "autoDelete": True, "initializeParams": {
         "sourceImage": args.boot_image, "diskSizeGb": str(args.boot_disk_gb),

@@ -3,7 +3,7 @@
 # the real-vLLM e2e tier. This is exactly what CI runs (.ci/run).
 #   scripts/test.sh                 # lint, the fast tier on every core (pytest-xdist), then the e2e tier in order
 #   scripts/test.sh fast [ARGS]     # the fast tier only (-m "not e2e", 4 workers), ARGS to pytest
-#   scripts/test.sh ARGS            # pytest ARGS as given (one process), e.g. tests/test_gate.py -k timeout
+#   scripts/test.sh ARGS            # pytest ARGS as given (one process), e.g. tests/cli/test_gate.py -k timeout
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

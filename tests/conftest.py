@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-PULUMI_PROGRAM_FILES = frozenset({  # each calls tests/pulumi_harness.py's run_stack
+PULUMI_PROGRAM_FILES = frozenset({  # each calls tests/fakes/pulumi_harness.py's run_stack
     "test_stack.py", "test_k8s_manifests.py", "test_gke_stack.py", "test_policy_gke.py", "test_monitoring.py",
     "test_policy.py", "test_config.py", "test_local_stack.py", "test_changes.py",
     "test_config_changes.py", "test_preview.py", "test_instance.py",
@@ -67,12 +67,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return PulumiProgramsTogether(config, log)
 
 
-# --- the stateful fake cloud (tests/fake_cloud.py), for any test that wants one ---------------------------------
+# --- the stateful fake cloud (tests/fakes/fake_cloud.py), for any test that wants one ---------------------------------
 
 @pytest.fixture
 def fake_cloud() -> Iterator[Any]:
     """A started FakeCloud, fresh per test (imported here lazily: most tests never start one)."""
-    from tests.fake_cloud import FakeCloud
+    from tests.fakes.fake_cloud import FakeCloud
 
     with FakeCloud() as cloud:
         yield cloud

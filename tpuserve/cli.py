@@ -16,7 +16,7 @@ import click
 
 from tpuserve import exits
 
-# name -> ("module:attribute", short help): listing the commands imports none of them (tests/test_cli.py keeps each
+# name -> ("module:attribute", short help): listing the commands imports none of them (tests/cli/test_cli.py keeps each
 # help equal to the command's own).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cache": ("tpuserve.deploy.cache:cache",

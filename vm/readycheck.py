@@ -1,5 +1,5 @@
 """Is this vLLM server ready? /health 200, the model listed, a chat completion with text (content or a reasoning
-field): the rules of `tpuserve gate --url`, side by side in tests/test_readycheck.py. A gke readiness probe and the
+field): the rules of `tpuserve gate --url`, side by side in tests/vm/test_readycheck.py. A gke readiness probe and the
 VM's supervisor run it; an API key, when the server has one, goes as a bearer token on /v1. `refusals` is the VM's
 disabled-modality check. Exit 0 when ready, 1 when not, one line saying what was found.
 

@@ -1,6 +1,6 @@
 """What a failed `pulumi up` of the TPU VM means for the capacity sweep, read from the error text alone.
 The rules, tried in order (first match wins), and why: docs/design/capacity.md#the-classifier; one real error
-text per rule with its source in tests/test_capacity.py."""
+text per rule with its source in tests/cli/test_capacity.py."""
 
 from __future__ import annotations
 
