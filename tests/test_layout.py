@@ -137,3 +137,11 @@ def test_tests_sit_with_the_code_they_test_and_share_their_fakes_from_one_folder
                     if not path.name.startswith("test_") and path.name not in ("__init__.py", "conftest.py")
                     and path.parent.name not in ("fakes", "e2e"))
     assert not strays, f"helpers outside tests/fakes: {strays}"
+
+
+def test_the_files_conftest_starts_first_exist() -> None:
+    """A file renamed or moved out of tests/conftest.py's LONGEST_FIRST would silently start last again."""
+    from tests.conftest import LONGEST_FIRST
+
+    files = {path.name for path in (ROOT / "tests").rglob("test_*.py")}
+    assert set(LONGEST_FIRST) <= files, sorted(set(LONGEST_FIRST) - files)

@@ -19,9 +19,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from components import k8s_renewal
 from components.config import build_stack_config
-from components.k8s_serving import TERMINATION_GRACE_S, ServingManifestArgs
 from tests.fakes.gke_fakes import T0, FakeApiServer, FakeGke
 from tests.fakes.pulumi_harness import stack_file_config
 from tests.cli.test_stack_resolution import write_executable
@@ -310,7 +308,7 @@ def test_a_bad_duration_names_its_own_option(args: list[str], message: str) -> N
 def test_the_old_pod_is_given_its_whole_grace_period_to_finish_its_requests() -> None:
     """A pod that goes waits for its last requests (the preStop), up to its grace period: the renewal waits as long
     as the pod's own terminationGracePeriodSeconds says before calling it still terminating."""
-    gke = serving(FakeGke(grace_s=TERMINATION_GRACE_S, drain_s=400))
+    gke = serving(FakeGke(grace_s=termination_grace_s(), drain_s=400))
     (old_pod,) = [p["metadata"]["name"] for p in gke.ready()]
     gke.settle(3 * 3600 + 20 * 60 - 600)
     run, _ = renewer(gke)
@@ -324,10 +322,19 @@ def test_the_old_pod_is_given_its_whole_grace_period_to_finish_its_requests() ->
 TOKEN = "eyJhbGciOiJSUzI1NiJ9.renewer"
 
 
+def termination_grace_s() -> int:
+    from components.k8s_serving import TERMINATION_GRACE_S  # see declared_renewal
+
+    return TERMINATION_GRACE_S
+
+
 @functools.cache
 def declared_renewal() -> dict[str, dict[str, Any]]:
     """The renewal's objects for Pulumi.gke.yaml's stack, by kind: what the stack declares (components/
     k8s_renewal.py; tests/components/inventories/gke.yaml pins the declared rules and CronJob)."""
+    from components import k8s_renewal  # here: pulumi_kubernetes costs every xdist worker 0.5 s at collection
+    from components.k8s_serving import ServingManifestArgs
+
     cfg = build_stack_config(stack_file_config("gke"))
     args = ServingManifestArgs(
         name="vllm", namespace=cfg.gke_namespace, serving=cfg.serving, secret_name="projects/p/secrets/s",
@@ -357,7 +364,7 @@ def granted(rules_by_scope: list[tuple[str | None, list[dict[str, Any]]]]) -> se
 
 
 def test_the_cronjobs_renewer_renews_through_the_api_with_exactly_the_declared_access(tmp_path: Path) -> None:
-    gke = serving(FakeGke(grace_s=TERMINATION_GRACE_S))
+    gke = serving(FakeGke(grace_s=termination_grace_s()))
     (old_node,) = gke.node_objs
     gke.settle(3 * 3600 + 20 * 60 - 600)
     (tmp_path / "token").write_text(TOKEN + "\n")
@@ -455,7 +462,7 @@ def test_the_cronjobs_command_runs_from_the_configmap_on_a_bare_python(tmp_path:
     for name, text in objects["ConfigMap"]["data"].items():
         (package / name).write_text(text)
     (tmp_path / "token").write_text(TOKEN)
-    gke = serving(FakeGke(grace_s=TERMINATION_GRACE_S))
+    gke = serving(FakeGke(grace_s=termination_grace_s()))
     (node,) = gke.node_objs
     with FakeApiServer(gke, TOKEN, grants(), tick_s=5.0) as api:
         done = subprocess.run(
