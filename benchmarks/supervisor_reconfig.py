@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.compile_cache import tiny_model  # noqa: E402
 from components.startup_script import served_config, supervisor_bundle  # noqa: E402
-from tests.vm_sandbox import SECRET, FakeGoogle, Knobs  # noqa: E402
+from tests.fakes.vm_sandbox import SECRET, FakeGoogle, Knobs  # noqa: E402
 from tpuserve.deploy.stack import free_local_port  # noqa: E402
 from tpuserve.serving import ServingConfig  # noqa: E402
 from vm.supervisor import install_bundle  # noqa: E402

@@ -1,6 +1,6 @@
 """The front of a VM that runs more than one vLLM engine: Debian's HAProxy on the stack's port, least requests in
 flight first, each engine's /health checked. The supervisor writes it from the served config; compared with
-tests/goldens/haproxy.cfg and checked with `haproxy -c`. Why HAProxy: docs/design/engines.md.
+tests/components/goldens/haproxy.cfg and checked with `haproxy -c`. Why HAProxy: docs/design/engines.md.
 """
 
 from __future__ import annotations
@@ -67,5 +67,5 @@ def front_config(serving: ServingConfig) -> str:
     return "" if serving.engines == 1 else render_haproxy_config(serving.port, engine_addresses(serving))
 
 
-if __name__ == "__main__":  # the golden file: python -m components.front > tests/goldens/haproxy.cfg
+if __name__ == "__main__":  # the golden file: python -m components.front > tests/components/goldens/haproxy.cfg
     print(front_config(ServingConfig(chips=4, tensor_parallel_size=1)), end="")

@@ -60,7 +60,7 @@ def vm_metadata(args: FlexStartTpuVmArgs) -> dict[str, pulumi.Input[str]]:
 
 
 def insert_body(name: str, args: FlexStartTpuVmArgs) -> dict[str, Any]:
-    """The body the provider would send for the Instance below (tests/test_instance.py holds them together)."""
+    """The body the provider would send for the Instance below (tests/components/test_instance.py holds them together)."""
     project, zone = args.project, args.zone
     disks: list[dict[str, Any]] = [{"boot": True, "autoDelete": True, "initializeParams": {
         "sourceImage": args.boot_image, "diskSizeGb": str(args.boot_disk_gb),

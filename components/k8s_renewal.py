@@ -16,7 +16,7 @@ SCHEDULE = "*/15 * * * *"
 # python:3.12-slim's multi-arch digest (2026); `python -m tpuserve.registry python:3.12-slim` prints today's.
 PYTHON_IMAGE = "python:3.12-slim@sha256:78387bc3881b8273120a12ebe6c1ab22b018ccc2c9adf565ae1ac9b536e184ea"
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "tpuserve"
-# The renewer and what it imports from tpuserve (tests/test_gke_renew.py checks the closure).
+# The renewer and what it imports from tpuserve (tests/cli/test_gke_renew.py checks the closure).
 PACKAGE_FILES = ("__init__.py", "durations.py", "exits.py", "gke_renewer.py")
 WORKDIR = "/opt/tpu-serve-renewer"
 NOBODY = 65534

@@ -1,6 +1,6 @@
 """The Google Cloud Ops Agent's configuration on the VM: vLLM's `/metrics` to Cloud Monitoring, the container's logs
-to Cloud Logging. Installed by vm/ops-agent-install.sh, compared with tests/goldens/ops-agent-config.yaml; what ships
-where: docs/monitoring.md; the shape's sources: docs/design/pulumi-program.md#monitoring-and-the-ops-agent.
+to Cloud Logging. Installed by vm/ops-agent-install.sh, compared with tests/components/goldens/ops-agent-config.yaml;
+what ships where: docs/monitoring.md; the shape's sources: docs/design/pulumi-program.md#monitoring-and-the-ops-agent.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def render_ops_agent_config(port: int, engines: Sequence[tuple[str, int]] = ()) 
     return HEADER + yaml.safe_dump(ops_agent_config(port, engines), sort_keys=False, width=120)
 
 
-if __name__ == "__main__":  # the golden file: python -m components.ops_agent > tests/goldens/ops-agent-config.yaml
+if __name__ == "__main__":  # golden file: python -m components.ops_agent > tests/components/goldens/ops-agent-config.yaml
     from tpuserve.serving import DEFAULT_PORT
 
     print(render_ops_agent_config(DEFAULT_PORT), end="")

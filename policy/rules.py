@@ -46,7 +46,8 @@ MAX_FLEX_START_RUN_SECONDS = json.loads((DATA / "flex-start.json").read_text())[
 V6E_MACHINE = re.compile(r"^ct6e-")
 STREAMING_IMAGE_TYPE = "COS_CONTAINERD"  # image streaming's node image (GKE's image-streaming page)
 REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")  # us-east5; a zone has a suffix (us-east5-b)
-# GCP types a tpu-serve stack may declare that take `labels` (tests/test_policy.py checks this against pulumi-gcp).
+# GCP types a tpu-serve stack may declare that take `labels` (tests/components/test_policy.py checks this against
+# pulumi-gcp).
 LABELLED_TYPES = frozenset({
     INSTANCE,
     "gcp:compute/disk:Disk",
@@ -319,7 +320,7 @@ def check_stack_labels(args: ResourceValidationArgs, report: ReportViolation) ->
 def _policy(name: str, description: str, types: Iterable[str] | None, validate: Validator,
             config: dict[str, dict[str, Any]] | None = None) -> ResourceValidationPolicy:
     # pragma: no mutate block -- runs once, when POLICIES is built at import (before any mutant is active); the
-    # names, levels and schemas it sets are pinned by tests/test_policy.py.
+    # names, levels and schemas it sets are pinned by tests/components/test_policy.py.
     return ResourceValidationPolicy(
         name=name, description=description,
         validate=functools.partial(only, None if types is None else frozenset(types), validate),

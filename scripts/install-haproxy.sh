@@ -2,7 +2,8 @@
 # Debian's HAProxy, the front of a VM's engines (components/front.py), for the tests and benchmarks/engine_front.py
 # that run it on 127.0.0.1. Idempotent: nothing to do when haproxy is on PATH or in /usr/sbin (where Debian puts it).
 # Installs with apt-get as root, or through sudo without a password; otherwise says how and leaves it to the user
-# (tests/test_front.py then skips its `haproxy -c` check, and the e2e tier's front test fails naming the command).
+# (tests/components/test_front.py then skips its `haproxy -c` check, and the e2e tier's front test fails naming the
+# command).
 set -euo pipefail
 
 if command -v haproxy >/dev/null 2>&1 || [[ -x /usr/sbin/haproxy ]]; then

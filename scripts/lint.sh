@@ -17,7 +17,7 @@ from pathlib import Path
 
 from components.config import build_stack_config
 from components.startup_script import render_startup_script
-from tests.pulumi_harness import stack_file_config
+from tests.fakes.pulumi_harness import stack_file_config
 
 for stack_file in sorted(Path(".").glob("Pulumi.*.yaml")):
     stack = stack_file.name.split(".")[1]

@@ -1085,9 +1085,9 @@ DYNAMIC_FACT = {
 
 
 def declared_types() -> list[str]:
-    """Every custom resource type the stacks declare, from running them under mocks (tests/test_changes.py)."""
+    """Every custom resource type the stacks declare, from running them under mocks (tests/components/test_changes.py)."""
     sys.path.insert(0, str(ROOT))
-    from tests.config_changes import declared_resource_types
+    from tests.fakes.config_changes import declared_resource_types
 
     return sorted(declared_resource_types())
 

@@ -3,7 +3,7 @@
 # the real-vLLM e2e tier. This is exactly what CI runs (.ci/run).
 #   scripts/test.sh                 # lint, the fast tier on every core (pytest-xdist), then the e2e tier in order
 #   scripts/test.sh fast [ARGS]     # the fast tier only (-m "not e2e", 4 workers), ARGS to pytest
-#   scripts/test.sh ARGS            # pytest ARGS as given (one process), e.g. tests/test_gate.py -k timeout
+#   scripts/test.sh ARGS            # pytest ARGS as given (one process), e.g. tests/cli/test_gate.py -k timeout
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,7 +38,8 @@ pytest() {
 # runs a Pulumi program on one worker (it imports the provider SDKs once), the longest first (tests/conftest.py;
 # --no-loadscope-reorder keeps that order). CI has 2 cores; part of the tier's time is spent waiting on the
 # processes it starts (the VM sandbox, the fake pulumi CLI, fakes on 127.0.0.1), which two workers per core fill
-# (measured on a 2-core machine: 53-58 s with four workers, 59 s with three; about 100 s of CPU).
+# (when the tier took 53-58 s on a 2-core machine with four workers, it took 59 s with three). The last CI run:
+# 103 s, for 165-200 s of CPU (docs/testing.md#running-the-tests).
 # The e2e tier runs alone: each of its servers is a real vLLM taking ~3 GB and both cores while it boots.
 fast=(-m "not e2e" -n 4 --dist loadfile --no-loadscope-reorder)
 status=0

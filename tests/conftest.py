@@ -22,25 +22,30 @@ from typing import Any
 
 import pytest
 
-PULUMI_PROGRAM_FILES = frozenset({  # each calls tests/pulumi_harness.py's run_stack
+PULUMI_PROGRAM_FILES = frozenset({  # each calls tests/fakes/pulumi_harness.py's run_stack
     "test_stack.py", "test_k8s_manifests.py", "test_gke_stack.py", "test_policy_gke.py", "test_monitoring.py",
     "test_policy.py", "test_config.py", "test_local_stack.py", "test_changes.py",
     "test_config_changes.py", "test_preview.py", "test_instance.py",
 })
 PULUMI_SCOPE = "tests/[pulumi programs]"
 
-LONGEST_FIRST = (  # seconds each took in one run of the tier on 2 cores
-    *sorted(PULUMI_PROGRAM_FILES),  # 18, together
-    "test_supervisor.py",  # 23
-    "test_startup_script.py",  # 19
-    "test_gate.py",  # 9
-    "test_up_script.py",  # 8 (curl's retries of an unavailable release: 3 s)
-    "test_up.py",  # 7
-    "test_status.py",  # 6 (tunnels and port-forwards to fake servers)
-    "test_probe_goldens.py",  # 5
-    "test_bench_sweep.py",  # 5 (a fake vllm that really sends requests)
-    "test_json_convention.py",  # 4
-    "test_mutation_tool.py",  # 3
+LONGEST_FIRST = (  # CPU seconds each took (the test process and what it started) in one run of the tier
+    *sorted(PULUMI_PROGRAM_FILES),  # 29, together
+    "test_startup_script.py",  # 29
+    "test_lifecycle.py",  # 26
+    "test_supervisor.py",  # 25
+    "test_up.py",  # 4.5
+    "test_up_script.py",  # 4 (and 3 s of curl's retries of an unavailable release)
+    "test_bench_sweep.py",  # 3 (a fake vllm that really sends requests)
+    "test_gate.py",  # 2.5
+    "test_mutation_tool.py",  # 2.5
+    "test_vm_ops_agent.py",  # 1.7
+    "test_nat.py",  # 1.5
+    "test_benchreport.py",  # 1.5
+    "test_pod_boot.py",  # 1.4
+    "test_install_pulumi.py",  # 1.3
+    "test_gke_renew.py",  # 1.2
+    "test_status.py",  # 0.7 (and waits: tunnels and port-forwards to fake servers)
 )
 
 
@@ -67,12 +72,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return PulumiProgramsTogether(config, log)
 
 
-# --- the stateful fake cloud (tests/fake_cloud.py), for any test that wants one ---------------------------------
+# --- the stateful fake cloud (tests/fakes/fake_cloud.py), for any test that wants one ---------------------------------
 
 @pytest.fixture
 def fake_cloud() -> Iterator[Any]:
     """A started FakeCloud, fresh per test (imported here lazily: most tests never start one)."""
-    from tests.fake_cloud import FakeCloud
+    from tests.fakes.fake_cloud import FakeCloud
 
     with FakeCloud() as cloud:
         yield cloud

@@ -112,7 +112,7 @@ def test_the_files_that_run_pulumi_programs_are_the_ones_conftest_schedules_toge
     """tests/conftest.py runs these files on one xdist worker; a new one left out would import the SDKs again."""
     from tests.conftest import PULUMI_PROGRAM_FILES
 
-    running = {path.name for path in (ROOT / "tests").glob("test_*.py")
+    running = {path.name for path in (ROOT / "tests").rglob("test_*.py")
                if path.name != "test_layout.py" and "run_stack(" in path.read_text()}
     assert running == PULUMI_PROGRAM_FILES
 
@@ -123,8 +123,25 @@ def test_loadfile_gets_one_scope_for_the_pulumi_files_and_a_scope_per_other_file
     for option, value in (("dist", "loadfile"), ("numprocesses", 4), ("tx", ["4*popen"])):
         monkeypatch.setattr(request.config.option, option, value, raising=False)
     scope = conftest.pytest_xdist_make_scheduler(request.config, None)._split_scope
-    assert scope("tests/test_stack.py::test_a[dev]") == scope("tests/test_gke_stack.py::test_b") == \
+    assert scope("tests/components/test_stack.py::test_a[dev]") == scope("tests/components/test_gke_stack.py::test_b") == \
         "tests/[pulumi programs]"
-    assert scope("tests/test_gate.py::test_c") == "tests/test_gate.py"
+    assert scope("tests/cli/test_gate.py::test_c") == "tests/cli/test_gate.py"
     monkeypatch.setattr(request.config.option, "dist", "load")
     assert conftest.pytest_xdist_make_scheduler(request.config, None) is None  # xdist's own for other modes
+
+
+def test_tests_sit_with_the_code_they_test_and_share_their_fakes_from_one_folder() -> None:
+    """docs/testing.md#layout: tests/components, cli, vm, e2e; helpers outside e2e's own live in tests/fakes."""
+    tests = ROOT / "tests"
+    strays = sorted(str(path.relative_to(tests)) for path in tests.rglob("*.py")
+                    if not path.name.startswith("test_") and path.name not in ("__init__.py", "conftest.py")
+                    and path.parent.name not in ("fakes", "e2e"))
+    assert not strays, f"helpers outside tests/fakes: {strays}"
+
+
+def test_the_files_conftest_starts_first_exist() -> None:
+    """A file renamed or moved out of tests/conftest.py's LONGEST_FIRST would silently start last again."""
+    from tests.conftest import LONGEST_FIRST
+
+    files = {path.name for path in (ROOT / "tests").rglob("test_*.py")}
+    assert set(LONGEST_FIRST) <= files, sorted(set(LONGEST_FIRST) - files)

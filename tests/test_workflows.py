@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from tests.pulumi_harness import ROOT
+from tests.fakes.pulumi_harness import ROOT
 from tpuserve.ops.destroy import destroy
 from tpuserve.ops.renew import DEFAULT_LEAD, renew
 from tpuserve.ops.up import BOOT_UPDATE_S, CLEANUP_TIMEOUT_S, parse_deadline, up
@@ -267,7 +267,7 @@ def test_jobs_that_update_one_stack_share_a_group_and_no_update_is_ever_cancelle
     jobs = caller_jobs()
     for first, second in itertools.combinations(jobs, 2):
         # Two updates of one stack would fight over its lock: they queue in one group, except a renewal, which waits
-        # for the lock itself (test_a_renewal_that_meets_the_stack_locked_waits_for_it, tests/test_lifecycle.py).
+        # for the lock itself (test_a_renewal_that_meets_the_stack_locked_waits_for_it, tests/cli/test_lifecycle.py).
         if first.updates & second.updates and "renew" not in (first.inputs["command"], second.inputs["command"]):
             assert first.group == second.group, (first, second)
     for job in jobs:

@@ -104,7 +104,7 @@ class MetricsWrittenProvider(ResourceProvider):
         """Another project is another question; else asked again until every type is ready."""
         if olds.get("project") != news.get("project"):
             return DiffResult(changes=True, replaces=["project"], delete_before_replace=False)
-        if olds.get("ready") is None:  # inputs only (tests/config_changes.py plans from those): what is asked
+        if olds.get("ready") is None:  # inputs only (tests/fakes/config_changes.py plans from those): what is asked
             changes = olds.get("metricTypes") != news.get("metricTypes")
         else:
             changes = not set(news["metricTypes"]) <= set(olds["ready"])

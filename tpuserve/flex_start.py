@@ -26,7 +26,7 @@ DRIVER_ENV = "TPUSERVE_DRIVER"
 RUN_LIMITS = json.loads(resources.files("tpuserve").joinpath("data/flex-start.json").read_text())
 MIN_RUN_S, MAX_RUN_S = RUN_LIMITS["minRunSeconds"], RUN_LIMITS["maxRunSeconds"]
 
-# Out of capacity in a zone, in the provider's and Google's words (tests/test_capacity.py: one real text per branch).
+# Out of capacity in a zone, in the provider's and Google's words (tests/cli/test_capacity.py: one real text per branch).
 CAPACITY = re.compile(rf"ZONE_RESOURCE_POOL_EXHAUSTED|does not have enough resources available to fulfill the "
                       rf"request|\bresource_availability\b|is currently unavailable in the {ZONE_NAME} zone|"
                       rf"There is no more capacity in the zone")

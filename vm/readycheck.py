@@ -1,5 +1,5 @@
 """Is this vLLM server ready? /health 200, the model listed, a chat completion with text: `tpuserve gate --url`'s
-rules (tests/test_readycheck.py). The gke readiness probe and the supervisor run it; `refusals` is the VM's
+rules (tests/vm/test_readycheck.py). The gke readiness probe and the supervisor run it; `refusals` is the VM's
 disabled-modality check. `python3 readycheck.py --url URL --model M`: exit 0 when ready, one line saying what was found.
 """
 

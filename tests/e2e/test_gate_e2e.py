@@ -1,5 +1,5 @@
 """Real vLLM: `tpuserve gate --url` against the CPU `vllm serve` of the tiny Gemma 4 (see conftest.py).
-The lying-server, never-up and guest-attribute cases run against fakes in tests/test_gate.py."""
+The lying-server, never-up and guest-attribute cases run against fakes in tests/cli/test_gate.py."""
 
 from __future__ import annotations
 

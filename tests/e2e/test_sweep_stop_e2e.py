@@ -1,7 +1,7 @@
 """Issue #27, item 2 on the real CPU vLLM: a server sent SIGTERM in the middle of a sweep's level (what `docker stop`
 or a VM's shutdown sends) ends the sweep, keeping the level that finished, instead of hanging on requests the
 stopped engine never answers. Its own server (the session's is shared), so it can be stopped; the fast tier's
-tests/test_bench_sweep.py covers the same against a fake."""
+tests/cli/test_bench_sweep.py covers the same against a fake."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from components.config import build_stack_config
-from tests.pulumi_harness import stack_file_config
+from tests.fakes.pulumi_harness import stack_file_config
 from tpuserve.serving import KV_CACHE_DTYPES, TPU_KV_CACHE_DTYPES, ServingConfig, mm_limits_of, vllm_serve_args
 
 pytestmark = pytest.mark.e2e

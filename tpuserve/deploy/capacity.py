@@ -1,5 +1,5 @@
 """What a failed `pulumi up` of the TPU VM means for the capacity sweep, from its error text alone: rules tried in
-order, first match wins (docs/design/capacity.md#the-classifier; a real text per rule in tests/test_capacity.py)."""
+order, first match wins (docs/design/capacity.md#the-classifier; a real text per rule in tests/cli/test_capacity.py)."""
 
 from __future__ import annotations
 

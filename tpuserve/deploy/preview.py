@@ -13,7 +13,7 @@ NODE_POOL = "gcp:container/nodePool:NodePool"
 DYNAMIC = "pulumi-python:dynamic:Resource"
 CACHE_DISK_SUFFIX = "-cache-disk"  # components/cache.py names the disk resource `<base>-cache-disk`
 
-# Top-level inputs of the Instance and the cache disk -> the stack settings that set them (tests/test_preview.py
+# Top-level inputs of the Instance and the cache disk -> the stack settings that set them (tests/cli/test_preview.py
 # checks that every input the program declares is here).
 INPUT_KEYS: dict[str, tuple[str, ...]] = {
     "name": ("vmSlot",),

@@ -98,7 +98,7 @@ class Reporter:
 @dataclass
 class Deadline:
     timeout_s: float
-    started: float = field(default_factory=lambda: time.monotonic())  # looked up when made (tests/test_gate.py)
+    started: float = field(default_factory=lambda: time.monotonic())  # looked up when made (tests/cli/test_gate.py)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
