@@ -39,7 +39,7 @@ pytest() {
 # --no-loadscope-reorder keeps that order). CI has 2 cores; part of the tier's time is spent waiting on the
 # processes it starts (the VM sandbox, the fake pulumi CLI, fakes on 127.0.0.1), which two workers per core fill
 # (measured on a 2-core machine: 53-58 s with four workers, 59 s with three; about 100 s of CPU).
-# The e2e tier runs alone: each of its servers is a real vLLM taking ~3 GB and both cores while it boots.
+# The e2e tier runs alone, in one process (its session fixtures boot three real vLLM servers of ~3 GB each, once).
 fast=(-m "not e2e" -n 4 --dist loadfile --no-loadscope-reorder)
 status=0
 if ((fast_only)); then
