@@ -1,6 +1,7 @@
 """`tpuserve bench sweep` + `report` against the real CPU vLLM server (tiny random-weight Gemma 4 from
-tests/e2e/conftest.py): small lengths (64 in / 16 out), two levels, 8 prompts each (each level is a `vllm bench
-serve` whose imports cost ≈13 s of CPU, run three times by benchmarks/sweep_overhead.py's measure)."""
+tests/e2e/conftest.py): small lengths (64 in / 16 out), one level of 8 prompts at concurrency 4. Each level is a
+`vllm bench serve` whose imports cost ≈13 s of CPU, which benchmarks/sweep_overhead.py runs three times (warm-up,
+direct, sweep); several levels in one sweep run in test_engines_e2e.py and test_readme_laptop_e2e.py."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tpuserve.measure.plan import kv_layers, presets
 
 pytestmark = pytest.mark.e2e
 
-LEVELS = "1,4"
+LEVELS = "4"
 
 
 def test_sweep_report_and_overhead(vllm_server, vllm_bin: Path, tmp_path: Path) -> None:
@@ -36,10 +37,11 @@ def test_sweep_report_and_overhead(vllm_server, vllm_bin: Path, tmp_path: Path) 
 
     manifest = json.loads((first.sweep_dir / "sweep.json").read_text())
     assert manifest["vllm_version"].startswith("0.32.0")  # from the server's GET /version
-    assert [run["concurrency"] for run in manifest["runs"]] == [1, 4]
+    assert [run["concurrency"] for run in manifest["runs"]] == [4]
 
     # The report's numbers are the saved JSON's fields (derived columns from them).
     rows = report_rows(first.sweep_dir, price_per_hour=1.35)
+    assert [row.concurrency for row in rows] == [4]
     for row in rows:
         saved = json.loads((first.sweep_dir / row.source).read_text())
         assert saved["completed"] == 8 and saved["failed"] == 0
