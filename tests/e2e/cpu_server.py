@@ -6,11 +6,13 @@ PID and nothing outlives the session. Its output goes to a log file whose tail i
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ import requests
 
 from tpuserve.serving import ServingConfig, vllm_serve_args
 
-HEALTH_TIMEOUT_S = 240.0
+HEALTH_TIMEOUT_S = 420.0  # the session's servers boot together (conftest.py), on a busy 2-core machine
 STOP_GRACE_S = 15.0
 LOG_TAIL_LINES = 60
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -40,12 +42,38 @@ class RunningServer:
     argv: list[str]
     log_path: Path
     process: subprocess.Popen
+    api_key: str | None = None  # what clients must send (the server has it as VLLM_API_KEY); None: no key
+
+
+class Boot:
+    """A started server whose /health is polled (every 0.1 s) on a thread from its start, so `healthy_at` is exact
+    however late a test first asks for the server."""
+
+    def __init__(self, server: RunningServer):
+        self.server = server
+        self.healthy_at: float | None = None  # time.time() of the first 200 from /health
+        self.failure: str | None = None
+        self._watch = threading.Thread(target=self._follow, daemon=True)
+        self._watch.start()
+
+    def _follow(self) -> None:
+        try:
+            self.healthy_at = wait_healthy(self.server)
+        except (RuntimeError, TimeoutError) as err:
+            self.failure = str(err)
+
+    def wait(self) -> RunningServer:
+        """The server once /health answered 200; raises RuntimeError with the log tail if it never did."""
+        self._watch.join()
+        if self.failure is not None:
+            raise RuntimeError(self.failure)
+        return self.server
 
 
 @dataclass
 class BootWatch:
-    """A server's boot as seen from outside: when /health first answered 200 (polled every 0.1 s), and a
-    `tpuserve gate --url` (as the local stack runs it) started together with the server."""
+    """A server's boot as seen from outside: when /health first answered 200, and a `tpuserve gate --url` (as the
+    local stack runs it) started together with the server."""
 
     server: RunningServer
     gate: subprocess.Popen
@@ -82,16 +110,18 @@ def terminate_with_parent() -> None:
 
 
 def start_server(vllm_bin: Path, cfg: ServingConfig, served_name: str, log_path: Path,
-                 env: Mapping[str, str] | None = None) -> RunningServer:
+                 env: Mapping[str, str] | None = None, api_key: str | None = None) -> RunningServer:
     """`vllm serve` with the stack's argv plus a short served name for the model directory (a test convenience the
-    stack refuses in extraArgs: there `model` is the name every check asks for); `env` adds to SERVER_ENV (the
-    stack's VM gives vLLM its key as VLLM_API_KEY)."""
+    stack refuses in extraArgs: there `model` is the name every check asks for); `env` adds to SERVER_ENV, and
+    `api_key` goes as VLLM_API_KEY, as the stack's VM gives it."""
     argv = [str(vllm_bin), "serve", *vllm_serve_args(cfg), "--served-model-name", served_name]
+    key_env = {"VLLM_API_KEY": api_key} if api_key else {}
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, **SERVER_ENV, **(env or {})}, start_new_session=True,
-                                   preexec_fn=terminate_with_parent)
-    return RunningServer(f"http://{cfg.host}:{cfg.port}", served_name, Path(cfg.model), argv, log_path, process)
+                                   env={**os.environ, **SERVER_ENV, **(env or {}), **key_env},
+                                   start_new_session=True, preexec_fn=terminate_with_parent)
+    return RunningServer(f"http://{cfg.host}:{cfg.port}", served_name, Path(cfg.model), argv, log_path, process,
+                         api_key)
 
 
 def wait_healthy(server: RunningServer, timeout_s: float = HEALTH_TIMEOUT_S, interval_s: float = 0.1) -> float:
@@ -114,17 +144,15 @@ def wait_healthy(server: RunningServer, timeout_s: float = HEALTH_TIMEOUT_S, int
 
 
 def stop_server(server: RunningServer) -> None:
-    """SIGTERM the server's process group, SIGKILL it if it lingers."""
-    if server.process.poll() is not None:
-        return
-    pgid = os.getpgid(server.process.pid)
-    os.killpg(pgid, signal.SIGTERM)
+    """SIGTERM the server's process group, SIGKILL it if it lingers; also when a test already stopped the API
+    process (its group id is its pid: start_new_session)."""
+    pgid = server.process.pid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
     try:
         server.process.wait(timeout=STOP_GRACE_S)
     except subprocess.TimeoutExpired:
         pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)  # engine-core children may outlive the API process
-    except ProcessLookupError:
-        pass
     server.process.wait()

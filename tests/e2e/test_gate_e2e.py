@@ -1,5 +1,6 @@
 """Real vLLM: `tpuserve gate --url` against the CPU `vllm serve` of the tiny Gemma 4 (see conftest.py).
-The lying-server, never-up and guest-attribute cases run against fakes in tests/cli/test_gate.py."""
+The lying-server, never-up and guest-attribute cases run against fakes in tests/cli/test_gate.py; a model the real server
+does not serve, in test_failures_e2e.py."""
 
 from __future__ import annotations
 
@@ -54,11 +55,3 @@ def test_gate_with_the_tools_smoke_passes_on_the_real_server(vllm_server: Runnin
                                 "--smoke", "tools", "--timeout", "60")
     assert code == 0 and verdict["ready"] is True
     assert list(verdict["stages"]) == ["health", "models", "completion", "smoke-tools"]
-
-
-def test_gate_is_not_ready_for_a_model_the_real_server_does_not_serve(vllm_server: RunningServer):
-    code, verdict, stderr = run_gate("--url", vllm_server.url, "--model", "google/gemma-4-E4B-it",
-                                     "--timeout", "2", "--interval", "0.5")
-    assert code == 1 and verdict["ready"] is False
-    assert "stage models" in verdict["reason"] and vllm_server.model in verdict["reason"]
-    assert "not ready" in stderr

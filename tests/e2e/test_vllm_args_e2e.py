@@ -17,6 +17,7 @@ import requests
 from components.config import build_stack_config
 from tests.fakes.pulumi_harness import stack_file_config
 from tpuserve.serving import KV_CACHE_DTYPES, TPU_KV_CACHE_DTYPES, ServingConfig, mm_limits_of, vllm_serve_args
+from vm import readycheck
 
 pytestmark = pytest.mark.e2e
 
@@ -110,8 +111,9 @@ def test_the_real_cpu_servers_run_the_text_only_and_multimodal_flags(vllm_server
     assert "--disable-chunked-mm-input" in vllm_server_plain.argv
     for server in (vllm_server, vllm_server_plain):
         assert server.process.poll() is None, f"{server.url} exited"
-        reply = requests.post(f"{server.url}/v1/chat/completions", timeout=60, json={
-            "model": server.model, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+        reply = requests.post(f"{server.url}/v1/chat/completions", timeout=60, headers=readycheck.auth_header(
+            server.api_key or ""), json={"model": server.model, "max_tokens": 4,
+                                         "messages": [{"role": "user", "content": "Hi"}]})
         assert reply.status_code == 200, reply.text
 
 
