@@ -100,7 +100,7 @@ def test_an_instance_lives_and_dies_through_the_real_client(cloud: FakeCloud, se
     assert poll(session, cloud, operation)["status"] == "DONE"
     [found] = client.labelled_instances(PROJECT, ZONE, STACK_LABELS)
     assert found["status"] == "RUNNING" and found["machineType"].endswith("/machineTypes/ct6e-standard-1t")
-    assert client.instance_status(Instance(PROJECT, ZONE, "tpu-serve-dev")) == "RUNNING"
+    assert client.instance(Instance(PROJECT, ZONE, "tpu-serve-dev"))["status"] == "RUNNING"
     assert [(r.kind, r.name, r.attached_to) for r in cloud.inventory()] == [
         ("disk", "tpu-serve-dev", ("tpu-serve-dev",)), ("instance", "tpu-serve-dev", ("tpu-serve-dev",))]
 

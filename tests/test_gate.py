@@ -22,11 +22,11 @@ from tpuserve.deploy.stack import free_local_port
 from tests.httpfake import FakeServer, Request, Response
 from tpuserve.observe import gate as gate_module
 from tpuserve import gce
-from tpuserve.client import server_root
 from tpuserve.observe.gate import (BootStatus, ConsoleReporter, boot_timeline, gate, parse_smoke, read_boot, watch_instance,
                            watch_url)
 from tpuserve.gce import ComputeClient, Instance
 from tpuserve.images import image_data_uri
+from tpuserve.urls import server_root
 
 MODEL = "google/gemma-4-E2B-it"
 VM = Instance("demo-project", "us-east5-b", "tpu-serve-vm")

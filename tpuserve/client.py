@@ -12,15 +12,12 @@ from typing import Any
 
 import requests
 
-from tpuserve.urls import normalize_server_url
+from tpuserve.urls import server_root
 
 API_KEY_ENV = "TPUSERVE_API_KEY"  # the one variable every command reads the server's key from (--api-key-env: another)
 DEFAULT_TIMEOUT_S = 120.0
 REASONING_FIELDS = ("reasoning_content", "reasoning")  # where vLLM's reasoning parsers put the text, by version
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
-
-
-server_root = normalize_server_url  # 'h:8000' and 'http://h:8000/v1' -> 'http://h:8000': one rule (tpuserve/urls.py)
 
 
 def api_base(url: str) -> str:

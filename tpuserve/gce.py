@@ -97,10 +97,6 @@ class ComputeClient(JsonApi):
         """The instance resource (status, timestamps, scheduling, ...); a deleted VM raises with status 404."""
         return ok(self._get(instance)).json()
 
-    def instance_status(self, instance: Instance) -> str:
-        """The VM's lifecycle status (PROVISIONING, RUNNING, TERMINATED, ...); a deleted VM raises with status 404."""
-        return str(self.instance(instance).get("status", ""))
-
     def guest_attributes(self, instance: Instance, namespace: str) -> dict[str, str]:
         """The guest attributes in `namespace`; none (a 404) until the VM writes the first, and once it is gone."""
         response = self._get(instance, "getGuestAttributes", {"queryPath": f"{namespace}/"})

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 import tpuserve.exits as exits
-from tpuserve.durations import human, parse
+from tpuserve.durations import human, parse, timestamp
 
 TERMINATION_ANNOTATION = "node.gke.io/machine-termination-datetime"
 POOL_LABEL = "cloud.google.com/gke-nodepool"
@@ -49,20 +49,13 @@ class Cluster(Protocol):
     def scale(self, namespace: str, name: str, replicas: int) -> None: ...
 
 
-def parse_time(text: str | None) -> datetime | None:
-    try:
-        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).astimezone(timezone.utc) if text else None
-    except ValueError:
-        return None
-
-
 def node_expiry(node: Mapping[str, Any], max_run_s: int) -> datetime | None:
     meta = node.get("metadata", {})
-    at = parse_time((meta.get("annotations") or {}).get(TERMINATION_ANNOTATION))
+    at = timestamp((meta.get("annotations") or {}).get(TERMINATION_ANNOTATION))
     if at is None and max_run_s:
-        created = parse_time(meta.get("creationTimestamp"))
+        created = timestamp(meta.get("creationTimestamp"))
         at = created + timedelta(seconds=max_run_s) if created else None
-    return at
+    return at.astimezone(timezone.utc) if at else None
 
 
 def is_ready(pod: Mapping[str, Any]) -> bool:
@@ -223,7 +216,7 @@ class Renewer:
             if why:
                 return False, why
             state = self.start(node)
-        deadline = (parse_time(state.get("started")) or self.now()) + timedelta(seconds=timeout_s)
+        deadline = (timestamp(state.get("started")) or self.now()) + timedelta(seconds=timeout_s)
         while (pod := self.successor(state)) is None:
             if self.now() >= deadline:
                 self.finish(state, replaced=False)

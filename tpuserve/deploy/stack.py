@@ -21,7 +21,7 @@ import click
 
 from tpuserve.client import API_KEY_ENV, ModelNotServed, NoModelServed, served_card
 from tpuserve.serving import ConfigError
-from tpuserve.urls import SERVER_URL, normalize_server_url
+from tpuserve.urls import SERVER_URL, server_root
 
 OPTION = "--stack"
 TUNNEL_READY_TIMEOUT_S = 30.0
@@ -221,7 +221,7 @@ def resolve_model(url: str, model: str | None, api_key: str | None = None, optio
         raise click.ClickException(str(err)) from err
     except ModelNotServed as err:
         raise click.BadParameter(str(err), param_hint=option) from err
-    return Served(normalize_server_url(url), card["id"], card)
+    return Served(server_root(url), card["id"], card)
 
 
 def require_endpoint(url: str | None, outputs: Mapping[str, Any] | None) -> None:

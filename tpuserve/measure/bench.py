@@ -30,13 +30,14 @@ from rich.table import Table
 from rich.text import Text
 
 from tpuserve.cli import Failure, connection_reason, echo_json, json_option, request_failure
-from tpuserve.client import API_KEY_ENV, response_error, server_root
+from tpuserve.client import API_KEY_ENV, response_error
 from tpuserve.deploy.stack import (Served, api_key_option, model_option, read_outputs, require_endpoint,
                                    served_endpoint, stack_options, url_option)
 from tpuserve.deploy.vmssh import docker_over_iap
 from tpuserve.facts import PRICE_PER_CHIP_HOUR, SINGLE_STREAM_TOK_S
 from tpuserve.measure import benchreport
 from tpuserve.serving import CONTAINER_NAME, DEFAULT_PORT, engine_container
+from tpuserve.urls import server_root
 
 DEFAULT_LEVELS = "1,8,32,64,100"
 REMOTE_RESULT_ROOT = "/tmp/tpuserve-bench"  # in the container, before the results are copied back

@@ -23,12 +23,13 @@ import requests
 
 from tpuserve.cli import json_option, json_text
 from tpuserve.client import (API_KEY_ENV, NOT_VLLM, ChatClient, ChatReply, EndpointError, ModelNotServed, html_page,
-                             json_or_none, pick_model, response_error, server_root)
+                             json_or_none, pick_model, response_error)
 from tpuserve.facts import (BOOT_STAGES, FAILED_STAGE, GATE_POLL_S, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S,
                             RESTARTING_STAGE)
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.images import image_messages
 from tpuserve.deploy.stack import api_key_option, model_option, read_outputs, stack_options, url_option
+from tpuserve.urls import server_root
 
 SERVING, BOOTING = BOOT_STAGES[-1], "booting"
 URL_INTERVAL_S = 0.5  # a stage passed shows up within the 2 s lag target

@@ -18,12 +18,13 @@ import click
 from tpuserve.cli import echo_json, json_option
 from tpuserve import gce
 from tpuserve.deploy import stack as pulumi_stack
-from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError, json_or_none, server_root
+from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError, json_or_none
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE
 from tpuserve.deploy.cloud_logging import LOGGING_URL, LoggingApiError, LoggingClient
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.serving import CONTAINER_NAME, engine_container
 from tpuserve.deploy.vmssh import docker_over_iap
+from tpuserve.urls import server_root
 
 DEFAULT_TAIL = 200
 EXCERPT_TAIL_LINES = 60

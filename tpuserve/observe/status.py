@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +16,12 @@ import click
 import requests
 
 from tpuserve import vllm_metrics as metrics
-from tpuserve.client import server_root
 from tpuserve import gce
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.cli import echo_json, request_failure
 from tpuserve.durations import human
+from tpuserve.flex_start import clock, deletion_at, started_at
+from tpuserve.urls import server_root
 from tpuserve.deploy.stack import TunnelError, endpoint_for, read_outputs, stack_options, url_option
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE, PRICE_PER_CHIP_HOUR
 from tpuserve.serving import ConfigError
@@ -34,28 +35,6 @@ GONE = "GONE"  # the status of a VM the Compute API no longer knows
 
 class ServerUnreachable(RuntimeError):
     """`/metrics` did not answer with the Prometheus text format."""
-
-
-def parse_timestamp(text: str | None) -> datetime | None:
-    """RFC 3339 as the Compute API writes it ('2026-11-29T02:00:00.000-08:00', or with 'Z')."""
-    if not text:
-        return None
-    return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
-
-
-def started_at(instance: Mapping[str, Any]) -> datetime | None:
-    return parse_timestamp(instance.get("lastStartTimestamp") or instance.get("creationTimestamp"))
-
-
-def deletion_at(instance: Mapping[str, Any]) -> datetime | None:
-    """When the run limit ends the VM: scheduling.terminationTime, else the last start + maxRunDuration."""
-    scheduling = instance.get("scheduling") or {}
-    if scheduling.get("terminationTime"):
-        return parse_timestamp(scheduling["terminationTime"])
-    limit, start = scheduling.get("maxRunDuration"), started_at(instance)
-    if not limit or start is None:
-        return None
-    return start + timedelta(seconds=int(limit.get("seconds", 0)), microseconds=int(limit.get("nanos", 0)) // 1000)
 
 
 @dataclass(frozen=True)
@@ -207,11 +186,6 @@ class Report:
                 "server": asdict(self.server) if self.server else ({"error": self.server_error}
                                                                     if self.server_error else None),
                 "warnings": self.warnings}
-
-
-def clock(iso: str | None) -> str:
-    moment = parse_timestamp(iso)
-    return moment.astimezone(timezone.utc).strftime("%H:%M UTC %b %d") if moment else "?"
 
 
 def ms(seconds: float | None) -> str:
