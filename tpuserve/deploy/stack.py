@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import click
 
-from tpuserve.client import API_KEY_ENV, ModelNotServed, NoModelServed, served_card
+from tpuserve.client import API_KEY_ENV, DEFAULT_TIMEOUT_S, ChatClient, ModelNotServed, NoModelServed, served_card
 from tpuserve.serving import ConfigError
 from tpuserve.urls import SERVER_URL, server_root
 
@@ -203,25 +203,30 @@ def model_option(help_text: str = MODEL_HELP) -> Callable[[Callable[..., Any]], 
 
 @dataclass(frozen=True)
 class Served:
-    """A server reached from here and its model: `card` is its /v1/models entry (vLLM's ModelCard)."""
+    """A server reached from here and its model: `card` is its /v1/models entry (vLLM's ModelCard); the key, read
+    from $`key_env`, is never shown."""
 
     url: str
     model: str
     card: dict[str, Any] = field(default_factory=dict)
+    api_key: str | None = field(default=None, repr=False)
+    key_env: str = API_KEY_ENV
+
+    def client(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> ChatClient:
+        return ChatClient(self.url, self.model, api_key=self.api_key, timeout_s=timeout_s, key_env=self.key_env)
 
 
-def resolve_model(url: str, model: str | None, api_key: str | None = None, option: str = "--model",
-                  key_env: str = API_KEY_ENV) -> Served:
+def resolve_model(url: str, model: str | None, key_env: str = API_KEY_ENV, option: str = "--model") -> Served:
     """The one rule for the model of every command that talks to a server: `model` if the server lists it (an
-    unlisted one is a usage error naming what it serves), else the first one it lists. `key_env`: where the key
-    came from, for the error a refused one gets."""
+    unlisted one is a usage error naming what it serves), else the first one it lists; the key from $`key_env`."""
+    api_key = os.environ.get(key_env)
     try:
         card = served_card(url, model, api_key, key_env=key_env)
     except NoModelServed as err:
         raise click.ClickException(str(err)) from err
     except ModelNotServed as err:
         raise click.BadParameter(str(err), param_hint=option) from err
-    return Served(server_root(url), card["id"], card)
+    return Served(server_root(url), card["id"], card, api_key, key_env)
 
 
 def require_endpoint(url: str | None, outputs: Mapping[str, Any] | None) -> None:
@@ -232,7 +237,7 @@ def require_endpoint(url: str | None, outputs: Mapping[str, Any] | None) -> None
 
 @contextmanager
 def served_endpoint(url: str | None, model: str | None, outputs: Mapping[str, Any] | None,
-                    api_key: str | None = None, key_env: str = API_KEY_ENV) -> Iterator[Served]:
+                    key_env: str = API_KEY_ENV) -> Iterator[Served]:
     """The server to talk to while the block runs: --url as given, else the stack's endpoint (through an IAP
     tunnel for a gcp stack), with the model resolved by `resolve_model` (default: the stack's model, else the first
     served). No --url and no stack is a usage error."""
@@ -244,4 +249,4 @@ def served_endpoint(url: str | None, model: str | None, outputs: Mapping[str, An
             except (ConfigError, TunnelError) as err:
                 raise click.ClickException(str(err)) from err
             model = model or outputs.get("model")
-        yield resolve_model(url, model, api_key, key_env=key_env)
+        yield resolve_model(url, model, key_env)
