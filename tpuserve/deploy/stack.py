@@ -52,19 +52,13 @@ def free_local_port() -> int:
         return probe.getsockname()[1]
 
 
-def tunnel_command(gcloud: str, outputs: Mapping[str, Any], remote_port: int, local_port: int) -> list[str]:
-    return [gcloud, "compute", "start-iap-tunnel", outputs["instanceName"], str(remote_port),
-            f"--local-host-port=localhost:{local_port}", "--zone", outputs["zone"], "--project", outputs["project"]]
-
-
 @contextmanager
-def forwarding(argv: list[str], port: int, what: str, timeout_s: float,
-               env: Mapping[str, str] | None = None) -> Iterator[None]:
+def forwarding(argv: list[str], port: int, what: str, env: Mapping[str, str] | None = None) -> Iterator[None]:
     """A port forward while the block runs, entered once localhost:`port` accepts; else a TunnelError with stderr."""
     with tempfile.TemporaryFile() as stderr:
         process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
         try:
-            deadline = time.monotonic() + timeout_s
+            deadline = time.monotonic() + TUNNEL_READY_TIMEOUT_S
             while process.poll() is None and time.monotonic() < deadline:
                 try:
                     socket.create_connection(("localhost", port), timeout=TUNNEL_POLL_S).close()
@@ -74,34 +68,16 @@ def forwarding(argv: list[str], port: int, what: str, timeout_s: float,
             else:
                 stderr.seek(0)
                 why = (f"exited with {process.returncode}" if process.returncode is not None
-                       else f"did not accept connections on localhost:{port} within {timeout_s:.0f}s")
+                       else f"did not accept connections on localhost:{port} within {TUNNEL_READY_TIMEOUT_S:.0f}s")
                 raise TunnelError(f"{what} {why}: {stderr.read().decode(errors='replace').strip()}")
             yield
         finally:
-            stop(process)
-
-
-def stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=TUNNEL_STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-@contextmanager
-def iap_tunnel(outputs: Mapping[str, Any], timeout_s: float = TUNNEL_READY_TIMEOUT_S) -> Iterator[str]:
-    """The VM's vLLM endpoint through `gcloud compute start-iap-tunnel` on a free local port, while the block runs."""
-    gcloud = shutil.which("gcloud")
-    if gcloud is None:
-        raise ConfigError(OPTION, f"stack runs on GCP ({outputs['instanceName']}): reaching it needs gcloud on "
-                          "PATH for the IAP tunnel")
-    endpoint = urlsplit(outputs["endpoint"])
-    local_port = free_local_port()
-    with forwarding(tunnel_command(gcloud, outputs, endpoint.port, local_port), local_port,
-                    "gcloud start-iap-tunnel", timeout_s):
-        yield endpoint._replace(netloc=f"localhost:{local_port}").geturl()
+            process.terminate()
+            try:
+                process.wait(timeout=TUNNEL_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 @contextmanager
@@ -124,28 +100,30 @@ def gke_credentials(outputs: Mapping[str, Any]) -> Iterator[dict[str, str]]:
 
 
 @contextmanager
-def kube_port_forward(outputs: Mapping[str, Any], timeout_s: float = TUNNEL_READY_TIMEOUT_S) -> Iterator[str]:
-    """A gke stack's Service through `kubectl port-forward` on a free local port, while the block runs."""
-    local_port = free_local_port()
-    with gke_credentials(outputs) as env:
-        argv = [env["KUBECTL"], "port-forward", "--namespace", outputs["namespace"], "--address", "127.0.0.1",
-                f"service/{outputs['service']}", f"{local_port}:{outputs['port']}"]
-        with forwarding(argv, local_port, f"kubectl port-forward to service/{outputs['service']}", timeout_s, env):
-            yield f"http://localhost:{local_port}/v1"
-
-
-@contextmanager
 def endpoint_for(outputs: Mapping[str, Any]) -> Iterator[str]:
-    """Yield an OpenAI base URL (…/v1) that reaches the stack's server from this machine while the block runs."""
+    """Yield an OpenAI base URL (…/v1) that reaches the stack's server from this machine while the block runs: a gcp
+    stack's VM through `gcloud compute start-iap-tunnel`, a gke stack's Service through `kubectl port-forward`, each
+    on a free local port."""
     target = outputs.get("target")
     if target == "local":
         yield outputs["endpoint"]
     elif target == "gcp":
-        with iap_tunnel(outputs) as endpoint:
-            yield endpoint
+        gcloud = shutil.which("gcloud")
+        if gcloud is None:
+            raise ConfigError(OPTION, f"stack runs on GCP ({outputs['instanceName']}): reaching it needs gcloud on "
+                              "PATH for the IAP tunnel")
+        endpoint, port = urlsplit(outputs["endpoint"]), free_local_port()
+        with forwarding([gcloud, "compute", "start-iap-tunnel", outputs["instanceName"], str(endpoint.port),
+                         f"--local-host-port=localhost:{port}", "--zone", outputs["zone"], "--project",
+                         outputs["project"]], port, "gcloud start-iap-tunnel"):
+            yield endpoint._replace(netloc=f"localhost:{port}").geturl()
     elif target == "gke":
-        with kube_port_forward(outputs) as endpoint:
-            yield endpoint
+        port = free_local_port()
+        with gke_credentials(outputs) as env, forwarding(
+                [env["KUBECTL"], "port-forward", "--namespace", outputs["namespace"], "--address", "127.0.0.1",
+                 f"service/{outputs['service']}", f"{port}:{outputs['port']}"], port,
+                f"kubectl port-forward to service/{outputs['service']}", env):
+            yield f"http://localhost:{port}/v1"
     else:
         raise ConfigError(OPTION, f"stack outputs have target {target!r}; expected gcp, gke or local (redeploy the "
                           "stack with this version of tpu-serve)")

@@ -32,11 +32,11 @@ def renewer_for(outputs: Mapping[str, Any], cluster: Cluster, say: Callable[[str
 @contextmanager
 def open_cluster(outputs: Mapping[str, Any]) -> Iterator[Cluster]:  # pragma: no cover - needs a cluster
     """The CronJob's ApiCluster, through `kubectl proxy` with the stack's credentials (which it authenticates)."""
-    from tpuserve.deploy.stack import TUNNEL_READY_TIMEOUT_S, forwarding, free_local_port, gke_credentials
+    from tpuserve.deploy.stack import forwarding, free_local_port, gke_credentials
 
     port = free_local_port()
     with gke_credentials(outputs) as env, forwarding([env["KUBECTL"], "proxy", f"--port={port}"], port,
-                                                     "kubectl proxy", TUNNEL_READY_TIMEOUT_S, env):
+                                                     "kubectl proxy", env):
         yield ApiCluster(f"http://127.0.0.1:{port}", token_file="")
 
 
