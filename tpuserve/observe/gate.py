@@ -337,10 +337,6 @@ class BootStatus:
 SOURCE_ATTRIBUTES = ("cache", "image", "weights", "compile-cache")
 
 
-def boot_sources(attributes: Mapping[str, str]) -> dict[str, str]:
-    return {key: attributes[key] for key in SOURCE_ATTRIBUTES if attributes.get(key)}
-
-
 def boot_timeline(attributes: Mapping[str, str]) -> dict[str, float]:
     """stage -> seconds since the first stage began, in boot order, from `at-<stage>`; stages before `since` (the
     current run's start) are left out."""
@@ -396,27 +392,23 @@ def serial_tail(compute: ComputeClient, instance: Instance, lines: int = SERIAL_
         return f"(serial console unavailable: {err})"
 
 
-def vm_stopped(compute: ComputeClient, instance: Instance) -> str | None:
-    """Why the VM will never report `serving` (deleted or stopped), or None while it exists and runs."""
-    found = compute.get_or_none(f"{compute.base_url}{instance.path}")
-    if found is None:
-        return f"instance not found: deleted, or flex-start max run ended? ({instance.name})"
-    status = found.get("status")
-    return f"instance is {status}: it stopped before serving" if status in STOPPED_STATUSES else None
-
-
 def look(compute: ComputeClient, instance: Instance, last: BootStatus,
          expected_config_hash: str | None) -> tuple[dict[str, str], BootStatus]:
-    """One poll: the guest attributes and what they mean; without any, the instance says whether to wait on."""
+    """One poll: the guest attributes and what they mean; without any, the instance says whether to wait on (a VM
+    deleted or stopped will never report `serving`)."""
     try:
         attributes = compute.guest_attributes(instance, GUEST_ATTRIBUTE_NAMESPACE)
-        stopped = None if attributes else vm_stopped(compute, instance)
+        found = {} if attributes else compute.get_or_none(f"{compute.base_url}{instance.path}")
     except ComputeApiError as err:
         return {}, BootStatus(last.stage, done=err.status in FATAL_API_STATUSES, detail=str(err))
     except requests.RequestException as err:
         return {}, BootStatus(last.stage, done=False, detail=f"Compute API unreachable ({type(err).__name__})")
-    if stopped:
-        return attributes, BootStatus(last.stage, done=True, detail=stopped)
+    if found is None:
+        return attributes, BootStatus(last.stage, done=True, detail=f"instance not found: deleted, or flex-start max "
+                                                                    f"run ended? ({instance.name})")
+    if found.get("status") in STOPPED_STATUSES:
+        return attributes, BootStatus(last.stage, done=True,
+                                      detail=f"instance is {found['status']}: it stopped before serving")
     return attributes, read_boot(attributes, expected_config_hash)
 
 
@@ -436,7 +428,8 @@ def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float 
         if status.done:
             tail = serial_tail(compute, instance) if status.stage == FAILED_STAGE else ""
             return Verdict(status.ready, deadline.elapsed(), timeline, status.detail or None, tail,
-                           boot_sources(attributes), warnings=list(status.warnings))
+                           {key: attributes[key] for key in SOURCE_ATTRIBUTES if attributes.get(key)},
+                           warnings=list(status.warnings))
         reporter.waiting(status.stage, status.detail, timeout_s)
         deadline.pause(interval_s)
     return Verdict(False, deadline.elapsed(), timeline,

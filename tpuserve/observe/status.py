@@ -87,14 +87,6 @@ def vm_view(target: Instance, instance: Mapping[str, Any] | None, attributes: Ma
         warning=attributes.get("warning") or None, engines=attributes.get("engines") or None)
 
 
-def read_vm(compute: ComputeClient, target: Instance, price_per_chip_hour: float,
-            expected_config_hash: str | None = None) -> VmView:
-    """One look through the Compute API; a deleted VM is a view (GONE), other API errors raise."""
-    instance = compute.get_or_none(f"{compute.base_url}{target.path}")
-    attributes = compute.guest_attributes(target, GUEST_ATTRIBUTE_NAMESPACE) if instance is not None else {}
-    return vm_view(target, instance, attributes, datetime.now(timezone.utc), price_per_chip_hour, expected_config_hash)
-
-
 def expiry_warning(view: VmView, stack: str | None) -> str | None:
     """Under 30 minutes before the flex-start deletion: say so, and how to keep serving (`tpuserve renew`)."""
     if view.left_s is None or view.left_s > EXPIRY_WARNING_S or view.status == GONE:
@@ -276,9 +268,13 @@ class Sources:
     server_error: str | None = None
 
     def vm(self) -> tuple[VmView | None, list[str]]:
+        """One look through the Compute API; a deleted VM is a view (GONE), other API errors raise."""
         if self.compute is None or self.target is None:
             return None, []
-        view = read_vm(self.compute, self.target, self.price_per_chip_hour, self.expected_config_hash)
+        instance = self.compute.get_or_none(f"{self.compute.base_url}{self.target.path}")
+        attributes = {} if instance is None else self.compute.guest_attributes(self.target, GUEST_ATTRIBUTE_NAMESPACE)
+        view = vm_view(self.target, instance, attributes, datetime.now(timezone.utc), self.price_per_chip_hour,
+                       self.expected_config_hash)
         warning = expiry_warning(view, self.stack)
         return view, [warning] if warning else []
 
@@ -355,8 +351,13 @@ def status(url: str | None, watch: bool, interval_s: float, as_json: bool, price
             sources.target = Instance(str(outputs.get("project")), str(outputs.get("zone")),
                                       str(outputs.get("instanceName")))
             sources.expected_config_hash = outputs.get("configHash")
-        if root is None and outputs is not None:
-            root, sources.server_error = reach(exits, outputs, has_vm=sources.compute is not None)
+        if root is None and outputs is not None:  # /metrics needs no API key and no model: no /v1/models asked
+            try:
+                root = server_root(exits.enter_context(endpoint_for(outputs)))
+            except (ConfigError, TunnelError) as err:
+                if sources.compute is None:
+                    raise click.ClickException(str(err)) from err
+                sources.server_error = f"server not reachable: {err}"  # a VM is still worth seeing
         if root:
             sources.http, sources.root = exits.enter_context(requests.Session()), root
         show(reports(sources, interval_s, watch), as_json, watch)
@@ -366,17 +367,6 @@ def stack_of(outputs: Mapping[str, Any] | None) -> str | None:
     """The stack name inside the VM's URN (urn:pulumi:<stack>::<project>::...), for --stack-outputs."""
     urn = (outputs or {}).get("vmUrn") or ""
     return urn.split("::", 1)[0].split(":", 2)[2] if urn.startswith("urn:pulumi:") else None
-
-
-def reach(exits: ExitStack, outputs: Mapping[str, Any], has_vm: bool) -> tuple[str, str | None]:
-    """The stack's server root from here (an IAP tunnel or a port-forward, open while the command runs), or why not
-    beside a VM. /metrics needs no API key and no model, so /v1/models is not asked."""
-    try:
-        return server_root(exits.enter_context(endpoint_for(outputs))), None
-    except (ConfigError, TunnelError) as err:
-        if not has_vm:
-            raise click.ClickException(str(err)) from err
-        return "", f"server not reachable: {err}"
 
 
 def show(stream: Iterator[Report], as_json: bool, watch: bool) -> None:
