@@ -113,23 +113,11 @@ class Deadline:
 
 # --- URL mode -------------------------------------------------------------------------------------------------
 
-class NotReady(Exception):
-    """The current stage's check failed, saying what the server answered; `fatal`: it will answer the same."""
-
-    def __init__(self, message: str, fatal: bool):
-        super().__init__(message)
-        self.fatal = fatal
-
-
 def ask(http: requests.Session, root: str, model: str, timeout_s: float, messages: list[dict[str, Any]],
         **params: Any) -> ChatReply:
-    """One short chat completion with the session's key; NotReady unless the server answers 200 with a message."""
+    """One short chat completion with the session's key; EndpointError unless it answers 200 with a message."""
     client = ChatClient(root, model, api_key="", timeout_s=timeout_s, session=http, key_env=key_env_of(http))
-    try:
-        return client.chat(messages, max_tokens=COMPLETION_MAX_TOKENS, **params)
-    except EndpointError as err:
-        said = str(err) if err.url else f"chat completion answered {err}"
-        raise NotReady(said, fatal=err.status in FATAL_API_STATUSES or bool(err.url)) from err
+    return client.chat(messages, max_tokens=COMPLETION_MAX_TOKENS, **params)
 
 
 def key_env_of(http: requests.Session) -> str:
@@ -257,8 +245,9 @@ def unanswered(err: requests.RequestException, root: str) -> Check:
 def run_check(check: UrlCheck, http: requests.Session, root: str, model: str | None, timeout_s: float) -> Check:
     try:
         return check(http, root, model, timeout_s)
-    except NotReady as err:
-        return Check(False, str(err), fatal=err.fatal)
+    except EndpointError as err:  # a chat completion's; one naming its URL is a refused key or a web page
+        return Check(False, str(err) if err.url else f"chat completion answered {err}",
+                     fatal=err.status in FATAL_API_STATUSES or bool(err.url))
     except requests.RequestException as err:
         return unanswered(err, root)
 
