@@ -113,25 +113,14 @@ class Deadline:
 
 # --- URL mode -------------------------------------------------------------------------------------------------
 
-def ask(http: requests.Session, root: str, model: str, timeout_s: float, messages: list[dict[str, Any]],
-        **params: Any) -> ChatReply:
-    """One short chat completion with the session's key; EndpointError unless it answers 200 with a message."""
-    client = ChatClient(root, model, api_key="", timeout_s=timeout_s, session=http, key_env=key_env_of(http))
-    return client.chat(messages, max_tokens=COMPLETION_MAX_TOKENS, **params)
-
-
-def key_env_of(http: requests.Session) -> str:
-    """The variable the session's key came from (the command sets it), for what a refused key's error says."""
-    return getattr(http, "key_env", API_KEY_ENV)
-
-
 def has_text(reply: ChatReply) -> bool:
     """Content, or the reasoning a reasoning parser moved it to (the VM's startup script's rule too)."""
     return bool(reply.content.strip() or reply.reasoning)
 
 
-def check_health(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
-    response = http.get(f"{root}/health", timeout=timeout_s)
+def check_health(client: ChatClient) -> Check:
+    root = client.base.removesuffix("/v1")
+    response = client.session.get(f"{root}/health", timeout=client.timeout_s)
     page = html_page(response)
     if page or 400 <= response.status_code < 500:
         what = f" with {page}" if page else ""
@@ -140,11 +129,11 @@ def check_health(http: requests.Session, root: str, model: str, timeout_s: float
     return Check(response.status_code == 200, f"/health answered HTTP {response.status_code}")
 
 
-def check_models(http: requests.Session, root: str, model: str | None, timeout_s: float) -> Check:
-    """The model is listed (None: the first listed); a server listing other models ends the wait at once."""
-    response = http.get(f"{root}/v1/models", timeout=timeout_s)
+def check_models(client: ChatClient) -> Check:
+    """The model is listed (none given: the first listed); a server listing other models ends the wait at once."""
+    response = client.session.get(f"{client.base}/models", timeout=client.timeout_s)
     if response.status_code != 200 or html_page(response):
-        err = response_error(response, 0.0, key_env_of(http))
+        err = response_error(response, 0.0, client.key_env)
         if err.url or response.status_code == 404:  # a refused key, a web page, or no /v1/models: no vLLM's way
             detail = str(err) if err.url else f"{response.url} answered HTTP 404: vLLM serves /v1/models, so {NOT_VLLM}"
             return Check(False, detail, fatal=True)
@@ -154,32 +143,32 @@ def check_models(http: requests.Session, root: str, model: str | None, timeout_s
     entries = body.get("data") if isinstance(body, dict) else None
     listed = [entry.get("id") for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
     try:
-        return Check(True, value=pick_model(listed, model, "/v1/models"))
+        return Check(True, value=pick_model(listed, client.model or None, "/v1/models"))
     except ModelNotServed as err:
         return Check(False, str(err), fatal=bool(listed))
 
 
-def check_completion(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
-    reply = ask(http, root, model, timeout_s, [{"role": "user", "content": "Say hello."}])
+def check_completion(client: ChatClient) -> Check:
+    reply = client.chat([{"role": "user", "content": "Say hello."}], max_tokens=COMPLETION_MAX_TOKENS)
     return Check(has_text(reply), "chat completion returned empty content and no reasoning")
 
 
-def check_tools(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
+def check_tools(client: ChatClient) -> Check:
     tool = {"type": "function", "function": {
         "name": "get_time", "description": "Current time in a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-    reply = ask(http, root, model, timeout_s, [{"role": "user", "content": "What time is it in Paris?"}],
-                tools=[tool], tool_choice="auto")
+    reply = client.chat([{"role": "user", "content": "What time is it in Paris?"}], tools=[tool],
+                        tool_choice="auto", max_tokens=COMPLETION_MAX_TOKENS)
     return Check(has_text(reply) or bool(reply.tool_calls),
                  "request with tools returned neither text nor tool calls")
 
 
-def check_vision(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
-    reply = ask(http, root, model, timeout_s, image_messages("red-square.png", "What colour is this?"))
+def check_vision(client: ChatClient) -> Check:
+    reply = client.chat(image_messages("red-square.png", "What colour is this?"), max_tokens=COMPLETION_MAX_TOKENS)
     return Check(has_text(reply), "request with an image returned empty content and no reasoning")
 
 
-UrlCheck = Callable[[requests.Session, str, Any, float], Check]
+UrlCheck = Callable[[ChatClient], Check]
 URL_CHECKS: dict[str, UrlCheck] = {"health": check_health, "models": check_models, "completion": check_completion}
 SMOKE_CHECKS: dict[str, UrlCheck] = {"tools": check_tools, "vision": check_vision}
 
@@ -242,14 +231,15 @@ def unanswered(err: requests.RequestException, root: str) -> Check:
     return Check(False, f"no answer ({type(err).__name__})")
 
 
-def run_check(check: UrlCheck, http: requests.Session, root: str, model: str | None, timeout_s: float) -> Check:
+def run_check(check: UrlCheck, client: ChatClient, timeout_s: float) -> Check:
+    client.timeout_s = timeout_s
     try:
-        return check(http, root, model, timeout_s)
+        return check(client)
     except EndpointError as err:  # a chat completion's; one naming its URL is a refused key or a web page
         return Check(False, str(err) if err.url else f"chat completion answered {err}",
                      fatal=err.status in FATAL_API_STATUSES or bool(err.url))
     except requests.RequestException as err:
-        return unanswered(err, root)
+        return unanswered(err, client.base.removesuffix("/v1"))
 
 
 @dataclass
@@ -280,7 +270,9 @@ def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequen
               reporter: Reporter | None = None, connect_timeout_s: float | None = None) -> Verdict:
     """Pass each stage in order, polling every `interval_s`; a fatal answer, or no connection for
     `connect_timeout_s` in a row (None: no limit), ends the wait at once. `model` None: the first listed."""
-    deadline, root, stages, refusals = Deadline(timeout_s), server_root(url), {}, Refusals()
+    deadline, stages, refusals = Deadline(timeout_s), {}, Refusals()
+    # The session's key (the command sets it), and the variable it came from for what a refused key's error says.
+    client = ChatClient(url, model or "", api_key="", session=http, key_env=getattr(http, "key_env", API_KEY_ENV))
     reporter = reporter or Reporter()
     for name, check in url_stages(smoke):
         detail, ends_at = "not tried", timeout_s
@@ -289,7 +281,7 @@ def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequen
                 return Verdict(False, deadline.elapsed(), stages,
                                f"timed out after {timeout_s:g} s in stage {name}: {detail}")
             tried_at = deadline.elapsed()
-            result = run_check(check, http, root, model, min(deadline.remaining(), REQUEST_TIMEOUT_S))
+            result = run_check(check, client, min(deadline.remaining(), REQUEST_TIMEOUT_S))
             if result.fatal:
                 return Verdict(False, deadline.elapsed(), stages,
                                f"stage {name}: {result.detail} (waiting cannot change this answer)")
@@ -299,7 +291,7 @@ def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequen
             ends_at = timeout_s if connect_timeout_s is None or refusals.since is None else \
                 min(timeout_s, refusals.since + connect_timeout_s)
             if result.ok:
-                model = result.value or model
+                client.model = result.value or client.model
                 stages[name] = deadline.elapsed()
                 reporter.stage(name, stages[name])
                 break
