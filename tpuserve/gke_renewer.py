@@ -325,7 +325,13 @@ class ApiCluster:
         except urllib.error.HTTPError as err:
             if err.code == 404 and missing_ok:
                 return None
-            raise ClusterError(f"{method} {path}: HTTP {err.code} {status_message(err)}") from err
+            try:  # the API server's Status object ({"kind": "Status", "reason": ..., "message": ...}) in one line
+                status = json.loads(err.read() or b"{}")
+            except ValueError:
+                status = {}
+            words = " ".join(str(status.get(key) or "") for key in ("reason", "message")).strip()
+            raise ClusterError(f"{method} {path}: HTTP {err.code} {' '.join((words or str(err.reason)).split())[:400]}"
+                               ) from err
         except (OSError, ValueError) as err:
             raise ClusterError(f"{method} {path}: {getattr(err, 'reason', err)}") from err
 
@@ -354,16 +360,6 @@ class ApiCluster:
         # The scale subresource, as `kubectl scale` uses it: the only field of the Deployment it may change.
         self.call("PATCH", f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}/scale",
                   body={"spec": {"replicas": replicas}})
-
-
-def status_message(err: urllib.error.HTTPError) -> str:
-    """The API server's Status object ({"kind": "Status", "reason": ..., "message": ...}) in one line."""
-    try:
-        status = json.loads(err.read() or b"{}")
-    except ValueError:
-        status = {}
-    words = " ".join(str(status.get(key) or "") for key in ("reason", "message")).strip()
-    return " ".join((words or str(err.reason)).split())[:400]
 
 
 def duration(text: str) -> int:

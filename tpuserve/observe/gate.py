@@ -207,14 +207,13 @@ def port_held(root: str) -> bool | None:
 def unanswered(err: requests.RequestException, root: str) -> Check:
     """A request that got no answer, said plainly: refused (and whether a vLLM holds the port), unreachable, a
     name that does not resolve, https to an http server, or too slow."""
-    from tpuserve.cli import ERRNO_REASON, PLAIN_HTTP_REPLY
+    from tpuserve.cli import PLAIN_HTTP_REPLY, connection_reason
 
     address = urlsplit(root).netloc
     if isinstance(err, requests.exceptions.SSLError) and PLAIN_HTTP_REPLY.search(str(err)):
         return Check(False, f"{address} speaks http, not https: give http://{address}", fatal=True)
     if isinstance(err, requests.ConnectionError):  # ConnectTimeout too: a SYN nobody answered
-        found = ERRNO_REASON.search(str(err))
-        reason = found.group(1).strip() if found else type(err).__name__
+        reason = connection_reason(err)
         if "name or service not known" in reason.lower() or "nodename nor servname" in reason.lower():
             return Check(False, f"{urlsplit(root).hostname} does not resolve ({reason}): is the host right?",
                          fatal=True)
