@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Protocol
+from typing import Any
 
 import tpuserve.exits as exits
 from tpuserve.durations import human, parse, timestamp
@@ -36,17 +36,6 @@ GONE_MARGIN_S = 60.0  # past the old pod's grace period, before reporting it as 
 
 class ClusterError(RuntimeError):
     """A call to the cluster failed; the message says which and why."""
-
-
-class Cluster(Protocol):
-    """What a renewal reads and changes, as the Kubernetes API's JSON objects; merge patches."""
-
-    def nodes(self, pool: str) -> list[dict[str, Any]]: ...
-    def pods(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]: ...
-    def deployment(self, namespace: str, name: str) -> dict[str, Any]: ...
-    def hpa(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    def patch(self, kind: str, name: str, patch: Mapping[str, Any], namespace: str | None = None) -> None: ...
-    def scale(self, namespace: str, name: str, replicas: int) -> None: ...
 
 
 def node_expiry(node: Mapping[str, Any], max_run_s: int) -> datetime | None:
@@ -101,7 +90,7 @@ class NodeView:
 class Renewer:
     """One stack's renewals; every outside effect goes through `cluster` and the clock (a fake of each in tests)."""
 
-    cluster: Cluster
+    cluster: ApiCluster
     namespace: str
     deployment: str
     pool: str
@@ -298,7 +287,8 @@ def in_cluster_server(env: Mapping[str, str]) -> str:
 
 
 class ApiCluster:
-    """The Cluster through the API server's REST API; the token is read at every call (the kubelet rotates it)."""
+    """What a renewal reads and changes, through the API server's REST API as its JSON objects (merge patches); the
+    token is read at every call (the kubelet rotates it)."""
 
     def __init__(self, server: str, token_file: str = f"{SERVICE_ACCOUNT_DIR}/token",
                  ca_file: str = f"{SERVICE_ACCOUNT_DIR}/ca.crt", timeout_s: float = 30.0):

@@ -256,14 +256,6 @@ class Refusals:
         return at - self.since
 
 
-def never_connected(result: Check, stage: str, for_s: float) -> str:
-    """The verdict once connections failed for --connect-timeout: what failed and what to check."""
-    detail = result.detail.split(" yet", 1)[0]
-    what = "connections refused" if detail.startswith("nothing listens") else "no connection"
-    hint = "is the port right?" if what == "connections refused" else "is the host right?"
-    return f"stage {stage}: {detail}: {what} for {for_s:g} s (--connect-timeout); {hint}"
-
-
 def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequence[str] = (),
               timeout_s: float = READY_TIMEOUT_S, interval_s: float = URL_INTERVAL_S,
               reporter: Reporter | None = None, connect_timeout_s: float | None = None) -> Verdict:
@@ -286,7 +278,11 @@ def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequen
                                f"stage {name}: {result.detail} (waiting cannot change this answer)")
             failing_for = refusals.note(result.connected, tried_at)
             if connect_timeout_s is not None and failing_for is not None and failing_for >= connect_timeout_s:
-                return Verdict(False, deadline.elapsed(), stages, never_connected(result, name, connect_timeout_s))
+                detail = result.detail.split(" yet", 1)[0]
+                refused = detail.startswith("nothing listens")
+                return Verdict(False, deadline.elapsed(), stages, f"stage {name}: {detail}: "
+                               f"{'connections refused' if refused else 'no connection'} for {connect_timeout_s:g} s "
+                               f"(--connect-timeout); is the {'port' if refused else 'host'} right?")
             ends_at = timeout_s if connect_timeout_s is None or refusals.since is None else \
                 min(timeout_s, refusals.since + connect_timeout_s)
             if result.ok:

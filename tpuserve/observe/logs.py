@@ -262,17 +262,6 @@ def cloud_container_log(vm: Instance, compute_url: str, logging_url: str, lines:
         raise click.ClickException(f"container logs of {vm.name}: {err}") from err
 
 
-def shipped_container_log(vm: Instance, compute_url: str, logging_url: str) -> str:
-    """For diagnose: the container's lines in Cloud Logging after a header, or '' (none shipped before `serving`)."""
-    try:
-        shipped = cloud_container_log(vm, compute_url, logging_url, DEFAULT_TAIL * 5)
-    except (click.ClickException, gce.MissingCredentials) as err:
-        click.echo(f"note: no container logs from Cloud Logging ({err}); diagnosing the serial console",
-                   err=True)
-        return ""
-    return f"\n== {CONTAINER_NAME} container (Cloud Logging) ==\n{shipped}" if shipped else ""
-
-
 def captured(argv: list[str]) -> str:
     """What a log command printed (stdout and stderr, as `docker logs` splits the container's streams)."""
     try:
@@ -368,7 +357,12 @@ def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None
             except ComputeApiError as err:
                 raise click.ClickException(f"{vm.name}: {err}") from err
             stage, reason = stage or said.get("stage"), reason or said.get("reason")
-            log += shipped_container_log(vm, compute_url, logging_url)
+            try:  # none shipped before `serving`
+                shipped = cloud_container_log(vm, compute_url, logging_url, DEFAULT_TAIL * 5)
+                log += f"\n== {CONTAINER_NAME} container (Cloud Logging) ==\n{shipped}" if shipped else ""
+            except (click.ClickException, gce.MissingCredentials) as err:
+                click.echo(f"note: no container logs from Cloud Logging ({err}); diagnosing the serial console",
+                           err=True)
     redacted = redact(log)
 
     def build(chars: int) -> Messages:
