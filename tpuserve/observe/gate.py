@@ -258,12 +258,13 @@ class Refusals:
 
 def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequence[str] = (),
               timeout_s: float = READY_TIMEOUT_S, interval_s: float = URL_INTERVAL_S,
-              reporter: Reporter | None = None, connect_timeout_s: float | None = None) -> Verdict:
+              reporter: Reporter | None = None, connect_timeout_s: float | None = None, api_key: str = "",
+              key_env: str = API_KEY_ENV) -> Verdict:
     """Pass each stage in order, polling every `interval_s`; a fatal answer, or no connection for
-    `connect_timeout_s` in a row (None: no limit), ends the wait at once. `model` None: the first listed."""
+    `connect_timeout_s` in a row (None: no limit), ends the wait at once. `model` None: the first listed. Every
+    request presents `api_key` (vLLM's --api-key guards /v1); a refused one's error names `key_env`."""
     deadline, stages, refusals = Deadline(timeout_s), {}, Refusals()
-    # The session's key (the command sets it), and the variable it came from for what a refused key's error says.
-    client = ChatClient(url, model or "", api_key="", session=http, key_env=getattr(http, "key_env", API_KEY_ENV))
+    client = ChatClient(url, model or "", api_key=api_key, session=http, key_env=key_env)
     reporter = reporter or Reporter()
     for name, check in url_stages(smoke):
         detail, ends_at = "not tried", timeout_s
@@ -543,12 +544,9 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
             reporter = ConsoleReporter(console, status)
             if url:
                 with requests.Session() as http:
-                    # vLLM's --api-key guards /v1: every request presents $TPUSERVE_API_KEY (or --api-key-env's).
-                    http.key_env = api_key_env  # type: ignore[attr-defined]  # what a refused key's error names
-                    if os.environ.get(api_key_env):
-                        http.headers["Authorization"] = f"Bearer {os.environ[api_key_env]}"
                     verdict = watch_url(http, url, model, smoke_checks, timeout_s, interval_s or URL_INTERVAL_S,
-                                        reporter, connect_timeout_s or CONNECT_TIMEOUT_S)
+                                        reporter, connect_timeout_s or CONNECT_TIMEOUT_S,
+                                        os.environ.get(api_key_env, ""), api_key_env)
             else:
                 verdict = gate_instance(Instance(str(project), str(zone), str(instance)), compute_url, timeout_s,
                                         interval_s or INSTANCE_INTERVAL_S, config_hash, reporter)
