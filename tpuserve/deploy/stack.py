@@ -164,18 +164,14 @@ def url_option(help_text: str = "Server URL: host:port, or http(s)://host:port w
     return click.option(*(names or ("--url",)), type=SERVER_URL, help=help_text)
 
 
-KEY_HELP = "Environment variable holding the server's API key (vLLM's --api-key); keys never go on the command line."
-
-
-def api_key_option(help_text: str = KEY_HELP) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def api_key_option(help_text: str = "Environment variable holding the server's API key (vLLM's --api-key); keys "
+                   "never go on the command line.") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """`--api-key-env`: the variable the server's key is read from, $TPUSERVE_API_KEY unless it names another."""
     return click.option("--api-key-env", default=API_KEY_ENV, show_default=True, help=help_text)
 
 
-MODEL_HELP = "Served model name; default: the stack's model, else the first one the server lists."
-
-
-def model_option(help_text: str = MODEL_HELP) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def model_option(help_text: str = "Served model name; default: the stack's model, else the first one the server "
+                 "lists.") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return click.option("--model", help=help_text)
 
 

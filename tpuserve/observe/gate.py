@@ -317,19 +317,15 @@ SOURCE_ATTRIBUTES = ("cache", "image", "weights", "compile-cache")
 def boot_timeline(attributes: Mapping[str, str]) -> dict[str, float]:
     """stage -> seconds since the first stage began, in boot order, from `at-<stage>`; stages before `since` (the
     current run's start) are left out."""
-    began = {}
-    try:
-        since = float(attributes.get("since") or 0)
-    except ValueError:
-        since = 0.0
-    for key, value in attributes.items():
-        if key.startswith("at-"):
-            try:
-                at = float(value)
-            except ValueError:
-                continue  # a half-written value; the next poll reads it whole
-            if at >= since:
-                began[key[len("at-"):]] = at
+    def seconds(text: str) -> float | None:
+        try:
+            return float(text)
+        except ValueError:
+            return None  # a half-written value; the next poll reads it whole
+
+    since = seconds(attributes.get("since") or "0") or 0.0
+    began = {key[len("at-"):]: at for key, value in attributes.items()
+             if key.startswith("at-") and (at := seconds(value)) is not None and at >= since}
     if not began:
         return {}
     first = min(began.values())
@@ -439,14 +435,15 @@ class ConsoleReporter(Reporter):
 
     def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
         super().waiting(stage, detail, ends_at_s)
-        now, gives_up = self.clock(), f"gives up at {ends_at_s:.0f} s"
+        now = self.clock()
+        line = f"{stage}: {detail} ({now - self.since:.0f} s; gives up at {ends_at_s:.0f} s)"
         if self.status is not None:
-            self.status.update(f"{stage}: {detail} ({now - self.since:.0f} s; {gives_up})")
+            self.status.update(line)
         elif (stage, detail) != self.last_state:
             self.last_state = (stage, detail)
-            self.say(f"… {stage}: {detail} ({now - self.since:.0f} s; {gives_up})")
+            self.say(f"… {line}")
         elif now - self.last_line >= self.heartbeat_s:
-            self.say(f"… still in {stage}: {detail} ({now - self.since:.0f} s; {gives_up})")
+            self.say(f"… still in {line}")
 
 
 def print_timeline(console: Any, verdict: Verdict, url_mode: bool) -> None:
