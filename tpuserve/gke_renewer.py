@@ -66,11 +66,6 @@ def node_of(pod: Mapping[str, Any]) -> str | None:
     return pod.get("spec", {}).get("nodeName")
 
 
-def grace_of(pod: Mapping[str, Any]) -> int:
-    value = pod.get("spec", {}).get("terminationGracePeriodSeconds")
-    return DEFAULT_GRACE_S if value is None else int(value)
-
-
 @dataclass
 class NodeView:
     name: str
@@ -190,7 +185,8 @@ class Renewer:
 
     def wait_gone(self, state: Mapping[str, Any]) -> bool:
         """Until the old node's pods are gone: each finishes its requests within its own grace period."""
-        grace = max((grace_of(p) for p in self.pods(state["node"])), default=0)
+        grace = max((DEFAULT_GRACE_S if (value := p.get("spec", {}).get("terminationGracePeriodSeconds")) is None
+                     else int(value) for p in self.pods(state["node"])), default=0)
         deadline = self.now() + timedelta(seconds=grace + GONE_MARGIN_S)
         while self.now() < deadline:
             if not self.pods(state["node"]):
