@@ -103,12 +103,10 @@ class Renewer:
 
     # --- what there is -----------------------------------------------------------------------------------------
 
-    def selector(self) -> dict[str, str]:
-        return dict(self.cluster.deployment(self.namespace, self.deployment)["spec"]["selector"]["matchLabels"])
-
     def pods(self, on: str | None = None) -> list[Mapping[str, Any]]:
         """The deployment's pods (on node `on`)."""
-        return [p for p in self.cluster.pods(self.namespace, self.selector()) if on is None or node_of(p) == on]
+        selector = self.cluster.deployment(self.namespace, self.deployment)["spec"]["selector"]["matchLabels"]
+        return [p for p in self.cluster.pods(self.namespace, selector) if on is None or node_of(p) == on]
 
     def look(self) -> list[NodeView]:
         pods = live(self.pods())
