@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from tests import fake_pulumi, fake_tunnel
 from tests.httpfake import FakeServer, Request, Response
 from tpuserve import gce
-from tpuserve.gce import ComputeClient, Instance
+from tpuserve.gce import Instance
 from tpuserve.flex_start import deletion_at
 from tpuserve.observe.status import GONE, Sources, expiry_warning, live_view, reports, status, vm_view
 from tpuserve import vllm_metrics
