@@ -12,15 +12,12 @@ from typing import Any
 
 import requests
 
-from tpuserve.urls import normalize_server_url
+from tpuserve.urls import server_root
 
 API_KEY_ENV = "TPUSERVE_API_KEY"  # the one variable every command reads the server's key from (--api-key-env: another)
 DEFAULT_TIMEOUT_S = 120.0
 REASONING_FIELDS = ("reasoning_content", "reasoning")  # where vLLM's reasoning parsers put the text, by version
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
-
-
-server_root = normalize_server_url  # 'h:8000' and 'http://h:8000/v1' -> 'http://h:8000': one rule (tpuserve/urls.py)
 
 
 def api_base(url: str) -> str:
@@ -120,24 +117,20 @@ def html_page(response: requests.Response) -> str | None:
     return f"an HTML page ('{' '.join(title.group(1).split())[:80]}')" if title else "an HTML page"
 
 
-def key_hint(key_env: str, key_sent: bool) -> str:
-    """What to do about a 401/403 from a server that wants a key."""
-    started = "the key the server was started with"
-    why = f"the key in ${key_env} was refused" if key_sent else f"no API key was sent (${key_env} is not set)"
-    fix = f"set it to {started}" if key_sent else f"export {key_env}=<{started}>"
-    return f"{why}: {fix} (vLLM's --api-key or VLLM_API_KEY), or name another variable with --api-key-env"
-
-
 def response_error(response: requests.Response, latency_s: float, key_env: str = API_KEY_ENV) -> EndpointError:
     """The EndpointError for a non-200 answer; for a web page or a refused key it names the URL and what to check."""
     url = response.url
     page = html_page(response)
     if page:
         return EndpointError(response.status_code, f"{page}, not JSON: {NOT_VLLM}", latency_s, url)
-    if response.status_code in (401, 403):
-        sent = bool(response.request is not None and response.request.headers.get("Authorization"))
-        return EndpointError(response.status_code, f"{error_message(response)}; {key_hint(key_env, sent)}",
-                             latency_s, url)
+    if response.status_code in (401, 403):  # a server that wants a key: say what to do about it
+        started = "the key the server was started with"
+        if response.request is not None and response.request.headers.get("Authorization"):
+            hint = f"the key in ${key_env} was refused: set it to {started}"
+        else:
+            hint = f"no API key was sent (${key_env} is not set): export {key_env}=<{started}>"
+        return EndpointError(response.status_code, f"{error_message(response)}; {hint} (vLLM's --api-key or "
+                             "VLLM_API_KEY), or name another variable with --api-key-env", latency_s, url)
     return EndpointError(response.status_code, error_message(response), latency_s)
 
 
@@ -146,14 +139,6 @@ def json_or_none(response: requests.Response) -> Any:
         return response.json()
     except ValueError:
         return None
-
-
-def has_message(body: Any) -> bool:
-    """Whether a chat completion body has the first choice's message that ChatReply reads."""
-    try:
-        return isinstance(body["choices"][0]["message"], dict)
-    except (KeyError, IndexError, TypeError):
-        return False
 
 
 def looks_cut_off(text: str) -> bool:
@@ -198,13 +183,6 @@ def validated_json(reply: ChatReply, schema: dict[str, Any]) -> Any:
     return document
 
 
-def response_format(schema: dict[str, Any] | None, name: str) -> dict[str, Any]:
-    """`json_schema` mode for a schema, `json_object` mode for None."""
-    if schema is None:
-        return {"type": "json_object"}
-    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
-
-
 class ChatClient:
     """Chat completions against one served model; the key defaults to $`key_env`, which a refused key's error names."""
 
@@ -224,10 +202,13 @@ class ChatClient:
         latency_s = time.monotonic() - started
         if response.status_code != 200:
             raise response_error(response, latency_s, self.key_env)
-        body = json_or_none(response)
-        if not has_message(body):
-            raise EndpointError(200, f"a body without a message: {response.text[:200]}", latency_s)
-        return ChatReply(body, latency_s)
+        reply = ChatReply(json_or_none(response), latency_s)
+        try:
+            if isinstance(reply.message, dict):
+                return reply
+        except (KeyError, IndexError, TypeError):
+            pass
+        raise EndpointError(200, f"a body without a message: {response.text[:200]}", latency_s)
 
     def structured(self, messages: list[dict[str, Any]], schema: dict[str, Any] | None, *, name: str = "answer",
                    thinking: bool | None = None, **params: Any) -> Any:
@@ -244,7 +225,8 @@ class ChatClient:
             jsonschema.Draft202012Validator.check_schema(schema)
         if thinking is not None:
             params["chat_template_kwargs"] = {**params.get("chat_template_kwargs", {}), "enable_thinking": thinking}
-        return self.chat(messages, response_format=response_format(schema, name), **params)
+        return self.chat(messages, response_format={"type": "json_object"} if schema is None else {
+            "type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}, **params)
 
     def model_cards(self) -> list[dict[str, Any]]:
         """GET /models: vLLM's ModelCard has `id`, `root` (an HF id or a path) and `max_model_len`."""

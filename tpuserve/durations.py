@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime
 
 PART = re.compile(r"(\d+)([dhms])")
 SECONDS_PER_UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
@@ -41,3 +42,12 @@ def setting(seconds: int) -> str:
             parts.append(f"{left // size}{unit}")
             left %= size
     return "".join(parts) or "0s"
+
+
+def timestamp(text: str | None) -> datetime | None:
+    """RFC 3339 as Google's and Kubernetes' APIs write it ('2026-11-29T02:00:00.000-08:00', or with 'Z'), in its own
+    offset; None for none or an unreadable one."""
+    try:
+        return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text) if text else None
+    except ValueError:
+        return None

@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
 from importlib import resources
+from typing import Any
+
+from tpuserve.durations import timestamp
 
 from tpuserve.zones import ZONE_NAME
 
@@ -48,3 +53,22 @@ def instance_id(project: str, zone: str, name: str) -> str:
 def queue_hint(stack: str) -> str:
     return (f"no TPU free in this zone now: `tpuserve up --stack {stack}` waits in Compute Engine's queue for a chip "
             f"(up to {QUEUE_MAX_S // 3600} h); a bare `pulumi up` only takes one that is free this moment")
+
+
+def started_at(instance: Mapping[str, Any]) -> datetime | None:
+    return timestamp(instance.get("lastStartTimestamp") or instance.get("creationTimestamp"))
+
+
+def deletion_at(instance: Mapping[str, Any]) -> datetime | None:
+    """When the run limit deletes the VM: scheduling.terminationTime, else the last start + maxRunDuration."""
+    scheduling = instance.get("scheduling") or {}
+    limit, start = scheduling.get("maxRunDuration"), started_at(instance)
+    if scheduling.get("terminationTime") or not limit or start is None:
+        return timestamp(scheduling.get("terminationTime"))
+    return start + timedelta(seconds=int(limit.get("seconds", 0)), microseconds=int(limit.get("nanos", 0)) // 1000)
+
+
+def clock(moment: datetime | str | None) -> str:
+    """A moment (or its RFC 3339 text) as every command prints it: '2026-11-29 06:00 UTC'."""
+    moment = timestamp(moment) if isinstance(moment, str) else moment
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if moment else "?"

@@ -97,10 +97,6 @@ class ComputeClient(JsonApi):
         """The instance resource (status, timestamps, scheduling, ...); a deleted VM raises with status 404."""
         return ok(self._get(instance)).json()
 
-    def instance_status(self, instance: Instance) -> str:
-        """The VM's lifecycle status (PROVISIONING, RUNNING, TERMINATED, ...); a deleted VM raises with status 404."""
-        return str(self.instance(instance).get("status", ""))
-
     def guest_attributes(self, instance: Instance, namespace: str) -> dict[str, str]:
         """The guest attributes in `namespace`; none (a 404) until the VM writes the first, and once it is gone."""
         response = self._get(instance, "getGuestAttributes", {"queryPath": f"{namespace}/"})
@@ -121,11 +117,9 @@ class ComputeClient(JsonApi):
             return None
         return dict(ok(response).json())
 
-    def labelled_instances(self, project: str, zone: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-        return self.items(self.zonal(project, zone, "instances"), labelled(labels))
-
-    def labelled_disks(self, project: str, zone: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-        return self.items(self.zonal(project, zone, "disks"), labelled(labels))
+    def labelled(self, project: str, zone: str, collection: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The zone's instances or disks (`collection`) that carry every label."""
+        return self.items(self.zonal(project, zone, collection), {"filter": label_filter(labels), "maxResults": "500"})
 
     def aggregated_instances(self, project: str, list_filter: str = "") -> list[dict[str, Any]]:
         """Every instance of the project in every zone, matching `list_filter` if given."""
@@ -143,10 +137,6 @@ class ComputeClient(JsonApi):
 def label_filter(labels: Mapping[str, str]) -> str:
     """A list filter matching every label: `(labels.app = "tpu-serve") (labels.stack = "dev")` (the API ANDs them)."""
     return " ".join(f'(labels.{key} = "{value}")' for key, value in sorted(labels.items()))
-
-
-def labelled(labels: Mapping[str, str]) -> dict[str, str]:
-    return {"filter": label_filter(labels), "maxResults": "500"}
 
 
 def ok(response: requests.Response) -> requests.Response:

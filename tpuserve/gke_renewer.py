@@ -16,10 +16,10 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Protocol
+from typing import Any
 
 import tpuserve.exits as exits
-from tpuserve.durations import human, parse
+from tpuserve.durations import human, parse, timestamp
 
 TERMINATION_ANNOTATION = "node.gke.io/machine-termination-datetime"
 POOL_LABEL = "cloud.google.com/gke-nodepool"
@@ -38,31 +38,13 @@ class ClusterError(RuntimeError):
     """A call to the cluster failed; the message says which and why."""
 
 
-class Cluster(Protocol):
-    """What a renewal reads and changes, as the Kubernetes API's JSON objects; merge patches."""
-
-    def nodes(self, pool: str) -> list[dict[str, Any]]: ...
-    def pods(self, namespace: str, selector: Mapping[str, str]) -> list[dict[str, Any]]: ...
-    def deployment(self, namespace: str, name: str) -> dict[str, Any]: ...
-    def hpa(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    def patch(self, kind: str, name: str, patch: Mapping[str, Any], namespace: str | None = None) -> None: ...
-    def scale(self, namespace: str, name: str, replicas: int) -> None: ...
-
-
-def parse_time(text: str | None) -> datetime | None:
-    try:
-        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).astimezone(timezone.utc) if text else None
-    except ValueError:
-        return None
-
-
 def node_expiry(node: Mapping[str, Any], max_run_s: int) -> datetime | None:
     meta = node.get("metadata", {})
-    at = parse_time((meta.get("annotations") or {}).get(TERMINATION_ANNOTATION))
+    at = timestamp((meta.get("annotations") or {}).get(TERMINATION_ANNOTATION))
     if at is None and max_run_s:
-        created = parse_time(meta.get("creationTimestamp"))
+        created = timestamp(meta.get("creationTimestamp"))
         at = created + timedelta(seconds=max_run_s) if created else None
-    return at
+    return at.astimezone(timezone.utc) if at else None
 
 
 def is_ready(pod: Mapping[str, Any]) -> bool:
@@ -84,11 +66,6 @@ def node_of(pod: Mapping[str, Any]) -> str | None:
     return pod.get("spec", {}).get("nodeName")
 
 
-def grace_of(pod: Mapping[str, Any]) -> int:
-    value = pod.get("spec", {}).get("terminationGracePeriodSeconds")
-    return DEFAULT_GRACE_S if value is None else int(value)
-
-
 @dataclass
 class NodeView:
     name: str
@@ -108,7 +85,7 @@ class NodeView:
 class Renewer:
     """One stack's renewals; every outside effect goes through `cluster` and the clock (a fake of each in tests)."""
 
-    cluster: Cluster
+    cluster: ApiCluster
     namespace: str
     deployment: str
     pool: str
@@ -126,12 +103,10 @@ class Renewer:
 
     # --- what there is -----------------------------------------------------------------------------------------
 
-    def selector(self) -> dict[str, str]:
-        return dict(self.cluster.deployment(self.namespace, self.deployment)["spec"]["selector"]["matchLabels"])
-
     def pods(self, on: str | None = None) -> list[Mapping[str, Any]]:
         """The deployment's pods (on node `on`)."""
-        return [p for p in self.cluster.pods(self.namespace, self.selector()) if on is None or node_of(p) == on]
+        selector = self.cluster.deployment(self.namespace, self.deployment)["spec"]["selector"]["matchLabels"]
+        return [p for p in self.cluster.pods(self.namespace, selector) if on is None or node_of(p) == on]
 
     def look(self) -> list[NodeView]:
         pods = live(self.pods())
@@ -208,7 +183,8 @@ class Renewer:
 
     def wait_gone(self, state: Mapping[str, Any]) -> bool:
         """Until the old node's pods are gone: each finishes its requests within its own grace period."""
-        grace = max((grace_of(p) for p in self.pods(state["node"])), default=0)
+        grace = max((DEFAULT_GRACE_S if (value := p.get("spec", {}).get("terminationGracePeriodSeconds")) is None
+                     else int(value) for p in self.pods(state["node"])), default=0)
         deadline = self.now() + timedelta(seconds=grace + GONE_MARGIN_S)
         while self.now() < deadline:
             if not self.pods(state["node"]):
@@ -223,7 +199,7 @@ class Renewer:
             if why:
                 return False, why
             state = self.start(node)
-        deadline = (parse_time(state.get("started")) or self.now()) + timedelta(seconds=timeout_s)
+        deadline = (timestamp(state.get("started")) or self.now()) + timedelta(seconds=timeout_s)
         while (pod := self.successor(state)) is None:
             if self.now() >= deadline:
                 self.finish(state, replaced=False)
@@ -305,7 +281,8 @@ def in_cluster_server(env: Mapping[str, str]) -> str:
 
 
 class ApiCluster:
-    """The Cluster through the API server's REST API; the token is read at every call (the kubelet rotates it)."""
+    """What a renewal reads and changes, through the API server's REST API as its JSON objects (merge patches); the
+    token is read at every call (the kubelet rotates it)."""
 
     def __init__(self, server: str, token_file: str = f"{SERVICE_ACCOUNT_DIR}/token",
                  ca_file: str = f"{SERVICE_ACCOUNT_DIR}/ca.crt", timeout_s: float = 30.0):
@@ -332,7 +309,13 @@ class ApiCluster:
         except urllib.error.HTTPError as err:
             if err.code == 404 and missing_ok:
                 return None
-            raise ClusterError(f"{method} {path}: HTTP {err.code} {status_message(err)}") from err
+            try:  # the API server's Status object ({"kind": "Status", "reason": ..., "message": ...}) in one line
+                status = json.loads(err.read() or b"{}")
+            except ValueError:
+                status = {}
+            words = " ".join(str(status.get(key) or "") for key in ("reason", "message")).strip()
+            raise ClusterError(f"{method} {path}: HTTP {err.code} {' '.join((words or str(err.reason)).split())[:400]}"
+                               ) from err
         except (OSError, ValueError) as err:
             raise ClusterError(f"{method} {path}: {getattr(err, 'reason', err)}") from err
 
@@ -361,16 +344,6 @@ class ApiCluster:
         # The scale subresource, as `kubectl scale` uses it: the only field of the Deployment it may change.
         self.call("PATCH", f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}/scale",
                   body={"spec": {"replicas": replicas}})
-
-
-def status_message(err: urllib.error.HTTPError) -> str:
-    """The API server's Status object ({"kind": "Status", "reason": ..., "message": ...}) in one line."""
-    try:
-        status = json.loads(err.read() or b"{}")
-    except ValueError:
-        status = {}
-    words = " ".join(str(status.get(key) or "") for key in ("reason", "message")).strip()
-    return " ".join((words or str(err.reason)).split())[:400]
 
 
 def duration(text: str) -> int:

@@ -15,7 +15,7 @@ class InvalidUrl(ValueError):
     """A server address none of the accepted forms matches; the message says why and what to give instead."""
 
 
-def normalize_server_url(value: str) -> str:
+def server_root(value: str) -> str:
     """The server root, `scheme://host[:port]` without /v1: '127.0.0.1:8000' -> 'http://127.0.0.1:8000',
     'http://h:8000/v1/' -> 'http://h:8000'. Raises InvalidUrl for anything else."""
     text = (value or "").strip()
@@ -55,7 +55,7 @@ class ServerUrl(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         try:
-            return normalize_server_url(value)
+            return server_root(value)
         except InvalidUrl as err:
             self.fail(str(err), param, ctx)
 

@@ -90,7 +90,7 @@ def cache_spec(zone: str = ZONE, size: int = 100) -> DiskSpec:
 
 def test_an_instance_lives_and_dies_through_the_real_client(cloud: FakeCloud, session: requests.Session):
     client = ComputeClient(session, cloud.url)
-    assert client.labelled_instances(PROJECT, ZONE, STACK_LABELS) == []
+    assert client.labelled(PROJECT, ZONE, "instances", STACK_LABELS) == []
     listing = session.get(compute_url(cloud, f"zones/{ZONE}/instances")).json()
     assert "items" not in listing and listing["kind"] == "compute#instanceList"
 
@@ -98,9 +98,9 @@ def test_an_instance_lives_and_dies_through_the_real_client(cloud: FakeCloud, se
     assert (operation["kind"], operation["status"], operation["operationType"]) == ("compute#operation", "RUNNING",
                                                                                     "insert")
     assert poll(session, cloud, operation)["status"] == "DONE"
-    [found] = client.labelled_instances(PROJECT, ZONE, STACK_LABELS)
+    [found] = client.labelled(PROJECT, ZONE, "instances", STACK_LABELS)
     assert found["status"] == "RUNNING" and found["machineType"].endswith("/machineTypes/ct6e-standard-1t")
-    assert client.instance_status(Instance(PROJECT, ZONE, "tpu-serve-dev")) == "RUNNING"
+    assert client.instance(Instance(PROJECT, ZONE, "tpu-serve-dev"))["status"] == "RUNNING"
     assert [(r.kind, r.name, r.attached_to) for r in cloud.inventory()] == [
         ("disk", "tpu-serve-dev", ("tpu-serve-dev",)), ("instance", "tpu-serve-dev", ("tpu-serve-dev",))]
 
@@ -117,7 +117,7 @@ def test_an_instance_lives_and_dies_through_the_real_client(cloud: FakeCloud, se
     assert cloud.instance("tpu-serve-dev", ZONE)["metadata"]["items"] == items
 
     assert client.delete(PROJECT, ZONE, "instances", "tpu-serve-dev").startswith("operation-")
-    assert client.labelled_instances(PROJECT, ZONE, STACK_LABELS) == []
+    assert client.labelled(PROJECT, ZONE, "instances", STACK_LABELS) == []
     assert cloud.inventory() == []  # the boot disk (autoDelete) went with it
     assert client.delete(PROJECT, ZONE, "instances", "tpu-serve-dev") == ""  # 404: already gone
     with pytest.raises(ComputeApiError, match="was not found") as raised:

@@ -22,16 +22,19 @@ from tpuserve.deploy.stack import free_local_port
 from tests.fakes.httpfake import FakeServer, Request, Response
 from tpuserve.observe import gate as gate_module
 from tpuserve import gce
-from tpuserve.client import server_root
 from tpuserve.observe.gate import (BootStatus, ConsoleReporter, boot_timeline, gate, parse_smoke, read_boot, watch_instance,
                            watch_url)
 from tpuserve.gce import ComputeClient, Instance
 from tpuserve.images import image_data_uri
+from tpuserve.urls import server_root
 
 MODEL = "google/gemma-4-E2B-it"
 VM = Instance("demo-project", "us-east5-b", "tpu-serve-vm")
 VM_PATH = "/compute/v1/projects/demo-project/zones/us-east5-b/instances/tpu-serve-vm"
 FAST = {"timeout_s": 3.0, "interval_s": 0.02}
+# A timeout to wait out: on VirtualTime only the requests' real time counts, so ten polls take milliseconds yet a
+# loaded machine's slow request cannot end the wait early.
+WAITED_OUT = {"timeout_s": 30.0, "interval_s": 3.0}
 
 # Recorded from a flex-start boot: (stage, unix seconds it began).
 RECORDED_BOOT = [("installing-docker", 1795900000), ("pulling-image", 1795900041), ("fetching-token", 1795900188),
@@ -200,8 +203,8 @@ def test_a_model_missing_while_v1_models_lists_others_ends_the_wait_at_once():
 def test_an_empty_model_list_is_waited_out():
     with FakeServer(openai_routes(Response(200, chat_body("Hi")), models=())) as fake, \
             requests.Session() as http:
-        verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.05)
-    assert not verdict.ready and verdict.reason.startswith("timed out after 0.3 s in stage models")
+        verdict = watch_url(http, fake.url, MODEL, **WAITED_OUT)
+    assert not verdict.ready and verdict.reason.startswith("timed out after 30 s in stage models")
     assert sum(r.path == "/v1/models" for r in fake.requests) > 1
 
 
@@ -907,17 +910,17 @@ def test_a_failed_boot_whose_console_cannot_be_read_says_so():
      "set): export TPUSERVE_API_KEY=<the key the server was started with> (vLLM's --api-key or VLLM_API_KEY), or "
      "name another variable with --api-key-env (waiting cannot change this answer)"),
     (Response(503, {"error": {"message": "loading"}}),
-     "timed out after 0.3 s in stage models: /v1/models answered HTTP 503"),
+     "timed out after 30 s in stage models: /v1/models answered HTTP 503"),
     (Response(200, {"object": "list", "data": "gemma"}),
-     "timed out after 0.3 s in stage models: /v1/models lists no model"),
-    (Response(200, ["gemma"]), "timed out after 0.3 s in stage models: /v1/models lists no model"),
+     "timed out after 30 s in stage models: /v1/models lists no model"),
+    (Response(200, ["gemma"]), "timed out after 30 s in stage models: /v1/models lists no model"),
 ])
 def test_the_models_stage(models: Response, reason: str):
     routes = openai_routes(Response(200, chat_body("Hi")))
     routes[("GET", "/v1/models")] = lambda request: models
     routes[("GET", "/health")] = lambda request: Response(200)
     with FakeServer(routes) as fake, requests.Session() as http:
-        verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.02)
+        verdict = watch_url(http, fake.url, MODEL, **WAITED_OUT)
     assert verdict.reason == reason.format(url=fake.url) and list(verdict.stages) == ["health"]
 
 
@@ -925,8 +928,8 @@ def test_an_unhealthy_server_is_waited_out_naming_its_status():
     routes = openai_routes(Response(200, chat_body("Hi")))
     routes[("GET", "/health")] = lambda request: Response(503)
     with FakeServer(routes) as fake, requests.Session() as http:
-        verdict = watch_url(http, fake.url, MODEL, timeout_s=0.3, interval_s=0.02)
-    assert verdict.reason == "timed out after 0.3 s in stage health: /health answered HTTP 503"
+        verdict = watch_url(http, fake.url, MODEL, **WAITED_OUT)
+    assert verdict.reason == "timed out after 30 s in stage health: /health answered HTTP 503"
 
 
 def test_a_timeout_names_what_the_stage_answered_last():

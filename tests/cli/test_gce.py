@@ -47,10 +47,10 @@ def test_an_api_error_carries_the_status_and_googles_message():
     assert raised.value.status == 403
 
 
-def test_instance_status_reads_the_instance_resource():
+def test_instance_reads_the_instance_resource():
     body = {"kind": "compute#instance", "name": VM.name, "status": "TERMINATED"}
     with FakeServer({("GET", VM_PATH): lambda request: Response(200, body)}) as fake:
-        assert client(fake).instance_status(VM) == "TERMINATED"
+        assert client(fake).instance(VM)["status"] == "TERMINATED"
     assert [(r.method, r.path) for r in fake.requests] == [("GET", VM_PATH)]
 
 
@@ -58,7 +58,7 @@ def test_a_deleted_instance_raises_with_status_404():
     gone = Response(404, {"error": {"code": 404, "message": f"The resource '{VM_PATH}' was not found"}})
     with FakeServer({("GET", VM_PATH): lambda request: gone}) as fake, \
             pytest.raises(ComputeApiError, match="was not found") as raised:
-        client(fake).instance_status(VM)
+        client(fake).instance(VM)
     assert raised.value.status == 404
 
 

@@ -21,9 +21,9 @@ from click.testing import CliRunner
 from tests.fakes import fake_pulumi, fake_tunnel
 from tests.fakes.httpfake import FakeServer, Request, Response
 from tpuserve import gce
-from tpuserve.gce import ComputeClient, Instance
-from tpuserve.observe.status import (GONE, Sources, deletion_at, expiry_warning, live_view, reports, status,
-                                     vm_view)
+from tpuserve.gce import Instance
+from tpuserve.flex_start import deletion_at
+from tpuserve.observe.status import GONE, Sources, expiry_warning, live_view, reports, status, vm_view
 from tpuserve import vllm_metrics
 
 RECORDING = (Path(__file__).resolve().parents[1] / "data" / "vllm-0.32.0-metrics.prom").read_text()

@@ -6,7 +6,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from tpuserve.urls import SERVER_URL, InvalidUrl, normalize_server_url
+from tpuserve.urls import SERVER_URL, InvalidUrl, server_root
 
 
 @pytest.mark.parametrize("given, root", [
@@ -24,7 +24,7 @@ from tpuserve.urls import SERVER_URL, InvalidUrl, normalize_server_url
     ("[::1]:8000", "http://[::1]:8000"),
 ])
 def test_accepted_forms_give_the_server_root(given: str, root: str) -> None:
-    assert normalize_server_url(given) == root
+    assert server_root(given) == root
 
 
 @pytest.mark.parametrize("given, message", [
@@ -51,13 +51,13 @@ def test_accepted_forms_give_the_server_root(given: str, root: str) -> None:
 ])
 def test_refusals_say_why_and_what_to_give(given: str, message: str) -> None:
     with pytest.raises(InvalidUrl) as refused:
-        normalize_server_url(given)
+        server_root(given)
     assert str(refused.value) == f"{message}; give host:port or http(s)://host:port, with or without /v1"
 
 
 def test_none_is_refused_as_empty() -> None:
     with pytest.raises(InvalidUrl, match=r"^None is not a server URL \(empty\)"):
-        normalize_server_url(None)  # type: ignore[arg-type]
+        server_root(None)  # type: ignore[arg-type]
 
 
 @click.command()

@@ -14,6 +14,7 @@ import requests
 from tests.fakes.fake_openai import FAKE_MODEL, FakeOpenAI, completion, error
 from tests.fakes.httpfake import FakeServer, Response
 from tpuserve.deploy.stack import free_local_port
+from tpuserve.client import ChatClient
 from tpuserve.observe.gate import run_check, url_stages
 from vm import readycheck
 
@@ -57,8 +58,9 @@ SERVERS = {
 def gate_verdict(url: str, model: str) -> tuple[bool, str | None]:
     """What the gate's URL mode decides in one pass: (ready, first failing stage)."""
     with requests.Session() as http:
+        client = ChatClient(url, model, api_key="", session=http)
         for name, check in url_stages([]):
-            if not run_check(check, http, url, model, 5.0).ok:
+            if not run_check(check, client, 5.0).ok:
                 return False, name
     return True, None
 

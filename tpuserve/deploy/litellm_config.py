@@ -101,7 +101,7 @@ def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs
             stack_url, stack_model = endpoint_from_outputs(outputs)
             url, model = url or stack_url, model or stack_model
         elif url is not None:
-            model = resolve_model(url, None, os.environ.get(api_key_env), key_env=api_key_env).model
+            model = resolve_model(url, None, api_key_env).model
         else:
             raise click.UsageError("give --url (and --model), or --stack / --stack-outputs to read them from")
     config = litellm_config(url, model, aliases, api_key_env, master_key_env)

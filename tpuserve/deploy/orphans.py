@@ -49,9 +49,9 @@ def find_orphans(compute: ComputeClient, project: str, zones: Iterable[str], lab
     selector = {key: labels[key] for key in ("app", "stack")}
     found: list[Orphan] = []
     for zone in dict.fromkeys(zones):
-        found += [Orphan.of("instances", zone, item) for item in compute.labelled_instances(project, zone, selector)]
+        found += [Orphan.of("instances", zone, item) for item in compute.labelled(project, zone, "instances", selector)]
         # a boot disk in use goes with its VM; a cache disk is kept on purpose (a warm boot in a zone left)
-        found += [Orphan.of("disks", zone, item) for item in compute.labelled_disks(project, zone, selector)
+        found += [Orphan.of("disks", zone, item) for item in compute.labelled(project, zone, "disks", selector)
                   if not item.get("users") and CACHE_LABEL not in (item.get("labels") or {})]
     return [orphan for orphan in found if orphan.resource_id(project) not in managed]
 
@@ -61,7 +61,8 @@ def blank_cache_disks(compute: ComputeClient, project: str, zones: Iterable[str]
     """The stack's cache disks in `zones` no VM ever attached: a failed create's leftovers, holding nothing."""
     selector = {key: labels[key] for key in ("app", "stack")}
     return [Orphan.of("disks", zone, item) for zone in dict.fromkeys(zones)
-            for item in compute.labelled_disks(project, zone, selector) if CACHE_LABEL in (item.get("labels") or {}) and not item.get("users")
+            for item in compute.labelled(project, zone, "disks", selector)
+            if CACHE_LABEL in (item.get("labels") or {}) and not item.get("users")
             and not item.get("lastAttachTimestamp")]
 
 

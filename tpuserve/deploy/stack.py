@@ -19,9 +19,9 @@ from urllib.parse import urlsplit
 
 import click
 
-from tpuserve.client import API_KEY_ENV, ModelNotServed, NoModelServed, served_card
+from tpuserve.client import API_KEY_ENV, DEFAULT_TIMEOUT_S, ChatClient, ModelNotServed, NoModelServed, served_card
 from tpuserve.serving import ConfigError
-from tpuserve.urls import SERVER_URL, normalize_server_url
+from tpuserve.urls import SERVER_URL, server_root
 
 OPTION = "--stack"
 TUNNEL_READY_TIMEOUT_S = 30.0
@@ -52,19 +52,13 @@ def free_local_port() -> int:
         return probe.getsockname()[1]
 
 
-def tunnel_command(gcloud: str, outputs: Mapping[str, Any], remote_port: int, local_port: int) -> list[str]:
-    return [gcloud, "compute", "start-iap-tunnel", outputs["instanceName"], str(remote_port),
-            f"--local-host-port=localhost:{local_port}", "--zone", outputs["zone"], "--project", outputs["project"]]
-
-
 @contextmanager
-def forwarding(argv: list[str], port: int, what: str, timeout_s: float,
-               env: Mapping[str, str] | None = None) -> Iterator[None]:
+def forwarding(argv: list[str], port: int, what: str, env: Mapping[str, str] | None = None) -> Iterator[None]:
     """A port forward while the block runs, entered once localhost:`port` accepts; else a TunnelError with stderr."""
     with tempfile.TemporaryFile() as stderr:
         process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
         try:
-            deadline = time.monotonic() + timeout_s
+            deadline = time.monotonic() + TUNNEL_READY_TIMEOUT_S
             while process.poll() is None and time.monotonic() < deadline:
                 try:
                     socket.create_connection(("localhost", port), timeout=TUNNEL_POLL_S).close()
@@ -74,34 +68,16 @@ def forwarding(argv: list[str], port: int, what: str, timeout_s: float,
             else:
                 stderr.seek(0)
                 why = (f"exited with {process.returncode}" if process.returncode is not None
-                       else f"did not accept connections on localhost:{port} within {timeout_s:.0f}s")
+                       else f"did not accept connections on localhost:{port} within {TUNNEL_READY_TIMEOUT_S:.0f}s")
                 raise TunnelError(f"{what} {why}: {stderr.read().decode(errors='replace').strip()}")
             yield
         finally:
-            stop(process)
-
-
-def stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=TUNNEL_STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-@contextmanager
-def iap_tunnel(outputs: Mapping[str, Any], timeout_s: float = TUNNEL_READY_TIMEOUT_S) -> Iterator[str]:
-    """The VM's vLLM endpoint through `gcloud compute start-iap-tunnel` on a free local port, while the block runs."""
-    gcloud = shutil.which("gcloud")
-    if gcloud is None:
-        raise ConfigError(OPTION, f"stack runs on GCP ({outputs['instanceName']}): reaching it needs gcloud on "
-                          "PATH for the IAP tunnel")
-    endpoint = urlsplit(outputs["endpoint"])
-    local_port = free_local_port()
-    with forwarding(tunnel_command(gcloud, outputs, endpoint.port, local_port), local_port,
-                    "gcloud start-iap-tunnel", timeout_s):
-        yield endpoint._replace(netloc=f"localhost:{local_port}").geturl()
+            process.terminate()
+            try:
+                process.wait(timeout=TUNNEL_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 @contextmanager
@@ -124,28 +100,30 @@ def gke_credentials(outputs: Mapping[str, Any]) -> Iterator[dict[str, str]]:
 
 
 @contextmanager
-def kube_port_forward(outputs: Mapping[str, Any], timeout_s: float = TUNNEL_READY_TIMEOUT_S) -> Iterator[str]:
-    """A gke stack's Service through `kubectl port-forward` on a free local port, while the block runs."""
-    local_port = free_local_port()
-    with gke_credentials(outputs) as env:
-        argv = [env["KUBECTL"], "port-forward", "--namespace", outputs["namespace"], "--address", "127.0.0.1",
-                f"service/{outputs['service']}", f"{local_port}:{outputs['port']}"]
-        with forwarding(argv, local_port, f"kubectl port-forward to service/{outputs['service']}", timeout_s, env):
-            yield f"http://localhost:{local_port}/v1"
-
-
-@contextmanager
 def endpoint_for(outputs: Mapping[str, Any]) -> Iterator[str]:
-    """Yield an OpenAI base URL (…/v1) that reaches the stack's server from this machine while the block runs."""
+    """Yield an OpenAI base URL (…/v1) that reaches the stack's server from this machine while the block runs: a gcp
+    stack's VM through `gcloud compute start-iap-tunnel`, a gke stack's Service through `kubectl port-forward`, each
+    on a free local port."""
     target = outputs.get("target")
     if target == "local":
         yield outputs["endpoint"]
     elif target == "gcp":
-        with iap_tunnel(outputs) as endpoint:
-            yield endpoint
+        gcloud = shutil.which("gcloud")
+        if gcloud is None:
+            raise ConfigError(OPTION, f"stack runs on GCP ({outputs['instanceName']}): reaching it needs gcloud on "
+                              "PATH for the IAP tunnel")
+        endpoint, port = urlsplit(outputs["endpoint"]), free_local_port()
+        with forwarding([gcloud, "compute", "start-iap-tunnel", outputs["instanceName"], str(endpoint.port),
+                         f"--local-host-port=localhost:{port}", "--zone", outputs["zone"], "--project",
+                         outputs["project"]], port, "gcloud start-iap-tunnel"):
+            yield endpoint._replace(netloc=f"localhost:{port}").geturl()
     elif target == "gke":
-        with kube_port_forward(outputs) as endpoint:
-            yield endpoint
+        port = free_local_port()
+        with gke_credentials(outputs) as env, forwarding(
+                [env["KUBECTL"], "port-forward", "--namespace", outputs["namespace"], "--address", "127.0.0.1",
+                 f"service/{outputs['service']}", f"{port}:{outputs['port']}"], port,
+                f"kubectl port-forward to service/{outputs['service']}", env):
+            yield f"http://localhost:{port}/v1"
     else:
         raise ConfigError(OPTION, f"stack outputs have target {target!r}; expected gcp, gke or local (redeploy the "
                           "stack with this version of tpu-serve)")
@@ -186,42 +164,43 @@ def url_option(help_text: str = "Server URL: host:port, or http(s)://host:port w
     return click.option(*(names or ("--url",)), type=SERVER_URL, help=help_text)
 
 
-KEY_HELP = "Environment variable holding the server's API key (vLLM's --api-key); keys never go on the command line."
-
-
-def api_key_option(help_text: str = KEY_HELP) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def api_key_option(help_text: str = "Environment variable holding the server's API key (vLLM's --api-key); keys "
+                   "never go on the command line.") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """`--api-key-env`: the variable the server's key is read from, $TPUSERVE_API_KEY unless it names another."""
     return click.option("--api-key-env", default=API_KEY_ENV, show_default=True, help=help_text)
 
 
-MODEL_HELP = "Served model name; default: the stack's model, else the first one the server lists."
-
-
-def model_option(help_text: str = MODEL_HELP) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def model_option(help_text: str = "Served model name; default: the stack's model, else the first one the server "
+                 "lists.") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return click.option("--model", help=help_text)
 
 
 @dataclass(frozen=True)
 class Served:
-    """A server reached from here and its model: `card` is its /v1/models entry (vLLM's ModelCard)."""
+    """A server reached from here and its model: `card` is its /v1/models entry (vLLM's ModelCard); the key, read
+    from $`key_env`, is never shown."""
 
     url: str
     model: str
     card: dict[str, Any] = field(default_factory=dict)
+    api_key: str | None = field(default=None, repr=False)
+    key_env: str = API_KEY_ENV
+
+    def client(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> ChatClient:
+        return ChatClient(self.url, self.model, api_key=self.api_key, timeout_s=timeout_s, key_env=self.key_env)
 
 
-def resolve_model(url: str, model: str | None, api_key: str | None = None, option: str = "--model",
-                  key_env: str = API_KEY_ENV) -> Served:
+def resolve_model(url: str, model: str | None, key_env: str = API_KEY_ENV, option: str = "--model") -> Served:
     """The one rule for the model of every command that talks to a server: `model` if the server lists it (an
-    unlisted one is a usage error naming what it serves), else the first one it lists. `key_env`: where the key
-    came from, for the error a refused one gets."""
+    unlisted one is a usage error naming what it serves), else the first one it lists; the key from $`key_env`."""
+    api_key = os.environ.get(key_env)
     try:
         card = served_card(url, model, api_key, key_env=key_env)
     except NoModelServed as err:
         raise click.ClickException(str(err)) from err
     except ModelNotServed as err:
         raise click.BadParameter(str(err), param_hint=option) from err
-    return Served(normalize_server_url(url), card["id"], card)
+    return Served(server_root(url), card["id"], card, api_key, key_env)
 
 
 def require_endpoint(url: str | None, outputs: Mapping[str, Any] | None) -> None:
@@ -232,7 +211,7 @@ def require_endpoint(url: str | None, outputs: Mapping[str, Any] | None) -> None
 
 @contextmanager
 def served_endpoint(url: str | None, model: str | None, outputs: Mapping[str, Any] | None,
-                    api_key: str | None = None, key_env: str = API_KEY_ENV) -> Iterator[Served]:
+                    key_env: str = API_KEY_ENV) -> Iterator[Served]:
     """The server to talk to while the block runs: --url as given, else the stack's endpoint (through an IAP
     tunnel for a gcp stack), with the model resolved by `resolve_model` (default: the stack's model, else the first
     served). No --url and no stack is a usage error."""
@@ -244,4 +223,4 @@ def served_endpoint(url: str | None, model: str | None, outputs: Mapping[str, An
             except (ConfigError, TunnelError) as err:
                 raise click.ClickException(str(err)) from err
             model = model or outputs.get("model")
-        yield resolve_model(url, model, api_key, key_env=key_env)
+        yield resolve_model(url, model, key_env)

@@ -30,13 +30,14 @@ from rich.table import Table
 from rich.text import Text
 
 from tpuserve.cli import Failure, connection_reason, echo_json, json_option, request_failure
-from tpuserve.client import API_KEY_ENV, response_error, server_root
+from tpuserve.client import API_KEY_ENV, response_error
 from tpuserve.deploy.stack import (Served, api_key_option, model_option, read_outputs, require_endpoint,
                                    served_endpoint, stack_options, url_option)
 from tpuserve.deploy.vmssh import docker_over_iap
 from tpuserve.facts import PRICE_PER_CHIP_HOUR, SINGLE_STREAM_TOK_S
 from tpuserve.measure import benchreport
 from tpuserve.serving import CONTAINER_NAME, DEFAULT_PORT, engine_container
+from tpuserve.urls import server_root
 
 DEFAULT_LEVELS = "1,8,32,64,100"
 REMOTE_RESULT_ROOT = "/tmp/tpuserve-bench"  # in the container, before the results are copied back
@@ -368,8 +369,7 @@ def sweep(url: str | None, model: str | None, tokenizer: str | None, levels: lis
         return
     require_endpoint(url, outputs)  # a missing --url is the first thing to say, with or without a vllm here
     vllm_path = find_vllm(vllm_bin)
-    api_key = os.environ.get(api_key_env)
-    with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
+    with served_endpoint(url, model, outputs, api_key_env) as served:
         limit = served.card.get("max_model_len")  # lengths it cannot serve would fail every request with a 400
         if isinstance(limit, int) and input_len + output_len > limit:
             raise click.BadParameter(f"{input_len} + {output_len} = {input_len + output_len} tokens per request "
@@ -378,17 +378,17 @@ def sweep(url: str | None, model: str | None, tokenizer: str | None, levels: lis
                                      param_hint="--input-len/--output-len")
         tokenizer = tokenizer_for(served.model, served.card, tokenizer)
         run_sweep(served, tokenizer, levels, input_len, output_len, num_prompts, out, vllm_path, None, outputs,
-                  as_json, api_key, api_key_env)
+                  as_json)
 
 
 def run_sweep(served: Served, tokenizer: str | None, levels: list[int], input_len: int, output_len: int,
               num_prompts: int, out: Path, vllm_bin: str, target: RemoteTarget | None,
-              outputs: dict[str, Any] | None, as_json: bool = False, api_key: str | None = None,
-              key_env: str = API_KEY_ENV) -> None:
+              outputs: dict[str, Any] | None, as_json: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if (out / benchreport.SWEEP_MANIFEST).exists() or any(out.glob("c*.json")):  # a report never mixes two sweeps
         raise click.BadParameter(f"{out} already holds a sweep; choose a new directory", param_hint="--out")
-    workload = Workload(served.url, served.model, tokenizer, input_len, output_len, num_prompts, api_key, key_env)
+    workload = Workload(served.url, served.model, tokenizer, input_len, output_len, num_prompts, served.api_key,
+                        served.key_env)
     manifest = {"tool": "tpuserve bench sweep", "mode": "remote" if target else "local",
                 "remote": dataclasses.asdict(target) if target else None, "started_at": now(), "finished_at": None,
                 "vllm_version": vllm_version(target, workload.url), "model": workload.model,

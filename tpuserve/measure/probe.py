@@ -7,7 +7,6 @@ latency and evidence. Exit 0 whenever the probe ran; with `--strict`, 1 when a s
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -539,9 +538,8 @@ def add_probe_command(name: str, probe_names: list[str], help_text: str, *option
                 ) -> None:
         outputs = read_outputs(stack, stack_outputs)
         refused = refused_modalities(modalities, outputs)
-        api_key = os.environ.get(api_key_env)
-        with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
-            client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
+        with served_endpoint(url, model, outputs, api_key_env) as served:
+            client = served.client(timeout)
             results = [result for name in probe_names for result in (
                 run_refusals(client, refused) if name == "refusals" else PROBES[name](client, max_tokens))]
         finish(results, served, as_json, strict)
@@ -583,9 +581,8 @@ def side_outputs(side: str, url: str | None, directory: Path | None, model: str 
     """One side of a comparison: run the prompts against --a/--b, or read --a-dir/--b-dir."""
     if directory is not None:
         return load_outputs(directory)
-    api_key = os.environ.get(api_key_env)
-    served = resolve_model(url, model, api_key, "--model", key_env=api_key_env)
-    client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
+    served = resolve_model(url, model, api_key_env)
+    client = served.client(timeout)
     try:
         outputs = greedy_outputs(client, max_tokens)
     except EndpointError as err:

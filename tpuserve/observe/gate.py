@@ -23,12 +23,13 @@ import requests
 
 from tpuserve.cli import json_option, json_text
 from tpuserve.client import (API_KEY_ENV, NOT_VLLM, ChatClient, ChatReply, EndpointError, ModelNotServed, html_page,
-                             json_or_none, pick_model, response_error, server_root)
+                             json_or_none, pick_model, response_error)
 from tpuserve.facts import (BOOT_STAGES, FAILED_STAGE, GATE_POLL_S, GUEST_ATTRIBUTE_NAMESPACE, READY_TIMEOUT_S,
                             RESTARTING_STAGE)
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.images import image_messages
 from tpuserve.deploy.stack import api_key_option, model_option, read_outputs, stack_options, url_option
+from tpuserve.urls import server_root
 
 SERVING, BOOTING = BOOT_STAGES[-1], "booting"
 URL_INTERVAL_S = 0.5  # a stage passed shows up within the 2 s lag target
@@ -112,37 +113,14 @@ class Deadline:
 
 # --- URL mode -------------------------------------------------------------------------------------------------
 
-class NotReady(Exception):
-    """The current stage's check failed, saying what the server answered; `fatal`: it will answer the same."""
-
-    def __init__(self, message: str, fatal: bool):
-        super().__init__(message)
-        self.fatal = fatal
-
-
-def ask(http: requests.Session, root: str, model: str, timeout_s: float, messages: list[dict[str, Any]],
-        **params: Any) -> ChatReply:
-    """One short chat completion with the session's key; NotReady unless the server answers 200 with a message."""
-    client = ChatClient(root, model, api_key="", timeout_s=timeout_s, session=http, key_env=key_env_of(http))
-    try:
-        return client.chat(messages, max_tokens=COMPLETION_MAX_TOKENS, **params)
-    except EndpointError as err:
-        said = str(err) if err.url else f"chat completion answered {err}"
-        raise NotReady(said, fatal=err.status in FATAL_API_STATUSES or bool(err.url)) from err
-
-
-def key_env_of(http: requests.Session) -> str:
-    """The variable the session's key came from (the command sets it), for what a refused key's error says."""
-    return getattr(http, "key_env", API_KEY_ENV)
-
-
 def has_text(reply: ChatReply) -> bool:
     """Content, or the reasoning a reasoning parser moved it to (the VM's startup script's rule too)."""
     return bool(reply.content.strip() or reply.reasoning)
 
 
-def check_health(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
-    response = http.get(f"{root}/health", timeout=timeout_s)
+def check_health(client: ChatClient) -> Check:
+    root = client.base.removesuffix("/v1")
+    response = client.session.get(f"{root}/health", timeout=client.timeout_s)
     page = html_page(response)
     if page or 400 <= response.status_code < 500:
         what = f" with {page}" if page else ""
@@ -151,11 +129,11 @@ def check_health(http: requests.Session, root: str, model: str, timeout_s: float
     return Check(response.status_code == 200, f"/health answered HTTP {response.status_code}")
 
 
-def check_models(http: requests.Session, root: str, model: str | None, timeout_s: float) -> Check:
-    """The model is listed (None: the first listed); a server listing other models ends the wait at once."""
-    response = http.get(f"{root}/v1/models", timeout=timeout_s)
+def check_models(client: ChatClient) -> Check:
+    """The model is listed (none given: the first listed); a server listing other models ends the wait at once."""
+    response = client.session.get(f"{client.base}/models", timeout=client.timeout_s)
     if response.status_code != 200 or html_page(response):
-        err = response_error(response, 0.0, key_env_of(http))
+        err = response_error(response, 0.0, client.key_env)
         if err.url or response.status_code == 404:  # a refused key, a web page, or no /v1/models: no vLLM's way
             detail = str(err) if err.url else f"{response.url} answered HTTP 404: vLLM serves /v1/models, so {NOT_VLLM}"
             return Check(False, detail, fatal=True)
@@ -165,32 +143,32 @@ def check_models(http: requests.Session, root: str, model: str | None, timeout_s
     entries = body.get("data") if isinstance(body, dict) else None
     listed = [entry.get("id") for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
     try:
-        return Check(True, value=pick_model(listed, model, "/v1/models"))
+        return Check(True, value=pick_model(listed, client.model or None, "/v1/models"))
     except ModelNotServed as err:
         return Check(False, str(err), fatal=bool(listed))
 
 
-def check_completion(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
-    reply = ask(http, root, model, timeout_s, [{"role": "user", "content": "Say hello."}])
+def check_completion(client: ChatClient) -> Check:
+    reply = client.chat([{"role": "user", "content": "Say hello."}], max_tokens=COMPLETION_MAX_TOKENS)
     return Check(has_text(reply), "chat completion returned empty content and no reasoning")
 
 
-def check_tools(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
+def check_tools(client: ChatClient) -> Check:
     tool = {"type": "function", "function": {
         "name": "get_time", "description": "Current time in a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-    reply = ask(http, root, model, timeout_s, [{"role": "user", "content": "What time is it in Paris?"}],
-                tools=[tool], tool_choice="auto")
+    reply = client.chat([{"role": "user", "content": "What time is it in Paris?"}], tools=[tool],
+                        tool_choice="auto", max_tokens=COMPLETION_MAX_TOKENS)
     return Check(has_text(reply) or bool(reply.tool_calls),
                  "request with tools returned neither text nor tool calls")
 
 
-def check_vision(http: requests.Session, root: str, model: str, timeout_s: float) -> Check:
-    reply = ask(http, root, model, timeout_s, image_messages("red-square.png", "What colour is this?"))
+def check_vision(client: ChatClient) -> Check:
+    reply = client.chat(image_messages("red-square.png", "What colour is this?"), max_tokens=COMPLETION_MAX_TOKENS)
     return Check(has_text(reply), "request with an image returned empty content and no reasoning")
 
 
-UrlCheck = Callable[[requests.Session, str, Any, float], Check]
+UrlCheck = Callable[[ChatClient], Check]
 URL_CHECKS: dict[str, UrlCheck] = {"health": check_health, "models": check_models, "completion": check_completion}
 SMOKE_CHECKS: dict[str, UrlCheck] = {"tools": check_tools, "vision": check_vision}
 
@@ -229,14 +207,13 @@ def port_held(root: str) -> bool | None:
 def unanswered(err: requests.RequestException, root: str) -> Check:
     """A request that got no answer, said plainly: refused (and whether a vLLM holds the port), unreachable, a
     name that does not resolve, https to an http server, or too slow."""
-    from tpuserve.cli import ERRNO_REASON, PLAIN_HTTP_REPLY
+    from tpuserve.cli import PLAIN_HTTP_REPLY, connection_reason
 
     address = urlsplit(root).netloc
     if isinstance(err, requests.exceptions.SSLError) and PLAIN_HTTP_REPLY.search(str(err)):
         return Check(False, f"{address} speaks http, not https: give http://{address}", fatal=True)
     if isinstance(err, requests.ConnectionError):  # ConnectTimeout too: a SYN nobody answered
-        found = ERRNO_REASON.search(str(err))
-        reason = found.group(1).strip() if found else type(err).__name__
+        reason = connection_reason(err)
         if "name or service not known" in reason.lower() or "nodename nor servname" in reason.lower():
             return Check(False, f"{urlsplit(root).hostname} does not resolve ({reason}): is the host right?",
                          fatal=True)
@@ -253,13 +230,15 @@ def unanswered(err: requests.RequestException, root: str) -> Check:
     return Check(False, f"no answer ({type(err).__name__})")
 
 
-def run_check(check: UrlCheck, http: requests.Session, root: str, model: str | None, timeout_s: float) -> Check:
+def run_check(check: UrlCheck, client: ChatClient, timeout_s: float) -> Check:
+    client.timeout_s = timeout_s
     try:
-        return check(http, root, model, timeout_s)
-    except NotReady as err:
-        return Check(False, str(err), fatal=err.fatal)
+        return check(client)
+    except EndpointError as err:  # a chat completion's; one naming its URL is a refused key or a web page
+        return Check(False, str(err) if err.url else f"chat completion answered {err}",
+                     fatal=err.status in FATAL_API_STATUSES or bool(err.url))
     except requests.RequestException as err:
-        return unanswered(err, root)
+        return unanswered(err, client.base.removesuffix("/v1"))
 
 
 @dataclass
@@ -277,20 +256,15 @@ class Refusals:
         return at - self.since
 
 
-def never_connected(result: Check, stage: str, for_s: float) -> str:
-    """The verdict once connections failed for --connect-timeout: what failed and what to check."""
-    detail = result.detail.split(" yet", 1)[0]
-    what = "connections refused" if detail.startswith("nothing listens") else "no connection"
-    hint = "is the port right?" if what == "connections refused" else "is the host right?"
-    return f"stage {stage}: {detail}: {what} for {for_s:g} s (--connect-timeout); {hint}"
-
-
 def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequence[str] = (),
               timeout_s: float = READY_TIMEOUT_S, interval_s: float = URL_INTERVAL_S,
-              reporter: Reporter | None = None, connect_timeout_s: float | None = None) -> Verdict:
+              reporter: Reporter | None = None, connect_timeout_s: float | None = None, api_key: str = "",
+              key_env: str = API_KEY_ENV) -> Verdict:
     """Pass each stage in order, polling every `interval_s`; a fatal answer, or no connection for
-    `connect_timeout_s` in a row (None: no limit), ends the wait at once. `model` None: the first listed."""
-    deadline, root, stages, refusals = Deadline(timeout_s), server_root(url), {}, Refusals()
+    `connect_timeout_s` in a row (None: no limit), ends the wait at once. `model` None: the first listed. Every
+    request presents `api_key` (vLLM's --api-key guards /v1); a refused one's error names `key_env`."""
+    deadline, stages, refusals = Deadline(timeout_s), {}, Refusals()
+    client = ChatClient(url, model or "", api_key=api_key, session=http, key_env=key_env)
     reporter = reporter or Reporter()
     for name, check in url_stages(smoke):
         detail, ends_at = "not tried", timeout_s
@@ -299,17 +273,21 @@ def watch_url(http: requests.Session, url: str, model: str | None, smoke: Sequen
                 return Verdict(False, deadline.elapsed(), stages,
                                f"timed out after {timeout_s:g} s in stage {name}: {detail}")
             tried_at = deadline.elapsed()
-            result = run_check(check, http, root, model, min(deadline.remaining(), REQUEST_TIMEOUT_S))
+            result = run_check(check, client, min(deadline.remaining(), REQUEST_TIMEOUT_S))
             if result.fatal:
                 return Verdict(False, deadline.elapsed(), stages,
                                f"stage {name}: {result.detail} (waiting cannot change this answer)")
             failing_for = refusals.note(result.connected, tried_at)
             if connect_timeout_s is not None and failing_for is not None and failing_for >= connect_timeout_s:
-                return Verdict(False, deadline.elapsed(), stages, never_connected(result, name, connect_timeout_s))
+                detail = result.detail.split(" yet", 1)[0]
+                refused = detail.startswith("nothing listens")
+                return Verdict(False, deadline.elapsed(), stages, f"stage {name}: {detail}: "
+                               f"{'connections refused' if refused else 'no connection'} for {connect_timeout_s:g} s "
+                               f"(--connect-timeout); is the {'port' if refused else 'host'} right?")
             ends_at = timeout_s if connect_timeout_s is None or refusals.since is None else \
                 min(timeout_s, refusals.since + connect_timeout_s)
             if result.ok:
-                model = result.value or model
+                client.model = result.value or client.model
                 stages[name] = deadline.elapsed()
                 reporter.stage(name, stages[name])
                 break
@@ -336,26 +314,18 @@ class BootStatus:
 SOURCE_ATTRIBUTES = ("cache", "image", "weights", "compile-cache")
 
 
-def boot_sources(attributes: Mapping[str, str]) -> dict[str, str]:
-    return {key: attributes[key] for key in SOURCE_ATTRIBUTES if attributes.get(key)}
-
-
 def boot_timeline(attributes: Mapping[str, str]) -> dict[str, float]:
     """stage -> seconds since the first stage began, in boot order, from `at-<stage>`; stages before `since` (the
     current run's start) are left out."""
-    began = {}
-    try:
-        since = float(attributes.get("since") or 0)
-    except ValueError:
-        since = 0.0
-    for key, value in attributes.items():
-        if key.startswith("at-"):
-            try:
-                at = float(value)
-            except ValueError:
-                continue  # a half-written value; the next poll reads it whole
-            if at >= since:
-                began[key[len("at-"):]] = at
+    def seconds(text: str) -> float | None:
+        try:
+            return float(text)
+        except ValueError:
+            return None  # a half-written value; the next poll reads it whole
+
+    since = seconds(attributes.get("since") or "0") or 0.0
+    began = {key[len("at-"):]: at for key, value in attributes.items()
+             if key.startswith("at-") and (at := seconds(value)) is not None and at >= since}
     if not began:
         return {}
     first = min(began.values())
@@ -395,27 +365,23 @@ def serial_tail(compute: ComputeClient, instance: Instance, lines: int = SERIAL_
         return f"(serial console unavailable: {err})"
 
 
-def vm_stopped(compute: ComputeClient, instance: Instance) -> str | None:
-    """Why the VM will never report `serving` (deleted or stopped), or None while it exists and runs."""
-    found = compute.get_or_none(f"{compute.base_url}{instance.path}")
-    if found is None:
-        return f"instance not found: deleted, or flex-start max run ended? ({instance.name})"
-    status = found.get("status")
-    return f"instance is {status}: it stopped before serving" if status in STOPPED_STATUSES else None
-
-
 def look(compute: ComputeClient, instance: Instance, last: BootStatus,
          expected_config_hash: str | None) -> tuple[dict[str, str], BootStatus]:
-    """One poll: the guest attributes and what they mean; without any, the instance says whether to wait on."""
+    """One poll: the guest attributes and what they mean; without any, the instance says whether to wait on (a VM
+    deleted or stopped will never report `serving`)."""
     try:
         attributes = compute.guest_attributes(instance, GUEST_ATTRIBUTE_NAMESPACE)
-        stopped = None if attributes else vm_stopped(compute, instance)
+        found = {} if attributes else compute.get_or_none(f"{compute.base_url}{instance.path}")
     except ComputeApiError as err:
         return {}, BootStatus(last.stage, done=err.status in FATAL_API_STATUSES, detail=str(err))
     except requests.RequestException as err:
         return {}, BootStatus(last.stage, done=False, detail=f"Compute API unreachable ({type(err).__name__})")
-    if stopped:
-        return attributes, BootStatus(last.stage, done=True, detail=stopped)
+    if found is None:
+        return attributes, BootStatus(last.stage, done=True, detail=f"instance not found: deleted, or flex-start max "
+                                                                    f"run ended? ({instance.name})")
+    if found.get("status") in STOPPED_STATUSES:
+        return attributes, BootStatus(last.stage, done=True,
+                                      detail=f"instance is {found['status']}: it stopped before serving")
     return attributes, read_boot(attributes, expected_config_hash)
 
 
@@ -435,7 +401,8 @@ def watch_instance(compute: ComputeClient, instance: Instance, timeout_s: float 
         if status.done:
             tail = serial_tail(compute, instance) if status.stage == FAILED_STAGE else ""
             return Verdict(status.ready, deadline.elapsed(), timeline, status.detail or None, tail,
-                           boot_sources(attributes), warnings=list(status.warnings))
+                           {key: attributes[key] for key in SOURCE_ATTRIBUTES if attributes.get(key)},
+                           warnings=list(status.warnings))
         reporter.waiting(status.stage, status.detail, timeout_s)
         deadline.pause(interval_s)
     return Verdict(False, deadline.elapsed(), timeline,
@@ -468,14 +435,15 @@ class ConsoleReporter(Reporter):
 
     def waiting(self, stage: str, detail: str, ends_at_s: float) -> None:
         super().waiting(stage, detail, ends_at_s)
-        now, gives_up = self.clock(), f"gives up at {ends_at_s:.0f} s"
+        now = self.clock()
+        line = f"{stage}: {detail} ({now - self.since:.0f} s; gives up at {ends_at_s:.0f} s)"
         if self.status is not None:
-            self.status.update(f"{stage}: {detail} ({now - self.since:.0f} s; {gives_up})")
+            self.status.update(line)
         elif (stage, detail) != self.last_state:
             self.last_state = (stage, detail)
-            self.say(f"… {stage}: {detail} ({now - self.since:.0f} s; {gives_up})")
+            self.say(f"… {line}")
         elif now - self.last_line >= self.heartbeat_s:
-            self.say(f"… still in {stage}: {detail} ({now - self.since:.0f} s; {gives_up})")
+            self.say(f"… still in {line}")
 
 
 def print_timeline(console: Any, verdict: Verdict, url_mode: bool) -> None:
@@ -573,12 +541,9 @@ def gate(url: str | None, model: str | None, smoke: str, instance: str | None, z
             reporter = ConsoleReporter(console, status)
             if url:
                 with requests.Session() as http:
-                    # vLLM's --api-key guards /v1: every request presents $TPUSERVE_API_KEY (or --api-key-env's).
-                    http.key_env = api_key_env  # type: ignore[attr-defined]  # what a refused key's error names
-                    if os.environ.get(api_key_env):
-                        http.headers["Authorization"] = f"Bearer {os.environ[api_key_env]}"
                     verdict = watch_url(http, url, model, smoke_checks, timeout_s, interval_s or URL_INTERVAL_S,
-                                        reporter, connect_timeout_s or CONNECT_TIMEOUT_S)
+                                        reporter, connect_timeout_s or CONNECT_TIMEOUT_S,
+                                        os.environ.get(api_key_env, ""), api_key_env)
             else:
                 verdict = gate_instance(Instance(str(project), str(zone), str(instance)), compute_url, timeout_s,
                                         interval_s or INSTANCE_INTERVAL_S, config_hash, reporter)

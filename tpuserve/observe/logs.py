@@ -4,7 +4,6 @@ reason. Everything sent is passed through `redact` first: tokens and keys in the
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -18,12 +17,13 @@ import click
 from tpuserve.cli import echo_json, json_option
 from tpuserve import gce
 from tpuserve.deploy import stack as pulumi_stack
-from tpuserve.client import API_KEY_ENV, ChatClient, EndpointError, json_or_none, server_root
+from tpuserve.client import API_KEY_ENV, EndpointError, json_or_none
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE
 from tpuserve.deploy.cloud_logging import LOGGING_URL, LoggingApiError, LoggingClient
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.serving import CONTAINER_NAME, engine_container
 from tpuserve.deploy.vmssh import docker_over_iap
+from tpuserve.urls import server_root
 
 DEFAULT_TAIL = 200
 EXCERPT_TAIL_LINES = 60
@@ -122,10 +122,6 @@ def vm_container(outputs: Mapping[str, Any] | None, engine: int | None) -> str:
     return engine_container(engines, engine or 0)
 
 
-def tail_lines(text: str, count: int) -> str:
-    return "\n".join(text.splitlines()[-count:])
-
-
 # The local target labels its container with the serving-config hash (components/local.py), which the stack
 # exports as `configHash`: that finds the container without knowing the stack's name.
 LOCAL_CONTAINER_LABEL = "tpu-serve.config-hash"
@@ -173,10 +169,6 @@ def local_container_name(target: LocalContainer) -> str:
         why = listed.stderr.strip() or "no such container (destroyed, or another Docker host?)"
         raise click.ClickException(f"cannot find {target.describe()}: {' '.join(why.split())}")
     return names[0]
-
-
-def compute_client(compute_url: str) -> ComputeClient:
-    return ComputeClient(gce.adc_session(), compute_url)  # no credentials: one line (cli.translate)
 
 
 def instance_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -230,7 +222,12 @@ def logs(stack: str | None, stack_outputs: Path | None, instance: str | None, zo
         return
     cloud = cloud_container_log(vm, compute_url, logging_url, tail) if source == "cloud" else None
     container = vm_container(outputs, engine) if source != "cloud" else CONTAINER_NAME
-    serial = tail_lines(serial_console(vm, compute_url), tail) if source in ("serial", "both") else None
+    serial = None
+    if source in ("serial", "both"):
+        try:  # no credentials: one line (cli.translate)
+            serial = "\n".join(ComputeClient(gce.adc_session(), compute_url).serial_output(vm).splitlines()[-tail:])
+        except ComputeApiError as err:
+            raise click.ClickException(f"serial console of {vm.name}: {err}") from err
     docker = source in ("docker", "both")
     if as_json:
         captured_docker = captured(docker_logs_argv(vm, tail, False, container)) if docker else None
@@ -265,24 +262,6 @@ def cloud_container_log(vm: Instance, compute_url: str, logging_url: str, lines:
         raise click.ClickException(f"container logs of {vm.name}: {err}") from err
 
 
-def shipped_container_log(vm: Instance, compute_url: str, logging_url: str) -> str:
-    """For diagnose: the container's lines in Cloud Logging after a header, or '' (none shipped before `serving`)."""
-    try:
-        shipped = cloud_container_log(vm, compute_url, logging_url, DEFAULT_TAIL * 5)
-    except (click.ClickException, gce.MissingCredentials) as err:
-        click.echo(f"note: no container logs from Cloud Logging ({err}); diagnosing the serial console",
-                   err=True)
-        return ""
-    return f"\n== {CONTAINER_NAME} container (Cloud Logging) ==\n{shipped}" if shipped else ""
-
-
-def serial_console(vm: Instance, compute_url: str) -> str:
-    try:
-        return compute_client(compute_url).serial_output(vm)
-    except ComputeApiError as err:
-        raise click.ClickException(f"serial console of {vm.name}: {err}") from err
-
-
 def captured(argv: list[str]) -> str:
     """What a log command printed (stdout and stderr, as `docker logs` splits the container's streams)."""
     try:
@@ -292,13 +271,6 @@ def captured(argv: list[str]) -> str:
     if done.returncode != 0:
         raise click.ClickException(f"`{argv[0]} ...` exited with {done.returncode}: {' '.join(done.stderr.split())}")
     return done.stdout + done.stderr
-
-
-def boot_report(vm: Instance, compute_url: str) -> tuple[str, str | None, str | None]:
-    """(serial console, gate stage, gate reason) of a VM, from the Compute API."""
-    compute = compute_client(compute_url)
-    attributes = compute.guest_attributes(vm, GUEST_ATTRIBUTE_NAMESPACE)
-    return compute.serial_output(vm), attributes.get("stage"), attributes.get("reason")
 
 
 Messages = list[dict[str, str]]
@@ -318,18 +290,18 @@ def prompt_tokens(url: str, model: str, messages: Messages, api_key: str | None)
     return count if isinstance(count, int) else None
 
 
-def fit_to_context(build: Callable[[int], Messages], max_chars: int, chosen: bool, card: Mapping[str, Any],
-                   url: str, model: str, api_key: str | None) -> Messages:
+def fit_to_context(build: Callable[[int], Messages], max_chars: int, chosen: bool,
+                   served: pulumi_stack.Served) -> Messages:
     """The request with the largest excerpt up to `max_chars` whose tokens (counted by the server) leave the answer
     room in the card's `max_model_len`; a --max-chars the user `chosen` is refused naming a size that fits."""
-    limit = card.get("max_model_len")
+    limit, model = served.card.get("max_model_len"), served.model
     if not isinstance(limit, int):
         return build(max_chars)
     budget, chars = limit - DIAGNOSIS_MAX_TOKENS, max_chars
     first = None
     for _ in range(FIT_TRIES):
         messages = build(chars)
-        count = prompt_tokens(url, model, messages, api_key)
+        count = prompt_tokens(served.url, model, messages, served.api_key)
         first = count if first is None else first
         if count is None or count <= budget:
             break
@@ -379,12 +351,18 @@ def diagnose(stack: str | None, stack_outputs: Path | None, instance: str | None
         if isinstance(vm, LocalContainer):
             log = captured(["docker", *docker_logs(DEFAULT_TAIL * 5, False, local_container_name(vm))])
         else:
+            compute = ComputeClient(gce.adc_session(), compute_url)
             try:
-                log, vm_stage, vm_reason = boot_report(vm, compute_url)
+                said, log = compute.guest_attributes(vm, GUEST_ATTRIBUTE_NAMESPACE), compute.serial_output(vm)
             except ComputeApiError as err:
                 raise click.ClickException(f"{vm.name}: {err}") from err
-            stage, reason = stage or vm_stage, reason or vm_reason
-            log += shipped_container_log(vm, compute_url, logging_url)
+            stage, reason = stage or said.get("stage"), reason or said.get("reason")
+            try:  # none shipped before `serving`
+                shipped = cloud_container_log(vm, compute_url, logging_url, DEFAULT_TAIL * 5)
+                log += f"\n== {CONTAINER_NAME} container (Cloud Logging) ==\n{shipped}" if shipped else ""
+            except (click.ClickException, gce.MissingCredentials) as err:
+                click.echo(f"note: no container logs from Cloud Logging ({err}); diagnosing the serial console",
+                           err=True)
     redacted = redact(log)
 
     def build(chars: int) -> Messages:
@@ -406,12 +384,10 @@ def ask_for_diagnosis(build: Callable[[int], Messages], max_chars: int, chosen: 
     outputs = None if url else pulumi_stack.read_outputs(stack, stack_outputs)
     if url is None and outputs is None:
         raise click.UsageError("give --url of the diagnosing endpoint (or --stack to ask the deployment)")
-    api_key = os.environ.get(api_key_env)
-    with pulumi_stack.served_endpoint(url, model, outputs, api_key, api_key_env) as served:
-        messages = fit_to_context(build, max_chars, chosen, served.card, served.url, served.model, api_key)
+    with pulumi_stack.served_endpoint(url, model, outputs, api_key_env) as served:
+        messages = fit_to_context(build, max_chars, chosen, served)
         try:
-            reply = ChatClient(served.url, served.model, api_key=api_key, key_env=api_key_env).chat(
-                messages, temperature=0, max_tokens=DIAGNOSIS_MAX_TOKENS)
+            reply = served.client().chat(messages, temperature=0, max_tokens=DIAGNOSIS_MAX_TOKENS)
         except EndpointError as err:
             hint = "; lower --max-chars" if err.status == 400 and "context length" in err.message else ""
             raise click.ClickException(f"the diagnosing endpoint {served.url} ({served.model}) failed: {err}{hint}"

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +16,12 @@ import click
 import requests
 
 from tpuserve import vllm_metrics as metrics
-from tpuserve.client import server_root
 from tpuserve import gce
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.cli import echo_json, request_failure
 from tpuserve.durations import human
+from tpuserve.flex_start import clock, deletion_at, started_at
+from tpuserve.urls import server_root
 from tpuserve.deploy.stack import TunnelError, endpoint_for, read_outputs, stack_options, url_option
 from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE, PRICE_PER_CHIP_HOUR
 from tpuserve.serving import ConfigError
@@ -34,28 +35,6 @@ GONE = "GONE"  # the status of a VM the Compute API no longer knows
 
 class ServerUnreachable(RuntimeError):
     """`/metrics` did not answer with the Prometheus text format."""
-
-
-def parse_timestamp(text: str | None) -> datetime | None:
-    """RFC 3339 as the Compute API writes it ('2026-11-29T02:00:00.000-08:00', or with 'Z')."""
-    if not text:
-        return None
-    return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
-
-
-def started_at(instance: Mapping[str, Any]) -> datetime | None:
-    return parse_timestamp(instance.get("lastStartTimestamp") or instance.get("creationTimestamp"))
-
-
-def deletion_at(instance: Mapping[str, Any]) -> datetime | None:
-    """When the run limit ends the VM: scheduling.terminationTime, else the last start + maxRunDuration."""
-    scheduling = instance.get("scheduling") or {}
-    if scheduling.get("terminationTime"):
-        return parse_timestamp(scheduling["terminationTime"])
-    limit, start = scheduling.get("maxRunDuration"), started_at(instance)
-    if not limit or start is None:
-        return None
-    return start + timedelta(seconds=int(limit.get("seconds", 0)), microseconds=int(limit.get("nanos", 0)) // 1000)
 
 
 @dataclass(frozen=True)
@@ -106,14 +85,6 @@ def vm_view(target: Instance, instance: Mapping[str, Any] | None, attributes: Ma
         expected_config_hash=expected_config_hash, reason=attributes.get("reason"),
         ops_agent=attributes.get("ops-agent"), compile_cache=attributes.get("compile-cache") or None,
         warning=attributes.get("warning") or None, engines=attributes.get("engines") or None)
-
-
-def read_vm(compute: ComputeClient, target: Instance, price_per_chip_hour: float,
-            expected_config_hash: str | None = None) -> VmView:
-    """One look through the Compute API; a deleted VM is a view (GONE), other API errors raise."""
-    instance = compute.get_or_none(f"{compute.base_url}{target.path}")
-    attributes = compute.guest_attributes(target, GUEST_ATTRIBUTE_NAMESPACE) if instance is not None else {}
-    return vm_view(target, instance, attributes, datetime.now(timezone.utc), price_per_chip_hour, expected_config_hash)
 
 
 def expiry_warning(view: VmView, stack: str | None) -> str | None:
@@ -209,11 +180,6 @@ class Report:
                 "warnings": self.warnings}
 
 
-def clock(iso: str | None) -> str:
-    moment = parse_timestamp(iso)
-    return moment.astimezone(timezone.utc).strftime("%H:%M UTC %b %d") if moment else "?"
-
-
 def ms(seconds: float | None) -> str:
     return "–" if seconds is None else f"{seconds * 1000:,.0f} ms" if seconds < 10 else f"{seconds:,.1f} s"
 
@@ -302,9 +268,13 @@ class Sources:
     server_error: str | None = None
 
     def vm(self) -> tuple[VmView | None, list[str]]:
+        """One look through the Compute API; a deleted VM is a view (GONE), other API errors raise."""
         if self.compute is None or self.target is None:
             return None, []
-        view = read_vm(self.compute, self.target, self.price_per_chip_hour, self.expected_config_hash)
+        instance = self.compute.get_or_none(f"{self.compute.base_url}{self.target.path}")
+        attributes = {} if instance is None else self.compute.guest_attributes(self.target, GUEST_ATTRIBUTE_NAMESPACE)
+        view = vm_view(self.target, instance, attributes, datetime.now(timezone.utc), self.price_per_chip_hour,
+                       self.expected_config_hash)
         warning = expiry_warning(view, self.stack)
         return view, [warning] if warning else []
 
@@ -381,8 +351,13 @@ def status(url: str | None, watch: bool, interval_s: float, as_json: bool, price
             sources.target = Instance(str(outputs.get("project")), str(outputs.get("zone")),
                                       str(outputs.get("instanceName")))
             sources.expected_config_hash = outputs.get("configHash")
-        if root is None and outputs is not None:
-            root, sources.server_error = reach(exits, outputs, has_vm=sources.compute is not None)
+        if root is None and outputs is not None:  # /metrics needs no API key and no model: no /v1/models asked
+            try:
+                root = server_root(exits.enter_context(endpoint_for(outputs)))
+            except (ConfigError, TunnelError) as err:
+                if sources.compute is None:
+                    raise click.ClickException(str(err)) from err
+                sources.server_error = f"server not reachable: {err}"  # a VM is still worth seeing
         if root:
             sources.http, sources.root = exits.enter_context(requests.Session()), root
         show(reports(sources, interval_s, watch), as_json, watch)
@@ -392,17 +367,6 @@ def stack_of(outputs: Mapping[str, Any] | None) -> str | None:
     """The stack name inside the VM's URN (urn:pulumi:<stack>::<project>::...), for --stack-outputs."""
     urn = (outputs or {}).get("vmUrn") or ""
     return urn.split("::", 1)[0].split(":", 2)[2] if urn.startswith("urn:pulumi:") else None
-
-
-def reach(exits: ExitStack, outputs: Mapping[str, Any], has_vm: bool) -> tuple[str, str | None]:
-    """The stack's server root from here (an IAP tunnel or a port-forward, open while the command runs), or why not
-    beside a VM. /metrics needs no API key and no model, so /v1/models is not asked."""
-    try:
-        return server_root(exits.enter_context(endpoint_for(outputs))), None
-    except (ConfigError, TunnelError) as err:
-        if not has_vm:
-            raise click.ClickException(str(err)) from err
-        return "", f"server not reachable: {err}"
 
 
 def show(stream: Iterator[Report], as_json: bool, watch: bool) -> None:

@@ -15,11 +15,10 @@ import click
 from tpuserve import cli, exits
 from tpuserve.cli import DURATION
 from tpuserve.durations import human
-from tpuserve.gke_renewer import (DEFAULT_LEAD, DEFAULT_TIMEOUT, RENEWAL_ANNOTATION, ApiCluster, Cluster,
-                                  ClusterError, Renewer)
+from tpuserve.gke_renewer import DEFAULT_LEAD, DEFAULT_TIMEOUT, RENEWAL_ANNOTATION, ApiCluster, ClusterError, Renewer
 
 
-def renewer_for(outputs: Mapping[str, Any], cluster: Cluster, say: Callable[[str], None]) -> Renewer:
+def renewer_for(outputs: Mapping[str, Any], cluster: ApiCluster, say: Callable[[str], None]) -> Renewer:
     missing = [key for key in ("namespace", "deployment", "nodePool", "nodePoolMaxNodes") if not outputs.get(key)]
     if outputs.get("target") != "gke" or missing:
         raise click.UsageError(f"--stack: not a gke stack deployed by this version (target {outputs.get('target')!r}"
@@ -30,13 +29,13 @@ def renewer_for(outputs: Mapping[str, Any], cluster: Cluster, say: Callable[[str
 
 
 @contextmanager
-def open_cluster(outputs: Mapping[str, Any]) -> Iterator[Cluster]:  # pragma: no cover - needs a cluster
+def open_cluster(outputs: Mapping[str, Any]) -> Iterator[ApiCluster]:  # pragma: no cover - needs a cluster
     """The CronJob's ApiCluster, through `kubectl proxy` with the stack's credentials (which it authenticates)."""
-    from tpuserve.deploy.stack import TUNNEL_READY_TIMEOUT_S, forwarding, free_local_port, gke_credentials
+    from tpuserve.deploy.stack import forwarding, free_local_port, gke_credentials
 
     port = free_local_port()
     with gke_credentials(outputs) as env, forwarding([env["KUBECTL"], "proxy", f"--port={port}"], port,
-                                                     "kubectl proxy", TUNNEL_READY_TIMEOUT_S, env):
+                                                     "kubectl proxy", env):
         yield ApiCluster(f"http://127.0.0.1:{port}", token_file="")
 
 

@@ -13,6 +13,7 @@ import requests
 
 from tpuserve import cli, durations, exits
 from tpuserve.deploy import inventory
+from tpuserve.flex_start import clock, deletion_at
 from tpuserve.deploy.preflight import Endpoints, configured_zones, endpoint_option, target_from_config
 from tpuserve.deploy.pulumi_cli import require_project
 from tpuserve.ops import up as ups
@@ -37,7 +38,6 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
 
     Exit 0 renewed or nothing due, 1 an error, 3 no successor before the deletion (the old VM serves until then)."""
     from tpuserve.gce import ComputeApiError, ComputeClient, Instance
-    from tpuserve.observe.status import deletion_at
 
     lead_s, roots = ups.parse_deadline(lead_text, "--lead"), Endpoints.parse(endpoints)
     run = ups.Outcome(stack, as_json, {"action": None})
@@ -68,8 +68,7 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
     except requests.RequestException as err:
         fail(str(err), f"could not read {name}: {err}")
     deletion = deletion_at(instance)
-    deletion = deletion.astimezone(timezone.utc) if deletion else None
-    vm = {"name": name, "zone": zone, "deletionAt": deletion.isoformat() if deletion else None}
+    vm = {"name": name, "zone": zone, "deletionAt": deletion and deletion.astimezone(timezone.utc).isoformat()}
     if deletion is None:
         say(f"{name} has no run limit: nothing to renew")
         finish(exits.OK, {"action": "none", "vm": vm})
@@ -118,7 +117,3 @@ def renew(ctx: click.Context, stack: str, lead_text: str, zones: str | None, yes
 
 def seconds_until(moment: datetime) -> float:
     return (moment - datetime.fromtimestamp(time.time(), timezone.utc)).total_seconds()
-
-
-def clock(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%d %H:%M UTC")
