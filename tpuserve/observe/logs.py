@@ -18,7 +18,7 @@ from tpuserve.cli import echo_json, json_option
 from tpuserve import gce
 from tpuserve.deploy import stack as pulumi_stack
 from tpuserve.client import API_KEY_ENV, EndpointError, json_or_none
-from tpuserve.facts import GUEST_ATTRIBUTE_NAMESPACE
+from tpuserve.facts import CONTAINER_HASH_LABEL, GUEST_ATTRIBUTE_NAMESPACE
 from tpuserve.deploy.cloud_logging import LOGGING_URL, LoggingApiError, LoggingClient
 from tpuserve.gce import COMPUTE_URL, ComputeApiError, ComputeClient, Instance
 from tpuserve.serving import CONTAINER_NAME, engine_container
@@ -124,9 +124,6 @@ def vm_container(outputs: Mapping[str, Any] | None, engine: int | None) -> str:
 
 # The local target labels its container with the serving-config hash (components/local.py), which the stack
 # exports as `configHash`: that finds the container without knowing the stack's name.
-LOCAL_CONTAINER_LABEL = "tpu-serve.config-hash"
-
-
 @dataclass(frozen=True)
 class LocalContainer:
     """A local-target stack's vLLM container on this Docker host: no VM, no serial console, just `docker logs`."""
@@ -134,7 +131,7 @@ class LocalContainer:
     config_hash: str
 
     def describe(self) -> str:
-        return f"the container labelled {LOCAL_CONTAINER_LABEL}={self.config_hash}"
+        return f"the container labelled {CONTAINER_HASH_LABEL}={self.config_hash}"
 
 
 def instance_from(outputs: Mapping[str, Any] | None, instance: str | None, zone: str | None,
@@ -162,7 +159,7 @@ def local_container_name(target: LocalContainer) -> str:
     if docker is None:
         raise click.ClickException(f"a local-target stack's logs are `docker logs` of {target.describe()} on its "
                                    "Docker host, and docker is not on PATH here")
-    listed = subprocess.run([docker, "ps", "-a", "--filter", f"label={LOCAL_CONTAINER_LABEL}={target.config_hash}",
+    listed = subprocess.run([docker, "ps", "-a", "--filter", f"label={CONTAINER_HASH_LABEL}={target.config_hash}",
                              "--format", "{{.Names}}"], capture_output=True, text=True, check=False)
     names = listed.stdout.split()
     if listed.returncode != 0 or not names:
