@@ -568,7 +568,7 @@ def look_before_leaping(pulumi: PulumiCli, stack: str, config: Mapping[str, Any]
     elif str(vm.old_inputs.get("zone", zone)) == str(vm.new_inputs.get("zone", zone)):
         # a name exists once per zone: the successor takes the stack's other name (and cache slot)
         settings["vmSlot"] = "b" if str(config.get("vmSlot") or "a") == "a" else "a"
-    keys = previews.losing_keys(losing)
+    keys = list(dict.fromkeys(key for step in losing for key in step.settings()))
     refused = (f"stopped: this change replaces {vm.what} ({', '.join(keys) or 'see the preview'}); run again with "
                "--replace-vm to go ahead")
     return Look(settings, refused, {"what": [step.what for step in losing], "keys": keys,
