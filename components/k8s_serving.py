@@ -135,10 +135,7 @@ def vllm_container(args: ServingManifestArgs) -> dict[str, Any]:
     boot = ["python3", f"{SCRIPTS_DIR}/pod_boot.py", "--url", url, "--model", cfg.model, "--state", BOOT_STATE]
     chips = str(args.chips)
     return {
-        "name": "vllm",
-        "image": cfg.image,
-        "command": ["vllm", "serve"],
-        "args": pod_serve_args(cfg),
+        "name": "vllm", "image": cfg.image, "command": ["vllm", "serve"], "args": pod_serve_args(cfg),
         "ports": [{"name": "http", "containerPort": cfg.port, "protocol": "TCP"}],
         # The caches' variables of the VM's container; the token is a file, never an environment value.
         "env": [{"name": key, "value": value} for key, value in TPU_CACHE_ENV.items()]

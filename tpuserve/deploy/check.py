@@ -28,10 +28,6 @@ def project_dir(start: Path) -> Path:
     raise click.UsageError(f"no Pulumi.yaml in {start} or above: run `tpuserve check` in the tpu-serve checkout")
 
 
-def stack_names(directory: Path) -> list[str]:
-    return sorted(path.name[len("Pulumi."):-len(".yaml")] for path in directory.glob("Pulumi.*.yaml"))
-
-
 def read_stack_file(path: Path) -> dict[str, Any]:
     """The file's `config:` mapping; a file that is not a stack file is a Failure naming the line or the key."""
     import yaml
@@ -97,7 +93,7 @@ def check(stack: str, as_json: bool) -> None:
     if not path.is_file():
         import difflib
 
-        names = stack_names(directory)
+        names = sorted(path.name[len("Pulumi."):-len(".yaml")] for path in directory.glob("Pulumi.*.yaml"))
         close = difflib.get_close_matches(stack, names, n=1)
         guess = f" (did you mean {close[0]}?)" if close else ""
         raise click.BadParameter(f"no {path.name} in {directory}{guess}: the stacks here are "

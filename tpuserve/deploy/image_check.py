@@ -23,12 +23,6 @@ def stack_image(stack: str, cwd: Path) -> str:
     return str(open_stack(stack, cwd)[1].get("containerImage") or VLLM_TPU_IMAGE)
 
 
-def evidence_line() -> str:
-    e = VLLM_TPU_IMAGE_EVIDENCE
-    return (f"pinned for: {e['ran']} served on one {e['machine_type']} ({e['where']}), ready after {e['ready_s']} s, "
-            f"{e['date']}, vLLM {VLLM_TPU_IMAGE_VLLM}: {e['source']}")
-
-
 @click.group("images")
 def images() -> None:
     """The vLLM TPU image: whether the pinned digest (or a stack's containerImage) still resolves."""
@@ -60,4 +54,6 @@ def check(stack: str | None, image: str | None, cwd: Path, as_json: bool, endpoi
         return
     click.echo(f"{LABEL[found.status]:<8} {target}: {found.detail}")
     if pinned:
-        click.echo(evidence_line())
+        e = VLLM_TPU_IMAGE_EVIDENCE
+        click.echo(f"pinned for: {e['ran']} served on one {e['machine_type']} ({e['where']}), ready after "
+                   f"{e['ready_s']} s, {e['date']}, vLLM {VLLM_TPU_IMAGE_VLLM}: {e['source']}")

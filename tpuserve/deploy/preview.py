@@ -16,25 +16,14 @@ CACHE_DISK_SUFFIX = "-cache-disk"  # components/cache.py names the disk resource
 # Top-level inputs of the Instance and the cache disk -> the stack settings that set them (tests/cli/test_preview.py
 # checks that every input the program declares is here).
 INPUT_KEYS: dict[str, tuple[str, ...]] = {
-    "name": ("vmSlot",),
-    "zone": ("zone",),
-    "project": ("project",),
-    "machineType": ("machineType",),
-    "bootDisk": ("bootImage", "bootDiskSizeGb", "bootDiskType"),
-    "scheduling": ("maxRunDuration",),
-    "serviceAccount": ("hfTokenSecretId", "project"),
-    "networkInterfaces": ("network", "subnetwork", "externalIp"),
-    "attachedDisks": ("cacheDiskSizeGb", "zone", "vmSlot"),
-    "metadata": ("model", "containerImage", "the serving flags"),
-    "labels": ("labels",),
-    "tags": (),
-    "reservationAffinity": (),
-    "deletionProtection": (),
+    "name": ("vmSlot",), "zone": ("zone",), "project": ("project",), "machineType": ("machineType",),
+    "bootDisk": ("bootImage", "bootDiskSizeGb", "bootDiskType"), "scheduling": ("maxRunDuration",),
+    "serviceAccount": ("hfTokenSecretId", "project"), "networkInterfaces": ("network", "subnetwork", "externalIp"),
+    "attachedDisks": ("cacheDiskSizeGb", "zone", "vmSlot"), "labels": ("labels",), "tags": (),
+    "metadata": ("model", "containerImage", "the serving flags"), "reservationAffinity": (), "deletionProtection": (),
     # the cache disk's dynamic resource
-    "sizeGb": ("cacheDiskSizeGb",),
-    "provisionedIops": ("cacheDiskIops",),
-    "provisionedThroughput": ("cacheDiskThroughputMibps",),
-    "type": (),
+    "sizeGb": ("cacheDiskSizeGb",), "provisionedIops": ("cacheDiskIops",),
+    "provisionedThroughput": ("cacheDiskThroughputMibps",), "type": (),
 }
 # Inputs finer than their top-level key (components/instance.py BOOT_IMAGE_KEY).
 PATH_KEYS: dict[str, tuple[str, ...]] = {'metadata["tpu-serve-boot-image"]': ("bootImage",)}

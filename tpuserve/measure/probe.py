@@ -406,12 +406,6 @@ class OutputComparison:
     context_b: str = ""
 
 
-def greedy_outputs(client: ChatClient, max_tokens: int = KV_MAX_TOKENS) -> dict[str, str]:
-    """The answer to every KV prompt at temperature 0 (fixed seed), keyed by prompt name."""
-    return {name: client.chat(user(prompt), temperature=0, seed=KV_SEED, max_tokens=max_tokens).full_text
-            for name, prompt in KV_PROMPTS.items()}
-
-
 def save_outputs(directory: Path, outputs: dict[str, str], run: dict[str, Any]) -> None:
     """One `<prompt>.txt` per answer (diffable by hand) plus run.json with the parameters."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -587,7 +581,8 @@ def side_outputs(side: str, url: str | None, directory: Path | None, model: str 
     served = resolve_model(url, model, api_key, "--model", key_env=api_key_env)
     client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
     try:
-        outputs = greedy_outputs(client, max_tokens)
+        outputs = {name: client.chat(user(prompt), temperature=0, seed=KV_SEED, max_tokens=max_tokens).full_text
+                   for name, prompt in KV_PROMPTS.items()}
     except EndpointError as err:
         raise click.ClickException(f"--{side} {url}: {err}") from err
     if save_dir is not None:
