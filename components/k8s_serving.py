@@ -225,19 +225,6 @@ def service(args: ServingManifestArgs) -> dict[str, Any]:
                                 "protocol": "TCP"}]}}
 
 
-def disruption_budget(args: ServingManifestArgs) -> dict[str, Any]:
-    """The rollout's promise for evictions too (node drains, the cluster autoscaler)."""
-    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": metadata(args),
-            "spec": {"maxUnavailable": rolling_update(args)["maxUnavailable"],
-                     "selector": {"matchLabels": selector(args)}}}
-
-
-def pod_monitoring(args: ServingManifestArgs) -> dict[str, Any]:
-    return {"apiVersion": "monitoring.googleapis.com/v1", "kind": "PodMonitoring", "metadata": metadata(args),
-            "spec": {"selector": {"matchLabels": selector(args)},
-                     "endpoints": [{"port": "http", "path": "/metrics", "interval": "30s"}]}}
-
-
 def autoscaler(args: ServingManifestArgs) -> dict[str, Any]:
     return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": metadata(args),
             "spec": {
@@ -256,7 +243,13 @@ def autoscaler(args: ServingManifestArgs) -> dict[str, Any]:
 def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
     """The serving objects in apply order; no HPA while parked (minReplicas 0)."""
     objects = [namespace(args), service_account(args), config_map(args), deployment(args), service(args),
-               disruption_budget(args), pod_monitoring(args)]
+               # the rollout's promise for evictions too (node drains, the cluster autoscaler)
+               {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": metadata(args),
+                "spec": {"maxUnavailable": rolling_update(args)["maxUnavailable"],
+                         "selector": {"matchLabels": selector(args)}}},
+               {"apiVersion": "monitoring.googleapis.com/v1", "kind": "PodMonitoring", "metadata": metadata(args),
+                "spec": {"selector": {"matchLabels": selector(args)},
+                         "endpoints": [{"port": "http", "path": "/metrics", "interval": "30s"}]}}]
     return objects + ([autoscaler(args)] if args.min_replicas > 0 else [])
 
 
