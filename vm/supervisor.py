@@ -527,8 +527,12 @@ class Supervisor:
         action = decide(attributes, containers, self.state, self.own_version)
         if action != WAIT:
             log(f"action: {action}")
-        if action == UPDATE_SELF:
-            self.update_self(attributes[SUPERVISOR_KEY])
+        if action == UPDATE_SELF:  # install the bundle, re-execute: the new supervisor adopts the containers
+            version = bundle_version_of(attributes[SUPERVISOR_KEY])
+            install_bundle(json.loads(attributes[SUPERVISOR_KEY]), self.settings.path(INSTALL_DIR))
+            log(f"installed supervisor {version} (was {self.own_version}); re-executing")
+            self.report("supervisor", version)
+            os.execv(sys.executable, [sys.executable, *sys.argv])
         elif action == INVALID:
             self.state.invalid = invalid
             self.fail(invalid)
@@ -546,20 +550,18 @@ class Supervisor:
                 self.fail(str(err))
         return action
 
-    def superseded(self, config: ServedConfig) -> bool:
-        attributes = self.latest.attributes or {}
-        try:
-            return ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY)).config_hash != config.config_hash
-        except ValueError:
-            return False
-
     def pause(self, config: ServedConfig, seconds: float) -> None:
         """Sleep, waking early (Superseded) when a newer config arrives."""
         deadline, seen = time.monotonic() + seconds, self.seen
         while time.monotonic() < deadline:
             _, version = self.latest.wait(seen, deadline - time.monotonic())
-            if version != seen and self.superseded(config):
-                raise Superseded()
+            if version != seen:
+                try:
+                    newer = ServedConfig.parse((self.latest.attributes or {}).get(SERVED_CONFIG_KEY)).config_hash
+                except ValueError:
+                    newer = config.config_hash
+                if newer != config.config_hash:
+                    raise Superseded()
             seen = version
 
     def retry(self, config: ServedConfig, what: str,
@@ -1048,7 +1050,17 @@ class Supervisor:
             if self.settings.path(HAPROXY).exists():
                 systemctl("stop", FRONT_UNIT)
             return
-        self.install_front(config)
+        if not self.settings.path(HAPROXY).exists():
+            lock = f"DPkg::Lock::Timeout={FACTS['APT_LOCK_TIMEOUT_S']}"
+
+            def install() -> subprocess.CompletedProcess:
+                apt("update", "-q", "-o", lock)
+                return apt("install", "-y", "-q", "-o", lock, "haproxy")
+
+            if failed := self.retry(config, "apt-get install haproxy", install):
+                raise Failed(f"could not install haproxy, the front of {len(config.engines)} engines, after "
+                             f"{ATTEMPTS} attempts: {' '.join(failed.stderr.split())[-400:]}")
+            log("front: installed haproxy")
         compile_cache.write_atomic(self.settings.path(FRONT_CONFIG), config.front)
         done = systemctl("restart", FRONT_UNIT)
         if done.returncode != 0:
@@ -1064,28 +1076,6 @@ class Supervisor:
         done = systemctl("reload", FRONT_UNIT)
         log("front: HAProxy reloaded with a new config" if done.returncode == 0 else
             f"warning: systemctl reload {FRONT_UNIT} failed: {said(done, 300)}")
-
-    def install_front(self, config: ServedConfig) -> None:
-        if self.settings.path(HAPROXY).exists():
-            return
-        lock = f"DPkg::Lock::Timeout={FACTS['APT_LOCK_TIMEOUT_S']}"
-
-        def install() -> subprocess.CompletedProcess:
-            apt("update", "-q", "-o", lock)
-            return apt("install", "-y", "-q", "-o", lock, "haproxy")
-
-        if failed := self.retry(config, "apt-get install haproxy", install):
-            raise Failed(f"could not install haproxy, the front of {len(config.engines)} engines, after {ATTEMPTS} "
-                         f"attempts: {' '.join(failed.stderr.split())[-400:]}")
-        log("front: installed haproxy")
-
-    def update_self(self, bundle_text: str) -> None:
-        """Install the code the metadata now holds and re-execute; the new supervisor adopts the containers."""
-        version = bundle_version_of(bundle_text)
-        install_bundle(json.loads(bundle_text), self.settings.path(INSTALL_DIR))
-        log(f"installed supervisor {version} (was {self.own_version}); re-executing")
-        self.report("supervisor", version)
-        os.execv(sys.executable, [sys.executable, *sys.argv])
 
 
 def install_bundle(bundle: dict[str, Any], directory: Path) -> None:
