@@ -16,13 +16,6 @@ from tpuserve.registry import ABSENT, OK, UNKNOWN, Located, RegistryError, locat
 LABEL = {OK: "ok", ABSENT: "fail", UNKNOWN: "warning"}
 
 
-def stack_image(stack: str, cwd: Path) -> str:
-    """The image a stack's next deploy pulls: its containerImage, else the pinned default."""
-    from tpuserve.deploy.pulumi_cli import open_stack
-
-    return str(open_stack(stack, cwd)[1].get("containerImage") or VLLM_TPU_IMAGE)
-
-
 @click.group("images")
 def images() -> None:
     """The vLLM TPU image: whether the pinned digest (or a stack's containerImage) still resolves."""
@@ -38,7 +31,10 @@ def check(stack: str | None, image: str | None, cwd: Path, as_json: bool, endpoi
     """Ask the image's registry whether the image still resolves (default: the pinned one, with its evidence)."""
     if stack and image:
         raise click.UsageError("give --stack or --image, not both")
-    target = image or (stack_image(stack, cwd) if stack else VLLM_TPU_IMAGE)
+    from tpuserve.deploy.pulumi_cli import open_stack
+
+    # a stack's image is the one its next deploy pulls: its containerImage, else the pinned default
+    target = image or (str(open_stack(stack, cwd)[1].get("containerImage") or "") if stack else "") or VLLM_TPU_IMAGE
     try:
         found: Located = locate(target, Endpoints.parse(endpoints).registry)
     except RegistryError as err:
