@@ -304,17 +304,6 @@ def run_logged(argv: list[str], log_path: Path, deadline_s: float, explain: str,
                 end_process(process)
 
 
-def fetch_remote_result(target: RemoteTarget, remote_path: str, local_path: Path) -> None:
-    completed = subprocess.run(target.ssh(["cat", remote_path]), capture_output=True, text=True, check=False)
-    if completed.returncode != 0:
-        raise click.ClickException(f"copying {remote_path} back from {target.vm} failed: {completed.stderr.strip()}")
-    try:
-        json.loads(completed.stdout)
-    except json.JSONDecodeError as error:
-        raise click.ClickException(f"{remote_path} on {target.vm} is not JSON: {error}") from error
-    local_path.write_text(completed.stdout)
-
-
 @click.group()
 def bench() -> None:
     """Measure an endpoint with `vllm bench serve` and report throughput, latency and $ per million tokens."""
@@ -486,8 +475,16 @@ def run_one(level: int, workload: Workload, out: Path, manifest: dict[str, Any],
     if returncode != 0:
         raise click.ClickException(f"concurrency {level}: `vllm bench serve` exited with {returncode}: "
                                    f"{failure_cause(log_path.read_text(errors='replace'))} (log: {log_path})")
-    if target:
-        fetch_remote_result(target, f"{remote_dir}/{filename}", out / filename)
+    if target:  # copy the result back, checked
+        remote_path = f"{remote_dir}/{filename}"
+        copied = subprocess.run(target.ssh(["cat", remote_path]), capture_output=True, text=True, check=False)
+        if copied.returncode != 0:
+            raise click.ClickException(f"copying {remote_path} back from {target.vm} failed: {copied.stderr.strip()}")
+        try:
+            json.loads(copied.stdout)
+        except json.JSONDecodeError as error:
+            raise click.ClickException(f"{remote_path} on {target.vm} is not JSON: {error}") from error
+        (out / filename).write_text(copied.stdout)
     if not (out / filename).is_file():
         raise click.ClickException(f"concurrency {level}: no {filename} was saved; see {log_path}")
     result = json.loads((out / filename).read_text())

@@ -325,17 +325,6 @@ def disabled_modalities(vllm_args: list[str] | None) -> tuple[str, ...] | None:
     return tuple(modality for modality in MODALITIES if limits.get(modality, 999) == 0)
 
 
-def refused_modalities(given: str | None, outputs: dict[str, Any] | None) -> tuple[str, ...]:
-    """--modalities, else those the stack's argv limits to 0, else DEFAULT_REFUSED."""
-    if given:
-        chosen = tuple(m.strip() for m in given.split(",") if m.strip())
-        if unknown := [m for m in chosen if m not in MODALITIES]:
-            raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(MODALITIES)}",
-                                     param_hint="--modalities")
-        return chosen
-    return disabled_modalities((outputs or {}).get("vllmArgs")) or DEFAULT_REFUSED
-
-
 def still_serving(client: ChatClient) -> str | None:
     """None when a plain completion still answers, else what went wrong."""
     try:
@@ -532,7 +521,12 @@ def add_probe_command(name: str, probe_names: list[str], help_text: str, *option
                 timeout: float, max_tokens: int | None, as_json: bool, strict: bool, modalities: str | None = None
                 ) -> None:
         outputs = read_outputs(stack, stack_outputs)
-        refused = refused_modalities(modalities, outputs)
+        # --modalities, else those the stack's argv limits to 0, else DEFAULT_REFUSED
+        refused = (tuple(m.strip() for m in modalities.split(",") if m.strip()) if modalities else
+                   disabled_modalities((outputs or {}).get("vllmArgs")) or DEFAULT_REFUSED)
+        if unknown := [m for m in refused if m not in MODALITIES]:
+            raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(MODALITIES)}",
+                                     param_hint="--modalities")
         api_key = os.environ.get(api_key_env)
         with served_endpoint(url, model, outputs, api_key, api_key_env) as served:
             client = ChatClient(served.url, served.model, api_key=api_key, timeout_s=timeout, key_env=api_key_env)
