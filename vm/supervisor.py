@@ -506,15 +506,12 @@ class Supervisor:
                     disk_checked = time.monotonic()
                     if problem := self.disk_problem():
                         self.fail(self.stop_for_lost_disk(problem))
-                self.step(self.check())
+                attributes = None
+                while attributes is None:  # nothing read yet
+                    attributes, self.seen = self.latest.wait(self.seen, self.settings.check_s)
+                self.step(attributes)
             except DockerUnavailable as err:  # look again at the next check
                 log(f"warning: {err}; looking again in {self.settings.check_s:g} s")
-
-    def check(self) -> dict[str, str]:
-        attributes = None
-        while attributes is None:  # nothing read yet
-            attributes, self.seen = self.latest.wait(self.seen, self.settings.check_s)
-        return attributes
 
     def step(self, attributes: dict[str, str]) -> str:
         if self.state.disk_lost:  # failed for good this boot: nothing to serve from
@@ -817,7 +814,7 @@ class Supervisor:
                     self.report("reason", f"the TPU was still held by {held} (tpu-inference #926); starting "
                                 f"{'' if len(config.engines) == 1 else engine.name + ' '}again once it is free "
                                 f"(attempt {attempt + 1}/{VFIO_BUSY_ATTEMPTS})")
-                    self.wait_for_tpu(config, [engine])
+                    self.remove(config, [], self.others_serving(config, [engine]))  # until the TPU is free
                     start(engine)
             self.count_serving(config)
 
@@ -1016,7 +1013,7 @@ class Supervisor:
         self.stage("restarting", restarts=str(attempt), reason=reason)
         self.count_serving(config, f"{', '.join(engine.name for engine in engines)} restarting")
         self.pause(config, delay)
-        self.wait_for_tpu(config, engines)
+        self.remove(config, [], self.others_serving(config, engines))  # until no process they left holds the TPU
 
         def start(engine: Engine) -> None:
             done = docker("start", engine.name, timeout_s=120)
@@ -1031,10 +1028,6 @@ class Supervisor:
         self.report("reason", f"restarted after the {' and '.join(config.what(engine) for engine in engines)} "
                               f"exited (restart {attempt})")
         self.serving(config)
-
-    def wait_for_tpu(self, config: ServedConfig, engines: list[Engine]) -> None:
-        """Before starting `engines` again: wait until no process they left holds the TPU."""
-        self.remove(config, [], self.others_serving(config, engines))
 
     def give_up(self, config: ServedConfig) -> None:
         down = [engine for engine, _ in self.exited(config)] or [config.engines[0]]
