@@ -92,11 +92,6 @@ def script_texts() -> dict[str, str]:
     return {script: (VM_DIR / script).read_text() for script in SCRIPTS}
 
 
-def scripts_hash() -> str:
-    joined = "".join(f"{script}\0{text}\0" for script, text in sorted(script_texts().items()))
-    return hashlib.sha256(joined.encode()).hexdigest()[:16]
-
-
 def role_and_binding(meta: dict[str, Any], rules: list[dict[str, Any]], account: str, namespace: str,
                      kind: str = "Role") -> list[dict[str, Any]]:
     """A Role (or ClusterRole) named by `meta` and its binding to the service account `account`."""
@@ -191,13 +186,14 @@ def rolling_update(args: ServingManifestArgs) -> dict[str, int]:
 
 
 def deployment(args: ServingManifestArgs) -> dict[str, Any]:
+    scripts = "".join(f"{script}\0{text}\0" for script, text in sorted(script_texts().items()))
     spec: dict[str, Any] = {
         "selector": {"matchLabels": selector(args)},
         "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update(args)},
         "template": {
             "metadata": {"labels": metadata(args)["labels"],
                          "annotations": {"tpu-serve/config-hash": args.config_hash,
-                                         "tpu-serve/scripts-hash": scripts_hash(),
+                                         "tpu-serve/scripts-hash": hashlib.sha256(scripts.encode()).hexdigest()[:16],
                                          **(GCSFUSE_ANNOTATIONS if args.cache_bucket else {})}},
             "spec": {
                 "serviceAccountName": SERVICE_ACCOUNT,
