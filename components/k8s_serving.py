@@ -92,11 +92,6 @@ def script_texts() -> dict[str, str]:
     return {script: (VM_DIR / script).read_text() for script in SCRIPTS}
 
 
-def scripts_hash() -> str:
-    joined = "".join(f"{script}\0{text}\0" for script, text in sorted(script_texts().items()))
-    return hashlib.sha256(joined.encode()).hexdigest()[:16]
-
-
 def role_and_binding(meta: dict[str, Any], rules: list[dict[str, Any]], account: str, namespace: str,
                      kind: str = "Role") -> list[dict[str, Any]]:
     """A Role (or ClusterRole) named by `meta` and its binding to the service account `account`."""
@@ -135,10 +130,7 @@ def vllm_container(args: ServingManifestArgs) -> dict[str, Any]:
     boot = ["python3", f"{SCRIPTS_DIR}/pod_boot.py", "--url", url, "--model", cfg.model, "--state", BOOT_STATE]
     chips = str(args.chips)
     return {
-        "name": "vllm",
-        "image": cfg.image,
-        "command": ["vllm", "serve"],
-        "args": pod_serve_args(cfg),
+        "name": "vllm", "image": cfg.image, "command": ["vllm", "serve"], "args": pod_serve_args(cfg),
         "ports": [{"name": "http", "containerPort": cfg.port, "protocol": "TCP"}],
         # The caches' variables of the VM's container; the token is a file, never an environment value.
         "env": [{"name": key, "value": value} for key, value in TPU_CACHE_ENV.items()]
@@ -194,13 +186,14 @@ def rolling_update(args: ServingManifestArgs) -> dict[str, int]:
 
 
 def deployment(args: ServingManifestArgs) -> dict[str, Any]:
+    scripts = "".join(f"{script}\0{text}\0" for script, text in sorted(script_texts().items()))
     spec: dict[str, Any] = {
         "selector": {"matchLabels": selector(args)},
         "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update(args)},
         "template": {
             "metadata": {"labels": metadata(args)["labels"],
                          "annotations": {"tpu-serve/config-hash": args.config_hash,
-                                         "tpu-serve/scripts-hash": scripts_hash(),
+                                         "tpu-serve/scripts-hash": hashlib.sha256(scripts.encode()).hexdigest()[:16],
                                          **(GCSFUSE_ANNOTATIONS if args.cache_bucket else {})}},
             "spec": {
                 "serviceAccountName": SERVICE_ACCOUNT,
@@ -228,19 +221,6 @@ def service(args: ServingManifestArgs) -> dict[str, Any]:
                                 "protocol": "TCP"}]}}
 
 
-def disruption_budget(args: ServingManifestArgs) -> dict[str, Any]:
-    """The rollout's promise for evictions too (node drains, the cluster autoscaler)."""
-    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": metadata(args),
-            "spec": {"maxUnavailable": rolling_update(args)["maxUnavailable"],
-                     "selector": {"matchLabels": selector(args)}}}
-
-
-def pod_monitoring(args: ServingManifestArgs) -> dict[str, Any]:
-    return {"apiVersion": "monitoring.googleapis.com/v1", "kind": "PodMonitoring", "metadata": metadata(args),
-            "spec": {"selector": {"matchLabels": selector(args)},
-                     "endpoints": [{"port": "http", "path": "/metrics", "interval": "30s"}]}}
-
-
 def autoscaler(args: ServingManifestArgs) -> dict[str, Any]:
     return {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": metadata(args),
             "spec": {
@@ -259,7 +239,13 @@ def autoscaler(args: ServingManifestArgs) -> dict[str, Any]:
 def manifests(args: ServingManifestArgs) -> list[dict[str, Any]]:
     """The serving objects in apply order; no HPA while parked (minReplicas 0)."""
     objects = [namespace(args), service_account(args), config_map(args), deployment(args), service(args),
-               disruption_budget(args), pod_monitoring(args)]
+               # the rollout's promise for evictions too (node drains, the cluster autoscaler)
+               {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": metadata(args),
+                "spec": {"maxUnavailable": rolling_update(args)["maxUnavailable"],
+                         "selector": {"matchLabels": selector(args)}}},
+               {"apiVersion": "monitoring.googleapis.com/v1", "kind": "PodMonitoring", "metadata": metadata(args),
+                "spec": {"selector": {"matchLabels": selector(args)},
+                         "endpoints": [{"port": "http", "path": "/metrics", "interval": "30s"}]}}]
     return objects + ([autoscaler(args)] if args.min_replicas > 0 else [])
 
 

@@ -18,13 +18,6 @@ LOOPBACK = "127.0.0.1"
 SHM_SIZE_MB = 10 * 1024  # vLLM's workers share tensors through /dev/shm; Docker's 64 MB default is too small
 
 
-def container_envs(hf_token: pulumi.Input[str] | None) -> pulumi.Input[list[str]]:
-    """HF_TOKEN only when a token is configured; the env list is then a secret like the token itself."""
-    if hf_token is None:
-        return []
-    return pulumi.Output.secret(hf_token).apply(lambda token: [f"HF_TOKEN={token}"])
-
-
 class LocalVllm(pulumi.ComponentResource):
     """Pulls the image, runs `vllm serve` with the model cache mounted and the port on 127.0.0.1 only, then waits in
     `tpuserve gate --url` until the model answers; `outputs` is what `__main__.py` exports."""
@@ -43,7 +36,9 @@ class LocalVllm(pulumi.ComponentResource):
             volumes=[docker.ContainerVolumeArgs(host_path=cfg.local_model_cache_path,
                                                 container_path=CONTAINER_HF_CACHE)],
             ports=[docker.ContainerPortArgs(internal=cfg.serving.port, external=cfg.local_port, ip=LOOPBACK)],
-            envs=container_envs(cfg.hf_token),
+            # HF_TOKEN only when a token is configured; the env list is then a secret like the token itself
+            envs=[] if cfg.hf_token is None else pulumi.Output.secret(cfg.hf_token).apply(
+                lambda token: [f"HF_TOKEN={token}"]),
             labels=[docker.ContainerLabelArgs(label=key, value=value) for key, value in sorted(labels.items())],
             opts=child)
 

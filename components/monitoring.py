@@ -39,10 +39,6 @@ class Alert:
         return metric_types(self.query)
 
 
-def promql_duration(seconds: int) -> str:
-    return f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
-
-
 def selector(instance_name: str) -> str:
     return f'{{{INSTANCE_LABEL}="{instance_name}"}}'
 
@@ -94,9 +90,10 @@ def dashboard_json(display_name: str, instance_name: str, labels: Mapping[str, s
 def alerts(cfg: GcpConfig, name: str, stack: str) -> list[Alert]:
     sel, ttft_s, depth = selector(name), cfg.alert_ttft_p99_seconds, cfg.alert_queue_depth
     down_s = cfg.alert_down_after_seconds
+    down = f"{down_s // 60}m" if down_s % 60 == 0 else f"{down_s}s"  # a PromQL duration
     return [
         Alert("down", f"{name}: vLLM down",
-              f"absent_over_time({m.RUNNING}{sel}[{promql_duration(down_s)}])", "60s", "CRITICAL",
+              f"absent_over_time({m.RUNNING}{sel}[{down}])", "60s", "CRITICAL",
               f"No vLLM metrics from {name} for {down_s // 60} minutes: the server is down, the Ops Agent "
               "stopped, or the VM is gone (flex-start deletes it when its max run ends; `pulumi up --refresh` makes "
               f"a new one). Look with `tpuserve status --stack {stack}` and `tpuserve diagnose --stack "

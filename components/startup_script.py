@@ -77,21 +77,16 @@ def served_config(serving: ServingConfig, secret_name: str, *, machine_type: str
     urls = list(engine_urls or ([server_url] if serving.engines == 1 else
                                 [f"http://127.0.0.1:{port}" for _, port in addresses]))
     return json.dumps({
-        "config_hash": digest,
-        "model": serving.model,
-        "image": serving.image,
+        "config_hash": digest, "model": serving.model, "image": serving.image,
         "engines": [{"name": name, "url": url,
                      "docker_run_args": tpu_container_run_args(serving, digest, tuple(secret_env), index)}
                     for index, ((name, _), url) in enumerate(zip(addresses, urls, strict=True))],
         **({"front": front_config(serving)} if serving.engines > 1 else {}),
         **({"secret_env": secret_env, "api_key_env": API_KEY_ENV} if secret_env else {}),
-        "machine_type": machine_type,
-        "hf_token_secret": secret_name,
-        "server_url": server_url,
+        "machine_type": machine_type, "hf_token_secret": secret_name, "server_url": server_url,
         "warmup_image": "" if serving.mm_limits is None or not serving.mm_limits.get("image")
         else image_data_uri(WARMUP_IMAGE),
-        "compile_cache_bucket": compile_cache_bucket,
-        "ready_timeout_s": ready_timeout_s,
+        "compile_cache_bucket": compile_cache_bucket, "ready_timeout_s": ready_timeout_s,
         # The disabled-modality check: one request per modality at 0, each must answer 4xx.
         "refusal_parts": {modality: modality_part(modality) for modality, count in mm_limits_of(serving).items()
                           if count == 0},

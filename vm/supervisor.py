@@ -506,15 +506,12 @@ class Supervisor:
                     disk_checked = time.monotonic()
                     if problem := self.disk_problem():
                         self.fail(self.stop_for_lost_disk(problem))
-                self.step(self.check())
+                attributes = None
+                while attributes is None:  # nothing read yet
+                    attributes, self.seen = self.latest.wait(self.seen, self.settings.check_s)
+                self.step(attributes)
             except DockerUnavailable as err:  # look again at the next check
                 log(f"warning: {err}; looking again in {self.settings.check_s:g} s")
-
-    def check(self) -> dict[str, str]:
-        attributes = None
-        while attributes is None:  # nothing read yet
-            attributes, self.seen = self.latest.wait(self.seen, self.settings.check_s)
-        return attributes
 
     def step(self, attributes: dict[str, str]) -> str:
         if self.state.disk_lost:  # failed for good this boot: nothing to serve from
@@ -527,8 +524,12 @@ class Supervisor:
         action = decide(attributes, containers, self.state, self.own_version)
         if action != WAIT:
             log(f"action: {action}")
-        if action == UPDATE_SELF:
-            self.update_self(attributes[SUPERVISOR_KEY])
+        if action == UPDATE_SELF:  # install the bundle, re-execute: the new supervisor adopts the containers
+            version = bundle_version_of(attributes[SUPERVISOR_KEY])
+            install_bundle(json.loads(attributes[SUPERVISOR_KEY]), self.settings.path(INSTALL_DIR))
+            log(f"installed supervisor {version} (was {self.own_version}); re-executing")
+            self.report("supervisor", version)
+            os.execv(sys.executable, [sys.executable, *sys.argv])
         elif action == INVALID:
             self.state.invalid = invalid
             self.fail(invalid)
@@ -546,20 +547,18 @@ class Supervisor:
                 self.fail(str(err))
         return action
 
-    def superseded(self, config: ServedConfig) -> bool:
-        attributes = self.latest.attributes or {}
-        try:
-            return ServedConfig.parse(attributes.get(SERVED_CONFIG_KEY)).config_hash != config.config_hash
-        except ValueError:
-            return False
-
     def pause(self, config: ServedConfig, seconds: float) -> None:
         """Sleep, waking early (Superseded) when a newer config arrives."""
         deadline, seen = time.monotonic() + seconds, self.seen
         while time.monotonic() < deadline:
             _, version = self.latest.wait(seen, deadline - time.monotonic())
-            if version != seen and self.superseded(config):
-                raise Superseded()
+            if version != seen:
+                try:
+                    newer = ServedConfig.parse((self.latest.attributes or {}).get(SERVED_CONFIG_KEY)).config_hash
+                except ValueError:
+                    newer = config.config_hash
+                if newer != config.config_hash:
+                    raise Superseded()
             seen = version
 
     def retry(self, config: ServedConfig, what: str,
@@ -815,7 +814,7 @@ class Supervisor:
                     self.report("reason", f"the TPU was still held by {held} (tpu-inference #926); starting "
                                 f"{'' if len(config.engines) == 1 else engine.name + ' '}again once it is free "
                                 f"(attempt {attempt + 1}/{VFIO_BUSY_ATTEMPTS})")
-                    self.wait_for_tpu(config, [engine])
+                    self.remove(config, [], self.others_serving(config, [engine]))  # until the TPU is free
                     start(engine)
             self.count_serving(config)
 
@@ -1014,7 +1013,7 @@ class Supervisor:
         self.stage("restarting", restarts=str(attempt), reason=reason)
         self.count_serving(config, f"{', '.join(engine.name for engine in engines)} restarting")
         self.pause(config, delay)
-        self.wait_for_tpu(config, engines)
+        self.remove(config, [], self.others_serving(config, engines))  # until no process they left holds the TPU
 
         def start(engine: Engine) -> None:
             done = docker("start", engine.name, timeout_s=120)
@@ -1030,10 +1029,6 @@ class Supervisor:
                               f"exited (restart {attempt})")
         self.serving(config)
 
-    def wait_for_tpu(self, config: ServedConfig, engines: list[Engine]) -> None:
-        """Before starting `engines` again: wait until no process they left holds the TPU."""
-        self.remove(config, [], self.others_serving(config, engines))
-
     def give_up(self, config: ServedConfig) -> None:
         down = [engine for engine, _ in self.exited(config)] or [config.engines[0]]
         others = "" if len(config.engines) == 1 else "; the other engines serve on through the front"
@@ -1048,7 +1043,17 @@ class Supervisor:
             if self.settings.path(HAPROXY).exists():
                 systemctl("stop", FRONT_UNIT)
             return
-        self.install_front(config)
+        if not self.settings.path(HAPROXY).exists():
+            lock = f"DPkg::Lock::Timeout={FACTS['APT_LOCK_TIMEOUT_S']}"
+
+            def install() -> subprocess.CompletedProcess:
+                apt("update", "-q", "-o", lock)
+                return apt("install", "-y", "-q", "-o", lock, "haproxy")
+
+            if failed := self.retry(config, "apt-get install haproxy", install):
+                raise Failed(f"could not install haproxy, the front of {len(config.engines)} engines, after "
+                             f"{ATTEMPTS} attempts: {' '.join(failed.stderr.split())[-400:]}")
+            log("front: installed haproxy")
         compile_cache.write_atomic(self.settings.path(FRONT_CONFIG), config.front)
         done = systemctl("restart", FRONT_UNIT)
         if done.returncode != 0:
@@ -1064,28 +1069,6 @@ class Supervisor:
         done = systemctl("reload", FRONT_UNIT)
         log("front: HAProxy reloaded with a new config" if done.returncode == 0 else
             f"warning: systemctl reload {FRONT_UNIT} failed: {said(done, 300)}")
-
-    def install_front(self, config: ServedConfig) -> None:
-        if self.settings.path(HAPROXY).exists():
-            return
-        lock = f"DPkg::Lock::Timeout={FACTS['APT_LOCK_TIMEOUT_S']}"
-
-        def install() -> subprocess.CompletedProcess:
-            apt("update", "-q", "-o", lock)
-            return apt("install", "-y", "-q", "-o", lock, "haproxy")
-
-        if failed := self.retry(config, "apt-get install haproxy", install):
-            raise Failed(f"could not install haproxy, the front of {len(config.engines)} engines, after {ATTEMPTS} "
-                         f"attempts: {' '.join(failed.stderr.split())[-400:]}")
-        log("front: installed haproxy")
-
-    def update_self(self, bundle_text: str) -> None:
-        """Install the code the metadata now holds and re-execute; the new supervisor adopts the containers."""
-        version = bundle_version_of(bundle_text)
-        install_bundle(json.loads(bundle_text), self.settings.path(INSTALL_DIR))
-        log(f"installed supervisor {version} (was {self.own_version}); re-executing")
-        self.report("supervisor", version)
-        os.execv(sys.executable, [sys.executable, *sys.argv])
 
 
 def install_bundle(bundle: dict[str, Any], directory: Path) -> None:

@@ -3,6 +3,7 @@ order, first match wins (docs/design/capacity.md#the-classifier; a real text per
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable
@@ -69,17 +70,6 @@ def suggested_zones(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def gate_reason(text: str) -> str:
-    """The gate's own verdict (its JSON line) when the output carries it."""
-    verdicts = GATE_VERDICT.findall(text)
-    if verdicts:
-        try:
-            return f"the VM never served: {json.loads(verdicts[-1])}"
-        except json.JSONDecodeError:
-            pass
-    return "the VM was created but the readiness gate failed"
-
-
 Rule = Callable[[str, str], "Failure | None"]
 
 
@@ -87,26 +77,25 @@ def _stop(kind: str, pattern: re.Pattern[str], hint: str) -> Rule:
     return _rule(kind, pattern, STOP, hint=hint)
 
 
-def _rule(kind: str, pattern: re.Pattern[str], block: str = ZONE, lasting: bool = False, hint: str = "") -> Rule:
+def _rule(kind: str, pattern: re.Pattern[str], block: str = ZONE, lasting: bool = False, hint: str = "",
+          suggest: bool = False) -> Rule:
     def rule(text: str, zone: str) -> Failure | None:
         match = pattern.search(text)
-        return Failure(kind, block, excerpt(text, match), lasting=lasting, hint=hint) if match else None
+        return Failure(kind, block, excerpt(text, match), lasting=lasting, hint=hint,
+                       suggested=suggested_zones(text) if suggest else ()) if match else None
     return rule
 
 
 def _gate(text: str, zone: str) -> Failure | None:
     if not GATE_FAILED.search(text):
         return None
-    return Failure("not-ready", STOP, gate_reason(text),
+    reason = "the VM was created but the readiness gate failed"
+    if verdicts := GATE_VERDICT.findall(text):  # the gate's own verdict (its JSON line)
+        with contextlib.suppress(json.JSONDecodeError):
+            reason = f"the VM never served: {json.loads(verdicts[-1])}"
+    return Failure("not-ready", STOP, reason,
                    hint="a VM that boots but never serves fails the same way in every zone: read why with "
                         "`tpuserve diagnose --stack <stack>` (the VM runs, and bills, until destroyed or expired)")
-
-
-def _capacity(text: str, zone: str) -> Failure | None:
-    match = CAPACITY.search(text)
-    if not match:
-        return None
-    return Failure("capacity", ZONE, excerpt(text, match), suggested=suggested_zones(text))
 
 
 def _quota(text: str, zone: str) -> Failure | None:
@@ -144,7 +133,7 @@ RULES: tuple[Rule, ...] = (
                              "it names"),
     _stop("credentials", CREDENTIALS, "run `gcloud auth application-default login` (CI: Workload Identity "
                                       "Federation, see docs/pipelines-and-policy.md)"),
-    _capacity,
+    _rule("capacity", CAPACITY, suggest=True),
     _quota,
     _rule("unavailable", UNAVAILABLE, lasting=True),
     _api_disabled,

@@ -20,18 +20,6 @@ SECRET_STAND_IN = "[secret]"  # a `secure:` value: the rules see that it is set,
 MAX_PROBLEMS = 20  # a file that far off is named by its first problems
 
 
-def project_dir(start: Path) -> Path:
-    """The Pulumi project directory: `start` or the nearest parent holding Pulumi.yaml (as `pulumi` looks)."""
-    for directory in (start, *start.parents):
-        if (directory / "Pulumi.yaml").is_file():
-            return directory
-    raise click.UsageError(f"no Pulumi.yaml in {start} or above: run `tpuserve check` in the tpu-serve checkout")
-
-
-def stack_names(directory: Path) -> list[str]:
-    return sorted(path.name[len("Pulumi."):-len(".yaml")] for path in directory.glob("Pulumi.*.yaml"))
-
-
 def read_stack_file(path: Path) -> dict[str, Any]:
     """The file's `config:` mapping; a file that is not a stack file is a Failure naming the line or the key."""
     import yaml
@@ -92,12 +80,16 @@ def check(stack: str, as_json: bool) -> None:
     """Check a stack's Pulumi.<stack>.yaml against the program's own rules, offline: no Pulumi CLI, no cloud.
 
     One line per problem, naming the key; exit 2 when the file has any. `scripts/up.sh` runs it first."""
-    directory = project_dir(Path.cwd())
+    # the Pulumi project directory: here or the nearest parent holding Pulumi.yaml (as `pulumi` looks)
+    here = Path.cwd()
+    directory = next((path for path in (here, *here.parents) if (path / "Pulumi.yaml").is_file()), None)
+    if directory is None:
+        raise click.UsageError(f"no Pulumi.yaml in {here} or above: run `tpuserve check` in the tpu-serve checkout")
     path = directory / f"Pulumi.{stack}.yaml"
     if not path.is_file():
         import difflib
 
-        names = stack_names(directory)
+        names = sorted(path.name[len("Pulumi."):-len(".yaml")] for path in directory.glob("Pulumi.*.yaml"))
         close = difflib.get_close_matches(stack, names, n=1)
         guess = f" (did you mean {close[0]}?)" if close else ""
         raise click.BadParameter(f"no {path.name} in {directory}{guess}: the stacks here are "

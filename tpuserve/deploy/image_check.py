@@ -16,19 +16,6 @@ from tpuserve.registry import ABSENT, OK, UNKNOWN, Located, RegistryError, locat
 LABEL = {OK: "ok", ABSENT: "fail", UNKNOWN: "warning"}
 
 
-def stack_image(stack: str, cwd: Path) -> str:
-    """The image a stack's next deploy pulls: its containerImage, else the pinned default."""
-    from tpuserve.deploy.pulumi_cli import open_stack
-
-    return str(open_stack(stack, cwd)[1].get("containerImage") or VLLM_TPU_IMAGE)
-
-
-def evidence_line() -> str:
-    e = VLLM_TPU_IMAGE_EVIDENCE
-    return (f"pinned for: {e['ran']} served on one {e['machine_type']} ({e['where']}), ready after {e['ready_s']} s, "
-            f"{e['date']}, vLLM {VLLM_TPU_IMAGE_VLLM}: {e['source']}")
-
-
 @click.group("images")
 def images() -> None:
     """The vLLM TPU image: whether the pinned digest (or a stack's containerImage) still resolves."""
@@ -44,7 +31,10 @@ def check(stack: str | None, image: str | None, cwd: Path, as_json: bool, endpoi
     """Ask the image's registry whether the image still resolves (default: the pinned one, with its evidence)."""
     if stack and image:
         raise click.UsageError("give --stack or --image, not both")
-    target = image or (stack_image(stack, cwd) if stack else VLLM_TPU_IMAGE)
+    from tpuserve.deploy.pulumi_cli import open_stack
+
+    # a stack's image is the one its next deploy pulls: its containerImage, else the pinned default
+    target = image or (str(open_stack(stack, cwd)[1].get("containerImage") or "") if stack else "") or VLLM_TPU_IMAGE
     try:
         found: Located = locate(target, Endpoints.parse(endpoints).registry)
     except RegistryError as err:
@@ -60,4 +50,6 @@ def check(stack: str | None, image: str | None, cwd: Path, as_json: bool, endpoi
         return
     click.echo(f"{LABEL[found.status]:<8} {target}: {found.detail}")
     if pinned:
-        click.echo(evidence_line())
+        e = VLLM_TPU_IMAGE_EVIDENCE
+        click.echo(f"pinned for: {e['ran']} served on one {e['machine_type']} ({e['where']}), ready after "
+                   f"{e['ready_s']} s, {e['date']}, vLLM {VLLM_TPU_IMAGE_VLLM}: {e['source']}")

@@ -60,14 +60,6 @@ def check_served(url: str, model: str, api_key: str | None, key_env: str = API_K
                    err=True)
 
 
-def endpoint_from_outputs(outputs: dict[str, Any]) -> tuple[str, str]:
-    """(endpoint URL, model) from the stack outputs `endpoint` and `model`."""
-    missing = [key for key in ("endpoint", "model") if not outputs.get(key)]
-    if missing:
-        raise ConfigError("--stack", f"stack outputs lack {', '.join(missing)}")
-    return str(outputs["endpoint"]), str(outputs["model"])
-
-
 @click.command()
 @url_option("Server URL: host:port or http(s)://host:port, with or without /v1 (default: the stack's `endpoint` "
             "output).")
@@ -98,8 +90,9 @@ def litellm(url: str | None, model: str | None, stack: str | None, stack_outputs
         check_served(url, model, os.environ.get(api_key_env), api_key_env)
     if url is None or model is None:
         if outputs is not None:
-            stack_url, stack_model = endpoint_from_outputs(outputs)
-            url, model = url or stack_url, model or stack_model
+            if missing := [key for key in ("endpoint", "model") if not outputs.get(key)]:
+                raise ConfigError("--stack", f"stack outputs lack {', '.join(missing)}")
+            url, model = url or str(outputs["endpoint"]), model or str(outputs["model"])
         elif url is not None:
             model = resolve_model(url, None, api_key_env).model
         else:

@@ -4,7 +4,7 @@ The digest's shape and why: docs/design/capacity.md#look-before-leaping."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,25 +16,14 @@ CACHE_DISK_SUFFIX = "-cache-disk"  # components/cache.py names the disk resource
 # Top-level inputs of the Instance and the cache disk -> the stack settings that set them (tests/cli/test_preview.py
 # checks that every input the program declares is here).
 INPUT_KEYS: dict[str, tuple[str, ...]] = {
-    "name": ("vmSlot",),
-    "zone": ("zone",),
-    "project": ("project",),
-    "machineType": ("machineType",),
-    "bootDisk": ("bootImage", "bootDiskSizeGb", "bootDiskType"),
-    "scheduling": ("maxRunDuration",),
-    "serviceAccount": ("hfTokenSecretId", "project"),
-    "networkInterfaces": ("network", "subnetwork", "externalIp"),
-    "attachedDisks": ("cacheDiskSizeGb", "zone", "vmSlot"),
-    "metadata": ("model", "containerImage", "the serving flags"),
-    "labels": ("labels",),
-    "tags": (),
-    "reservationAffinity": (),
-    "deletionProtection": (),
+    "name": ("vmSlot",), "zone": ("zone",), "project": ("project",), "machineType": ("machineType",),
+    "bootDisk": ("bootImage", "bootDiskSizeGb", "bootDiskType"), "scheduling": ("maxRunDuration",),
+    "serviceAccount": ("hfTokenSecretId", "project"), "networkInterfaces": ("network", "subnetwork", "externalIp"),
+    "attachedDisks": ("cacheDiskSizeGb", "zone", "vmSlot"), "labels": ("labels",), "tags": (),
+    "metadata": ("model", "containerImage", "the serving flags"), "reservationAffinity": (), "deletionProtection": (),
     # the cache disk's dynamic resource
-    "sizeGb": ("cacheDiskSizeGb",),
-    "provisionedIops": ("cacheDiskIops",),
-    "provisionedThroughput": ("cacheDiskThroughputMibps",),
-    "type": (),
+    "sizeGb": ("cacheDiskSizeGb",), "provisionedIops": ("cacheDiskIops",),
+    "provisionedThroughput": ("cacheDiskThroughputMibps",), "type": (),
 }
 # Inputs finer than their top-level key (components/instance.py BOOT_IMAGE_KEY).
 PATH_KEYS: dict[str, tuple[str, ...]] = {'metadata["tpu-serve-boot-image"]': ("bootImage",)}
@@ -59,10 +48,6 @@ class Step:
     @property
     def is_cache_disk(self) -> bool:
         return self.type == DYNAMIC and self.name.endswith(CACHE_DISK_SUFFIX)
-
-    @property
-    def is_node_pool(self) -> bool:
-        return self.type == NODE_POOL
 
     @property
     def what(self) -> str:
@@ -101,15 +86,6 @@ def short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def name_of(urn: str) -> str:
-    return urn.rsplit("::", 1)[-1]
-
-
-def type_of(urn: str) -> str:
-    """The resource type: the last `$`-separated part of the URN's type (a child's type carries its parents')."""
-    return urn.split("::")[2].rsplit("$", 1)[-1] if urn.count("::") >= 3 else ""
-
-
 @dataclass(frozen=True)
 class Plan:
     """The steps of one preview, and what they mean for the stateful resources."""
@@ -117,7 +93,7 @@ class Plan:
     steps: tuple[Step, ...]
 
     def _stateful(self, step: Step) -> bool:
-        return step.is_vm or step.is_cache_disk or step.is_node_pool
+        return step.is_vm or step.is_cache_disk or step.type == NODE_POOL
 
     @property
     def losing(self) -> list[Step]:
@@ -149,8 +125,10 @@ def parse(text: str) -> Plan:
     for raw in digest.get("steps") or []:
         urn = str(raw.get("urn", ""))
         state = raw.get("newState") or raw.get("oldState") or {}
+        # else the URN's type, its last `$`-separated part (a child's type carries its parents')
+        urn_type = urn.split("::")[2].rsplit("$", 1)[-1] if urn.count("::") >= 3 else ""
         steps.append(Step(
-            op=str(raw.get("op", "")), urn=urn, type=str(state.get("type") or type_of(urn)), name=name_of(urn),
+            op=str(raw.get("op", "")), urn=urn, type=str(state.get("type") or urn_type), name=urn.rsplit("::", 1)[-1],
             old_inputs=(raw.get("oldState") or {}).get("inputs") or {},
             new_inputs=(raw.get("newState") or {}).get("inputs") or {},
             diff_reasons=tuple(raw.get("diffReasons") or ()), replace_reasons=tuple(raw.get("replaceReasons") or ()),
@@ -193,7 +171,3 @@ def summary_lines(plan: Plan) -> list[str]:
         else:
             lines.append(f"in place: {step.what} keeps running ({', '.join(step.settings()) or 'metadata'})")
     return list(dict.fromkeys(lines))
-
-
-def losing_keys(steps: Sequence[Step]) -> list[str]:
-    return list(dict.fromkeys(key for step in steps for key in step.settings()))

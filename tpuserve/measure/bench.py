@@ -305,17 +305,6 @@ def run_logged(argv: list[str], log_path: Path, deadline_s: float, explain: str,
                 end_process(process)
 
 
-def fetch_remote_result(target: RemoteTarget, remote_path: str, local_path: Path) -> None:
-    completed = subprocess.run(target.ssh(["cat", remote_path]), capture_output=True, text=True, check=False)
-    if completed.returncode != 0:
-        raise click.ClickException(f"copying {remote_path} back from {target.vm} failed: {completed.stderr.strip()}")
-    try:
-        json.loads(completed.stdout)
-    except json.JSONDecodeError as error:
-        raise click.ClickException(f"{remote_path} on {target.vm} is not JSON: {error}") from error
-    local_path.write_text(completed.stdout)
-
-
 @click.group()
 def bench() -> None:
     """Measure an endpoint with `vllm bench serve` and report throughput, latency and $ per million tokens."""
@@ -486,8 +475,16 @@ def run_one(level: int, workload: Workload, out: Path, manifest: dict[str, Any],
     if returncode != 0:
         raise click.ClickException(f"concurrency {level}: `vllm bench serve` exited with {returncode}: "
                                    f"{failure_cause(log_path.read_text(errors='replace'))} (log: {log_path})")
-    if target:
-        fetch_remote_result(target, f"{remote_dir}/{filename}", out / filename)
+    if target:  # copy the result back, checked
+        remote_path = f"{remote_dir}/{filename}"
+        copied = subprocess.run(target.ssh(["cat", remote_path]), capture_output=True, text=True, check=False)
+        if copied.returncode != 0:
+            raise click.ClickException(f"copying {remote_path} back from {target.vm} failed: {copied.stderr.strip()}")
+        try:
+            json.loads(copied.stdout)
+        except json.JSONDecodeError as error:
+            raise click.ClickException(f"{remote_path} on {target.vm} is not JSON: {error}") from error
+        (out / filename).write_text(copied.stdout)
     if not (out / filename).is_file():
         raise click.ClickException(f"concurrency {level}: no {filename} was saved; see {log_path}")
     result = json.loads((out / filename).read_text())
@@ -556,36 +553,28 @@ def report(dirs: tuple[Path, ...], price_per_hour: float, output_format: str, as
         click.echo(f"plot written to {plot}", err=True)
 
 
-def print_table(title: str, headers: list[str], records: list[benchreport.BenchRow] | list[benchreport.Comparison],
-                cells: list[list[str]], output_format: str, notes: list[str],
-                table_headers: list[str] | None = None, **json_fields: str) -> None:
-    """`records` as JSON, or their `cells` as markdown or a terminal table, with the notes after it."""
-    if output_format == "json":
-        echo_json({"title": title, **json_fields, "rows": [dataclasses.asdict(record) for record in records],
-                   "notes": notes})
-    elif output_format == "markdown":
-        click.echo("\n".join([benchreport.markdown_table(headers, cells), *(f"\n> ⚠ {note}" for note in notes)]))
-    else:
-        print_rich_table(title, headers, cells, notes, table_headers)
-
-
 TABLE_GAP = 3  # columns between two columns of a terminal table: padding, rich's divider, padding
 # A cell that reads as a number (or a stand-in for one: '—', '∞', 'n/a', 'all 5 failed'): right-aligned.
 NUMERIC_CELL = re.compile(r"^([\d.,]+( ⚠)?|[—∞]|n/a|all \d+ failed)$")
 
 
-def print_rich_table(title: str, headers: list[str], cells: list[list[str]], notes: list[str],
-                     table_headers: list[str] | None = None) -> None:
-    """Columns as wide as their widest cell, else a block per row (docs/design/measuring.md#probe)."""
+def print_table(title: str, headers: list[str], records: list[benchreport.BenchRow] | list[benchreport.Comparison],
+                cells: list[list[str]], output_format: str, notes: list[str],
+                table_headers: list[str] | None = None, **json_fields: str) -> None:
+    """`records` as JSON, or their `cells` as markdown or a terminal table (columns as wide as their widest cell,
+    else a block per row: docs/design/measuring.md#probe), with the notes after it."""
+    if output_format == "json":
+        echo_json({"title": title, **json_fields, "rows": [dataclasses.asdict(record) for record in records],
+                   "notes": notes})
+        return
+    if output_format == "markdown":
+        click.echo("\n".join([benchreport.markdown_table(headers, cells), *(f"\n> ⚠ {note}" for note in notes)]))
+        return
     console = Console()
-
-    def widths_of(heading: list[str], one_line: bool) -> list[int]:
-        return [max(([cell_len(header)] if one_line else [cell_len(word) for word in header.split()])
-                    + [cell_len(row[i]) for row in cells]) for i, header in enumerate(heading)]
-
     # The full headings on one line, else wrapped between words, else the short ones: the first that fits.
-    layouts = [(heading, widths_of(heading, one_line)) for heading in (headers, table_headers) if heading
-               for one_line in (True, False)]
+    layouts = [(heading, [max(([cell_len(header)] if one_line else [cell_len(word) for word in header.split()])
+                              + [cell_len(row[i]) for row in cells]) for i, header in enumerate(heading)])
+               for heading in (headers, table_headers) if heading for one_line in (True, False)]
     fitting = [(heading, widths) for heading, widths in layouts
                if sum(widths) + TABLE_GAP * (len(widths) - 1) <= console.width]
     wrap = {"markup": False, "highlight": False, "soft_wrap": False}

@@ -240,16 +240,6 @@ class Model:
     measured: tuple[Mapping[str, Any], ...] = ()  # a preset's recorded allocator figures
     hbm_gib: float | None = None  # what the loaded model takes in HBM, when measured; else weights_gib
 
-    @property
-    def loaded_gib(self) -> float:
-        return self.weights_gib if self.hbm_gib is None else self.hbm_gib
-
-
-def config_name(config: Mapping[str, Any], config_path: Path) -> str:
-    """A config's own model name (`_name_or_path`, which transformers writes), else the file's path."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}
-    return str(config.get("_name_or_path") or text.get("_name_or_path") or config_path)
-
 
 def resolve_model(model: str | None, config_path: Path | None, weights_gib: float | None) -> Model:
     """--config/--weights-gib, then the checkpoint beside the config, then --model's preset; without --model a
@@ -265,7 +255,10 @@ def resolve_model(model: str | None, config_path: Path | None, weights_gib: floa
         raise click.BadParameter(f"{config_path}: not valid JSON ({error})", param_hint="--config") from error
     if not isinstance(config, Mapping):
         raise click.BadParameter(f"{config_path}: not a JSON object", param_hint="--config")
-    name = model or (config_name(config, config_path) if config_path else DEFAULT_MODEL)
+    # a config's own model name (`_name_or_path`, which transformers writes), else the file's path
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}
+    name = model or (str(config.get("_name_or_path") or text.get("_name_or_path") or config_path) if config_path
+                     else DEFAULT_MODEL)
     source = str(config_path) if config_path else f"built-in preset ({preset['config_source']})"
     if weights_gib is None and config_path and (files := list(config_path.parent.glob("*.safetensors"))):
         weights_gib = sum(path.stat().st_size for path in files) / GIB  # the checkpoint beside the config
@@ -379,14 +372,6 @@ def disk_lines(disk: DiskPlan) -> list[tuple[str, str]]:
                             f"+ throughput ${cost['throughput']:.2f} + IOPS ${cost['iops']:.2f} (Google's list prices "
                             f"of {HYPERDISK_PRICES_AS_OF}, tpuserve/facts.py)"),
     ]
-
-
-def plan_as_json(plan: Plan, model: Model) -> dict[str, Any]:
-    fields = asdict(plan)
-    return {"model": model.name, "source": model.source, "backend": plan.budget.backend, "chips": plan.budget.chips,
-            "kv_layers": fields.pop("layers"), **fields, "kv_budget_bytes": plan.budget.kv_bytes,
-            "measured_blocks": (measurement_for(model, plan) or {}).get("blocks"),
-            "block_size_note": block_note(plan.budget), "fp8_log_note": FP8_LOG_NOTE if shows_fp8_note(plan) else None}
 
 
 # docs/design/planner.md#the-fp8_e5m2-line-in-a-v6e-boot-log
@@ -531,14 +516,19 @@ def plan(model: str | None, config_path: Path | None, backend: str, chips: int, 
         engines = engines_for(resolved, chips, tensor_parallel_size, backend, hbm_gib * utilization)
         seqs = max_num_seqs or default_max_num_seqs(max_num_batched_tokens)
         block = block_size or block_size_for(backend, max_model_len, seqs)
-        result = make_plan(resolved.config, Budget(hbm_gib, utilization, resolved.loaded_gib, kv_dtype,
+        result = make_plan(resolved.config, Budget(hbm_gib, utilization, resolved.hbm_gib or resolved.weights_gib, kv_dtype,
                                                    max_model_len, block, max_num_batched_tokens, backend,
                                                    engines.tensor_parallel_size, seqs))
     except ConfigError as error:
         raise click.ClickException(str(error)) from error
     disk = DiskPlan(cache_disk_gb, cache_disk_mibps, cache_disk_iops, resolved.weights_gib) if cache_disk_gb else None
     if as_json or output_format == "json":
-        echo_json({**plan_as_json(result, resolved), "machine_chips": chips,
+        fields = asdict(result)
+        echo_json({"model": resolved.name, "source": resolved.source, "backend": backend, "chips": result.budget.chips,
+                   "kv_layers": fields.pop("layers"), **fields, "kv_budget_bytes": result.budget.kv_bytes,
+                   "measured_blocks": (measurement_for(resolved, result) or {}).get("blocks"),
+                   "block_size_note": block_note(result.budget),
+                   "fp8_log_note": FP8_LOG_NOTE if shows_fp8_note(result) else None, "machine_chips": chips,
                    "tensor_parallel_size": engines.tensor_parallel_size, "engines": engines.count,
                    "machine_resident_tokens": engines.count * result.resident_tokens,
                    "machine_contexts": engines.count * result.contexts, "cache_disk": None if disk is None else {

@@ -324,17 +324,6 @@ def disabled_modalities(vllm_args: list[str] | None) -> tuple[str, ...] | None:
     return tuple(modality for modality in MODALITIES if limits.get(modality, 999) == 0)
 
 
-def refused_modalities(given: str | None, outputs: dict[str, Any] | None) -> tuple[str, ...]:
-    """--modalities, else those the stack's argv limits to 0, else DEFAULT_REFUSED."""
-    if given:
-        chosen = tuple(m.strip() for m in given.split(",") if m.strip())
-        if unknown := [m for m in chosen if m not in MODALITIES]:
-            raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(MODALITIES)}",
-                                     param_hint="--modalities")
-        return chosen
-    return disabled_modalities((outputs or {}).get("vllmArgs")) or DEFAULT_REFUSED
-
-
 def still_serving(client: ChatClient) -> str | None:
     """None when a plain completion still answers, else what went wrong."""
     try:
@@ -403,12 +392,6 @@ class OutputComparison:
     bytes_b: int
     context_a: str = ""  # the text from the first difference on, a few bytes of it
     context_b: str = ""
-
-
-def greedy_outputs(client: ChatClient, max_tokens: int = KV_MAX_TOKENS) -> dict[str, str]:
-    """The answer to every KV prompt at temperature 0 (fixed seed), keyed by prompt name."""
-    return {name: client.chat(user(prompt), temperature=0, seed=KV_SEED, max_tokens=max_tokens).full_text
-            for name, prompt in KV_PROMPTS.items()}
 
 
 def save_outputs(directory: Path, outputs: dict[str, str], run: dict[str, Any]) -> None:
@@ -537,7 +520,12 @@ def add_probe_command(name: str, probe_names: list[str], help_text: str, *option
                 timeout: float, max_tokens: int | None, as_json: bool, strict: bool, modalities: str | None = None
                 ) -> None:
         outputs = read_outputs(stack, stack_outputs)
-        refused = refused_modalities(modalities, outputs)
+        # --modalities, else those the stack's argv limits to 0, else DEFAULT_REFUSED
+        refused = (tuple(m.strip() for m in modalities.split(",") if m.strip()) if modalities else
+                   disabled_modalities((outputs or {}).get("vllmArgs")) or DEFAULT_REFUSED)
+        if unknown := [m for m in refused if m not in MODALITIES]:
+            raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(MODALITIES)}",
+                                     param_hint="--modalities")
         with served_endpoint(url, model, outputs, api_key_env) as served:
             client = served.client(timeout)
             results = [result for name in probe_names for result in (
@@ -584,7 +572,8 @@ def side_outputs(side: str, url: str | None, directory: Path | None, model: str 
     served = resolve_model(url, model, api_key_env)
     client = served.client(timeout)
     try:
-        outputs = greedy_outputs(client, max_tokens)
+        outputs = {name: client.chat(user(prompt), temperature=0, seed=KV_SEED, max_tokens=max_tokens).full_text
+                   for name, prompt in KV_PROMPTS.items()}
     except EndpointError as err:
         raise click.ClickException(f"--{side} {url}: {err}") from err
     if save_dir is not None:

@@ -7,22 +7,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tpuserve.alert_metrics import Presence, look
+from tpuserve.alert_metrics import look
 from tpuserve.deploy.pulumi_cli import PulumiCli
 
 WAIT_S = 900.0  # the Ops Agent installs, exports, and its metrics settle (docs/design/alerts.md)
 POLL_S = 30.0
 UP_TIMEOUT_S = 900.0
 sleep, monotonic = time.sleep, time.monotonic  # the fake cloud's clock in tests
-
-
-def wait_for_metrics(session: Any, project: str, types: Sequence[str], url: str) -> Presence:
-    deadline = monotonic() + WAIT_S
-    while True:
-        presence = look(session, project, list(types), url)
-        if set(types) <= set(presence.ready) or monotonic() + POLL_S > deadline:
-            return presence
-        sleep(POLL_S)
 
 
 def create_pending_alerts(pulumi: PulumiCli, stack: str, session: Any, monitoring_url: str, extra: Sequence[str],
@@ -37,7 +28,12 @@ def create_pending_alerts(pulumi: PulumiCli, stack: str, session: Any, monitorin
         f" waiting up to {WAIT_S / 60:.0f} min for the Ops Agent's samples to settle in Cloud Monitoring (Ctrl-C "
         "leaves them pending: a later `tpuserve up` creates them)")
     try:
-        presence = wait_for_metrics(session, str(outputs.get("project", "")), types, monitoring_url)
+        deadline = monotonic() + WAIT_S
+        while True:
+            presence = look(session, str(outputs.get("project", "")), types, monitoring_url)
+            if set(types) <= set(presence.ready) or monotonic() + POLL_S > deadline:
+                break
+            sleep(POLL_S)
     except KeyboardInterrupt:
         return still_pending(alerts, "the wait was interrupted", stack, say)
     if not set(types) <= set(presence.ready):

@@ -4,9 +4,7 @@ stack and what it bills (docs/design/inventory.md#tpuserve-destroy)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 import requests
@@ -14,7 +12,7 @@ import requests
 from tpuserve import cli, exits
 from tpuserve.deploy import inventory, nat
 from tpuserve.deploy.preflight import Endpoints, endpoint_option
-from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError, echo_indented, open_stack
+from tpuserve.deploy.pulumi_cli import PulumiError, echo_indented, open_stack
 from tpuserve.gce import ComputeApiError
 from tpuserve.names import stack_labels
 from tpuserve.ops.up import orphan_confirmation, stderr_console
@@ -48,7 +46,12 @@ def destroy(stack: str, yes: bool, cwd: Path, despite_nat_users: bool, as_json: 
         except MissingCredentials as err:
             say(f"warning: no inventory and no Cloud NAT check ({err})")
     if session is not None and not despite_nat_users:
-        users = nat_users(pulumi, stack, str(config["project"]), session, roots, say)
+        try:  # one line per NAT of the stack's own that VMs of other stacks use
+            users = nat.reliance_on(pulumi.export(), session, str(config["project"]), [stack_labels(stack)["stack"]],
+                                    roots.compute).lines(stack)
+        except (PulumiError, ComputeApiError, requests.RequestException, ValueError) as err:
+            say(f"warning: could not tell which VMs use the stack's Cloud NAT ({err})")
+            users = []
         for line in users:
             say(f"warning: {line}")
         if users and not (sys.stdin.isatty() and click.confirm(f"Destroy {stack} anyway?", default=False, err=True)):
@@ -69,13 +72,3 @@ def destroy(stack: str, yes: bool, cwd: Path, despite_nat_users: bool, as_json: 
                 f"tpuserve cache rm --stack {stack} --project {config['project']} --bucket")
     cli.finish(code, stack, {"inventory": None if stock is None else stock.as_dict()}, as_json)
 
-
-def nat_users(pulumi: PulumiCli, stack: str, project: str, session: Any, roots: Endpoints,
-              say: Callable[[str], None]) -> list[str]:
-    """One line per NAT of the stack's own that VMs of other stacks use; a warning and nothing when unreadable."""
-    try:
-        found = nat.reliance_on(pulumi.export(), session, project, [stack_labels(stack)["stack"]], roots.compute)
-    except (PulumiError, ComputeApiError, requests.RequestException, ValueError) as err:
-        say(f"warning: could not tell which VMs use the stack's Cloud NAT ({err})")
-        return []
-    return found.lines(stack)

@@ -558,9 +558,12 @@ def look_before_leaping(pulumi: PulumiCli, stack: str, config: Mapping[str, Any]
     vm = plan.vm_replacement() or losing[0]
     chips = tpu_chips(str(vm.new_inputs.get("machineType") or config.get("machineType") or "")) or 1
     delete_first, why = replacement_order(compute, str(config.get("project", "")), zone, chips, report)
-    for line in previews.replacement_lines(vm, stack, chips, new_run_seconds(vm, outputs),
-                                           float(config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR), delete_first,
-                                           why):
+    # the successor's max run: the Instance's new `scheduling.maxRunDuration.seconds`, else the stack's current
+    scheduling = vm.new_inputs.get("scheduling") or {}
+    seconds = (scheduling.get("maxRunDuration") or {}).get("seconds") if isinstance(scheduling, dict) else None
+    max_run_s, price = int(float(seconds or outputs.get("maxRunSeconds") or 4 * 3600)), float(
+        config.get("pricePerChipHour") or PRICE_PER_CHIP_HOUR)
+    for line in previews.replacement_lines(vm, stack, chips, max_run_s, price, delete_first, why):
         say(line)
     settings: dict[str, str] = {}
     if delete_first:
@@ -568,18 +571,11 @@ def look_before_leaping(pulumi: PulumiCli, stack: str, config: Mapping[str, Any]
     elif str(vm.old_inputs.get("zone", zone)) == str(vm.new_inputs.get("zone", zone)):
         # a name exists once per zone: the successor takes the stack's other name (and cache slot)
         settings["vmSlot"] = "b" if str(config.get("vmSlot") or "a") == "a" else "a"
-    keys = previews.losing_keys(losing)
+    keys = list(dict.fromkeys(key for step in losing for key in step.settings()))
     refused = (f"stopped: this change replaces {vm.what} ({', '.join(keys) or 'see the preview'}); run again with "
                "--replace-vm to go ahead")
     return Look(settings, refused, {"what": [step.what for step in losing], "keys": keys,
                                     "changes": vm.changes(), "deleteFirst": delete_first})
-
-
-def new_run_seconds(step: previews.Step, outputs: Mapping[str, Any]) -> int:
-    """The successor's max run: the Instance's new `scheduling.maxRunDuration.seconds`, else the stack's current."""
-    scheduling = step.new_inputs.get("scheduling") or {}
-    seconds = (scheduling.get("maxRunDuration") or {}).get("seconds") if isinstance(scheduling, dict) else None
-    return int(float(seconds or outputs.get("maxRunSeconds") or 4 * 3600))
 
 
 def replacement_order(compute: ComputeClient, project: str, zone: str, chips: int,
