@@ -39,7 +39,7 @@ pytest() {
 # --no-loadscope-reorder keeps that order). CI has 2 cores; part of the tier's time is spent waiting on the
 # processes it starts (the VM sandbox, the fake pulumi CLI, fakes on 127.0.0.1), which two workers per core fill
 # (when the tier took 53-58 s on a 2-core machine with four workers, it took 59 s with three). The last CI run:
-# 103 s, for 165-200 s of CPU (docs/testing.md#running-the-tests).
+# 103 s, for 165-200 s of CPU; 134-169 s of CPU since issue 33's first savings (docs/testing.md#running-the-tests).
 # The e2e tier runs alone: each of its servers is a real vLLM taking ~3 GB and both cores while it boots.
 fast=(-m "not e2e" -n 4 --dist loadfile --no-loadscope-reorder)
 status=0
