@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-PULUMI_PROGRAM_FILES = frozenset({  # each calls tests/fakes/pulumi_harness.py's run_stack
+PULUMI_PROGRAM_FILES = frozenset({  # each calls tests/fakes/pulumi_harness.py's run_stack (or stack_file_run)
     "test_stack.py", "test_k8s_manifests.py", "test_gke_stack.py", "test_policy_gke.py", "test_monitoring.py",
     "test_policy.py", "test_config.py", "test_local_stack.py", "test_changes.py",
     "test_config_changes.py", "test_preview.py", "test_instance.py",

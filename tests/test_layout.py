@@ -112,8 +112,8 @@ def test_the_files_that_run_pulumi_programs_are_the_ones_conftest_schedules_toge
     """tests/conftest.py runs these files on one xdist worker; a new one left out would import the SDKs again."""
     from tests.conftest import PULUMI_PROGRAM_FILES
 
-    running = {path.name for path in (ROOT / "tests").rglob("test_*.py")
-               if path.name != "test_layout.py" and "run_stack(" in path.read_text()}
+    running = {path.name for path in (ROOT / "tests").rglob("test_*.py") if path.name != "test_layout.py"
+               and any(call in path.read_text() for call in ("run_stack(", "stack_file_run("))}
     assert running == PULUMI_PROGRAM_FILES
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from tests.fakes.fake_pulumi import preview_step, replacement
-from tests.fakes.pulumi_harness import run_stack, stack_file_config
+from tests.fakes.pulumi_harness import stack_file_run
 from tpuserve.deploy import preview
 
 VM = {"name": "tpu-serve-dev", "zone": "us-east5-a", "machineType": "ct6e-standard-1t",
@@ -20,8 +20,7 @@ def digest(steps: list[dict]) -> str:
 def test_every_input_of_the_vm_and_its_cache_disk_names_its_settings():
     """INPUT_KEYS must know every top-level input the program gives the VM and the cache disk, or a replacement
     would be explained by an input's name instead of the setting to change."""
-    run = stack_file_config("dev")
-    resources = run_stack(run).resources
+    resources = stack_file_run("dev").resources
     vm = next(r for r in resources if r.type == preview.INSTANCE)
     disk = next(r for r in resources if r.type == preview.DYNAMIC and r.name.endswith(preview.CACHE_DISK_SUFFIX))
     unknown = sorted(key for key in [*vm.inputs, *disk.inputs] if key not in preview.INPUT_KEYS

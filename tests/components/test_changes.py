@@ -9,7 +9,7 @@ import re
 import pytest
 
 from tests.fakes.config_changes import declared_resource_types
-from tests.fakes.pulumi_harness import run_stack, stack_file_config
+from tests.fakes.pulumi_harness import stack_file_run
 from tests.fakes import changes
 from tpuserve.facts import stop_requiring_paths
 from tests.fakes.changes import PropertyDiff, UnknownResourceType, format_path, parse_path, plan_change
@@ -69,7 +69,7 @@ def test_the_instance_facts_say_what_the_issue_says_at_the_beta_providers_lines(
 
 @pytest.fixture(scope="module")
 def dev() -> dict[tuple[str, str], dict]:
-    return {(r.type, r.name): r.inputs for r in run_stack(stack_file_config("dev"), "dev").resources if r.custom}
+    return {(r.type, r.name): r.inputs for r in stack_file_run("dev").resources if r.custom}
 
 
 def vm(dev: dict, **changes_: object) -> tuple[dict, dict]:

@@ -20,7 +20,7 @@ from components.ops_agent import render_ops_agent_config
 from tests.fakes.cloud_world import PROJECT, World, agent_series, world  # noqa: F401 - the fixture
 from tests.fakes.fake_cloud import FakeCloud
 from tests.fakes.fake_providers import AlertPolicyProvider, Cloud, ProviderError
-from tests.fakes.pulumi_harness import RecordingMocks, run_stack, stack_file_config
+from tests.fakes.pulumi_harness import RecordingMocks, run_stack, stack_file_config, stack_file_run
 from tpuserve import alert_metrics, vllm_metrics
 from tpuserve.ops import up as up_module
 from tpuserve.serving import ConfigError
@@ -41,7 +41,7 @@ CHANNELS = ["projects/proj-1/notificationChannels/1234567890", "projects/proj-1/
 
 @pytest.fixture(scope="module", params=["dev", "prod"])
 def stack_run(request):
-    return request.param, run_stack(stack_file_config(request.param), request.param)
+    return request.param, stack_file_run(request.param)
 
 
 @pytest.fixture(scope="module")

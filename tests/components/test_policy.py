@@ -28,7 +28,7 @@ from pulumi_policy import (
 
 from tpuserve.names import stack_labels
 from policy import rules
-from tests.fakes.pulumi_harness import ROOT, PROJECT, Resource, run_stack, stack_file_config
+from tests.fakes.pulumi_harness import ROOT, PROJECT, Resource, run_stack, stack_file_config, stack_file_run
 
 POLICY_CONFIG_DIR = ROOT / "policy" / "config"
 STACKS = ("dev", "prod")
@@ -51,7 +51,7 @@ def capture(stack: str, **overrides: str) -> Captured:
     """What the program declares for `stack`, made once per process: it does not depend on the rules, and under
     mutation testing (mutmut forks each mutant's test run from the process that collected its stats) every mutant
     of the rules reuses it. Callers copy inputs before changing them."""
-    run = run_stack({**stack_file_config(stack), **overrides}, stack)
+    run = run_stack({**stack_file_config(stack), **overrides}, stack) if overrides else stack_file_run(stack)
     return Captured(stack, tuple(r for r in run.resources if r.custom))
 
 

@@ -1,6 +1,7 @@
 """The Pulumi program under mocks: every resource and every security-relevant input, for the dev and prod stacks
 (compared with the expected inventories in tests/components/inventories/) and for the variants a user can configure."""
 
+import functools
 import json
 import shlex
 import sys
@@ -10,7 +11,7 @@ import pytest
 import yaml
 from pulumi.runtime import rpc
 
-from tests.fakes.pulumi_harness import GATE_STDOUT, ROOT, VM_IP, run_stack, stack_file_config
+from tests.fakes.pulumi_harness import GATE_STDOUT, ROOT, VM_IP, StackRun, run_stack, stack_file_config, stack_file_run
 from components.front import front_config
 from components.startup_script import render_startup_script
 from tpuserve.serving import ServingConfig, config_hash, parse_mm_limits, tpu_container_run_args, vllm_serve_args
@@ -38,7 +39,7 @@ def assert_subset(expected, actual, path="") -> None:
 
 @pytest.fixture(scope="module", params=["dev", "prod"])
 def stack_run(request):
-    return request.param, run_stack(stack_file_config(request.param), request.param)
+    return request.param, stack_file_run(request.param)
 
 
 def test_stack_matches_its_inventory(stack_run):
@@ -86,8 +87,14 @@ def test_vm_has_no_external_ip_and_carries_boot_logic_served_config_and_supervis
     assert max(sizes) < 256 * 1024 and sum(sizes) < 512 * 1024
 
 
+@functools.cache
+def valid_run(*changes: tuple[str, str]) -> StackRun:
+    """VALID with `changes`, run once per process (the tests below compare the same baseline, and only read)."""
+    return run_stack({**VALID, **dict(changes)})
+
+
 def instance_inputs_for(config: dict) -> dict:
-    return run_stack({**VALID, **config}).one(INSTANCE).inputs
+    return valid_run(*sorted(config.items())).one(INSTANCE).inputs
 
 
 @pytest.mark.parametrize("change", [
@@ -119,7 +126,7 @@ def test_machine_changes_still_change_inputs_that_replace_the_vm(change, replace
 
 
 def test_the_cache_disk_and_bucket_are_kept_adopted_caches_in_the_vms_zone():
-    run = run_stack(VALID)
+    run = valid_run()
     bucket, disk = sorted((r for r in run.of_type("pulumi-python:dynamic:Resource") if "-cache-" in r.name),
                           key=lambda r: r.name)
     assert disk.name == "tpu-serve-dev-cache-disk" and bucket.name == "tpu-serve-dev-cache-bucket"

@@ -8,6 +8,7 @@ or inputs derived from them would silently be dropped.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import runpy
 from collections.abc import Iterator
@@ -122,6 +123,13 @@ def _no_stack_traces() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(resource, "_get_stack_trace", source_pb2.StackTrace)
         yield
+
+
+@functools.cache
+def stack_file_run(stack: str) -> StackRun:
+    """Pulumi.<stack>.yaml's run, made once per process (the Pulumi files share one, tests/conftest.py): for tests
+    that only read it. A test that needs the program itself to run (what it imports) calls run_stack."""
+    return run_stack(stack_file_config(stack), stack)
 
 
 def stack_file_config(stack: str) -> dict[str, Any]:

@@ -137,7 +137,9 @@ def test_a_broken_disk_boots_cold_on_the_boot_disk_with_a_warning(vms, disk, say
 def test_a_disk_at_the_limits_is_used(vms, disk, cache):
     vm = vms(disk=disk)
     vm.serve(ServingConfig())
-    assert vm.boot() == 0, vm.log()  # the script's part is all this needs: no wait for the supervisor
+    assert vm.boot() == 0, vm.log()  # the script's part is all this needs: no wait for serving
+    # The script's last changes may fall within the write interval of its first: the supervisor sends them.
+    vm.wait_for(lambda: "cache" in vm.attributes(), "the cache report")
     assert vm.attributes()["cache"] == cache
     assert json.loads((vm.root / "etc/docker/daemon.json").read_text()) == {"data-root": f"{vm.cache_root}/docker"}
 
@@ -347,6 +349,7 @@ def test_a_full_disk_that_was_grown_is_mounted_not_dropped_for_the_boot_disk(vms
     vm = vms(disk={"fs": "ext4", "size_gb": 150, "fs_gb": 100, "avail_gb": 5})  # full, then grown by 50 GB
     vm.serve(ServingConfig())
     assert vm.boot() == 0, vm.log()
+    vm.wait_for(lambda: "cache" in vm.attributes(), "the cache report")  # sent by the script or the supervisor
     assert vm.attributes()["cache"] == "disk: warm (55 GB free; filesystem grown online from 100 to 150 GB)"
     assert (vm.root / "run/tpu-serve/cache-device").read_text().strip() == str(vm.device)
 
