@@ -23,7 +23,6 @@ from tpuserve.deploy import cache
 from tpuserve.deploy.cache import CacheDisk, zones_by_warm_cache
 from components.cache_provider import CacheDiskProvider
 from tpuserve.gce import ZonalDisks
-from tpuserve.gcs import Buckets
 
 PROJECT = "p-1"
 COMPUTE = f"/compute/v1/projects/{PROJECT}"

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 from collections.abc import Iterator
 
 import click

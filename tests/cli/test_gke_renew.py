@@ -26,7 +26,7 @@ from tests.fakes.gke_fakes import T0, FakeApiServer, FakeGke
 from tests.fakes.pulumi_harness import stack_file_config
 from tpuserve import gke_renewer
 from tpuserve.gke_renewer import RENEWAL_ANNOTATION, ApiCluster, ClusterError, Renewer, node_expiry
-from tpuserve.ops import gke_renew, up
+from tpuserve.ops import gke_renew
 
 LEAD = timedelta(minutes=45)
 TIMEOUT_S = 70 * 60.0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.fake_pulumi import FakePulumi, install
-from tpuserve.deploy.pulumi_cli import PulumiCli, PulumiError
+from tpuserve.deploy.pulumi_cli import PulumiCli
 
 
 @pytest.fixture

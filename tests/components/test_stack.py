@@ -3,7 +3,6 @@
 
 import functools
 import json
-import shlex
 import sys
 
 import pulumi
