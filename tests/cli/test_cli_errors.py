@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from tpuserve import cli
 from tpuserve.cli import SUBCOMMANDS, main
-from tpuserve.deploy.stack import free_local_port
+from tests.fakes.httpfake import idle_port
 
 
 def leaf_commands() -> list[tuple[list[str], click.Command]]:
@@ -102,7 +102,7 @@ def test_a_malformed_url_is_refused_at_once_naming_the_option(path, option, bad,
 def test_an_unreachable_server_is_one_line_and_exit_1(path, option, tmp_path):
     """Nothing listens on the port: one line naming the address. (The gate waits for a server by design; its
     own tests cover that.)"""
-    port = free_local_port()
+    port = idle_port()
     from tpuserve.measure.probe import KV_PROMPTS
 
     for name in KV_PROMPTS:  # the other side of kv-compare: saved outputs

@@ -20,7 +20,7 @@ import requests
 from click.testing import CliRunner
 
 from tpuserve.deploy.stack import free_local_port
-from tests.fakes.httpfake import FakeServer, Request, Response
+from tests.fakes.httpfake import FakeServer, Request, Response, idle_port
 from tpuserve.observe import gate as gate_module
 from tpuserve import gce
 from tpuserve.observe.gate import (BootStatus, ConsoleReporter, boot_timeline, gate, parse_smoke, read_boot, watch_instance,
@@ -265,7 +265,7 @@ def test_off_a_terminal_the_gate_prints_each_change_and_a_heartbeat():
 
 def test_a_server_that_never_comes_up_times_out_naming_the_health_stage():
     started = time.monotonic()
-    port = free_local_port()
+    port = idle_port()
     with requests.Session() as http:
         verdict = watch_url(http, f"http://127.0.0.1:{port}", MODEL, timeout_s=0.5, interval_s=0.05)
     assert not verdict.ready and verdict.stages == {}
@@ -865,7 +865,7 @@ def test_the_timeline_counts_from_the_first_stage_of_the_current_run(attributes,
 
 def test_an_unreachable_compute_api_is_waited_out_in_the_last_known_stage():
     with requests.Session() as http:
-        verdict = watch_instance(ComputeClient(http, f"http://127.0.0.1:{free_local_port()}"), VM, timeout_s=0.3,
+        verdict = watch_instance(ComputeClient(http, f"http://127.0.0.1:{idle_port()}"), VM, timeout_s=0.3,
                                  interval_s=0.02)
     assert not verdict.ready
     assert verdict.reason == "timed out after 0.3 s in stage booting: Compute API unreachable (ConnectionError)"
@@ -994,7 +994,7 @@ def test_an_instance_wait_with_no_time_left_says_it_read_nothing():
 # --- issue #27, item 3: a wrong port, said plainly, and ended by --connect-timeout ----------------------------
 
 def test_a_refused_connection_is_said_plainly_while_waiting():
-    port = free_local_port()
+    port = idle_port()
     with requests.Session() as http:
         seen: list[str] = []
 
@@ -1008,7 +1008,7 @@ def test_a_refused_connection_is_said_plainly_while_waiting():
 
 
 def test_connections_refused_for_the_connect_timeout_end_the_gate_with_that_verdict():
-    port = free_local_port()
+    port = idle_port()
     started = time.monotonic()
     code, stdout, stderr = run_gate("--url", f"127.0.0.1:{port}", "--connect-timeout", "0.3", "--interval", "0.05")
     assert code == 1 and time.monotonic() - started < 3
@@ -1086,7 +1086,7 @@ def test_connect_timeout_is_url_mode_only_and_positive():
 # --- issue #27, item 6: Ctrl-C still ends with the verdict line the help promises -----------------------------
 
 def test_ctrl_c_ends_the_gate_with_its_verdict_line_and_exit_130():
-    port = free_local_port()
+    port = idle_port()
     gate_process = subprocess.Popen(
         [sys.executable, "-m", "tpuserve", "gate", "--url", f"127.0.0.1:{port}", "--connect-timeout", "600",
          "--interval", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -1167,7 +1167,7 @@ def test_a_booting_vllm_holds_its_port_so_its_refusals_do_not_end_the_wait():
 
 
 def test_the_wait_says_when_refusals_end_it():
-    port = free_local_port()
+    port = idle_port()
     reporter = RecordingReporter()
     with requests.Session() as http:
         verdict = watch_url(http, f"127.0.0.1:{port}", MODEL, timeout_s=30, interval_s=0.05, connect_timeout_s=0.3,

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from tpuserve.cli import SUBCOMMANDS, main, wants_json
-from tpuserve.deploy.stack import free_local_port
+from tests.fakes.httpfake import idle_port
 
 
 def commands_with_json() -> Iterator[list[str]]:
@@ -60,7 +60,7 @@ def test_a_usage_error_under_json_is_one_json_document_and_the_error_line(path: 
 
 
 def closed_port() -> str:
-    return f"127.0.0.1:{free_local_port()}"
+    return f"127.0.0.1:{idle_port()}"
 
 
 def empty_dir(tmp_path: Path) -> str:

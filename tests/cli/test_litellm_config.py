@@ -95,9 +95,9 @@ def test_a_served_model_is_checked_and_written():
 
 
 def test_a_server_not_reachable_from_here_is_not_asked_and_says_so():
-    from tpuserve.deploy.stack import free_local_port
+    from tests.fakes.httpfake import idle_port
 
-    address = f"127.0.0.1:{free_local_port()}"
+    address = f"127.0.0.1:{idle_port()}"
     result = CliRunner().invoke(main, ["litellm", "--url", address, "--model", "m", "--alias", "a"])
     assert result.exit_code == 0, result.output
     assert yaml.safe_load(result.stdout)["model_list"][0]["litellm_params"]["api_base"] == f"http://{address}/v1"

@@ -3,14 +3,32 @@
 from __future__ import annotations
 
 import json
+import random
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+
+def idle_port() -> int:
+    """A free loopback port below the kernel's ephemeral range, for a test that needs nothing listening there: a port
+    from bind(0) (free_local_port) can be handed to another worker's server once it is released (seen in CI)."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    for port in random.sample(range(20000, low), min(200, low - 20000)):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 @dataclass

@@ -13,7 +13,7 @@ import requests
 
 from tests.fakes.fake_openai import FAKE_MODEL, FakeOpenAI, completion, error
 from tests.fakes.httpfake import FakeServer, Response
-from tpuserve.deploy.stack import free_local_port
+from tests.fakes.httpfake import idle_port
 from tpuserve.client import ChatClient
 from tpuserve.observe.gate import run_check, url_stages
 from vm import readycheck
@@ -95,7 +95,7 @@ def test_details_say_what_the_server_answered() -> None:
 
 
 def test_nothing_listening_is_not_ready() -> None:
-    ok, detail = readycheck.check(f"http://127.0.0.1:{free_local_port()}", FAKE_MODEL, 2)
+    ok, detail = readycheck.check(f"http://127.0.0.1:{idle_port()}", FAKE_MODEL, 2)
     assert not ok and detail == "health: no answer (ConnectionRefusedError)"
 
 
