@@ -69,16 +69,27 @@ def _completion(root: str, model: str, timeout_s: float, api_key: str = "") -> t
         return False, "chat completion answered HTTP 200 without a message"
     # content, or a reasoning field a reasoning parser moved the first tokens to (gate.has_text's rule)
     has_text = any((message.get(field) or "").strip() for field in ("content", *REASONING_FIELDS))
-    return has_text, "chat completion returned empty content and no reasoning"
+    return has_text, EMPTY_ANSWER
+
+
+EMPTY_ANSWER = "chat completion returned empty content and no reasoning"
+
+
+def _answers(root: str, model: str, timeout_s: float, api_key: str = "") -> tuple[bool, str]:
+    """The engine answers a completion, whatever its text: an empty reply (random weights give them) is alive."""
+    ok, detail = _completion(root, model, timeout_s, api_key)
+    return ok or detail == EMPTY_ANSWER, detail
 
 
 STAGES = (("health", _health), ("models", _models), ("completion", _completion))
+ALIVE = (("health", _health), ("completion", _answers))  # after a disabled-modality request: still up, not judged
 
 
-def check(base_url: str, model: str, timeout_s: float = 10.0, api_key: str = "") -> tuple[bool, str]:
+def check(base_url: str, model: str, timeout_s: float = 10.0, api_key: str = "",
+          stages: tuple[tuple[str, Any], ...] = STAGES) -> tuple[bool, str]:
     """(ready, detail): stops at the first stage that fails, which `detail` names. `base_url` may end in /v1."""
     root = base_url.rstrip("/").removesuffix("/v1")
-    for name, stage in STAGES:
+    for name, stage in stages:
         try:
             ok, detail = stage(root, model, timeout_s, api_key)
         except OSError as err:  # refused, reset, timed out (socket.timeout and URLError are OSErrors)
@@ -122,13 +133,13 @@ def refusals(base_url: str, model: str, parts: dict[str, dict[str, Any]],
             refused = False
             detail = f"a {modality} request got no answer ({type(getattr(err, 'reason', err)).__name__})"
         if not refused:
-            ready, after = check(root, model, timeout_s, api_key)
+            ready, after = check(root, model, timeout_s, api_key, ALIVE)
             if not ready:
                 return Refusals(False, f"{detail}, and then the server no longer served ({after}): one such request "
                                        "can take the engine down")
             warnings.append(f"{detail}; the server still serves")
         said.append(detail)
-    ready, detail = check(root, model, timeout_s, api_key)
+    ready, detail = check(root, model, timeout_s, api_key, ALIVE)
     if not ready:
         return Refusals(False, f"after the {', '.join(parts)} request(s) the server no longer serves: {detail}")
     return Refusals(True, "; ".join(said) + "; still serving", warnings)

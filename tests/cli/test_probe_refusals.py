@@ -35,10 +35,10 @@ class Server(FakeServer):
     """/health, /v1/models and chat; `answers` maps a modality to the status its request gets (400 by default);
     `dies_on` makes the server stop answering (health 503, chat 500) once a request of that modality arrived."""
 
-    def __init__(self, answers: dict[str, int] | None = None, dies_on: str = ""):
+    def __init__(self, answers: dict[str, int] | None = None, dies_on: str = "", says: str = "hello"):
         super().__init__({("GET", "/health"): self.health, ("GET", "/v1/models"): self.models,
                           ("POST", "/v1/chat/completions"): self.chat})
-        self.answers, self.dies_on, self.dead = answers or {}, dies_on, False
+        self.answers, self.dies_on, self.dead, self.says = answers or {}, dies_on, False, says
 
     def health(self, request: Request) -> Response:
         return Response(503 if self.dead else 200)
@@ -51,7 +51,7 @@ class Server(FakeServer):
         if self.dead:
             return error(500, "EngineCore encountered an issue")
         if isinstance(content, str):
-            return Response(200, completion("hello"))
+            return Response(200, completion(self.says))
         modality = next(PART_MODALITY[p["type"]] for p in content if p["type"] in PART_MODALITY)
         self.dead = self.dead or modality == self.dies_on
         status = self.answers.get(modality, 400)
@@ -80,6 +80,18 @@ def test_the_probe_fails_what_the_boot_check_only_warns_of_unless_the_server_die
     assert all(w.endswith("instead of a 4xx; the server still serves") for w in result.warnings)
     if serving:
         assert result.detail.endswith("; still serving")
+
+
+def test_an_engine_that_answers_empty_text_after_the_requests_still_serves():
+    """Random weights (the e2e tier's tiny model) may answer a completion with no text: the boot check asks whether the
+    engine still answers, not what it says (readiness before it judged the text: the gate's rule)."""
+    with Server(says="") as fake:
+        result = readycheck.refusals(fake.url, FAKE_MODEL, {m: modality_part(m) for m in ALL}, timeout_s=5)
+        assert (result.serving, result.warnings) == (True, []), result.detail
+        assert readycheck.check(fake.url, FAKE_MODEL, 5) == (False, f"completion: {readycheck.EMPTY_ANSWER}")
+    with Server({"audio": 500}, dies_on="audio", says="") as fake:
+        result = readycheck.refusals(fake.url, FAKE_MODEL, {"audio": modality_part("audio")}, timeout_s=5)
+    assert not result.serving and "no longer served (health: /health answered HTTP 503)" in result.detail
 
 
 def test_verdict_reasons_say_what_was_wrong():
