@@ -39,7 +39,7 @@ pytest() {
 # --no-loadscope-reorder keeps that order). CI has 2 cores; part of the tier's time is spent waiting on the
 # processes it starts (the VM sandbox, the fake pulumi CLI, fakes on 127.0.0.1), which two workers per core fill
 # (when the tier took 53-58 s on a 2-core machine with four workers, it took 59 s with three). On a fresh clone:
-# 76 s for ≈ 150 s of CPU (docs/testing.md#running-the-tests).
+# 87 s for ≈ 150 s of CPU (docs/testing.md#running-the-tests).
 # The e2e tier runs alone, in one process (its session fixtures boot three real vLLM servers of ~3 GB each, once).
 fast=(-m "not e2e" -n 4 --dist loadfile --no-loadscope-reorder)
 status=0
