@@ -1,15 +1,5 @@
-"""Cold and warm time-to-/health of the real vLLM with its compile cache on a persistent path: the CPU analogue.
-
-On the TPU VM the XLA compile cache is a host directory on the cache disk, mounted into the container at /cache/xla
-(tpuserve.serving.tpu_container_run_args). vLLM's CPU backend compiles too (torch.compile, without
---enforce-eager) and keeps its compile cache under VLLM_CACHE_ROOT. This starts the real CPU vLLM twice on the tiny
-Gemma 4 with VLLM_CACHE_ROOT on one persistent directory, as the VM's container would have it mounted: the first
-start compiles into an empty cache (cold), the second finds it (warm). Prints both times, the cache entries, and
-warm / cold, and where each start's time went, from vLLM's own log lines (weights, Dynamo's bytecode transform,
-compiling or loading the compiled graphs, the engine's profile/KV/warm-up run): what a warm boot still spends with
-every program cached (vLLM 0.32's CPU backend compiles the backbone AOT during a warm-up and logs whether the
-cached program loaded). On the TPU the analogue is tpu-inference's precompilation (capture_model), which still traces
-and lowers every program and only skips XLA's compile when the persistent cache has it.
+"""Cold and warm time-to-/health of the real CPU vLLM with its compile cache on a persistent path: the CPU analogue
+of the TPU VM's XLA cache on the cache disk. How and why: docs/design/benchmarks.md#the-compile-cache.
 
     python benchmarks/compile_cache.py [--vllm-venv ~/.cache/tpuserve/vllm-venv] [--cache-dir DIR]
 """

@@ -1,16 +1,5 @@
-"""What the front of a VM's engines costs: two real CPU vLLM engines of the tiny Gemma 4 behind the VM's HAProxy front
-(components/front.py's config) on 127.0.0.1. The engines compute on one core and the client and the front run on the
-other, as on the TPU VM the engines compute on their chips while the front and the host's work share its CPUs
-(with both engines pinned one per core, the front's and the client's wake-ups preempted the engines' compute
-threads, which a TPU engine's host does not suffer; that layout's numbers are in docs/more-than-one-chip.md).
-
-Both sides are the same client (streamed /v1/completions, a fixed output length with ignore_eos, one HTTP session per
-stream) sending the same requests at the same concurrency: "front" sends every request to HAProxy; "direct" spreads
-them over the engines itself, each request to the engine with the fewest of its requests in flight (what the front's
-leastconn does, without the front). One untimed warm-up each way; then each level runs as short slices of
-4 × concurrency requests, front and direct in turn (the first side alternating), so both sides sample the same
-background load of a shared machine. Prints, per level, output throughput (tokens over the slices' time) and the
-median TTFT of every request, both ways, and the ratios front / direct.
+"""What the front of a VM's engines costs: two real CPU vLLM engines behind the VM's HAProxy front, against the client
+spreading the load itself; prints throughput and TTFT ratios per concurrency. How: docs/design/benchmarks.md#the-front.
 
     .venv/bin/python benchmarks/engine_front.py [--vllm-venv ~/.cache/tpuserve/vllm-venv] [--concurrency 1,8,32]
 """

@@ -1,18 +1,5 @@
 """A flag change applied in place by the VM's supervisor, against a fresh boot: the CPU analogue, measured.
-
-The real vm/supervisor.py runs against a fake metadata server on 127.0.0.1 (tests/vm_sandbox.FakeGoogle, which also
-plays Secret Manager), with benchmarks/cpu_docker.py as `docker`: the container's `vllm serve` argv, built by
-tpuserve.serving.tpu_container_run_args exactly as for the TPU, runs with the CPU vLLM on the tiny Gemma 4, its
-compile cache on the directory the VM mounts at /cache/xla. Measured:
-
-- fresh boot: the supervisor starts on an empty cache root and brings the config to `serving` (token, docker run,
-  vLLM load + torch.compile, readiness checks);
-- two flag changes: `tpu-serve-config` is rewritten (the reasoning parser turned off, which leaves the compiled
-  graph alone; then --max-num-seqs 8, which changes it) and the supervisor, which long-polls the key, restarts the
-  container with the new argv: from the metadata write to `serving` under the new config hash, and to the restart.
-
-Not in the CPU analogue: the TPU VM's own boot, the image pull (≈ 5 min) and the startup script, which a flex-start
-replacement adds to the fresh boot and an in-place change skips; so the real saving is larger than this ratio.
+How and what it leaves out: docs/design/benchmarks.md#an-in-place-change.
 
     python benchmarks/supervisor_reconfig.py [--vllm-venv ~/.cache/tpuserve/vllm-venv]
 """
