@@ -203,6 +203,15 @@ def test_without_the_skip_the_second_nat_fails_the_update(project: tuple[FakeClo
     assert nats(cloud) == [("europe-west4", "team-nat")]
 
 
+def add_prod_vm(cloud: FakeCloud, machine_type: str, disk_gb: int) -> None:
+    """Another stack's VM (prod) in europe-west4-a, on the default network: dev's NAT serves it."""
+    status, _ = cloud.api("POST", f"/compute/v1/projects/{PROJECT}/zones/europe-west4-a/instances", {
+        "name": "tpu-serve-prod", "machineType": f"zones/europe-west4-a/machineTypes/{machine_type}",
+        "networkInterfaces": [{"network": "global/networks/default"}], "labels": {"stack": "prod"},
+        "disks": [{"boot": True, "initializeParams": {"diskSizeGb": str(disk_gb)}}]})
+    assert status == 200
+
+
 def test_preflight_names_the_vms_that_rely_on_the_stacks_nat_and_skips_blocked_regions(
         project: tuple[FakeCloud, FakePulumi]) -> None:
     """`tpuserve preflight --stack dev` after dev made its NAT: prod's VM in europe-west4 uses it (a warning:
@@ -211,11 +220,7 @@ def test_preflight_names_the_vms_that_rely_on_the_stacks_nat_and_skips_blocked_r
 
     cloud, pulumi = project
     assert run_up(cloud)[0] == 0
-    status, _ = cloud.api("POST", f"/compute/v1/projects/{PROJECT}/zones/europe-west4-a/instances", {
-        "name": "tpu-serve-prod", "machineType": "zones/europe-west4-a/machineTypes/e2-standard-2",
-        "networkInterfaces": [{"network": "global/networks/default"}], "labels": {"stack": "prod"},
-        "disks": [{"boot": True, "initializeParams": {"diskSizeGb": "10"}}]})
-    assert status == 200
+    add_prod_vm(cloud, "e2-standard-2", 10)
     make_router(cloud, "us-east1", "team-router", None, "team-nat", "LIST_OF_SUBNETWORKS", ("ml-east",))
     result = CliRunner().invoke(preflight_command, ["--stack", "dev", "--zones", "europe-west4-a,us-east1-d",
                                                     "--json", *cloud.endpoint_options()])
@@ -239,11 +244,7 @@ def test_destroying_the_stack_whose_nat_another_stack_uses_is_refused_until_aske
 
     cloud, pulumi = project
     assert run_up(cloud)[0] == 0
-    status, _ = cloud.api("POST", f"/compute/v1/projects/{PROJECT}/zones/europe-west4-a/instances", {
-        "name": "tpu-serve-prod", "machineType": "zones/europe-west4-a/machineTypes/ct6e-standard-1t",
-        "networkInterfaces": [{"network": "global/networks/default"}], "labels": {"stack": "prod"},
-        "disks": [{"boot": True, "initializeParams": {"diskSizeGb": "100"}}]})
-    assert status == 200
+    add_prod_vm(cloud, "ct6e-standard-1t", 100)
     before = len(pulumi.calls())
 
     refused = CliRunner().invoke(cli_main, ["destroy", "--stack", "dev", "--yes", "--json",
